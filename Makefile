@@ -1,0 +1,45 @@
+# Tandem: `make run` serves the built-in model on 127.0.0.1:8000; `make test` builds and tests.
+# Everything else is a detail of these two. Build outputs go to build/ (release) and
+# build-fuzz/ (clang + libFuzzer + sanitizers).
+
+BUILD      ?= build
+FUZZ_BUILD ?= build-fuzz
+JOBS       ?= $(shell nproc)
+PORT       ?= 8000
+HOST       ?= 127.0.0.1
+MODEL      ?= models/builtin
+FUZZ_SECONDS ?= 30
+
+.PHONY: all deps build test test-unit test-fuzz test-e2e test-gpu run bench clean builtin-model
+
+all: build
+
+deps:
+	@bash tools/install-deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@bash tools/run-tests.sh $(BUILD) $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure
+
+test-gpu:
+	@bash tools/run-gpu-tests.sh $(BUILD)
+
+builtin-model: build
+	@bash tools/builtin-model.sh $(BUILD)/tandem $(MODEL)
+
+run: builtin-model
+	$(BUILD)/tandem serve --model $(MODEL) --host $(HOST) --port $(PORT)
+
+bench: build
+	@bash tools/run-bench.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(FUZZ_BUILD)

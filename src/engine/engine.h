@@ -1,0 +1,170 @@
+// The engine's public API: the only header the server and the CLI include. Submit a request,
+// receive its events (tokens, text deltas, finish, usage) through a callback or a queue, cancel.
+// Everything behind it (scheduler, KV pool, DSpark loop, model runner) is private to src/engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tandem {
+
+// ---- configuration (filled from flags; names follow vLLM) ----
+struct SpeculativeConfig {
+  std::string method;              // "" (off) | "dspark"
+  int num_speculative_tokens = 5;  // K
+  // "fixed": verify K each step; "threshold": verify while confidence >= threshold;
+  // "auto": choose per step and request from confidences and measured batch-shape costs.
+  std::string verify_mode = "auto";
+  double confidence_threshold = 0.5;
+  std::string draft_sample_method = "greedy";  // "greedy" | "sample"
+};
+// Parses vLLM's --speculative-config JSON ('{"method":"dspark","num_speculative_tokens":5}').
+Result<SpeculativeConfig> parse_speculative_config(const std::string& json_text);
+
+struct EngineConfig {
+  std::string model_dir;
+  std::string device = "auto";           // "auto" | "cpu" | "cuda"
+  int max_num_seqs = 8;
+  int max_num_batched_tokens = 2048;
+  int64_t max_model_len = 0;             // 0 = from the model (capped by KV capacity)
+  int block_size = 256;
+  std::string kv_cache_dtype = "auto";   // auto|bf16|fp8|nvfp4 (+ fp8_ds_mla, nvfp4_ds_mla)
+  int64_t kv_cache_memory = 0;           // bytes; 0 = derive from gpu_memory_utilization / default
+  double gpu_memory_utilization = 0.9;
+  bool enable_prefix_caching = true;
+  int tensor_parallel_size = 1;
+  int max_cudagraph_capture_size = 8;
+  int num_threads = 0;                   // CPU threads, 0 = all cores
+  SpeculativeConfig speculative;
+  uint64_t default_seed = 0;
+};
+
+// ---- requests ----
+struct SamplingParams {
+  double temperature = 1.0;   // 0 = greedy
+  double top_p = 1.0;
+  int top_k = 0;              // 0 = off
+  double min_p = 0.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  std::optional<uint64_t> seed;
+  int max_tokens = 256;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop;      // stop strings (not included in the output)
+  int logprobs = -1;                  // -1 = off; otherwise number of top alternatives (0..20)
+};
+
+// Grammar constraint on the output (JSON schema / json_object), compiled by the server's grammar
+// module; the engine only asks it which tokens are allowed next.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Sets allowed[id] for every token id allowed next (allowed.size() == vocab size).
+  virtual void allowed_tokens(std::vector<bool>& allowed) = 0;
+  virtual void accept_token(int32_t token) = 0;
+  virtual bool is_complete() const = 0;  // EOS is allowed only when complete
+  virtual std::unique_ptr<TokenConstraint> clone() const = 0;
+};
+
+struct Request {
+  std::string request_id;
+  std::vector<int32_t> prompt_tokens;
+  SamplingParams sampling;
+  std::shared_ptr<TokenConstraint> constraint;  // null = unconstrained
+  int priority = 0;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // top-n alternatives
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;          // prompt tokens served from the prefix cache
+  int64_t draft_tokens = 0;           // speculative tokens proposed for this request
+  int64_t accepted_draft_tokens = 0;
+};
+
+// One event per engine step per request (tokens accepted in that step), then a final one.
+struct RequestEvent {
+  std::string request_id;
+  std::vector<int32_t> tokens;        // new tokens this step (already stop-trimmed)
+  std::string text;                   // UTF-8-safe text delta for those tokens
+  std::vector<TokenLogprob> logprobs; // one per token when requested
+  FinishReason finish = FinishReason::kNone;  // != kNone on the last event
+  std::string error;                  // when finish == kError
+  Usage usage;                        // filled on the last event
+  double ttft_s = 0.0;                // on the first token event
+};
+
+using EventCallback = std::function<void(const RequestEvent&)>;
+
+// ---- counters (vLLM meanings; published by the server at /metrics) ----
+struct EngineMetrics {
+  int64_t num_requests_running = 0;
+  int64_t num_requests_waiting = 0;
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  int64_t request_success_total = 0;
+  double kv_cache_usage_perc = 0.0;    // 0..1
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t kv_blocks_leaked = 0;        // integrity check: allocated blocks with no owner
+  int64_t prefix_cache_queries_total = 0;  // tokens queried
+  int64_t prefix_cache_hits_total = 0;     // tokens hit
+  int64_t num_preemptions_total = 0;
+  int64_t spec_decode_num_drafts_total = 0;
+  int64_t spec_decode_num_draft_tokens_total = 0;
+  int64_t spec_decode_num_accepted_tokens_total = 0;
+  std::vector<int64_t> spec_decode_num_accepted_tokens_per_pos_total;
+  // Latency samples since the last call (drained by take_metrics()).
+  std::vector<double> ttft_s, itl_s, e2e_s;
+};
+
+struct ModelInfo {
+  std::string model_dir;
+  int64_t vocab_size = 0;
+  int64_t max_model_len = 0;
+  int64_t kv_capacity_tokens = 0;
+  int32_t eos_token_id = 1;
+  bool has_draft = false;
+  std::string device;       // "cpu" | "cuda:0" ...
+};
+
+class Tokenizer;  // text/tokenizer.h
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Loads the model, sizes the KV pool, starts the step loop thread.
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& config);
+
+  virtual const ModelInfo& model_info() const = 0;
+  virtual const Tokenizer& tokenizer() const = 0;
+  // Queues a request; events arrive on the engine thread through `on_event` (keep it short).
+  // Errors (prompt too long, queue full, bad params) come back here, not as events.
+  virtual Status submit(Request request, EventCallback on_event) = 0;
+  // Cancels; the request's final event (kCancelled) arrives within one step. Unknown ids are ignored.
+  virtual void cancel(const std::string& request_id) = 0;
+  virtual EngineMetrics metrics() = 0;       // snapshot; drains latency samples
+  virtual bool healthy() const = 0;
+  // Stops accepting; waits up to `deadline_s` for in-flight requests, then cancels the rest.
+  virtual void shutdown(double deadline_s) = 0;
+};
+
+}  // namespace tandem

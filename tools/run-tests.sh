@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: the gtest binaries (through ctest), then each libFuzzer target for a
+# bounded time. Prints one closing line "N passed, N failed".
+set -uo pipefail
+BUILD=${1:-build}
+FUZZ_BUILD=${2:-build-fuzz}
+FUZZ_SECONDS=${3:-30}
+cd "$(dirname "$0")/.."
+
+passed=0; failed=0
+(cd "$BUILD" && ctest --output-on-failure -j1)
+ctest_rc=$?
+
+# Count gtest cases from the ctest logs for the closing line.
+log="$BUILD/Testing/Temporary/LastTest.log"
+if [[ -f "$log" ]]; then
+  p=$(grep -c '^\[       OK \]' "$log" || true)
+  f=$(grep -c '^\[  FAILED  \].*(' "$log" || true)
+  passed=$((passed + p)); failed=$((failed + f))
+fi
+if [[ $ctest_rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
+
+# libFuzzer targets: clang build with ASan/UBSan, each run for a bounded time.
+if ls fuzz/*.cpp >/dev/null 2>&1 && command -v clang++ >/dev/null; then
+  if [[ ! -f "$FUZZ_BUILD/build.ninja" ]]; then
+    CC=clang CXX=clang++ cmake -S . -B "$FUZZ_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DTANDEM_FUZZ=ON >/dev/null
+  fi
+  targets=()
+  for f in fuzz/*.cpp; do targets+=("$(basename "$f" .cpp)"); done
+  if cmake --build "$FUZZ_BUILD" -j "$(nproc)" --target "${targets[@]}"; then
+    for t in "${targets[@]}"; do
+      corpus="fuzz/corpus/$t"
+      mkdir -p "$FUZZ_BUILD/corpus-$t"
+      args=("$FUZZ_BUILD/corpus-$t")
+      [[ -d "$corpus" ]] && args+=("$corpus")
+      echo "fuzz: $t for ${FUZZ_SECONDS}s"
+      if "$FUZZ_BUILD/$t" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=4096 -print_final_stats=0 \
+          "${args[@]}" >"$FUZZ_BUILD/$t.log" 2>&1; then
+        echo "fuzz: $t ok ($(grep -o 'stat::number_of_executed_units: [0-9]*' "$FUZZ_BUILD/$t.log" || grep -o '#[0-9]*' "$FUZZ_BUILD/$t.log" | tail -1) runs)"
+        passed=$((passed + 1))
+      else
+        echo "fuzz: $t FAILED"; tail -40 "$FUZZ_BUILD/$t.log"; failed=$((failed + 1))
+      fi
+    done
+  else
+    echo "fuzz: build FAILED"; failed=$((failed + 1))
+  fi
+fi
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
