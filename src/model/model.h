@@ -1,0 +1,164 @@
+// DsV4Model: the DeepSeek-V4-Flash forward pass on the CPU (the project's correctness oracle) and the
+// DSpark draft. Owns the weights (dequantized to fp32 at load), the per-slot fixed state (sliding
+// window rings, compressor partial state) and the paged pool of compressed-KV blocks.
+//
+// Cache model (what the engine must know):
+//  * A "slot" is one sequence's fixed state: for every layer a sliding-window ring of
+//    (sliding_window + max_rollback) KV rows addressed by position % ring size, and for every
+//    compressed layer a ring of the per-token compressor rows (kv, gate score + ape) covering the
+//    current partial block, the previous block (ratio-4 overlap) and max_rollback more tokens.
+//  * Compressed entries (CSA main entries, CSA indexer keys, HCA entries) of token positions
+//    [b*block_size, (b+1)*block_size) of a sequence live in the pool block block_table[b]. Every
+//    layer's entries of those positions share the one block id. block_size % 128 == 0.
+//  * forward() appends `tokens` at positions start_pos.. of a slot; start_pos must equal the slot's
+//    current length (after rollback, the rolled-back length). The block table must cover every
+//    position < start_pos + tokens.size().
+//  * rollback(slot, n) forgets positions >= n (n >= length - max_rollback).
+//  * export/import_slot_state copy the slot's fixed state; valid at any position, meant for block
+//    boundaries (prefix caching: the compressed entries themselves stay in the shared pool blocks).
+//
+// Every forward path (whole prefill, chunked prefill with any chunk sizes, one-token decode,
+// multi-token verify, any mix in one batch) computes the same fp32 math per token, so all give
+// identical logits for the same token history.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "io/model_config.h"
+
+namespace tandem {
+
+class Checkpoint;
+struct TensorView;
+
+struct ModelOptions {
+  int max_slots = 4;              // sequences with live state
+  int num_blocks = 64;            // compressed-KV pool blocks (shared by all slots)
+  int block_size = 256;           // tokens per pool block; multiple of 128
+  int max_tokens_per_step = 1024; // scratch sizing: total new tokens of one forward()
+  int max_rollback = 16;          // >= max verify tokens (K+1)
+  int num_threads = 0;            // 0 = OpenMP default
+  bool load_draft = true;         // load the DSpark stages when the checkpoint has them
+};
+
+enum class LogitsMode : uint8_t { kNone, kLast, kAll };
+
+// One sequence's part of a step.
+struct SeqStep {
+  int slot = 0;
+  int64_t start_pos = 0;                  // == the slot's current length
+  std::span<const int32_t> tokens;        // new tokens at positions start_pos..
+  std::span<const int32_t> block_table;   // pool block ids, block b covers [b*bs, (b+1)*bs)
+  LogitsMode logits = LogitsMode::kLast;
+  bool collect_taps = false;              // DSpark target taps for every new token
+};
+
+struct StepBatch {
+  std::vector<SeqStep> seqs;
+};
+
+// Output rows are in batch order. logits: for each seq, 0 (kNone), 1 (kLast) or tokens.size()
+// (kAll) rows of vocab_size floats, first row at logits_row[i]. taps: for each seq with
+// collect_taps, tokens.size() rows of tap_dim() floats (mean over hc streams after each
+// dspark_target_layer_ids layer, concatenated), first row at taps_row[i] (-1 when none).
+// Buffers are reused across calls (no allocation once grown to the largest step).
+struct StepOutput {
+  std::vector<float> logits;
+  std::vector<int64_t> logits_row;
+  int64_t num_logits_rows = 0;
+  std::vector<float> taps;
+  std::vector<int64_t> taps_row;
+  int64_t num_taps_rows = 0;
+
+  std::span<const float> logits_for(size_t seq, int64_t vocab, int64_t row_in_seq = 0) const {
+    return {logits.data() + (logits_row[seq] + row_in_seq) * vocab, static_cast<size_t>(vocab)};
+  }
+};
+
+// DSpark proposal for one slot. The anchor is the newest token (already sampled by the target,
+// not yet run through it) at position P; context (draft_insert_context) must cover positions < P.
+// Draft position i (0..K-1) sits at P+i and predicts the token at P+i+1.
+struct DraftRequest {
+  int slot = 0;
+  int32_t anchor_token = 0;
+  int64_t anchor_pos = 0;       // P
+};
+
+struct DraftSampling {
+  double temperature = 0.0;     // 0 = greedy (argmax of the Markov-corrected logits)
+  bool want_probs = false;      // fill probs with q_i = softmax(z_i / T) (T=0: one-hot)
+};
+
+struct DraftResult {
+  std::vector<int32_t> tokens;       // [K]
+  std::vector<float> confidence;     // [K] raw confidence-head projection (no sigmoid)
+  std::vector<float> logits;         // [K, vocab] Markov-corrected draft logits z_i
+  std::vector<float> probs;          // [K, vocab] when want_probs
+};
+
+struct LoadReport {
+  int64_t target_tensors_loaded = 0;
+  int64_t target_tensors_expected = 0;
+  int64_t draft_tensors_loaded = 0;
+  int64_t draft_tensors_expected = 0;
+  int64_t skipped_tensors = 0;       // checkpoint tensors not used (draft when load_draft=false)
+  std::string summary() const;       // "N/N target tensors loaded; M/M draft tensors loaded; ..."
+};
+
+class DsV4Model {
+ public:
+  // Loads config.json + safetensors from `dir`. Missing, unexpected or mis-shaped tensors are
+  // errors naming the tensor.
+  static Result<std::unique_ptr<DsV4Model>> load(const std::string& dir, const ModelOptions& options);
+  // Same from an already parsed config and a tensor lookup (tests build weights in memory).
+  // `tensors` lists every tensor of the checkpoint; views must stay valid during the call.
+  static Result<std::unique_ptr<DsV4Model>> from_tensors(const ModelConfig& config,
+                                                         const std::vector<const TensorView*>& tensors,
+                                                         const ModelOptions& options);
+  ~DsV4Model();
+  DsV4Model(const DsV4Model&) = delete;
+  DsV4Model& operator=(const DsV4Model&) = delete;
+
+  const ModelConfig& config() const;
+  const ModelOptions& options() const;
+  const LoadReport& load_report() const;
+  int64_t vocab_size() const;
+  bool has_draft() const;
+  int draft_block_size() const;      // K (dspark_block_size), 0 without draft
+  int64_t tap_dim() const;           // hidden_size * len(dspark_target_layer_ids), 0 without draft
+
+  // Runs one step. Errors (bad slot, start_pos != slot length, block table too short, too many
+  // tokens, token id out of range) are InvalidArgument and leave every slot unchanged.
+  Status forward(const StepBatch& batch, StepOutput& out);
+
+  int64_t slot_length(int slot) const;
+  Status rollback(int slot, int64_t new_length);
+  void reset(int slot);
+
+  // Prefix caching: the slot's fixed state (window rings + compressor rows + length).
+  size_t slot_state_bytes() const;
+  Status export_slot_state(int slot, std::span<uint8_t> out) const;
+  Status import_slot_state(int slot, std::span<const uint8_t> in);
+  size_t pool_block_bytes() const;   // bytes of one compressed-KV pool block (all layers)
+
+  // DSpark. Inserts the context rows (taps from forward(), accepted positions only) at positions
+  // start_pos.. into every stage's 128-position context window of `slot`.
+  Status draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows);
+  void draft_reset(int slot);
+  Status draft_propose(std::span<const DraftRequest> requests, const DraftSampling& sampling,
+                       std::mt19937_64& rng, std::vector<DraftResult>& results);
+
+  struct Impl;
+
+ private:
+  explicit DsV4Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem
