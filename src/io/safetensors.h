@@ -90,7 +90,13 @@ class Checkpoint {
   std::map<std::string, std::string> weight_map_;
 };
 
-// Writer: tensors are added in order and written with 8-byte aligned offsets.
+// Reads model.safetensors.index.json: weight_map (tensor -> shard file name). Shard names must be
+// plain file names (no '/'), so an index cannot point outside its directory.
+Result<std::map<std::string, std::string>> read_index_weight_map(const std::string& index_path);
+
+// Writer: the header is padded so the data region starts 8-byte aligned; tensors are laid out
+// contiguously (larger element sizes first, otherwise in the given order), so each is aligned to
+// its element size. Written to PATH.tmp, then renamed.
 struct TensorData {
   std::string name;
   DType dtype = DType::kF32;
