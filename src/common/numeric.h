@@ -1,0 +1,136 @@
+// Exact scalar number formats used by DeepSeek-V4 checkpoints and its quantization-aware forward:
+// bf16, f16, FP8 e4m3fn, E8M0 scales, FP4 e2m1 (packed two per byte), plus the weight quantizers
+// that make-tiny / export use to write official-format tensors. Everything here is bit-exact and
+// deterministic (no dependence on the FPU rounding mode: we round with integer arithmetic).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <array>
+#include <cstring>
+#include <vector>
+
+namespace tandem::num {
+
+// ---- raw bit casts ----
+inline uint32_t f32_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float bits_f32(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// ---- bf16 ----
+// f32 -> bf16, round to nearest even. NaN stays NaN (quiet bit forced, sign kept); inf stays inf;
+// values that round past the largest bf16 become inf (as torch's .to(bfloat16) does).
+inline uint16_t f32_to_bf16(float x) {
+  uint32_t u = f32_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+// The value x takes after a round trip through bf16 (what "tensor.to(bfloat16).float()" gives).
+inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// ---- f16 (IEEE binary16) ----
+// f32 -> f16, round to nearest even incl. subnormals; overflow -> inf; NaN -> quiet NaN, sign kept.
+uint16_t f32_to_f16(float x);
+float f16_to_f32(uint16_t h);
+
+// ---- FP8 e4m3fn (bias 7, no inf, 0x7f/0xff = NaN, max 448, min subnormal 2^-9) ----
+extern const std::array<float, 256> kE4m3Table;
+inline float e4m3_to_f32(uint8_t b) { return kE4m3Table[b]; }
+// f32 -> e4m3fn: round to nearest even, saturate to +-448 (incl. +-inf), NaN -> 0x7f (sign kept).
+// Same result as torch `x.clamp(-448, 448).to(torch.float8_e4m3fn)` for finite x.
+uint8_t f32_to_e4m3(float x);
+// Value after a round trip (saturating); NaN stays NaN.
+float round_e4m3(float x);
+constexpr float kE4m3Max = 448.0f;
+
+// ---- E8M0 scale (unsigned power of two, bias 127, 255 = NaN) ----
+inline float e8m0_to_f32(uint8_t b) {
+  if (b == 255) return bits_f32(0x7fc00000u);
+  if (b == 0) return bits_f32(0x00400000u);  // 2^-127 is an f32 subnormal
+  return bits_f32(static_cast<uint32_t>(b) << 23);
+}
+// Exponent e of a power of two 2^e, e in [-127, 127] -> E8M0 byte e + 127.
+inline uint8_t e8m0_from_exponent(int e) { return static_cast<uint8_t>(e + 127); }
+
+// ceil(log2(x)) for a positive normal float, exactly as the reference kernels' fast_log2_ceil
+// (exponent field, +1 if any mantissa bit set).
+inline int log2_ceil_bits(float x) {
+  uint32_t u = f32_bits(x);
+  int e = static_cast<int>((u >> 23) & 0xffu) - 127;
+  return e + ((u & 0x7fffffu) != 0 ? 1 : 0);
+}
+// 2^e for an integer e in [-126, 127] (fast_pow2 in the reference).
+inline float pow2_int(int e) { return bits_f32(static_cast<uint32_t>(e + 127) << 23); }
+
+// Power-of-two (UE8M0) block scale exactly as the reference computes it:
+// 2^ceil(log2(amax * fl32(1/qmax))) with amax floored at `amax_floor`. The multiply by the fp32
+// reciprocal (not a division) matters when amax is an exact multiple of qmax.
+inline int ue8m0_scale_exponent(float amax, float qmax, float amax_floor) {
+  if (!(amax >= amax_floor)) amax = amax_floor;  // also maps NaN to the floor
+  const float inv = 1.0f / qmax;
+  const int e = log2_ceil_bits(amax * inv);
+  return e > 127 ? 127 : e;  // amax = inf
+}
+constexpr float kFp8ActAmaxFloor = 1e-4f;
+constexpr float kFp4ActAmaxFloor = 6.0f * 1.1754943508222875e-38f;  // 6 * 2^-126
+
+// ---- FP4 e2m1 (values {0,.5,1,1.5,2,3,4,6}, bit 3 = sign, no NaN/inf) ----
+extern const std::array<float, 16> kE2m1Table;
+inline float e2m1_to_f32(uint8_t nibble) { return kE2m1Table[nibble & 0xf]; }
+// f32 -> e2m1 nibble: round to nearest, ties to even (spec errata 7), saturate to +-6.
+// NaN has no encoding: it maps to +0 (callers that must keep NaN handle it before encoding).
+uint8_t f32_to_e2m1(float x);
+float round_e2m1(float x);
+constexpr float kE2m1Max = 6.0f;
+
+// Packed FP4: element k of a row lives in byte k/2; even k = low nibble, odd k = high nibble.
+inline uint8_t fp4_get(const uint8_t* packed, size_t k) {
+  uint8_t b = packed[k >> 1];
+  return (k & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xf);
+}
+inline void fp4_set(uint8_t* packed, size_t k, uint8_t nibble) {
+  uint8_t& b = packed[k >> 1];
+  if (k & 1)
+    b = static_cast<uint8_t>((b & 0x0f) | ((nibble & 0xf) << 4));
+  else
+    b = static_cast<uint8_t>((b & 0xf0) | (nibble & 0xf));
+}
+inline uint8_t fp4_pack(uint8_t lo, uint8_t hi) { return static_cast<uint8_t>((lo & 0xf) | ((hi & 0xf) << 4)); }
+
+// ---- weight quantizers (make-tiny / export) ----
+// FP8 block-scaled weight as in the official checkpoints: W[out,in] row-major f32 ->
+// e4m3 bytes [out*in] + E8M0 scales [ceil(out/block), ceil(in/block)] row-major, one per
+// block x block tile (ragged edge tiles allowed). scale = 2^ceil(log2(amax/448)) computed as
+// ue8m0_scale_exponent(amax, 448, 1e-4): an all-zero tile gets the floor scale 2^-22 and zero codes.
+// Decode: W[n][k] = e4m3(q[n*in+k]) * e8m0(scale[(n/block)*ceil(in/block) + k/block]).
+struct Fp8BlockWeight {
+  std::vector<uint8_t> data;    // [out, in] e4m3fn
+  std::vector<uint8_t> scale;   // [ceil(out/block), ceil(in/block)] E8M0
+};
+Fp8BlockWeight quantize_fp8_block(const float* w, size_t out, size_t in, size_t block = 128);
+// Dequantize back to f32 [out, in] (test/debug helper).
+std::vector<float> dequantize_fp8_block(const uint8_t* data, const uint8_t* scale, size_t out, size_t in,
+                                        size_t block = 128);
+
+// MXFP4 weight (routed experts): W[out,in] f32, in % 32 == 0 -> packed bytes [out, in/2] +
+// E8M0 scales [out, in/32]. scale = 2^ceil(log2(amax/6)) (amax floored at 6*2^-126, so an all-zero
+// group gets scale 2^-126 and zero codes); element = e2m1 RNE of clamp(w/scale, +-6).
+struct Mxfp4Weight {
+  std::vector<uint8_t> data;    // [out, in/2] packed e2m1, even k = low nibble
+  std::vector<uint8_t> scale;   // [out, in/32] E8M0
+};
+Mxfp4Weight quantize_mxfp4(const float* w, size_t out, size_t in);
+std::vector<float> dequantize_mxfp4(const uint8_t* data, const uint8_t* scale, size_t out, size_t in);
+
+constexpr size_t kMxfp4Group = 32;
+
+}  // namespace tandem::num
