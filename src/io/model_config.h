@@ -76,6 +76,19 @@ struct ModelConfig {
   std::vector<int> dspark_target_layer_ids;  // [40, 41, 42]
   int dspark_markov_rank = 0;              // 256
 
+  // ---- carried for a faithful config.json round trip (not used by the forward) ----
+  std::vector<std::string> architectures = {"DeepseekV4ForCausalLM"};
+  int num_nextn_predict_layers = 1;        // as written (stale in 0731); use num_draft_stages
+  std::string hidden_act = "silu";
+  std::string torch_dtype = "bfloat16";
+  std::string quant_activation_scheme = "dynamic";
+  std::string transformers_version = "4.57.1";
+  double initializer_range = 0.02;
+  double attention_dropout = 0.0;
+  bool attention_bias = false;
+  bool use_cache = true;
+  bool has_expert_dtype_key = true;        // the preview config omits "expert_dtype"
+
   // ---- derived helpers ----
   int compress_ratio(int layer) const { return compress_ratios[layer]; }
   bool is_hash_layer(int layer) const { return layer < num_hash_layers; }
