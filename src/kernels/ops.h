@@ -27,8 +27,8 @@ namespace tandem::kernels {
 // for each row r and each block of `block` columns in [0, cols):
 //   amax = max(|x|, 1e-4); s = 2^ceil(log2(amax * fl32(1/448)));  x <- e4m3_rne(clamp(x/s, +-448)) * s.
 // Used with block=128 on the input of every FP8/FP4-weight GEMM, block=64 on the 448 non-RoPE dims of
-// every KV vector (ld = 512). A row block containing NaN becomes all NaN (as on the GPU); +-inf
-// saturates the block's scale. Optional outputs give the stored form (KV cache in FP8).
+// every KV vector (ld = 512). NaN elements stay NaN and are ignored by amax; +-inf gives the block
+// the largest scale (2^127). Optional outputs give the stored form (KV cache in FP8).
 struct ActQuantFp8Params {
   float* x = nullptr;              // [rows, ldx], columns [0, cols) rewritten in place
   int64_t rows = 0;
