@@ -247,6 +247,8 @@ size_t incomplete_utf8_tail(std::string_view s) {
   return 0;
 }
 
+bool is_valid_utf8(std::string_view s);
+
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
 bool valid_attr(std::string_view name) {
@@ -254,7 +256,7 @@ bool valid_attr(std::string_view name) {
   for (char c : name) {
     if (c == '"' || c == '<' || c == '>' || c == '\n' || c == '\r') return false;
   }
-  return name.find(dsv4::kDsml) == std::string_view::npos;
+  return name.find(dsv4::kDsml) == std::string_view::npos && is_valid_utf8(name);
 }
 
 // Matching `buf` against alternatives: index of the one it starts with, -1 if it may still become
@@ -270,9 +272,55 @@ int match_alternatives(std::string_view buf, std::initializer_list<std::string_v
   return maybe ? -1 : -2;
 }
 
+// Copy of `s` with each maximal ill-formed UTF-8 subpart replaced by U+FFFD, so that arguments
+// strings stay valid JSON whatever bytes the model produced.
+std::string utf8_lossy(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    size_t j = 1;
+    if (len > 0) {
+      for (; j < len && i + j < s.size(); ++j) {
+        unsigned char b = static_cast<unsigned char>(s[i + j]);
+        if (j == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) break;
+      }
+    }
+    if (len > 0 && j == len) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += j;
+    }
+  }
+  return out;
+}
+
+bool is_valid_utf8(std::string_view s) { return utf8_lossy(s) == s; }
+
 std::string escaped_fragment(std::string_view raw) {
   std::string quoted;
-  append_python_json_string(quoted, raw);
+  append_python_json_string(quoted, utf8_lossy(raw));
   return quoted.substr(1, quoted.size() - 2);
 }
 
