@@ -250,10 +250,36 @@ def pow2_t(e):
     return ((e + 127).to(torch.int32) << 23).view(torch.float32)
 
 
-def e4m3_round_t(v):
-    """Value of clamp(v, +-448) after RNE to e4m3fn (v float32)."""
+def _e4m3_quantum_exp(a):
+    """Exponent of the e4m3 grid spacing at |v| = a: 2^(max(floor(log2 a), -6) - 3)."""
     torch = _torch()
-    return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    _, e = torch.frexp(a)                   # a = m * 2^e, m in [0.5, 1)  ->  floor(log2 a) = e - 1
+    return torch.clamp(e - 1, min=-6) - 3
+
+
+def e4m3_round_t(v):
+    """Value of clamp(v, +-448) after RNE to e4m3fn (v float32), by exact arithmetic: the grid
+    spacing is a power of two, so v / spacing is exact and torch.round (half to even) is RNE.
+    Sign is kept on zero. Needs no float8 dtype; equals torch's float8_e4m3fn cast."""
+    torch = _torch()
+    v = v.float().clamp(-E4M3_MAX, E4M3_MAX)
+    qe = _e4m3_quantum_exp(v.abs())
+    return torch.ldexp(torch.round(torch.ldexp(v, -qe)), qe)
+
+
+def e4m3_code_t(v):
+    """e4m3fn byte codes of clamp(v, +-448) (RNE, sign kept on zero) as uint8."""
+    torch = _torch()
+    r = e4m3_round_t(v)
+    a = r.abs()
+    sub = a < 2.0 ** -6
+    _, e = torch.frexp(torch.where(sub, torch.ones_like(a), a))
+    E = e - 1                                                      # exact exponent of a normal r
+    mant = torch.ldexp(a, -E) - 1.0                                # in [0, 1), multiple of 1/8
+    normal_code = ((E + 7) << 3) | torch.round(mant * 8).to(torch.int32)
+    sub_code = torch.round(torch.ldexp(a, torch.full_like(E, 9))).to(torch.int32)
+    code = torch.where(sub, sub_code, normal_code) | (torch.signbit(v.float()).to(torch.int32) << 7)
+    return code.to(torch.uint8)
 
 
 def e2m1_code_t(v):
@@ -284,7 +310,7 @@ def fake_quant_fp8_act(x, block: int = 128, amax_floor: float = FP8_AMAX_FLOOR):
         amax = xf.abs().amax(-1, keepdim=True)
         s = pow2_t(ue8m0_exponent_t(amax, E4M3_MAX, amax_floor))
         q = e4m3_round_t(xf / s) * s
-    y = xf + (q - xf).detach()
+    y = q + (xf - xf.detach())          # forward value is exactly q; gradient passes straight through
     return y.reshape(shape).to(x.dtype)
 
 
@@ -297,7 +323,7 @@ def fake_quant_fp4_act(x, block: int = 32):
         amax = xf.abs().amax(-1, keepdim=True)
         s = pow2_t(ue8m0_exponent_t(amax, E2M1_MAX, FP4_AMAX_FLOOR))
         q = e2m1_round_t((xf / s).clamp(-E2M1_MAX, E2M1_MAX)) * s
-    y = xf + (q - xf).detach()
+    y = q + (xf - xf.detach())          # forward value is exactly q; gradient passes straight through
     return y.reshape(shape).to(x.dtype)
 
 
@@ -320,15 +346,15 @@ def fake_quant_fp8_weight(w, block: int = 128):
     with torch.no_grad():
         _, s = _fp8_block_scales_t(w, block)
         q = e4m3_round_t(w.float() / s) * s
-    return w + (q.to(w.dtype) - w).detach()
+    return q.to(w.dtype) + (w - w.detach())
 
 
 def quantize_fp8_weight_t(w, block: int = 128):
     """W[out,in] -> (uint8 e4m3 codes [out,in], uint8 E8M0 scales [ceil(out/b), ceil(in/b)])."""
     torch = _torch()
     e, s = _fp8_block_scales_t(w.detach(), block)
-    codes = (w.detach().float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return codes.view(torch.uint8), (e + 127).to(torch.uint8)
+    codes = e4m3_code_t(w.detach().float() / s)
+    return codes, (e + 127).to(torch.uint8)
 
 
 def _mxfp4_scales_t(w):
@@ -351,7 +377,7 @@ def fake_quant_mxfp4_weight(w):
         amax = g.abs().amax(-1, keepdim=True)
         s = pow2_t(ue8m0_exponent_t(amax, E2M1_MAX, FP4_AMAX_FLOOR))
         q = (e2m1_round_t((g / s).clamp(-E2M1_MAX, E2M1_MAX)) * s).reshape(shape)
-    return w + (q.to(w.dtype) - w).detach()
+    return q.to(w.dtype) + (w - w.detach())
 
 
 def quantize_mxfp4_t(w):
@@ -370,4 +396,4 @@ def quantize_mxfp4_t(w):
 def bf16_round_t(w):
     """Straight-through round trip through bf16 (what a BF16 tensor in the file holds)."""
     torch = _torch()
-    return w + (w.to(torch.bfloat16).to(w.dtype) - w).detach()
+    return w.detach().to(torch.bfloat16).to(w.dtype) + (w - w.detach())
