@@ -37,8 +37,8 @@ PRESETS = {
     "builtin": dict(
         cfg=dict(),
         seq_len=512, batch=32, lr=2e-3, draft_lr=2e-3, warmup=100, anchors=32,
-        data_bytes=60_000_000, synth_docs=60_000, vocab=8192, tok_bytes=20_000_000,
-        target_seconds=300, draft_seconds=100, target_steps=0, draft_steps=0,
+        data_bytes=50_000_000, synth_docs=60_000, vocab=8192, tok_bytes=20_000_000,
+        target_seconds=330, draft_seconds=110, target_steps=0, draft_steps=0,
         eval_windows=256, gen_prompts=32, gen_prompt_len=192, gen_new=64,
     ),
     # a seconds-long end-to-end check of every code path (tiny dims, few steps)
@@ -163,11 +163,11 @@ def train_target(target, tokens, P, args, log, work):
         step += 1
         if step % 25 == 0 or step == 1 or step == total:
             ce_v = ce.item()
-            hist.append({"step": step, "ce": ce_v, "indexer_kl": float(ikl), "lr": lr, "gnorm": float(gn),
+            hist.append({"step": step, "ce": ce_v, "indexer_kl": float(ikl.detach()), "lr": lr, "gnorm": float(gn),
                          "elapsed_s": time.time() - t_start})
             tps = step * B * T / (time.time() - t_start)
-            log(f"target step {step}/{total} ce {ce_v:.3f} ikl {float(ikl):.3f} lr {lr:.2e} gn {float(gn):.2f} "
-                f"{tps / 1e3:.0f}k tok/s")
+            log(f"target step {step}/{total} ce {ce_v:.3f} ikl {float(ikl.detach()):.3f} lr {lr:.2e} gn {float(gn):.2f} "
+                f"{tps / 1e3:.0f}k tok/s")  # noqa: E501
             if not math.isfinite(ce_v):
                 raise RuntimeError("target loss is not finite")
         if time.time() - t_last_ckpt > args.ckpt_every:
@@ -583,7 +583,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(args.seed)
-    results = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": args.commit,
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": args.commit,
                "preset": args.preset, "seed": args.seed, "argv": sys.argv,
                "hardware": {"gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else None,
                             "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
