@@ -76,23 +76,28 @@ def conversation():
         msgs.append({"role": "user", "content": text()})  # ask for a new answer
     return msgs
 
-n = int(sys.argv[1])
-out = []
-fails = 0
-while len(out) < n:
-    msgs = conversation()
-    thinking = R.random() < 0.6
-    drop = R.random() < 0.8
-    effort = R.choice([None, None, "max"])
-    try:
-        exp = encode_messages(json.loads(json.dumps(msgs)), thinking_mode="thinking" if thinking else "chat",
-                              drop_thinking=drop, reasoning_effort=effort)
-    except Exception as e:
-        fails += 1
-        continue
-    # preview "max" text == 0731 "high" text
-    out.append({"messages": msgs, "thinking": thinking, "drop_thinking": drop,
-                "reasoning_effort": "high" if effort == "max" else "", "expected": exp})
-for c in out:
-    print(json.dumps(c, ensure_ascii=False))
-print(f"{fails} inputs rejected by the official encoder", file=sys.stderr)
+def main():
+    n = int(sys.argv[1])
+    out = []
+    fails = 0
+    while len(out) < n:
+        msgs = conversation()
+        thinking = R.random() < 0.6
+        drop = R.random() < 0.8
+        effort = R.choice([None, None, "max"])
+        try:
+            exp = encode_messages(json.loads(json.dumps(msgs)), thinking_mode="thinking" if thinking else "chat",
+                                  drop_thinking=drop, reasoning_effort=effort)
+        except Exception as e:
+            fails += 1
+            continue
+        # preview "max" text == 0731 "high" text
+        out.append({"messages": msgs, "thinking": thinking, "drop_thinking": drop,
+                    "reasoning_effort": "high" if effort == "max" else "", "expected": exp})
+    for c in out:
+        print(json.dumps(c, ensure_ascii=False))
+    print(f"{fails} inputs rejected by the official encoder", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
