@@ -475,6 +475,12 @@ namespace cpu {
 void set_num_threads(int n);
 int num_threads();
 
+// Instruction set of the GEMM inner loops (picked at start-up from the CPU). Tests force each one
+// the machine supports; returns false (and changes nothing) when the CPU lacks it.
+enum class Isa : uint8_t { kAuto, kAvx512, kAvx2, kBaseline };
+bool set_gemm_isa(Isa isa);
+const char* gemm_isa_name();
+
 void act_quant_fp8(const ActQuantFp8Params& p);
 void fp4_act_quant(const Fp4ActQuantParams& p);
 void round_bf16(const RoundBf16Params& p);

@@ -234,13 +234,20 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const TileArgs& a) { til
 void tile_base(const TileArgs& a) { tile_impl<v4f, 4, 2>(a); }
 
 using TileFn = void (*)(const TileArgs&);
-TileFn pick_tile() {
+bool has_avx512() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return tile_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return tile_avx2;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+}
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+TileFn pick_tile() {
+  if (has_avx512()) return tile_avx512;
+  if (has_avx2()) return tile_avx2;
   return tile_base;
 }
-const TileFn g_tile = pick_tile();
+TileFn g_tile = pick_tile();
 
 void gemm_one(const float* x, int64_t ldx, const WeightRef& w, float* y, int64_t ldy, int64_t m, int64_t n,
               int64_t k, bool accumulate, bool round) {
@@ -274,6 +281,22 @@ void gemm_one(const float* x, int64_t ldx, const WeightRef& w, float* y, int64_t
 }
 
 }  // namespace
+
+bool set_gemm_isa(Isa isa) {
+  switch (isa) {
+    case Isa::kAuto: g_tile = pick_tile(); return true;
+    case Isa::kAvx512: if (!has_avx512()) return false; g_tile = tile_avx512; return true;
+    case Isa::kAvx2: if (!has_avx2()) return false; g_tile = tile_avx2; return true;
+    case Isa::kBaseline: g_tile = tile_base; return true;
+  }
+  return false;
+}
+
+const char* gemm_isa_name() {
+  if (g_tile == tile_avx512) return "avx512";
+  if (g_tile == tile_avx2) return "avx2";
+  return "baseline";
+}
 
 void gemm(const GemmParams& p) {
   validate(p);
