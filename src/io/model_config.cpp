@@ -469,4 +469,51 @@ std::string model_config_to_json(const ModelConfig& c) {
   return j.dump(2);
 }
 
+std::string model_config_to_inference_json(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["vocab_size"] = c.vocab_size;
+  j["dim"] = c.hidden_size;
+  j["moe_inter_dim"] = c.moe_intermediate_size;
+  j["n_layers"] = c.num_hidden_layers;
+  j["n_hash_layers"] = c.num_hash_layers;
+  j["n_mtp_layers"] = c.num_draft_stages;
+  j["n_heads"] = c.num_attention_heads;
+  j["n_routed_experts"] = c.n_routed_experts;
+  j["n_shared_experts"] = c.n_shared_experts;
+  j["n_activated_experts"] = c.num_experts_per_tok;
+  j["score_func"] = c.scoring_func;
+  j["route_scale"] = c.routed_scaling_factor;
+  j["swiglu_limit"] = c.swiglu_limit;
+  j["q_lora_rank"] = c.q_lora_rank;
+  j["head_dim"] = c.head_dim;
+  j["rope_head_dim"] = c.qk_rope_head_dim;
+  j["norm_eps"] = c.rms_norm_eps;
+  j["o_groups"] = c.o_groups;
+  j["o_lora_rank"] = c.o_lora_rank;
+  j["window_size"] = c.sliding_window;
+  j["original_seq_len"] = c.rope_original_max_position;
+  j["rope_theta"] = number(c.rope_theta);
+  j["rope_factor"] = number(c.rope_factor);
+  j["beta_fast"] = number(c.rope_beta_fast);
+  j["beta_slow"] = number(c.rope_beta_slow);
+  j["index_n_heads"] = c.index_n_heads;
+  j["index_head_dim"] = c.index_head_dim;
+  j["index_topk"] = c.index_topk;
+  j["hc_mult"] = c.hc_mult;
+  j["hc_sinkhorn_iters"] = c.hc_sinkhorn_iters;
+  j["hc_eps"] = c.hc_eps;
+  j["dtype"] = c.quant_method.empty() ? "bf16" : "fp8";
+  j["scale_fmt"] = c.quant_scale_fmt;
+  if (c.expert_dtype != "bf16") j["expert_dtype"] = c.expert_dtype;
+  j["compress_rope_theta"] = number(c.compress_rope_theta);
+  j["compress_ratios"] = c.compress_ratios;
+  if (c.draft_kind == DraftKind::kDSpark) {
+    j["dspark_block_size"] = c.dspark_block_size;
+    j["dspark_noise_token_id"] = c.dspark_noise_token_id;
+    j["dspark_target_layer_ids"] = c.dspark_target_layer_ids;
+    j["dspark_markov_rank"] = c.dspark_markov_rank;
+  }
+  return j.dump(2) + "\n";
+}
+
 }  // namespace tandem

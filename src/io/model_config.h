@@ -105,5 +105,9 @@ Result<ModelConfig> parse_model_config(const std::string& json_text);
 Result<ModelConfig> load_model_config(const std::string& path);
 // Writes config.json in the official key layout (used by make-tiny and the trainer's export).
 std::string model_config_to_json(const ModelConfig& config);
+// Writes inference/config.json: the same model under the official reference's ModelArgs names
+// (dim, n_layers, n_mtp_layers, rope_head_dim, window_size, ...), which the official
+// `inference/generate.py --config` loads with ModelArgs(**json): only keys ModelArgs knows.
+std::string model_config_to_inference_json(const ModelConfig& config);
 
 }  // namespace tandem

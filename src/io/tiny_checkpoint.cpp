@@ -402,9 +402,15 @@ Status write_tiny_checkpoint(const std::string& out_dir, const TinyCheckpointOpt
   TANDEM_RETURN_IF_ERROR(write_text(dir / "generation_config.json", generation_config_json(config)));
   TANDEM_RETURN_IF_ERROR(write_text(dir / "tokenizer.json", tokenizer_json));
   TANDEM_RETURN_IF_ERROR(write_text(dir / "tokenizer_config.json", tokenizer_config_json()));
+  // The official repos also ship inference/config.json (the reference's ModelArgs names), which
+  // the official generate.py loads; golden tooling runs the reference from it.
+  fs::create_directories(dir / "inference", ec);
+  TANDEM_RETURN_IF_ERROR(
+      write_text(dir / "inference" / "config.json", model_config_to_inference_json(config)));
   TANDEM_RETURN_IF_ERROR(write_sharded_checkpoint(out_dir, tensors, options.num_shards));
   std::vector<std::string> files = {"config.json", "generation_config.json", "tokenizer.json",
-                                    "tokenizer_config.json", "model.safetensors.index.json"};
+                                    "tokenizer_config.json", "inference/config.json",
+                                    "model.safetensors.index.json"};
   for (int s = 0; s < options.num_shards; ++s) {
     files.push_back(fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, options.num_shards));
   }

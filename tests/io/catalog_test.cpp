@@ -122,6 +122,18 @@ TEST(Catalog, BackboneOnly) {
   EXPECT_EQ(global, 2118393876ull);
 }
 
+// A public header dump of a 0731-derived checkpoint pruned to 160 experts per layer (its config:
+// the 0731 config with n_routed_experts 160) has 45,821 tensors and 107,803,320,952 bytes; the
+// catalog reproduced every name, dtype and shape of that dump (checked once by script).
+TEST(Catalog, Pruned160ExpertsMatchesRealHeaders) {
+  ModelConfig c = load("deepseek-v4-flash-0731.config.json");
+  c.n_routed_experts = 160;
+  auto cat = build_catalog(c);
+  ASSERT_TRUE(cat.ok());
+  EXPECT_EQ(cat->tensors.size(), 45821u);
+  EXPECT_EQ(cat->total_bytes(), 107803320952ull);
+}
+
 TEST(Catalog, Fp4NeedsDivisibleDims) {
   ModelConfig c = load("deepseek-v4-flash-0731.config.json");
   c.moe_intermediate_size = 2040;  // 8 mod 32

@@ -114,7 +114,7 @@ TEST_F(TinyCheckpointTest, DefaultPassesCheckWithManifestAndRevision) {
   EXPECT_EQ(r.shards_ok, 2u);
   EXPECT_EQ(r.found_tensors, r.catalog_tensors);
   EXPECT_EQ(r.found_bytes, r.catalog_bytes);
-  EXPECT_EQ(r.hashed_files, 8);  // 5 json + 2 shards + REVISION
+  EXPECT_EQ(r.hashed_files, 9);  // 6 json + 2 shards + REVISION
   EXPECT_EQ(r.config.num_draft_stages, 3);
   EXPECT_EQ(r.config.draft_kind, DraftKind::kDSpark);
 }
@@ -144,6 +144,20 @@ TEST_F(TinyCheckpointTest, ConfigMatchesPresetAndTokenizer) {
             build_catalog(*c)->total_bytes());
   auto gen = nlohmann::json::parse(read_all(*base_ / "generation_config.json"));
   EXPECT_EQ(gen["eos_token_id"], 1);
+  // inference/config.json under the reference's ModelArgs names.
+  auto inf = nlohmann::json::parse(read_all(*base_ / "inference" / "config.json"));
+  EXPECT_EQ(inf["dim"], 256);
+  EXPECT_EQ(inf["n_layers"], 6);
+  EXPECT_EQ(inf["n_mtp_layers"], 3);
+  EXPECT_EQ(inf["n_activated_experts"], 2);
+  EXPECT_EQ(inf["rope_head_dim"], 64);
+  EXPECT_EQ(inf["window_size"], 128);
+  EXPECT_EQ(inf["original_seq_len"], 65536);
+  EXPECT_EQ(inf["dtype"], "fp8");
+  EXPECT_EQ(inf["expert_dtype"], "fp4");
+  EXPECT_EQ(inf["dspark_noise_token_id"], c->dspark_noise_token_id);
+  EXPECT_EQ(inf["compress_ratios"].size(), 9u);
+  EXPECT_FALSE(inf.contains("hidden_size"));
 }
 
 TEST_F(TinyCheckpointTest, WeightsAreWellConditioned) {
