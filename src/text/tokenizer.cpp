@@ -16,6 +16,7 @@
 #include <pcre2.h>
 
 #include "common/check.h"
+#include "common/log.h"
 #include "text/pretokenizer.h"
 #include "text/unicode.h"
 
@@ -136,9 +137,9 @@ bool is_word_char(std::string_view s, size_t i) {
   static pcre2_code* re = [] {
     int err;
     PCRE2_SIZE off;
-    const char* pat = R"(^[\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])";
+    const char* pat = R"([\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])";
     return pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat), PCRE2_ZERO_TERMINATED,
-                         PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED, &err, &off, nullptr);
   }();
   TANDEM_CHECK(re != nullptr);
   thread_local pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
@@ -322,6 +323,7 @@ Result<std::unique_ptr<Tokenizer>> BpeTokenizer::load(const std::string& text) {
     // Added tokens.
     const json& added = doc.value("added_tokens", json::array());
     if (!added.is_array()) return invalid_argument("tokenizer.json: added_tokens must be an array");
+    int64_t added_max = -1;
     for (size_t i = 0; i < added.size(); ++i) {
       const json& a = added[i];
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
@@ -331,7 +333,20 @@ Result<std::unique_ptr<Tokenizer>> BpeTokenizer::load(const std::string& text) {
                                 i);
       AddedToken t;
       t.content = a["content"];
-      t.id = a["id"];
+      // HF ignores the stored id: a content already in the model vocab keeps that id, any other
+      // gets the next id after the vocab / the previous added tokens (AddedVocabulary::add_tokens).
+      // Files HF wrote agree with this; for others, follow HF and say so.
+      if (auto vit = tok->vocab_.find(t.content); vit != tok->vocab_.end()) {
+        t.id = vit->second;
+      } else {
+        int64_t n_vocab = int64_t(tok->vocab_.size());
+        t.id = int32_t(added_max < 0 ? n_vocab
+                                     : (added_max >= n_vocab || n_vocab == 0 ? added_max + 1 : n_vocab));
+      }
+      added_max = std::max<int64_t>(added_max, t.id);
+      if (t.id != a["id"].get<int64_t>())
+        TLOG_WARN("tokenizer", "added token '{}' is stored with id {} but gets id {} (as in HF)",
+                  t.content, a["id"].get<int64_t>(), t.id);
       if (t.content.empty())
         return invalid_argument("tokenizer.json: added_tokens[{}] has empty content", i);
       if (!text::is_valid_utf8(t.content))
