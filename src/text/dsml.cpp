@@ -568,6 +568,7 @@ bool DsmlStreamParser::step(std::vector<DsmlDelta>& out) {
         param_names_.push_back(param_name_);
         state_ = State::kStringValue;
       } else {
+        json_scan_from_ = 0;
         state_ = State::kJsonValue;
       }
       return true;
@@ -591,8 +592,13 @@ bool DsmlStreamParser::step(std::vector<DsmlDelta>& out) {
     }
 
     case State::kJsonValue: {
-      size_t p = buf_.find(kParamClose);
-      if (p == std::string::npos) return false;
+      // A JSON value is only emitted once complete (it must validate); resume the search for its
+      // closing tag where the last one stopped so byte-sized pushes stay linear.
+      size_t p = buf_.find(kParamClose, json_scan_from_);
+      if (p == std::string::npos) {
+        json_scan_from_ = buf_.size() >= kParamClose.size() ? buf_.size() - kParamClose.size() + 1 : 0;
+        return false;
+      }
       std::string_view raw = std::string_view(buf_).substr(0, p);
       if (!nlohmann::json::accept(raw)) {
         fail(out, "parameter '" + param_name_ + "' has string=\"false\" but its value is not JSON");

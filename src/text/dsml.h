@@ -134,6 +134,7 @@ class DsmlStreamParser {
   int calls_started_ = 0;
   int params_in_call_ = 0;
   std::string param_name_;
+  size_t json_scan_from_ = 0;            // kJsonValue: where to resume looking for the end tag
   std::vector<std::string> param_names_;  // of the open call, to reject duplicates
   std::string after_block_ws_;
   std::vector<std::string> warnings_;
