@@ -1,0 +1,165 @@
+// DSpark draft on the CPU: context-KV insertion from target taps (main_proj + main_norm, per-stage
+// wkv/kv_norm/RoPE/FP8 into a sliding_window ring), three stages of non-causal attention of the
+// block [anchor, noise x (K-1)] at positions P..P+K-1 over the context window plus the whole block,
+// hc_head + shared LM head, the sequential Markov correction and the raw confidence projection.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/numeric.h"
+#include "model/impl.h"
+
+namespace tandem {
+
+void DsV4Model::draft_reset(int slot) {
+  Impl& m = *impl_;
+  if (!m.w.has_draft) return;
+  const int64_t per = static_cast<int64_t>(m.cfg.num_draft_stages) * m.cfg.sliding_window * m.cfg.head_dim;
+  std::fill(m.draft_ctx.begin() + slot * per, m.draft_ctx.begin() + (slot + 1) * per, 0.0f);
+}
+
+Status DsV4Model::draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  if (!m.w.has_draft) return invalid_argument("draft_insert_context: the model has no DSpark draft");
+  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("draft_insert_context: slot {} out of range", slot);
+  if (start_pos < 0) return invalid_argument("draft_insert_context: negative start_pos");
+  const int64_t td = tap_dim(), D = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, W = c.sliding_window;
+  if (taps_rows.size() % td)
+    return invalid_argument("draft_insert_context: {} floats is not a multiple of tap_dim {}", taps_rows.size(), td);
+  int64_t n = static_cast<int64_t>(taps_rows.size()) / td;
+  if (n == 0) return Status();
+  // Only the last W positions can ever be read.
+  int64_t first = 0;
+  if (n > W) first = n - W;
+  const float* rows = taps_rows.data() + first * td;
+  const int64_t pos0 = start_pos + first;
+  n -= first;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  std::vector<float> mh(rows, rows + n * td), main_x(n * D), kv(n * hd);
+  model::round_bf16(mh.data(), mh.size());
+  m.linear(m.w.draft.main_proj, mh.data(), n, main_x.data());
+  for (int64_t t = 0; t < n; ++t) model::rms_norm(&main_x[t * D], m.w.draft.main_norm.data(), D, eps, &main_x[t * D]);
+  const int64_t per_stage = W * hd;
+  float* ctx = m.draft_ctx.data() + static_cast<int64_t>(slot) * c.num_draft_stages * per_stage;
+  for (int st = 0; st < c.num_draft_stages; ++st) {
+    const model::AttentionW& a = m.w.draft.stages[st].attn;
+    m.linear(a.wkv, main_x.data(), n, kv.data());
+    for (int64_t t = 0; t < n; ++t) {
+      float* k = &kv[t * hd];
+      model::rms_norm(k, a.kv_norm.data(), hd, eps, k);
+      m.rope_swa.apply(k + hd - rd, pos0 + t, false);
+      model::act_quant_fp8(k, 1, hd - rd, 64, hd);
+      std::memcpy(ctx + st * per_stage + ((pos0 + t) % W) * hd, k, sizeof(float) * hd);
+    }
+  }
+  return Status();
+}
+
+Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const DraftSampling& sampling,
+                                std::mt19937_64& rng, std::vector<DraftResult>& results) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  if (!m.w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
+  const int64_t K = c.dspark_block_size, D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, rd = c.qk_rope_head_dim, W = c.sliding_window;
+  const int64_t R = c.dspark_markov_rank, ql = c.q_lora_rank;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (const DraftRequest& r : requests) {
+    if (r.slot < 0 || r.slot >= m.opt.max_slots) return invalid_argument("draft_propose: slot {} out of range", r.slot);
+    if (r.anchor_token < 0 || r.anchor_token >= V)
+      return invalid_argument("draft_propose: anchor token {} outside the vocabulary", r.anchor_token);
+    if (r.anchor_pos < 1) return invalid_argument("draft_propose: anchor position must be >= 1 (context needed)");
+  }
+  results.resize(requests.size());
+  std::vector<int32_t> ids(K);
+  std::vector<float> h(K * HD), res(K * HD), x(K * D), a(K * D), post(K * hc), comb(K * hc * hc);
+  std::vector<float> qr(K * ql), q(K * H * hd), kv(K * hd), o(K * H * hd), y(K * D), yn(K * D), base(K * V);
+  std::vector<const float*> keys;
+  for (size_t ri = 0; ri < requests.size(); ++ri) {
+    const DraftRequest& r = requests[ri];
+    const int64_t P = r.anchor_pos;
+    ids[0] = r.anchor_token;
+    for (int64_t i = 1; i < K; ++i) ids[i] = static_cast<int32_t>(c.dspark_noise_token_id);
+    for (int64_t t = 0; t < K; ++t)
+      for (int64_t k = 0; k < hc; ++k)
+        std::memcpy(&h[t * HD + k * D], m.w.embed.data() + static_cast<int64_t>(ids[t]) * D, sizeof(float) * D);
+    const float* ctx = m.draft_ctx.data() + static_cast<int64_t>(r.slot) * c.num_draft_stages * W * hd;
+    for (int st = 0; st < c.num_draft_stages; ++st) {
+      const model::BlockW& b = m.w.draft.stages[st];
+      res = h;
+      m.hc_pre(h.data(), K, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.data(), post.data(), comb.data());
+      for (int64_t t = 0; t < K; ++t) model::rms_norm(&x[t * D], b.attn_norm.data(), D, eps, &x[t * D]);
+      m.q_and_kv(b.attn, m.rope_swa, x.data(), K, P, qr.data(), q.data(), kv.data());
+      keys.clear();
+      for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) keys.push_back(ctx + st * W * hd + (p % W) * hd);
+      for (int64_t t = 0; t < K; ++t) keys.push_back(&kv[t * hd]);
+      for (int64_t t = 0; t < K; ++t) {
+        float* ot = &o[t * H * hd];
+        m.attend(&q[t * H * hd], keys, b.attn.attn_sink, ot);
+        for (int64_t hh = 0; hh < H; ++hh) m.rope_swa.apply(ot + hh * hd + hd - rd, P + t, true);
+      }
+      m.output_proj(b.attn, o.data(), K, a.data());
+      m.hc_post(a.data(), res.data(), post.data(), comb.data(), K, h.data());
+      res = h;
+      m.hc_pre(h.data(), K, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.data(), post.data(), comb.data());
+      for (int64_t t = 0; t < K; ++t) model::rms_norm(&x[t * D], b.ffn_norm.data(), D, eps, &x[t * D]);
+      m.moe(b.ffn, x.data(), ids.data(), K, a.data());
+      m.hc_post(a.data(), res.data(), post.data(), comb.data(), K, h.data());
+    }
+    const model::DraftW& dw = m.w.draft;
+    m.hc_head(h.data(), K, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, y.data());
+    for (int64_t t = 0; t < K; ++t) model::rms_norm(&y[t * D], dw.norm.data(), D, eps, &yn[t * D]);
+    model::matmul(yn.data(), K, D, m.w.head.data(), V, base.data(), m.threads());
+
+    DraftResult& out = results[ri];
+    out.tokens.assign(K, 0);
+    out.confidence.assign(K, 0.0f);
+    out.logits.resize(K * V);
+    if (sampling.want_probs) out.probs.resize(K * V);
+    std::vector<float> bias(V), feat(D + R);
+    int32_t prev = r.anchor_token;
+    for (int64_t i = 0; i < K; ++i) {
+      const float* e = dw.markov_w1.data() + static_cast<int64_t>(prev) * R;
+      model::matmul(e, 1, R, dw.markov_w2.data(), V, bias.data(), m.threads());
+      float* z = &out.logits[i * V];
+      for (int64_t v = 0; v < V; ++v) z[v] = base[i * V + v] + bias[v];
+      std::memcpy(feat.data(), &y[i * D], sizeof(float) * D);
+      std::memcpy(feat.data() + D, e, sizeof(float) * R);
+      out.confidence[i] = model::dot(feat.data(), dw.confidence.data(), D + R);
+      int32_t tok = 0;
+      if (sampling.temperature <= 0.0) {
+        tok = static_cast<int32_t>(std::max_element(z, z + V) - z);
+        if (sampling.want_probs) {
+          std::fill(&out.probs[i * V], &out.probs[i * V] + V, 0.0f);
+          out.probs[i * V + tok] = 1.0f;
+        }
+      } else {
+        const double T = sampling.temperature;
+        double mx = -INFINITY;
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, z[v] / T);
+        std::vector<double> p(V);
+        double sum = 0.0;
+        for (int64_t v = 0; v < V; ++v) sum += (p[v] = std::exp(z[v] / T - mx));
+        std::uniform_real_distribution<double> uni(0.0, sum);
+        double u = uni(rng), cum = 0.0;
+        tok = static_cast<int32_t>(V - 1);
+        for (int64_t v = 0; v < V; ++v) {
+          cum += p[v];
+          if (u < cum) {
+            tok = static_cast<int32_t>(v);
+            break;
+          }
+        }
+        if (sampling.want_probs)
+          for (int64_t v = 0; v < V; ++v) out.probs[i * V + v] = static_cast<float>(p[v] / sum);
+      }
+      out.tokens[i] = tok;
+      prev = tok;
+    }
+  }
+  return Status();
+}
+
+}  // namespace tandem

@@ -1,0 +1,475 @@
+// The target forward pass on the CPU: mHC blocks, MLA-style attention with a sliding window,
+// the KV compressor state machine (ratio 4 with split-channel overlap, ratio 128), the CSA lightning
+// indexer, the MoE, and the head. Per token the math is identical whatever the chunking: window
+// keys and compressor rows come from the slot rings for positions before the step and from this
+// step's scratch for positions inside it.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "common/check.h"
+#include "common/numeric.h"
+#include "model/impl.h"
+
+namespace tandem {
+
+using model::LinearW;
+
+namespace {
+void grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+}  // namespace
+
+void DsV4Model::Impl::linear(const LinearW& l, const float* x, int64_t m, float* y, bool round_out) {
+  const float* in = x;
+  if (l.act_quant) {
+    grow(s.tmp2, static_cast<size_t>(m * l.in));
+    std::memcpy(s.tmp2.data(), x, sizeof(float) * m * l.in);
+    model::act_quant_fp8(s.tmp2.data(), m, l.in, 128, l.in);
+    in = s.tmp2.data();
+  }
+  model::matmul(in, m, l.in, l.w.data(), l.out, y, threads());
+  if (round_out) model::round_bf16(y, static_cast<size_t>(m * l.out));
+}
+
+// ---- mHC ----
+
+void DsV4Model::Impl::hc_pre(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
+                             const std::vector<float>& base, float* x, float* post, float* comb) {
+  const int hc = cfg.hc_mult;
+  const int64_t D = cfg.hidden_size, HD = hc * D, mix = cfg.hc_mix_dim();
+  const float eps = static_cast<float>(cfg.rms_norm_eps), heps = static_cast<float>(cfg.hc_eps);
+  std::vector<float> mixes(mix);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* ht = h + t * HD;
+    double ss = 0.0;
+    for (int64_t i = 0; i < HD; ++i) ss += static_cast<double>(ht[i]) * ht[i];
+    const float rs = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(HD)) + eps);
+    for (int64_t m = 0; m < mix; ++m) mixes[m] = model::dot(ht, fn.data() + m * HD, HD) * rs;
+    float pre[16];
+    float* pt = post + t * hc;
+    float* c = comb + t * hc * hc;
+    for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + std::exp(-(mixes[j] * scale[0] + base[j]))) + heps;
+    for (int j = 0; j < hc; ++j) pt[j] = 2.0f / (1.0f + std::exp(-(mixes[j + hc] * scale[1] + base[j + hc])));
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = mixes[j * hc + k + 2 * hc] * scale[2] + base[j * hc + k + 2 * hc];
+    // softmax over rows + eps, column normalise, then (iters-1) x (row, column).
+    for (int j = 0; j < hc; ++j) {
+      float mx = c[j * hc];
+      for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
+      float sum = 0.0f;
+      for (int k = 0; k < hc; ++k) sum += (c[j * hc + k] = std::exp(c[j * hc + k] - mx));
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / sum + heps;
+    }
+    auto col_norm = [&] {
+      for (int k = 0; k < hc; ++k) {
+        float cs = 0.0f;
+        for (int j = 0; j < hc; ++j) cs += c[j * hc + k];
+        for (int j = 0; j < hc; ++j) c[j * hc + k] /= (cs + heps);
+      }
+    };
+    auto row_norm = [&] {
+      for (int j = 0; j < hc; ++j) {
+        float rsum = 0.0f;
+        for (int k = 0; k < hc; ++k) rsum += c[j * hc + k];
+        for (int k = 0; k < hc; ++k) c[j * hc + k] /= (rsum + heps);
+      }
+    };
+    col_norm();
+    for (int it = 0; it < cfg.hc_sinkhorn_iters - 1; ++it) {
+      row_norm();
+      col_norm();
+    }
+    float* xt = x + t * D;
+    for (int64_t d = 0; d < D; ++d) {
+      float acc = 0.0f;
+      for (int j = 0; j < hc; ++j) acc += pre[j] * ht[j * D + d];
+      xt[d] = num::round_bf16(acc);
+    }
+  }
+}
+
+void DsV4Model::Impl::hc_post(const float* a, const float* res, const float* post, const float* comb, int64_t n,
+                              float* h) {
+  const int hc = cfg.hc_mult;
+  const int64_t D = cfg.hidden_size, HD = hc * D;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* r = res + t * HD;
+    const float* c = comb + t * hc * hc;
+    for (int k = 0; k < hc; ++k)
+      for (int64_t d = 0; d < D; ++d) {
+        float acc = 0.0f;
+        for (int j = 0; j < hc; ++j) acc += c[j * hc + k] * r[j * D + d];
+        h[t * HD + k * D + d] = num::round_bf16(post[t * hc + k] * a[t * D + d] + acc);
+      }
+  }
+}
+
+void DsV4Model::Impl::hc_head(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
+                              const std::vector<float>& base, float* y) {
+  const int hc = cfg.hc_mult;
+  const int64_t D = cfg.hidden_size, HD = hc * D;
+  const float eps = static_cast<float>(cfg.rms_norm_eps), heps = static_cast<float>(cfg.hc_eps);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* ht = h + t * HD;
+    double ss = 0.0;
+    for (int64_t i = 0; i < HD; ++i) ss += static_cast<double>(ht[i]) * ht[i];
+    const float rs = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(HD)) + eps);
+    float pre[16];
+    for (int j = 0; j < hc; ++j) {
+      const float m = model::dot(ht, fn.data() + j * HD, HD) * rs;
+      pre[j] = 1.0f / (1.0f + std::exp(-(m * scale[0] + base[j]))) + heps;
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      float acc = 0.0f;
+      for (int j = 0; j < hc; ++j) acc += pre[j] * ht[j * D + d];
+      y[t * D + d] = num::round_bf16(acc);
+    }
+  }
+}
+
+// ---- MoE ----
+
+void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* tokens, int64_t n, float* y) {
+  const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
+  const int K = cfg.num_experts_per_tok;
+  const float limit = static_cast<float>(cfg.swiglu_limit);
+  const float route_scale = static_cast<float>(cfg.routed_scaling_factor);
+  grow(s.gate_scores, static_cast<size_t>(n * E));
+  model::matmul(x, n, D, m.gate.w.data(), E, s.gate_scores.data(), threads());
+  std::vector<int32_t> idx(static_cast<size_t>(n * K));
+  std::vector<float> wts(static_cast<size_t>(n * K));
+  std::vector<float> sc(E), biased(E);
+  std::vector<int32_t> order(E);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t e = 0; e < E; ++e) sc[e] = std::sqrt(model::softplus(s.gate_scores[t * E + e]));
+    if (m.hash) {
+      for (int k = 0; k < K; ++k) idx[t * K + k] = m.tid2eid[static_cast<int64_t>(tokens[t]) * K + k];
+    } else {
+      for (int64_t e = 0; e < E; ++e) biased[e] = sc[e] + m.bias[e];
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return biased[a] > biased[b] || (biased[a] == biased[b] && a < b);
+      });
+      for (int k = 0; k < K; ++k) idx[t * K + k] = order[k];
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += (wts[t * K + k] = sc[idx[t * K + k]]);
+    for (int k = 0; k < K; ++k) wts[t * K + k] = wts[t * K + k] / sum * route_scale;
+  }
+  grow(s.moe_y, static_cast<size_t>(n * D));
+  std::fill(s.moe_y.begin(), s.moe_y.begin() + n * D, 0.0f);
+  auto run_expert = [&](const model::ExpertW& ex, int64_t rows, const float* weights) {
+    grow(s.ex_g, static_cast<size_t>(rows * I));
+    grow(s.ex_u, static_cast<size_t>(rows * I));
+    grow(s.ex_out, static_cast<size_t>(rows * D));
+    linear(ex.w1, s.ex_in.data(), rows, s.ex_g.data());
+    linear(ex.w3, s.ex_in.data(), rows, s.ex_u.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        float g = s.ex_g[r * I + i], u = s.ex_u[r * I + i];
+        if (limit > 0) {
+          u = std::clamp(u, -limit, limit);
+          g = std::min(g, limit);
+        }
+        float a = model::silu(g) * u;
+        if (weights) a = weights[r] * a;
+        s.ex_g[r * I + i] = num::round_bf16(a);
+      }
+    linear(ex.w2, s.ex_g.data(), rows, s.ex_out.data());
+  };
+  // Routed experts in ascending id order (the reference's accumulation order).
+  std::vector<float> ew;
+  for (int64_t e = 0; e < E; ++e) {
+    s.ex_tok.clear();
+    ew.clear();
+    for (int64_t t = 0; t < n; ++t)
+      for (int k = 0; k < K; ++k)
+        if (idx[t * K + k] == e) {
+          s.ex_tok.push_back(static_cast<int32_t>(t));
+          ew.push_back(wts[t * K + k]);
+        }
+    if (s.ex_tok.empty()) continue;
+    const int64_t rows = static_cast<int64_t>(s.ex_tok.size());
+    grow(s.ex_in, static_cast<size_t>(rows * D));
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(&s.ex_in[r * D], x + s.ex_tok[r] * D, sizeof(float) * D);
+    run_expert(m.experts[e], rows, ew.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t d = 0; d < D; ++d) s.moe_y[s.ex_tok[r] * D + d] += s.ex_out[r * D + d];
+  }
+  grow(s.ex_in, static_cast<size_t>(n * D));
+  std::memcpy(s.ex_in.data(), x, sizeof(float) * n * D);
+  run_expert(m.shared, n, nullptr);
+  for (int64_t i = 0; i < n * D; ++i) y[i] = num::round_bf16(s.moe_y[i] + s.ex_out[i]);
+}
+
+// ---- attention pieces ----
+
+void DsV4Model::Impl::attend(const float* q, const std::vector<const float*>& keys, const std::vector<float>& sink,
+                             float* o) {
+  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t nk = keys.size();
+  grow(s.keys_score, nk);
+  for (int64_t h = 0; h < H; ++h) {
+    const float* qh = q + h * hd;
+    float mx = -INFINITY;
+    for (size_t i = 0; i < nk; ++i) {
+      s.keys_score[i] = model::dot(qh, keys[i], hd) * scale;
+      mx = std::max(mx, s.keys_score[i]);
+    }
+    float* oh = o + h * hd;
+    std::fill(oh, oh + hd, 0.0f);
+    float z = 0.0f;
+    for (size_t i = 0; i < nk; ++i) {
+      const float p = std::exp(s.keys_score[i] - mx);
+      z += p;
+      const float* k = keys[i];
+      for (int64_t d = 0; d < hd; ++d) oh[d] += p * k[d];
+    }
+    z += std::exp(sink[h] - mx);
+    for (int64_t d = 0; d < hd; ++d) oh[d] = num::round_bf16(oh[d] / z);
+  }
+}
+
+void DsV4Model::Impl::q_and_kv(const model::AttentionW& a, const model::RopeTable& rope, const float* x, int64_t n,
+                               int64_t start_pos, float* qr, float* q, float* kv) {
+  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, rd = cfg.qk_rope_head_dim, ql = cfg.q_lora_rank;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  linear(a.wq_a, x, n, qr);
+  for (int64_t t = 0; t < n; ++t) model::rms_norm(qr + t * ql, a.q_norm.data(), ql, eps, qr + t * ql);
+  linear(a.wq_b, qr, n, q);
+  for (int64_t t = 0; t < n; ++t) {
+    model::head_rms_norm_bf16(q + t * H * hd, H, hd, eps);
+    for (int64_t h = 0; h < H; ++h) rope.apply(q + (t * H + h) * hd + hd - rd, start_pos + t, false);
+  }
+  linear(a.wkv, x, n, kv);
+  for (int64_t t = 0; t < n; ++t) {
+    float* k = kv + t * hd;
+    model::rms_norm(k, a.kv_norm.data(), hd, eps, k);
+    rope.apply(k + hd - rd, start_pos + t, false);
+    model::act_quant_fp8(k, 1, hd - rd, 64, hd);
+  }
+}
+
+void DsV4Model::Impl::output_proj(const model::AttentionW& a, float* o, int64_t n, float* y) {
+  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, G = cfg.o_groups, R = cfg.o_lora_rank;
+  const int64_t gin = H * hd / G;
+  grow(s.u, static_cast<size_t>(n * G * R));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      model::matmul(o + t * H * hd + g * gin, 1, gin, a.wo_a.w.data() + g * R * gin, R, s.u.data() + (t * G + g) * R, 1);
+  model::round_bf16(s.u.data(), static_cast<size_t>(n * G * R));
+  linear(a.wo_b, s.u.data(), n, y);
+}
+
+namespace {
+
+// Pools one compressed entry from per-token rows [kv (C), score (C)], C = coff*d.
+// rows(p) returns the row of position p. Entry j covers positions [ratio*j, ratio*j+ratio); with
+// overlap, channel c also takes the A half (channels [0,d)) of the previous block's tokens.
+template <typename RowFn>
+void pool_entry(const model::CompressorW& cw, int64_t j, RowFn rows, float* out) {
+  const int64_t r = cw.ratio, d = cw.head_dim, C = (cw.overlap ? 2 : 1) * d;
+  for (int64_t c = 0; c < d; ++c) {
+    float mx = -INFINITY;
+    // candidates: (prev block, A half) then (this block, B half or the only half)
+    auto visit = [&](auto fn) {
+      if (cw.overlap && j > 0)
+        for (int64_t i = 0; i < r; ++i) {
+          const float* row = rows(r * (j - 1) + i);
+          fn(row[c], row[C + c]);
+        }
+      const int64_t off = cw.overlap ? d : 0;
+      for (int64_t i = 0; i < r; ++i) {
+        const float* row = rows(r * j + i);
+        fn(row[off + c], row[C + off + c]);
+      }
+    };
+    visit([&](float, float sc) { mx = std::max(mx, sc); });
+    float z = 0.0f;
+    visit([&](float, float sc) { z += std::exp(sc - mx); });
+    float acc = 0.0f;
+    visit([&](float kv, float sc) { acc += kv * (std::exp(sc - mx) / z); });
+    out[c] = acc;
+  }
+}
+
+}  // namespace
+
+void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int64_t n, int64_t start_pos,
+                                       const int32_t* block_table, float* y) {
+  const model::BlockW& b = w.layers[layer];
+  const model::AttentionW& a = b.attn;
+  const LayerLayout& L = layout[layer];
+  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, rd = cfg.qk_rope_head_dim, ql = cfg.q_lora_rank;
+  const int64_t D = cfg.hidden_size, W = cfg.sliding_window, bs = opt.block_size;
+  const int ratio = b.compress_ratio;
+  const model::RopeTable& rope = ratio ? rope_comp : rope_swa;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  float* st = slot_ptr(slot);
+
+  grow(s.qr, static_cast<size_t>(n * ql));
+  grow(s.q, static_cast<size_t>(n * H * hd));
+  grow(s.kv, static_cast<size_t>(n * hd));
+  q_and_kv(a, rope, x, n, start_pos, s.qr.data(), s.q.data(), s.kv.data());
+
+  auto win_row = [&](int64_t p) -> const float* {
+    if (p >= start_pos) return s.kv.data() + (p - start_pos) * hd;
+    return st + L.win_off + (p % win_ring) * hd;
+  };
+  auto pool_ptr = [&](int64_t pos, int64_t off, int64_t per_entry_r, int64_t dim) -> float* {
+    const int64_t blk = block_table[pos / bs];
+    const int64_t in_blk = (pos % bs) / per_entry_r;
+    return pool.data() + blk * block_floats + off + in_blk * dim;
+  };
+
+  // ---- compressors: per-token rows, then every entry completed inside this step ----
+  auto run_compressor = [&](const model::CompressorW& cw, const CompLayout& cl, std::vector<float>& rows_buf,
+                            int64_t pool_off) {
+    const int64_t C = cl.chans, r = cw.ratio, d = cw.head_dim;
+    grow(rows_buf, static_cast<size_t>(n * 2 * C));
+    grow(s.tmp, static_cast<size_t>(n * C));
+    model::matmul(x, n, D, cw.wkv.w.data(), C, s.tmp.data(), threads());
+    for (int64_t t = 0; t < n; ++t) std::memcpy(&rows_buf[t * 2 * C], &s.tmp[t * C], sizeof(float) * C);
+    model::matmul(x, n, D, cw.wgate.w.data(), C, s.tmp.data(), threads());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* ape = cw.ape.data() + ((start_pos + t) % r) * C;
+      for (int64_t c = 0; c < C; ++c) rows_buf[t * 2 * C + C + c] = s.tmp[t * C + c] + ape[c];
+    }
+    auto rows = [&](int64_t p) -> const float* {
+      if (p >= start_pos) return rows_buf.data() + (p - start_pos) * 2 * C;
+      return st + cl.off + (p % cl.ring) * 2 * C;
+    };
+    grow(s.entry, static_cast<size_t>(d));
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t p = start_pos + t;
+      if ((p + 1) % r) continue;
+      const int64_t j = (p + 1) / r - 1;
+      float* e = s.entry.data();
+      pool_entry(cw, j, rows, e);
+      model::round_bf16(e, static_cast<size_t>(d));
+      model::rms_norm(e, cw.norm.data(), d, eps, e);
+      rope_comp.apply(e + d - rd, r * j, false);
+      if (cw.rotate) {
+        model::hadamard_bf16(e, d);
+        model::act_quant_fp4(e, 1, d, d);
+      } else {
+        model::act_quant_fp8(e, 1, d - rd, 64, d);
+      }
+      std::memcpy(pool_ptr(r * j, pool_off, r, d), e, sizeof(float) * d);
+    }
+  };
+  if (ratio) run_compressor(a.compressor, L.comp, s.comp_rows, L.pool_main);
+  if (a.has_indexer) run_compressor(a.indexer.compressor, L.icomp, s.icomp_rows, L.pool_idx);
+
+  // ---- indexer queries and head weights ----
+  const int64_t IH = cfg.index_n_heads, ihd = cfg.index_head_dim;
+  if (a.has_indexer) {
+    grow(s.iq, static_cast<size_t>(n * IH * ihd));
+    grow(s.iw, static_cast<size_t>(n * IH));
+    linear(a.indexer.wq_b, s.qr.data(), n, s.iq.data());
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < IH; ++h) {
+        float* qh = s.iq.data() + (t * IH + h) * ihd;
+        rope_comp.apply(qh + ihd - rd, start_pos + t, false);
+        model::hadamard_bf16(qh, ihd);
+      }
+    model::act_quant_fp4(s.iq.data(), n * IH, ihd, ihd);
+    linear(a.indexer.weights_proj, x, n, s.iw.data());
+    const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) / std::sqrt(static_cast<double>(IH)));
+    for (int64_t i = 0; i < n * IH; ++i) s.iw[i] = num::round_bf16(s.iw[i] * wscale);
+  }
+
+  // ---- attention per token ----
+  grow(s.o, static_cast<size_t>(n * H * hd));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t p = start_pos + t;
+    s.key_ptrs.clear();
+    for (int64_t wp = std::max<int64_t>(0, p - W + 1); wp <= p; ++wp) s.key_ptrs.push_back(win_row(wp));
+    if (ratio) {
+      const int64_t visible = (p + 1) / ratio;
+      if (ratio == 4 && a.has_indexer) {
+        const int64_t k = std::min<int64_t>(cfg.index_topk, visible);
+        s.idx_scores.resize(visible);
+        const float* qt = s.iq.data() + t * IH * ihd;
+        const float* wt = s.iw.data() + t * IH;
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* key = pool_ptr(4 * j, L.pool_idx, 4, ihd);
+          float acc = 0.0f;
+          for (int64_t h = 0; h < IH; ++h) {
+            float sc = num::round_bf16(model::dot(qt + h * ihd, key, ihd));
+            sc = std::max(sc, 0.0f);
+            acc += num::round_bf16(sc * wt[h]);
+          }
+          s.idx_scores[j] = num::round_bf16(acc);
+        }
+        s.sel.resize(visible);
+        std::iota(s.sel.begin(), s.sel.end(), 0);
+        if (k < visible) {
+          std::partial_sort(s.sel.begin(), s.sel.begin() + k, s.sel.end(), [&](int32_t u, int32_t v) {
+            return s.idx_scores[u] > s.idx_scores[v] || (s.idx_scores[u] == s.idx_scores[v] && u < v);
+          });
+          s.sel.resize(k);
+          std::sort(s.sel.begin(), s.sel.end());
+        }
+        for (int32_t j : s.sel) s.key_ptrs.push_back(pool_ptr(4 * j, L.pool_main, 4, hd));
+      } else {
+        for (int64_t j = 0; j < visible; ++j) s.key_ptrs.push_back(pool_ptr(ratio * j, L.pool_main, ratio, hd));
+      }
+    }
+    float* ot = s.o.data() + t * H * hd;
+    attend(s.q.data() + t * H * hd, s.key_ptrs, a.attn_sink, ot);
+    for (int64_t h = 0; h < H; ++h) rope.apply(ot + h * hd + hd - rd, p, true);
+  }
+  output_proj(a, s.o.data(), n, y);
+
+  // ---- commit this step's rows into the slot rings ----
+  for (int64_t t = std::max<int64_t>(0, n - win_ring); t < n; ++t)
+    std::memcpy(st + L.win_off + ((start_pos + t) % win_ring) * hd, s.kv.data() + t * hd, sizeof(float) * hd);
+  auto commit_rows = [&](const CompLayout& cl, const std::vector<float>& rows_buf) {
+    for (int64_t t = std::max<int64_t>(0, n - cl.ring); t < n; ++t)
+      std::memcpy(st + cl.off + ((start_pos + t) % cl.ring) * 2 * cl.chans, rows_buf.data() + t * 2 * cl.chans,
+                  sizeof(float) * 2 * cl.chans);
+  };
+  if (ratio) commit_rows(L.comp, s.comp_rows);
+  if (a.has_indexer) commit_rows(L.icomp, s.icomp_rows);
+}
+
+void DsV4Model::Impl::block_forward_target(int layer, int slot, const int32_t* tokens, int64_t n, int64_t start_pos,
+                                           const int32_t* block_table, float* h) {
+  const model::BlockW& b = w.layers[layer];
+  const int hc = cfg.hc_mult;
+  const int64_t D = cfg.hidden_size, HD = hc * D;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  grow(s.res, static_cast<size_t>(n * HD));
+  grow(s.x, static_cast<size_t>(n * D));
+  grow(s.a, static_cast<size_t>(n * D));
+  grow(s.post, static_cast<size_t>(n * hc));
+  grow(s.comb, static_cast<size_t>(n * hc * hc));
+
+  std::memcpy(s.res.data(), h, sizeof(float) * n * HD);
+  hc_pre(h, n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, s.x.data(), s.post.data(), s.comb.data());
+  for (int64_t t = 0; t < n; ++t) model::rms_norm(&s.x[t * D], b.attn_norm.data(), D, eps, &s.x[t * D]);
+  attention_target(layer, slot, s.x.data(), n, start_pos, block_table, s.a.data());
+  hc_post(s.a.data(), s.res.data(), s.post.data(), s.comb.data(), n, h);
+
+  std::memcpy(s.res.data(), h, sizeof(float) * n * HD);
+  hc_pre(h, n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, s.x.data(), s.post.data(), s.comb.data());
+  for (int64_t t = 0; t < n; ++t) model::rms_norm(&s.x[t * D], b.ffn_norm.data(), D, eps, &s.x[t * D]);
+  moe(b.ffn, s.x.data(), tokens, n, s.a.data());
+  hc_post(s.a.data(), s.res.data(), s.post.data(), s.comb.data(), n, h);
+}
+
+void DsV4Model::Impl::logits_rows(const float* h, int64_t n, float* out) {
+  const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
+  std::vector<float> y(static_cast<size_t>(n * D));
+  hc_head(h, n, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, y.data());
+  for (int64_t t = 0; t < n; ++t)
+    model::rms_norm(&y[t * D], w.norm.data(), D, static_cast<float>(cfg.rms_norm_eps), &y[t * D]);
+  model::matmul(y.data(), n, D, w.head.data(), V, out, threads());
+}
+
+}  // namespace tandem

@@ -1,0 +1,82 @@
+// DsV4Model::Impl: weights, per-slot state layout, compressed-KV pool and scratch, shared by the
+// target forward (forward.cpp), the DSpark draft (dspark.cpp) and the state API (model.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/math.h"
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace tandem {
+
+struct DsV4Model::Impl {
+  ModelConfig cfg;
+  ModelOptions opt;
+  LoadReport report;
+  model::Weights w;
+  model::RopeTable rope_swa;    // ratio-0 layers and draft stages: rope_theta, no YaRN
+  model::RopeTable rope_comp;   // compressed layers (and their compressor / indexer)
+
+  // ---- per-slot fixed state, one float array per slot ----
+  struct CompLayout {
+    int64_t off = 0;      // float offset of the row ring in the slot state
+    int64_t ring = 0;     // rows (positions) in the ring: 2*ratio + max_rollback
+    int64_t chans = 0;    // coff * head_dim; a row is [kv (chans), score+ape (chans)]
+  };
+  struct LayerLayout {
+    int64_t win_off = 0;  // window ring [win_ring, head_dim]
+    CompLayout comp, icomp;
+    int64_t pool_main = 0;  // float offset inside a pool block: entries [bs/ratio, head_dim]
+    int64_t pool_idx = 0;   // indexer keys [bs/4, index_head_dim]
+  };
+  std::vector<LayerLayout> layout;
+  int64_t win_ring = 0;        // sliding_window + max_rollback
+  int64_t slot_floats = 0;
+  std::vector<float> slot_state;      // [max_slots, slot_floats]
+  std::vector<int64_t> slot_len;      // [max_slots]
+  int64_t block_floats = 0;
+  std::vector<float> pool;            // [num_blocks, block_floats]
+
+  // ---- DSpark context windows: [max_slots, stages, sliding_window, head_dim] ----
+  std::vector<float> draft_ctx;
+
+  // ---- scratch (grown on first use, then reused) ----
+  struct Scratch {
+    std::vector<float> h, res, x, post, comb, a, tmp, tmp2, q, qr, kv, comp_rows, icomp_rows, iq, iw, o, u;
+    std::vector<float> keys_score, entry, gate_scores, ex_in, ex_g, ex_u, ex_out, moe_y;
+    std::vector<int32_t> sel, ex_tok;
+    std::vector<float> idx_scores;
+    std::vector<const float*> key_ptrs;
+  } s;
+
+  int threads() const { return opt.num_threads; }
+  float* slot_ptr(int slot) { return slot_state.data() + static_cast<int64_t>(slot) * slot_floats; }
+  const float* slot_ptr(int slot) const { return slot_state.data() + static_cast<int64_t>(slot) * slot_floats; }
+
+  Status init_state();
+  Status validate_step(const StepBatch& batch) const;
+
+  // ---- shared layer pieces (forward.cpp) ----
+  // y[m, out] = x W^T with the reference's activation quantisation; round_out: bf16 result.
+  void linear(const model::LinearW& l, const float* x, int64_t m, float* y, bool round_out = true);
+  void hc_pre(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
+              const std::vector<float>& base, float* x, float* post, float* comb);
+  void hc_post(const float* a, const float* res, const float* post, const float* comb, int64_t n, float* h);
+  void hc_head(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
+               const std::vector<float>& base, float* y);
+  void moe(const model::MoEW& m, const float* x, const int32_t* tokens, int64_t n, float* y);
+  // Attention over `keys` (pointers to head_dim rows) with the per-head sink; o rounded to bf16.
+  void attend(const float* q, const std::vector<const float*>& keys, const std::vector<float>& sink, float* o);
+  void output_proj(const model::AttentionW& a, float* o, int64_t n, float* y);
+  void q_and_kv(const model::AttentionW& a, const model::RopeTable& rope, const float* x, int64_t n,
+                int64_t start_pos, float* qr, float* q, float* kv);
+  void block_forward_target(int layer, int slot, const int32_t* tokens, int64_t n, int64_t start_pos,
+                            const int32_t* block_table, float* h);
+  void attention_target(int layer, int slot, const float* x, int64_t n, int64_t start_pos,
+                        const int32_t* block_table, float* y);
+  void logits_rows(const float* h, int64_t n, float* out);
+};
+
+}  // namespace tandem

@@ -1,0 +1,263 @@
+// DsV4Model: loading, per-slot state layout, step validation, forward() driver, rollback and
+// slot-state export/import. The layer math is in forward.cpp, the DSpark draft in dspark.cpp.
+#include "model/model.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/numeric.h"
+#include "io/safetensors.h"
+#include "model/impl.h"
+
+namespace tandem {
+
+std::string LoadReport::summary() const {
+  std::string s = fmt::format("{}/{} target tensors loaded", target_tensors_loaded, target_tensors_expected);
+  if (draft_tensors_expected > 0)
+    s += fmt::format("; {}/{} draft parameters loaded", draft_tensors_loaded, draft_tensors_expected);
+  s += skipped_tensors ? fmt::format("; {} tensors skipped", skipped_tensors) : std::string("; no skipped tensors");
+  return s;
+}
+
+DsV4Model::DsV4Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DsV4Model::~DsV4Model() = default;
+
+const ModelConfig& DsV4Model::config() const { return impl_->cfg; }
+const ModelOptions& DsV4Model::options() const { return impl_->opt; }
+const LoadReport& DsV4Model::load_report() const { return impl_->report; }
+int64_t DsV4Model::vocab_size() const { return impl_->cfg.vocab_size; }
+bool DsV4Model::has_draft() const { return impl_->w.has_draft; }
+int DsV4Model::draft_block_size() const { return impl_->w.has_draft ? impl_->cfg.dspark_block_size : 0; }
+int64_t DsV4Model::tap_dim() const {
+  return impl_->cfg.has_dspark()
+             ? impl_->cfg.hidden_size * static_cast<int64_t>(impl_->cfg.dspark_target_layer_ids.size())
+             : 0;
+}
+
+Status DsV4Model::Impl::init_state() {
+  if (opt.max_slots <= 0) return invalid_argument("model options: max_slots must be > 0");
+  if (opt.block_size <= 0 || opt.block_size % 128)
+    return invalid_argument("model options: block_size {} must be a positive multiple of 128", opt.block_size);
+  if (opt.num_blocks <= 0) return invalid_argument("model options: num_blocks must be > 0");
+  if (opt.max_tokens_per_step <= 0) return invalid_argument("model options: max_tokens_per_step must be > 0");
+  if (opt.max_rollback < 0) return invalid_argument("model options: max_rollback must be >= 0");
+  if (opt.num_threads <= 0) opt.num_threads = omp_get_max_threads();
+
+  const bool yarn = cfg.rope_scaling_type == "yarn";
+  rope_swa.build(cfg.qk_rope_head_dim, 0, cfg.rope_theta, 1.0, cfg.rope_beta_fast, cfg.rope_beta_slow);
+  rope_comp.build(cfg.qk_rope_head_dim, yarn ? cfg.rope_original_max_position : 0, cfg.compress_rope_theta,
+                  cfg.rope_factor, cfg.rope_beta_fast, cfg.rope_beta_slow);
+
+  const int64_t hd = cfg.head_dim, ihd = cfg.index_head_dim, bs = opt.block_size;
+  win_ring = cfg.sliding_window + opt.max_rollback;
+  layout.assign(cfg.num_hidden_layers, {});
+  int64_t off = 0, boff = 0;
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    LayerLayout& L = layout[l];
+    L.win_off = off;
+    off += win_ring * hd;
+    const int r = cfg.compress_ratios[l];
+    if (r) {
+      L.comp.ring = 2 * r + opt.max_rollback;
+      L.comp.chans = (r == 4 ? 2 : 1) * hd;
+      L.comp.off = off;
+      off += L.comp.ring * 2 * L.comp.chans;
+      L.pool_main = boff;
+      boff += (bs / r) * hd;
+      if (r == 4) {
+        L.icomp.ring = 2 * r + opt.max_rollback;
+        L.icomp.chans = 2 * ihd;
+        L.icomp.off = off;
+        off += L.icomp.ring * 2 * L.icomp.chans;
+        L.pool_idx = boff;
+        boff += (bs / 4) * ihd;
+      }
+    }
+  }
+  slot_floats = off;
+  block_floats = std::max<int64_t>(boff, 1);
+  slot_state.assign(static_cast<size_t>(opt.max_slots * slot_floats), 0.0f);
+  slot_len.assign(opt.max_slots, 0);
+  pool.assign(static_cast<size_t>(opt.num_blocks * block_floats), 0.0f);
+  if (w.has_draft)
+    draft_ctx.assign(static_cast<size_t>(opt.max_slots) * cfg.num_draft_stages * cfg.sliding_window * hd, 0.0f);
+  return Status();
+}
+
+Result<std::unique_ptr<DsV4Model>> DsV4Model::from_tensors(const ModelConfig& config,
+                                                           const std::vector<const TensorView*>& tensors,
+                                                           const ModelOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = config;
+  impl->opt = options;
+  model::LoadCounts counts;
+  auto weights = model::load_weights(config, tensors, options.load_draft, counts);
+  if (!weights.ok()) return weights.status();
+  impl->w = std::move(weights).value();
+  impl->report.target_tensors_loaded = counts.target_loaded;
+  impl->report.target_tensors_expected = counts.target_expected;
+  impl->report.draft_tensors_loaded = counts.draft_loaded;
+  impl->report.draft_tensors_expected = counts.draft_expected;
+  impl->report.skipped_tensors = counts.skipped;
+  TANDEM_RETURN_IF_ERROR(impl->init_state());
+  return std::unique_ptr<DsV4Model>(new DsV4Model(std::move(impl)));
+}
+
+Result<std::unique_ptr<DsV4Model>> DsV4Model::load(const std::string& dir, const ModelOptions& options) {
+  auto config = load_model_config(dir + "/config.json");
+  if (!config.ok()) return config.status().with_context("loading " + dir);
+  auto ckpt = Checkpoint::open(dir);
+  if (!ckpt.ok()) return ckpt.status().with_context("loading " + dir);
+  std::vector<const TensorView*> views;
+  for (const auto& [name, view] : (*ckpt)->tensors()) views.push_back(view);
+  auto model = from_tensors(*config, views, options);
+  if (!model.ok()) return model.status().with_context("loading " + dir);
+  TLOG_INFO("model", "{}: {}", dir, (*model)->load_report().summary());
+  return model;
+}
+
+Status DsV4Model::Impl::validate_step(const StepBatch& batch) const {
+  int64_t total = 0;
+  std::vector<bool> seen(opt.max_slots, false);
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqStep& q = batch.seqs[i];
+    if (q.slot < 0 || q.slot >= opt.max_slots)
+      return invalid_argument("step seq {}: slot {} outside [0, {})", i, q.slot, opt.max_slots);
+    if (seen[q.slot]) return invalid_argument("step seq {}: slot {} appears twice in one step", i, q.slot);
+    seen[q.slot] = true;
+    if (q.start_pos != slot_len[q.slot])
+      return invalid_argument("step seq {}: start_pos {} != slot {} length {}", i, q.start_pos, q.slot,
+                              slot_len[q.slot]);
+    const int64_t n = static_cast<int64_t>(q.tokens.size());
+    total += n;
+    for (int32_t t : q.tokens)
+      if (t < 0 || t >= cfg.vocab_size)
+        return invalid_argument("step seq {}: token id {} outside the vocabulary [0, {})", i, t, cfg.vocab_size);
+    const int64_t need = (q.start_pos + n + opt.block_size - 1) / opt.block_size;
+    if (static_cast<int64_t>(q.block_table.size()) < need)
+      return invalid_argument("step seq {}: block table has {} blocks, {} needed for {} positions", i,
+                              q.block_table.size(), need, q.start_pos + n);
+    for (int64_t b = 0; b < need; ++b)
+      if (q.block_table[b] < 0 || q.block_table[b] >= opt.num_blocks)
+        return invalid_argument("step seq {}: block id {} outside the pool [0, {})", i, q.block_table[b],
+                                opt.num_blocks);
+    if (q.collect_taps && !cfg.has_dspark())
+      return invalid_argument("step seq {}: collect_taps needs a model with a DSpark draft", i);
+  }
+  if (total > opt.max_tokens_per_step)
+    return invalid_argument("step has {} tokens, more than max_tokens_per_step {}", total, opt.max_tokens_per_step);
+  return Status();
+}
+
+Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
+  Impl& m = *impl_;
+  TANDEM_RETURN_IF_ERROR(m.validate_step(batch));
+  const ModelConfig& c = m.cfg;
+  const int64_t V = c.vocab_size, D = c.hidden_size, HD = c.hc_mult * D, td = tap_dim();
+  const size_t ns = batch.seqs.size();
+  out.logits_row.assign(ns, -1);
+  out.taps_row.assign(ns, -1);
+  int64_t lrows = 0, trows = 0;
+  for (size_t i = 0; i < ns; ++i) {
+    const SeqStep& q = batch.seqs[i];
+    const int64_t n = static_cast<int64_t>(q.tokens.size());
+    if (q.logits != LogitsMode::kNone && n > 0) {
+      out.logits_row[i] = lrows;
+      lrows += q.logits == LogitsMode::kAll ? n : 1;
+    }
+    if (q.collect_taps && n > 0) {
+      out.taps_row[i] = trows;
+      trows += n;
+    }
+  }
+  out.num_logits_rows = lrows;
+  out.num_taps_rows = trows;
+  if (out.logits.size() < static_cast<size_t>(lrows * V)) out.logits.resize(lrows * V);
+  if (out.taps.size() < static_cast<size_t>(trows * td)) out.taps.resize(trows * td);
+
+  for (size_t i = 0; i < ns; ++i) {
+    const SeqStep& q = batch.seqs[i];
+    const int64_t n = static_cast<int64_t>(q.tokens.size());
+    if (n == 0) continue;
+    if (m.s.h.size() < static_cast<size_t>(n * HD)) m.s.h.resize(n * HD);
+    float* h = m.s.h.data();
+    for (int64_t t = 0; t < n; ++t)
+      for (int k = 0; k < c.hc_mult; ++k)
+        std::memcpy(h + t * HD + k * D, m.w.embed.data() + static_cast<int64_t>(q.tokens[t]) * D, sizeof(float) * D);
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      m.block_forward_target(l, q.slot, q.tokens.data(), n, q.start_pos, q.block_table.data(), h);
+      if (!q.collect_taps) continue;
+      for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti) {
+        if (c.dspark_target_layer_ids[ti] != l) continue;
+        for (int64_t t = 0; t < n; ++t) {
+          float* dst = out.taps.data() + (out.taps_row[i] + t) * td + static_cast<int64_t>(ti) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            float acc = 0.0f;
+            for (int k = 0; k < c.hc_mult; ++k) acc += h[t * HD + k * D + d];
+            dst[d] = num::round_bf16(acc / static_cast<float>(c.hc_mult));
+          }
+        }
+      }
+    }
+    if (q.logits == LogitsMode::kAll)
+      m.logits_rows(h, n, out.logits.data() + out.logits_row[i] * V);
+    else if (q.logits == LogitsMode::kLast)
+      m.logits_rows(h + (n - 1) * HD, 1, out.logits.data() + out.logits_row[i] * V);
+    m.slot_len[q.slot] += n;
+  }
+  return Status();
+}
+
+int64_t DsV4Model::slot_length(int slot) const {
+  TANDEM_CHECK(slot >= 0 && slot < impl_->opt.max_slots);
+  return impl_->slot_len[slot];
+}
+
+Status DsV4Model::rollback(int slot, int64_t new_length) {
+  Impl& m = *impl_;
+  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("rollback: slot {} out of range", slot);
+  const int64_t len = m.slot_len[slot];
+  if (new_length > len || new_length < 0 || len - new_length > m.opt.max_rollback)
+    return invalid_argument("rollback: slot {} length {} cannot roll back to {} (max_rollback {})", slot, len,
+                            new_length, m.opt.max_rollback);
+  m.slot_len[slot] = new_length;
+  return Status();
+}
+
+void DsV4Model::reset(int slot) {
+  TANDEM_CHECK(slot >= 0 && slot < impl_->opt.max_slots);
+  impl_->slot_len[slot] = 0;
+  draft_reset(slot);
+}
+
+size_t DsV4Model::slot_state_bytes() const { return sizeof(int64_t) + sizeof(float) * impl_->slot_floats; }
+size_t DsV4Model::pool_block_bytes() const { return sizeof(float) * impl_->block_floats; }
+
+Status DsV4Model::export_slot_state(int slot, std::span<uint8_t> out) const {
+  const Impl& m = *impl_;
+  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("export_slot_state: slot {} out of range", slot);
+  if (out.size() != slot_state_bytes())
+    return invalid_argument("export_slot_state: buffer has {} bytes, {} needed", out.size(), slot_state_bytes());
+  std::memcpy(out.data(), &m.slot_len[slot], sizeof(int64_t));
+  std::memcpy(out.data() + sizeof(int64_t), m.slot_ptr(slot), sizeof(float) * m.slot_floats);
+  return Status();
+}
+
+Status DsV4Model::import_slot_state(int slot, std::span<const uint8_t> in) {
+  Impl& m = *impl_;
+  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("import_slot_state: slot {} out of range", slot);
+  if (in.size() != slot_state_bytes())
+    return invalid_argument("import_slot_state: buffer has {} bytes, {} expected", in.size(), slot_state_bytes());
+  int64_t len;
+  std::memcpy(&len, in.data(), sizeof(int64_t));
+  if (len < 0) return invalid_argument("import_slot_state: negative length {}", len);
+  m.slot_len[slot] = len;
+  std::memcpy(m.slot_ptr(slot), in.data() + sizeof(int64_t), sizeof(float) * m.slot_floats);
+  return Status();
+}
+
+}  // namespace tandem

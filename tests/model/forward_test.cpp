@@ -1,0 +1,356 @@
+// CPU forward consistency: whole prefill == chunked prefill (any chunk sizes) == one-token decode ==
+// multi-token verify, across window, ratio-4 and ratio-128 block boundaries; rollback (incl. the
+// compressor and indexer state) then recompute; batching slots at different positions; paged
+// block tables; slot-state export/import; loader failures.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "model/model.h"
+#include "model/tiny_weights.h"
+
+namespace tandem {
+namespace {
+
+using testing::tiny_config;
+using testing::tiny_weights;
+
+struct Env {
+  ModelConfig cfg = tiny_config();
+  testing::TinyWeights tw = tiny_weights(cfg, 7);
+  std::unique_ptr<DsV4Model> model;
+  Env() {
+    ModelOptions o;
+    o.max_slots = 4;
+    o.num_blocks = 16;
+    o.block_size = 256;
+    o.max_rollback = 8;
+    o.max_tokens_per_step = 512;
+    o.num_threads = 1;  // the test machine is shared; results do not depend on threads
+    auto m = DsV4Model::from_tensors(cfg, tw.ptrs(), o);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    if (m.ok()) model = std::move(m).value();
+  }
+};
+
+Env& env() {
+  static Env e;
+  return e;
+}
+
+std::vector<int32_t> tokens(int n, uint64_t seed) {
+  testing::TinyRng r{seed};
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(r.next() % 500);
+  return t;
+}
+
+// Per-slot block tables: slot s uses blocks [s*4, s*4+4) in reverse order (paging must not matter).
+std::vector<int32_t> table_for(int slot) { return {slot * 4 + 3, slot * 4 + 2, slot * 4 + 1, slot * 4 + 0}; }
+
+// Runs `toks` through `slot` (reset first) in chunks; returns logits for every position.
+std::vector<float> run(DsV4Model& m, int slot, const std::vector<int32_t>& toks, const std::vector<int>& chunks,
+                       std::vector<float>* taps = nullptr) {
+  m.reset(slot);
+  const int64_t V = m.vocab_size();
+  std::vector<float> all;
+  auto table = table_for(slot);
+  size_t pos = 0, ci = 0;
+  StepOutput out;
+  while (pos < toks.size()) {
+    size_t n = chunks.empty() ? toks.size() : static_cast<size_t>(chunks[std::min(ci, chunks.size() - 1)]);
+    ++ci;
+    n = std::min(n, toks.size() - pos);
+    StepBatch b;
+    SeqStep s;
+    s.slot = slot;
+    s.start_pos = static_cast<int64_t>(pos);
+    s.tokens = std::span<const int32_t>(toks.data() + pos, n);
+    s.block_table = table;
+    s.logits = LogitsMode::kAll;
+    s.collect_taps = taps != nullptr;
+    b.seqs.push_back(s);
+    Status st = m.forward(b, out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    all.insert(all.end(), out.logits.begin(), out.logits.begin() + n * V);
+    if (taps) taps->insert(taps->end(), out.taps.begin(), out.taps.begin() + n * m.tap_dim());
+    pos += n;
+  }
+  return all;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float d = 0.0f;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    d = std::max(d, std::fabs(a[i] - b[i]));
+  }
+  return d;
+}
+
+TEST(ModelLoad, ReportsCounts) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  const LoadReport& r = e.model->load_report();
+  EXPECT_EQ(r.target_tensors_loaded, r.target_tensors_expected);
+  EXPECT_EQ(r.draft_tensors_loaded, r.draft_tensors_expected);
+  EXPECT_GT(r.draft_tensors_loaded, 0);
+  EXPECT_EQ(r.skipped_tensors, 0);
+  EXPECT_EQ(static_cast<size_t>(r.target_tensors_loaded + r.draft_tensors_loaded), e.tw.data.size());
+  EXPECT_NE(r.summary().find("no skipped tensors"), std::string::npos) << r.summary();
+}
+
+TEST(ModelLoad, MissingTensorFails) {
+  ModelConfig c = tiny_config();
+  auto tw = tiny_weights(c, 3);
+  tw.data.erase(std::remove_if(tw.data.begin(), tw.data.end(),
+                               [](const TensorData& t) { return t.name == "layers.1.attn.indexer.wq_b.scale"; }),
+                tw.data.end());
+  tw.make_views();
+  auto m = DsV4Model::from_tensors(c, tw.ptrs(), ModelOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("layers.1.attn.indexer.wq_b.scale"), std::string::npos) << m.status().message();
+}
+
+TEST(ModelLoad, MisShapedTensorFails) {
+  ModelConfig c = tiny_config();
+  auto tw = tiny_weights(c, 3);
+  TensorData* t = tw.find("mtp.2.confidence_head.proj.weight");
+  ASSERT_TRUE(t);
+  t->shape = {2, t->shape[1] / 2};
+  tw.make_views();
+  auto m = DsV4Model::from_tensors(c, tw.ptrs(), ModelOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("mtp.2.confidence_head.proj.weight"), std::string::npos);
+  EXPECT_NE(m.status().message().find("shape"), std::string::npos);
+}
+
+TEST(ModelLoad, UnexpectedTensorFails) {
+  ModelConfig c = tiny_config();
+  auto tw = tiny_weights(c, 3);
+  TensorData extra;
+  extra.name = "layers.0.attn.bogus.weight";
+  extra.dtype = DType::kF32;
+  extra.shape = {2};
+  extra.bytes.resize(8);
+  tw.data.push_back(extra);
+  tw.make_views();
+  auto m = DsV4Model::from_tensors(c, tw.ptrs(), ModelOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("layers.0.attn.bogus.weight"), std::string::npos);
+}
+
+TEST(ModelLoad, WrongDtypeFails) {
+  ModelConfig c = tiny_config();
+  auto tw = tiny_weights(c, 3);
+  TensorData* t = tw.find("layers.2.attn.wq_a.scale");
+  ASSERT_TRUE(t);
+  t->dtype = DType::kU8;
+  tw.make_views();
+  auto m = DsV4Model::from_tensors(c, tw.ptrs(), ModelOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("layers.2.attn.wq_a.scale"), std::string::npos);
+}
+
+TEST(ModelLoad, SkipsDraftWhenAsked) {
+  ModelConfig c = tiny_config();
+  auto tw = tiny_weights(c, 3);
+  ModelOptions o;
+  o.load_draft = false;
+  auto m = DsV4Model::from_tensors(c, tw.ptrs(), o);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_FALSE((*m)->has_draft());
+  EXPECT_GT((*m)->load_report().skipped_tensors, 0);
+}
+
+// 300 tokens: past the 128 window, two full ratio-128 blocks, many ratio-4 blocks and topk 16.
+TEST(ModelForward, ChunkedEqualsWholeEqualsOneAtATime) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  auto toks = tokens(300, 11);
+  auto whole = run(*e.model, 0, toks, {});
+  auto ones = run(*e.model, 1, toks, {1});
+  auto chunked = run(*e.model, 2, toks, {7, 1, 130, 3, 4, 125, 2});
+  auto verify = run(*e.model, 3, toks, {250, 6, 6, 6, 6, 6, 6, 6, 6});
+  for (float v : whole) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(max_abs_diff(whole, ones), 0.0f);
+  EXPECT_EQ(max_abs_diff(whole, chunked), 0.0f);
+  EXPECT_EQ(max_abs_diff(whole, verify), 0.0f);
+  // Not trivially equal: logits vary across positions.
+  const int64_t V = e.model->vocab_size();
+  float spread = 0.0f;
+  for (int64_t v = 0; v < V; ++v) spread = std::max(spread, std::fabs(whole[v] - whole[299 * V + v]));
+  EXPECT_GT(spread, 1e-3f);
+}
+
+TEST(ModelForward, BatchOfSlotsAtDifferentPositions) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  DsV4Model& m = *e.model;
+  const int64_t V = m.vocab_size();
+  auto a = tokens(140, 21), b = tokens(40, 22);
+  auto ref_a = run(m, 0, a, {});
+  auto ref_b = run(m, 1, b, {});
+  // Prefill a[0:130] and b[0:37] separately, then one step with a[130:140] (kAll) and b[37:40] (kLast).
+  run(m, 2, std::vector<int32_t>(a.begin(), a.begin() + 130), {});
+  run(m, 3, std::vector<int32_t>(b.begin(), b.begin() + 37), {});
+  auto ta = table_for(2), tb = table_for(3);
+  StepBatch batch;
+  SeqStep sa{2, 130, std::span<const int32_t>(a.data() + 130, 10), ta, LogitsMode::kAll, false};
+  SeqStep sb{3, 37, std::span<const int32_t>(b.data() + 37, 3), tb, LogitsMode::kLast, false};
+  batch.seqs = {sb, sa};
+  StepOutput out;
+  ASSERT_TRUE(m.forward(batch, out).ok());
+  ASSERT_EQ(out.num_logits_rows, 11);
+  for (int64_t v = 0; v < V; ++v) EXPECT_EQ(out.logits_for(0, V)[v], ref_b[39 * V + v]);
+  for (int t = 0; t < 10; ++t)
+    for (int64_t v = 0; v < V; ++v) ASSERT_EQ(out.logits_for(1, V, t)[v], ref_a[(130 + t) * V + v]) << t;
+  EXPECT_EQ(m.slot_length(2), 140);
+  EXPECT_EQ(m.slot_length(3), 40);
+}
+
+// Rollback across ratio-4 and ratio-128 block completions, then different tokens.
+TEST(ModelForward, RollbackThenRecomputeMatchesFresh) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  DsV4Model& m = *e.model;
+  const int64_t V = m.vocab_size();
+  auto base = tokens(262, 31);
+  for (int64_t cut : {252, 254, 256}) {
+    std::vector<int32_t> hist(base.begin(), base.begin() + cut);
+    run(m, 0, hist, {});
+    // speculative 7 tokens crossing position 255 (a ratio-128 and a ratio-4 completion), rejected
+    auto spec = tokens(7, 100 + cut);
+    auto table = table_for(0);
+    StepBatch b;
+    b.seqs.push_back({0, cut, spec, table, LogitsMode::kAll, false});
+    StepOutput out;
+    ASSERT_TRUE(m.forward(b, out).ok());
+    ASSERT_TRUE(m.rollback(0, cut + 1).ok());
+    // continue with the real tokens
+    std::vector<int32_t> rest(base.begin() + cut + 1, base.end());
+    std::vector<int32_t> h2(base.begin(), base.begin() + cut);
+    h2.push_back(spec[0]);
+    h2.insert(h2.end(), rest.begin(), rest.end());
+    b.seqs = {{0, cut + 1, rest, table, LogitsMode::kAll, false}};
+    ASSERT_TRUE(m.forward(b, out).ok());
+    auto fresh = run(m, 1, h2, {});
+    for (size_t t = 0; t < rest.size(); ++t)
+      for (int64_t v = 0; v < V; ++v)
+        ASSERT_EQ(out.logits[t * V + v], fresh[(cut + 1 + t) * V + v]) << "cut " << cut << " t " << t;
+  }
+  EXPECT_FALSE(m.rollback(0, m.slot_length(0) - 9).ok());  // beyond max_rollback
+}
+
+TEST(ModelForward, SlotStateExportImport) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  DsV4Model& m = *e.model;
+  const int64_t V = m.vocab_size();
+  auto toks = tokens(280, 41);
+  auto ref = run(m, 0, toks, {});
+  // slot 1 computes the first 256 tokens with slot 0's blocks, exports; slot 2 imports and continues.
+  std::vector<int32_t> shared_table = table_for(1);
+  m.reset(1);
+  StepBatch b;
+  StepOutput out;
+  b.seqs = {{1, 0, std::span<const int32_t>(toks.data(), 256), shared_table, LogitsMode::kNone, false}};
+  ASSERT_TRUE(m.forward(b, out).ok());
+  std::vector<uint8_t> state(m.slot_state_bytes());
+  ASSERT_TRUE(m.export_slot_state(1, state).ok());
+  m.reset(1);
+  ASSERT_TRUE(m.import_slot_state(2, state).ok());
+  EXPECT_EQ(m.slot_length(2), 256);
+  std::vector<int32_t> t2 = shared_table;  // block 0 shared, block 1 private to slot 2
+  t2[1] = 2 * 4 + 1;
+  b.seqs = {{2, 256, std::span<const int32_t>(toks.data() + 256, 24), t2, LogitsMode::kAll, false}};
+  ASSERT_TRUE(m.forward(b, out).ok());
+  for (int t = 0; t < 24; ++t)
+    for (int64_t v = 0; v < V; ++v) ASSERT_EQ(out.logits[t * V + v], ref[(256 + t) * V + v]);
+  EXPECT_FALSE(m.import_slot_state(2, std::span<const uint8_t>(state.data(), 8)).ok());
+}
+
+TEST(ModelForward, BadStepsAreErrors) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  DsV4Model& m = *e.model;
+  m.reset(0);
+  auto toks = tokens(10, 5);
+  std::vector<int32_t> bad = {3, 9999};
+  auto table = table_for(0);
+  StepOutput out;
+  StepBatch b;
+  b.seqs = {{0, 1, toks, table, LogitsMode::kLast, false}};
+  EXPECT_FALSE(m.forward(b, out).ok());  // start_pos != length
+  b.seqs = {{0, 0, bad, table, LogitsMode::kLast, false}};
+  EXPECT_FALSE(m.forward(b, out).ok());  // token out of vocab
+  b.seqs = {{7, 0, toks, table, LogitsMode::kLast, false}};
+  EXPECT_FALSE(m.forward(b, out).ok());  // slot
+  b.seqs = {{0, 0, toks, std::span<const int32_t>(), LogitsMode::kLast, false}};
+  EXPECT_FALSE(m.forward(b, out).ok());  // no block table
+  std::vector<int32_t> oob = {99};
+  b.seqs = {{0, 0, toks, oob, LogitsMode::kLast, false}};
+  EXPECT_FALSE(m.forward(b, out).ok());  // block id outside pool
+  EXPECT_EQ(m.slot_length(0), 0);
+}
+
+// DSpark: taps do not depend on chunking; the draft is deterministic and consistent.
+TEST(ModelDraft, TapsAndDraftConsistency) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  DsV4Model& m = *e.model;
+  ASSERT_TRUE(m.has_draft());
+  const int64_t V = m.vocab_size(), K = m.draft_block_size();
+  auto toks = tokens(200, 51);
+  std::vector<float> taps_whole, taps_chunk;
+  run(m, 0, toks, {}, &taps_whole);
+  run(m, 1, toks, {3, 60, 1, 200}, &taps_chunk);
+  ASSERT_EQ(taps_whole.size(), 200u * m.tap_dim());
+  EXPECT_EQ(max_abs_diff(taps_whole, taps_chunk), 0.0f);
+
+  // context inserted all at once vs in pieces: same proposals
+  ASSERT_TRUE(m.draft_insert_context(0, 0, taps_whole).ok());
+  const int64_t td = m.tap_dim();
+  ASSERT_TRUE(m.draft_insert_context(1, 0, std::span<const float>(taps_whole.data(), 50 * td)).ok());
+  ASSERT_TRUE(m.draft_insert_context(1, 50, std::span<const float>(taps_whole.data() + 50 * td, 150 * td)).ok());
+  DraftRequest r0{0, 42, 200}, r1{1, 42, 200};
+  std::vector<DraftRequest> reqs = {r0, r1};
+  DraftSampling greedy;
+  greedy.want_probs = true;
+  std::mt19937_64 rng(1);
+  std::vector<DraftResult> res;
+  ASSERT_TRUE(m.draft_propose(reqs, greedy, rng, res).ok());
+  ASSERT_EQ(res.size(), 2u);
+  ASSERT_EQ(res[0].tokens.size(), static_cast<size_t>(K));
+  EXPECT_EQ(res[0].tokens, res[1].tokens);
+  EXPECT_EQ(max_abs_diff(res[0].logits, res[1].logits), 0.0f);
+  EXPECT_EQ(max_abs_diff(res[0].confidence, res[1].confidence), 0.0f);
+  for (int64_t i = 0; i < K; ++i) {
+    const float* z = &res[0].logits[i * V];
+    EXPECT_EQ(res[0].tokens[i], std::max_element(z, z + V) - z);
+    EXPECT_TRUE(std::isfinite(res[0].confidence[i]));
+    EXPECT_EQ(res[0].probs[i * V + res[0].tokens[i]], 1.0f);
+  }
+  // sampling: probabilities normalised, sampled tokens have positive probability
+  DraftSampling samp;
+  samp.temperature = 1.0;
+  samp.want_probs = true;
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r0, 1), samp, rng, res).ok());
+  for (int64_t i = 0; i < K; ++i) {
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += res[0].probs[i * V + v];
+    EXPECT_NEAR(sum, 1.0, 1e-4);
+    EXPECT_GT(res[0].probs[i * V + res[0].tokens[i]], 0.0f);
+  }
+  // a different anchor changes the draft
+  DraftRequest r2{0, 43, 200};
+  std::vector<DraftResult> res2;
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r2, 1), greedy, rng, res2).ok());
+  EXPECT_GT(max_abs_diff(res2[0].logits, res[0].logits), 0.0f);
+}
+
+}  // namespace
+}  // namespace tandem
