@@ -156,6 +156,38 @@ CheckReport check_checkpoint(const std::string& model_dir, const CheckOptions& o
     }
   }
 
+  // ---- tokenizer: every id must have an embedding row ----
+  if (r.config_ok) {
+    bool ok = false;
+    const std::string text = read_file(dir / "tokenizer.json", &ok);
+    if (!ok) {
+      problem(fmt::format("{}: tokenizer.json missing", model_dir));
+    } else {
+      auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      int64_t max_id = -1;
+      bool shape_ok = j.is_object() && j.contains("model") && j["model"].is_object() &&
+                      j["model"].contains("vocab") && j["model"]["vocab"].is_object();
+      if (shape_ok) {
+        for (const auto& [tok, id] : j["model"]["vocab"].items()) {
+          if (id.is_number_integer()) max_id = std::max(max_id, id.get<int64_t>());
+        }
+        if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+          for (const auto& t : j["added_tokens"]) {
+            if (t.is_object() && t.contains("id") && t["id"].is_number_integer()) {
+              max_id = std::max(max_id, t["id"].get<int64_t>());
+            }
+          }
+        }
+      }
+      if (!shape_ok) {
+        problem("tokenizer.json: not a tokenizer JSON with model.vocab");
+      } else if (max_id >= r.config.vocab_size) {
+        problem(fmt::format("tokenizer.json: token id {} >= config vocab_size {}", max_id,
+                            r.config.vocab_size));
+      }
+    }
+  }
+
   // ---- shards ----
   const fs::path index_path = dir / "model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;
@@ -240,9 +272,9 @@ CheckReport check_checkpoint(const std::string& model_dir, const CheckOptions& o
                           index_path.filename().string(), *index_total, r.found_bytes));
     }
     // Stray shard files suggest a mixed-up download.
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.path().extension() == ".safetensors" &&
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (it->path().extension() == ".safetensors" &&
           !std::binary_search(shard_files.begin(), shard_files.end(), name)) {
         problem(fmt::format("{}: .safetensors file not referenced by the index", name));
       }

@@ -120,7 +120,38 @@ Status require(bool cond, const char* key, const std::string& what) {
   return invalid_argument("config.json: key '{}': {}", key, what);
 }
 
+// Sanity bounds far above any real V4 model (43 layers, 256 experts, vocab 129,280): they keep
+// shape products far from overflow and stop a hostile config from making a giant catalog.
+constexpr int64_t kMaxDim = 1 << 20;
+constexpr int64_t kMaxVocab = 1 << 24;
+constexpr int kMaxLayers = 512;
+constexpr int kMaxExperts = 4096;
+constexpr int kMaxDraftStages = 16;
+
+Status bounded(int64_t v, int64_t limit, const char* key) {
+  if (v <= limit) return Status::ok_status();
+  return invalid_argument("config.json: key '{}': {} exceeds the sanity bound {}", key, v, limit);
+}
+
 Status validate(const ModelConfig& c) {
+  TRY(bounded(c.vocab_size, kMaxVocab, "vocab_size"));
+  TRY(bounded(c.hidden_size, kMaxDim, "hidden_size"));
+  TRY(bounded(c.num_hidden_layers, kMaxLayers, "num_hidden_layers"));
+  TRY(bounded(c.num_attention_heads, 4096, "num_attention_heads"));
+  TRY(bounded(c.head_dim, 8192, "head_dim"));
+  TRY(bounded(c.q_lora_rank, kMaxDim, "q_lora_rank"));
+  TRY(bounded(c.o_lora_rank, kMaxDim, "o_lora_rank"));
+  TRY(bounded(c.o_groups, 4096, "o_groups"));
+  TRY(bounded(c.index_n_heads, 4096, "index_n_heads"));
+  TRY(bounded(c.index_head_dim, 8192, "index_head_dim"));
+  TRY(bounded(c.n_routed_experts, kMaxExperts, "n_routed_experts"));
+  TRY(bounded(c.n_shared_experts, 64, "n_shared_experts"));
+  TRY(bounded(c.moe_intermediate_size, kMaxDim, "moe_intermediate_size"));
+  TRY(bounded(c.hc_mult, 64, "hc_mult"));
+  TRY(bounded(c.dspark_markov_rank, kMaxDim, "dspark_markov_rank"));
+  TRY(bounded(c.num_draft_stages, kMaxDraftStages, "compress_ratios"));
+  TRY(bounded(static_cast<int64_t>(c.dspark_target_layer_ids.size()), kMaxLayers,
+              "dspark_target_layer_ids"));
   TRY(require(c.model_type == "deepseek_v4", "model_type",
               fmt::format("unsupported model_type '{}' (expected deepseek_v4)", c.model_type)));
   bool arch_ok = false;

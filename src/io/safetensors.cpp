@@ -375,10 +375,26 @@ Result<const TensorView*> Checkpoint::get(const std::string& name) const {
 // Writer
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+Status write_safetensors_impl(const std::string& path, const std::vector<const TensorData*>& tensors,
+                              const std::map<std::string, std::string>& metadata);
+}  // namespace
+
 Status write_safetensors(const std::string& path, const std::vector<const TensorData*>& tensors,
                          const std::map<std::string, std::string>& metadata) {
   // Larger elements first (stable), so with an 8-aligned data start every tensor is aligned to
   // its element size, as the reference writer arranges it.
+  // nlohmann's dump() throws on invalid UTF-8; keep that inside this function.
+  try {
+    return write_safetensors_impl(path, tensors, metadata);
+  } catch (const std::exception& e) {
+    return invalid_argument("{}: cannot write header: {}", path, e.what());
+  }
+}
+
+namespace {
+Status write_safetensors_impl(const std::string& path, const std::vector<const TensorData*>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   std::vector<const TensorData*> order = tensors;
   std::stable_sort(order.begin(), order.end(), [](const TensorData* a, const TensorData* b) {
     return dtype_size(a->dtype) > dtype_size(b->dtype);
@@ -437,6 +453,7 @@ Status write_safetensors(const std::string& path, const std::vector<const Tensor
   }
   return Status::ok_status();
 }
+}  // namespace
 
 Status write_sharded_checkpoint(const std::string& dir, const std::vector<TensorData>& tensors,
                                 int num_shards) {
@@ -475,8 +492,14 @@ Status write_sharded_checkpoint(const std::string& dir, const std::vector<Tensor
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = weight_map;
   const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
+  std::string text;
+  try {
+    text = index.dump(2) + "\n";
+  } catch (const std::exception& e) {  // invalid UTF-8 in a name (already rejected above)
+    return invalid_argument("{}: {}", index_path, e.what());
+  }
   std::ofstream out(index_path, std::ios::binary | std::ios::trunc);
-  out << index.dump(2) << "\n";
+  out << text;
   if (!out) return make_error(StatusCode::kFailedPrecondition, "{}: write failed", index_path);
   return Status::ok_status();
 }

@@ -391,12 +391,14 @@ Status write_tiny_checkpoint(const std::string& out_dir, const TinyCheckpointOpt
     return make_error(StatusCode::kFailedPrecondition, "{}: cannot create: {}", out_dir, ec.message());
   }
   // Stale files from an earlier run with a different shard count would confuse `check`.
-  for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("model-", 0) == 0 && entry.path().extension() == ".safetensors") {
-      fs::remove(entry.path(), ec);
+  std::vector<fs::path> stale;
+  for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("model-", 0) == 0 && it->path().extension() == ".safetensors") {
+      stale.push_back(it->path());
     }
   }
+  for (const auto& p : stale) fs::remove(p, ec);
   const fs::path dir(out_dir);
   TANDEM_RETURN_IF_ERROR(write_text(dir / "config.json", model_config_to_json(config)));
   TANDEM_RETURN_IF_ERROR(write_text(dir / "generation_config.json", generation_config_json(config)));

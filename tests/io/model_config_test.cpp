@@ -158,3 +158,50 @@ TEST(ModelConfig, DraftKindFromStages) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Random byte edits of a real config must give a config or an error, never a crash or a throw.
+TEST(ModelConfig, MutatedTextNeverCrashes) {
+  const std::string base = read(fixture_path("deepseek-v4-flash-0731.config.json"));
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  const char alphabet[] = "0123456789-.eE[]{}\",: truefalsnl";
+  int ok = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string s = base;
+    int edits = 1 + static_cast<int>(next() % 4);
+    for (int e = 0; e < edits; ++e) {
+      size_t pos = next() % s.size();
+      switch (next() % 3) {
+        case 0: s[pos] = alphabet[next() % (sizeof(alphabet) - 1)]; break;
+        case 1: s.erase(pos, 1 + next() % 8); break;
+        default: s.insert(pos, 1, alphabet[next() % (sizeof(alphabet) - 1)]); break;
+      }
+      if (s.empty()) s = "{";
+    }
+    auto c = parse_model_config(s);
+    if (c.ok()) {
+      ++ok;
+      EXPECT_EQ(c->compress_ratios.size(), static_cast<size_t>(c->num_hidden_layers + c->num_draft_stages));
+    } else {
+      EXPECT_FALSE(c.status().message().empty());
+    }
+  }
+  EXPECT_GT(ok, 0);  // some edits (inside numbers or whitespace) still parse
+}
+
+TEST(ModelConfig, SanityBounds) {
+  nlohmann::json j = nlohmann::json::parse(read(fixture_path("deepseek-v4-flash-0731.config.json")));
+  j["n_routed_experts"] = 2000000000;
+  auto c = parse_model_config(j.dump());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("'n_routed_experts'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -402,6 +402,21 @@ TEST_F(TinyCheckpointTest, RevisionMarker) {
   fs::remove_all(scratch("hf"));
 }
 
+TEST_F(TinyCheckpointTest, TokenizerLargerThanVocab) {
+  fs::path d = copy("tok");
+  auto c = nlohmann::json::parse(read_all(d / "config.json"));
+  c["vocab_size"] = 3000;  // the tokenizer has 3,280 ids (embed shape mismatches too)
+  c["dspark_noise_token_id"] = 2;
+  std::ofstream(d / "config.json") << c.dump(2);
+  CheckReport r = check_checkpoint(d.string(), {});
+  EXPECT_TRUE(has_problem(r, "tokenizer.json: token id 3279 >= config vocab_size 3000")) << problems(r);
+  EXPECT_TRUE(has_problem(r, "'embed.weight' is BF16 [3280, 256], expected BF16 [3000, 256]")) << problems(r);
+  fs::remove(d / "tokenizer.json");
+  r = check_checkpoint(d.string(), {});
+  EXPECT_TRUE(has_problem(r, "tokenizer.json missing")) << problems(r);
+  fs::remove_all(d);
+}
+
 TEST_F(TinyCheckpointTest, MissingShardAndBadConfig) {
   fs::path d = copy("noshard");
   fs::remove(d / kShard2);
