@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -38,15 +39,12 @@ std::string tokenizer_json_for(const std::string& name) {
   return read_text(data_path("hf-trained-tokenizer.json"));
 }
 
-class Parity : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(Parity, EncodeDecodeAndStreamMatchHf) {
-  const std::string name = GetParam();
-  std::string vec_text = read_text(data_path("parity-" + name + ".json"));
-  ASSERT_FALSE(vec_text.empty()) << "missing data/tokenizer/parity-" << name << ".json";
+void check_vectors(const std::string& name, const std::string& tokenizer_json,
+                   const std::string& vec_text) {
+  ASSERT_FALSE(vec_text.empty()) << "missing vectors for " << name;
   auto vec = nlohmann::json::parse(vec_text, nullptr, false);
   ASSERT_FALSE(vec.is_discarded());
-  auto tok_r = Tokenizer::from_json(tokenizer_json_for(name));
+  auto tok_r = Tokenizer::from_json(tokenizer_json);
   ASSERT_TRUE(tok_r.ok()) << tok_r.status().to_string();
   const Tokenizer& tok = **tok_r;
   // A different vocab size means the trainer changed since the vectors were made: regenerate
@@ -72,7 +70,7 @@ TEST_P(Parity, EncodeDecodeAndStreamMatchHf) {
     EXPECT_EQ(streamed, want_text) << shown(text);
   }
   EXPECT_EQ(encode_failures, 0) << "of " << checked;
-  EXPECT_GT(checked, 500);
+  EXPECT_GT(checked, 100);
 
   for (const auto& v : vec["decode"]) {
     auto ids = v["ids"].get<std::vector<int32_t>>();
@@ -87,6 +85,24 @@ TEST_P(Parity, EncodeDecodeAndStreamMatchHf) {
       EXPECT_EQ(streamed, v[skip ? "text_skip_special" : "text"].get<std::string>());
     }
   }
+}
+
+class Parity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Parity, EncodeDecodeAndStreamMatchHf) {
+  const std::string name = GetParam();
+  check_vectors(name, tokenizer_json_for(name), read_text(data_path("parity-" + name + ".json")));
+}
+
+// Optional: TANDEM_TOKENIZER_PARITY=<tokenizer.json>:<vectors.json> replays vectors made by
+// make_parity_vectors.mjs for a tokenizer that is not in the repo (e.g. the real DeepSeek file).
+TEST(TokenizerParity, ExternalVectorsFromEnvironment) {
+  const char* env = std::getenv("TANDEM_TOKENIZER_PARITY");
+  if (!env) GTEST_SKIP() << "TANDEM_TOKENIZER_PARITY not set";
+  std::string spec = env;
+  size_t colon = spec.find(':');
+  ASSERT_NE(colon, std::string::npos);
+  check_vectors(spec, read_text(spec.substr(0, colon)), read_text(spec.substr(colon + 1)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizer, Parity, ::testing::Values("tiny", "big16k", "hf"));

@@ -101,6 +101,10 @@ async function vectors(tokPath, outPath, name) {
     texts.push(t);
   }
   for (let i = 0; i < 10; i++) texts.push(randomText(r, 3000));
+  // PARITY_TEXT_FILES=a,b,c adds whole files (one-off checks on real documents).
+  for (const f of (process.env.PARITY_TEXT_FILES || '').split(',').filter(Boolean)) {
+    texts.push(fs.readFileSync(f, 'utf8'));
+  }
   const encode = [];
   for (const text of texts) {
     // Lone surrogates from slicing an emoji are not valid text for HF (Python str would refuse to
