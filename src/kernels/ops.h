@@ -95,6 +95,9 @@ constexpr int kMxfp4WeightGroup = 32;
 // compressor and LM head are fp32). `accumulate` adds to y (before the bf16 rounding).
 // Batched: `batch` independent problems, operand b at x + b*x_batch_stride, W rows
 // [b*w_batch_rows, ...) (the grouped wo_a einsum: batch 8, w_batch_rows 1024), y + b*y_batch_stride.
+// Batch invariance: each y[i][j] is computed with one fixed summation order that does not depend on
+// m, on the row's place in the batch or on the thread count (for a given CPU instruction set), so
+// chunked prefill, decode and multi-token verify give bit-identical rows.
 struct GemmParams {
   const float* x = nullptr;        // [m, ldx] (per batch)
   WeightRef w;                     // [n, k] (per batch: n rows starting at b*w_batch_rows)

@@ -237,5 +237,33 @@ TEST(Gemm, NanCodeAndInfInputPropagate) {
   EXPECT_FALSE(std::isfinite(y[1 * 4 + 0]));
 }
 
+TEST(Gemm, BatchInvariantBitExact) {
+  // A row's result must not depend on how many rows are computed together, where it sits in the
+  // M block, or the thread count (chunked prefill == decode == verify, bit for bit).
+  Weight w = make_weight(WeightFormat::kMxfp4, 48, 512, 16);
+  const int64_t m = 137;
+  auto x = randn(m * 512, 17);
+  std::vector<float> all(m * 48);
+  GemmParams p;
+  p.x = x.data();
+  p.w = w.ref();
+  p.y = all.data();
+  p.m = m;
+  p.n = 48;
+  p.k = 512;
+  cpu::gemm(p);
+  cpu::set_num_threads(1);
+  for (int64_t r : {int64_t{0}, int64_t{5}, int64_t{129}, m - 1}) {
+    std::vector<float> one(48);
+    GemmParams q = p;
+    q.x = x.data() + r * 512;
+    q.y = one.data();
+    q.m = 1;
+    cpu::gemm(q);
+    for (int64_t j = 0; j < 48; ++j) ASSERT_EQ(one[j], all[r * 48 + j]) << r << "," << j;
+  }
+  cpu::set_num_threads(0);
+}
+
 }  // namespace
 }  // namespace tandem::kernels

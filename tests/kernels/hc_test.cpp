@@ -1,0 +1,180 @@
+// mHC ops against a float64 transcription of spec 5.1-5.3.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.h"
+#include "kernels/ops.h"
+
+namespace tandem::kernels {
+namespace {
+using testing::bf16d;
+using testing::close;
+using testing::randn;
+
+double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+struct HcRef {
+  std::vector<double> x, post, comb;
+};
+
+HcRef ref_pre(const std::vector<float>& h, const std::vector<float>& fn, const std::vector<float>& scale,
+              const std::vector<float>& base, int64_t T, int hc, int64_t D, int iters) {
+  const int nm = (2 + hc) * hc;
+  const int64_t HD = hc * D;
+  const double eps = 1e-6;
+  HcRef r;
+  r.x.resize(T * D);
+  r.post.resize(T * hc);
+  r.comb.resize(T * hc * hc);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = h.data() + t * HD;
+    double ss = 0;
+    for (int64_t i = 0; i < HD; ++i) ss += double(xt[i]) * xt[i];
+    const double rs = 1.0 / std::sqrt(ss / HD + 1e-6);
+    std::vector<double> mix(nm);
+    for (int j = 0; j < nm; ++j) {
+      double s = 0;
+      for (int64_t i = 0; i < HD; ++i) s += double(fn[j * HD + i]) * xt[i];
+      mix[j] = s * rs;
+    }
+    std::vector<double> pre(hc);
+    for (int j = 0; j < hc; ++j) {
+      pre[j] = sig(mix[j] * scale[0] + base[j]) + eps;
+      r.post[t * hc + j] = 2 * sig(mix[hc + j] * scale[1] + base[hc + j]);
+    }
+    std::vector<double> C(hc * hc);
+    for (int j = 0; j < hc; ++j) {
+      double m = -INFINITY;
+      for (int k = 0; k < hc; ++k) {
+        C[j * hc + k] = mix[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+        m = std::max(m, C[j * hc + k]);
+      }
+      double z = 0;
+      for (int k = 0; k < hc; ++k) z += std::exp(C[j * hc + k] - m);
+      for (int k = 0; k < hc; ++k) C[j * hc + k] = std::exp(C[j * hc + k] - m) / z + eps;
+    }
+    auto coln = [&] {
+      for (int k = 0; k < hc; ++k) {
+        double s = 0;
+        for (int j = 0; j < hc; ++j) s += C[j * hc + k];
+        for (int j = 0; j < hc; ++j) C[j * hc + k] /= s + eps;
+      }
+    };
+    coln();
+    for (int it = 0; it < iters - 1; ++it) {
+      for (int j = 0; j < hc; ++j) {
+        double s = 0;
+        for (int k = 0; k < hc; ++k) s += C[j * hc + k];
+        for (int k = 0; k < hc; ++k) C[j * hc + k] /= s + eps;
+      }
+      coln();
+    }
+    for (int i = 0; i < hc * hc; ++i) r.comb[t * hc * hc + i] = C[i];
+    for (int64_t d = 0; d < D; ++d) {
+      double s = 0;
+      for (int i = 0; i < hc; ++i) s += pre[i] * xt[i * D + d];
+      r.x[t * D + d] = bf16d(s);
+    }
+  }
+  return r;
+}
+
+TEST(Hc, PreMatchesSpec) {
+  const int64_t T = 3, D = 256;
+  const int hc = 4, nm = 24;
+  auto h = randn(T * hc * D, 1);
+  auto fn = randn(nm * hc * D, 2, 0.05f, false);
+  std::vector<float> scale = {0.7f, 1.3f, 2.0f};
+  auto base = randn(nm, 3, 0.5f, false);
+  std::vector<float> x(T * D), post(T * hc), comb(T * hc * hc);
+  HcPreParams p;
+  p.h = h.data();
+  p.fn = fn.data();
+  p.scale = scale.data();
+  p.base = base.data();
+  p.tokens = T;
+  p.hc = hc;
+  p.dim = D;
+  p.x = x.data();
+  p.post = post.data();
+  p.comb = comb.data();
+  cpu::hc_pre(p);
+  auto r = ref_pre(h, fn, scale, base, T, hc, D, 20);
+  EXPECT_TRUE(close(post, r.post, 1e-6, 1e-5));
+  EXPECT_TRUE(close(comb, r.comb, 1e-6, 1e-5));
+  EXPECT_TRUE(close(x, r.x, 1e-6, 8e-3));
+  for (int64_t t = 0; t < T; ++t)
+    for (int k = 0; k < hc; ++k) {  // ends on a column normalization: columns sum to ~1
+      double s = 0;
+      for (int j = 0; j < hc; ++j) s += comb[t * 16 + j * hc + k];
+      EXPECT_NEAR(s, 1.0, 1e-5);
+    }
+}
+
+TEST(Hc, PostContractsFirstIndexInPlace) {
+  const int64_t T = 2, D = 64;
+  const int hc = 4;
+  auto f = randn(T * D, 4);
+  auto res = randn(T * hc * D, 5);
+  auto post = randn(T * hc, 6, 1.0f, false);
+  auto comb = randn(T * hc * hc, 7, 1.0f, false);  // asymmetric: catches a transposed contraction
+  std::vector<double> want(T * hc * D);
+  for (int64_t t = 0; t < T; ++t)
+    for (int k = 0; k < hc; ++k)
+      for (int64_t d = 0; d < D; ++d) {
+        double s = 0;
+        for (int j = 0; j < hc; ++j) s += double(comb[t * 16 + j * hc + k]) * res[(t * hc + j) * D + d];
+        want[(t * hc + k) * D + d] = bf16d(post[t * hc + k] * f[t * D + d] + s);
+      }
+  HcPostParams p;
+  p.f = f.data();
+  p.res = res.data();
+  p.post = post.data();
+  p.comb = comb.data();
+  p.out = res.data();  // aliasing allowed
+  p.tokens = T;
+  p.hc = hc;
+  p.dim = D;
+  cpu::hc_post(p);
+  EXPECT_TRUE(close(res, want, 1e-6, 8e-3));
+}
+
+TEST(Hc, HeadMatchesSpec) {
+  const int64_t T = 2, D = 128;
+  const int hc = 4;
+  auto h = randn(T * hc * D, 8);
+  auto fn = randn(hc * hc * D, 9, 0.05f, false);
+  std::vector<float> scale = {0.9f};
+  auto base = randn(hc, 10, 0.5f, false);
+  std::vector<float> y(T * D);
+  HcHeadParams p;
+  p.h = h.data();
+  p.fn = fn.data();
+  p.scale = scale.data();
+  p.base = base.data();
+  p.tokens = T;
+  p.hc = hc;
+  p.dim = D;
+  p.y = y.data();
+  cpu::hc_head(p);
+  std::vector<double> want(T * D);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = h.data() + t * hc * D;
+    double ss = 0;
+    for (int64_t i = 0; i < hc * D; ++i) ss += double(xt[i]) * xt[i];
+    const double rs = 1.0 / std::sqrt(ss / (hc * D) + 1e-6);
+    for (int64_t d = 0; d < D; ++d) want[t * D + d] = 0;
+    for (int i = 0; i < hc; ++i) {
+      double m = 0;
+      for (int64_t k = 0; k < hc * D; ++k) m += double(fn[i * hc * D + k]) * xt[k];
+      const double pre = sig(m * rs * scale[0] + base[i]) + 1e-6;
+      for (int64_t d = 0; d < D; ++d) want[t * D + d] += pre * xt[i * D + d];
+    }
+    for (int64_t d = 0; d < D; ++d) want[t * D + d] = bf16d(want[t * D + d]);
+  }
+  EXPECT_TRUE(close(y, want, 1e-6, 8e-3));
+}
+
+}  // namespace
+}  // namespace tandem::kernels
