@@ -1,0 +1,15 @@
+// The ModelRunner over the real DeepSeek-V4 model (src/model/model.h, CPU forward + DSpark draft),
+// loaded from a checkpoint directory (config.json, safetensors, tokenizer.json).
+#pragma once
+
+#include <memory>
+
+#include "common/status.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+
+namespace tandem {
+
+Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config);
+
+}  // namespace tandem

@@ -1,0 +1,724 @@
+// EngineCore: see engine_core.h. Sections: start-up sizing, request intake, scheduling, output
+// processing (sample / verify / rollback / draft), finishing, integrity and metrics.
+#include "engine/engine_core.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "text/tokenizer.h"
+
+namespace tandem {
+
+struct EngineCore::Seq {
+  std::string id;
+  uint64_t order = 0;
+  SamplingParams sp;
+  std::shared_ptr<TokenConstraint> constraint;
+  EventCallback cb;
+  std::vector<int32_t> tokens;  // prompt + output; the last one is not yet in the cache
+  int64_t prompt_len = 0;
+  int64_t num_computed = 0;     // positions in the model's cache (== the slot's length)
+  int slot = -1;
+  bool running = false;
+  bool admitted_once = false;
+  std::vector<int32_t> block_table;
+  std::vector<uint64_t> block_hashes;
+  DraftProposal draft;
+  bool has_draft = false;
+  int num_verify = 0;           // drafts verified in this step
+  int64_t scheduled = 0;        // tokens in this step's forward
+  uint64_t seed = 0;
+  PenaltyState pen;
+  std::unique_ptr<TextStream> text;
+  Usage usage;
+  Clock::time_point arrival, last_event;
+  bool got_first = false;
+  int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+};
+
+namespace {
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+constexpr size_t kMaxLatencySamples = 100000;
+void push_sample(std::vector<double>& v, double x) {
+  if (v.size() < kMaxLatencySamples) v.push_back(x);
+}
+}  // namespace
+
+// ================================ start-up ================================
+
+Result<std::string> resolve_kv_cache_dtype(const std::string& flag_value, const ModelRunner& runner) {
+  std::string v = flag_value;
+  if (v == "fp8_ds_mla" || v == "fp8_e4m3") v = "fp8";
+  if (v == "nvfp4_ds_mla") v = "nvfp4";
+  if (v == "auto") {
+    for (const char* d : {"fp8", "bf16"})
+      if (runner.check_kv_cache_dtype(d).ok()) return std::string(d);
+    return invalid_argument("--kv-cache-dtype auto: the model supports neither fp8 nor bf16 KV");
+  }
+  if (v != "bf16" && v != "fp8" && v != "nvfp4")
+    return invalid_argument(
+        "--kv-cache-dtype '{}' is not one of auto, bf16, fp8, nvfp4, fp8_ds_mla, nvfp4_ds_mla", flag_value);
+  Status st = runner.check_kv_cache_dtype(v);
+  if (!st.ok()) return st.with_context("--kv-cache-dtype " + flag_value);
+  return v;
+}
+
+Result<std::unique_ptr<EngineCore>> EngineCore::create(std::unique_ptr<ModelRunner> runner,
+                                                       const EngineConfig& config, CoreOptions options) {
+  std::unique_ptr<EngineCore> core(new EngineCore());
+  TANDEM_RETURN_IF_ERROR(core->init(std::move(runner), config, options));
+  return core;
+}
+
+EngineCore::~EngineCore() = default;
+
+const Tokenizer& EngineCore::tokenizer() const { return runner_->tokenizer(); }
+
+Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, CoreOptions options) {
+  config_ = config;
+  options_ = options;
+  runner_ = std::move(runner);
+  if (config.max_num_seqs < 1 || config.max_num_seqs > 4096)
+    return invalid_argument("--max-num-seqs {} must be in [1, 4096]", config.max_num_seqs);
+  if (config.max_num_batched_tokens < 1)
+    return invalid_argument("--max-num-batched-tokens {} must be >= 1", config.max_num_batched_tokens);
+  if (config.block_size < 1 || config.block_size > 65536)
+    return invalid_argument("--block-size {} must be in [1, 65536]", config.block_size);
+  if (config.max_model_len < 0) return invalid_argument("--max-model-len {} must be >= 0", config.max_model_len);
+  if (config.kv_cache_memory < 0)
+    return invalid_argument("--kv-cache-memory {} must be >= 0", config.kv_cache_memory);
+  TANDEM_ASSIGN_OR_RETURN(kv_dtype_, resolve_kv_cache_dtype(config.kv_cache_dtype, *runner_));
+
+  // ---- speculative decoding ----
+  const SpeculativeConfig& sc = config.speculative;
+  if (!sc.method.empty()) {
+    if (sc.method != "dspark")
+      return invalid_argument("--speculative-config: method '{}' is not supported (only \"dspark\")", sc.method);
+    if (!runner_->has_draft())
+      return invalid_argument("--speculative-config: method dspark needs a checkpoint with a DSpark draft");
+    if (sc.num_speculative_tokens < 1 || sc.num_speculative_tokens > runner_->num_draft_tokens())
+      return invalid_argument("--speculative-config: num_speculative_tokens {} must be in [1, {}] (the draft block)",
+                              sc.num_speculative_tokens, runner_->num_draft_tokens());
+    if (sc.verify_mode != "fixed" && sc.verify_mode != "threshold" && sc.verify_mode != "auto")
+      return invalid_argument("--speculative-config: verify_mode '{}' is not fixed, threshold or auto", sc.verify_mode);
+    if (!(sc.confidence_threshold >= 0 && sc.confidence_threshold <= 1))
+      return invalid_argument("--speculative-config: confidence_threshold {} must be in [0, 1]",
+                              sc.confidence_threshold);
+    if (sc.draft_sample_method != "greedy" && sc.draft_sample_method != "sample")
+      return invalid_argument("--speculative-config: draft_sample_method '{}' is not greedy or sample",
+                              sc.draft_sample_method);
+    num_spec_tokens_ = sc.num_speculative_tokens;
+    planner_ = std::make_unique<SpecPlanner>(sc, num_spec_tokens_);
+  }
+
+  // ---- KV pool sizing ----
+  const int bs = config.block_size;
+  const int64_t model_len = runner_->max_model_len();
+  if (config.max_model_len > model_len)
+    return invalid_argument("--max-model-len {} exceeds the model's maximum {}", config.max_model_len, model_len);
+  const int64_t want_len = config.max_model_len > 0 ? config.max_model_len : model_len;
+  const int64_t snapshot_bytes = config.enable_prefix_caching ? runner_->slot_state_bytes() : 0;
+  const int64_t block_bytes = runner_->kv_bytes_per_block(bs, kv_dtype_) + snapshot_bytes;
+  TANDEM_CHECK(block_bytes > 0);
+  int64_t budget = config.kv_cache_memory;
+  std::string budget_from = "--kv-cache-memory";
+  if (budget == 0) {
+    // CPU default: room for every sequence at full length, at most a quarter of physical memory.
+    int64_t want = static_cast<int64_t>(config.max_num_seqs) * ((want_len + bs - 1) / bs + 1) * block_bytes;
+    int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    budget = std::min(want, std::max<int64_t>(phys / 4, block_bytes));
+    budget_from = "default (max_num_seqs x max_model_len, <= 25% of RAM)";
+  }
+  int64_t num_blocks = budget / block_bytes;
+  if (num_blocks < 1)
+    return make_error(StatusCode::kResourceExhausted, "{} = {} bytes is smaller than one KV block ({} bytes)",
+                      budget_from, budget, block_bytes);
+  num_blocks = std::min<int64_t>(num_blocks, (int64_t{1} << 31) / bs - 1);
+  const int64_t capacity = num_blocks * bs;
+
+  info_.model_dir = config.model_dir;
+  info_.vocab_size = runner_->vocab_size();
+  info_.max_model_len = std::min(want_len, capacity);
+  info_.kv_capacity_tokens = capacity;
+  info_.eos_token_id = runner_->eos_token_id();
+  info_.has_draft = runner_->has_draft();
+  info_.device = runner_->device();
+
+  RunnerAllocation alloc;
+  alloc.num_blocks = static_cast<int>(num_blocks);
+  alloc.block_size = bs;
+  alloc.max_slots = config.max_num_seqs;
+  alloc.max_tokens_per_step = config.max_num_batched_tokens;
+  alloc.max_verify_tokens = num_spec_tokens_ + 1;
+  alloc.kv_cache_dtype = kv_dtype_;
+  TANDEM_RETURN_IF_ERROR(runner_->allocate(alloc).with_context("allocating the model's KV pool"));
+  kv_ = std::make_unique<KvBlockManager>(static_cast<int>(num_blocks), bs, config.enable_prefix_caching,
+                                         snapshot_bytes);
+  sampler_ = std::make_unique<Sampler>(runner_->vocab_size(), runner_->eos_token_id(), runner_->noise_token_id());
+  for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
+  step_tokens_.reserve(config.max_num_batched_tokens);
+  batch_.reserve(config.max_num_seqs);
+  scheduled_.reserve(config.max_num_seqs);
+  draft_reqs_.reserve(config.max_num_seqs);
+  draft_seqs_.reserve(config.max_num_seqs);
+  expected_refs_.resize(num_blocks);
+  m_.spec_decode_num_accepted_tokens_per_pos_total.assign(num_spec_tokens_, 0);
+  m_.kv_blocks_total = num_blocks;
+  m_.kv_blocks_free = num_blocks;
+  if (options_.log_startup)
+    TLOG_INFO("engine",
+              "KV cache: {} blocks x {} tokens = {} tokens capacity ({} KV, {} bytes/block incl. {} bytes slot "
+              "snapshot, {:.1f} MiB from {}); max_model_len {}; max_num_seqs {}; prefix caching {}; speculative {}",
+              num_blocks, bs, capacity, kv_dtype_, block_bytes, snapshot_bytes,
+              static_cast<double>(num_blocks * block_bytes) / (1 << 20), budget_from, info_.max_model_len,
+              config.max_num_seqs, config.enable_prefix_caching ? "on" : "off",
+              spec_enabled() ? fmt::format("dspark K={} verify={}", num_spec_tokens_, sc.verify_mode) : "off");
+  return Status();
+}
+
+// ================================ intake ================================
+
+Status EngineCore::validate(const Request& r) const {
+  const SamplingParams& sp = r.sampling;
+  if (r.request_id.empty()) return invalid_argument("request_id is empty");
+  if (r.prompt_tokens.empty()) return invalid_argument("request {}: the prompt has no tokens", r.request_id);
+  for (size_t i = 0; i < r.prompt_tokens.size(); ++i)
+    if (r.prompt_tokens[i] < 0 || r.prompt_tokens[i] >= info_.vocab_size)
+      return invalid_argument("request {}: prompt token {} at index {} is outside the vocabulary [0, {})",
+                              r.request_id, r.prompt_tokens[i], i, info_.vocab_size);
+  if (static_cast<int64_t>(r.prompt_tokens.size()) >= info_.max_model_len)
+    return make_error(StatusCode::kOutOfRange,
+                      "request {}: the prompt has {} tokens but max_model_len is {} (room for at least one "
+                      "output token is needed)",
+                      r.request_id, r.prompt_tokens.size(), info_.max_model_len);
+  if (!(sp.temperature >= 0 && std::isfinite(sp.temperature)))
+    return invalid_argument("temperature {} must be >= 0", sp.temperature);
+  if (!(sp.top_p > 0 && sp.top_p <= 1)) return invalid_argument("top_p {} must be in (0, 1]", sp.top_p);
+  if (sp.top_k < -1) return invalid_argument("top_k {} must be -1, 0 (off) or positive", sp.top_k);
+  if (!(sp.min_p >= 0 && sp.min_p <= 1)) return invalid_argument("min_p {} must be in [0, 1]", sp.min_p);
+  if (!(sp.presence_penalty >= -2 && sp.presence_penalty <= 2))
+    return invalid_argument("presence_penalty {} must be in [-2, 2]", sp.presence_penalty);
+  if (!(sp.frequency_penalty >= -2 && sp.frequency_penalty <= 2))
+    return invalid_argument("frequency_penalty {} must be in [-2, 2]", sp.frequency_penalty);
+  if (!(sp.repetition_penalty > 0 && std::isfinite(sp.repetition_penalty)))
+    return invalid_argument("repetition_penalty {} must be > 0", sp.repetition_penalty);
+  if (sp.max_tokens < 1) return invalid_argument("max_tokens {} must be >= 1", sp.max_tokens);
+  if (sp.logprobs < -1 || sp.logprobs > 20) return invalid_argument("logprobs {} must be in [0, 20]", sp.logprobs);
+  for (int32_t t : sp.stop_token_ids)
+    if (t < 0 || t >= info_.vocab_size)
+      return invalid_argument("stop_token_ids: {} is outside the vocabulary [0, {})", t, info_.vocab_size);
+  return Status();
+}
+
+Status EngineCore::add_request(Request request, EventCallback on_event) {
+  TANDEM_RETURN_IF_ERROR(validate(request));
+  if (seqs_.count(request.request_id))
+    return invalid_argument("request id '{}' is already in flight", request.request_id);
+  if (static_cast<int>(waiting_.size()) >= options_.max_waiting)
+    return make_error(StatusCode::kResourceExhausted, "{} requests are already waiting", waiting_.size());
+  auto s = std::make_unique<Seq>();
+  s->id = request.request_id;
+  s->order = next_order_++;
+  s->sp = request.sampling;
+  s->constraint = request.constraint;
+  s->cb = std::move(on_event);
+  s->tokens = std::move(request.prompt_tokens);
+  s->tokens.reserve(s->tokens.size() + s->sp.max_tokens + num_spec_tokens_ + 1);
+  s->prompt_len = static_cast<int64_t>(s->tokens.size());
+  s->seed = s->sp.seed ? *s->sp.seed : mix64(config_.default_seed ^ mix64(s->order));
+  s->pen.init(s->sp, s->tokens);
+  s->text = std::make_unique<TextStream>(runner_->tokenizer(), s->sp.stop);
+  s->usage.prompt_tokens = s->prompt_len;
+  s->arrival = Clock::now();
+  waiting_.push_back(s.get());
+  seqs_[s->id] = std::move(s);
+  return Status();
+}
+
+void EngineCore::abort(const std::string& request_id, FinishReason reason, const std::string& error) {
+  auto it = seqs_.find(request_id);
+  if (it == seqs_.end()) return;
+  finish(*it->second, reason, error, nullptr);
+}
+
+// ================================ scheduling ================================
+
+void EngineCore::plan_verify() {
+  // Confidences of the drafts proposed at the end of the last step decide this step's lengths.
+  std::vector<std::span<const float>> conf;  // small: at most max_num_seqs entries
+  std::vector<int> limits;
+  std::vector<Seq*> who;
+  int64_t extra = 0;
+  for (Seq* s : running_) {
+    s->num_verify = 0;
+    bool decode = s->num_computed + 1 == static_cast<int64_t>(s->tokens.size());
+    if (!decode) {
+      extra += static_cast<int64_t>(s->tokens.size()) - s->num_computed;
+      continue;
+    }
+    if (!s->has_draft) continue;
+    int lim = num_spec_tokens_;
+    lim = static_cast<int>(std::min<int64_t>(lim, s->sp.max_tokens - s->output_len() - 1));
+    lim = static_cast<int>(std::min<int64_t>(lim, info_.max_model_len - static_cast<int64_t>(s->tokens.size()) - 1));
+    lim = std::max(lim, 0);
+    conf.emplace_back(s->draft.confidence.data(), std::min<size_t>(s->draft.confidence.size(), num_spec_tokens_));
+    limits.push_back(lim);
+    who.push_back(s);
+  }
+  if (who.empty()) return;
+  std::vector<int> lengths;
+  planner_->plan(conf, limits, std::min<int64_t>(extra, config_.max_num_batched_tokens), lengths);
+  for (size_t i = 0; i < who.size(); ++i) who[i]->num_verify = lengths[i];
+}
+
+bool EngineCore::ensure_blocks(Seq& s, int64_t total_tokens) {
+  const int bs = kv_->block_size();
+  int64_t need = (total_tokens + bs - 1) / bs - static_cast<int64_t>(s.block_table.size());
+  if (need <= 0) return true;
+  return kv_->allocate(static_cast<int>(need), s.block_table);
+}
+
+int64_t EngineCore::prefill_chunk(const Seq& s, int64_t budget) const {
+  int64_t n = std::min(static_cast<int64_t>(s.tokens.size()) - s.num_computed, budget);
+  if (kv_->prefix_caching()) {
+    // End the chunk on a block boundary when it crosses one, so the slot state there can be
+    // snapshotted for later prefix hits (only a chunk's end is observable).
+    const int bs = kv_->block_size();
+    int64_t end = s.num_computed + n;
+    int64_t b = end / bs * bs;
+    if (b > s.num_computed && b != end) n = b - s.num_computed;
+  }
+  return n;
+}
+
+void EngineCore::release(Seq& s) {
+  kv_->release(s.block_table);
+  s.block_hashes.clear();
+  if (s.slot >= 0) {
+    free_slots_.push_back(s.slot);
+    s.slot = -1;
+  }
+  s.has_draft = false;
+  s.num_verify = 0;
+}
+
+void EngineCore::remove_from_queues(Seq* s) {
+  running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s), waiting_.end());
+}
+
+void EngineCore::preempt(Seq& s) {
+  TLOG_DEBUG("engine", "preempting {} at {} computed tokens", s.id, s.num_computed);
+  release(s);
+  s.num_computed = 0;
+  s.running = false;
+  s.scheduled = 0;
+  running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
+  auto pos = std::lower_bound(waiting_.begin(), waiting_.end(), &s,
+                              [](const Seq* a, const Seq* b) { return a->order < b->order; });
+  waiting_.insert(pos, &s);
+  ++m_.num_preemptions_total;
+}
+
+bool EngineCore::try_admit(Seq& s, int64_t& budget) {
+  const int bs = kv_->block_size();
+  std::vector<int32_t> hit_blocks;
+  std::vector<uint64_t> hit_hashes;
+  int max_blocks = static_cast<int>((static_cast<int64_t>(s.tokens.size()) - 1) / bs);
+  kv_->find_cached_prefix(s.tokens, max_blocks, hit_blocks, hit_hashes);
+  const int64_t hit = static_cast<int64_t>(hit_blocks.size()) * bs;
+  s.num_computed = hit;
+  int64_t n = prefill_chunk(s, budget);
+  kv_->acquire(hit_blocks);
+  s.block_table = hit_blocks;
+  if (!ensure_blocks(s, hit + n)) {
+    kv_->release(s.block_table);
+    s.num_computed = 0;
+    return false;
+  }
+  waiting_.pop_front();
+  s.slot = free_slots_.back();
+  free_slots_.pop_back();
+  runner_->reset(s.slot);
+  if (hit > 0) {
+    Status st = runner_->import_slot_state(s.slot, kv_->snapshot(hit_blocks.back()));
+    if (!st.ok()) {
+      running_.push_back(&s);  // finish() removes it again
+      finish(s, FinishReason::kError, st.message(), nullptr);
+      return true;
+    }
+  }
+  s.block_hashes = hit_hashes;
+  s.running = true;
+  auto pos = std::lower_bound(running_.begin(), running_.end(), &s,
+                              [](const Seq* a, const Seq* b) { return a->order < b->order; });
+  running_.insert(pos, &s);
+  if (kv_->prefix_caching()) {
+    m_.prefix_cache_queries_total += static_cast<int64_t>(s.tokens.size());
+    m_.prefix_cache_hits_total += hit;
+  }
+  if (!s.admitted_once) {
+    s.admitted_once = true;
+    s.usage.cached_tokens = hit;
+    m_.prompt_tokens_total += s.prompt_len;
+  }
+  s.num_verify = 0;
+  s.scheduled = n;
+  budget -= n;
+  scheduled_.push_back(&s);
+  return true;
+}
+
+Status EngineCore::step() {
+  ++steps_;
+  if (spec_enabled()) plan_verify();
+  int64_t budget = config_.max_num_batched_tokens;
+  scheduled_.clear();
+  for (Seq* s : running_) s->scheduled = 0;
+
+  // Running requests: decodes (and verifies) first, then partial prefills, in arrival order.
+  std::vector<Seq*> order = running_;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (Seq* s : order) {
+      if (budget <= 0) break;
+      if (!s->running || s->scheduled > 0) continue;
+      bool decode = s->num_computed + 1 == static_cast<int64_t>(s->tokens.size());
+      if ((pass == 0) != decode) continue;
+      int64_t n;
+      if (decode) {
+        s->num_verify = static_cast<int>(std::min<int64_t>(s->num_verify, budget - 1));
+        n = 1 + s->num_verify;
+      } else {
+        s->num_verify = 0;
+        n = prefill_chunk(*s, budget);
+      }
+      bool fits = true;
+      while (!ensure_blocks(*s, s->num_computed + n)) {
+        Seq* victim = nullptr;
+        for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+          if (*it != s && (*it)->scheduled == 0) {
+            victim = *it;
+            break;
+          }
+        if (!victim) {
+          fits = false;
+          break;
+        }
+        preempt(*victim);
+      }
+      if (!fits) {
+        preempt(*s);
+        continue;
+      }
+      s->scheduled = n;
+      budget -= n;
+      scheduled_.push_back(s);
+    }
+  }
+  // New (and preempted) requests, strictly first come first served.
+  while (!waiting_.empty() && budget > 0 && !free_slots_.empty()) {
+    if (!try_admit(*waiting_.front(), budget)) break;
+  }
+
+  if (!scheduled_.empty()) {
+    // ---- build the batch ----
+    step_tokens_.clear();
+    batch_.clear();
+    for (Seq* s : scheduled_) {
+      int64_t real = s->scheduled - s->num_verify;
+      step_tokens_.insert(step_tokens_.end(), s->tokens.begin() + s->num_computed,
+                          s->tokens.begin() + s->num_computed + real);
+      step_tokens_.insert(step_tokens_.end(), s->draft.tokens.begin(), s->draft.tokens.begin() + s->num_verify);
+    }
+    size_t off = 0;
+    for (Seq* s : scheduled_) {
+      RunnerSeq r;
+      r.slot = s->slot;
+      r.start_pos = s->num_computed;
+      r.tokens = std::span<const int32_t>(step_tokens_.data() + off, static_cast<size_t>(s->scheduled));
+      r.block_table = s->block_table;
+      r.all_logits = s->num_verify > 0;
+      r.collect_taps = spec_enabled();
+      batch_.push_back(r);
+      off += static_cast<size_t>(s->scheduled);
+    }
+    auto t0 = Clock::now();
+    Status st = runner_->forward(batch_, out_);
+    double dt = seconds_since(t0);
+    if (!st.ok()) {
+      TLOG_ERROR("engine", "forward failed: {}", st.to_string());
+      std::vector<Seq*> failed = scheduled_;
+      for (Seq* s : failed) finish(*s, FinishReason::kError, "model forward failed: " + st.message(), nullptr);
+      return st;
+    }
+    if (planner_) planner_->observe_forward(static_cast<int64_t>(off), dt);
+
+    // ---- sample / verify ----
+    draft_reqs_.clear();
+    draft_seqs_.clear();
+    std::vector<Seq*> done = scheduled_;  // process_output may finish (and free) requests
+    for (size_t i = 0; i < done.size(); ++i) process_output(*done[i], out_, i, draft_reqs_);
+
+    // ---- draft the next step's proposals ----
+    if (!draft_reqs_.empty()) {
+      if (planner_->should_draft(static_cast<int>(draft_reqs_.size()), 0)) {
+        auto t1 = Clock::now();
+        Status ds = runner_->draft_propose(draft_reqs_, proposals_);
+        planner_->observe_draft(static_cast<int>(draft_reqs_.size()), seconds_since(t1));
+        if (!ds.ok()) {
+          TLOG_WARN("engine", "draft failed ({}); continuing without drafts this step", ds.to_string());
+        } else {
+          for (size_t i = 0; i < draft_seqs_.size(); ++i) {
+            std::swap(draft_seqs_[i]->draft, proposals_[i]);
+            draft_seqs_[i]->has_draft = true;
+          }
+        }
+      }
+    }
+  }
+
+  m_.num_requests_running = static_cast<int64_t>(running_.size());
+  m_.num_requests_waiting = static_cast<int64_t>(waiting_.size());
+  if (options_.check_integrity_each_step) {
+    Status st = check_integrity();
+    if (!st.ok()) {
+      TLOG_ERROR("engine", "integrity check failed after step {}: {}", steps_, st.message());
+      return st;
+    }
+  }
+  return Status();
+}
+
+// ================================ outputs ================================
+
+void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, std::vector<DraftQuery>& drafts) {
+  const int64_t V = info_.vocab_size;
+  const int64_t n = s.scheduled;
+  const int ell = s.num_verify;
+  const int64_t real = n - ell;
+  const int64_t old = s.num_computed;
+  s.num_computed = old + n;
+  const float* taps = nullptr;
+  if (spec_enabled()) taps = out.taps.data() + out.taps_row_offset[index] * out.tap_dim;
+
+  if (s.num_computed < static_cast<int64_t>(s.tokens.size())) {  // prefill chunk, nothing to sample
+    if (taps) runner_->draft_insert_context(s.slot, old, std::span<const float>(taps, n * out.tap_dim), n);
+    cache_blocks(s);
+    return;
+  }
+
+  const float* rows = out.logits.data() + out.logits_row_offset[index] * V;
+  const float* base = ell > 0 ? rows + (real - 1) * V : rows;
+  RequestEvent ev;
+  ev.request_id = s.id;
+  FinishReason fin = FinishReason::kNone;
+  int accepted = 0;
+  for (int j = 0; j <= ell && fin == FinishReason::kNone; ++j) {
+    const float* row = base + j * V;
+    sampler_->prepare(row, s.sp, s.pen, s.constraint.get());
+    const int64_t pos = static_cast<int64_t>(s.tokens.size());  // position of the token chosen now
+    int32_t tok;
+    bool rejected = false;
+    if (j < ell) {
+      const int32_t x = s.draft.tokens[j];
+      std::span<const float> q;
+      if (!s.draft.q.empty()) q = std::span<const float>(s.draft.q.data() + static_cast<size_t>(j) * V, V);
+      bool acc;
+      if (sampler_->greedy()) {
+        acc = x == sampler_->argmax();
+      } else {
+        double px = sampler_->prob(x);
+        double qx = q.empty() ? 1.0 : static_cast<double>(q[x]);
+        acc = px > 0 && rng_uniform(s.seed, pos, RngStream::kAccept) * qx < px;  // u < min(1, p/q)
+      }
+      if (acc) {
+        tok = x;
+        ++accepted;
+      } else {
+        tok = sampler_->sample_residual(q, x, rng_uniform(s.seed, pos, RngStream::kResidual));
+        rejected = true;
+      }
+    } else {
+      tok = sampler_->sample(rng_uniform(s.seed, pos, RngStream::kSample));
+    }
+    // Commit the token.
+    s.tokens.push_back(tok);
+    ++s.usage.completion_tokens;
+    ++m_.generation_tokens_total;
+    s.pen.add_output(tok);
+    if (s.constraint) s.constraint->accept_token(tok);
+    bool stop_token = (!s.sp.ignore_eos && tok == info_.eos_token_id) ||
+                      std::find(s.sp.stop_token_ids.begin(), s.sp.stop_token_ids.end(), tok) != s.sp.stop_token_ids.end();
+    if (stop_token) {
+      fin = FinishReason::kStop;
+    } else {
+      ev.tokens.push_back(tok);
+      if (s.sp.logprobs >= 0) {
+        ev.logprobs.emplace_back();
+        sampler_->logprobs(row, tok, s.sp.logprobs, ev.logprobs.back());
+      }
+      if (s.text->push(tok, ev.text)) fin = FinishReason::kStop;
+      else if (s.output_len() >= s.sp.max_tokens) fin = FinishReason::kLength;
+      else if (static_cast<int64_t>(s.tokens.size()) >= info_.max_model_len) fin = FinishReason::kLength;
+    }
+    if (rejected) break;
+  }
+
+  // Roll back the target cache past the rejected drafts.
+  const int64_t keep = old + real + accepted;
+  if (keep < s.num_computed) {
+    runner_->rollback(s.slot, keep);
+    s.num_computed = keep;
+  }
+  if (ell > 0) {
+    ++m_.spec_decode_num_drafts_total;
+    m_.spec_decode_num_draft_tokens_total += ell;
+    m_.spec_decode_num_accepted_tokens_total += accepted;
+    for (int k = 0; k < accepted; ++k) ++m_.spec_decode_num_accepted_tokens_per_pos_total[k];
+    s.usage.draft_tokens += ell;
+    s.usage.accepted_draft_tokens += accepted;
+    planner_->observe_verify(ell, accepted);
+  }
+  s.has_draft = false;
+  s.num_verify = 0;
+
+  if (fin != FinishReason::kNone) {
+    finish(s, fin, "", &ev);
+    return;
+  }
+  // Only rows whose target state is final (the real tokens and the accepted drafts) enter the draft.
+  if (taps) runner_->draft_insert_context(s.slot, old, std::span<const float>(taps, (keep - old) * out.tap_dim), keep - old);
+  cache_blocks(s);
+  emit_and_maybe_finish(s, ev, FinishReason::kNone);
+  if (spec_enabled()) {
+    DraftQuery d;
+    d.slot = s.slot;
+    d.anchor = s.tokens.back();
+    d.position = s.num_computed;
+    d.temperature = config_.speculative.draft_sample_method == "sample" ? s.sp.temperature : 0.0;
+    d.seed = s.seed;
+    drafts.push_back(d);
+    draft_seqs_.push_back(&s);
+  }
+}
+
+void EngineCore::cache_blocks(Seq& s) {
+  if (!kv_->prefix_caching()) return;
+  const int bs = kv_->block_size();
+  const int full = static_cast<int>(s.num_computed / bs);
+  kv_->register_full_blocks(s.tokens, s.block_table, s.block_hashes, full);
+  if (full > 0 && s.num_computed % bs == 0) {
+    int owner = kv_->cached_block(s.block_hashes[full - 1]);
+    if (owner >= 0 && !kv_->has_snapshot(owner)) {
+      runner_->export_slot_state(s.slot, kv_->snapshot(owner));
+      kv_->mark_snapshot(owner);
+    }
+  }
+}
+
+void EngineCore::emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason finish_reason) {
+  auto now = Clock::now();
+  if (!s.got_first && !ev.tokens.empty()) {
+    s.got_first = true;
+    ev.ttft_s = std::chrono::duration<double>(now - s.arrival).count();
+    push_sample(m_.ttft_s, ev.ttft_s);
+  } else if (!ev.tokens.empty()) {
+    push_sample(m_.itl_s, std::chrono::duration<double>(now - s.last_event).count());
+  }
+  s.last_event = now;
+  if (ev.tokens.empty() && ev.text.empty() && finish_reason == FinishReason::kNone) return;
+  if (s.cb) s.cb(ev);
+}
+
+void EngineCore::finish(Seq& s, FinishReason reason, const std::string& error, RequestEvent* ev_in) {
+  RequestEvent local;
+  RequestEvent& ev = ev_in ? *ev_in : local;
+  ev.request_id = s.id;
+  if (reason != FinishReason::kError) s.text->finish(ev.text);
+  ev.finish = reason;
+  ev.error = error;
+  ev.usage = s.usage;
+  if (reason == FinishReason::kStop || reason == FinishReason::kLength) ++m_.request_success_total;
+  push_sample(m_.e2e_s, seconds_since(s.arrival));
+  release(s);
+  remove_from_queues(&s);
+  std::unique_ptr<Seq> keep = std::move(seqs_[s.id]);
+  seqs_.erase(s.id);
+  m_.num_requests_running = static_cast<int64_t>(running_.size());
+  m_.num_requests_waiting = static_cast<int64_t>(waiting_.size());
+  emit_and_maybe_finish(*keep, ev, reason);
+}
+
+// ================================ integrity / metrics ================================
+
+Status EngineCore::check_integrity() {
+  std::fill(expected_refs_.begin(), expected_refs_.end(), 0);
+  std::vector<bool> slot_used(config_.max_num_seqs, false);
+  for (const auto& [id, s] : seqs_) {
+    for (int32_t b : s->block_table) {
+      if (b < 0 || b >= kv_->num_blocks())
+        return make_error(StatusCode::kInternal, "request {} holds block id {} out of range", id, b);
+      ++expected_refs_[b];
+    }
+    if (s->running) {
+      if (s->slot < 0 || s->slot >= config_.max_num_seqs || slot_used[s->slot])
+        return make_error(StatusCode::kInternal, "request {} has bad or shared slot {}", id, s->slot);
+      slot_used[s->slot] = true;
+      int64_t need = (s->num_computed + kv_->block_size() - 1) / kv_->block_size();
+      if (static_cast<int64_t>(s->block_table.size()) < need)
+        return make_error(StatusCode::kInternal, "request {} has {} computed tokens but {} blocks", id,
+                          s->num_computed, s->block_table.size());
+    } else if (!s->block_table.empty() || s->slot >= 0 || s->num_computed != 0) {
+      return make_error(StatusCode::kInternal, "waiting request {} holds blocks or a slot", id);
+    }
+  }
+  if (running_.size() + free_slots_.size() != static_cast<size_t>(config_.max_num_seqs))
+    return make_error(StatusCode::kInternal, "{} running + {} free slots != {}", running_.size(), free_slots_.size(),
+                      config_.max_num_seqs);
+  if (running_.size() + waiting_.size() != seqs_.size())
+    return make_error(StatusCode::kInternal, "{} running + {} waiting != {} requests", running_.size(),
+                      waiting_.size(), seqs_.size());
+  int64_t leaked = 0;
+  Status st = kv_->check(expected_refs_, &leaked);
+  m_.kv_blocks_leaked = leaked;
+  return st;
+}
+
+EngineMetrics EngineCore::metrics(bool drain_latencies) {
+  m_.num_requests_running = static_cast<int64_t>(running_.size());
+  m_.num_requests_waiting = static_cast<int64_t>(waiting_.size());
+  m_.kv_blocks_total = kv_->num_blocks();
+  m_.kv_blocks_free = kv_->num_free();
+  m_.kv_cache_usage_perc = 1.0 - static_cast<double>(kv_->num_free()) / kv_->num_blocks();
+  EngineMetrics snap = m_;
+  if (drain_latencies) {
+    m_.ttft_s.clear();
+    m_.itl_s.clear();
+    m_.e2e_s.clear();
+  }
+  return snap;
+}
+
+std::vector<int32_t> EngineCore::block_table(const std::string& request_id) const {
+  auto it = seqs_.find(request_id);
+  return it == seqs_.end() ? std::vector<int32_t>{} : it->second->block_table;
+}
+
+int64_t EngineCore::num_computed(const std::string& request_id) const {
+  auto it = seqs_.find(request_id);
+  return it == seqs_.end() ? -1 : it->second->num_computed;
+}
+
+}  // namespace tandem

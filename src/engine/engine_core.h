@@ -1,0 +1,133 @@
+// EngineCore: the single-threaded heart of the engine. One step = schedule, one batched target
+// forward, sample/verify, rollback, draft. The scheduler rule (vLLM v1): every request has
+// num_computed tokens chasing a target (its tokens plus the drafts chosen for verification); each
+// step gives the chase a share of max_num_batched_tokens — decodes first, then partial prefills,
+// then new requests in arrival order — which covers prefill, chunked prefill, prefix-cache hits,
+// decode and speculative verify alike. When the KV pool cannot cover a chase, the latest-arrived
+// running request is preempted (blocks freed, recomputed later from its tokens). Engine (engine.cpp)
+// drives it from a thread; tests drive it directly, step by step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
+#include "engine/spec_planner.h"
+#include "engine/text_stream.h"
+
+namespace tandem {
+
+struct CoreOptions {
+  bool check_integrity_each_step =
+#ifdef NDEBUG
+      false;
+#else
+      true;
+#endif
+  int max_waiting = 4096;  // queued requests before submit says ResourceExhausted
+  bool log_startup = true;
+};
+
+// Canonical KV dtype for a flag value: auto -> first the runner supports of fp8, bf16;
+// fp8_ds_mla -> fp8; nvfp4_ds_mla -> nvfp4. Unknown or unsupported values are errors naming the flag.
+Result<std::string> resolve_kv_cache_dtype(const std::string& flag_value, const ModelRunner& runner);
+
+class EngineCore {
+ public:
+  static Result<std::unique_ptr<EngineCore>> create(std::unique_ptr<ModelRunner> runner,
+                                                    const EngineConfig& config, CoreOptions options = {});
+  ~EngineCore();
+
+  const ModelInfo& model_info() const { return info_; }
+  const Tokenizer& tokenizer() const;
+  ModelRunner& runner() { return *runner_; }
+
+  // Checks a request against the limits and sampling ranges without queueing it (thread-safe:
+  // reads only immutable configuration).
+  Status validate(const Request& request) const;
+  Status add_request(Request request, EventCallback on_event);
+  // Cancels: the final kCancelled event is emitted now and every block and slot freed.
+  void abort(const std::string& request_id, FinishReason reason = FinishReason::kCancelled,
+             const std::string& error = "");
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // One engine step. Errors here are internal (the affected requests already got kError).
+  Status step();
+  EngineMetrics metrics(bool drain_latencies);
+
+  // ---- introspection for tests and logging ----
+  const KvBlockManager& kv() const { return *kv_; }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  std::vector<int32_t> block_table(const std::string& request_id) const;
+  int64_t num_computed(const std::string& request_id) const;
+  Status check_integrity();  // also run after every step when options.check_integrity_each_step
+  int64_t steps() const { return steps_; }
+  int64_t max_model_len() const { return info_.max_model_len; }
+  int num_kv_blocks() const { return kv_->num_blocks(); }
+  const std::string& kv_cache_dtype() const { return kv_dtype_; }
+  const SpecPlanner* planner() const { return planner_.get(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Seq;
+  EngineCore() = default;
+  Status init(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, CoreOptions options);
+
+  bool spec_enabled() const { return planner_ != nullptr; }
+  void plan_verify();
+  bool ensure_blocks(Seq& s, int64_t total_tokens);
+  void preempt(Seq& s);
+  bool try_admit(Seq& s, int64_t& budget);
+  int64_t prefill_chunk(const Seq& s, int64_t budget) const;
+  void process_output(Seq& s, const RunnerOutput& out, size_t index, std::vector<DraftQuery>& drafts);
+  void cache_blocks(Seq& s);
+  void emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason finish);
+  void finish(Seq& s, FinishReason reason, const std::string& error, RequestEvent* ev);
+  void release(Seq& s);
+  void remove_from_queues(Seq* s);
+
+  EngineConfig config_;
+  CoreOptions options_;
+  ModelInfo info_;
+  std::string kv_dtype_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<KvBlockManager> kv_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<SpecPlanner> planner_;
+  int num_spec_tokens_ = 0;
+
+  std::map<std::string, std::unique_ptr<Seq>> seqs_;
+  std::vector<Seq*> running_;  // arrival order
+  std::deque<Seq*> waiting_;   // arrival order (preempted requests go back to their place)
+  std::vector<int> free_slots_;
+  uint64_t next_order_ = 0;
+  int64_t steps_ = 0;
+
+  // Per-step scratch (sized at start-up).
+  std::vector<Seq*> scheduled_;
+  std::vector<int32_t> step_tokens_;
+  std::vector<RunnerSeq> batch_;
+  RunnerOutput out_;
+  std::vector<DraftQuery> draft_reqs_;
+  std::vector<Seq*> draft_seqs_;
+  std::vector<DraftProposal> proposals_;
+  std::vector<int> expected_refs_;
+
+  EngineMetrics m_;
+};
+
+}  // namespace tandem
+
+namespace tandem {
+// Engine (engine.h) over a given runner: tests and benchmarks use it with FakeModelRunner.
+Result<std::unique_ptr<Engine>> create_engine_with_runner(std::unique_ptr<ModelRunner> runner,
+                                                          const EngineConfig& config);
+}  // namespace tandem

@@ -1,0 +1,100 @@
+// ModelRunner: the engine's view of a model. Exactly what the scheduler, KV manager and DSpark
+// loop need from DsV4Model (per-slot state, paged compressed KV addressed by block tables, batched
+// forward, rollback, slot-state snapshots for prefix caching, DSpark draft). The engine is built
+// and tested against this interface; dsv4_runner.cpp adapts the real model, fake_model.h a toy one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tandem {
+
+class Tokenizer;
+
+// What the runner needs to know to size its pools (called once, before any forward).
+struct RunnerAllocation {
+  int num_blocks = 0;           // paged KV pool size
+  int block_size = 256;         // tokens per block
+  int max_slots = 0;            // sequences with live per-slot state (= max_num_seqs)
+  int max_tokens_per_step = 0;  // scratch sizing (= max_num_batched_tokens)
+  int max_verify_tokens = 1;    // K+1: the most a slot may roll back in one step
+  std::string kv_cache_dtype;   // canonical: "bf16" | "fp8" | "nvfp4"
+};
+
+// One sequence's slice of a step: tokens at positions [start_pos, start_pos + tokens.size()).
+struct RunnerSeq {
+  int slot = 0;
+  int64_t start_pos = 0;
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> block_table;  // covers at least start_pos + tokens.size() positions
+  bool all_logits = false;               // logits for every new token (verify) or only the last
+  bool collect_taps = false;             // DSpark target taps for every new token
+};
+
+struct RunnerOutput {
+  // Row-major [rows, vocab]; seq i's rows start at logits_row_offset[i] (1 row or tokens.size()).
+  std::vector<float> logits;
+  std::vector<int64_t> logits_row_offset;
+  // Row-major [rows, tap_dim]; seq i's taps start at taps_row_offset[i] (only if collect_taps).
+  std::vector<float> taps;
+  std::vector<int64_t> taps_row_offset;
+  int64_t tap_dim = 0;
+};
+
+// Draft proposals for one sequence.
+struct DraftQuery {
+  int slot = 0;
+  int32_t anchor = 0;      // last sampled token (not yet in the target cache)
+  int64_t position = 0;    // position of the anchor
+  double temperature = 0;  // 0 = greedy drafting (q one-hot)
+  uint64_t seed = 0;       // per-request stream; the draft keys its draws by (seed, position)
+};
+struct DraftProposal {
+  std::vector<int32_t> tokens;      // K tokens for positions position+1 .. position+K
+  std::vector<float> q;             // [K, vocab] draft distributions; empty when greedy
+  std::vector<float> confidence;    // K values in [0,1] (sigmoid of the head's raw projection)
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_model_len() const = 0;
+  virtual int32_t eos_token_id() const = 0;
+  virtual int32_t noise_token_id() const = 0;  // DSpark noise id, never emitted; -1 if none
+  virtual std::string device() const = 0;
+  virtual const Tokenizer& tokenizer() const = 0;
+
+  // "bf16" | "fp8" | "nvfp4": OK if this runner can store its KV in that dtype.
+  virtual Status check_kv_cache_dtype(const std::string& dtype) const = 0;
+  // Bytes one block of block_size tokens occupies in the paged pool for that dtype.
+  virtual int64_t kv_bytes_per_block(int block_size, const std::string& dtype) const = 0;
+  // Fixed bytes per slot (window ring, compressor state), outside the pool.
+  virtual int64_t slot_state_bytes() const = 0;
+  virtual Status allocate(const RunnerAllocation& alloc) = 0;
+
+  // Runs every sequence's new tokens; fills `out`. Errors are internal (shape/capacity bugs).
+  virtual Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) = 0;
+  // Drops state past new_len (only the last max_verify_tokens positions may be dropped).
+  virtual void rollback(int slot, int64_t new_len) = 0;
+  virtual void reset(int slot) = 0;
+  // Slot-state snapshots taken when the slot's length is a multiple of block_size.
+  virtual void export_slot_state(int slot, std::span<uint8_t> out) const = 0;
+  virtual Status import_slot_state(int slot, std::span<const uint8_t> in) = 0;
+
+  // ---- DSpark draft ----
+  virtual bool has_draft() const = 0;
+  virtual int num_draft_tokens() const = 0;  // the draft block size (K)
+  // Inserts target taps rows (from the last forward) for positions [start_pos, start_pos + rows).
+  virtual void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps,
+                                    int64_t rows) = 0;
+  virtual Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) = 0;
+};
+
+}  // namespace tandem

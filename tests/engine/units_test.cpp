@@ -1,0 +1,322 @@
+// Unit tests: KV block manager (exact block ids, LRU, snapshots, integrity), sampler, text stream,
+// speculative-config parsing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/engine.h"
+#include "engine/fake_model.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/sampler.h"
+#include "engine/text_stream.h"
+
+namespace tandem {
+namespace {
+
+// ---------------- KvBlockManager ----------------
+std::vector<int32_t> seq_tokens(int n, int base) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(base + i);
+  return t;
+}
+
+TEST(KvBlockManager, AllocatesInOrderAndFreesTailFirst) {
+  KvBlockManager kv(6, 4, true, 8);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(kv.allocate(3, a));
+  EXPECT_EQ(a, (std::vector<int32_t>{0, 1, 2}));
+  ASSERT_TRUE(kv.allocate(2, b));
+  EXPECT_EQ(b, (std::vector<int32_t>{3, 4}));
+  std::vector<int32_t> c;
+  EXPECT_FALSE(kv.allocate(2, c));  // only 1 free: nothing allocated
+  EXPECT_TRUE(c.empty());
+  EXPECT_EQ(kv.num_free(), 1);
+  auto toks = seq_tokens(12, 100);
+  std::vector<uint64_t> hashes;
+  kv.register_full_blocks(toks, a, hashes, 2);  // blocks 0 and 1 full, 2 partial
+  EXPECT_EQ(hashes.size(), 2u);
+  kv.release(a);
+  // Uncached 2 goes to the head; cached ones to the tail, last block first.
+  EXPECT_EQ(kv.free_list_order(), (std::vector<int32_t>{2, 5, 1, 0}));
+  std::vector<int> refs(6, 0);
+  refs[3] = refs[4] = 1;
+  int64_t leaked = -1;
+  EXPECT_TRUE(kv.check(refs, &leaked).ok());
+  EXPECT_EQ(leaked, 0);
+  // Allocating 3 evicts cached block 1 (least recently freed) but keeps 0.
+  std::vector<int32_t> d;
+  ASSERT_TRUE(kv.allocate(3, d));
+  EXPECT_EQ(d, (std::vector<int32_t>{2, 5, 1}));
+  EXPECT_EQ(kv.num_cached_blocks(), 1);
+}
+
+TEST(KvBlockManager, PrefixHitNeedsSnapshotAtItsEnd) {
+  KvBlockManager kv(8, 4, true, 16);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(kv.allocate(3, a));
+  auto toks = seq_tokens(12, 7);
+  std::vector<uint64_t> hashes;
+  kv.register_full_blocks(toks, a, hashes, 3);
+  std::vector<int32_t> hit;
+  std::vector<uint64_t> hh;
+  kv.find_cached_prefix(toks, 3, hit, hh);
+  EXPECT_TRUE(hit.empty());  // no snapshots yet
+  kv.mark_snapshot(a[1]);
+  kv.find_cached_prefix(toks, 3, hit, hh);
+  EXPECT_EQ(hit, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(hh, (std::vector<uint64_t>{hashes[0], hashes[1]}));
+  kv.mark_snapshot(a[2]);
+  kv.find_cached_prefix(toks, 2, hit, hh);  // capped by max_blocks
+  EXPECT_EQ(hit.size(), 2u);
+  // A different second block breaks the chain after block 0.
+  auto other = toks;
+  other[5] = 999;
+  kv.find_cached_prefix(other, 3, hit, hh);
+  EXPECT_TRUE(hit.empty());
+  // Sharing: acquire the hit, release both owners, refcounts return to zero.
+  kv.find_cached_prefix(toks, 3, hit, hh);
+  kv.acquire(hit);
+  EXPECT_EQ(kv.ref_count(0), 2);
+  kv.release(hit);
+  kv.release(a);
+  EXPECT_EQ(kv.num_free(), 8);
+  std::vector<int> refs(8, 0);
+  EXPECT_TRUE(kv.check(refs, nullptr).ok());
+}
+
+TEST(KvBlockManager, IntegrityCheckFindsLeaks) {
+  KvBlockManager kv(4, 4, true, 0);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(kv.allocate(2, a));
+  std::vector<int> refs(4, 0);
+  refs[a[0]] = 1;  // the owner forgot a[1]
+  int64_t leaked = 0;
+  Status st = kv.check(refs, &leaked);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(leaked, 1);
+  EXPECT_NE(st.message().find("block 1"), std::string::npos) << st.message();
+}
+
+TEST(KvBlockManager, NoCachingWhenDisabled) {
+  KvBlockManager kv(4, 4, false, 100);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(kv.allocate(2, a));
+  auto toks = seq_tokens(8, 1);
+  std::vector<uint64_t> hashes;
+  kv.register_full_blocks(toks, a, hashes, 2);
+  EXPECT_EQ(kv.num_cached_blocks(), 0);
+  EXPECT_EQ(kv.snapshot_bytes(), 0);
+}
+
+// ---------------- Sampler ----------------
+TEST(Sampler, RngIsKeyedBySeedPositionStream) {
+  double a = rng_uniform(1, 10, RngStream::kSample);
+  EXPECT_EQ(a, rng_uniform(1, 10, RngStream::kSample));
+  EXPECT_NE(a, rng_uniform(2, 10, RngStream::kSample));
+  EXPECT_NE(a, rng_uniform(1, 11, RngStream::kSample));
+  EXPECT_NE(a, rng_uniform(1, 10, RngStream::kAccept));
+  EXPECT_GE(a, 0.0);
+  EXPECT_LT(a, 1.0);
+}
+
+TEST(Sampler, MasksNoiseAndAppliesFilters) {
+  const int V = 8;
+  Sampler s(V, 1, 7);
+  std::vector<float> z = {0.f, 0.f, 1.f, 3.f, 2.f, 2.5f, 0.5f, 10.f};  // 7 = noise
+  PenaltyState pen;
+  SamplingParams sp;
+  sp.temperature = 0;
+  s.prepare(z.data(), sp, pen, nullptr);
+  EXPECT_TRUE(s.greedy());
+  EXPECT_EQ(s.argmax(), 3);
+  sp.temperature = 1.0;
+  sp.top_k = 2;
+  s.prepare(z.data(), sp, pen, nullptr);
+  EXPECT_EQ(s.prob(7), 0.0);
+  EXPECT_GT(s.prob(3), 0.0);
+  EXPECT_GT(s.prob(5), 0.0);
+  EXPECT_EQ(s.prob(4), 0.0);
+  EXPECT_NEAR(s.prob(3) + s.prob(5), 1.0, 1e-9);
+  EXPECT_NEAR(s.prob(3) / s.prob(5), std::exp(0.5), 1e-6);
+  sp.top_k = 0;
+  sp.top_p = 0.3;  // the top token alone has more than 0.3
+  s.prepare(z.data(), sp, pen, nullptr);
+  EXPECT_NEAR(s.prob(3), 1.0, 1e-9);
+  sp.top_p = 1.0;
+  sp.min_p = 0.5;  // keeps tokens with p >= 0.5 * p(3): 3 (1.0), 5 (e^-0.5 = 0.61)
+  s.prepare(z.data(), sp, pen, nullptr);
+  EXPECT_GT(s.prob(5), 0.0);
+  EXPECT_EQ(s.prob(4), 0.0);  // e^-1 = 0.37 < 0.5
+  // Empirical frequencies follow p.
+  sp.min_p = 0;
+  s.prepare(z.data(), sp, pen, nullptr);
+  std::vector<int> count(V, 0);
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) ++count[s.sample(rng_uniform(9, i, RngStream::kSample))];
+  for (int v = 0; v < V; ++v) EXPECT_NEAR(count[v] / double(N), s.prob(v), 0.015) << v;
+}
+
+TEST(Sampler, Penalties) {
+  const int V = 6;
+  Sampler s(V, 1, -1);
+  std::vector<float> z = {0.f, 0.f, 2.f, 1.9f, 1.f, -1.f};
+  SamplingParams sp;
+  sp.temperature = 0;
+  PenaltyState pen;
+  sp.repetition_penalty = 2.0;
+  std::vector<int32_t> prompt = {2};
+  pen.init(sp, prompt);
+  s.prepare(z.data(), sp, pen, nullptr);
+  EXPECT_EQ(s.argmax(), 3);  // 2.0 / 2 = 1.0 < 1.9
+  sp.repetition_penalty = 1.0;
+  pen.init(sp, prompt);
+  pen.add_output(2);
+  sp.frequency_penalty = 0.05;
+  s.prepare(z.data(), sp, pen, nullptr);
+  EXPECT_EQ(s.argmax(), 2);  // 1.95 > 1.9
+  pen.add_output(2);
+  pen.add_output(2);
+  s.prepare(z.data(), sp, pen, nullptr);
+  EXPECT_EQ(s.argmax(), 3);  // 2.0 - 3 * 0.05 = 1.85 < 1.9
+  sp.frequency_penalty = 0;
+  sp.presence_penalty = 0.5;
+  s.prepare(z.data(), sp, pen, nullptr);
+  EXPECT_EQ(s.argmax(), 3);
+}
+
+TEST(Sampler, ResidualExcludesTheRejectedDraft) {
+  const int V = 4;
+  Sampler s(V, 1, -1);
+  std::vector<float> z = {0.f, 0.f, 0.f, -100.f};  // p = 1/3 on 0..2
+  SamplingParams sp;
+  PenaltyState pen;
+  s.prepare(z.data(), sp, pen, nullptr);
+  for (int i = 0; i < 100; ++i) EXPECT_NE(s.sample_residual({}, 1, rng_uniform(1, i, RngStream::kResidual)), 1);
+  std::vector<float> q = {0.6f, 0.4f, 0.f, 0.f};  // residual = max(0, p - q) = {0, 0, 1/3}
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(s.sample_residual(q, 0, rng_uniform(1, i, RngStream::kResidual)), 2);
+}
+
+class OnlyToken : public TokenConstraint {
+ public:
+  explicit OnlyToken(int32_t t, bool complete) : t_(t), complete_(complete) {}
+  void allowed_tokens(std::vector<bool>& allowed) override {
+    std::fill(allowed.begin(), allowed.end(), false);
+    allowed[t_] = true;
+    allowed[1] = true;  // EOS, only honoured when complete
+  }
+  void accept_token(int32_t) override {}
+  bool is_complete() const override { return complete_; }
+  std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<OnlyToken>(*this); }
+
+ private:
+  int32_t t_;
+  bool complete_;
+};
+
+TEST(Sampler, ConstraintMasks) {
+  const int V = 6;
+  Sampler s(V, 1, -1);
+  std::vector<float> z = {0.f, 5.f, 2.f, 1.f, 0.f, 0.f};
+  SamplingParams sp;
+  sp.temperature = 0;
+  PenaltyState pen;
+  OnlyToken incomplete(4, false), complete(4, true);
+  s.prepare(z.data(), sp, pen, &incomplete);
+  EXPECT_EQ(s.argmax(), 4);  // EOS masked while incomplete
+  s.prepare(z.data(), sp, pen, &complete);
+  EXPECT_EQ(s.argmax(), 1);
+}
+
+TEST(Sampler, LogprobsAreRawAndSorted) {
+  const int V = 5;
+  Sampler s(V, 1, 4);
+  std::vector<float> z = {1.f, 2.f, 3.f, 0.f, 50.f};
+  TokenLogprob lp;
+  s.logprobs(z.data(), 1, 2, lp);
+  double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(0.0));
+  EXPECT_NEAR(lp.logprob, 2.0 - lse, 1e-5);
+  ASSERT_EQ(lp.top.size(), 2u);
+  EXPECT_EQ(lp.top[0].first, 2);
+  EXPECT_EQ(lp.top[1].first, 1);
+}
+
+// ---------------- TextStream ----------------
+TEST(TextStream, JoinsSplitUtf8AndHoldsStopPrefixes) {
+  FakeTokenizer tk(64);
+  TextStream plain(tk, {});
+  std::string out;
+  EXPECT_FALSE(plain.push(2, out));  // first byte of é
+  EXPECT_EQ(out, "");
+  plain.push(3, out);
+  EXPECT_EQ(out, "\xC3\xA9");
+  plain.push(1, out);  // special: no text
+  EXPECT_EQ(out, "\xC3\xA9");
+
+  int32_t th = *tk.token_to_id("th"), er = *tk.token_to_id("er"), a = *tk.token_to_id("a");
+  TextStream st(tk, {"ther"});
+  out.clear();
+  EXPECT_FALSE(st.push(a, out));
+  EXPECT_EQ(out, "a");
+  EXPECT_FALSE(st.push(th, out));
+  EXPECT_EQ(out, "a");  // "th" may start "ther": held
+  EXPECT_TRUE(st.push(er, out));
+  EXPECT_EQ(out, "a");
+  EXPECT_EQ(st.matched_stop(), "ther");
+
+  TextStream st2(tk, {"ther"});
+  out.clear();
+  st2.push(th, out);
+  st2.push(a, out);  // "tha": no longer a prefix
+  EXPECT_EQ(out, "tha");
+  st2.push(th, out);
+  st2.finish(out);  // held "th" released at the end
+  EXPECT_EQ(out, "thath");
+}
+
+TEST(TextStream, IncompleteUtf8AtEndBecomesReplacement) {
+  FakeTokenizer tk(64);
+  TextStream s(tk, {});
+  std::string out;
+  s.push(2, out);
+  s.finish(out);
+  EXPECT_EQ(out, "\xEF\xBF\xBD");
+  EXPECT_EQ(complete_utf8_prefix("ab\xC3"), 2u);
+  EXPECT_EQ(complete_utf8_prefix("ab\xE2\x82"), 2u);
+  EXPECT_EQ(complete_utf8_prefix("ab\xE2\x82\xAC"), 5u);
+}
+
+// ---------------- --speculative-config ----------------
+TEST(SpeculativeConfig, ParsesVllmJson) {
+  auto c = parse_speculative_config(R"({"method":"dspark","num_speculative_tokens":5})");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->method, "dspark");
+  EXPECT_EQ(c->num_speculative_tokens, 5);
+  EXPECT_EQ(c->verify_mode, "auto");
+  c = parse_speculative_config(R"({"method":"dspark","num_speculative_tokens":3,"dspark_confidence_threshold":0.7})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->verify_mode, "threshold");
+  EXPECT_DOUBLE_EQ(c->confidence_threshold, 0.7);
+  c = parse_speculative_config(R"({"method":"dspark","verify_mode":"fixed","draft_sample_method":"probabilistic"})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->verify_mode, "fixed");
+  EXPECT_EQ(c->draft_sample_method, "sample");
+  EXPECT_TRUE(parse_speculative_config("").ok());
+  for (const char* bad : {"{", "[]", R"({"method":"eagle"})", R"({"method":"dspark","num_speculative_tokens":0})",
+                          R"({"method":"dspark","num_speculative_tokens":"5"})", R"({"method":"dspark","bogus":1})",
+                          R"({"method":"dspark","verify_mode":"maybe"})", R"({"num_speculative_tokens":5})",
+                          R"({"method":"dspark","confidence_threshold":2})"}) {
+    auto r = parse_speculative_config(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) EXPECT_NE(r.status().message().find("--speculative-config"), std::string::npos);
+  }
+}
+
+TEST(FinishReason, Names) {
+  EXPECT_STREQ(finish_reason_name(FinishReason::kStop), "stop");
+  EXPECT_STREQ(finish_reason_name(FinishReason::kLength), "length");
+  EXPECT_STREQ(finish_reason_name(FinishReason::kCancelled), "cancelled");
+  EXPECT_STREQ(finish_reason_name(FinishReason::kError), "error");
+}
+
+}  // namespace
+}  // namespace tandem
