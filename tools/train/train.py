@@ -130,6 +130,8 @@ def train_target(target, tokens, P, args, log, work):
         if st.get("done"):
             return hist, step, total
     B, T = P["batch"], P["seq_len"]
+    if total is None and (args.target_steps or P["target_steps"]):
+        total = args.target_steps or P["target_steps"]
     target.train()
     moe = target.moe_layers()
     t_last_ckpt = time.time()
@@ -244,6 +246,8 @@ def train_draft(target, draft, tokens, P, args, log, work):
         if st.get("done"):
             return hist, step, total
     B, T, A, K = P["batch"], P["seq_len"], P["anchors"], cfg.dspark_block_size
+    if total is None and (args.draft_steps or P["draft_steps"]):
+        total = args.draft_steps or P["draft_steps"]
     draft.train()
     moe = draft.moe_layers()
     t_last_ckpt = time.time()
