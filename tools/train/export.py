@@ -132,6 +132,10 @@ def write_checkpoint(out_dir, cfg, target, draft, tokenizer_json_path, max_shard
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg.to_config_json(), f, indent=2)
         f.write("\n")
+    os.makedirs(os.path.join(out_dir, "inference"), exist_ok=True)
+    with open(os.path.join(out_dir, "inference", "config.json"), "w") as f:
+        json.dump(cfg.to_inference_json(), f, indent=2)
+        f.write("\n")
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
                    "do_sample": True, "temperature": 1.0, "top_p": 1.0}, f, indent=2)

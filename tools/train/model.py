@@ -86,6 +86,41 @@ class Cfg:
         assert (self.head_dim - self.qk_rope_head_dim) % 64 == 0
         assert self.index_head_dim & (self.index_head_dim - 1) == 0 and self.index_head_dim % 32 == 0
 
+    @classmethod
+    def from_config_json(cls, j: dict) -> "Cfg":
+        """Inverse of to_config_json (official config.json -> Cfg)."""
+        rs = j.get("rope_scaling") or {}
+        n_stages = len(j["compress_ratios"]) - j["num_hidden_layers"]
+        keep = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in j.items() if k in keep}
+        kw.update(rope_factor=rs.get("factor", 16.0), rope_original_max_position=rs.get("original_max_position_embeddings", 65536),
+                  rope_beta_fast=rs.get("beta_fast", 32.0), rope_beta_slow=rs.get("beta_slow", 1.0),
+                  num_draft_stages=n_stages)
+        return cls(**kw)
+
+    def to_inference_json(self) -> dict:
+        """inference/config.json: the reference ModelArgs names (what the official model.py reads)."""
+        return {
+            "vocab_size": self.vocab_size, "dim": self.hidden_size, "moe_inter_dim": self.moe_intermediate_size,
+            "n_layers": self.num_hidden_layers, "n_hash_layers": self.num_hash_layers,
+            "n_mtp_layers": self.num_draft_stages, "n_heads": self.num_attention_heads,
+            "n_routed_experts": self.n_routed_experts, "n_shared_experts": 1,
+            "n_activated_experts": self.num_experts_per_tok, "score_func": "sqrtsoftplus",
+            "route_scale": self.routed_scaling_factor, "swiglu_limit": self.swiglu_limit,
+            "q_lora_rank": self.q_lora_rank, "head_dim": self.head_dim, "rope_head_dim": self.qk_rope_head_dim,
+            "norm_eps": self.rms_norm_eps, "o_groups": self.o_groups, "o_lora_rank": self.o_lora_rank,
+            "window_size": self.sliding_window, "original_seq_len": self.rope_original_max_position,
+            "rope_theta": int(self.rope_theta), "rope_factor": int(self.rope_factor),
+            "beta_fast": int(self.rope_beta_fast), "beta_slow": int(self.rope_beta_slow),
+            "index_n_heads": self.index_n_heads, "index_head_dim": self.index_head_dim,
+            "index_topk": self.index_topk, "hc_mult": self.hc_mult, "hc_sinkhorn_iters": self.hc_sinkhorn_iters,
+            "hc_eps": self.hc_eps, "dtype": "fp8", "scale_fmt": "ue8m0", "expert_dtype": "fp4",
+            "compress_rope_theta": int(self.compress_rope_theta), "compress_ratios": list(self.compress_ratios),
+            "dspark_block_size": self.dspark_block_size, "dspark_noise_token_id": self.dspark_noise_token_id,
+            "dspark_target_layer_ids": list(self.dspark_target_layer_ids),
+            "dspark_markov_rank": self.dspark_markov_rank,
+        }
+
     def to_config_json(self) -> dict:
         """config.json with the official key layout (0731 style)."""
         return {

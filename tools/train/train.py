@@ -469,7 +469,7 @@ def publish(out, ck_dir, res_path, log_path):
                 shutil.copyfile(os.path.join(ck_dir, fn), os.path.join(out, fn))
     tmp = os.path.join(out, "meta.tar.tmp")
     with tarfile.open(tmp, "w") as tf:
-        for fn in SMALL_FILES:
+        for fn in SMALL_FILES + ["inference/config.json"]:
             p = os.path.join(ck_dir, fn)
             if os.path.exists(p):
                 tf.add(p, arcname=f"checkpoint/{fn}")
