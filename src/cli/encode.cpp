@@ -35,7 +35,7 @@ int fail(const tandem::Status& st) {
 int run_encode(int argc, char** argv) {
   CLI::App app{"Render chat messages as a DeepSeek-V4 prompt (text, or token ids with --ids)."};
   std::string model_dir, messages_path, tools_path, effort;
-  bool thinking = false, ids = false, keep_thinking = false, no_bos = false;
+  bool thinking = false, ids = false, keep_thinking = false, no_bos = false, continue_final = false;
   app.add_option("--model", model_dir, "model directory (its tokenizer.json is used for --ids)");
   app.add_option("--messages", messages_path,
                  "JSON file: an array of OpenAI messages, or an object with \"messages\" (and \"tools\")")
@@ -44,6 +44,8 @@ int run_encode(int argc, char** argv) {
   app.add_flag("--thinking", thinking, "thinking mode (the answer opens with <think>)");
   app.add_option("--reasoning-effort", effort, "low (default) | high | max; OpenAI names are mapped too");
   app.add_flag("--keep-thinking", keep_thinking, "keep the reasoning of earlier turns (drop_thinking=False)");
+  app.add_flag("--continue-final-message", continue_final,
+               "leave a final assistant message open (no EOS) for the model to continue");
   app.add_flag("--no-bos", no_bos, "do not start with <｜begin▁of▁sentence｜>");
   app.add_flag("--ids", ids, "print token ids (JSON array) instead of text; needs --model");
   try {
@@ -60,6 +62,7 @@ int run_encode(int argc, char** argv) {
   options.thinking = thinking;
   options.drop_thinking = !keep_thinking;
   options.add_bos = !no_bos;
+  options.continue_final_message = continue_final;
   if (!effort.empty()) {
     tandem::Status st = tandem::apply_openai_reasoning_effort(effort, options);
     if (!st.ok()) return fail(st);

@@ -415,6 +415,9 @@ Result<std::string> encode_messages(const ordered_json& messages, const ordered_
     TANDEM_ASSIGN_OR_RETURN(Msg m, normalize(messages[i], i));
     msgs.push_back(std::move(m));
   }
+  if (options.continue_final_message && !msgs.empty() && msgs.back().role == "assistant") {
+    msgs.back().wo_eos = true;
+  }
   if (!tools.is_null() && !(tools.is_array() && tools.empty())) {
     TANDEM_RETURN_IF_ERROR(validate_tools(tools, "tools"));
     if (!msgs.empty() && msgs[0].role == "system") {

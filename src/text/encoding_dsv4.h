@@ -26,6 +26,9 @@ struct EncodeOptions {
   bool drop_thinking = true;
   // Start with <｜begin▁of▁sentence｜> (the tokenizer adds no BOS by itself).
   bool add_bos = true;
+  // When the conversation ends with an assistant message, leave it open (no EOS) so the model
+  // continues it (the official per-message "wo_eos"; vLLM's continue_final_message).
+  bool continue_final_message = false;
 };
 
 // Renders `messages` (a JSON array of OpenAI messages) with `tools` (an OpenAI "tools" array, or

@@ -69,7 +69,9 @@ DsmlParseResult parse_split(const std::string& text, const std::vector<size_t>& 
       EXPECT_FALSE(x.text.empty());
     }
     // Deltas of valid UTF-8 input never split a character.
-    if (input_utf8) EXPECT_TRUE(valid_utf8(x.text)) << "delta splits a UTF-8 character";
+    if (input_utf8) {
+      EXPECT_TRUE(valid_utf8(x.text)) << "delta splits a UTF-8 character";
+    }
   }
   apply_dsml_deltas(all, r);
   r.warnings = p.warnings();

@@ -251,6 +251,19 @@ TEST(Encoding, ResponseFormatTaskAndWoEos) {
             "reply:\n{\"type\": \"json_object\"}<｜User｜>q<｜query｜>partial");
 }
 
+TEST(Encoding, ContinueFinalMessageLeavesTheLastAssistantOpen) {
+  ordered_json msgs = ordered_json::parse(R"([
+    {"role":"user","content":"Write a haiku"},{"role":"assistant","content":"Autumn moon"}])");
+  EncodeOptions opt;
+  EXPECT_EQ(encode_ok(msgs, nullptr, opt),
+            "<｜begin▁of▁sentence｜><｜User｜>Write a haiku<｜Assistant｜></think>Autumn moon<｜end▁of▁sentence｜>");
+  opt.continue_final_message = true;
+  EXPECT_EQ(encode_ok(msgs, nullptr, opt), "<｜begin▁of▁sentence｜><｜User｜>Write a haiku<｜Assistant｜></think>Autumn moon");
+  // Only the final message: earlier assistant turns keep their EOS; a final user turn is unaffected.
+  ordered_json ends_user = ordered_json::parse(R"([{"role":"user","content":"A"}])");
+  EXPECT_EQ(encode_ok(ends_user, nullptr, opt), "<｜begin▁of▁sentence｜><｜User｜>A<｜Assistant｜></think>");
+}
+
 TEST(Encoding, ContentPartsJoinedAndConsecutiveUsersMerged) {
   ordered_json msgs = ordered_json::parse(R"([
     {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
