@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -33,5 +34,28 @@ inline int threads_for(int64_t work, double unit_cost) {
 }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// 16-lane vectors (GCC vector extensions; lowered to whatever the translation unit's ISA has).
+// Only used inside always-inline helpers, so the vector ABI note does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float vf16 __attribute__((vector_size(64)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+
+__attribute__((always_inline)) inline vf16 load16(const float* p) {
+  vf16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+__attribute__((always_inline)) inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
+
+// Lane-wise num::round_bf16 (round to nearest even, NaN kept quiet), branch-free.
+__attribute__((always_inline)) inline vf16 round_bf16_v(vf16 x) {
+  const vu16 u = (vu16)x;
+  const vu16 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const vu16 q = (u | 0x00400000u) & 0xffff0000u;
+  const vu16 nan = (vu16)((u & 0x7fffffffu) > 0x7f800000u);
+  return (vf16)((q & nan) | (r & ~nan));
+}
 
 }  // namespace tandem::kernels::cpu
