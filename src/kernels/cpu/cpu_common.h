@@ -28,7 +28,7 @@ inline float* thread_scratch(size_t n, int slot = 0) {
 inline int threads_for(int64_t work, double unit_cost) {
   int t = omp_get_max_threads();
   double total = static_cast<double>(work) * unit_cost;
-  if (total < 2e5) return 1;
+  if (total < 5e5) return 1;  // a parallel region costs more than this on a busy machine
   if (work < t) t = static_cast<int>(work > 0 ? work : 1);
   return t;
 }

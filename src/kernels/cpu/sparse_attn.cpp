@@ -1,6 +1,10 @@
 // Sparse MQA over a per-token index list with a per-head attention sink, reproducing the reference
-// kernel's blocked online softmax (running max per block of list positions, bf16 probabilities
-// before P.V, fp32 denominators).
+// kernel's blocked online softmax: running max per block of `block` list positions, fp32
+// denominators, probabilities rounded to bf16 before P.V, and the accumulator rescaled by
+// exp(m_old - m_new) at each block (applied here as the suffix product of those factors, which is
+// the same arithmetic moved onto the probabilities). Per token: gather the listed rows once, then
+// scores S = Q G^T and output O = P' G are two batch-invariant GEMMs.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,90 +13,116 @@
 #include "kernels/ops.h"
 
 namespace tandem::kernels::cpu {
+namespace {
+
+void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t n, int64_t k, float* y, int64_t ldy, int64_t m) {
+  GemmParams g;
+  g.x = x;
+  g.ldx = ldx;
+  g.w.format = WeightFormat::kF32;
+  g.w.data = w;
+  g.w.n = n;
+  g.w.k = k;
+  g.y = y;
+  g.ldy = ldy;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  gemm(g);
+}
+
+}  // namespace
 
 void sparse_attn(const SparseAttnParams& p) {
   validate(p);
-  const int64_t H = p.heads, D = p.dim;
-  const int64_t ldkv = ld_or(p.ldkv, D), ldi = ld_or(p.ldi, p.topk);
+  const int64_t H = p.heads, D = p.dim, K = p.topk;
+  const int64_t ldkv = ld_or(p.ldkv, D), ldi = ld_or(p.ldi, K);
   const int64_t qts = ld_or(p.q_token_stride, H * D), ots = ld_or(p.out_token_stride, H * D);
   const float scale = p.scale > 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const int64_t blk = p.block;
+  const int64_t nblk = (K + blk - 1) / blk;
   const bool b16 = p.bf16_numerics;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  // Work item: one token and a group of heads (decode has a single token).
-  const int64_t hg = H >= 8 ? 8 : H;
-  const int64_t groups = (H + hg - 1) / hg;
-  const int64_t work = p.tokens * groups;
-#pragma omp parallel for schedule(static) num_threads(threads_for(work, 4.0 * hg * p.topk * D))
-  for (int64_t wi = 0; wi < work; ++wi) {
-    const int64_t t = wi / groups, h0 = (wi % groups) * hg, nh = std::min(hg, H - h0);
-    float* acc = thread_scratch(static_cast<size_t>(nh * D + nh * blk), 0);
-    float* prob = acc + nh * D;  // [nh, blk]
-    float mrun[64], lsum[64];
-    TANDEM_CHECK(nh <= 64);
-    std::memset(acc, 0, sizeof(float) * nh * D);
-    for (int64_t h = 0; h < nh; ++h) {
-      mrun[h] = kNegInf;
-      lsum[h] = 0.0f;
-    }
+  if (K == 0) {
+    for (int64_t t = 0; t < p.tokens; ++t)
+      for (int64_t h = 0; h < H; ++h) std::memset(p.out + t * ots + h * D, 0, sizeof(float) * D);
+    return;
+  }
+  float* buf = thread_scratch(static_cast<size_t>(2 * K * D + 2 * H * K + H * D + 2 * H), 1);
+  float* g = buf;             // [K, D] gathered rows (zeros for -1)
+  float* gt = g + K * D;      // [D, K] transposed
+  float* s = gt + K * D;      // [H, K] raw dots
+  float* pp = s + H * K;      // [H, K] scaled probabilities P'
+  float* acc = pp + H * K;    // [H, D]
+  float* mfin = acc + H * D;  // [H] final running max
+  float* lsum = mfin + H;     // [H] denominators without the sink
+  for (int64_t t = 0; t < p.tokens; ++t) {
     const int32_t* idx = p.idx + t * ldi;
-    for (int64_t b0 = 0; b0 < p.topk; b0 += blk) {
-      const int64_t bn = std::min(blk, p.topk - b0);
-      // Scores for the block.
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* q = p.q + t * qts + (h0 + h) * D;
-        float bmax = mrun[h];
-        for (int64_t i = 0; i < bn; ++i) {
-          const int32_t r = idx[b0 + i];
-          float s = kNegInf;
-          if (r >= 0) {
-            TANDEM_DCHECK(r < p.kv_rows);
-            const float* kv = p.kv + static_cast<int64_t>(r) * ldkv;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += q[d] * kv[d];
-            s = dot * scale;
-          }
-          prob[h * blk + i] = s;
-          bmax = s > bmax ? s : bmax;
-        }
-        // Running max update; an all-masked prefix keeps m = -inf and contributes nothing.
-        const float alpha = mrun[h] == kNegInf ? 0.0f : std::exp(mrun[h] - bmax);
-        float bsum = 0.0f;
-        for (int64_t i = 0; i < bn; ++i) {
-          const float s = prob[h * blk + i];
-          const float e = (s == kNegInf) ? 0.0f : std::exp(s - bmax);
-          bsum += e;
-          prob[h * blk + i] = b16 ? num::round_bf16(e) : e;
-        }
-        lsum[h] = lsum[h] * alpha + bsum;
-        mrun[h] = bmax;
-        float* a = acc + h * D;
-        if (alpha != 1.0f) {
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
-        }
-      }
-      // P.V for the block (rows shared by the head group).
-      for (int64_t i = 0; i < bn; ++i) {
-        const int32_t r = idx[b0 + i];
-        if (r < 0) continue;
-        const float* kv = p.kv + static_cast<int64_t>(r) * ldkv;
-        for (int64_t h = 0; h < nh; ++h) {
-          const float pr = prob[h * blk + i];
-          float* a = acc + h * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) a[d] += pr * kv[d];
-        }
+#pragma omp parallel for schedule(static) num_threads(threads_for(K, 2.0 * D))
+    for (int64_t i = 0; i < K; ++i) {
+      if (idx[i] >= 0) {
+        TANDEM_DCHECK(idx[i] < p.kv_rows);
+        std::memcpy(g + i * D, p.kv + static_cast<int64_t>(idx[i]) * ldkv, sizeof(float) * D);
+      } else {
+        std::memset(g + i * D, 0, sizeof(float) * D);
       }
     }
-    for (int64_t h = 0; h < nh; ++h) {
-      float* o = p.out + t * ots + (h0 + h) * D;
-      if (mrun[h] == kNegInf) {
+    gemm_f32(p.q + t * qts, D, g, K, D, s, K, H);
+    // Transpose G for the P'.G product (blocked for cache friendliness).
+#pragma omp parallel for schedule(static) num_threads(threads_for(D / 16 + 1, 32.0 * K))
+    for (int64_t d0 = 0; d0 < D; d0 += 16)
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t d = d0; d < std::min(D, d0 + 16); ++d) gt[d * K + i] = g[i * D + d];
+    // Blocked online softmax per head.
+#pragma omp parallel for schedule(static) num_threads(threads_for(H, 30.0 * K))
+    for (int64_t h = 0; h < H; ++h) {
+      float* alpha = thread_scratch(static_cast<size_t>(nblk), 3);
+      const float* sh = s + h * K;
+      float* ph = pp + h * K;
+      float m = kNegInf, l = 0.0f;
+      for (int64_t b = 0; b < nblk; ++b) {
+        const int64_t i0 = b * blk, i1 = std::min(K, i0 + blk);
+        float bm = m;
+        for (int64_t i = i0; i < i1; ++i) {
+          if (idx[i] < 0) continue;
+          const float v = sh[i] * scale;
+          bm = v > bm ? v : bm;
+        }
+        const float a = m == kNegInf ? 0.0f : std::exp(m - bm);
+        float bsum = 0.0f;
+        for (int64_t i = i0; i < i1; ++i) {
+          if (idx[i] < 0 || bm == kNegInf) {
+            ph[i] = 0.0f;
+            continue;
+          }
+          const float e = std::exp(sh[i] * scale - bm);
+          bsum += e;
+          ph[i] = b16 ? num::round_bf16(e) : e;
+        }
+        alpha[b] = a;
+        l = l * a + bsum;
+        m = bm;
+      }
+      // Accumulator rescaling of later blocks, as suffix products: block b is scaled by
+      // alpha[b+1] * ... * alpha[nblk-1].
+      float f = 1.0f;
+      for (int64_t b = nblk - 1; b >= 0; --b) {
+        if (f != 1.0f)
+          for (int64_t i = b * blk; i < std::min(K, (b + 1) * blk); ++i) ph[i] *= f;
+        f *= alpha[b];
+      }
+      mfin[h] = m;
+      lsum[h] = l;
+    }
+    gemm_f32(pp, K, gt, D, K, acc, D, H);
+#pragma omp parallel for schedule(static) num_threads(threads_for(H, 2.0 * D))
+    for (int64_t h = 0; h < H; ++h) {
+      float* o = p.out + t * ots + h * D;
+      if (mfin[h] == kNegInf) {
         std::memset(o, 0, sizeof(float) * D);
         continue;
       }
-      const float z = lsum[h] + std::exp(p.sink[h0 + h] - mrun[h]);
+      const float z = lsum[h] + std::exp(p.sink[h] - mfin[h]);
       const float* a = acc + h * D;
       for (int64_t d = 0; d < D; ++d) {
         const float v = a[d] / z;
