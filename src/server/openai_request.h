@@ -1,0 +1,71 @@
+// The OpenAI request parser: a pure function from an HTTP body to a validated ParsedRequest or an
+// ApiError (400 with the offending field). No engine, tokenizer or I/O, so it can be fuzzed alone
+// (fuzz/fuzz_request.cpp). Rendering the prompt and resolving the model name happen later.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/api_error.h"
+
+namespace tandem::server {
+
+enum class Endpoint { kChatCompletions, kCompletions };
+
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
+enum class ResponseFormat { kText, kJsonObject, kJsonSchema };
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string model;
+  // chat: messages normalized to OpenAI form with string content (text parts joined).
+  nlohmann::json messages = nlohmann::json::array();
+  // completions: one prompt (string or token ids). Batched prompts are rejected (use n instead).
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  bool echo = false;
+  std::string suffix;
+
+  nlohmann::json tools = nlohmann::json::array();  // [{"type":"function","function":{...}}]
+  // The request's messages and tools as sent (key order kept) for the prompt encoder.
+  nlohmann::ordered_json ordered_messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json ordered_tools = nlohmann::ordered_json::array();
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;                    // kNamed
+  bool parallel_tool_calls = true;
+
+  bool thinking = false;                 // chat_template_kwargs.thinking / enable_thinking
+  std::string reasoning_effort;          // "" | low | medium | high | max
+
+  ResponseFormat response_format = ResponseFormat::kText;
+  nlohmann::json json_schema;            // kJsonSchema: the schema object
+  std::string json_schema_name;
+
+  SamplingParams sampling;               // fields the client did not set keep engine defaults
+  bool max_tokens_set = false;
+  bool temperature_set = false, top_p_set = false, top_k_set = false;
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;            // stream_options.include_usage
+  bool logprobs = false;
+  int top_logprobs = 0;                  // chat: top_logprobs; completions: logprobs=N
+  std::string user;
+};
+
+struct ParseOutcome {
+  std::optional<ParsedRequest> request;
+  ApiError error;  // when !request
+  bool ok() const { return request.has_value(); }
+};
+
+// Never throws, never aborts, for any byte string.
+ParseOutcome parse_openai_request(Endpoint endpoint, std::string_view body);
+
+}  // namespace tandem::server

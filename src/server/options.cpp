@@ -1,0 +1,329 @@
+// The `tandem serve` option table and its argv/env parser.
+#include "server/options.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::server {
+namespace {
+
+Result<int64_t> parse_int(const std::string& v) {
+  if (v.empty()) return invalid_argument("expected an integer, got an empty value");
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (errno != 0 || end != v.c_str() + v.size()) return invalid_argument("expected an integer, got '{}'", v);
+  return static_cast<int64_t>(x);
+}
+
+Result<double> parse_double(const std::string& v) {
+  if (v.empty()) return invalid_argument("expected a number, got an empty value");
+  errno = 0;
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (errno != 0 || end != v.c_str() + v.size() || !std::isfinite(x))
+    return invalid_argument("expected a number, got '{}'", v);
+  return x;
+}
+
+Result<bool> parse_bool(const std::string& v) {
+  if (v == "1" || v == "true" || v == "True" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "False" || v == "no" || v == "off") return false;
+  return invalid_argument("expected true/false, got '{}'", v);
+}
+
+// vLLM's --speculative-config JSON. (engine.h declares parse_speculative_config too; the server
+// validates here so a bad value fails at flag parsing, before the model loads.)
+Result<SpeculativeConfig> parse_speculative_json(const std::string& text) {
+  SpeculativeConfig c;
+  if (text.empty()) return c;
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument("expected a JSON object, got '{}'", text);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const auto& v = it.value();
+    if (k == "method") {
+      if (!v.is_string()) return invalid_argument("\"method\" must be a string");
+      c.method = v.get<std::string>();
+      if (c.method == "mtp") c.method = "dspark";  // the checkpoint's drafter, whatever vLLM calls it
+      if (c.method != "dspark" && !c.method.empty())
+        return invalid_argument("unsupported speculative method '{}' (dspark)", c.method);
+    } else if (k == "num_speculative_tokens") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 16)
+        return invalid_argument("\"num_speculative_tokens\" must be an integer in [1, 16]");
+      c.num_speculative_tokens = v.get<int>();
+    } else if (k == "verify_mode") {
+      if (!v.is_string()) return invalid_argument("\"verify_mode\" must be a string");
+      c.verify_mode = v.get<std::string>();
+      if (c.verify_mode != "auto" && c.verify_mode != "fixed" && c.verify_mode != "threshold")
+        return invalid_argument("\"verify_mode\" must be auto, fixed or threshold");
+    } else if (k == "confidence_threshold") {
+      if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1)
+        return invalid_argument("\"confidence_threshold\" must be a number in [0, 1]");
+      c.confidence_threshold = v.get<double>();
+    } else if (k == "draft_sample_method") {
+      if (!v.is_string() || (v.get<std::string>() != "greedy" && v.get<std::string>() != "sample"))
+        return invalid_argument("\"draft_sample_method\" must be greedy or sample");
+      c.draft_sample_method = v.get<std::string>();
+    } else if (k == "model" || k == "draft_tensor_parallel_size") {
+      // vLLM keys that have no meaning here (the drafter lives in the checkpoint).
+    } else {
+      return invalid_argument("unknown key \"{}\"", k);
+    }
+  }
+  return c;
+}
+
+// Integer option in [lo, hi] stored through `set`.
+template <typename F>
+std::function<Status(ServeOptions&, const std::string&)> int_in(int64_t lo, int64_t hi, F set) {
+  return [lo, hi, set](ServeOptions& o, const std::string& v) -> Status {
+    auto r = parse_int(v);
+    if (!r.ok()) return r.status();
+    if (*r < lo || *r > hi) return invalid_argument("must be in [{}, {}], got {}", lo, hi, *r);
+    set(o, *r);
+    return Status();
+  };
+}
+
+std::vector<OptionSpec> build_table() {
+  using O = ServeOptions;
+  std::vector<OptionSpec> t;
+  t.push_back({"--model", "TANDEM_MODEL", OptionType::kString, "(required)",
+               "model directory (config.json, tokenizer.json, *.safetensors)",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("must not be empty");
+                 o.model = v;
+                 o.engine.model_dir = v;
+                 return Status();
+               }});
+  t.push_back({"--host", "TANDEM_HOST", OptionType::kString, "127.0.0.1", "address to listen on",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("must not be empty");
+                 o.host = v;
+                 return Status();
+               }});
+  t.push_back({"--port", "TANDEM_PORT", OptionType::kInt, "8000", "TCP port (0 = any free port)",
+               int_in(0, 65535, [](O& o, int64_t x) { o.port = static_cast<int>(x); })});
+  t.push_back({"--served-model-name", "", OptionType::kStringList, "basename of --model",
+               "one or more names the API accepts in \"model\" (the first is reported)",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("model names must not be empty");
+                 o.served_model_names.push_back(v);
+                 return Status();
+               }});
+  t.push_back({"--api-key", "TANDEM_API_KEY", OptionType::kString, "(none)",
+               "require 'Authorization: Bearer KEY' on /v1/* (env TANDEM_API_KEY or VLLM_API_KEY)",
+               [](O& o, const std::string& v) -> Status {
+                 o.api_key = v;
+                 return Status();
+               }});
+  t.push_back({"--max-model-len", "", OptionType::kInt, "0 (from the model)",
+               "maximum prompt + completion tokens per request",
+               int_in(0, int64_t{1} << 31, [](O& o, int64_t x) { o.engine.max_model_len = x; })});
+  t.push_back({"--max-num-seqs", "", OptionType::kInt, "8", "maximum sequences decoded together",
+               int_in(1, 4096, [](O& o, int64_t x) { o.engine.max_num_seqs = static_cast<int>(x); })});
+  t.push_back({"--max-num-batched-tokens", "", OptionType::kInt, "2048", "token budget per engine step",
+               int_in(1, 1 << 24, [](O& o, int64_t x) { o.engine.max_num_batched_tokens = static_cast<int>(x); })});
+  t.push_back({"--gpu-memory-utilization", "", OptionType::kDouble, "0.9",
+               "fraction of GPU memory the engine may use (0, 1]",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_double(v);
+                 if (!r.ok()) return r.status();
+                 if (!(*r > 0.0 && *r <= 1.0)) return invalid_argument("must be in (0, 1], got {}", v);
+                 o.engine.gpu_memory_utilization = *r;
+                 return Status();
+               }});
+  t.push_back({"--kv-cache-dtype", "", OptionType::kString, "auto",
+               "auto | bf16 | fp8 | nvfp4 | fp8_ds_mla | nvfp4_ds_mla",
+               [](O& o, const std::string& v) -> Status {
+                 static const std::set<std::string> ok = {"auto", "bf16", "fp8", "nvfp4", "fp8_ds_mla", "nvfp4_ds_mla"};
+                 if (!ok.count(v)) return invalid_argument("unsupported value '{}' (auto|bf16|fp8|nvfp4|fp8_ds_mla|nvfp4_ds_mla)", v);
+                 o.engine.kv_cache_dtype = v;
+                 return Status();
+               }});
+  t.push_back({"--block-size", "", OptionType::kInt, "256", "KV block size in tokens (power of two, 16..4096)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_int(v);
+                 if (!r.ok()) return r.status();
+                 if (*r < 16 || *r > 4096 || (*r & (*r - 1)) != 0)
+                   return invalid_argument("must be a power of two in [16, 4096], got {}", v);
+                 o.engine.block_size = static_cast<int>(*r);
+                 return Status();
+               }});
+  t.push_back({"--speculative-config", "", OptionType::kString, "(off)",
+               "JSON, e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_speculative_json(v);
+                 if (!r.ok()) return r.status();
+                 o.engine.speculative = *r;
+                 return Status();
+               }});
+  t.push_back({"--tensor-parallel-size", "", OptionType::kInt, "1", "GPUs per model replica",
+               int_in(1, 64, [](O& o, int64_t x) { o.engine.tensor_parallel_size = static_cast<int>(x); })});
+  t.push_back({"--enable-prefix-caching", "", OptionType::kBool, "on", "reuse KV of shared prompt prefixes",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_bool(v);
+                 if (!r.ok()) return r.status();
+                 o.engine.enable_prefix_caching = *r;
+                 return Status();
+               },
+               "--no-enable-prefix-caching"});
+  t.push_back({"--max-cudagraph-capture-size", "", OptionType::kInt, "8", "largest batch captured in a CUDA graph",
+               int_in(0, 4096, [](O& o, int64_t x) { o.engine.max_cudagraph_capture_size = static_cast<int>(x); })});
+  t.push_back({"--generation-config", "", OptionType::kString, "auto",
+               "'auto' (model dir's generation_config.json), 'vllm' (built-in defaults) or a directory",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("must not be empty");
+                 o.generation_config = v;
+                 return Status();
+               }});
+  t.push_back({"--kv-cache-memory", "", OptionType::kBytes, "0 (derived)", "KV pool size, e.g. 16G",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_byte_size(v);
+                 if (!r.ok()) return r.status();
+                 o.engine.kv_cache_memory = *r;
+                 return Status();
+               }});
+  t.push_back({"--threads", "TANDEM_THREADS", OptionType::kInt, "0 (all cores)", "CPU threads for the CPU backend",
+               int_in(0, 4096, [](O& o, int64_t x) { o.engine.num_threads = static_cast<int>(x); })});
+  t.push_back({"--device", "TANDEM_DEVICE", OptionType::kString, "auto", "auto | cpu | cuda",
+               [](O& o, const std::string& v) -> Status {
+                 if (v != "auto" && v != "cpu" && v != "cuda") return invalid_argument("must be auto, cpu or cuda, got '{}'", v);
+                 o.engine.device = v;
+                 return Status();
+               }});
+  t.push_back({"--seed", "", OptionType::kInt, "0", "default sampling seed",
+               int_in(0, INT64_MAX, [](O& o, int64_t x) { o.engine.default_seed = static_cast<uint64_t>(x); })});
+  t.push_back({"--max-pending-requests", "", OptionType::kInt, "1024",
+               "requests in flight before new ones get 429",
+               int_in(1, 1 << 20, [](O& o, int64_t x) { o.max_pending_requests = static_cast<int>(x); })});
+  t.push_back({"--max-request-body", "", OptionType::kBytes, "32M", "largest request body (413 above)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_byte_size(v);
+                 if (!r.ok()) return r.status();
+                 if (*r < 1024) return invalid_argument("must be at least 1024 bytes");
+                 o.max_body_bytes = *r;
+                 return Status();
+               }});
+  t.push_back({"--http-threads", "", OptionType::kInt, "256", "HTTP connection threads",
+               int_in(4, 8192, [](O& o, int64_t x) { o.http_threads = static_cast<int>(x); })});
+  t.push_back({"--shutdown-timeout", "", OptionType::kDouble, "30", "seconds to drain in-flight requests on SIGTERM",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_double(v);
+                 if (!r.ok()) return r.status();
+                 if (*r < 0 || *r > 3600) return invalid_argument("must be in [0, 3600], got {}", v);
+                 o.shutdown_timeout_s = *r;
+                 return Status();
+               }});
+  return t;
+}
+
+}  // namespace
+
+Result<int64_t> parse_byte_size(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return invalid_argument("expected a size like 16G or 512M, got '{}'", text);
+  auto num = parse_double(text.substr(0, i));
+  if (!num.ok()) return num.status();
+  std::string unit = text.substr(i);
+  double mult = 1;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KiB") mult = 1024.0;
+  else if (unit == "M" || unit == "MB" || unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GB" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TB" || unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return invalid_argument("unknown size unit '{}' in '{}'", unit, text);
+  double bytes = *num * mult;
+  if (bytes > 9.0e18) return invalid_argument("size '{}' too large", text);
+  return static_cast<int64_t>(bytes);
+}
+
+const std::vector<OptionSpec>& serve_option_table() {
+  static const std::vector<OptionSpec> table = build_table();
+  return table;
+}
+
+Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, const EnvLookup& env) {
+  ServeOptions o;
+  const auto& table = serve_option_table();
+  std::set<std::string> given;
+  auto find = [&](const std::string& flag, bool* negative) -> const OptionSpec* {
+    for (const auto& s : table) {
+      if (flag == s.flag) { *negative = false; return &s; }
+      if (s.negative_flag && flag == s.negative_flag) { *negative = true; return &s; }
+    }
+    return nullptr;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string arg = args[i];
+    if (arg == "--help" || arg == "-h") return Status(StatusCode::kCancelled, "help requested");
+    if (arg.rfind("--", 0) != 0) return invalid_argument("unexpected argument '{}'", arg);
+    std::optional<std::string> inline_value;
+    if (auto eq = arg.find('='); eq != std::string::npos) {
+      inline_value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    bool negative = false;
+    const OptionSpec* spec = find(arg, &negative);
+    if (!spec) return invalid_argument("unknown flag {}", arg);
+    given.insert(spec->flag);
+    std::vector<std::string> values;
+    if (spec->type == OptionType::kBool) {
+      if (negative && inline_value) return invalid_argument("{} takes no value", arg);
+      values.push_back(negative ? "false" : inline_value.value_or("true"));
+    } else if (inline_value) {
+      values.push_back(*inline_value);
+    } else if (spec->type == OptionType::kStringList) {
+      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) values.push_back(args[++i]);
+      if (values.empty()) return invalid_argument("{} needs at least one value", arg);
+    } else {
+      if (i + 1 >= args.size()) return invalid_argument("{} needs a value", arg);
+      values.push_back(args[++i]);
+    }
+    for (const auto& v : values) {
+      Status st = spec->apply(o, v);
+      if (!st.ok()) return invalid_argument("{}: {}", spec->flag, st.message());
+    }
+  }
+  // Environment fallbacks for flags not given on the command line.
+  if (env) {
+    for (const auto& s : table) {
+      if (!*s.env || given.count(s.flag)) continue;
+      auto v = env(s.env);
+      if (!v && std::string(s.flag) == "--api-key") v = env("VLLM_API_KEY");
+      if (!v) continue;
+      Status st = s.apply(o, *v);
+      if (!st.ok()) return invalid_argument("{} (from env {}): {}", s.flag, s.env, st.message());
+    }
+  }
+  if (o.model.empty()) return invalid_argument("--model is required");
+  if (o.served_model_names.empty()) {
+    std::string m = o.model;
+    while (m.size() > 1 && m.back() == '/') m.pop_back();
+    auto slash = m.find_last_of('/');
+    o.served_model_names.push_back(slash == std::string::npos ? m : m.substr(slash + 1));
+  }
+  return o;
+}
+
+std::string serve_help() {
+  std::string out = "usage: tandem serve --model DIR [options]\n\noptions:\n";
+  for (const auto& s : serve_option_table()) {
+    std::string flag = s.flag;
+    if (s.negative_flag) flag += std::string(" / ") + s.negative_flag;
+    else if (s.type == OptionType::kStringList) flag += " NAME...";
+    else flag += " VALUE";
+    out += fmt::format("  {:<48} {} (default: {}){}\n", flag, s.help, s.default_text,
+                       *s.env ? fmt::format(" [env {}]", s.env) : "");
+  }
+  return out;
+}
+
+}  // namespace tandem::server

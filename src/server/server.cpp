@@ -1,0 +1,752 @@
+// HttpServer: cpp-httplib routes over the Engine interface. One handler thread per connection; a
+// generation registers a Channel that the engine's callback fills and the handler drains (SSE for
+// stream=true, one JSON body otherwise). A failed SSE write (client gone) cancels the request.
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <random>
+
+#include "common/log.h"
+#include "common/version.h"
+#include "server/api_error.h"
+#include "server/openai_request.h"
+#include "server/prompt.h"
+#include "text/dsml.h"
+#include "text/json_schema_grammar.h"
+#include "text/tokenizer.h"
+
+namespace tandem::server {
+namespace {
+
+using json = nlohmann::json;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string random_suffix(size_t n) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* kAlpha = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += kAlpha[rng() % 62];
+  return s;
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+  res.set_content(api_error_body(e), "application/json");
+}
+
+// How the output text of a choice becomes an OpenAI message.
+enum class OutputMode {
+  kCompletionText,  // /v1/completions: text as is
+  kChat,            // reasoning split + DSML tool-call parsing
+  kJson,            // response_format json: content is the constrained JSON
+  kNamedTool,       // tool_choice {function}: the text is that call's arguments
+  kRequiredTool,    // tool_choice required: the text is [{"name":..,"parameters":{..}}, ...]
+};
+
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<int, RequestEvent>> events;
+};
+
+struct ToolCallOut {
+  std::string id, name, arguments;
+};
+
+struct ChoiceOut {
+  int index = 0;
+  OutputMode mode = OutputMode::kChat;
+  std::unique_ptr<DsmlStreamParser> parser;
+  std::string forced_name;
+  bool started = false;
+  bool reasoning_open = false;
+  std::string raw;            // all text (kRequiredTool parses it at the end)
+  std::string content, reasoning;
+  std::vector<ToolCallOut> tool_calls;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+  Usage usage;
+  int64_t completion_tokens = 0;
+  int64_t reasoning_tokens = 0;
+  json logprobs = json::array();  // chat: content entries; completions: built at the end
+  std::vector<TokenLogprob> raw_logprobs;
+
+  std::vector<DsmlDelta> feed(const RequestEvent& ev) {
+    std::vector<DsmlDelta> out;
+    completion_tokens += static_cast<int64_t>(ev.tokens.size());
+    raw += ev.text;
+    switch (mode) {
+      case OutputMode::kCompletionText:
+      case OutputMode::kJson:
+        if (!ev.text.empty()) out.push_back({DsmlDeltaKind::kContent, ev.text});
+        break;
+      case OutputMode::kNamedTool:
+        if (!started) {
+          started = true;
+          DsmlDelta d;
+          d.kind = DsmlDeltaKind::kToolCallStart;
+          d.tool_index = 0;
+          d.id = "call_" + random_suffix(24);
+          d.name = forced_name;
+          out.push_back(d);
+        }
+        if (!ev.text.empty()) {
+          DsmlDelta d;
+          d.kind = DsmlDeltaKind::kToolCallArgs;
+          d.tool_index = 0;
+          d.text = ev.text;
+          out.push_back(d);
+        }
+        break;
+      case OutputMode::kRequiredTool:
+        break;
+      case OutputMode::kChat: {
+        // Tokens up to and including the one that closes the reasoning block count as reasoning.
+        if (reasoning_open) {
+          reasoning_tokens += static_cast<int64_t>(ev.tokens.size());
+          if (raw.find(dsv4::kThinkEnd) != std::string::npos) reasoning_open = false;
+        }
+        out = parser->push(ev.text);
+        break;
+      }
+    }
+    apply(out);
+    return out;
+  }
+
+  std::vector<DsmlDelta> finish_output() {
+    std::vector<DsmlDelta> out;
+    if (mode == OutputMode::kChat) {
+      out = parser->finish();
+    } else if (mode == OutputMode::kRequiredTool) {
+      json arr = json::parse(raw, nullptr, false);
+      if (arr.is_array()) {
+        int i = 0;
+        for (const auto& c : arr) {
+          if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) continue;
+          DsmlDelta s;
+          s.kind = DsmlDeltaKind::kToolCallStart;
+          s.tool_index = i;
+          s.id = "call_" + random_suffix(24);
+          s.name = c["name"].get<std::string>();
+          out.push_back(s);
+          DsmlDelta a;
+          a.kind = DsmlDeltaKind::kToolCallArgs;
+          a.tool_index = i;
+          a.text = dump_json(c.contains("parameters") ? c["parameters"] : json::object());
+          out.push_back(a);
+          ++i;
+        }
+      } else if (!raw.empty()) {
+        out.push_back({DsmlDeltaKind::kContent, raw});  // truncated: hand back what there is
+      }
+    }
+    apply(out);
+    return out;
+  }
+
+  void apply(const std::vector<DsmlDelta>& ds) {
+    for (const auto& d : ds) {
+      switch (d.kind) {
+        case DsmlDeltaKind::kReasoning: reasoning += d.text; break;
+        case DsmlDeltaKind::kContent: content += d.text; break;
+        case DsmlDeltaKind::kToolCallStart: tool_calls.push_back({d.id, d.name, ""}); break;
+        case DsmlDeltaKind::kToolCallArgs:
+          if (d.tool_index >= 0 && d.tool_index < static_cast<int>(tool_calls.size())) tool_calls[d.tool_index].arguments += d.text;
+          break;
+      }
+    }
+  }
+
+  const char* finish_reason() const {
+    switch (finish) {
+      case FinishReason::kStop: return tool_calls.empty() ? "stop" : "tool_calls";
+      case FinishReason::kLength: return "length";
+      case FinishReason::kCancelled: return "abort";
+      case FinishReason::kError: return "error";
+      default: return "stop";
+    }
+  }
+};
+
+json token_logprob_entry(const Tokenizer& tok, int32_t id, float lp) {
+  std::string b = tok.token_bytes(id);
+  json bytes = json::array();
+  for (unsigned char c : b) bytes.push_back(static_cast<int>(c));
+  return json{{"token", b}, {"logprob", lp}, {"bytes", bytes}};
+}
+
+json usage_json(int64_t prompt, int64_t completion, int64_t cached, int64_t reasoning) {
+  return json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}},
+              {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
+}
+
+}  // namespace
+
+// One client request: n engine requests feeding one channel.
+struct Generation {
+  Engine* engine = nullptr;
+  const Tokenizer* tok = nullptr;
+  ParsedRequest req;
+  std::string id;
+  std::string model_name;
+  int64_t created = 0;
+  int64_t prompt_tokens = 0;
+  std::vector<std::string> engine_ids;
+  std::shared_ptr<Channel> ch = std::make_shared<Channel>();
+  std::vector<ChoiceOut> choices;
+  int finished = 0;
+  bool sent_role = false;
+  bool done_sent = false;
+  double last_write = 0;
+  std::atomic<int64_t>* in_flight = nullptr;
+  bool counted = false;
+
+  ~Generation() {
+    if (counted) --*in_flight;
+  }
+  bool chat() const { return req.endpoint == Endpoint::kChatCompletions; }
+
+  void cancel_unfinished() {
+    for (size_t i = 0; i < choices.size(); ++i)
+      if (choices[i].finish == FinishReason::kNone) engine->cancel(engine_ids[i]);
+  }
+
+  // Pops available events (waiting up to timeout); false when none arrived.
+  bool take(std::deque<std::pair<int, RequestEvent>>& out, double timeout_s) {
+    std::unique_lock<std::mutex> lk(ch->mu);
+    ch->cv.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return !ch->events.empty(); });
+    if (ch->events.empty()) return false;
+    out.swap(ch->events);
+    return true;
+  }
+
+  void record_logprobs(ChoiceOut& c, const RequestEvent& ev) {
+    if (!req.logprobs) return;
+    for (const auto& lp : ev.logprobs) {
+      c.raw_logprobs.push_back(lp);
+      if (chat()) {
+        json e = token_logprob_entry(*tok, lp.token, lp.logprob);
+        json top = json::array();
+        for (const auto& [t, l] : lp.top) top.push_back(token_logprob_entry(*tok, t, l));
+        e["top_logprobs"] = top;
+        c.logprobs.push_back(e);
+      }
+    }
+  }
+
+  json completion_logprobs(const std::vector<TokenLogprob>& lps, size_t text_offset0) const {
+    json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+    size_t off = text_offset0;
+    for (const auto& lp : lps) {
+      std::string b = tok->token_bytes(lp.token);
+      tokens.push_back(b);
+      token_lps.push_back(lp.logprob);
+      json top = json::object();
+      for (const auto& [t, l] : lp.top) top[tok->token_bytes(t)] = l;
+      tops.push_back(top);
+      offsets.push_back(off);
+      off += b.size();
+    }
+    return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  json chunk_base() const {
+    return json{{"id", id}, {"object", chat() ? "chat.completion.chunk" : "text_completion"}, {"created", created}, {"model", model_name}};
+  }
+
+  // SSE frames for one choice's deltas (+ its finish).
+  void stream_frames(ChoiceOut& c, const std::vector<DsmlDelta>& deltas, const json& lp_chunk, std::string& out) {
+    auto emit = [&](json choice) {
+      json chunk = chunk_base();
+      chunk["choices"] = json::array({choice});
+      if (req.include_usage) chunk["usage"] = nullptr;
+      out += "data: " + dump_json(chunk) + "\n\n";
+    };
+    if (!chat()) {
+      std::string text;
+      for (const auto& d : deltas) text += d.text;
+      if (!text.empty() || !lp_chunk.is_null())
+        emit(json{{"index", c.index}, {"text", text}, {"logprobs", lp_chunk}, {"finish_reason", nullptr}});
+      return;
+    }
+    bool lp_attached = false;
+    for (const auto& d : deltas) {
+      json delta;
+      switch (d.kind) {
+        case DsmlDeltaKind::kReasoning: delta = {{"reasoning_content", d.text}}; break;
+        case DsmlDeltaKind::kContent: delta = {{"content", d.text}}; break;
+        case DsmlDeltaKind::kToolCallStart:
+          delta = {{"tool_calls", json::array({json{{"index", d.tool_index}, {"id", d.id}, {"type", "function"},
+                                                     {"function", {{"name", d.name}, {"arguments", ""}}}}})}};
+          break;
+        case DsmlDeltaKind::kToolCallArgs:
+          delta = {{"tool_calls", json::array({json{{"index", d.tool_index}, {"function", {{"arguments", d.text}}}}})}};
+          break;
+      }
+      json lp = nullptr;
+      if (!lp_attached && !lp_chunk.is_null() && d.kind == DsmlDeltaKind::kContent) {
+        lp = lp_chunk;
+        lp_attached = true;
+      }
+      emit(json{{"index", c.index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", nullptr}});
+    }
+    if (!lp_attached && !lp_chunk.is_null())
+      emit(json{{"index", c.index}, {"delta", json::object()}, {"logprobs", lp_chunk}, {"finish_reason", nullptr}});
+  }
+
+  std::string finish_frame(const ChoiceOut& c) {
+    json chunk = chunk_base();
+    json choice = chat() ? json{{"index", c.index}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason()}}
+                         : json{{"index", c.index}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason()}};
+    chunk["choices"] = json::array({choice});
+    if (req.include_usage) chunk["usage"] = nullptr;
+    return "data: " + dump_json(chunk) + "\n\n";
+  }
+
+  json total_usage() const {
+    int64_t completion = 0, cached = 0, reasoning = 0;
+    for (const auto& c : choices) {
+      completion += c.completion_tokens;
+      cached = std::max(cached, c.usage.cached_tokens);
+      reasoning += c.reasoning_tokens;
+    }
+    return usage_json(prompt_tokens, completion, cached, reasoning);
+  }
+
+  // Consumes events; appends SSE text when streaming. Returns true when every choice finished.
+  bool process(std::deque<std::pair<int, RequestEvent>>& events, std::string* sse) {
+    for (auto& [idx, ev] : events) {
+      ChoiceOut& c = choices[idx];
+      if (c.finish != FinishReason::kNone) continue;
+      size_t lp_before = c.raw_logprobs.size();
+      size_t text_before = c.content.size();
+      record_logprobs(c, ev);
+      auto deltas = c.feed(ev);
+      if (ev.finish != FinishReason::kNone) {
+        auto tail = c.finish_output();
+        deltas.insert(deltas.end(), tail.begin(), tail.end());
+        c.finish = ev.finish;
+        c.error = ev.error;
+        c.usage = ev.usage;
+        if (ev.usage.completion_tokens > 0) c.completion_tokens = ev.usage.completion_tokens;
+        ++finished;
+      }
+      if (sse) {
+        json lp_chunk = nullptr;
+        if (req.logprobs && c.raw_logprobs.size() > lp_before) {
+          if (chat()) {
+            json content = json::array();
+            for (size_t i = lp_before; i < c.logprobs.size(); ++i) content.push_back(c.logprobs[i]);
+            lp_chunk = json{{"content", content}};
+          } else {
+            std::vector<TokenLogprob> part(c.raw_logprobs.begin() + lp_before, c.raw_logprobs.end());
+            lp_chunk = completion_logprobs(part, text_before);
+          }
+        }
+        if (!sent_role && chat()) {
+          for (auto& other : choices) {
+            json chunk = chunk_base();
+            chunk["choices"] = json::array({json{{"index", other.index}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                                 {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+            if (req.include_usage) chunk["usage"] = nullptr;
+            *sse += "data: " + dump_json(chunk) + "\n\n";
+          }
+          sent_role = true;
+        }
+        stream_frames(c, deltas, lp_chunk, *sse);
+        if (c.finish != FinishReason::kNone) *sse += finish_frame(c);
+      }
+    }
+    events.clear();
+    bool all = finished == static_cast<int>(choices.size());
+    if (all && sse && !done_sent) {
+      if (req.include_usage) {
+        json chunk = chunk_base();
+        chunk["choices"] = json::array();
+        chunk["usage"] = total_usage();
+        *sse += "data: " + dump_json(chunk) + "\n\n";
+      }
+      *sse += "data: [DONE]\n\n";
+      done_sent = true;
+    }
+    return all;
+  }
+
+  json final_body() const {
+    json out_choices = json::array();
+    for (const auto& c : choices) {
+      if (chat()) {
+        json msg = {{"role", "assistant"}};
+        msg["content"] = (c.content.empty() && !c.tool_calls.empty()) ? json(nullptr) : json(c.content);
+        if (!c.reasoning.empty() || req.thinking) msg["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
+        if (!c.tool_calls.empty()) {
+          json tcs = json::array();
+          for (const auto& t : c.tool_calls)
+            tcs.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+          msg["tool_calls"] = tcs;
+        }
+        json lp = req.logprobs ? json{{"content", c.logprobs}} : json(nullptr);
+        out_choices.push_back({{"index", c.index}, {"message", msg}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}});
+      } else {
+        std::string text = req.echo ? req.prompt_text + c.content : c.content;
+        json lp = req.logprobs ? completion_logprobs(c.raw_logprobs, req.echo ? req.prompt_text.size() : 0) : json(nullptr);
+        out_choices.push_back({{"index", c.index}, {"text", text}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}});
+      }
+    }
+    return json{{"id", id}, {"object", chat() ? "chat.completion" : "text_completion"}, {"created", created},
+                {"model", model_name}, {"choices", out_choices}, {"usage", total_usage()}};
+  }
+};
+
+struct HttpServer::Impl {
+  static bool authorized(HttpServer& s, const httplib::Request& req) {
+    if (s.config_.api_key.empty()) return true;
+    std::string h = req.get_header_value("Authorization");
+    std::string want = "Bearer " + s.config_.api_key;
+    if (h.size() != want.size()) return false;
+    unsigned diff = 0;
+    for (size_t i = 0; i < h.size(); ++i) diff |= static_cast<unsigned char>(h[i] ^ want[i]);
+    return diff == 0;
+  }
+
+  static std::shared_ptr<const json_grammar::TokenTrie> trie(HttpServer& s, const Tokenizer& tok) {
+    std::lock_guard<std::mutex> lk(s.trie_mu_);
+    if (!s.trie_) s.trie_ = json_grammar::TokenTrie::from_tokenizer(tok);
+    return s.trie_;
+  }
+
+  // Validates, renders and submits; on success fills `gen`. Errors are returned as ApiError.
+  static std::optional<ApiError> prepare(HttpServer& s, Endpoint ep, const std::string& body, Generation& gen) {
+    Engine* engine = s.engine_.load();
+    if (s.draining_ || !engine) {
+      ApiError e = error_from_status(Status(StatusCode::kUnavailable, s.draining_ ? "server is shutting down" : "model is loading"));
+      return e;
+    }
+    auto parsed = parse_openai_request(ep, body);
+    if (!parsed.ok()) return parsed.error;
+    ParsedRequest& r = *parsed.request;
+    const auto& names = s.config_.served_model_names;
+    if (!r.model.empty() && std::find(names.begin(), names.end(), r.model) == names.end())
+      return not_found_error(fmt::format("The model `{}` does not exist.", r.model), "model");
+    gen.model_name = r.model.empty() ? names.front() : r.model;
+    gen.engine = engine;
+    const Tokenizer& tok = engine->tokenizer();
+    gen.tok = &tok;
+    const ModelInfo& info = engine->model_info();
+
+    // Output mode and grammar.
+    OutputMode mode = ep == Endpoint::kCompletions ? OutputMode::kCompletionText : OutputMode::kChat;
+    std::shared_ptr<const json_grammar::Grammar> grammar;
+    if (r.response_format == ResponseFormat::kJsonObject) {
+      grammar = json_grammar::any_object();
+      if (mode == OutputMode::kChat) mode = OutputMode::kJson;
+    } else if (r.response_format == ResponseFormat::kJsonSchema) {
+      auto g = json_grammar::compile(r.json_schema);
+      if (!g.ok()) return bad_request("invalid 'response_format.json_schema.schema': " + g.status().message(), "response_format");
+      grammar = *g;
+      if (mode == OutputMode::kChat) mode = OutputMode::kJson;
+    }
+    std::string forced_name;
+    if (mode == OutputMode::kChat && r.tool_choice == ToolChoice::kNamed) {
+      for (const auto& t : r.tools)
+        if (t["function"]["name"] == r.tool_choice_name) {
+          auto g = json_grammar::compile(t["function"]["parameters"]);
+          if (!g.ok()) return bad_request(fmt::format("invalid parameters schema of tool '{}': {}", r.tool_choice_name, g.status().message()), "tools");
+          grammar = *g;
+        }
+      mode = OutputMode::kNamedTool;
+      forced_name = r.tool_choice_name;
+    } else if (mode == OutputMode::kChat && r.tool_choice == ToolChoice::kRequired) {
+      json alts = json::array();
+      for (const auto& t : r.tools)
+        alts.push_back({{"type", "object"},
+                        {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"parameters", t["function"]["parameters"]}}},
+                        {"required", {"name", "parameters"}},
+                        {"additionalProperties", false}});
+      json schema = {{"type", "array"}, {"items", {{"anyOf", alts}}}, {"minItems", 1}};
+      if (!r.parallel_tool_calls) schema["maxItems"] = 1;
+      auto g = json_grammar::compile(schema);
+      if (!g.ok()) return bad_request("invalid tool parameters schema: " + g.status().message(), "tools");
+      grammar = *g;
+      mode = OutputMode::kRequiredTool;
+    }
+    // Constrained output starts at the first generated token: no reasoning before it.
+    if (grammar) r.thinking = false;
+
+    // Prompt.
+    std::vector<int32_t> prompt;
+    if (ep == Endpoint::kChatCompletions) {
+      PromptOptions po;
+      po.thinking = r.thinking;
+      po.reasoning_effort = r.reasoning_effort;
+      po.include_tools = r.tool_choice != ToolChoice::kNone;
+      auto text = render_chat_prompt(r.ordered_messages, r.ordered_tools, po);
+      if (!text.ok()) return error_from_status(text.status());
+      prompt = tok.encode(*text);
+    } else if (r.prompt_is_ids) {
+      for (int32_t t : r.prompt_ids)
+        if (t >= info.vocab_size) return bad_request(fmt::format("prompt token id {} is out of range [0, {})", t, info.vocab_size), "prompt");
+      prompt = r.prompt_ids;
+      r.prompt_text = tok.decode(prompt);
+    } else {
+      prompt = tok.encode(r.prompt_text);
+    }
+    int64_t max_len = info.max_model_len;
+    int64_t plen = static_cast<int64_t>(prompt.size());
+    if (max_len > 0 && plen >= max_len)
+      return bad_request(fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens. "
+                                     "Please reduce the length of the input messages.", max_len, plen),
+                         ep == Endpoint::kChatCompletions ? "messages" : "prompt");
+    if (max_len > 0) {
+      if (r.max_tokens_set && plen + r.sampling.max_tokens > max_len)
+        return bad_request(fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                                       "({} in the input, {} in the completion). Please reduce the length of the input or completion.",
+                                       max_len, plen + r.sampling.max_tokens, plen, r.sampling.max_tokens), "max_tokens");
+      if (!r.max_tokens_set) r.sampling.max_tokens = static_cast<int>(std::min<int64_t>(max_len - plen, INT32_MAX));
+    }
+    if (!r.temperature_set && s.config_.default_temperature) r.sampling.temperature = *s.config_.default_temperature;
+    if (!r.top_p_set && s.config_.default_top_p) r.sampling.top_p = *s.config_.default_top_p;
+    if (!r.top_k_set && s.config_.default_top_k) r.sampling.top_k = *s.config_.default_top_k;
+
+    // Admission.
+    if (s.in_flight_.load() >= s.config_.max_pending_requests) {
+      ApiError e = error_from_status(Status(StatusCode::kResourceExhausted,
+                                            fmt::format("too many requests in flight ({}); retry later", s.config_.max_pending_requests)));
+      return e;
+    }
+    ++s.in_flight_;
+    gen.in_flight = &s.in_flight_;
+    gen.counted = true;
+
+    uint64_t serial = s.next_id_++;
+    gen.id = (ep == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + random_suffix(16) + std::to_string(serial);
+    gen.created = static_cast<int64_t>(std::time(nullptr));
+    gen.prompt_tokens = plen;
+    gen.choices.resize(r.n);
+    std::shared_ptr<const json_grammar::TokenTrie> tr;
+    if (grammar) tr = trie(s, tok);
+    for (int i = 0; i < r.n; ++i) {
+      ChoiceOut& c = gen.choices[i];
+      c.index = i;
+      c.mode = mode;
+      c.forced_name = forced_name;
+      c.reasoning_open = r.thinking && mode == OutputMode::kChat;
+      if (mode == OutputMode::kChat) {
+        DsmlParserOptions po;
+        po.thinking = r.thinking;
+        c.parser = std::make_unique<DsmlStreamParser>(po);
+      }
+    }
+    gen.req = std::move(r);
+    for (int i = 0; i < gen.req.n; ++i) {
+      Request er;
+      er.request_id = gen.id + "-" + std::to_string(i);
+      er.prompt_tokens = prompt;
+      er.sampling = gen.req.sampling;
+      if (er.sampling.seed && i > 0) er.sampling.seed = *er.sampling.seed + static_cast<uint64_t>(i);
+      if (grammar) er.constraint = std::make_shared<json_grammar::JsonSchemaConstraint>(grammar, tr, info.eos_token_id);
+      gen.engine_ids.push_back(er.request_id);
+      std::weak_ptr<Channel> wch = gen.ch;
+      Status st = engine->submit(std::move(er), [wch, i](const RequestEvent& ev) {
+        auto ch = wch.lock();
+        if (!ch) return;
+        {
+          std::lock_guard<std::mutex> lk(ch->mu);
+          ch->events.emplace_back(i, ev);
+        }
+        ch->cv.notify_one();
+      });
+      if (!st.ok()) {
+        for (int k = 0; k < i; ++k) engine->cancel(gen.engine_ids[k]);
+        gen.engine_ids.resize(i);
+        return error_from_status(st);
+      }
+    }
+    return std::nullopt;
+  }
+
+  static void generate(HttpServer& s, Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(s, req)) {
+      ApiError e;
+      e.http_status = 401;
+      e.type = "invalid_request_error";
+      e.code = "invalid_api_key";
+      e.message = "Incorrect or missing API key (send 'Authorization: Bearer <key>').";
+      s.metrics_.count_request_error();
+      return send_error(res, e);
+    }
+    auto gen = std::make_shared<Generation>();
+    if (auto err = prepare(s, ep, req.body, *gen)) {
+      s.metrics_.count_request_error();
+      return send_error(res, *err);
+    }
+    if (!gen->req.stream) {
+      // Non-streaming: wait for every choice here, on the connection's thread.
+      std::deque<std::pair<int, RequestEvent>> events;
+      while (true) {
+        gen->take(events, 0.5);
+        if (gen->process(events, nullptr)) break;
+      }
+      for (const auto& c : gen->choices) {
+        if (c.finish == FinishReason::kError) {
+          ApiError e;
+          e.http_status = 500;
+          e.type = "internal_error";
+          e.message = "generation failed: " + c.error;
+          s.metrics_.count_request_error();
+          return send_error(res, e);
+        }
+      }
+      res.set_content(dump_json(gen->final_body()), "application/json");
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    double probe = s.config_.idle_probe_s;
+    gen->last_write = now_s();
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [gen, probe](size_t, httplib::DataSink& sink) -> bool {
+          std::deque<std::pair<int, RequestEvent>> events;
+          std::string sse;
+          bool got = gen->take(events, std::min(probe, 0.1));
+          bool all = got ? gen->process(events, &sse) : false;
+          if (!got && now_s() - gen->last_write >= probe) sse = ": keep-alive\n\n";  // detects a gone client
+          if (!sse.empty()) {
+            if (!sink.write(sse.data(), sse.size())) {
+              gen->cancel_unfinished();
+              return false;
+            }
+            gen->last_write = now_s();
+          }
+          if (all) sink.done();
+          return true;
+        },
+        [gen](bool success) {
+          if (!success || gen->finished < static_cast<int>(gen->choices.size())) gen->cancel_unfinished();
+        });
+  }
+
+  static void routes(HttpServer& s) {
+    httplib::Server& h = *s.http_;
+    h.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
+      Engine* e = s.engine_.load();
+      if (s.draining_ || !e || !e->healthy()) {
+        res.status = 503;
+        res.set_content(s.draining_ ? "draining" : (!e ? "loading" : "unhealthy"), "text/plain");
+        return;
+      }
+      res.status = 200;
+    });
+    h.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(dump_json(json{{"version", version_string()}}), "application/json");
+    });
+    h.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+      Engine* e = s.engine_.load();
+      EngineMetrics m = e ? e->metrics() : EngineMetrics{};
+      res.set_content(s.metrics_.render(m, s.config_.served_model_names.front(), s.in_flight_.load()),
+                      "text/plain; version=0.0.4; charset=utf-8");
+    });
+    h.Get("/v1/models", [&s](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(s, req)) {
+        ApiError e;
+        e.http_status = 401;
+        e.code = "invalid_api_key";
+        e.message = "Incorrect or missing API key (send 'Authorization: Bearer <key>').";
+        return send_error(res, e);
+      }
+      Engine* e = s.engine_.load();
+      json data = json::array();
+      for (const auto& n : s.config_.served_model_names) {
+        json m = {{"id", n}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}, {"root", n}};
+        if (e) m["max_model_len"] = e->model_info().max_model_len;
+        data.push_back(m);
+      }
+      res.set_content(dump_json(json{{"object", "list"}, {"data", data}}), "application/json");
+    });
+    h.Post("/v1/chat/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+      generate(s, Endpoint::kChatCompletions, req, res);
+    });
+    h.Post("/v1/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+      generate(s, Endpoint::kCompletions, req, res);
+    });
+    // Unknown routes and httplib's own rejections (bad HTTP, 413) get an OpenAI error body too.
+    h.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      ApiError e;
+      e.http_status = res.status;
+      if (res.status == 404) { e.type = "not_found_error"; e.message = "no such route"; }
+      else if (res.status == 413) e.message = "request body too large";
+      else if (res.status == 405) e.message = "method not allowed";
+      else e.message = fmt::format("HTTP error {}", res.status);
+      res.set_content(api_error_body(e), "application/json");
+    });
+    h.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+      ApiError e;
+      e.http_status = 500;
+      e.type = "internal_error";
+      e.message = "internal error";
+      res.status = 500;
+      res.set_content(api_error_body(e), "application/json");
+    });
+  }
+};
+
+HttpServer::HttpServer(ServerConfig config) : config_(std::move(config)), http_(std::make_unique<httplib::Server>()) {
+  if (config_.served_model_names.empty()) config_.served_model_names.push_back("tandem");
+  int threads = config_.http_threads;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
+  http_->set_read_timeout(30, 0);
+  http_->set_write_timeout(30, 0);
+  http_->set_keep_alive_timeout(30);
+  http_->set_keep_alive_max_count(1000);
+  Impl::routes(*this);
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::set_engine(Engine* engine) { engine_ = engine; }
+
+Status HttpServer::bind(const std::string& host, int port) {
+  if (port == 0) {
+    int p = http_->bind_to_any_port(host.c_str());
+    if (p <= 0) return make_error(StatusCode::kUnavailable, "cannot bind {}:0", host);
+    port_ = p;
+  } else {
+    if (!http_->bind_to_port(host.c_str(), port))
+      return make_error(StatusCode::kUnavailable, "cannot bind {}:{} (address in use or not local?)", host, port);
+    port_ = port;
+  }
+  return Status();
+}
+
+void HttpServer::serve() { http_->listen_after_bind(); }
+
+Status HttpServer::start() {
+  thread_ = std::thread([this] { serve(); });
+  // The socket is already bound and listening; wait until the accept loop runs.
+  for (int i = 0; i < 2000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return Status();
+}
+
+void HttpServer::begin_drain() { draining_ = true; }
+
+void HttpServer::stop() {
+  if (http_) http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace tandem::server

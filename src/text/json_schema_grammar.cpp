@@ -1,0 +1,808 @@
+// JSON Schema subset -> node graph; a nondeterministic character-level pushdown matcher (a set of
+// live frame stacks, forking at anyOf and at number/literal ends); token masks by walking the
+// token trie depth-first while advancing the stack set one byte per edge.
+#include "text/json_schema_grammar.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "common/check.h"
+#include "text/tokenizer.h"
+
+namespace tandem::json_grammar {
+
+using json = nlohmann::json;
+
+enum class Kind : uint8_t { kAnyOf, kObject, kArray, kString, kNumber, kInteger, kLiteral };
+
+struct Node {
+  Kind kind = Kind::kAnyOf;
+  std::vector<int> alts;                             // kAnyOf
+  std::vector<std::pair<std::string, int>> props;    // kObject
+  uint64_t required_mask = 0;
+  int additional = -1;                               // -1 = no additional properties
+  int items = -1;                                    // kArray (-1 never happens after compile)
+  int64_t min_items = 0, max_items = -1;
+  int64_t min_len = 0, max_len = -1;                 // kString, in code points
+  std::vector<std::string> literals;                 // kLiteral: serialized JSON texts
+};
+
+Grammar::~Grammar() = default;
+const Node& Grammar::node(int i) const { return nodes_[static_cast<size_t>(i)]; }
+
+// ---------------------------------------------------------------- compiler
+namespace {
+
+class Compiler {
+ public:
+  explicit Compiler(const json& root) : root_(root) {}
+  std::vector<Node> nodes;
+
+  Result<int> compile(const json& s, const std::string& path, int depth) {
+    if (depth > 64) return invalid_argument("{}: schema nested too deeply", path);
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) return invalid_argument("{}: 'false' schema matches nothing", path);
+      return any();
+    }
+    if (!s.is_object()) return invalid_argument("{}: a schema must be an object or a boolean", path);
+    static const std::set<std::string> kIgnored = {"title", "description", "default", "examples", "format", "$schema",
+                                                   "$id", "$comment", "strict", "$defs", "definitions", "readOnly",
+                                                   "writeOnly", "deprecated", "nullable"};
+    static const std::set<std::string> kKnown = {"type", "properties", "required", "additionalProperties", "items",
+                                                 "minItems", "maxItems", "minLength", "maxLength", "enum", "const",
+                                                 "anyOf", "oneOf", "$ref"};
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      if (!kIgnored.count(it.key()) && !kKnown.count(it.key()))
+        return invalid_argument("{}: unsupported schema keyword '{}'", path, it.key());
+    }
+    if (s.contains("$ref")) {
+      if (!s["$ref"].is_string()) return invalid_argument("{}.$ref must be a string", path);
+      return ref(s["$ref"].get<std::string>(), path, depth);
+    }
+    if (s.contains("const")) return literal_node({s["const"]});
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array() || s["enum"].empty()) return invalid_argument("{}.enum must be a non-empty array", path);
+      std::vector<json> vals(s["enum"].begin(), s["enum"].end());
+      return literal_node(vals);
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (s.contains(key)) {
+        const json& arr = s[key];
+        if (!arr.is_array() || arr.empty()) return invalid_argument("{}.{} must be a non-empty array", path, key);
+        std::vector<int> alts;
+        for (size_t i = 0; i < arr.size(); ++i) {
+          // Sibling keywords (e.g. "type" next to "anyOf") are not merged; reject rather than ignore.
+          TANDEM_ASSIGN_OR_RETURN(int a, compile(arr[i], fmt::format("{}.{}[{}]", path, key, i), depth + 1));
+          alts.push_back(a);
+        }
+        if (s.contains("type") || s.contains("properties")) return invalid_argument("{}: '{}' next to 'type'/'properties' is not supported", path, key);
+        return add_anyof(alts);
+      }
+    }
+    std::vector<std::string> types;
+    if (s.contains("type")) {
+      const json& t = s["type"];
+      if (t.is_string()) types.push_back(t.get<std::string>());
+      else if (t.is_array()) {
+        for (const auto& x : t) {
+          if (!x.is_string()) return invalid_argument("{}.type entries must be strings", path);
+          types.push_back(x.get<std::string>());
+        }
+      } else {
+        return invalid_argument("{}.type must be a string or an array", path);
+      }
+      if (types.empty()) return invalid_argument("{}.type must not be empty", path);
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      types.push_back("object");
+    } else if (s.contains("items")) {
+      types.push_back("array");
+    } else {
+      return any();
+    }
+    std::vector<int> alts;
+    for (const auto& t : types) {
+      TANDEM_ASSIGN_OR_RETURN(int a, typed(s, t, path, depth));
+      alts.push_back(a);
+    }
+    return alts.size() == 1 ? alts[0] : add_anyof(alts);
+  }
+
+ private:
+  const json& root_;
+  std::map<std::string, int> refs_;
+  int any_ = -1;
+
+  int add(Node n) {
+    nodes.push_back(std::move(n));
+    return static_cast<int>(nodes.size()) - 1;
+  }
+  int add_anyof(std::vector<int> alts) {
+    Node n;
+    n.kind = Kind::kAnyOf;
+    n.alts = std::move(alts);
+    return add(std::move(n));
+  }
+  int literal_node(const std::vector<json>& vals) {
+    Node n;
+    n.kind = Kind::kLiteral;
+    for (const auto& v : vals) n.literals.push_back(v.dump(-1, ' ', false, json::error_handler_t::replace));
+    return add(std::move(n));
+  }
+
+  // Any JSON value (recursive).
+  int any() {
+    if (any_ >= 0) return any_;
+    any_ = add_anyof({});
+    Node obj;
+    obj.kind = Kind::kObject;
+    obj.additional = any_;
+    int o = add(obj);
+    Node arr;
+    arr.kind = Kind::kArray;
+    arr.items = any_;
+    int a = add(arr);
+    Node str;
+    str.kind = Kind::kString;
+    int st = add(str);
+    Node num;
+    num.kind = Kind::kNumber;
+    int nu = add(num);
+    int lit = literal_node({json(true), json(false), json(nullptr)});
+    nodes[static_cast<size_t>(any_)].alts = {o, a, st, nu, lit};
+    return any_;
+  }
+
+  Result<int> ref(const std::string& r, const std::string& path, int depth) {
+    if (auto it = refs_.find(r); it != refs_.end()) return it->second;
+    std::string prefix;
+    if (r.rfind("#/$defs/", 0) == 0) prefix = "$defs";
+    else if (r.rfind("#/definitions/", 0) == 0) prefix = "definitions";
+    else if (r == "#") prefix = "#";
+    else return invalid_argument("{}: unsupported $ref '{}' (only #, #/$defs/NAME, #/definitions/NAME)", path, r);
+    const json* target = &root_;
+    if (prefix != "#") {
+      std::string name = r.substr(prefix.size() + 3);
+      if (!root_.contains(prefix) || !root_[prefix].is_object() || !root_[prefix].contains(name))
+        return invalid_argument("{}: $ref '{}' does not resolve", path, r);
+      target = &root_[prefix][name];
+    }
+    // Placeholder first, so recursive references resolve to it.
+    int slot = add_anyof({});
+    refs_[r] = slot;
+    TANDEM_ASSIGN_OR_RETURN(int body, compile(*target, r, depth + 1));
+    nodes[static_cast<size_t>(slot)].alts = {body};
+    return slot;
+  }
+
+  Result<int64_t> count(const json& s, const char* key, const std::string& path) {
+    if (!s.contains(key)) return int64_t{-1};
+    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0) return invalid_argument("{}.{} must be a non-negative integer", path, key);
+    return s[key].get<int64_t>();
+  }
+
+  Result<int> typed(const json& s, const std::string& t, const std::string& path, int depth) {
+    Node n;
+    if (t == "string") {
+      n.kind = Kind::kString;
+      TANDEM_ASSIGN_OR_RETURN(int64_t mn, count(s, "minLength", path));
+      TANDEM_ASSIGN_OR_RETURN(int64_t mx, count(s, "maxLength", path));
+      n.min_len = std::max<int64_t>(0, mn);
+      n.max_len = mx;
+      if (mx >= 0 && mx < n.min_len) return invalid_argument("{}: maxLength < minLength", path);
+      return add(std::move(n));
+    }
+    if (t == "number") { n.kind = Kind::kNumber; return add(std::move(n)); }
+    if (t == "integer") { n.kind = Kind::kInteger; return add(std::move(n)); }
+    if (t == "boolean") return literal_node({json(true), json(false)});
+    if (t == "null") return literal_node({json(nullptr)});
+    if (t == "array") {
+      n.kind = Kind::kArray;
+      TANDEM_ASSIGN_OR_RETURN(int64_t mn, count(s, "minItems", path));
+      TANDEM_ASSIGN_OR_RETURN(int64_t mx, count(s, "maxItems", path));
+      n.min_items = std::max<int64_t>(0, mn);
+      n.max_items = mx;
+      if (mx >= 0 && mx < n.min_items) return invalid_argument("{}: maxItems < minItems", path);
+      if (s.contains("items")) {
+        if (s["items"].is_array()) return invalid_argument("{}.items: tuple form is not supported", path);
+        TANDEM_ASSIGN_OR_RETURN(int it, compile(s["items"], path + ".items", depth + 1));
+        n.items = it;
+      } else {
+        n.items = any();
+      }
+      return add(std::move(n));
+    }
+    if (t == "object") {
+      n.kind = Kind::kObject;
+      if (s.contains("properties")) {
+        if (!s["properties"].is_object()) return invalid_argument("{}.properties must be an object", path);
+        if (s["properties"].size() > 64) return invalid_argument("{}: more than 64 properties", path);
+        for (auto it = s["properties"].begin(); it != s["properties"].end(); ++it) {
+          for (char c : it.key())
+            if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20)
+              return invalid_argument("{}: property name '{}' needs escaping (unsupported)", path, it.key());
+          TANDEM_ASSIGN_OR_RETURN(int p, compile(it.value(), path + ".properties." + it.key(), depth + 1));
+          n.props.emplace_back(it.key(), p);
+        }
+      }
+      if (s.contains("required")) {
+        if (!s["required"].is_array()) return invalid_argument("{}.required must be an array", path);
+        for (const auto& r : s["required"]) {
+          if (!r.is_string()) return invalid_argument("{}.required entries must be strings", path);
+          bool found = false;
+          for (size_t i = 0; i < n.props.size(); ++i)
+            if (n.props[i].first == r.get<std::string>()) { n.required_mask |= uint64_t{1} << i; found = true; }
+          if (!found) return invalid_argument("{}: required property '{}' is not in properties", path, r.get<std::string>());
+        }
+      }
+      if (s.contains("additionalProperties")) {
+        const json& ap = s["additionalProperties"];
+        if (ap.is_boolean()) n.additional = ap.get<bool>() ? any() : -1;
+        else {
+          TANDEM_ASSIGN_OR_RETURN(int a, compile(ap, path + ".additionalProperties", depth + 1));
+          n.additional = a;
+        }
+      } else {
+        // JSON Schema default is "allowed"; with declared properties we stay strict (as OpenAI's
+        // strict mode requires), so the output is always exactly the declared shape.
+        n.additional = n.props.empty() ? any() : -1;
+      }
+      return add(std::move(n));
+    }
+    return invalid_argument("{}: unknown type '{}'", path, t);
+  }
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const Grammar>> compile(const json& schema) {
+  try {
+    Compiler c(schema);
+    auto root = c.compile(schema, "schema", 0);
+    if (!root.ok()) return root.status();
+    auto g = std::make_shared<Grammar>();
+    g->nodes_ = std::move(c.nodes);
+    g->root_ = *root;
+    return std::shared_ptr<const Grammar>(g);
+  } catch (const std::exception& e) {
+    return invalid_argument("schema: {}", e.what());
+  }
+}
+
+std::shared_ptr<const Grammar> any_object() {
+  static std::shared_ptr<const Grammar> g = [] {
+    auto r = compile(json{{"type", "object"}});
+    TANDEM_CHECK(r.ok());
+    return *r;
+  }();
+  return g;
+}
+
+// ---------------------------------------------------------------- matcher
+namespace {
+
+enum class F : uint8_t { kEnd, kValue, kObject, kArray, kString, kNumber, kLiteral };
+
+// Object states.
+enum : uint8_t { kObjOpen, kObjKey, kObjAfterKey, kObjAfterValue, kObjAfterComma };
+// Array states.
+enum : uint8_t { kArrOpen, kArrAfterValue, kArrAfterComma };
+// Number states.
+enum : uint8_t { kNumMinus, kNumZero, kNumInt, kNumDot, kNumFrac, kNumE, kNumESign, kNumExp };
+
+struct Frame {
+  F type = F::kEnd;
+  uint8_t state = 0;
+  uint8_t ws = 0;          // consecutive whitespace
+  uint8_t esc = 0;         // string: 0 none, 1 after '\', 2..5 in \uXXXX; utf8 continuation count in `cont`
+  uint8_t cont = 0;
+  int node = -1;
+  int value_node = -1;     // object: node of the property being read
+  int64_t count = 0;       // string length / array items / literal position
+  uint64_t seen = 0;       // object: properties seen
+  std::string key;         // object key so far / literal text so far
+  bool operator==(const Frame& o) const {
+    return type == o.type && state == o.state && ws == o.ws && esc == o.esc && cont == o.cont && node == o.node &&
+           value_node == o.value_node && count == o.count && seen == o.seen && key == o.key;
+  }
+};
+
+using Stack = std::vector<Frame>;
+constexpr size_t kMaxStacks = 64;
+
+bool is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+class Stepper {
+ public:
+  explicit Stepper(const Grammar& g) : g_(g) {}
+
+  // All successors of stack `s` after byte c.
+  void step(Stack s, unsigned char c, std::vector<Stack>& out, int depth = 0) {
+    if (s.empty() || depth > 200) return;
+    Frame& f = s.back();
+    switch (f.type) {
+      case F::kEnd:
+        return;
+      case F::kValue:
+        return value(std::move(s), c, out, depth);
+      case F::kString:
+        if (string_char(f, g_.node(f.node), c)) {
+          if (f.state == 1) s.pop_back();  // closing quote consumed
+          out.push_back(std::move(s));
+        }
+        return;
+      case F::kNumber: {
+        bool integer = g_.node(f.node).kind == Kind::kInteger;
+        bool complete = f.state == kNumZero || f.state == kNumInt || f.state == kNumFrac || f.state == kNumExp;
+        Stack cont = s;
+        if (number_char(cont.back(), c, integer)) out.push_back(std::move(cont));
+        if (complete) {
+          s.pop_back();
+          step(std::move(s), c, out, depth + 1);
+        }
+        return;
+      }
+      case F::kLiteral: {
+        const Node& n = g_.node(f.node);
+        bool complete = false, extendable = false;
+        std::string next = f.key + static_cast<char>(c);
+        for (const auto& lit : n.literals) {
+          if (lit == f.key) complete = true;
+          if (lit.compare(0, next.size(), next) == 0) extendable = true;
+        }
+        if (extendable) {
+          Stack cont = s;
+          cont.back().key = next;
+          out.push_back(std::move(cont));
+        }
+        if (complete) {
+          s.pop_back();
+          step(std::move(s), c, out, depth + 1);
+        }
+        return;
+      }
+      case F::kObject:
+        return object(std::move(s), c, out, depth);
+      case F::kArray:
+        return array(std::move(s), c, out, depth);
+    }
+  }
+
+  bool complete(const Stack& s) const {
+    if (s.empty()) return false;
+    if (s.back().type == F::kEnd) return s.size() == 1;
+    if (s.size() != 2 || s[0].type != F::kEnd) return false;
+    const Frame& f = s.back();
+    if (f.type == F::kNumber) return f.state == kNumZero || f.state == kNumInt || f.state == kNumFrac || f.state == kNumExp;
+    if (f.type == F::kLiteral) {
+      for (const auto& lit : g_.node(f.node).literals)
+        if (lit == f.key) return true;
+    }
+    return false;
+  }
+
+ private:
+  const Grammar& g_;
+
+  static bool ws_ok(Frame& f, unsigned char c) {
+    if (!is_ws(c) || f.ws >= kMaxWhitespace) return false;
+    ++f.ws;
+    return true;
+  }
+
+  void value(Stack s, unsigned char c, std::vector<Stack>& out, int depth) {
+    Frame& f = s.back();
+    // Root value (directly above kEnd) allows no leading whitespace.
+    if (is_ws(c)) {
+      if (s.size() > 2 && ws_ok(f, c)) out.push_back(std::move(s));
+      return;
+    }
+    const Node& n = g_.node(f.node);
+    Frame nf;
+    nf.node = f.node;
+    switch (n.kind) {
+      case Kind::kAnyOf:
+        for (int a : n.alts) {
+          Stack alt = s;
+          alt.back().node = a;
+          value(std::move(alt), c, out, depth + 1);
+        }
+        return;
+      case Kind::kObject:
+        if (c != '{') return;
+        nf.type = F::kObject;
+        nf.state = kObjOpen;
+        break;
+      case Kind::kArray:
+        if (c != '[') return;
+        nf.type = F::kArray;
+        nf.state = kArrOpen;
+        break;
+      case Kind::kString:
+        if (c != '"') return;
+        nf.type = F::kString;
+        break;
+      case Kind::kNumber:
+      case Kind::kInteger:
+        if (c == '-') nf.state = kNumMinus;
+        else if (c == '0') nf.state = kNumZero;
+        else if (c >= '1' && c <= '9') nf.state = kNumInt;
+        else return;
+        nf.type = F::kNumber;
+        break;
+      case Kind::kLiteral: {
+        std::string first(1, static_cast<char>(c));
+        bool ok = false;
+        for (const auto& lit : n.literals) ok = ok || lit.compare(0, 1, first) == 0;
+        if (!ok) return;
+        nf.type = F::kLiteral;
+        nf.key = first;
+        break;
+      }
+    }
+    s.back() = std::move(nf);
+    out.push_back(std::move(s));
+  }
+
+  // String body byte (after the opening quote). Sets f.state = 1 when the closing quote is consumed.
+  static bool string_char(Frame& f, const Node& n, unsigned char c) {
+    if (f.cont > 0) {
+      if ((c & 0xC0) != 0x80) return false;
+      --f.cont;
+      return true;
+    }
+    if (f.esc == 1) {
+      if (c == 'u') { f.esc = 2; return true; }
+      if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
+        f.esc = 0;
+        ++f.count;
+        return true;
+      }
+      return false;
+    }
+    if (f.esc >= 2) {
+      if (!std::isxdigit(c)) return false;
+      if (++f.esc == 6) { f.esc = 0; ++f.count; }
+      return true;
+    }
+    if (c == '"') {
+      if (f.count < n.min_len) return false;
+      f.state = 1;
+      return true;
+    }
+    if (n.max_len >= 0 && f.count >= n.max_len) return false;
+    if (c == '\\') { f.esc = 1; return true; }
+    if (c < 0x20) return false;
+    if (c >= 0x80) {
+      if (c >= 0xC2 && c <= 0xDF) f.cont = 1;
+      else if (c >= 0xE0 && c <= 0xEF) f.cont = 2;
+      else if (c >= 0xF0 && c <= 0xF4) f.cont = 3;
+      else return false;
+    }
+    ++f.count;
+    return true;
+  }
+
+  static bool number_char(Frame& f, unsigned char c, bool integer) {
+    bool digit = c >= '0' && c <= '9';
+    // Bounded length keeps masks finite; integers stay within int64 so clients parse them exactly.
+    if (++f.count > (integer ? 18 : 40)) return false;
+    switch (f.state) {
+      case kNumMinus:
+        if (c == '0') { f.state = kNumZero; return true; }
+        if (digit) { f.state = kNumInt; return true; }
+        return false;
+      case kNumZero:
+      case kNumInt:
+        if (digit && f.state == kNumInt) return true;
+        if (integer) return false;
+        if (c == '.') { f.state = kNumDot; return true; }
+        if (c == 'e' || c == 'E') { f.state = kNumE; return true; }
+        return false;
+      case kNumDot:
+        if (digit) { f.state = kNumFrac; return true; }
+        return false;
+      case kNumFrac:
+        if (digit) return true;
+        if (c == 'e' || c == 'E') { f.state = kNumE; return true; }
+        return false;
+      // Exponents have at most two digits, so every accepted number is a finite double.
+      case kNumE:
+        if (c == '+' || c == '-') { f.state = kNumESign; return true; }
+        if (digit) { f.state = kNumExp; f.esc = 1; return true; }
+        return false;
+      case kNumESign:
+        if (digit) { f.state = kNumExp; f.esc = 1; return true; }
+        return false;
+      case kNumExp:
+        if (!digit || f.esc >= 2) return false;
+        ++f.esc;
+        return true;
+    }
+    return false;
+  }
+
+  // Can another property still be added?
+  bool more_keys(const Frame& f, const Node& n) const {
+    if (n.additional >= 0) return true;
+    for (size_t i = 0; i < n.props.size(); ++i)
+      if (!(f.seen >> i & 1)) return true;
+    return false;
+  }
+
+  void object(Stack s, unsigned char c, std::vector<Stack>& out, int depth) {
+    Frame& f = s.back();
+    const Node& n = g_.node(f.node);
+    bool required_done = (f.seen & n.required_mask) == n.required_mask;
+    switch (f.state) {
+      case kObjOpen:
+      case kObjAfterComma:
+        if (ws_ok(f, c)) break;
+        if (c == '"' && more_keys(f, n)) {
+          f.state = kObjKey;
+          f.key.clear();
+          f.ws = 0;
+          break;
+        }
+        if (c == '}' && f.state == kObjOpen && required_done) {
+          s.pop_back();
+          break;
+        }
+        return;
+      case kObjKey: {
+        if (c == '"') {
+          f.value_node = -1;
+          for (size_t i = 0; i < n.props.size(); ++i) {
+            if (n.props[i].first == f.key) {
+              if (f.seen >> i & 1) return;  // duplicate
+              f.seen |= uint64_t{1} << i;
+              f.value_node = n.props[i].second;
+            }
+          }
+          if (f.value_node < 0) {
+            if (n.additional < 0) return;
+            f.value_node = n.additional;
+          }
+          f.state = kObjAfterKey;
+          f.ws = 0;
+          break;
+        }
+        if (c == '\\' || c < 0x20) return;  // keys are written unescaped
+        std::string next = f.key + static_cast<char>(c);
+        bool ok = n.additional >= 0;
+        for (size_t i = 0; i < n.props.size() && !ok; ++i)
+          ok = !(f.seen >> i & 1) && n.props[i].first.compare(0, next.size(), next) == 0;
+        if (!ok || next.size() > 256) return;
+        f.key = std::move(next);
+        break;
+      }
+      case kObjAfterKey:
+        if (ws_ok(f, c)) break;
+        if (c != ':') return;
+        {
+          int vn = f.value_node;
+          f.state = kObjAfterValue;
+          f.ws = 0;
+          f.key.clear();
+          Frame v;
+          v.type = F::kValue;
+          v.node = vn;
+          v.ws = 0;
+          s.push_back(std::move(v));
+        }
+        break;
+      case kObjAfterValue:
+        if (ws_ok(f, c)) break;
+        if (c == ',' && more_keys(f, n)) {
+          f.state = kObjAfterComma;
+          f.ws = 0;
+          break;
+        }
+        if (c == '}' && required_done) {
+          s.pop_back();
+          break;
+        }
+        return;
+    }
+    out.push_back(std::move(s));
+    (void)depth;
+  }
+
+  void array(Stack s, unsigned char c, std::vector<Stack>& out, int depth) {
+    Frame& f = s.back();
+    const Node& n = g_.node(f.node);
+    switch (f.state) {
+      case kArrOpen:
+      case kArrAfterComma:
+        if (ws_ok(f, c)) { out.push_back(std::move(s)); return; }
+        if (c == ']' && f.state == kArrOpen && n.min_items == 0) {
+          s.pop_back();
+          out.push_back(std::move(s));
+          return;
+        }
+        if (n.max_items >= 0 && f.count >= n.max_items) return;
+        {
+          ++f.count;
+          f.state = kArrAfterValue;
+          f.ws = 0;
+          Frame v;
+          v.type = F::kValue;
+          v.node = n.items;
+          s.push_back(std::move(v));
+          step(std::move(s), c, out, depth + 1);
+        }
+        return;
+      case kArrAfterValue:
+        if (ws_ok(f, c)) { out.push_back(std::move(s)); return; }
+        if (c == ',' && (n.max_items < 0 || f.count < n.max_items)) {
+          f.state = kArrAfterComma;
+          f.ws = 0;
+          out.push_back(std::move(s));
+          return;
+        }
+        if (c == ']' && f.count >= n.min_items) {
+          s.pop_back();
+          out.push_back(std::move(s));
+        }
+        return;
+    }
+  }
+};
+
+void dedupe(std::vector<Stack>& v) {
+  if (v.size() < 2) return;
+  std::vector<Stack> out;
+  for (auto& s : v) {
+    bool dup = false;
+    for (const auto& o : out) dup = dup || o == s;
+    if (!dup) out.push_back(std::move(s));
+    if (out.size() >= kMaxStacks) break;
+  }
+  v.swap(out);
+}
+
+}  // namespace
+
+struct Matcher::State {
+  std::vector<Stack> stacks;
+};
+
+namespace {
+std::vector<Stack> advance_set(const Grammar& g, const std::vector<Stack>& in, unsigned char c) {
+  Stepper st(g);
+  std::vector<Stack> out;
+  for (const auto& s : in) st.step(s, c, out);
+  dedupe(out);
+  return out;
+}
+}  // namespace
+
+Matcher::Matcher(std::shared_ptr<const Grammar> grammar) : g_(std::move(grammar)), st_(std::make_unique<State>()) {
+  Frame end;
+  end.type = F::kEnd;
+  Frame root;
+  root.type = F::kValue;
+  root.node = g_->root();
+  st_->stacks.push_back(Stack{end, root});
+}
+Matcher::Matcher(const Matcher& o) : g_(o.g_), st_(std::make_unique<State>(*o.st_)) {}
+Matcher& Matcher::operator=(const Matcher& o) {
+  g_ = o.g_;
+  st_ = std::make_unique<State>(*o.st_);
+  return *this;
+}
+Matcher::~Matcher() = default;
+
+bool Matcher::advance(std::string_view bytes) {
+  std::vector<Stack> cur = st_->stacks;
+  for (char ch : bytes) {
+    cur = advance_set(*g_, cur, static_cast<unsigned char>(ch));
+    if (cur.empty()) return false;
+  }
+  st_->stacks = std::move(cur);
+  return true;
+}
+
+bool Matcher::can_advance(std::string_view bytes) const {
+  Matcher copy(*this);
+  return copy.advance(bytes);
+}
+
+bool Matcher::is_complete() const {
+  Stepper st(*g_);
+  for (const auto& s : st_->stacks)
+    if (st.complete(s)) return true;
+  return false;
+}
+
+bool Matcher::is_dead() const { return st_->stacks.empty(); }
+
+// ---------------------------------------------------------------- token trie
+TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vector<bool>& excluded)
+    : vocab_size_(static_cast<int64_t>(token_bytes.size())), bytes_(token_bytes) {
+  // Build with child maps, then flatten to contiguous edge ranges.
+  std::vector<std::map<unsigned char, uint32_t>> kids(1);
+  std::vector<std::vector<int32_t>> toks(1);
+  for (size_t id = 0; id < token_bytes.size(); ++id) {
+    if ((id < excluded.size() && excluded[id]) || token_bytes[id].empty()) continue;
+    uint32_t cur = 0;
+    for (char ch : token_bytes[id]) {
+      unsigned char b = static_cast<unsigned char>(ch);
+      auto it = kids[cur].find(b);
+      if (it == kids[cur].end()) {
+        kids.emplace_back();
+        toks.emplace_back();
+        uint32_t nn = static_cast<uint32_t>(kids.size() - 1);
+        kids[cur][b] = nn;
+        cur = nn;
+      } else {
+        cur = it->second;
+      }
+    }
+    toks[cur].push_back(static_cast<int32_t>(id));
+  }
+  nodes_.resize(kids.size());
+  for (size_t i = 0; i < kids.size(); ++i) {
+    nodes_[i].first_child = static_cast<uint32_t>(edges_.size());
+    nodes_[i].num_children = static_cast<uint32_t>(kids[i].size());
+    nodes_[i].tokens = std::move(toks[i]);
+    for (const auto& [b, n] : kids[i]) edges_.push_back({b, n});
+  }
+}
+
+std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const Tokenizer& tok) {
+  int64_t v = tok.vocab_size();
+  std::vector<std::string> bytes(static_cast<size_t>(v));
+  std::vector<bool> excluded(static_cast<size_t>(v), false);
+  for (int64_t i = 0; i < v; ++i) {
+    bytes[static_cast<size_t>(i)] = tok.token_bytes(static_cast<int32_t>(i));
+    excluded[static_cast<size_t>(i)] = tok.is_special(static_cast<int32_t>(i));
+  }
+  return std::make_shared<TokenTrie>(bytes, excluded);
+}
+
+// ---------------------------------------------------------------- constraint
+JsonSchemaConstraint::JsonSchemaConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTrie> trie,
+                                           int32_t eos_token_id)
+    : trie_(std::move(trie)), matcher_(std::move(grammar)), eos_(eos_token_id) {}
+
+namespace {
+void walk(const Grammar& g, const TokenTrie& trie, uint32_t node, const std::vector<Stack>& set, std::vector<bool>& allowed) {
+  const auto& tn = trie.nodes()[node];
+  for (uint32_t e = tn.first_child; e < tn.first_child + tn.num_children; ++e) {
+    const auto& edge = trie.edges()[e];
+    std::vector<Stack> next = advance_set(g, set, edge.byte);
+    if (next.empty()) continue;
+    for (int32_t t : trie.nodes()[edge.node].tokens)
+      if (t >= 0 && static_cast<size_t>(t) < allowed.size()) allowed[static_cast<size_t>(t)] = true;
+    walk(g, trie, edge.node, next, allowed);
+  }
+}
+}  // namespace
+
+void JsonSchemaConstraint::allowed_tokens(std::vector<bool>& allowed) {
+  std::fill(allowed.begin(), allowed.end(), false);
+  if (!finished_ && !matcher_.is_dead()) walk(*matcher_.g_, *trie_, 0, matcher_.st_->stacks, allowed);
+  if (eos_ >= 0 && static_cast<size_t>(eos_) < allowed.size())
+    allowed[static_cast<size_t>(eos_)] = matcher_.is_complete() || matcher_.is_dead() || finished_;
+}
+
+void JsonSchemaConstraint::accept_token(int32_t token) {
+  if (token == eos_) {
+    finished_ = true;
+    return;
+  }
+  if (token < 0 || token >= static_cast<int32_t>(trie_->token_bytes().size())) return;
+  if (!matcher_.advance(trie_->token_bytes()[static_cast<size_t>(token)])) {
+    // The engine sampled outside the mask (a bug upstream): end the document rather than abort.
+    matcher_.st_->stacks.clear();
+  }
+}
+
+bool JsonSchemaConstraint::is_complete() const { return matcher_.is_complete() || matcher_.is_dead(); }
+
+std::unique_ptr<TokenConstraint> JsonSchemaConstraint::clone() const {
+  return std::make_unique<JsonSchemaConstraint>(*this);
+}
+
+}  // namespace tandem::json_grammar

@@ -1,0 +1,238 @@
+// JSON-schema grammar: schemas compile (or fail naming the keyword), the matcher accepts exactly
+// valid documents, token masks agree with the matcher on every token, and random walks through
+// masked token streams always produce schema-valid JSON.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "text/json_schema_grammar.h"
+
+namespace tandem::json_grammar {
+namespace {
+
+using json = nlohmann::json;
+
+std::shared_ptr<const Grammar> must(const json& schema) {
+  auto g = compile(schema);
+  EXPECT_TRUE(g.ok()) << g.status().message();
+  return g.ok() ? *g : nullptr;
+}
+
+bool accepts(const std::shared_ptr<const Grammar>& g, const std::string& doc) {
+  Matcher m(g);
+  return m.advance(doc) && m.is_complete();
+}
+
+// Minimal validator for the supported subset (the test's independent oracle).
+bool validate(const json& v, const json& s, const json& root) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) {
+    std::string r = s["$ref"];
+    if (r == "#") return validate(v, root, root);
+    auto slash = r.rfind('/');
+    std::string sect = r.substr(2, slash - 2);
+    return validate(v, root[sect][r.substr(slash + 1)], root);
+  }
+  if (s.contains("const")) return v == s["const"];
+  if (s.contains("enum")) {
+    for (const auto& e : s["enum"])
+      if (v == e) return true;
+    return false;
+  }
+  for (const char* key : {"anyOf", "oneOf"})
+    if (s.contains(key)) {
+      for (const auto& a : s[key])
+        if (validate(v, a, root)) return true;
+      return false;
+    }
+  std::vector<std::string> types;
+  if (s.contains("type")) {
+    if (s["type"].is_string()) types.push_back(s["type"]);
+    else for (const auto& t : s["type"]) types.push_back(t);
+  } else if (s.contains("properties")) {
+    types.push_back("object");
+  } else {
+    return true;
+  }
+  for (const auto& t : types) {
+    if (t == "string" && v.is_string()) {
+      // code points
+      size_t n = 0;
+      for (unsigned char c : v.get<std::string>()) n += (c & 0xC0) != 0x80;
+      if (s.contains("minLength") && n < s["minLength"].get<size_t>()) continue;
+      if (s.contains("maxLength") && n > s["maxLength"].get<size_t>()) continue;
+      return true;
+    }
+    if (t == "integer" && v.is_number_integer()) return true;
+    if (t == "number" && v.is_number()) return true;
+    if (t == "boolean" && v.is_boolean()) return true;
+    if (t == "null" && v.is_null()) return true;
+    if (t == "array" && v.is_array()) {
+      if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) continue;
+      if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) continue;
+      bool ok = true;
+      if (s.contains("items"))
+        for (const auto& x : v) ok = ok && validate(x, s["items"], root);
+      if (ok) return true;
+    }
+    if (t == "object" && v.is_object()) {
+      bool ok = true;
+      json props = s.value("properties", json::object());
+      for (const auto& r : s.value("required", json::array())) ok = ok && v.contains(r.get<std::string>());
+      for (auto it = v.begin(); it != v.end() && ok; ++it) {
+        if (props.contains(it.key())) ok = validate(it.value(), props[it.key()], root);
+        else if (s.contains("additionalProperties")) {
+          const json& ap = s["additionalProperties"];
+          ok = ap.is_boolean() ? ap.get<bool>() : validate(it.value(), ap, root);
+        } else {
+          ok = props.empty();
+        }
+      }
+      if (ok) return true;
+    }
+  }
+  return false;
+}
+
+const json kPerson = {{"type", "object"},
+                      {"properties", {{"name", {{"type", "string"}, {"minLength", 1}, {"maxLength", 8}}},
+                                      {"age", {{"type", "integer"}}},
+                                      {"score", {{"type", "number"}}},
+                                      {"ok", {{"type", "boolean"}}},
+                                      {"nick", {{"type", {"string", "null"}}}},
+                                      {"kind", {{"enum", {"a", "bc", 1, 12, nullptr}}}},
+                                      {"tags", {{"type", "array"}, {"items", {{"type", "string"}, {"maxLength", 3}}}, {"minItems", 1}, {"maxItems", 3}}}}},
+                      {"required", {"name", "age", "tags"}},
+                      {"additionalProperties", false}};
+
+TEST(Grammar, AcceptsAndRejects) {
+  auto g = must(kPerson);
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(accepts(g, R"({"name":"bo","age":3,"tags":["x"]})"));
+  EXPECT_TRUE(accepts(g, R"({ "tags" : [ "x" , "yz" ], "age": -0, "name": "é\u00e9\"", "kind": 12, "nick": null, "score": 1.5e-3, "ok": false })"));
+  EXPECT_FALSE(accepts(g, R"({"name":"bo","age":3})"));                    // missing required
+  EXPECT_FALSE(accepts(g, R"({"name":"bo","age":3,"tags":["x"],"x":1})"));  // additional
+  EXPECT_FALSE(accepts(g, R"({"name":"bo","age":3.5,"tags":["x"]})"));      // integer
+  EXPECT_FALSE(accepts(g, R"({"name":"","age":3,"tags":["x"]})"));          // minLength
+  EXPECT_FALSE(accepts(g, R"({"name":"123456789","age":3,"tags":["x"]})")); // maxLength
+  EXPECT_FALSE(accepts(g, R"({"name":"a","age":3,"tags":[]})"));            // minItems
+  EXPECT_FALSE(accepts(g, R"({"name":"a","age":3,"tags":["a","b","c","d"]})"));
+  EXPECT_FALSE(accepts(g, R"({"name":"a","name":"b","age":3,"tags":["x"]})"));  // duplicate key
+  EXPECT_FALSE(accepts(g, R"({"name":"a","age":3,"tags":["x"],"kind":2})"));    // enum
+  EXPECT_FALSE(accepts(g, R"({"name":"a","age":03,"tags":["x"]})"));            // leading zero
+  EXPECT_FALSE(accepts(g, R"( {"name":"a","age":3,"tags":["x"]})"));           // leading ws at root
+  EXPECT_FALSE(accepts(g, R"({"name":"a","age":3,"tags":["x"]} )"));           // trailing
+  Matcher m(g);
+  EXPECT_TRUE(m.advance(R"({"name":"a")"));
+  EXPECT_FALSE(m.is_complete());
+  EXPECT_FALSE(m.advance("}"));       // required missing: rejected, matcher unchanged
+  EXPECT_TRUE(m.advance(R"(,"age":1)"));
+}
+
+TEST(Grammar, RefsDefsRecursionAnyOf) {
+  json tree = {{"$defs", {{"node", {{"type", "object"},
+                                    {"properties", {{"v", {{"type", "integer"}}}, {"kids", {{"type", "array"}, {"items", {{"$ref", "#/$defs/node"}}}}}}},
+                                    {"required", {"v"}},
+                                    {"additionalProperties", false}}}}},
+               {"$ref", "#/$defs/node"}};
+  auto g = must(tree);
+  EXPECT_TRUE(accepts(g, R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]})"));
+  EXPECT_FALSE(accepts(g, R"({"v":1,"kids":[{"w":2}]})"));
+  auto any = must({{"anyOf", {{{"type", "integer"}}, {{"const", "x"}}, {{"type", "array"}, {"items", {{"type", "boolean"}}}}}}});
+  EXPECT_TRUE(accepts(any, "12"));
+  EXPECT_TRUE(accepts(any, "\"x\""));
+  EXPECT_TRUE(accepts(any, "[true,false]"));
+  EXPECT_FALSE(accepts(any, "\"y\""));
+  EXPECT_TRUE(accepts(any_object(), R"({"a":[1,{"b":null}],"c":"d"})"));
+  EXPECT_FALSE(accepts(any_object(), "[1]"));
+}
+
+TEST(Grammar, UnsupportedKeywordsAreErrors) {
+  for (const json& s : {json{{"type", "string"}, {"pattern", "a"}}, json{{"type", "integer"}, {"minimum", 1}},
+                        json{{"allOf", json::array({json::object()})}}, json{{"$ref", "http://x"}}, json{{"$ref", "#/$defs/missing"}},
+                        json{{"type", "frob"}}, json(false), json{{"type", "array"}, {"minItems", 3}, {"maxItems", 1}}}) {
+    auto g = compile(s);
+    EXPECT_FALSE(g.ok()) << s.dump();
+  }
+  auto g = compile(json{{"type", "string"}, {"pattern", "a"}});
+  EXPECT_NE(g.status().message().find("pattern"), std::string::npos);
+}
+
+// A vocabulary of bytes plus multi-byte tokens that cross structural boundaries.
+std::vector<std::string> test_vocab() {
+  std::vector<std::string> v = {"<eos>"};
+  for (int b = 0x20; b < 0x7f; ++b) v.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* t : {"\":", "\",\"", "{\"", "\"}", "[\"", "\"]", "true", "false", "null", "12", "1.5", "e-3", " \"", "\n  ",
+                        "name", "age", "tags", "\\u00", "é", "\xc3", "\xa9", "\":\"", "\":[", "},{", "],", "kind", "bc"})
+    v.push_back(t);
+  return v;
+}
+
+TEST(Grammar, MaskAgreesWithMatcherAndRandomWalksValidate) {
+  auto vocab = test_vocab();
+  std::vector<bool> excluded(vocab.size(), false);
+  excluded[0] = true;
+  auto trie = std::make_shared<TokenTrie>(vocab, excluded);
+  std::mt19937 rng(42);
+  const std::vector<json> schemas = {
+      kPerson,
+      json{{"type", "array"}, {"items", {{"anyOf", {{{"type", "integer"}}, {{"type", "string"}, {"maxLength", 2}}}}}}, {"maxItems", 4}},
+      json{{"type", "object"}},
+      json{{"enum", {"a", "bc", 1, 12}}},
+  };
+  int completed = 0;
+  for (const auto& schema : schemas) {
+    auto g = must(schema);
+    ASSERT_TRUE(g);
+    for (int walk = 0; walk < 12; ++walk) {
+      JsonSchemaConstraint c(g, trie, 0);
+      std::string out;
+      std::vector<bool> allowed(vocab.size());
+      for (int step = 0; step < 300; ++step) {
+        c.allowed_tokens(allowed);
+        // Every token's admission must agree with the matcher (sampled subset for speed).
+        for (size_t id = 1; id < vocab.size(); id += 1 + rng() % 3)
+          EXPECT_EQ(allowed[id], c.matcher().can_advance(vocab[id])) << "token '" << vocab[id] << "' after '" << out << "'";
+        EXPECT_EQ(allowed[0], c.is_complete());
+        if (allowed[0] && (rng() % 2 == 0 || step > 200)) break;
+        std::vector<int> cand;
+        std::vector<double> w;
+        for (size_t id = 1; id < vocab.size(); ++id)
+          if (allowed[id]) {
+            cand.push_back(static_cast<int>(id));
+            char ch = vocab[id][0];
+            w.push_back(ch == '"' || ch == '}' || ch == ']' ? 30.0 : vocab[id] == "\n  " || ch == ' ' ? 0.1 : 1.0);
+          }
+        if (cand.empty()) break;
+        int tok = cand[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
+        c.accept_token(tok);
+        out += vocab[tok];
+      }
+      if (c.is_complete()) {
+        ++completed;
+        auto v = json::parse(out, nullptr, false);
+        ASSERT_FALSE(v.is_discarded()) << out;
+        EXPECT_TRUE(validate(v, schema, schema)) << schema.dump() << " -> " << out;
+      }
+    }
+  }
+  EXPECT_GT(completed, 30);
+}
+
+TEST(Grammar, CloneIsIndependent) {
+  std::vector<std::string> vocab = {"<eos>", "{", "}", "\"", "a", ":", "1"};
+  auto trie = std::make_shared<TokenTrie>(vocab, std::vector<bool>{true, false, false, false, false, false, false});
+  JsonSchemaConstraint c(any_object(), trie, 0);
+  c.accept_token(1);
+  auto d = c.clone();
+  c.accept_token(2);
+  EXPECT_TRUE(c.is_complete());
+  EXPECT_FALSE(d->is_complete());
+  std::vector<bool> allowed(vocab.size());
+  d->allowed_tokens(allowed);
+  EXPECT_TRUE(allowed[2] && allowed[3]);
+  EXPECT_FALSE(allowed[1] || allowed[4] || allowed[0]);
+}
+
+}  // namespace
+}  // namespace tandem::json_grammar
