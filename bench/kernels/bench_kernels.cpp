@@ -212,6 +212,7 @@ class Collect : public benchmark::ConsoleReporter {
       nlohmann::json j;
       j["name"] = r.benchmark_name();
       j["us"] = r.GetAdjustedRealTime();
+      j["cpu_us_main_thread"] = r.GetAdjustedCPUTime();
       for (const auto& [k, c] : r.counters) j[k] = c.value;
       rows.push_back(j);
     }
@@ -236,6 +237,9 @@ int main(int argc, char** argv) {
   out["cpu"] = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'");
   out["threads"] = cpu::num_threads();
   out["gemm_isa"] = cpu::gemm_isa_name();
+  // The build machine is shared: record how busy it was (real time suffers first).
+  out["loadavg"] = sh("cut -d' ' -f1-3 /proc/loadavg");
+  out["note"] = "GB/s counts stored weight bytes (fp8 1 B, fp4 0.5 B + scales, bf16 2 B) per call";
   out["results"] = rep.rows;
   const std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-kernels-" + date + ".json";
   std::ofstream f(path);

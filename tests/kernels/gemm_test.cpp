@@ -265,5 +265,35 @@ TEST(Gemm, BatchInvariantBitExact) {
   cpu::set_num_threads(0);
 }
 
+TEST(Gemm, DecodePathBitIdenticalToPanelPathAllFormatsAndIsas) {
+  // m == 1 takes the chunked decode path; rows of an m > 1 call take the panel path. Ragged K
+  // (200 = 12*16 + 8, 1100 crosses decode chunks) exercises the scalar tails.
+  for (auto isa : {cpu::Isa::kAvx512, cpu::Isa::kAvx2, cpu::Isa::kBaseline}) {
+    if (!cpu::set_gemm_isa(isa)) continue;
+    for (auto fmt : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4})
+      for (int64_t k : {int64_t{200}, int64_t{1100}, int64_t{1024}}) {
+        if (fmt == WeightFormat::kMxfp4 && k % 32) continue;
+        Weight w = make_weight(fmt, 23, k, 40 + k);
+        auto x = randn(3 * k, 41);
+        std::vector<float> all(3 * 23), one(23);
+        GemmParams p;
+        p.x = x.data();
+        p.w = w.ref();
+        p.y = all.data();
+        p.m = 3;
+        p.n = 23;
+        p.k = k;
+        cpu::gemm(p);
+        p.x = x.data() + 2 * k;
+        p.y = one.data();
+        p.m = 1;
+        cpu::gemm(p);
+        for (int64_t j = 0; j < 23; ++j)
+          ASSERT_EQ(one[j], all[2 * 23 + j]) << cpu::gemm_isa_name() << " " << fmt_name(fmt) << " k=" << k << " j=" << j;
+      }
+  }
+  cpu::set_gemm_isa(cpu::Isa::kAuto);
+}
+
 }  // namespace
 }  // namespace tandem::kernels
