@@ -50,7 +50,10 @@ struct TensorView {
 class SafetensorsFile {
  public:
   static Result<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
-  // Validates a header given as bytes (the 8-byte length prefix included); used by the fuzzer.
+  // Validates a whole file image given as bytes (8-byte length prefix, header, data region): the
+  // same checks open() applies, without mapping anything. Used by the fuzzer.
+  // Note: tensor data is aligned to its element size only if the writer laid tensors out in
+  // decreasing element size (ours and the reference writer do); otherwise read through memcpy.
   static Status validate_bytes(std::span<const uint8_t> bytes, const std::string& label);
   ~SafetensorsFile();
 

@@ -417,6 +417,29 @@ TEST_F(TinyCheckpointTest, TokenizerLargerThanVocab) {
   fs::remove_all(d);
 }
 
+TEST_F(TinyCheckpointTest, SingleFileCheckpoint) {
+  fs::path d = copy("single");
+  std::vector<TensorData> all;
+  for (const char* shard : {kShard1, kShard2}) {
+    auto f = SafetensorsFile::open((d / shard).string());
+    ASSERT_TRUE(f.ok());
+    for (const auto& v : (*f)->tensors()) {
+      all.push_back({v.name, v.dtype, v.shape, std::vector<uint8_t>(v.data, v.data + v.nbytes)});
+    }
+  }
+  std::vector<const TensorData*> ptrs;
+  for (const auto& t : all) ptrs.push_back(&t);
+  ASSERT_TRUE(write_safetensors((d / "model.safetensors").string(), ptrs).ok());
+  fs::remove(d / kShard1);
+  fs::remove(d / kShard2);
+  fs::remove(d / "model.safetensors.index.json");
+  CheckReport r = check_checkpoint(d.string(), {});
+  EXPECT_TRUE(r.ok()) << problems(r);
+  EXPECT_EQ(r.shards, 1u);
+  EXPECT_EQ(r.found_tensors, r.catalog_tensors);
+  fs::remove_all(d);
+}
+
 TEST_F(TinyCheckpointTest, MissingShardAndBadConfig) {
   fs::path d = copy("noshard");
   fs::remove(d / kShard2);
