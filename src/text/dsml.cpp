@@ -100,7 +100,11 @@ void append_float(std::string& out, double d) {
   }
 }
 
-void append_json(std::string& out, const ordered_json& v) {
+void append_json(std::string& out, const ordered_json& v, size_t depth = 0) {
+  if (depth > kMaxJsonNesting) {
+    out += "null";
+    return;
+  }
   switch (v.type()) {
     case ordered_json::value_t::null: out += "null"; break;
     case ordered_json::value_t::boolean: out += v.get<bool>() ? "true" : "false"; break;
@@ -114,7 +118,7 @@ void append_json(std::string& out, const ordered_json& v) {
       for (const auto& e : v) {
         if (!first) out += ", ";
         first = false;
-        append_json(out, e);
+        append_json(out, e, depth + 1);
       }
       out.push_back(']');
       break;
@@ -127,7 +131,7 @@ void append_json(std::string& out, const ordered_json& v) {
         first = false;
         append_python_json_string(out, it.key());
         out += ": ";
-        append_json(out, it.value());
+        append_json(out, it.value(), depth + 1);
       }
       out.push_back('}');
       break;
@@ -137,6 +141,25 @@ void append_json(std::string& out, const ordered_json& v) {
 }
 
 }  // namespace
+
+namespace {
+template <typename Json>
+bool nesting_exceeds(const Json& value, size_t limit) {
+  // Explicit stack: the input may be nested far deeper than the C++ stack allows.
+  std::vector<std::pair<const Json*, size_t>> stack{{&value, 0}};
+  while (!stack.empty()) {
+    auto [v, depth] = stack.back();
+    stack.pop_back();
+    if (!v->is_structured()) continue;
+    if (depth >= limit) return true;
+    for (const auto& child : *v) stack.emplace_back(&child, depth + 1);
+  }
+  return false;
+}
+}  // namespace
+
+bool json_nesting_exceeds(const ordered_json& value, size_t limit) { return nesting_exceeds(value, limit); }
+bool json_nesting_exceeds(const nlohmann::json& value, size_t limit) { return nesting_exceeds(value, limit); }
 
 std::string python_json_dumps(const ordered_json& value) {
   std::string out;
@@ -174,6 +197,9 @@ Result<std::string> render_dsml_invoke(const ordered_json& tool_call, const std:
   if (!args.is_object()) {
     return invalid_argument("{}.function.arguments: must encode a JSON object, got {}", path,
                             args.type_name());
+  }
+  if (json_nesting_exceeds(args)) {
+    return invalid_argument("{}.function.arguments: nested deeper than {} levels", path, kMaxJsonNesting);
   }
 
   std::string out = "<｜DSML｜invoke name=\"";

@@ -33,7 +33,13 @@ inline constexpr std::string_view kToolCallsTag = "<｜DSML｜tool_calls";
 // ---- JSON exactly as Python's json.dumps(value, ensure_ascii=False) writes it ----
 // Separators ", " and ": ", keys in stored order (use ordered_json to keep the input's order),
 // non-ASCII written raw, control characters escaped (\n, \t, ... or \u00XX), '/' not escaped.
+// Values nested deeper than kMaxJsonNesting are written as null (a guard against stack exhaustion;
+// the encoder rejects such input before it gets here, as Python's recursion limit would).
 std::string python_json_dumps(const nlohmann::ordered_json& value);
+inline constexpr size_t kMaxJsonNesting = 512;
+// True when `value` has arrays/objects nested more than `limit` deep (checked without recursion).
+bool json_nesting_exceeds(const nlohmann::ordered_json& value, size_t limit = kMaxJsonNesting);
+bool json_nesting_exceeds(const nlohmann::json& value, size_t limit = kMaxJsonNesting);
 // The quoted JSON string literal of raw UTF-8 text (same escaping rules), appended to `out`.
 void append_python_json_string(std::string& out, std::string_view text);
 

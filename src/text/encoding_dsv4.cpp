@@ -408,6 +408,9 @@ Result<std::string> encode_messages(const ordered_json& messages, const ordered_
     return invalid_argument("reasoning_effort: '{}' is not one of low, high, max", options.reasoning_effort);
   }
   if (!messages.is_array()) return invalid_argument("messages: must be an array");
+  // Everything below may recurse over the JSON (copies, writer): refuse absurd nesting first.
+  if (json_nesting_exceeds(messages)) return invalid_argument("messages: nested deeper than {} levels", kMaxJsonNesting);
+  if (json_nesting_exceeds(tools)) return invalid_argument("tools: nested deeper than {} levels", kMaxJsonNesting);
 
   std::vector<Msg> msgs;
   msgs.reserve(messages.size() + 1);
@@ -450,9 +453,13 @@ Result<std::string> encode_messages(const ordered_json& messages, const ordered_
 
 Result<std::string> encode_messages(const nlohmann::json& messages, const nlohmann::json& tools,
                                     const EncodeOptions& options) {
+  if (json_nesting_exceeds(messages)) return invalid_argument("messages: nested deeper than {} levels", kMaxJsonNesting);
+  if (json_nesting_exceeds(tools)) return invalid_argument("tools: nested deeper than {} levels", kMaxJsonNesting);
   // Different basic_json specialisations: round-trip through text (objects come out sorted).
-  ordered_json m = ordered_json::parse(messages.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  ordered_json t = ordered_json::parse(tools.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  ordered_json m = ordered_json::parse(messages.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                      nullptr, /*allow_exceptions=*/false);
+  ordered_json t = ordered_json::parse(tools.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                      nullptr, /*allow_exceptions=*/false);
   return encode_messages(m, t, options);
 }
 

@@ -308,6 +308,31 @@ TEST(Encoding, BadInputIsAnErrorNamingTheField) {
   expect_error(R"([{"role":"user","content":"a"}])", "tools[0].function", ordered_json::parse(R"([{"type":"x"}])"));
 }
 
+TEST(Encoding, DeepNestingIsRejectedNotACrash) {
+  // 100,000 levels would overflow the stack of any recursive writer; it must be an error instead.
+  // (Built from text: copying such a value would itself recurse.)
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  ordered_json tools = ordered_json::parse(R"([{"type":"function","function":{"name":"f","parameters":)" + deep + "}}]");
+  ordered_json msgs = ordered_json::parse(R"([{"role":"user","content":"a"}])");
+  auto r = encode_messages(msgs, tools, EncodeOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tools: nested deeper than 512"), std::string::npos) << r.status().message();
+  nlohmann::json deep_msgs = nlohmann::json::parse(R"([{"role":"user","content":)" + deep + "}]");
+  auto r2 = encode_messages(deep_msgs, nlohmann::json(), EncodeOptions{});
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("messages: nested deeper"), std::string::npos);
+  ordered_json call = ordered_json::parse(R"({"type":"function","function":{"name":"f","arguments":"{\"x\": )" +
+                                          deep + "}\"}}");
+  auto d = render_dsml_invoke(call, "c");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("c.function.arguments: nested deeper"), std::string::npos);
+  EXPECT_TRUE(json_nesting_exceeds(ordered_json::parse(std::string(513, '[') + std::string(513, ']'))));
+  EXPECT_FALSE(json_nesting_exceeds(ordered_json::parse(std::string(512, '[') + std::string(512, ']'))));
+  // The writer itself stays safe past the limit.
+  EXPECT_EQ(python_json_dumps(ordered_json::parse(std::string(600, '[') + std::string(600, ']'))).size(),
+            513u * 2 + 4);
+}
+
 // The encoder's DSML and the parser agree: parse(render(call)) gives the call's arguments as
 // Python's json.dumps writes them.
 TEST(Encoding, RenderedToolCallsParseBack) {
