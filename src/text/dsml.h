@@ -102,6 +102,14 @@ struct DsmlParseResult {
 //  - non-whitespace text after </｜DSML｜tool_calls> becomes content;
 //  - text after an EOS token is ignored.
 // Each degradation adds a warning (also logged at warn level, component "dsml").
+//
+// Server use, per choice:
+//   DsmlStreamParser p({.thinking = prompt_opens_reasoning(prompt)});   // encoding_dsv4.h
+//   for each decoded text piece:  send(p.push(piece));   at the end:  send(p.finish());
+// where send() maps kReasoning -> delta.reasoning_content, kContent -> delta.content,
+// kToolCallStart -> delta.tool_calls[{index, id, type: "function", function: {name, arguments: ""}}],
+// kToolCallArgs -> delta.tool_calls[{index, function: {arguments: text}}]; finish_reason is
+// "tool_calls" when tool_call_count() > 0.
 class DsmlStreamParser {
  public:
   explicit DsmlStreamParser(DsmlParserOptions options = {});
