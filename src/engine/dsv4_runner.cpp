@@ -1,13 +1,206 @@
-// Dsv4Runner placeholder: the adapter to DsV4Model (src/model/model.h) is wired in once the model's
-// implementation is in the tree; until then a checkpoint directory is a clear start-up error.
+// Dsv4Runner: adapts DsV4Model (src/model/model.h) to the engine's ModelRunner interface.
+// The model sizes its pools at load, but the engine sizes the KV pool from the model's bytes per
+// block: so the checkpoint is first opened with minimal pools to read those sizes, and loaded for
+// real in allocate() with the pool the engine computed.
 #include "engine/dsv4_runner.h"
+
+#include <cmath>
+#include <random>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "io/model_config.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
 
 namespace tandem {
 
+namespace {
+
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+class Dsv4Runner : public ModelRunner {
+ public:
+  Dsv4Runner(std::string dir, int num_threads, std::unique_ptr<Tokenizer> tok, std::unique_ptr<DsV4Model> probe)
+      : dir_(std::move(dir)), num_threads_(num_threads), tokenizer_(std::move(tok)), model_(std::move(probe)) {
+    config_ = model_->config();
+    pool_block_bytes_256_ = static_cast<int64_t>(model_->pool_block_bytes());
+    probe_block_size_ = model_->options().block_size;
+    slot_state_bytes_ = static_cast<int64_t>(model_->slot_state_bytes());
+  }
+
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t max_model_len() const override { return config_.max_position_embeddings; }
+  int32_t eos_token_id() const override { return static_cast<int32_t>(config_.eos_token_id); }
+  int32_t noise_token_id() const override {
+    return config_.has_dspark() ? static_cast<int32_t>(config_.dspark_noise_token_id) : -1;
+  }
+  std::string device() const override { return "cpu"; }
+  const Tokenizer& tokenizer() const override { return *tokenizer_; }
+
+  Status check_kv_cache_dtype(const std::string& dtype) const override {
+    if (dtype == "fp8") return Status();
+    return invalid_argument(
+        "kv_cache_dtype {} is not supported by the CPU model: its KV follows the reference's FP8 round trip "
+        "(use fp8, fp8_ds_mla or auto)",
+        dtype);
+  }
+  int64_t kv_bytes_per_block(int block_size, const std::string&) const override {
+    // Pool bytes scale with the tokens a block covers.
+    return pool_block_bytes_256_ * block_size / probe_block_size_;
+  }
+  int64_t slot_state_bytes() const override { return slot_state_bytes_; }
+
+  Status allocate(const RunnerAllocation& alloc) override {
+    if (alloc.block_size % 128 != 0)
+      return invalid_argument("--block-size {} must be a multiple of 128 for DeepSeek-V4 (compression ratio 128)",
+                              alloc.block_size);
+    ModelOptions o;
+    o.max_slots = alloc.max_slots;
+    o.num_blocks = alloc.num_blocks;
+    o.block_size = alloc.block_size;
+    o.max_tokens_per_step = alloc.max_tokens_per_step;
+    o.max_rollback = std::max(alloc.max_verify_tokens, 1);
+    o.num_threads = num_threads_;
+    o.load_draft = true;
+    model_.reset();
+    TANDEM_ASSIGN_OR_RETURN(model_, DsV4Model::load(dir_, o));
+    if (static_cast<int64_t>(model_->slot_state_bytes()) != slot_state_bytes_)
+      slot_state_bytes_ = static_cast<int64_t>(model_->slot_state_bytes());
+    TLOG_INFO("engine", "model loaded from {}: {}", dir_, model_->load_report().summary());
+    return Status();
+  }
+
+  Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
+    batch_.seqs.clear();
+    for (const RunnerSeq& r : batch) {
+      SeqStep s;
+      s.slot = r.slot;
+      s.start_pos = r.start_pos;
+      s.tokens = r.tokens;
+      s.block_table = r.block_table;
+      s.logits = r.all_logits ? LogitsMode::kAll : LogitsMode::kLast;
+      s.collect_taps = r.collect_taps && model_->has_draft();
+      batch_.seqs.push_back(s);
+    }
+    TANDEM_RETURN_IF_ERROR(model_->forward(batch_, step_out_));
+    std::swap(out.logits, step_out_.logits);
+    out.logits_row_offset.assign(step_out_.logits_row.begin(), step_out_.logits_row.end());
+    std::swap(out.taps, step_out_.taps);
+    out.taps_row_offset.assign(step_out_.taps_row.begin(), step_out_.taps_row.end());
+    out.tap_dim = model_->tap_dim();
+    return Status();
+  }
+
+  void rollback(int slot, int64_t new_len) override {
+    Status st = model_->rollback(slot, new_len);
+    TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
+  }
+  void reset(int slot) override {
+    model_->reset(slot);
+    if (model_->has_draft()) model_->draft_reset(slot);
+  }
+  void export_slot_state(int slot, std::span<uint8_t> out) const override {
+    Status st = model_->export_slot_state(slot, out);
+    TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
+  }
+  Status import_slot_state(int slot, std::span<const uint8_t> in) override {
+    // The draft's context window is not part of the snapshot: after a prefix hit it starts empty
+    // (acceptance is lower for the first ~128 tokens; verification keeps the output exact).
+    if (model_->has_draft()) model_->draft_reset(slot);
+    return model_->import_slot_state(slot, in);
+  }
+
+  bool has_draft() const override { return model_->has_draft(); }
+  int num_draft_tokens() const override { return model_->draft_block_size(); }
+
+  void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps, int64_t rows) override {
+    if (!model_->has_draft() || rows <= 0) return;
+    Status st = model_->draft_insert_context(slot, start_pos, taps);
+    if (!st.ok()) TLOG_WARN("engine", "draft context insert (slot {}, pos {}): {}", slot, start_pos, st.message());
+  }
+
+  Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
+    out.resize(reqs.size());
+    const int64_t V = config_.vocab_size;
+    // Greedy drafts go in one batched call; sampled drafts one call each, with an RNG keyed by
+    // (seed, anchor position) so a request's drafts never depend on its batch neighbours.
+    greedy_idx_.clear();
+    model_reqs_.clear();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (reqs[i].temperature > 0) continue;
+      greedy_idx_.push_back(i);
+      model_reqs_.push_back({reqs[i].slot, reqs[i].anchor, reqs[i].position});
+    }
+    if (!model_reqs_.empty()) {
+      DraftSampling ds;
+      ds.temperature = 0;
+      ds.want_probs = false;
+      std::mt19937_64 rng(0);
+      TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, rng, results_));
+      for (size_t k = 0; k < greedy_idx_.size(); ++k) fill(results_[k], out[greedy_idx_[k]], false, V);
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (reqs[i].temperature <= 0) continue;
+      DraftSampling ds;
+      ds.temperature = reqs[i].temperature;
+      ds.want_probs = true;
+      std::mt19937_64 rng(mix64(reqs[i].seed ^ mix64(static_cast<uint64_t>(reqs[i].position) + 0xD5A3)));
+      model_reqs_.assign(1, {reqs[i].slot, reqs[i].anchor, reqs[i].position});
+      TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, rng, results_));
+      fill(results_[0], out[i], true, V);
+    }
+    return Status();
+  }
+
+ private:
+  static void fill(DraftResult& r, DraftProposal& p, bool with_q, int64_t V) {
+    p.tokens = r.tokens;
+    p.confidence.resize(r.confidence.size());
+    for (size_t k = 0; k < r.confidence.size(); ++k)
+      p.confidence[k] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(r.confidence[k]))));
+    if (with_q) std::swap(p.q, r.probs);
+    else p.q.clear();
+    (void)V;
+  }
+
+  std::string dir_;
+  int num_threads_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<DsV4Model> model_;
+  ModelConfig config_;
+  int64_t pool_block_bytes_256_ = 0;
+  int probe_block_size_ = 256;
+  int64_t slot_state_bytes_ = 0;
+  StepBatch batch_;
+  StepOutput step_out_;
+  std::vector<size_t> greedy_idx_;
+  std::vector<DraftRequest> model_reqs_;
+  std::vector<DraftResult> results_;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config) {
-  return make_error(StatusCode::kUnimplemented,
-                    "--model {}: the DeepSeek-V4 CPU model runner is not built into this engine yet",
-                    config.model_dir);
+  const std::string& dir = config.model_dir;
+  TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(dir + "/tokenizer.json"));
+  // Probe load with minimal pools: reads the per-block and per-slot sizes the engine needs.
+  ModelOptions probe;
+  probe.max_slots = 1;
+  probe.num_blocks = 1;
+  probe.block_size = 256;
+  probe.max_tokens_per_step = 8;
+  // Same rollback depth as the real load: the slot-state size depends on it.
+  probe.max_rollback = config.speculative.method.empty() ? 1 : config.speculative.num_speculative_tokens + 1;
+  probe.num_threads = config.num_threads;
+  TANDEM_ASSIGN_OR_RETURN(auto model, DsV4Model::load(dir, probe));
+  return std::unique_ptr<ModelRunner>(
+      new Dsv4Runner(dir, config.num_threads, std::move(tok), std::move(model)));
 }
 
 }  // namespace tandem

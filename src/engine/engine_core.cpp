@@ -135,11 +135,12 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   int64_t budget = config.kv_cache_memory;
   std::string budget_from = "--kv-cache-memory";
   if (budget == 0) {
-    // CPU default: room for every sequence at full length, at most a quarter of physical memory.
+    // CPU default: room for every sequence at full length, at most min(2 GiB, 25% of RAM).
     int64_t want = static_cast<int64_t>(config.max_num_seqs) * ((want_len + bs - 1) / bs + 1) * block_bytes;
     int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-    budget = std::min(want, std::max<int64_t>(phys / 4, block_bytes));
-    budget_from = "default (max_num_seqs x max_model_len, <= 25% of RAM)";
+    int64_t cap = std::min<int64_t>(phys / 4, int64_t{2} << 30);
+    budget = std::min(want, std::max<int64_t>(cap, block_bytes));
+    budget_from = "default (max_num_seqs x max_model_len, <= min(2 GiB, 25% of RAM))";
   }
   int64_t num_blocks = budget / block_bytes;
   if (num_blocks < 1)
@@ -164,8 +165,10 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   alloc.max_verify_tokens = num_spec_tokens_ + 1;
   alloc.kv_cache_dtype = kv_dtype_;
   TANDEM_RETURN_IF_ERROR(runner_->allocate(alloc).with_context("allocating the model's KV pool"));
+  // The runner knows its exact slot-state size only once its pools exist.
+  const int64_t final_snapshot_bytes = config.enable_prefix_caching ? runner_->slot_state_bytes() : 0;
   kv_ = std::make_unique<KvBlockManager>(static_cast<int>(num_blocks), bs, config.enable_prefix_caching,
-                                         snapshot_bytes);
+                                         final_snapshot_bytes);
   sampler_ = std::make_unique<Sampler>(runner_->vocab_size(), runner_->eos_token_id(), runner_->noise_token_id());
   for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
   step_tokens_.reserve(config.max_num_batched_tokens);

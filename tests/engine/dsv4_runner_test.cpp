@@ -1,0 +1,148 @@
+// The engine over the real DeepSeek-V4 CPU model on a tiny checkpoint written by `tandem make-tiny`
+// into a temporary directory: speculative greedy == plain greedy (DSpark draft + verify + rollback of
+// the compressor state) and prefix hits (snapshot restore) reproduce outputs.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include "engine/dsv4_runner.h"
+#include "engine/engine_core.h"
+#include "text/tokenizer.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TinyCheckpoint : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((fs::temp_directory_path() / ("tandem-engine-tiny-" + std::to_string(getpid()))).string());
+    std::string cmd = std::string(TANDEM_BINARY) + " make-tiny " + *dir_ + " --seed 3 > /dev/null 2>&1";
+    ok_ = std::system(cmd.c_str()) == 0 && fs::exists(*dir_ + "/config.json");
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(*dir_, ec);
+    delete dir_;
+  }
+  static std::string* dir_;
+  static bool ok_;
+};
+std::string* TinyCheckpoint::dir_ = nullptr;
+bool TinyCheckpoint::ok_ = false;
+
+struct Out {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kNone;
+  Usage usage;
+};
+
+EngineConfig tiny_config(const std::string& dir, int max_num_seqs) {
+  EngineConfig ec;
+  ec.model_dir = dir;
+  ec.max_num_seqs = max_num_seqs;
+  ec.max_num_batched_tokens = 512;
+  ec.block_size = 128;
+  ec.max_model_len = 1024;
+  ec.num_threads = 1;  // no OpenMP spinning on a shared CI machine
+  return ec;
+}
+
+std::map<std::string, Out> run_all(const EngineConfig& ec, const std::vector<std::vector<int32_t>>& prompts,
+                                   int max_tokens, EngineMetrics* metrics = nullptr) {
+  std::map<std::string, Out> outs;
+  auto runner = create_dsv4_runner(ec);
+  EXPECT_TRUE(runner.ok()) << runner.status().to_string();
+  if (!runner.ok()) return outs;
+  CoreOptions o;
+  o.check_integrity_each_step = true;
+  o.log_startup = false;
+  auto core_r = EngineCore::create(std::move(runner).value(), ec, o);
+  EXPECT_TRUE(core_r.ok()) << core_r.status().to_string();
+  if (!core_r.ok()) return outs;
+  auto core = std::move(core_r).value();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.request_id = "p" + std::to_string(i);
+    r.prompt_tokens = prompts[i];
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    Status st = core->add_request(std::move(r), [&outs](const RequestEvent& ev) {
+      Out& o = outs[ev.request_id];
+      o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finish != FinishReason::kNone) {
+        o.finish = ev.finish;
+        o.usage = ev.usage;
+      }
+    });
+    EXPECT_TRUE(st.ok()) << st.to_string();
+  }
+  for (int i = 0; i < 100000 && core->has_work(); ++i) {
+    Status st = core->step();
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (!st.ok()) break;
+  }
+  if (metrics) *metrics = core->metrics(true);
+  EXPECT_EQ(core->kv().num_free(), core->kv().num_blocks());
+  return outs;
+}
+
+std::vector<std::vector<int32_t>> tiny_prompts(const std::string& dir, int n, int min_len) {
+  auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  EXPECT_TRUE(tok.ok());
+  std::vector<std::vector<int32_t>> out;
+  const int64_t V = (*tok)->vocab_size();
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p;
+    uint64_t x = 1234567 + i;
+    for (int k = 0; k < min_len + 37 * i; ++k) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      p.push_back(static_cast<int32_t>(2 + (x >> 33) % static_cast<uint64_t>(std::min<int64_t>(V - 2, 200))));
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+TEST_F(TinyCheckpoint, SpeculativeGreedyEqualsPlainGreedy) {
+  ASSERT_TRUE(ok_) << "tandem make-tiny failed";
+  // 20 and 120 tokens: the second crosses position 128 (window size, ratio-128 boundary) while
+  // verifying, so rejected drafts there roll back compressor state.
+  std::vector<std::vector<int32_t>> prompts = tiny_prompts(*dir_, 1, 20);
+  prompts.push_back(tiny_prompts(*dir_, 1, 120)[0]);
+  for (int conc : {1, 2}) {
+    EngineConfig plain = tiny_config(*dir_, conc);
+    auto want = run_all(plain, prompts, 20);
+    ASSERT_EQ(want.size(), prompts.size());
+    EngineConfig spec = plain;
+    spec.speculative.method = "dspark";
+    spec.speculative.num_speculative_tokens = 5;
+    spec.speculative.verify_mode = "fixed";
+    EngineMetrics m;
+    auto got = run_all(spec, prompts, 20, &m);
+    for (const auto& [id, o] : want) {
+      EXPECT_EQ(o.finish, FinishReason::kLength) << id;
+      EXPECT_EQ(o.tokens.size(), 20u) << id;
+      EXPECT_EQ(got[id].tokens, o.tokens) << id << " concurrency " << conc;
+    }
+    EXPECT_GT(m.spec_decode_num_draft_tokens_total, 0);
+  }
+}
+
+TEST_F(TinyCheckpoint, PrefixHitReproducesOutputs) {
+  ASSERT_TRUE(ok_) << "tandem make-tiny failed";
+  auto prompts = tiny_prompts(*dir_, 1, 270);  // > two 128-token blocks
+  prompts.push_back(prompts[0]);               // identical second prompt: a prefix hit
+  EngineConfig ec = tiny_config(*dir_, 1);     // one at a time: the second sees the cached blocks
+  auto outs = run_all(ec, prompts, 6);
+  EXPECT_EQ(outs["p0"].usage.cached_tokens, 0);
+  EXPECT_GE(outs["p1"].usage.cached_tokens, 256);
+  EXPECT_EQ(outs["p1"].tokens, outs["p0"].tokens);
+}
+
+}  // namespace
+}  // namespace tandem
