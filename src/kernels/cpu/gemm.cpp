@@ -41,9 +41,15 @@ typedef float v4f __attribute__((vector_size(16)));
 
 }  // namespace
 
+// Each ISA's copy of the tile is compiled inside a target region (GCC: push_options/target;
+// clang: attribute push).
 namespace avx512 {
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")
+#endif
 #define TANDEM_TILE_WIDEN 2
 #define TANDEM_TILE_V v16f
 #define TANDEM_TILE_MR 4
@@ -54,12 +60,20 @@ namespace avx512 {
 #undef TANDEM_TILE_MR
 #undef TANDEM_TILE_NR
 #undef TANDEM_INLINE
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 }  // namespace avx512
 
 namespace avx2 {
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #define TANDEM_TILE_WIDEN 1
 #define TANDEM_TILE_V v8f
 #define TANDEM_TILE_MR 4
@@ -70,7 +84,11 @@ namespace avx2 {
 #undef TANDEM_TILE_MR
 #undef TANDEM_TILE_NR
 #undef TANDEM_INLINE
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 }  // namespace avx2
 
 namespace base {
