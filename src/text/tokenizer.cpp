@@ -172,7 +172,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const override {
     if (auto it = added_by_content_.find(std::string(token)); it != added_by_content_.end())
       return added_[it->second].id;
-    if (auto it = vocab_.find(std::string(token)); it != vocab_.end()) return it->second;
+    if (auto it = vocab_.find(token); it != vocab_.end()) return it->second;
     return std::nullopt;
   }
   bool is_special(int32_t id) const override {
@@ -185,7 +185,12 @@ class BpeTokenizer final : public Tokenizer {
                    std::vector<Segment>* out) const;
   void bpe(std::string_view piece, std::vector<int32_t>* out) const;
 
-  std::unordered_map<std::string, int32_t> vocab_;  // byte-level spelling -> id
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // byte-level spelling -> id; string_view lookups without copies
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
   std::vector<AddedToken> added_;
   std::unordered_map<std::string, size_t> added_by_content_;
   std::vector<int32_t> added_index_by_id_;  // id -> index in added_, or -1
@@ -398,23 +403,26 @@ Result<std::unique_ptr<Tokenizer>> BpeTokenizer::load(const std::string& text) {
       return invalid_argument("tokenizer.json: model.merges must be an array");
     const json& merges = model["merges"];
     tok->merges_.reserve(merges.size());
+    std::string ab;
     for (size_t r = 0; r < merges.size(); ++r) {
       const json& m = merges[r];
-      std::string a, b;
+      std::string_view a, b;
       if (m.is_string()) {
-        const std::string& s = m.get_ref<const std::string&>();
+        std::string_view s = m.get_ref<const std::string&>();
         size_t sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
           return invalid_argument("tokenizer.json: merges[{}] '{}' is not 'a b'", r, s);
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-        a = m[0];
-        b = m[1];
+        a = m[0].get_ref<const std::string&>();
+        b = m[1].get_ref<const std::string&>();
       } else {
         return invalid_argument("tokenizer.json: merges[{}] is neither 'a b' nor [a, b]", r);
       }
-      auto ia = tok->vocab_.find(a), ib = tok->vocab_.find(b), iab = tok->vocab_.find(a + b);
+      ab.assign(a);
+      ab.append(b);
+      auto ia = tok->vocab_.find(a), ib = tok->vocab_.find(b), iab = tok->vocab_.find(ab);
       if (ia == tok->vocab_.end() || ib == tok->vocab_.end() || iab == tok->vocab_.end())
         return invalid_argument("tokenizer.json: merges[{}] ('{}', '{}') uses a token missing from "
                                 "the vocab", r, a, b);
