@@ -3,7 +3,9 @@
 // (exact: every stored value is representable in fp32) and runs a register-blocked MR x NR
 // micro-kernel over an M block of up to MC rows. The hot loops are compiled three times (AVX-512,
 // AVX2+FMA, baseline SSE) and picked at run time, so the default (non -march=native) build is fast.
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -41,6 +43,7 @@ typedef float v4f __attribute__((vector_size(16)));
 
 }  // namespace
 
+#if defined(__x86_64__)
 // Each ISA's copy of the tile is compiled inside a target region (GCC: push_options/target;
 // clang: attribute push).
 namespace avx512 {
@@ -91,8 +94,14 @@ namespace avx2 {
 #endif
 }  // namespace avx2
 
+#endif  // __x86_64__
+
 namespace base {
+#if defined(__x86_64__)
 #define TANDEM_TILE_WIDEN 0
+#else
+#define TANDEM_TILE_WIDEN 3
+#endif
 #define TANDEM_TILE_V v4f
 #define TANDEM_TILE_MR 4
 #define TANDEM_TILE_NR 2
@@ -105,18 +114,31 @@ namespace base {
 }  // namespace base
 
 namespace {
+const auto tile_base = &base::tile;
+#if defined(__x86_64__)
 const auto tile_avx512 = &avx512::tile;
 const auto tile_avx2 = &avx2::tile;
-const auto tile_base = &base::tile;
+#else
+const auto tile_avx512 = &base::tile;  // other architectures: portable vector code only
+const auto tile_avx2 = &base::tile;
+#endif
 
 using TileFn = void (*)(const TileArgs&);
 bool has_avx512() {
+#if defined(__x86_64__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+#else
+  return false;
+#endif
 }
 bool has_avx2() {
+#if defined(__x86_64__)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
 }
 TileFn pick_tile() {
   if (has_avx512()) return tile_avx512;
@@ -169,6 +191,9 @@ bool set_gemm_isa(Isa isa) {
 }
 
 const char* gemm_isa_name() {
+#if !defined(__x86_64__)
+  return "portable";
+#endif
   if (g_tile == tile_avx512) return "avx512";
   if (g_tile == tile_avx2) return "avx2";
   return "baseline";
