@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -144,6 +145,7 @@ class EngineImpl : public Engine {
 
  private:
   static constexpr int kMaxQueued = 4096;
+  static constexpr double kSummaryEvery = 10.0;
 
   void loop() {
     std::vector<std::pair<Request, EventCallback>> inbox;
@@ -190,7 +192,38 @@ class EngineImpl : public Engine {
         }
       }
       publish_metrics();
+      maybe_log_summary();
     }
+  }
+
+  // One info line every kSummaryEvery seconds while there is traffic.
+  void maybe_log_summary() {
+    auto now = std::chrono::steady_clock::now();
+    double dt = std::chrono::duration<double>(now - last_summary_).count();
+    if (dt < kSummaryEvery) return;
+    EngineMetrics m;
+    {
+      std::lock_guard<std::mutex> lock(metrics_mu_);
+      m.generation_tokens_total = metrics_.generation_tokens_total;
+      m.num_requests_running = metrics_.num_requests_running;
+      m.num_requests_waiting = metrics_.num_requests_waiting;
+      m.kv_cache_usage_perc = metrics_.kv_cache_usage_perc;
+      m.spec_decode_num_draft_tokens_total = metrics_.spec_decode_num_draft_tokens_total;
+      m.spec_decode_num_accepted_tokens_total = metrics_.spec_decode_num_accepted_tokens_total;
+      m.num_preemptions_total = metrics_.num_preemptions_total;
+    }
+    int64_t gen = m.generation_tokens_total - last_gen_;
+    int64_t drafted = m.spec_decode_num_draft_tokens_total - last_drafted_;
+    int64_t accepted = m.spec_decode_num_accepted_tokens_total - last_accepted_;
+    if (gen > 0 || m.num_requests_running > 0 || m.num_requests_waiting > 0)
+      TLOG_INFO("engine", "running {} waiting {} | {:.1f} gen tok/s | KV {:.1f}% | draft acceptance {} | preemptions {}",
+                m.num_requests_running, m.num_requests_waiting, gen / dt, 100.0 * m.kv_cache_usage_perc,
+                drafted > 0 ? fmt::format("{:.1f}%", 100.0 * accepted / drafted) : std::string("-"),
+                m.num_preemptions_total);
+    last_summary_ = now;
+    last_gen_ = m.generation_tokens_total;
+    last_drafted_ = m.spec_decode_num_draft_tokens_total;
+    last_accepted_ = m.spec_decode_num_accepted_tokens_total;
   }
 
   void cancel_all() {
@@ -237,6 +270,8 @@ class EngineImpl : public Engine {
   std::atomic<bool> failed_{false}, stopped_{false};
   std::mutex metrics_mu_;
   EngineMetrics metrics_;
+  std::chrono::steady_clock::time_point last_summary_ = std::chrono::steady_clock::now();
+  int64_t last_gen_ = 0, last_drafted_ = 0, last_accepted_ = 0;
 };
 
 }  // namespace

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-namespace tandem {
+#include "text/tokenizer.h"
 
-class Tokenizer;
+namespace tandem {
 
 class TextStream {
  public:
@@ -23,17 +23,12 @@ class TextStream {
   const std::string& matched_stop() const { return matched_; }
 
  private:
-  const Tokenizer& tokenizer_;
+  IncrementalDecoder decoder_;  // token bytes -> complete UTF-8 (text/tokenizer.h)
   std::vector<std::string> stop_;
   size_t max_stop_ = 0;
-  std::string bytes_;  // incomplete UTF-8 tail
   std::string held_;   // complete text that may be the start of a stop string
   std::string matched_;
   bool done_ = false;
 };
-
-// Length of the longest prefix of `s` that is complete UTF-8 (an unfinished sequence at the end is
-// excluded; invalid bytes in the middle count as complete so they are not held forever).
-size_t complete_utf8_prefix(const std::string& s);
 
 }  // namespace tandem
