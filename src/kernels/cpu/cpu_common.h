@@ -47,10 +47,10 @@ __attribute__((always_inline)) inline vf16 load16(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-__attribute__((always_inline)) inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
+__attribute__((always_inline)) inline void store16(float* p, const vf16& v) { std::memcpy(p, &v, sizeof v); }
 
 // Lane-wise num::round_bf16 (round to nearest even, NaN kept quiet), branch-free.
-__attribute__((always_inline)) inline vf16 round_bf16_v(vf16 x) {
+__attribute__((always_inline)) inline vf16 round_bf16_v(const vf16& x) {
   const vu16 u = (vu16)x;
   const vu16 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   const vu16 q = (u | 0x00400000u) & 0xffff0000u;
