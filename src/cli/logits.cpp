@@ -1,0 +1,176 @@
+// `tandem logits --model DIR --tokens-file T.json --out OUT.safetensors`: runs the CPU forward
+// over fixed token ids and writes every position's logits (and DSpark draft outputs) for external
+// checks. The format is documented in docs/LOGITS.md; keep it stable.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "common/log.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+
+namespace tandem {
+namespace {
+
+Status read_ids(const nlohmann::json& j, const char* key, bool required, int64_t vocab, std::vector<int32_t>& out) {
+  if (!j.contains(key)) {
+    if (required) return invalid_argument("tokens file: missing \"{}\"", key);
+    return Status();
+  }
+  const auto& a = j[key];
+  if (!a.is_array()) return invalid_argument("tokens file: \"{}\" must be an array of integers", key);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_number_integer()) return invalid_argument("tokens file: {}[{}] is not an integer", key, i);
+    const int64_t v = a[i].get<int64_t>();
+    if (vocab > 0 && (v < 0 || v >= vocab))
+      return invalid_argument("tokens file: {}[{}] = {} outside the vocabulary [0, {})", key, i, v, vocab);
+    out.push_back(static_cast<int32_t>(v));
+  }
+  return Status();
+}
+
+TensorData f32_tensor(const std::string& name, std::vector<int64_t> shape, const float* data) {
+  TensorData t;
+  t.name = name;
+  t.dtype = DType::kF32;
+  t.shape = std::move(shape);
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  t.bytes.resize(n * 4);
+  if (n) std::memcpy(t.bytes.data(), data, n * 4);
+  return t;
+}
+
+Status run_logits(const std::string& model_dir, const std::string& tokens_file, const std::string& out_path,
+                  int threads) {
+  std::ifstream f(tokens_file);
+  if (!f) return not_found("tokens file {} cannot be opened", tokens_file);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument("tokens file {}: not a JSON object", tokens_file);
+
+  std::vector<int32_t> prompt, decode, chunk_ids;
+  TANDEM_RETURN_IF_ERROR(read_ids(j, "prompt", true, 0, prompt));
+  TANDEM_RETURN_IF_ERROR(read_ids(j, "decode", false, 0, decode));
+  TANDEM_RETURN_IF_ERROR(read_ids(j, "prefill_chunks", false, 0, chunk_ids));
+  if (prompt.empty()) return invalid_argument("tokens file: \"prompt\" is empty");
+  for (int32_t c : chunk_ids)
+    if (c <= 0) return invalid_argument("tokens file: prefill_chunks must be positive");
+  const int64_t T = static_cast<int64_t>(prompt.size()), M = static_cast<int64_t>(decode.size());
+
+  ModelOptions opt;
+  opt.max_slots = 1;
+  opt.block_size = 256;
+  opt.num_blocks = static_cast<int>((T + M + 255) / 256 + 1);
+  opt.max_tokens_per_step = static_cast<int>(T);
+  opt.num_threads = threads;
+  TANDEM_ASSIGN_OR_RETURN(auto model, DsV4Model::load(model_dir, opt));
+  const int64_t V = model->vocab_size();
+  for (auto* ids : {&prompt, &decode})
+    for (size_t i = 0; i < ids->size(); ++i)
+      if ((*ids)[i] < 0 || (*ids)[i] >= V)
+        return invalid_argument("tokens file: token {} outside the vocabulary [0, {})", (*ids)[i], V);
+  std::fprintf(stderr, "%s\n", model->load_report().summary().c_str());
+
+  const bool draft = model->has_draft();
+  const int64_t K = model->draft_block_size();
+  std::vector<int32_t> table(opt.num_blocks);
+  for (int i = 0; i < opt.num_blocks; ++i) table[i] = i;
+  std::vector<float> logits(static_cast<size_t>((T + M) * V));
+  std::vector<float> dlogits, dconf;
+  std::vector<int32_t> dtok;
+  StepOutput out;
+  // ---- prompt in chunks ----
+  int64_t pos = 0;
+  size_t ci = 0;
+  while (pos < T) {
+    int64_t n = chunk_ids.empty() ? T : chunk_ids[std::min(ci, chunk_ids.size() - 1)];
+    ++ci;
+    n = std::min(n, T - pos);
+    StepBatch b;
+    b.seqs.push_back({0, pos, std::span<const int32_t>(prompt.data() + pos, n), table, LogitsMode::kAll, draft});
+    TANDEM_RETURN_IF_ERROR(model->forward(b, out));
+    std::memcpy(&logits[pos * V], out.logits.data(), sizeof(float) * n * V);
+    if (draft)
+      TANDEM_RETURN_IF_ERROR(model->draft_insert_context(
+          0, pos, std::span<const float>(out.taps.data(), n * model->tap_dim())));
+    pos += n;
+  }
+  // ---- decode: draft step k (anchor decode[k] at T+k, context < T+k), then the target ----
+  std::mt19937_64 rng(0);
+  std::vector<DraftResult> dres;
+  for (int64_t k = 0; k < M; ++k) {
+    if (draft) {
+      DraftRequest r{0, decode[k], T + k};
+      TANDEM_RETURN_IF_ERROR(model->draft_propose(std::span<const DraftRequest>(&r, 1), DraftSampling(), rng, dres));
+      dlogits.insert(dlogits.end(), dres[0].logits.begin(), dres[0].logits.end());
+      dconf.insert(dconf.end(), dres[0].confidence.begin(), dres[0].confidence.end());
+      dtok.insert(dtok.end(), dres[0].tokens.begin(), dres[0].tokens.end());
+    }
+    StepBatch b;
+    b.seqs.push_back({0, T + k, std::span<const int32_t>(decode.data() + k, 1), table, LogitsMode::kAll, draft});
+    TANDEM_RETURN_IF_ERROR(model->forward(b, out));
+    std::memcpy(&logits[(T + k) * V], out.logits.data(), sizeof(float) * V);
+    if (draft)
+      TANDEM_RETURN_IF_ERROR(
+          model->draft_insert_context(0, T + k, std::span<const float>(out.taps.data(), model->tap_dim())));
+  }
+
+  std::vector<TensorData> tensors;
+  tensors.push_back(f32_tensor("logits", {T + M, V}, logits.data()));
+  if (draft && M > 0) {
+    tensors.push_back(f32_tensor("draft_logits", {M, K, V}, dlogits.data()));
+    tensors.push_back(f32_tensor("draft_confidence", {M, K}, dconf.data()));
+    TensorData t;
+    t.name = "draft_tokens";
+    t.dtype = DType::kI32;
+    t.shape = {M, K};
+    t.bytes.resize(dtok.size() * 4);
+    std::memcpy(t.bytes.data(), dtok.data(), t.bytes.size());
+    tensors.push_back(std::move(t));
+  }
+  std::vector<const TensorData*> ptrs;
+  for (const auto& t : tensors) ptrs.push_back(&t);
+  std::map<std::string, std::string> meta = {{"prompt_len", std::to_string(T)},
+                                             {"decode_len", std::to_string(M)},
+                                             {"format", "tandem-logits-v1"}};
+  TANDEM_RETURN_IF_ERROR(write_safetensors(out_path, ptrs, meta));
+  std::fprintf(stderr, "wrote %s: logits [%lld, %lld]%s\n", out_path.c_str(), static_cast<long long>(T + M),
+               static_cast<long long>(V), draft && M > 0 ? " + draft_logits, draft_confidence, draft_tokens" : "");
+  return Status();
+}
+
+int logits_main(int argc, char** argv) {
+  CLI::App app{"Write every position's logits (and DSpark draft outputs) for fixed token ids (docs/LOGITS.md)."};
+  std::string model_dir, tokens_file, out_path;
+  int threads = 0;
+  app.add_option("--model", model_dir, "model directory")->required();
+  app.add_option("--tokens-file", tokens_file, "JSON {\"prompt\":[ids],\"decode\":[ids],\"prefill_chunks\":[sizes]}")
+      ->required();
+  app.add_option("--out", out_path, "output .safetensors")->required();
+  app.add_option("--threads", threads, "CPU threads (0 = all)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  Status st = run_logits(model_dir, tokens_file, out_path, threads);
+  if (!st.ok()) {
+    std::fprintf(stderr, "tandem logits: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+TANDEM_REGISTER_COMMAND(logits, "logits", "write logits for fixed token ids (external checks)", tandem::logits_main);
