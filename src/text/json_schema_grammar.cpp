@@ -312,6 +312,46 @@ constexpr size_t kMaxStacks = 64;
 
 bool is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
+// String body byte (after the opening quote). Sets f.state = 1 when the closing quote is consumed.
+bool string_char(Frame& f, const Node& n, unsigned char c) {
+  if (f.cont > 0) {
+    if ((c & 0xC0) != 0x80) return false;
+    --f.cont;
+    return true;
+  }
+  if (f.esc == 1) {
+    if (c == 'u') { f.esc = 2; return true; }
+    if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
+      f.esc = 0;
+      ++f.count;
+      return true;
+    }
+    return false;
+  }
+  if (f.esc >= 2) {
+    if (!std::isxdigit(c)) return false;
+    if (++f.esc == 6) { f.esc = 0; ++f.count; }
+    return true;
+  }
+  if (c == '"') {
+    if (f.count < n.min_len) return false;
+    f.state = 1;
+    return true;
+  }
+  if (n.max_len >= 0 && f.count >= n.max_len) return false;
+  if (c == '\\') { f.esc = 1; return true; }
+  if (c < 0x20) return false;
+  if (c >= 0x80) {
+    if (c >= 0xC2 && c <= 0xDF) f.cont = 1;
+    else if (c >= 0xE0 && c <= 0xEF) f.cont = 2;
+    else if (c >= 0xF0 && c <= 0xF4) f.cont = 3;
+    else return false;
+  }
+  ++f.count;
+  return true;
+}
+
+
 class Stepper {
  public:
   explicit Stepper(const Grammar& g) : g_(g) {}
@@ -442,45 +482,6 @@ class Stepper {
     }
     s.back() = std::move(nf);
     out.push_back(std::move(s));
-  }
-
-  // String body byte (after the opening quote). Sets f.state = 1 when the closing quote is consumed.
-  static bool string_char(Frame& f, const Node& n, unsigned char c) {
-    if (f.cont > 0) {
-      if ((c & 0xC0) != 0x80) return false;
-      --f.cont;
-      return true;
-    }
-    if (f.esc == 1) {
-      if (c == 'u') { f.esc = 2; return true; }
-      if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't') {
-        f.esc = 0;
-        ++f.count;
-        return true;
-      }
-      return false;
-    }
-    if (f.esc >= 2) {
-      if (!std::isxdigit(c)) return false;
-      if (++f.esc == 6) { f.esc = 0; ++f.count; }
-      return true;
-    }
-    if (c == '"') {
-      if (f.count < n.min_len) return false;
-      f.state = 1;
-      return true;
-    }
-    if (n.max_len >= 0 && f.count >= n.max_len) return false;
-    if (c == '\\') { f.esc = 1; return true; }
-    if (c < 0x20) return false;
-    if (c >= 0x80) {
-      if (c >= 0xC2 && c <= 0xDF) f.cont = 1;
-      else if (c >= 0xE0 && c <= 0xEF) f.cont = 2;
-      else if (c >= 0xF0 && c <= 0xF4) f.cont = 3;
-      else return false;
-    }
-    ++f.count;
-    return true;
   }
 
   static bool number_char(Frame& f, unsigned char c, bool integer) {
@@ -748,6 +749,65 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vec
     nodes_[i].tokens = std::move(toks[i]);
     for (const auto& [b, n] : kids[i]) edges_.push_back({b, n});
   }
+  // String fast-path tables (see the header).
+  Node plain;
+  plain.kind = Kind::kString;
+  string_body_.assign(token_bytes.size(), false);
+  std::vector<std::string> suffixes(token_bytes.size());
+  std::vector<bool> suffix_excluded(token_bytes.size(), true);
+  bool any_suffix = false;
+  for (size_t id = 0; id < token_bytes.size(); ++id) {
+    if ((id < excluded.size() && excluded[id]) || token_bytes[id].empty()) continue;
+    Frame f;
+    f.type = F::kString;
+    const std::string& b = token_bytes[id];
+    for (size_t k = 0; k < b.size(); ++k) {
+      if (!string_char(f, plain, static_cast<unsigned char>(b[k]))) break;
+      if (f.state == 1) {
+        if (k + 1 == b.size()) string_close_.push_back(static_cast<int32_t>(id));
+        else {
+          suffixes[id] = b.substr(k + 1);
+          suffix_excluded[id] = false;
+          any_suffix = true;
+        }
+        break;
+      }
+      if (k + 1 == b.size()) string_body_[id] = true;
+    }
+  }
+  if (any_suffix) {
+    auto t = std::shared_ptr<TokenTrie>(new TokenTrie());
+    t->vocab_size_ = vocab_size_;
+    // Build the suffix trie's nodes directly (its own fast-path tables stay empty).
+    std::vector<std::map<unsigned char, uint32_t>> k2(1);
+    std::vector<std::vector<int32_t>> t2(1);
+    for (size_t id = 0; id < suffixes.size(); ++id) {
+      if (suffix_excluded[id]) continue;
+      uint32_t cur = 0;
+      for (char ch : suffixes[id]) {
+        unsigned char b = static_cast<unsigned char>(ch);
+        auto it = k2[cur].find(b);
+        if (it == k2[cur].end()) {
+          k2.emplace_back();
+          t2.emplace_back();
+          uint32_t nn = static_cast<uint32_t>(k2.size() - 1);
+          k2[cur][b] = nn;
+          cur = nn;
+        } else {
+          cur = it->second;
+        }
+      }
+      t2[cur].push_back(static_cast<int32_t>(id));
+    }
+    t->nodes_.resize(k2.size());
+    for (size_t i = 0; i < k2.size(); ++i) {
+      t->nodes_[i].first_child = static_cast<uint32_t>(t->edges_.size());
+      t->nodes_[i].num_children = static_cast<uint32_t>(k2[i].size());
+      t->nodes_[i].tokens = std::move(t2[i]);
+      for (const auto& [b, n] : k2[i]) t->edges_.push_back({b, n});
+    }
+    string_suffix_ = std::move(t);
+  }
 }
 
 std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const Tokenizer& tok) {
@@ -767,7 +827,40 @@ JsonSchemaConstraint::JsonSchemaConstraint(std::shared_ptr<const Grammar> gramma
     : trie_(std::move(trie)), matcher_(std::move(grammar)), eos_(eos_token_id) {}
 
 namespace {
+void walk(const Grammar& g, const TokenTrie& trie, uint32_t node, const std::vector<Stack>& set, std::vector<bool>& allowed);
+
+void mark(const TokenTrie& trie, uint32_t node, std::vector<bool>& allowed) {
+  for (int32_t t : trie.nodes()[node].tokens)
+    if (t >= 0 && static_cast<size_t>(t) < allowed.size()) allowed[static_cast<size_t>(t)] = true;
+}
+
+// Fast path inside a string value: only the top frame's counters change until the closing quote,
+// so walk the subtree carrying that one frame (no stack copies); after the quote, continue with the
+// general walk. Most of the vocabulary lies below string states, so this is where masks spend time.
+void walk_string(const Grammar& g, const TokenTrie& trie, uint32_t node, const Stack& base, const Frame& f,
+                 std::vector<bool>& allowed) {
+  const auto& tn = trie.nodes()[node];
+  const Node& sn = g.node(f.node);
+  for (uint32_t e = tn.first_child; e < tn.first_child + tn.num_children; ++e) {
+    const auto& edge = trie.edges()[e];
+    Frame nf = f;
+    if (!string_char(nf, sn, edge.byte)) continue;
+    mark(trie, edge.node, allowed);
+    if (nf.state == 1) {
+      Stack closed = base;
+      closed.pop_back();
+      walk(g, trie, edge.node, std::vector<Stack>{std::move(closed)}, allowed);
+    } else {
+      walk_string(g, trie, edge.node, base, nf, allowed);
+    }
+  }
+}
+
 void walk(const Grammar& g, const TokenTrie& trie, uint32_t node, const std::vector<Stack>& set, std::vector<bool>& allowed) {
+  if (set.size() == 1 && !set[0].empty() && set[0].back().type == F::kString) {
+    walk_string(g, trie, node, set[0], set[0].back(), allowed);
+    return;
+  }
   const auto& tn = trie.nodes()[node];
   for (uint32_t e = tn.first_child; e < tn.first_child + tn.num_children; ++e) {
     const auto& edge = trie.edges()[e];
@@ -782,7 +875,26 @@ void walk(const Grammar& g, const TokenTrie& trie, uint32_t node, const std::vec
 
 void JsonSchemaConstraint::allowed_tokens(std::vector<bool>& allowed) {
   std::fill(allowed.begin(), allowed.end(), false);
-  if (!finished_ && !matcher_.is_dead()) walk(*matcher_.g_, *trie_, 0, matcher_.st_->stacks, allowed);
+  const auto& stacks = matcher_.st_->stacks;
+  const Grammar& g = *matcher_.g_;
+  bool fast = false;
+  if (!finished_ && stacks.size() == 1 && stacks[0].back().type == F::kString &&
+      trie_->string_body_tokens().size() == allowed.size()) {
+    const Frame& f = stacks[0].back();
+    const Node& n = g.node(f.node);
+    fast = f.esc == 0 && f.cont == 0 && n.min_len == 0 && n.max_len < 0;
+  }
+  if (fast) {
+    allowed = trie_->string_body_tokens();
+    for (int32_t t : trie_->string_close_tokens()) allowed[static_cast<size_t>(t)] = true;
+    if (const TokenTrie* suffix = trie_->string_suffix_trie()) {
+      Stack closed = stacks[0];
+      closed.pop_back();
+      walk(g, *suffix, 0, std::vector<Stack>{std::move(closed)}, allowed);
+    }
+  } else if (!finished_ && !matcher_.is_dead()) {
+    walk(g, *trie_, 0, stacks, allowed);
+  }
   if (eos_ >= 0 && static_cast<size_t>(eos_) < allowed.size())
     allowed[static_cast<size_t>(eos_)] = matcher_.is_complete() || matcher_.is_dead() || finished_;
 }

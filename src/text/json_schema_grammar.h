@@ -95,7 +95,18 @@ class TokenTrie {
   const std::vector<Edge>& edges() const { return edges_; }
   const std::vector<std::string>& token_bytes() const { return bytes_; }
 
+  // Precomputed for the commonest state, inside a string without length limits and with no escape
+  // or UTF-8 sequence pending: tokens that stay inside the string, tokens that end with its closing
+  // quote, and a trie of what follows the quote for tokens that go on past it.
+  const std::vector<bool>& string_body_tokens() const { return string_body_; }
+  const std::vector<int32_t>& string_close_tokens() const { return string_close_; }
+  const TokenTrie* string_suffix_trie() const { return string_suffix_.get(); }
+
  private:
+  TokenTrie() = default;
+  std::vector<bool> string_body_;
+  std::vector<int32_t> string_close_;
+  std::shared_ptr<const TokenTrie> string_suffix_;
   int64_t vocab_size_ = 0;
   std::vector<TrieNode> nodes_;
   std::vector<Edge> edges_;
