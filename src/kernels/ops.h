@@ -113,6 +113,9 @@ struct GemmParams {
   int64_t w_batch_rows = 0;
   bool accumulate = false;
   bool round_bf16 = false;
+  // > 0: run act_quant_fp8 with this block (128 = the reference's linear()) on a private copy of x
+  // first (k % block == 0); x itself is left unchanged. Same result as calling act_quant_fp8 then gemm.
+  int quantize_x_block = 0;
 };
 
 // ============================ norms and rotations ============================

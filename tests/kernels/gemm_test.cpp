@@ -265,6 +265,36 @@ TEST(Gemm, BatchInvariantBitExact) {
   cpu::set_num_threads(0);
 }
 
+TEST(Gemm, QuantizeXMatchesActQuantThenGemmAndKeepsX) {
+  Weight w = make_weight(WeightFormat::kMxfp4, 30, 256, 50);
+  const int64_t m = 4, ldx = 300;
+  auto x = randn(m * ldx, 51, 3.0f);
+  const auto x0 = x;
+  std::vector<float> fused(m * 30), manual(m * 30);
+  GemmParams p;
+  p.x = x.data();
+  p.ldx = ldx;
+  p.w = w.ref();
+  p.y = fused.data();
+  p.m = m;
+  p.n = 30;
+  p.k = 256;
+  p.quantize_x_block = 128;
+  cpu::gemm(p);
+  EXPECT_EQ(x, x0);  // input untouched
+  ActQuantFp8Params q;
+  q.x = x.data();
+  q.rows = m;
+  q.cols = 256;
+  q.ldx = ldx;
+  cpu::act_quant_fp8(q);
+  p.quantize_x_block = 0;
+  p.y = manual.data();
+  cpu::gemm(p);
+  EXPECT_EQ(fused, manual);
+  EXPECT_NE(x, x0);  // the activation quantization did change values
+}
+
 TEST(Gemm, DecodePathBitIdenticalToPanelPathAllFormatsAndIsas) {
   // m == 1 takes the chunked decode path; rows of an m > 1 call take the panel path. Ragged K
   // (200 = 12*16 + 8, 1100 crosses decode chunks) exercises the scalar tails.

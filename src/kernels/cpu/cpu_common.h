@@ -18,7 +18,9 @@ inline int64_t ld_or(int64_t ld, int64_t dflt) { return ld > 0 ? ld : dflt; }
 
 // Per-thread scratch buffer of at least n floats; grows monotonically.
 inline float* thread_scratch(size_t n, int slot = 0) {
-  thread_local std::vector<float> buf[4];
+  // Slots: 0 gemm panels (every thread), 1 an op's own buffers, 2 hc mixes, 3 per-head temporaries,
+  // 4 gemm's quantized copy of x (calling thread).
+  thread_local std::vector<float> buf[5];
   std::vector<float>& b = buf[slot];
   if (b.size() < n) b.resize(n);
   return b.data();

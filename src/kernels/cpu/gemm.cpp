@@ -205,8 +205,21 @@ void gemm(const GemmParams& p) {
   const int64_t ldx = ld_or(p.ldx, p.k), ldy = ld_or(p.ldy, p.n);
   for (int64_t b = 0; b < p.batch; ++b) {
     const WeightRef wb = p.w.rows(b * p.w_batch_rows, p.n);
-    gemm_one(p.x + b * p.x_batch_stride, ldx, wb, p.y + b * p.y_batch_stride, ldy, p.m, p.n, p.k, p.accumulate,
-             p.round_bf16);
+    const float* x = p.x + b * p.x_batch_stride;
+    int64_t lx = ldx;
+    if (p.quantize_x_block > 0) {
+      float* xq = thread_scratch(static_cast<size_t>(p.m * p.k), 4);
+      for (int64_t i = 0; i < p.m; ++i) std::memcpy(xq + i * p.k, x + i * ldx, sizeof(float) * p.k);
+      ActQuantFp8Params q;
+      q.x = xq;
+      q.rows = p.m;
+      q.cols = p.k;
+      q.block = p.quantize_x_block;
+      act_quant_fp8(q);
+      x = xq;
+      lx = p.k;
+    }
+    gemm_one(x, lx, wb, p.y + b * p.y_batch_stride, ldy, p.m, p.n, p.k, p.accumulate, p.round_bf16);
   }
 }
 

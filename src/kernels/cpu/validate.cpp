@@ -29,6 +29,7 @@ void validate(const GemmParams& p) {
   TANDEM_CHECK(p.ldx == 0 || p.ldx >= p.k);
   TANDEM_CHECK(p.ldy == 0 || p.ldy >= p.n);
   TANDEM_CHECK((p.batch - 1) * p.w_batch_rows + p.n <= p.w.n);
+  TANDEM_CHECK(p.quantize_x_block >= 0 && (p.quantize_x_block == 0 || p.k % p.quantize_x_block == 0));
   if (p.w.format == WeightFormat::kFp8Block) {
     TANDEM_CHECK(p.w.scale != nullptr);
     TANDEM_CHECK(p.w_batch_rows % kFp8WeightBlock == 0);
