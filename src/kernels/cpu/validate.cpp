@@ -25,7 +25,7 @@ void validate(const RoundBf16Params& p) {
 void validate(const GemmParams& p) {
   TANDEM_CHECK(p.m >= 0 && p.n >= 0 && p.k > 0 && p.batch >= 1);
   TANDEM_CHECK(p.w.k == p.k && p.w.data != nullptr);
-  TANDEM_CHECK(p.x != nullptr && p.y != nullptr);
+  TANDEM_CHECK(p.m == 0 || p.n == 0 || (p.x != nullptr && p.y != nullptr));
   TANDEM_CHECK(p.ldx == 0 || p.ldx >= p.k);
   TANDEM_CHECK(p.ldy == 0 || p.ldy >= p.n);
   TANDEM_CHECK((p.batch - 1) * p.w_batch_rows + p.n <= p.w.n);
