@@ -173,6 +173,45 @@ TEST(IndexerScore, MatchesReferenceWithBf16RoundingAndMask) {
   }
 }
 
+TEST(IndexerScore, ManyTokensChunksAndStridedKeys) {
+  // 70 tokens (two token groups of the GEMM), 1100 entries (three entry chunks), ldk > dim.
+  const int64_t T = 70, H = 8, D = 16, S = 1100, ldk = 20;
+  auto q = randn(T * H * D, 19);
+  auto k = randn(S * ldk, 20);
+  auto w = randn(T * H, 21, 0.1f);
+  std::vector<int32_t> vis(T);
+  for (int64_t t = 0; t < T; ++t) vis[t] = static_cast<int32_t>((t * 37) % (S + 1));
+  std::vector<float> s(T * S);
+  IndexerScoreParams p;
+  p.q = q.data();
+  p.k = k.data();
+  p.ldk = ldk;
+  p.w = w.data();
+  p.visible = vis.data();
+  p.tokens = T;
+  p.heads = H;
+  p.dim = D;
+  p.entries = S;
+  p.scores = s.data();
+  cpu::indexer_score(p);
+  std::vector<double> want(T * S);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < S; ++e) {
+      if (e >= vis[t]) {
+        want[t * S + e] = -INFINITY;
+        continue;
+      }
+      double tot = 0;
+      for (int64_t h = 0; h < H; ++h) {
+        double dot = 0;
+        for (int64_t i = 0; i < D; ++i) dot += double(q[(t * H + h) * D + i]) * k[e * ldk + i];
+        tot += bf16d(std::max(bf16d(dot), 0.0) * w[t * H + h]);
+      }
+      want[t * S + e] = bf16d(tot);
+    }
+  EXPECT_TRUE(close(s, want, 1e-5, 2e-2));
+}
+
 TEST(Topk, OrderTiesNanValidityAndOffset) {
   // Row 0: ties at the cut; row 1: NaN and fewer valid than k; row 2: k > n.
   const int64_t n = 8;

@@ -28,6 +28,7 @@ inline float* thread_scratch(size_t n, int slot = 0) {
 
 // Threads to use for a loop of `work` units where each unit costs about `unit_cost` flops.
 inline int threads_for(int64_t work, double unit_cost) {
+  if (omp_in_parallel()) return 1;  // called from inside another op's parallel loop: stay serial
   int t = omp_get_max_threads();
   double total = static_cast<double>(work) * unit_cost;
   if (total < 5e5) return 1;  // a parallel region costs more than this on a busy machine

@@ -18,45 +18,46 @@ void indexer_score(const IndexerScoreParams& p) {
   const bool b16 = p.bf16_numerics;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t tg = std::max<int64_t>(1, 512 / H);      // tokens per GEMM (rows = tg * H)
-  const int64_t sc = 1024;                                // entries per GEMM
-  float* buf = thread_scratch(static_cast<size_t>(tg * H * sc + (ldk != D ? sc * D : 0)), 1);
-  float* dots = buf;
-  float* kpack = buf + tg * H * sc;
-  for (int64_t t0 = 0; t0 < p.tokens; t0 += tg) {
-    const int64_t nt = std::min(tg, p.tokens - t0);
+  const int64_t sc = 512;                                 // entries per GEMM
+  // One parallel region over (token group, entry chunk) items; each item runs its GEMM serially
+  // (no per-chunk barriers) followed by its epilogue.
+  const int64_t ntg = (p.tokens + tg - 1) / tg, nsc = (p.entries + sc - 1) / sc;
+  const int64_t work = ntg * nsc;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work, 2.0 * tg * H * sc * D))
+  for (int64_t wi = 0; wi < work; ++wi) {
+    const int64_t t0 = (wi / nsc) * tg, s0 = (wi % nsc) * sc;
+    const int64_t nt = std::min(tg, p.tokens - t0), ns = std::min(sc, p.entries - s0);
+    float* dots = thread_scratch(static_cast<size_t>(tg * H * sc + (ldk != D ? sc * D : 0)), 1);
+    float* kpack = dots + tg * H * sc;
     int64_t vmax = 0;
     for (int64_t t = t0; t < t0 + nt; ++t) vmax = std::max<int64_t>(vmax, std::clamp<int64_t>(p.visible[t], 0, p.entries));
-    for (int64_t s0 = 0; s0 < p.entries; s0 += sc) {
-      const int64_t ns = std::min(sc, p.entries - s0);
-      const int64_t nvis = std::clamp<int64_t>(vmax - s0, 0, ns);
-      if (nvis > 0) {
-        const float* kc = p.k + s0 * ldk;
-        if (ldk != D) {
-          for (int64_t s = 0; s < nvis; ++s) std::memcpy(kpack + s * D, kc + s * ldk, sizeof(float) * D);
-          kc = kpack;
-        }
-        GemmParams g;
-        g.x = p.q + t0 * H * D;
-        g.w.format = WeightFormat::kF32;
-        g.w.data = kc;
-        g.w.n = nvis;
-        g.w.k = D;
-        g.y = dots;
-        g.m = nt * H;
-        g.n = nvis;
-        g.k = D;
-        g.ldy = sc;
-        gemm(g);
+    const int64_t nvis = std::clamp<int64_t>(vmax - s0, 0, ns);
+    if (nvis > 0) {
+      const float* kc = p.k + s0 * ldk;
+      if (ldk != D) {
+        for (int64_t s = 0; s < nvis; ++s) std::memcpy(kpack + s * D, kc + s * ldk, sizeof(float) * D);
+        kc = kpack;
       }
-      // Epilogue over 16-entry groups: heads summed in ascending order (fp32), bf16 roundings
-      // at the reference's points; vectorized across entries.
-      const int64_t groups = (ns + 15) / 16;
-#pragma omp parallel for schedule(static) num_threads(threads_for(nt * groups, 48.0 * H))
-      for (int64_t wi = 0; wi < nt * groups; ++wi) {
-        const int64_t tt = wi / groups, s = (wi % groups) * 16, t = t0 + tt;
-        const int64_t vis = p.visible[t];
-        float* out = p.scores + t * lds + s0;
-        const float* w = p.w + t * H;
+      GemmParams g;
+      g.x = p.q + t0 * H * D;
+      g.w.format = WeightFormat::kF32;
+      g.w.data = kc;
+      g.w.n = nvis;
+      g.w.k = D;
+      g.y = dots;
+      g.m = nt * H;
+      g.n = nvis;
+      g.k = D;
+      g.ldy = sc;
+      gemm(g);
+    }
+    // Epilogue over 16-entry groups: heads summed in ascending order (fp32), bf16 roundings at the
+    // reference's points; vectorized across entries.
+    for (int64_t tt = 0; tt < nt; ++tt) {
+      const int64_t t = t0 + tt, vis = p.visible[t];
+      float* out = p.scores + t * lds + s0;
+      const float* w = p.w + t * H;
+      for (int64_t s = 0; s < ns; s += 16) {
         if (s + 16 <= nvis) {
           vf16 total = {};
           for (int64_t h = 0; h < H; ++h) {

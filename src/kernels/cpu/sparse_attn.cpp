@@ -48,17 +48,23 @@ void sparse_attn(const SparseAttnParams& p) {
       for (int64_t h = 0; h < H; ++h) std::memset(p.out + t * ots + h * D, 0, sizeof(float) * D);
     return;
   }
-  float* buf = thread_scratch(static_cast<size_t>(2 * K * D + 2 * H * K + H * D + 2 * H), 1);
-  float* g = buf;             // [K, D] gathered rows (zeros for -1)
-  float* gt = g + K * D;      // [D, K] transposed
-  float* s = gt + K * D;      // [H, K] raw dots
-  float* pp = s + H * K;      // [H, K] scaled probabilities P'
-  float* acc = pp + H * K;    // [H, D]
-  float* mfin = acc + H * D;  // [H] final running max
-  float* lsum = mfin + H;     // [H] denominators without the sink
-  for (int64_t t = 0; t < p.tokens; ++t) {
+  // One parallel region over (token, head group) work items; each runs its GEMMs single-threaded
+  // (nested regions are serialized), so there is no barrier per token (barriers are costly on a
+  // busy machine).
+  const int64_t hg = std::min<int64_t>(H, 8);
+  const int64_t groups = (H + hg - 1) / hg;
+  const int64_t work = p.tokens * groups;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work, 4.0 * hg * K * D))
+  for (int64_t wi = 0; wi < work; ++wi) {
+    const int64_t t = wi / groups, h0 = (wi % groups) * hg, nh = std::min(hg, H - h0);
+    float* buf = thread_scratch(static_cast<size_t>(2 * K * D + 2 * nh * K + nh * D + nblk), 1);
+    float* g = buf;              // [K, D] gathered rows (zeros for -1)
+    float* gt = g + K * D;       // [D, K] transposed
+    float* s = gt + K * D;       // [nh, K] raw dots
+    float* pp = s + nh * K;      // [nh, K] scaled probabilities P'
+    float* acc = pp + nh * K;    // [nh, D]
+    float* alpha = acc + nh * D; // [nblk]
     const int32_t* idx = p.idx + t * ldi;
-#pragma omp parallel for schedule(static) num_threads(threads_for(K, 2.0 * D))
     for (int64_t i = 0; i < K; ++i) {
       if (idx[i] >= 0) {
         TANDEM_DCHECK(idx[i] < p.kv_rows);
@@ -67,16 +73,12 @@ void sparse_attn(const SparseAttnParams& p) {
         std::memset(g + i * D, 0, sizeof(float) * D);
       }
     }
-    gemm_f32(p.q + t * qts, D, g, K, D, s, K, H);
-    // Transpose G for the P'.G product (blocked for cache friendliness).
-#pragma omp parallel for schedule(static) num_threads(threads_for(D / 16 + 1, 32.0 * K))
+    gemm_f32(p.q + t * qts + h0 * D, D, g, K, D, s, K, nh);
     for (int64_t d0 = 0; d0 < D; d0 += 16)
       for (int64_t i = 0; i < K; ++i)
         for (int64_t d = d0; d < std::min(D, d0 + 16); ++d) gt[d * K + i] = g[i * D + d];
-    // Blocked online softmax per head.
-#pragma omp parallel for schedule(static) num_threads(threads_for(H, 30.0 * K))
-    for (int64_t h = 0; h < H; ++h) {
-      float* alpha = thread_scratch(static_cast<size_t>(nblk), 3);
+    float mfin[8], lsum[8];
+    for (int64_t h = 0; h < nh; ++h) {
       const float* sh = s + h * K;
       float* ph = pp + h * K;
       float m = kNegInf, l = 0.0f;
@@ -114,15 +116,14 @@ void sparse_attn(const SparseAttnParams& p) {
       mfin[h] = m;
       lsum[h] = l;
     }
-    gemm_f32(pp, K, gt, D, K, acc, D, H);
-#pragma omp parallel for schedule(static) num_threads(threads_for(H, 2.0 * D))
-    for (int64_t h = 0; h < H; ++h) {
-      float* o = p.out + t * ots + h * D;
+    gemm_f32(pp, K, gt, D, K, acc, D, nh);
+    for (int64_t h = 0; h < nh; ++h) {
+      float* o = p.out + t * ots + (h0 + h) * D;
       if (mfin[h] == kNegInf) {
         std::memset(o, 0, sizeof(float) * D);
         continue;
       }
-      const float z = lsum[h] + std::exp(p.sink[h] - mfin[h]);
+      const float z = lsum[h] + std::exp(p.sink[h0 + h] - mfin[h]);
       const float* a = acc + h * D;
       for (int64_t d = 0; d < D; ++d) {
         const float v = a[d] / z;
