@@ -40,7 +40,7 @@ __attribute__((target_clones("avx2", "default"))) float dot(const float* a, cons
 void matmul(const float* x, int64_t m, int64_t k, const float* w, int64_t n, float* y, int threads) {
   const int64_t work = m * n * k;
   if (threads <= 0) threads = omp_get_max_threads();
-  if (work < (1 << 16) || threads == 1) {
+  if (work < (1 << 20) || threads == 1) {  // a parallel region costs more than a small GEMV
     for (int64_t r = 0; r < m; ++r)
       for (int64_t c = 0; c < n; ++c) y[r * n + c] = dot(x + r * k, w + c * k, k);
     return;

@@ -1,0 +1,125 @@
+// CPU forward throughput on the built-in tiny model (data/builtin, DeepSeek-V4 architecture with a
+// DSpark draft): prefill tok/s, one-token decode tok/s, DSpark draft proposals/s, with 1 and 2
+// threads. Prints a table and writes bench/results/cpu-forward-<date>.json (date, commit, CPU,
+// load average: the build machine is shared, real time suffers first).
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+
+namespace {
+
+std::string sh(const char* cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd, "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tandem;
+  const std::string dir = argc > 1 ? argv[1] : std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  const int prefill_len = 256, decode_len = 64, reps = 3;
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("%-8s %-10s %12s %14s\n", "threads", "phase", "tok/s", "ms/step");
+  for (int threads : {1, 2}) {
+    ModelOptions opt;
+    opt.max_slots = 1;
+    opt.num_blocks = 4;
+    opt.max_tokens_per_step = prefill_len;
+    opt.num_threads = threads;
+    auto m = DsV4Model::load(dir, opt);
+    if (!m.ok()) {
+      std::fprintf(stderr, "bench_forward: %s\n", m.status().to_string().c_str());
+      return 1;
+    }
+    DsV4Model& model = **m;
+    std::mt19937 rng(1);
+    std::vector<int32_t> toks(prefill_len + decode_len);
+    for (auto& t : toks) t = static_cast<int32_t>(rng() % (model.vocab_size() - 1));
+    std::vector<int32_t> table(opt.num_blocks);
+    std::iota(table.begin(), table.end(), 0);
+    StepOutput out;
+    auto record = [&](const char* phase, double tok_s, double ms) {
+      std::printf("%-8d %-10s %12.1f %14.3f\n", threads, phase, tok_s, ms);
+      rows.push_back({{"threads", threads}, {"phase", phase}, {"tok_per_s", tok_s}, {"ms_per_step", ms}});
+    };
+    // prefill: whole 256-token prompt, logits of the last token, taps collected
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      model.reset(0);
+      StepBatch b;
+      b.seqs.push_back({0, 0, std::span<const int32_t>(toks.data(), prefill_len), table, LogitsMode::kLast,
+                        model.has_draft()});
+      const double t0 = now_s();
+      if (!model.forward(b, out).ok()) return 1;
+      best = std::min(best, now_s() - t0);
+    }
+    record("prefill", prefill_len / best, best * 1e3);
+    // decode: 64 one-token steps after the prompt
+    const double t0 = now_s();
+    for (int i = 0; i < decode_len; ++i) {
+      StepBatch b;
+      b.seqs.push_back({0, prefill_len + i, std::span<const int32_t>(toks.data() + prefill_len + i, 1), table,
+                        LogitsMode::kLast, model.has_draft()});
+      if (!model.forward(b, out).ok()) return 1;
+    }
+    const double dt = now_s() - t0;
+    record("decode", decode_len / dt, dt / decode_len * 1e3);
+    if (model.has_draft()) {
+      // DSpark: one K-token proposal after inserting the context of the whole history
+      model.draft_reset(0);
+      std::vector<float> taps;
+      model.reset(0);
+      StepBatch b;
+      b.seqs.push_back({0, 0, std::span<const int32_t>(toks.data(), prefill_len), table, LogitsMode::kNone, true});
+      if (!model.forward(b, out).ok()) return 1;
+      if (!model.draft_insert_context(0, 0, std::span<const float>(out.taps.data(), prefill_len * model.tap_dim())).ok())
+        return 1;
+      DraftRequest req{0, toks[prefill_len], prefill_len};
+      std::vector<DraftResult> res;
+      std::mt19937_64 r64(1);
+      const int n = 16;
+      const double d0 = now_s();
+      for (int i = 0; i < n; ++i)
+        if (!model.draft_propose(std::span<const DraftRequest>(&req, 1), DraftSampling(), r64, res).ok()) return 1;
+      const double dd = (now_s() - d0) / n;
+      record("draft", model.draft_block_size() / dd, dd * 1e3);
+    }
+  }
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&t));
+  nlohmann::json outj;
+  outj["date"] = date;
+  outj["commit"] = sh("git -C " TANDEM_SOURCE_DIR " rev-parse --short HEAD 2>/dev/null");
+  outj["cpu"] = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'");
+  outj["loadavg"] = sh("cut -d' ' -f1-3 /proc/loadavg");
+  outj["model"] = dir;
+  outj["note"] = "prefill: one 256-token step (last-token logits + DSpark taps); decode: 64 one-token steps "
+                 "after it; draft: one DSpark proposal of K tokens (tok/s counts K drafted tokens). "
+                 "fp32 dequantized weights, reference numerics (FP8/FP4 activation round trips).";
+  outj["results"] = rows;
+  const std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-forward-" + date + ".json";
+  std::ofstream f(path);
+  f << outj.dump(2) << "\n";
+  std::printf("wrote %s\n", path.c_str());
+  return 0;
+}
