@@ -227,3 +227,68 @@ TEST(TokenizerJson, MergesAsPairsAndFromFile) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Arbitrary bytes (invalid UTF-8, NULs, partial special tokens) never break encode/decode:
+// decode(encode(s)) is s with invalid sequences repaired, and streaming gives the same text.
+TEST_F(TinyTokenizer, RandomBytesRoundTrip) {
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return uint32_t(state >> 33);
+  };
+  const std::vector<std::string> fragments = {"<｜User｜>", "<｜Use", "｜DSML｜", "\xF0\x9F", "\x80",
+                                              "\xE4\xB8\xAD", " ", "\n", "12345", "ab", "<think>"};
+  for (int iter = 0; iter < 2000; ++iter) {
+    std::string s;
+    int n = int(next() % 40);
+    for (int i = 0; i < n; ++i) {
+      if (next() % 4 == 0)
+        s += fragments[next() % fragments.size()];
+      else
+        s.push_back(char(next() % 256));
+    }
+    auto ids = tok_->encode(s);
+    std::string want = text::utf8_lossy(s);
+    ASSERT_EQ(tok_->decode(ids), want) << iter;
+    IncrementalDecoder d(*tok_);
+    std::string streamed;
+    for (int32_t id : ids) streamed += d.push(id);
+    streamed += d.flush();
+    ASSERT_EQ(streamed, want) << iter;
+  }
+}
+
+// Mutated tokenizer.json text: every outcome is a value (ok or an error), never a crash.
+TEST(TokenizerJson, MutatedFilesNeverCrash) {
+  const std::string base = train_bpe_tokenizer_json("hello world, hello 123 中文", 275);
+  uint64_t state = 99;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return uint32_t(state >> 33);
+  };
+  int ok = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string s = base;
+    int edits = 1 + int(next() % 4);
+    for (int e = 0; e < edits; ++e) {
+      size_t pos = next() % s.size();
+      switch (next() % 3) {
+        case 0: s[pos] = "{}[]\",:0-1 tfn\\"[next() % 15]; break;
+        case 1: s.erase(pos, 1 + next() % 8); break;
+        default: s.insert(pos, 1, char(next() % 128));
+      }
+    }
+    auto r = Tokenizer::from_json(s);
+    if (r.ok()) {
+      ++ok;
+      (void)(*r)->encode("hello world 123");
+    }
+  }
+  EXPECT_GE(ok, 0);
+}
+
+}  // namespace
+}  // namespace tandem
