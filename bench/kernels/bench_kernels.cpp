@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -223,6 +224,13 @@ class Collect : public benchmark::ConsoleReporter {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  // Own flags (after Google Benchmark consumed its): --threads=N, --out=PATH.
+  std::string out_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--threads=", 0) == 0) cpu::set_num_threads(std::atoi(a.c_str() + 10));
+    if (a.rfind("--out=", 0) == 0) out_path = a.substr(6);
+  }
   register_all();
   Collect rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
@@ -241,7 +249,8 @@ int main(int argc, char** argv) {
   out["loadavg"] = sh("cut -d' ' -f1-3 /proc/loadavg");
   out["note"] = "GB/s counts stored weight bytes (fp8 1 B, fp4 0.5 B + scales, bf16 2 B) per call";
   out["results"] = rep.rows;
-  const std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-kernels-" + date + ".json";
+  const std::string path =
+      out_path.empty() ? std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-kernels-" + date + ".json" : out_path;
   std::ofstream f(path);
   f << out.dump(2) << "\n";
   std::printf("wrote %s\n", path.c_str());
