@@ -2,10 +2,12 @@
 // concurrency 1 and 8, on the fake model with simulated step costs (a "bandwidth-bound" profile
 // where a forward costs about the same for 1 or 48 tokens, like a GPU decode step, and a
 // "compute-bound" profile where each token costs a lot, where speculation should not pay and
-// `auto` should back off). Every arm must produce the same greedy outputs (checked: hygiene).
+// `auto` should back off), then the trained built-in checkpoint (data/builtin) on the CPU model.
+// Every arm must produce the same greedy outputs (checked: benchmark hygiene).
 // Prints a table and writes bench/results/engine-<date>.json.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
 #include "engine/fake_model.h"
 
@@ -133,6 +136,88 @@ Row run(const Profile& prof, const Arm& arm, int concurrency, int num_requests, 
   return row;
 }
 
+// The trained built-in checkpoint (data/builtin, CPU DsV4Model): counting prompts in chat format,
+// where its DSpark draft is strong. Greedy outputs must agree across arms here too.
+Row run_real(const std::string& dir, const Arm& arm, int concurrency, int num_requests, int max_tokens) {
+  EngineConfig ec;
+  ec.model_dir = dir;
+  ec.max_num_seqs = concurrency;
+  ec.max_num_batched_tokens = 512;
+  ec.block_size = 128;
+  ec.max_model_len = 1024;
+  ec.num_threads = 1;
+  if (!arm.mode.empty()) {
+    ec.speculative.method = "dspark";
+    ec.speculative.num_speculative_tokens = 5;
+    ec.speculative.verify_mode = arm.mode;
+    ec.speculative.confidence_threshold = 0.5;
+  }
+  auto runner = create_dsv4_runner(ec);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "%s\n", runner.status().to_string().c_str());
+    std::exit(1);
+  }
+  CoreOptions o;
+  o.check_integrity_each_step = false;
+  o.log_startup = false;
+  auto core_r = EngineCore::create(std::move(runner).value(), ec, o);
+  if (!core_r.ok()) {
+    std::fprintf(stderr, "%s\n", core_r.status().to_string().c_str());
+    std::exit(1);
+  }
+  auto core = std::move(core_r).value();
+  std::map<std::string, std::vector<int32_t>> outputs;
+  for (int i = 0; i < num_requests; ++i) {
+    Request r;
+    r.request_id = "r" + std::to_string(i);
+    std::string text = "<｜begin▁of▁sentence｜><｜User｜>Count from " + std::to_string(1 + 37 * i) + " to " +
+                       std::to_string(151 + 37 * i) + ".<｜Assistant｜></think>";
+    r.prompt_tokens = core->tokenizer().encode(text);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    Status st = core->add_request(std::move(r), [&](const RequestEvent& ev) {
+      auto& v = outputs[ev.request_id];
+      v.insert(v.end(), ev.tokens.begin(), ev.tokens.end());
+    });
+    if (!st.ok()) std::exit(1);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  int64_t steps = 0;
+  while (core->has_work()) {
+    Status st = core->step();
+    if (!st.ok()) {
+      std::fprintf(stderr, "step failed: %s\n", st.to_string().c_str());
+      std::exit(1);
+    }
+    ++steps;
+  }
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EngineMetrics m = core->metrics(true);
+  Row row;
+  row.profile = "builtin-cpu";
+  row.arm = arm.name;
+  row.concurrency = concurrency;
+  row.tokens = 0;
+  uint64_t h = 0;
+  for (auto& [id, v] : outputs) {
+    for (int32_t t : v) h = fake_mix(h, static_cast<uint64_t>(t));
+    row.tokens += static_cast<int64_t>(v.size());
+  }
+  row.wall_s = wall;
+  row.tok_s = row.tokens / wall;
+  row.steps = steps;
+  row.acceptance_rate = m.spec_decode_num_draft_tokens_total
+                            ? double(m.spec_decode_num_accepted_tokens_total) / m.spec_decode_num_draft_tokens_total
+                            : 0.0;
+  row.mean_acceptance_length =
+      m.spec_decode_num_drafts_total ? 1.0 + double(m.spec_decode_num_accepted_tokens_total) / m.spec_decode_num_drafts_total
+                                     : 1.0;
+  row.drafted_per_step = steps ? double(m.spec_decode_num_draft_tokens_total) / steps : 0.0;
+  row.output_hash = h;
+  return row;
+}
+
 std::string shell_line(const char* cmd) {
   std::string out;
   if (FILE* f = popen(cmd, "r")) {
@@ -174,6 +259,24 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // Real model (optional): the trained built-in checkpoint, if present.
+  std::string builtin = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  bool have_builtin = std::getenv("TANDEM_BENCH_NO_MODEL") == nullptr &&
+                      std::ifstream(builtin + "/config.json").good();
+  if (have_builtin) {
+    for (int conc : {1, 4}) {
+      uint64_t ref_hash = 0;
+      for (size_t a = 0; a < arms.size(); ++a) {
+        Row r = run_real(builtin, arms[a], conc, conc == 1 ? 2 : 4, 64);
+        if (a == 0) ref_hash = r.output_hash;
+        else if (r.output_hash != ref_hash) same_outputs = false;
+        std::printf("%-16s %-14s %4d %8lld %9.1f %8.3f %6.2f %8.2f %7lld\n", r.profile.c_str(), r.arm.c_str(),
+                    r.concurrency, static_cast<long long>(r.tokens), r.tok_s, r.acceptance_rate,
+                    r.mean_acceptance_length, r.drafted_per_step, static_cast<long long>(r.steps));
+        rows.push_back(r);
+      }
+    }
+  }
   std::printf("outputs identical across arms: %s\n", same_outputs ? "yes" : "NO");
 
   std::time_t t = std::time(nullptr);
@@ -184,7 +287,8 @@ int main(int argc, char** argv) {
   j["date"] = date;
   j["commit"] = shell_line("git rev-parse --short HEAD 2>/dev/null");
   j["hardware"] = shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'");
-  j["model"] = "fake (vocab 64, draft agreement 0.75, simulated step costs)";
+  j["model"] = "fake (vocab 64, draft agreement 0.75, simulated step costs); builtin-cpu = data/builtin "
+               "(35M target + DSpark draft) on the CPU DsV4Model, 1 thread, counting prompts, 64 tokens";
   j["requests"] = num_requests;
   j["max_tokens"] = max_tokens;
   j["outputs_identical_across_arms"] = same_outputs;
