@@ -283,7 +283,7 @@ Result<Weights> load_weights(const ModelConfig& c, const std::vector<const Tenso
   Weights w;
   const int64_t V = c.vocab_size, D = c.hidden_size;
   w.embed = ld.vec("embed.weight", {V, D});
-  w.head = ld.vec("head.weight", {V, D});
+  w.head = c.tie_word_embeddings ? w.embed : ld.vec("head.weight", {V, D});
   w.norm = ld.vec("norm.weight", {D});
   w.hc_head_fn = ld.vec("hc_head_fn", {c.hc_mult, c.hc_dim()});
   w.hc_head_base = ld.vec("hc_head_base", {c.hc_mult});

@@ -297,6 +297,56 @@ TEST(ModelForward, BadStepsAreErrors) {
   EXPECT_EQ(m.slot_length(0), 0);
 }
 
+// The compressor state machine under random chunk sizes, random rollbacks (up to max_rollback,
+// across ratio-4 and ratio-128 block completions and the 256-token pool block boundary) and
+// slot-state moves to another slot at arbitrary positions: every position's logits equal a fresh
+// whole-prompt run of the final history.
+TEST(ModelForward, RandomChunksRollbacksAndSlotMovesMatchFresh) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  DsV4Model& m = *e.model;
+  const int64_t V = m.vocab_size();
+  for (uint64_t seed : {1u, 2u}) {
+    testing::TinyRng r{seed * 977};
+    std::vector<int32_t> hist;
+    std::vector<float> got;
+    int slot = 0;
+    m.reset(0);
+    m.reset(2);
+    auto table = table_for(0);  // one sequence: the blocks follow it across slots
+    const int sizes[] = {1, 1, 2, 3, 4, 5, 7, 8, 13, 64, 129};
+    StepOutput out;
+    std::vector<uint8_t> state(m.slot_state_bytes());
+    while (hist.size() < 340) {
+      const int n = sizes[r.next() % 11];
+      std::vector<int32_t> chunk(n);
+      for (auto& t : chunk) t = static_cast<int32_t>(r.next() % 500);
+      StepBatch b;
+      b.seqs = {{slot, static_cast<int64_t>(hist.size()), chunk, table, LogitsMode::kAll, false}};
+      ASSERT_TRUE(m.forward(b, out).ok());
+      got.resize((hist.size() + n) * V);
+      std::copy(out.logits.begin(), out.logits.begin() + n * V, got.begin() + hist.size() * V);
+      hist.insert(hist.end(), chunk.begin(), chunk.end());
+      if (r.next() % 5 < 2) {
+        const int back = 1 + static_cast<int>(r.next() % std::min<uint64_t>(n, 8));
+        ASSERT_TRUE(m.rollback(slot, static_cast<int64_t>(hist.size()) - back).ok());
+        hist.resize(hist.size() - back);
+        got.resize(hist.size() * V);
+      }
+      if (r.next() % 7 == 0) {  // move the sequence to the other slot
+        ASSERT_TRUE(m.export_slot_state(slot, state).ok());
+        m.reset(slot);
+        slot = 2 - slot;
+        ASSERT_TRUE(m.import_slot_state(slot, state).ok());
+      }
+    }
+    auto fresh = run(m, 1, hist, {});
+    ASSERT_EQ(fresh.size(), got.size());
+    for (size_t p = 0; p < hist.size(); ++p)
+      for (int64_t v = 0; v < V; ++v) ASSERT_EQ(got[p * V + v], fresh[p * V + v]) << "seed " << seed << " pos " << p;
+  }
+}
+
 // DSpark: taps do not depend on chunking; the draft is deterministic and consistent.
 TEST(ModelDraft, TapsAndDraftConsistency) {
   Env& e = env();
