@@ -234,7 +234,16 @@ void DsV4Model::reset(int slot) {
   draft_reset(slot);
 }
 
-size_t DsV4Model::slot_state_bytes() const { return sizeof(int64_t) + sizeof(float) * impl_->slot_floats; }
+// Layout: [length int64][slot floats][DSpark context windows of the slot, when the model has a draft].
+namespace {
+int64_t draft_floats_per_slot(const DsV4Model::Impl& m) {
+  return m.w.has_draft ? static_cast<int64_t>(m.cfg.num_draft_stages) * m.cfg.sliding_window * m.cfg.head_dim : 0;
+}
+}  // namespace
+
+size_t DsV4Model::slot_state_bytes() const {
+  return sizeof(int64_t) + sizeof(float) * (impl_->slot_floats + draft_floats_per_slot(*impl_));
+}
 size_t DsV4Model::pool_block_bytes() const { return sizeof(float) * impl_->block_floats; }
 
 Status DsV4Model::export_slot_state(int slot, std::span<uint8_t> out) const {
@@ -244,6 +253,10 @@ Status DsV4Model::export_slot_state(int slot, std::span<uint8_t> out) const {
     return invalid_argument("export_slot_state: buffer has {} bytes, {} needed", out.size(), slot_state_bytes());
   std::memcpy(out.data(), &m.slot_len[slot], sizeof(int64_t));
   std::memcpy(out.data() + sizeof(int64_t), m.slot_ptr(slot), sizeof(float) * m.slot_floats);
+  const int64_t df = draft_floats_per_slot(m);
+  if (df)
+    std::memcpy(out.data() + sizeof(int64_t) + sizeof(float) * m.slot_floats, m.draft_ctx.data() + slot * df,
+                sizeof(float) * df);
   return Status();
 }
 
@@ -257,6 +270,10 @@ Status DsV4Model::import_slot_state(int slot, std::span<const uint8_t> in) {
   if (len < 0) return invalid_argument("import_slot_state: negative length {}", len);
   m.slot_len[slot] = len;
   std::memcpy(m.slot_ptr(slot), in.data() + sizeof(int64_t), sizeof(float) * m.slot_floats);
+  const int64_t df = draft_floats_per_slot(m);
+  if (df)
+    std::memcpy(m.draft_ctx.data() + slot * df, in.data() + sizeof(int64_t) + sizeof(float) * m.slot_floats,
+                sizeof(float) * df);
   return Status();
 }
 

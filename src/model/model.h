@@ -141,7 +141,8 @@ class DsV4Model {
   Status rollback(int slot, int64_t new_length);
   void reset(int slot);
 
-  // Prefix caching: the slot's fixed state (window rings + compressor rows + length).
+  // Prefix caching: the slot's fixed state (window rings + compressor rows + length, and the DSpark
+  // context windows when the model has a draft).
   size_t slot_state_bytes() const;
   Status export_slot_state(int slot, std::span<uint8_t> out) const;
   Status import_slot_state(int slot, std::span<const uint8_t> in);
