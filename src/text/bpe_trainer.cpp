@@ -28,7 +28,7 @@ std::vector<TrainerAddedToken> deepseek_v4_added_tokens(int32_t base) {
   out.push_back({kBos, 0, true, false});
   out.push_back({kEos, 1, true, false});
   out.push_back({kPad, 2, true, false});
-  // Named slots (offset from base -> content); special=false like the chat tokens of the real file.
+  // Named slots (offset from base -> content).
   const std::map<int32_t, const char*> named = {
       {800, "<｜fim▁hole｜>"}, {801, "<｜fim▁begin｜>"}, {802, "<｜fim▁end｜>"},
       {803, "<｜User｜>"}, {804, "<｜Assistant｜>"}, {805, "<|EOT|>"},
@@ -60,14 +60,18 @@ std::vector<TrainerAddedToken> deepseek_v4_added_tokens(int32_t base) {
       t.special = true;  // includes the DSpark noise token (offset 799)
     } else if (auto it = named.find(k); it != named.end()) {
       t.content = it->second;
-      t.special = k == 1279;
+      if (k <= 814) {
+        // Flags as in the real V3/V4 file: chat/tool tokens are normalized, not special
+        // (decode with skip_special keeps them); <|EOT|> is both.
+        t.normalized = true;
+        t.special = k == 805;
+      } else {
+        t.special = k == 1279;  // tokens new in V4: not normalized; <｜image｜> is special
+      }
     } else {
-      // Vision span placeholders; normalized=true so both added-token passes are exercised.
-      char buf[48];
+      char buf[48];  // vision span placeholders
       std::snprintf(buf, sizeof(buf), "<|place_holder_mm_span_%04d|>", mm_span++);
       t.content = buf;
-      t.special = true;
-      t.normalized = true;
     }
     out.push_back(std::move(t));
   }

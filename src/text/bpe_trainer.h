@@ -20,8 +20,9 @@ struct TrainerAddedToken {
 // Ids as in the real DeepSeek-V4 tokenizer.json: bos 0, eos 1, pad 2 (these three also sit in the
 // base vocab), byte tokens from 3, and 1,280 more added tokens at base_vocab_size + k, where the
 // real file has them at 128000 + k (so <｜User｜> is base+803, the DSpark noise token base+799,
-// <think> base+821, ...). The contents of protocol tokens are exact; most other slots are
-// placeholders named after the real file's conventions.
+// <think> base+821, ...). Contents and flags of the placeholders (special, not normalized), the
+// V3-era chat/tool tokens 800..814 (normalized, not special; <|EOT|> special) and the protocol
+// tokens are as in the real files; which V4 token sits in the other slots is a guess.
 std::vector<TrainerAddedToken> deepseek_v4_added_tokens(int32_t base_vocab_size);
 
 // Offsets (added to base_vocab_size) of protocol tokens; equal to the real id - 128000.
