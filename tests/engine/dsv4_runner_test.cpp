@@ -144,5 +144,41 @@ TEST_F(TinyCheckpoint, PrefixHitReproducesOutputs) {
   EXPECT_EQ(outs["p1"].tokens, outs["p0"].tokens);
 }
 
+// The trained built-in checkpoint (data/builtin): its DSpark draft is good at counting, so full
+// accepts, bonus tokens and rollbacks across position 128 (window and ratio-128 compression
+// boundary) all happen; outputs must still equal plain greedy, also with preemption forcing
+// recompute + prefix-snapshot resume.
+TEST(BuiltinCheckpoint, SpeculativeAndPreemptedGreedyEqualPlainGreedy) {
+  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no data/builtin";
+  auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int start : {1, 38})
+    prompts.push_back((*tok)->encode("<｜begin▁of▁sentence｜><｜User｜>Count from " + std::to_string(start) + " to " +
+                                     std::to_string(start + 150) + ".<｜Assistant｜></think>"));
+  EngineConfig plain = tiny_config(dir, 2);
+  auto want = run_all(plain, prompts, 130);
+  EngineConfig spec = plain;
+  spec.speculative.method = "dspark";
+  spec.speculative.verify_mode = "fixed";
+  EngineMetrics m;
+  auto got = run_all(spec, prompts, 130, &m);
+  for (const auto& [id, o] : want) {
+    EXPECT_EQ(o.tokens.size(), 130u);
+    EXPECT_EQ(got[id].tokens, o.tokens) << id;
+  }
+  EXPECT_GT(m.spec_decode_num_accepted_tokens_total, m.spec_decode_num_draft_tokens_total / 2);
+  // Two 128-token blocks for two sequences that need two each: whichever crosses position 128
+  // first forces a preemption; the victim resumes later (prefix hit on its own cached block).
+  auto probe = create_dsv4_runner(spec);
+  ASSERT_TRUE(probe.ok());
+  EngineConfig tight = spec;
+  tight.kv_cache_memory = 2 * ((*probe)->kv_bytes_per_block(128, "fp8") + (*probe)->slot_state_bytes());
+  auto again = run_all(tight, prompts, 130, &m);
+  EXPECT_GT(m.num_preemptions_total, 0);
+  for (const auto& [id, o] : want) EXPECT_EQ(again[id].tokens, o.tokens) << id;
+}
+
 }  // namespace
 }  // namespace tandem
