@@ -14,6 +14,7 @@ namespace tandem {
 
 void DsV4Model::draft_reset(int slot) {
   Impl& m = *impl_;
+  TANDEM_CHECK(slot >= 0 && slot < m.opt.max_slots);
   if (!m.w.has_draft) return;
   const int64_t per = static_cast<int64_t>(m.cfg.num_draft_stages) * m.cfg.sliding_window * m.cfg.head_dim;
   std::fill(m.draft_ctx.begin() + slot * per, m.draft_ctx.begin() + (slot + 1) * per, 0.0f);

@@ -41,7 +41,8 @@ void DsV4Model::Impl::hc_pre(const float* h, int64_t n, const std::vector<float>
   const int hc = cfg.hc_mult;
   const int64_t D = cfg.hidden_size, HD = hc * D, mix = cfg.hc_mix_dim();
   const float eps = static_cast<float>(cfg.rms_norm_eps), heps = static_cast<float>(cfg.hc_eps);
-  std::vector<float> mixes(mix);
+  grow(s.mixes, static_cast<size_t>(mix));
+  float* mixes = s.mixes.data();
   for (int64_t t = 0; t < n; ++t) {
     const float* ht = h + t * HD;
     double ss = 0.0;
@@ -139,10 +140,16 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
   const float route_scale = static_cast<float>(cfg.routed_scaling_factor);
   grow(s.gate_scores, static_cast<size_t>(n * E));
   model::matmul(x, n, D, m.gate.w.data(), E, s.gate_scores.data(), threads());
-  std::vector<int32_t> idx(static_cast<size_t>(n * K));
-  std::vector<float> wts(static_cast<size_t>(n * K));
-  std::vector<float> sc(E), biased(E);
-  std::vector<int32_t> order(E);
+  s.moe_idx.resize(static_cast<size_t>(n * K));
+  grow(s.moe_w, static_cast<size_t>(n * K));
+  grow(s.moe_sc, static_cast<size_t>(E));
+  grow(s.moe_biased, static_cast<size_t>(E));
+  s.moe_order.resize(static_cast<size_t>(E));
+  int32_t* idx = s.moe_idx.data();
+  float* wts = s.moe_w.data();
+  float* sc = s.moe_sc.data();
+  float* biased = s.moe_biased.data();
+  std::vector<int32_t>& order = s.moe_order;
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t e = 0; e < E; ++e) sc[e] = std::sqrt(model::softplus(s.gate_scores[t * E + e]));
     if (m.hash) {
@@ -181,7 +188,7 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
     linear(ex.w2, s.ex_g.data(), rows, s.ex_out.data());
   };
   // Routed experts in ascending id order (the reference's accumulation order).
-  std::vector<float> ew;
+  std::vector<float>& ew = s.ex_w;
   for (int64_t e = 0; e < E; ++e) {
     s.ex_tok.clear();
     ew.clear();
@@ -465,11 +472,12 @@ void DsV4Model::Impl::block_forward_target(int layer, int slot, const int32_t* t
 
 void DsV4Model::Impl::logits_rows(const float* h, int64_t n, float* out) {
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
-  std::vector<float> y(static_cast<size_t>(n * D));
-  hc_head(h, n, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, y.data());
+  grow(s.head_y, static_cast<size_t>(n * D));
+  float* y = s.head_y.data();
+  hc_head(h, n, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, y);
   for (int64_t t = 0; t < n; ++t)
     model::rms_norm(&y[t * D], w.norm.data(), D, static_cast<float>(cfg.rms_norm_eps), &y[t * D]);
-  model::matmul(y.data(), n, D, w.head.data(), V, out, threads());
+  model::matmul(y, n, D, w.head.data(), V, out, threads());
 }
 
 }  // namespace tandem

@@ -46,7 +46,8 @@ struct DsV4Model::Impl {
   struct Scratch {
     std::vector<float> h, res, x, post, comb, a, tmp, tmp2, q, qr, kv, comp_rows, icomp_rows, iq, iw, o, u;
     std::vector<float> keys_score, entry, gate_scores, ex_in, ex_g, ex_u, ex_out, moe_y;
-    std::vector<int32_t> sel, ex_tok;
+    std::vector<int32_t> sel, ex_tok, moe_idx, moe_order;
+    std::vector<float> mixes, moe_w, moe_sc, moe_biased, ex_w, head_y;
     std::vector<float> idx_scores;
     std::vector<const float*> key_ptrs;
   } s;

@@ -122,13 +122,12 @@ Result<std::unique_ptr<DsV4Model>> DsV4Model::load(const std::string& dir, const
 
 Status DsV4Model::Impl::validate_step(const StepBatch& batch) const {
   int64_t total = 0;
-  std::vector<bool> seen(opt.max_slots, false);
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const SeqStep& q = batch.seqs[i];
     if (q.slot < 0 || q.slot >= opt.max_slots)
       return invalid_argument("step seq {}: slot {} outside [0, {})", i, q.slot, opt.max_slots);
-    if (seen[q.slot]) return invalid_argument("step seq {}: slot {} appears twice in one step", i, q.slot);
-    seen[q.slot] = true;
+    for (size_t k = 0; k < i; ++k)
+      if (batch.seqs[k].slot == q.slot) return invalid_argument("step seq {}: slot {} appears twice in one step", i, q.slot);
     if (q.start_pos != slot_len[q.slot])
       return invalid_argument("step seq {}: start_pos {} != slot {} length {}", i, q.start_pos, q.slot,
                               slot_len[q.slot]);
@@ -159,7 +158,7 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
   const ModelConfig& c = m.cfg;
   const int64_t V = c.vocab_size, D = c.hidden_size, HD = c.hc_mult * D, td = tap_dim();
   const size_t ns = batch.seqs.size();
-  out.logits_row.assign(ns, -1);
+  out.logits_row.assign(ns, -1);  // no allocation once the vectors have grown to the batch size
   out.taps_row.assign(ns, -1);
   int64_t lrows = 0, trows = 0;
   for (size_t i = 0; i < ns; ++i) {
