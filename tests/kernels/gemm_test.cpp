@@ -110,7 +110,7 @@ TEST(Gemm, AllFormatsAndShapes) {
   struct Shape {
     int64_t m, n, k;
   };
-  const Shape shapes[] = {{1, 1, 128}, {1, 37, 160}, {3, 130, 256}, {5, 17, 96}, {133, 70, 384}, {2, 256, 4128}};
+  const Shape shapes[] = {{1, 3, 32}, {2, 5, 64}, {1, 1, 128}, {1, 37, 160}, {3, 130, 256}, {5, 17, 96}, {133, 70, 384}, {2, 256, 4128}};
   for (auto fmt : fmts)
     for (auto s : shapes) {
       if (fmt == WeightFormat::kMxfp4 && s.k % 32) continue;

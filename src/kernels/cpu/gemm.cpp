@@ -21,6 +21,7 @@ namespace tandem::kernels::cpu {
 namespace {
 
 constexpr int64_t kMc = 128;  // rows of x per M block
+constexpr int64_t kDecodeChunk = 512;  // == kGemvChunk in gemm_tile.inc
 
 struct TileArgs {
   const float* x;      // [m, ldx]
@@ -154,7 +155,10 @@ void gemm_one(const float* x, int64_t ldx, const WeightRef& w, float* y, int64_t
   const int nthreads = threads_for(ntiles, 2.0 * static_cast<double>(std::min(m, kMc)) * nt_rows * k);
 #pragma omp parallel num_threads(nthreads)
   {
-    float* scratch = w.format == WeightFormat::kF32 ? nullptr : thread_scratch(static_cast<size_t>(nt_rows * k));
+    // Panel path: nt_rows x k; decode path: up to 4 rows x kGemvChunk.
+    float* scratch = w.format == WeightFormat::kF32
+                         ? nullptr
+                         : thread_scratch(static_cast<size_t>(std::max<int64_t>(nt_rows * k, 4 * kDecodeChunk)));
     for (int64_t m0 = 0; m0 < m; m0 += kMc) {
       const int64_t mb = std::min(kMc, m - m0);
 #pragma omp for schedule(static)
