@@ -283,6 +283,12 @@ Result<std::unique_ptr<Engine>> create_engine_with_runner(std::unique_ptr<ModelR
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
+  if (config.tensor_parallel_size != 1)
+    return make_error(StatusCode::kUnimplemented,
+                      "--tensor-parallel-size {}: this build runs the model in one process (use 1)",
+                      config.tensor_parallel_size);
+  if (config.device != "auto" && config.device != "cpu" && config.device != "cuda")
+    return invalid_argument("--device '{}' is not auto, cpu or cuda", config.device);
   std::unique_ptr<ModelRunner> runner;
   if (config.model_dir.empty() || config.model_dir.rfind("fake:", 0) == 0) {
     // No checkpoint: the deterministic toy model (tests, server development).

@@ -276,7 +276,8 @@ void EngineCore::plan_verify() {
     lim = static_cast<int>(std::min<int64_t>(lim, s->sp.max_tokens - s->output_len() - 1));
     lim = static_cast<int>(std::min<int64_t>(lim, info_.max_model_len - static_cast<int64_t>(s->tokens.size()) - 1));
     lim = std::max(lim, 0);
-    conf.emplace_back(s->draft.confidence.data(), std::min<size_t>(s->draft.confidence.size(), num_spec_tokens_));
+    size_t k = std::min({s->draft.confidence.size(), s->draft.tokens.size(), static_cast<size_t>(num_spec_tokens_)});
+    conf.emplace_back(s->draft.confidence.data(), k);
     limits.push_back(lim);
     who.push_back(s);
   }

@@ -27,7 +27,7 @@ KvBlockManager::KvBlockManager(int num_blocks, int block_size, bool enable_prefi
   for (int b = 0; b < num_blocks; ++b) push_back(b);
   if (prefix_caching_) {
     block_tokens_.assign(static_cast<size_t>(num_blocks) * block_size, 0);
-    snapshots_.assign(static_cast<size_t>(num_blocks) * snapshot_bytes_, 0);
+    snapshots_.reset(new uint8_t[static_cast<size_t>(num_blocks) * snapshot_bytes_]);
     cached_.reserve(num_blocks * 2);
   }
 }
@@ -170,10 +170,10 @@ int KvBlockManager::cached_block(uint64_t hash) const {
 }
 
 std::span<uint8_t> KvBlockManager::snapshot(int block) {
-  return {snapshots_.data() + static_cast<size_t>(block) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
+  return {snapshots_.get() + static_cast<size_t>(block) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
 }
 std::span<const uint8_t> KvBlockManager::snapshot(int block) const {
-  return {snapshots_.data() + static_cast<size_t>(block) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
+  return {snapshots_.get() + static_cast<size_t>(block) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
 }
 
 Status KvBlockManager::check(std::span<const int> expected_refs, int64_t* leaked) const {

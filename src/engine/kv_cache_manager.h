@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -82,7 +83,8 @@ class KvBlockManager {
   int num_free_ = 0;
   std::unordered_map<uint64_t, int> cached_;
   std::vector<int32_t> block_tokens_;  // tokens of each cached block, to rule out hash collisions
-  std::vector<uint8_t> snapshots_;     // [num_blocks * snapshot_bytes]
+  // [num_blocks * snapshot_bytes], left uninitialized so only pages of taken snapshots get touched.
+  std::unique_ptr<uint8_t[]> snapshots_;
 };
 
 }  // namespace tandem

@@ -259,6 +259,11 @@ TEST(Engine, CreateUsesFakeModelWithoutCheckpointAndRejectsBadFlags) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("--kv-cache-dtype"), std::string::npos) << bad.status().message();
   ec.kv_cache_dtype = "auto";
+  ec.tensor_parallel_size = 2;
+  auto tp = Engine::create(ec);
+  ASSERT_FALSE(tp.ok());
+  EXPECT_NE(tp.status().message().find("--tensor-parallel-size"), std::string::npos);
+  ec.tensor_parallel_size = 1;
   ec.model_dir = "/nonexistent/checkpoint";
   EXPECT_FALSE(Engine::create(ec).ok());
 }
