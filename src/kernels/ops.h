@@ -477,7 +477,9 @@ void rope_inv_freq(const RopeFreqParams& p);
 Ops& cpu_ops();
 
 namespace cpu {
-// OpenMP threads used by CPU ops; n <= 0 restores the OpenMP default.
+// Threads used by CPU ops, process-wide (whichever thread calls an op); n <= 0 restores the
+// OpenMP default (OMP_NUM_THREADS / cores). On an oversubscribed machine also consider
+// OMP_WAIT_POLICY=passive: spinning barriers cost milliseconds when threads are descheduled.
 void set_num_threads(int n);
 int num_threads();
 

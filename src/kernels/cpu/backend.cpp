@@ -2,7 +2,10 @@
 // WeightRef helpers.
 #include <omp.h>
 
+#include <atomic>
+
 #include "common/check.h"
+#include "kernels/cpu/cpu_common.h"
 #include "kernels/ops.h"
 
 namespace tandem::kernels {
@@ -47,13 +50,14 @@ size_t WeightRef::bytes() const {
 
 namespace cpu {
 namespace {
-int g_default_threads = -1;
+std::atomic<int> g_threads{0};
 }
-void set_num_threads(int n) {
-  if (g_default_threads < 0) g_default_threads = omp_get_max_threads();
-  omp_set_num_threads(n > 0 ? n : g_default_threads);
+void set_num_threads(int n) { g_threads.store(n > 0 ? n : 0); }
+int configured_threads() {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : omp_get_max_threads();
 }
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() { return configured_threads(); }
 }  // namespace cpu
 
 namespace {

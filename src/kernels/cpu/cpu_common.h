@@ -27,9 +27,14 @@ inline float* thread_scratch(size_t n, int slot = 0) {
 }
 
 // Threads to use for a loop of `work` units where each unit costs about `unit_cost` flops.
+// Process-wide thread count for CPU ops (cpu::set_num_threads; 0 = OpenMP default). Every parallel
+// region in the CPU ops passes num_threads(threads_for(...)), so the setting applies whichever
+// thread calls the op (omp_set_num_threads alone would only affect the calling thread).
+int configured_threads();
+
 inline int threads_for(int64_t work, double unit_cost) {
   if (omp_in_parallel()) return 1;  // called from inside another op's parallel loop: stay serial
-  int t = omp_get_max_threads();
+  int t = configured_threads();
   double total = static_cast<double>(work) * unit_cost;
   if (total < 5e5) return 1;  // a parallel region costs more than this on a busy machine
   if (work < t) t = static_cast<int>(work > 0 ? work : 1);
