@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -69,8 +70,9 @@ Stats compare(const float* a, const float* b, int64_t rows, int64_t V) {
 }
 
 std::string run_cmd(const std::string& cmd) {
-  int rc = std::system((cmd + " > /tmp/tandem_golden_cmd.log 2>&1").c_str());
-  std::ifstream f("/tmp/tandem_golden_cmd.log");
+  const std::string log = (fs::temp_directory_path() / ("tandem_model_cmd_" + std::to_string(getpid()) + ".log")).string();
+  int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
+  std::ifstream f(log);
   std::stringstream ss;
   ss << f.rdbuf();
   return rc == 0 ? std::string() : "command failed: " + cmd + "\n" + ss.str();
@@ -174,6 +176,55 @@ TEST(ModelGolden, DefaultPresetSeed1Prompt300) {
 TEST(ModelGolden, BuiltinTrainedModel) {
   // reference vs itself: max rel 0.163, top-1 0.977 (a trained model amplifies rounding flips more).
   run_case({"builtin", 0.3, 0.05, 0.93, 0.8, 0.85, 2.5, 4});
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// `tandem logits`: prefill_chunks change nothing (bit for bit); bad input is a clean error.
+TEST(LogitsCli, ChunkedPrefillIsBitIdenticalAndBadInputFails) {
+  const fs::path tmp = fs::temp_directory_path() / ("tandem_logits_cli_" + std::to_string(getpid()));
+  fs::create_directories(tmp);
+  const std::string bin = TANDEM_BINARY;
+  const fs::path ckpt = tmp / "ckpt";
+  ASSERT_EQ(run_cmd(bin + " make-tiny " + ckpt.string() + " --preset default --seed 5"), "");
+  std::vector<int> prompt(150);
+  for (int i = 0; i < 150; ++i) prompt[i] = 3 + (i * 37) % 2000;
+  nlohmann::json a = {{"prompt", prompt}, {"decode", {11, 12, 13}}};
+  nlohmann::json b = a;
+  b["prefill_chunks"] = {5, 1, 64, 7};
+  std::ofstream(tmp / "a.json") << a.dump();
+  std::ofstream(tmp / "b.json") << b.dump();
+  for (const char* n : {"a", "b"})
+    ASSERT_EQ(run_cmd(bin + " logits --model " + ckpt.string() + " --tokens-file " + (tmp / (std::string(n) + ".json")).string() +
+                      " --out " + (tmp / (std::string(n) + ".safetensors")).string()),
+              "");
+  auto fa = SafetensorsFile::open((tmp / "a.safetensors").string());
+  auto fb = SafetensorsFile::open((tmp / "b.safetensors").string());
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  for (const char* name : {"logits", "draft_logits", "draft_confidence", "draft_tokens"}) {
+    const TensorView* x = (*fa)->find(name);
+    const TensorView* y = (*fb)->find(name);
+    ASSERT_TRUE(x && y) << name;
+    EXPECT_EQ(x->shape, y->shape) << name;
+    ASSERT_EQ(x->nbytes, y->nbytes);
+    EXPECT_EQ(std::memcmp(x->data, y->data, x->nbytes), 0) << name;
+  }
+  EXPECT_EQ((*fa)->find("logits")->shape, (std::vector<int64_t>{153, 3280}));
+  EXPECT_EQ((*fa)->find("draft_logits")->shape, (std::vector<int64_t>{3, 5, 3280}));
+
+  std::ofstream(tmp / "bad.json") << R"({"prompt": [1, 2, 99999]})";
+  std::string err = run_cmd(bin + " logits --model " + ckpt.string() + " --tokens-file " + (tmp / "bad.json").string() +
+                            " --out " + (tmp / "bad.safetensors").string());
+  EXPECT_NE(err.find("99999"), std::string::npos) << err;
+  std::ofstream(tmp / "bad2.json") << R"({"prompt": "text"})";
+  err = run_cmd(bin + " logits --model " + ckpt.string() + " --tokens-file " + (tmp / "bad2.json").string() + " --out " +
+                (tmp / "bad.safetensors").string());
+  EXPECT_NE(err.find("prompt"), std::string::npos) << err;
+  fs::remove_all(tmp);
 }
 
 }  // namespace
