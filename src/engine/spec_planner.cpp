@@ -15,6 +15,11 @@ constexpr double kPrior[] = {0.78, 0.55, 0.37, 0.24, 0.16, 0.11, 0.08};
 }  // namespace
 
 void CostModel::add(double x, double seconds) {
+  int shape = static_cast<int>(x);
+  if (shape >= 0 && shape <= kMaxShape) {
+    shape_ema_[shape] = shape_n_[shape] == 0 ? seconds : 0.8 * shape_ema_[shape] + 0.2 * seconds;
+    ++shape_n_[shape];
+  }
   w_ = w_ * kDecay + 1;
   sx_ = sx_ * kDecay + x;
   sy_ = sy_ * kDecay + seconds;
@@ -24,6 +29,13 @@ void CostModel::add(double x, double seconds) {
 }
 
 double CostModel::predict(double x) const {
+  int shape = static_cast<int>(x);
+  if (shape >= 0 && shape <= kMaxShape && shape == x && shape_n_[shape] >= kMinShapeSamples)
+    return shape_ema_[shape];
+  return linear(x);
+}
+
+double CostModel::linear(double x) const {
   if (n_ == 0) return prior_c0_ + prior_c1_ * x;
   double mx = sx_ / w_, my = sy_ / w_;
   double var = sxx_ / w_ - mx * mx;

@@ -15,18 +15,25 @@
 
 namespace tandem {
 
-// seconds ~= c0 + c1 * x, fitted by exponentially weighted least squares.
+// Cost of one batch shape (x = tokens or requests): a per-shape table of measured times (EMA) for
+// shapes seen often enough — real costs are jagged (kernel tiles, graph buckets) — and elsewhere
+// seconds ~= c0 + c1 * x, fitted by exponentially weighted least squares over all samples.
 class CostModel {
  public:
+  static constexpr int kMaxShape = 1024;
+  static constexpr int kMinShapeSamples = 3;
   CostModel(double prior_c0, double prior_c1) : prior_c0_(prior_c0), prior_c1_(prior_c1) {}
   void add(double x, double seconds);
   double predict(double x) const;
   int64_t samples() const { return n_; }
 
  private:
+  double linear(double x) const;
   double prior_c0_, prior_c1_;
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
   int64_t n_ = 0;
+  std::vector<double> shape_ema_ = std::vector<double>(kMaxShape + 1, 0.0);
+  std::vector<int> shape_n_ = std::vector<int>(kMaxShape + 1, 0);
 };
 
 class SpecPlanner {
