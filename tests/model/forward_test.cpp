@@ -297,6 +297,20 @@ TEST(ModelForward, BadStepsAreErrors) {
   EXPECT_EQ(m.slot_length(0), 0);
 }
 
+// Thread count changes nothing: every output element has one fixed summation order.
+TEST(ModelForward, ThreadCountDoesNotChangeLogits) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  ModelOptions o = e.model->options();
+  o.num_threads = 2;
+  auto m2 = DsV4Model::from_tensors(e.cfg, e.tw.ptrs(), o);
+  ASSERT_TRUE(m2.ok()) << m2.status().to_string();
+  auto toks = tokens(140, 61);
+  auto one = run(*e.model, 0, toks, {});
+  auto two = run(**m2, 0, toks, {100, 40});
+  EXPECT_EQ(max_abs_diff(one, two), 0.0f);
+}
+
 // The compressor state machine under random chunk sizes, random rollbacks (up to max_rollback,
 // across ratio-4 and ratio-128 block completions and the 256-token pool block boundary) and
 // slot-state moves to another slot at arbitrary positions: every position's logits equal a fresh
