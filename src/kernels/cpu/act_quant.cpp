@@ -18,6 +18,42 @@ float block_amax(const float* x, int64_t n) {
   return amax;
 }
 
+// Vector round trip of one block (block % 16 == 0, no codes wanted): same arithmetic as the scalar
+// path. x/s == x * 2^-e exactly (power of two, one rounding either way). Normal e4m3 values: round
+// the fp32 mantissa to 3 bits (RNE on the bit pattern); below 2^-6 the grid step is 2^-9, rounded by
+// adding and subtracting 1.5 * 2^14 (RNE under the default rounding mode).
+void fp8_block_vec(float* x, int64_t n) {
+  vf16 vmax = {};
+  for (int64_t i = 0; i < n; i += 16) {
+    const vf16 a = (vf16)((vu16)load16(x + i) & 0x7fffffffu);
+    const vu16 gt = (vu16)(a > vmax);  // NaN compares false: ignored
+    vmax = (vf16)(((vu16)a & gt) | ((vu16)vmax & ~gt));
+  }
+  float amax = 0.0f;
+  for (int l = 0; l < 16; ++l) amax = vmax[l] > amax ? vmax[l] : amax;
+  const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
+  const float s = num::pow2_int(e);
+  const float inv = e >= -126 && e <= 126 ? num::pow2_int(-e) : std::ldexp(1.0f, -e);
+  const float magic = 24576.0f;  // 1.5 * 2^14: its ulp is 2^-9
+  for (int64_t i = 0; i < n; i += 16) {
+    const vf16 xv = load16(x + i);
+    vf16 v = xv * inv;
+    v = v > 448.0f ? (vf16){} + 448.0f : v;
+    v = v < -448.0f ? (vf16){} - 448.0f : v;
+    const vu16 u = (vu16)v;
+    const vu16 sign = u & 0x80000000u;
+    const vu16 mag = u & 0x7fffffffu;
+    const vu16 normal = (mag + 0x7ffffu + ((mag >> 20) & 1u)) & 0xfff00000u;
+    const vf16 sub = ((vf16)mag + magic) - magic;
+    const vu16 is_sub = (vu16)((vf16)mag < 0.015625f);  // 2^-6
+    const vu16 r = ((vu16)sub & is_sub) | (normal & ~is_sub);
+    vf16 out = (vf16)(r | sign) * s;
+    const vu16 nan = (vu16)(xv != xv);
+    out = (vf16)(((vu16)xv & nan) | ((vu16)out & ~nan));
+    store16(x + i, out);
+  }
+}
+
 }  // namespace
 
 void act_quant_fp8(const ActQuantFp8Params& p) {
@@ -29,8 +65,12 @@ void act_quant_fp8(const ActQuantFp8Params& p) {
     float* row = p.x + r * ldx;
     for (int64_t b = 0; b < nb; ++b) {
       float* x = row + b * p.block;
+      if (!p.codes && !p.scales && p.block % 16 == 0) {
+        fp8_block_vec(x, p.block);
+        continue;
+      }
       const int e = num::ue8m0_scale_exponent(block_amax(x, p.block), num::kE4m3Max, num::kFp8ActAmaxFloor);
-      const float s = e >= -126 ? num::pow2_int(e) : std::ldexp(1.0f, e);
+      const float s = num::pow2_int(e);
       if (p.scales) p.scales[r * nb + b] = num::e8m0_from_exponent(e);
       uint8_t* codes = p.codes ? p.codes + r * p.cols + b * p.block : nullptr;
       for (int64_t i = 0; i < p.block; ++i) {
