@@ -325,6 +325,19 @@ struct Generation {
     return usage_json(prompt_tokens, completion, cached, reasoning);
   }
 
+  // The first chunk of each choice carries the role (sent at once, before any token exists).
+  void role_frames(std::string& sse) {
+    if (sent_role || !chat()) return;
+    for (auto& c : choices) {
+      json chunk = chunk_base();
+      chunk["choices"] = json::array({json{{"index", c.index}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                           {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+      if (req.include_usage) chunk["usage"] = nullptr;
+      sse += "data: " + dump_json(chunk) + "\n\n";
+    }
+    sent_role = true;
+  }
+
   // Consumes events; appends SSE text when streaming. Returns true when every choice finished.
   bool process(std::deque<std::pair<int, RequestEvent>>& events, std::string* sse) {
     for (auto& [idx, ev] : events) {
@@ -355,16 +368,7 @@ struct Generation {
             lp_chunk = completion_logprobs(part, text_before);
           }
         }
-        if (!sent_role && chat()) {
-          for (auto& other : choices) {
-            json chunk = chunk_base();
-            chunk["choices"] = json::array({json{{"index", other.index}, {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                                 {"logprobs", nullptr}, {"finish_reason", nullptr}}});
-            if (req.include_usage) chunk["usage"] = nullptr;
-            *sse += "data: " + dump_json(chunk) + "\n\n";
-          }
-          sent_role = true;
-        }
+        role_frames(*sse);
         stream_frames(c, deltas, lp_chunk, *sse);
         if (c.finish != FinishReason::kNone) *sse += finish_frame(c);
       }
@@ -621,6 +625,7 @@ struct HttpServer::Impl {
         [gen, probe](size_t, httplib::DataSink& sink) -> bool {
           std::deque<std::pair<int, RequestEvent>> events;
           std::string sse;
+          gen->role_frames(sse);
           bool got = gen->take(events, std::min(probe, 0.1));
           bool all = got ? gen->process(events, &sse) : false;
           if (!got && now_s() - gen->last_write >= probe) sse = ": keep-alive\n\n";  // detects a gone client

@@ -14,7 +14,7 @@ if (url.hostname !== '127.0.0.1' && url.hostname !== 'localhost') {
 }
 
 export function client(apiKey = API_KEY) {
-  return new OpenAI({ baseURL: `${BASE}/v1`, apiKey, maxRetries: 0, timeout: 120_000 });
+  return new OpenAI({ baseURL: `${BASE}/v1`, apiKey, maxRetries: 0, timeout: Number(process.env.TANDEM_E2E_TIMEOUT_S ?? 600) * 1000 });
 }
 
 export async function metrics() {

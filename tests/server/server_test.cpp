@@ -473,7 +473,9 @@ TEST(Server, ErrorObjects) {
     ASSERT_TRUE(j.is_object() && j.contains("error")) << ec.name << ": " << r->body;
     EXPECT_TRUE(j["error"]["message"].is_string());
     EXPECT_TRUE(j["error"]["type"].is_string());
-    if (ec.param) EXPECT_EQ(j["error"]["param"], ec.param) << ec.name;
+    if (ec.param) {
+      EXPECT_EQ(j["error"]["param"], ec.param) << ec.name;
+    }
   }
   // Context overflow names both numbers.
   auto r = c.Post("/v1/completions", json{{"prompt", std::string(100, 'a')}}.dump(), "application/json");
@@ -638,6 +640,64 @@ TEST(Server, MetricsExposition) {
                            "tandem:kv_blocks_leaked{model_name=\"tandem\"} 0", "# TYPE vllm:time_to_first_token_seconds histogram"}) {
     EXPECT_NE(t.find(name), std::string::npos) << name;
   }
+}
+
+}  // namespace
+}  // namespace tandem::server::testing
+
+namespace tandem::server::testing {
+namespace {
+
+TEST(Server, DrainLetsInFlightStreamsFinish) {
+  EchoEngineOptions eo;
+  eo.step_delay_ms = 5;
+  ServerHarness h(eo);
+  std::string body;
+  std::thread t([&] {
+    auto c = h.client();
+    json req = chat("drain");
+    req["stream"] = true;
+    req["max_tokens"] = 40;
+    req["ignore_eos"] = true;
+    auto r = c.Post("/v1/chat/completions", req.dump(), "application/json");
+    if (r) body = r->body;
+  });
+  for (int i = 0; i < 1000 && h.engine->active_count() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  h.server->begin_drain();
+  auto c = h.client();
+  EXPECT_EQ(c.Get("/health")->status, 503);
+  EXPECT_EQ(c.Post("/v1/chat/completions", chat("late").dump(), "application/json")->status, 503);
+  h.engine->shutdown(10.0);  // in-flight request finishes within the deadline
+  t.join();
+  auto data = sse_data(body);
+  ASSERT_FALSE(data.empty());
+  EXPECT_EQ(data.back(), "[DONE]");
+  EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos);
+}
+
+TEST(Server, ShutdownDeadlineAbortsStreams) {
+  EchoEngineOptions eo;
+  eo.step_delay_ms = 5;
+  ServerHarness h(eo);
+  std::string body;
+  std::thread t([&] {
+    auto c = h.client();
+    json req = chat("forever");
+    req["stream"] = true;
+    req["max_tokens"] = 3000;
+    req["ignore_eos"] = true;
+    auto r = c.Post("/v1/chat/completions", req.dump(), "application/json");
+    if (r) body = r->body;
+  });
+  for (int i = 0; i < 1000 && h.engine->active_count() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  h.server->begin_drain();
+  h.engine->shutdown(0.05);
+  t.join();
+  auto data = sse_data(body);
+  ASSERT_FALSE(data.empty());
+  EXPECT_EQ(data.back(), "[DONE]");
+  EXPECT_NE(body.find("\"finish_reason\":\"abort\""), std::string::npos);
+  EXPECT_EQ(h.engine->active_count(), 0);
 }
 
 }  // namespace
