@@ -104,6 +104,17 @@ void run_case(const GoldenCase& gc) {
     std::string err = run_cmd(std::string(TANDEM_BINARY) + " make-tiny " + model_dir.string() + " --preset " + preset +
                               " --seed " + std::to_string(info["seed"].get<int>()));
     ASSERT_TRUE(err.empty()) << err;
+    // The golden was computed on this exact checkpoint: a changed make-tiny must be noticed as such.
+    if (info.contains("checkpoint_sha256"))
+      for (const auto& [file, want] : info["checkpoint_sha256"].items()) {
+        err = run_cmd("(sha256sum " + (model_dir / file).string() + " > " + (tmp / "sum.txt").string() + ")");
+        ASSERT_TRUE(err.empty()) << err;
+        std::ifstream sf(tmp / "sum.txt");
+        std::string got;
+        sf >> got;
+        ASSERT_EQ(got, want.get<std::string>()) << "make-tiny output changed (" << file
+                                                << "): regenerate data/golden as tools/golden/README.md says";
+      }
   }
   nlohmann::json tokens = {{"prompt", info["prompt"]}, {"decode", info["decode"]}};
   {
