@@ -15,17 +15,24 @@ constexpr double kPrior[] = {0.78, 0.55, 0.37, 0.24, 0.16, 0.11, 0.08};
 }  // namespace
 
 void CostModel::add(double x, double seconds) {
+  // Steps slowed by something else (the thread descheduled, a page fault storm) would teach the
+  // planner that a shape is expensive: such outliers (> 2x the current estimate) barely count.
+  const double expected = n_ >= 8 ? predict(x) : 0.0;
+  const bool outlier = expected > 0 && seconds > 2.0 * expected;
   int shape = static_cast<int>(x);
   if (shape >= 0 && shape <= kMaxShape) {
-    shape_ema_[shape] = shape_n_[shape] == 0 ? seconds : 0.8 * shape_ema_[shape] + 0.2 * seconds;
+    double alpha = outlier ? 0.02 : 0.2;
+    shape_ema_[shape] = shape_n_[shape] == 0 ? seconds : (1 - alpha) * shape_ema_[shape] + alpha * seconds;
     ++shape_n_[shape];
   }
+  ++n_;
+  if (outlier) return;
   w_ = w_ * kDecay + 1;
   sx_ = sx_ * kDecay + x;
   sy_ = sy_ * kDecay + seconds;
   sxx_ = sxx_ * kDecay + x * x;
   sxy_ = sxy_ * kDecay + x * seconds;
-  ++n_;
+  ++fit_n_;
 }
 
 double CostModel::predict(double x) const {
@@ -36,11 +43,11 @@ double CostModel::predict(double x) const {
 }
 
 double CostModel::linear(double x) const {
-  if (n_ == 0) return prior_c0_ + prior_c1_ * x;
+  if (fit_n_ == 0) return prior_c0_ + prior_c1_ * x;
   double mx = sx_ / w_, my = sy_ / w_;
   double var = sxx_ / w_ - mx * mx;
   double c1, c0;
-  if (var > 1e-9 * std::max(1.0, mx * mx) && n_ >= 4) {
+  if (var > 1e-9 * std::max(1.0, mx * mx) && fit_n_ >= 4) {
     c1 = std::max(0.0, (sxy_ / w_ - mx * my) / var);
     c0 = std::max(0.0, my - c1 * mx);
   } else {

@@ -31,7 +31,7 @@ class CostModel {
   double linear(double x) const;
   double prior_c0_, prior_c1_;
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
-  int64_t n_ = 0;
+  int64_t n_ = 0, fit_n_ = 0;
   std::vector<double> shape_ema_ = std::vector<double>(kMaxShape + 1, 0.0);
   std::vector<int> shape_n_ = std::vector<int>(kMaxShape + 1, 0);
 };

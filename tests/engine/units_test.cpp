@@ -8,6 +8,7 @@
 #include "engine/fake_model.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/sampler.h"
+#include "engine/spec_planner.h"
 #include "engine/text_stream.h"
 
 namespace tandem {
@@ -311,6 +312,47 @@ TEST(SpeculativeConfig, ParsesVllmJson) {
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) EXPECT_NE(r.status().message().find("--speculative-config"), std::string::npos);
   }
+}
+
+// ---------------- SpecPlanner ----------------
+TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
+  SpeculativeConfig sc;
+  sc.method = "dspark";
+  sc.verify_mode = "auto";
+  std::vector<float> hi = {0.95f, 0.95f, 0.9f, 0.9f, 0.9f}, lo = {0.3f, 0.2f, 0.2f, 0.1f, 0.1f};
+  std::vector<std::span<const float>> conf = {hi, lo};
+  std::vector<int> limits = {5, 5}, lengths;
+  // Bandwidth-bound: a step costs ~the same for any token count -> verify nearly everything.
+  SpecPlanner bw(sc, 5);
+  for (int t = 1; t <= 64; ++t) bw.observe_forward(t, 0.010 + 1e-6 * t);
+  for (int r = 1; r <= 8; ++r) bw.observe_draft(r, 0.001);
+  bw.plan(conf, limits, 0, lengths);
+  EXPECT_EQ(lengths[0], 5);
+  EXPECT_GE(lengths[1], 1);
+  EXPECT_TRUE(bw.should_draft(2, 0));
+  // Compute-bound: every token costs the same as the fixed part -> only near-certain drafts, and
+  // with poor measured acceptance drafting is switched off (except periodic probes).
+  SpecPlanner cb(sc, 5);
+  for (int t = 1; t <= 64; ++t) cb.observe_forward(t, 0.001 * t);
+  for (int r = 1; r <= 8; ++r) cb.observe_draft(r, 0.0005 * r);
+  cb.plan(conf, limits, 0, lengths);
+  EXPECT_EQ(lengths[1], 0);
+  EXPECT_LE(lengths[0], 5);
+  for (int i = 0; i < 200; ++i) cb.observe_verify(3, 0);
+  int drafted = 0;
+  for (int i = 0; i < 64; ++i) drafted += cb.should_draft(2, 0);
+  EXPECT_LE(drafted, 3);  // probes only
+  // Fixed and threshold modes ignore costs.
+  sc.verify_mode = "fixed";
+  SpecPlanner fixed(sc, 5);
+  std::vector<int> lim2 = {5, 2};
+  fixed.plan(conf, lim2, 0, lengths);
+  EXPECT_EQ(lengths, (std::vector<int>{5, 2}));
+  sc.verify_mode = "threshold";
+  sc.confidence_threshold = 0.5;
+  SpecPlanner thr(sc, 5);
+  thr.plan(conf, limits, 0, lengths);
+  EXPECT_EQ(lengths, (std::vector<int>{5, 0}));
 }
 
 TEST(FinishReason, Names) {
