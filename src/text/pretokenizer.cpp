@@ -139,6 +139,11 @@ struct MatchScratch {
     stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
     TANDEM_CHECK(data && context && stack);
     pcre2_jit_stack_assign(context, nullptr, stack);
+    // Whitespace runs cost backtracking steps linear in their length (\s*[\r\n]+ fails, then
+    // \s+(?!\S) gives one back); the default limit (10M) would stop a 10 MB run mid-way, where
+    // HF's Oniguruma has no limit. The work stays linear, so lift the limit.
+    pcre2_set_match_limit(context, UINT32_MAX);
+    pcre2_set_depth_limit(context, UINT32_MAX);
   }
   ~MatchScratch() {
     pcre2_jit_stack_free(stack);

@@ -55,6 +55,20 @@ TEST(PreTokenizer, DeepSeekSplits) {
   EXPECT_EQ(pieces(""), V{});
 }
 
+// Past PCRE2's default match limit (10M steps), as a 10 MB whitespace run would be: HF still
+// splits it, so must we.
+TEST(PreTokenizer, HugeWhitespaceRunStillSplits) {
+  std::string s(11'000'000, ' ');
+  s += "x";
+  static auto pt = text::PreTokenizer::deepseek_v4();
+  ASSERT_TRUE(pt.ok());
+  std::vector<text::Piece> ps;
+  (*pt)->split(s, &ps);
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[1].offset, 10'999'999u);
+  EXPECT_EQ(ps[1].length, 2u);
+}
+
 TEST(PreTokenizer, OnigToPcre2) {
   auto r = text::onig_to_pcre2(R"(\s+(?!\S)|[^\s\p{L}]|\u3040x)");
   ASSERT_TRUE(r.ok());
