@@ -14,6 +14,9 @@
 //  * CPU ops are multithreaded with OpenMP (cpu::set_num_threads) and allocate nothing once warm
 //    (per-thread scratch grows on first use and is reused).
 //  * Numerics follow the official inference/model.py + kernel.py (0731); each struct says how.
+//  * Row independence: every op computes a token's row with the same arithmetic whatever the other
+//    rows of the call and the thread count, so chunked prefill, decode and verify agree bit for bit
+//    (for a given CPU instruction set; see GemmParams).
 #pragma once
 
 #include <cstddef>
@@ -341,7 +344,7 @@ struct MoeGateParams {
   const float* logits = nullptr;   // [tokens, n_experts]
   const float* bias = nullptr;     // [n_experts], score layers (null in hash layers)
   const int32_t* token_ids = nullptr;  // [tokens], hash layers
-  const int32_t* tid2eid = nullptr;    // [vocab, topk], hash layers
+  const int32_t* tid2eid = nullptr;    // [vocab, topk], hash layers (I64 in the file: convert at load)
   int64_t tokens = 0;
   int n_experts = 256;
   int topk = 6;
