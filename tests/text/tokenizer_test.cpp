@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <thread>
+
 #include "text/bpe_trainer.h"
 #include "text/pretokenizer.h"
 #include "text/tokenizer.h"
@@ -302,6 +304,28 @@ TEST(TokenizerJson, MutatedFilesNeverCrash) {
     }
   }
   EXPECT_GE(ok, 0);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// One Tokenizer shared by server threads: concurrent encodes agree with a serial one.
+TEST_F(TinyTokenizer, ConcurrentEncodeMatchesSerial) {
+  std::vector<std::string> texts;
+  for (int i = 0; i < 8; ++i) texts.push_back(generate_tiny_corpus(100 + uint64_t(i), 20000));
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& t : texts) want.push_back(tok_->encode(t));
+  std::vector<std::vector<int32_t>> got(texts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < texts.size(); ++i)
+    threads.emplace_back([&, i] {
+      for (int rep = 0; rep < 3; ++rep) got[i] = tok_->encode(texts[i]);
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
 }
 
 }  // namespace
