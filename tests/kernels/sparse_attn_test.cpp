@@ -155,6 +155,19 @@ TEST(SparseAttn, MaskedLeadingBlockThenValid) {
   EXPECT_TRUE(close(got, exact(c, 0.25f), 1e-6, 1e-5));
 }
 
+TEST(SparseAttn, RowIndependentOfBatchAndThreads) {
+  Case c = make_case(5, 16, 64, 300, 200, 7);
+  auto all = run(c, true);
+  cpu::set_num_threads(1);
+  Case one = c;
+  one.T = 1;
+  one.q.assign(c.q.begin() + 3 * 16 * 64, c.q.begin() + 4 * 16 * 64);
+  one.idx.assign(c.idx.begin() + 3 * 200, c.idx.begin() + 4 * 200);
+  auto single = run(one, true);
+  cpu::set_num_threads(0);
+  for (int64_t i = 0; i < 16 * 64; ++i) ASSERT_EQ(num::f32_bits(single[i]), num::f32_bits(all[3 * 16 * 64 + i])) << i;
+}
+
 TEST(SparseAttn, NanInKeyPropagatesOnlyWhereUsed) {
   Case c = make_case(2, 2, 16, 20, 4, 5);
   c.idx = {0, 1, 2, 3, 4, 5, 6, 7};
