@@ -421,6 +421,25 @@ struct ArgmaxParams {
   int64_t ldx = 0;
 };
 
+// ============================ reference call -> op ============================
+// linear(x, W) with FP8/FP4 W          gemm{w=stored, quantize_x_block=128, round_bf16=true}
+// F.linear on a BF16 weight (bf16 out)  gemm{w=kBf16, round_bf16=true}
+// Gate / Compressor wkv,wgate / head    gemm{w=kBf16 or kF32, round_bf16=false} (fp32 in the reference)
+// einsum("bsgd,grd->bsgr", o, wo_a)     gemm{w=wo_a (kFp8Block), batch=o_groups, w_batch_rows=o_lora_rank,
+//                                            x_batch_stride=heads/groups*head_dim, y_batch_stride=o_lora_rank,
+//                                            round_bf16=true} (wo_a's bf16 copy equals its exact dequant)
+// RMSNorm / q per-head rsqrt            rms_norm (kF32, round_bf16) / rms_norm (kBf16Chain, no weight)
+// apply_rotary_emb(x[..., -64:])        rope{round_bf16=true}; inverse=true on the attention output
+// act_quant(kv[..., :-64], 64, inplace) act_quant_fp8{cols=448, ldx=512, block=64}
+// rotate_activation + fp4_act_quant     hadamard{round_bf16=true} then fp4_act_quant
+// Compressor pooling                    compress_pool, then rms_norm, rope at ratio*j, act/fp4 quant
+// Indexer scores + topk                 indexer_score then topk{index_offset = window offset}
+// sparse_attn                           sparse_attn
+// Block.hc_pre / hc_post / hc_head      hc_pre / hc_post / hc_head
+// Gate.forward / Expert / MoE           moe_gate, moe_group + rows_copy(gather), gemm x3, swiglu,
+//                                       rows_copy(scatter-add)
+// sample(): softmax / argmax            softmax / argmax
+
 // ============================ backend interface ============================
 
 // Every backend implements every op with the semantics above. The CPU backend is the oracle that
