@@ -162,7 +162,9 @@ TEST(Server, StreamingChatFramingAndUsage) {
     auto j = json::parse(data[i]);
     EXPECT_EQ(j["object"], "chat.completion.chunk");
     EXPECT_TRUE(j.contains("usage"));  // null until the last chunk, as OpenAI sends it
-    if (i == 0) EXPECT_EQ(j["choices"][0]["delta"]["role"], "assistant");
+    if (i == 0) {
+      EXPECT_EQ(j["choices"][0]["delta"]["role"], "assistant");
+    }
     if (j["choices"].empty()) {
       usage = j["usage"];
       continue;
