@@ -68,6 +68,7 @@ struct ChoiceOut {
   std::string forced_name;
   bool started = false;
   bool reasoning_open = false;
+  bool single_tool_call = false;  // parallel_tool_calls: false keeps only the first call
   std::string raw;            // all text (kRequiredTool parses it at the end)
   std::string content, reasoning;
   std::vector<ToolCallOut> tool_calls;
@@ -153,7 +154,16 @@ struct ChoiceOut {
     return out;
   }
 
-  void apply(const std::vector<DsmlDelta>& ds) {
+  // Drops calls after the first when the request asked for at most one.
+  void limit_calls(std::vector<DsmlDelta>& ds) const {
+    if (!single_tool_call) return;
+    std::erase_if(ds, [](const DsmlDelta& d) {
+      return (d.kind == DsmlDeltaKind::kToolCallStart || d.kind == DsmlDeltaKind::kToolCallArgs) && d.tool_index > 0;
+    });
+  }
+
+  void apply(std::vector<DsmlDelta>& ds) {
+    limit_calls(ds);
     for (const auto& d : ds) {
       switch (d.kind) {
         case DsmlDeltaKind::kReasoning: reasoning += d.text; break;
@@ -547,6 +557,7 @@ struct HttpServer::Impl {
       c.mode = mode;
       c.forced_name = forced_name;
       c.reasoning_open = r.thinking && mode == OutputMode::kChat;
+      c.single_tool_call = !r.parallel_tool_calls;
       if (mode == OutputMode::kChat) {
         DsmlParserOptions po;
         po.thinking = r.thinking;

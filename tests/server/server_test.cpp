@@ -297,6 +297,10 @@ TEST(Server, ToolCallsRoundTrip) {
   j = post_json(c, "/v1/chat/completions", body, &status);
   ASSERT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 2u);
   EXPECT_EQ(json::parse(j["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"].get<std::string>())["city"], "B");
+  body["parallel_tool_calls"] = false;  // at most one call comes back
+  j = post_json(c, "/v1/chat/completions", body, &status);
+  ASSERT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(json::parse(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>())["city"], "A");
 
   // Tool results go back in; the model answers with content.
   body = {{"tools", weather_tools()},
