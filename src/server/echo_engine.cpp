@@ -299,7 +299,8 @@ bool EchoEngine::step_one(Seq& s, RequestEvent& ev, double now) {
       ev.logprobs.push_back(std::move(lp));
     }
     // Text with stop strings: hold back any suffix that may start a stop string.
-    std::string full = s.utf8_pending + tokenizer_.token_bytes(tok);
+    std::string piece = opt_.skip_special_in_text && tokenizer_.is_special(tok) ? "" : tokenizer_.token_bytes(tok);
+    std::string full = s.utf8_pending + piece;
     for (const auto& stop : sp.stop) {
       auto at = (s.text + full).find(stop);
       if (at != std::string::npos && at + stop.size() > s.text.size()) {

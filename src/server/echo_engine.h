@@ -46,6 +46,9 @@ struct EchoEngineOptions {
   int block_size = 16;         // fake KV blocks, for the leak counter
   int64_t kv_blocks = 1 << 16;
   int prefill_steps = 0;       // extra steps before the first token
+  // Leave special tokens (</think>, ｜DSML｜, ...) out of RequestEvent::text, as an engine that
+  // detokenizes with skip_special does; the server must still see them (it splices them back).
+  bool skip_special_in_text = false;
 };
 
 class EchoEngine final : public Engine {

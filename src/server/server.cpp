@@ -80,8 +80,47 @@ struct ChoiceOut {
   json logprobs = json::array();  // chat: content entries; completions: built at the end
   std::vector<TokenLogprob> raw_logprobs;
 
-  std::vector<DsmlDelta> feed(const RequestEvent& ev) {
+  // The engine may detokenize with skip_special, which drops the protocol tokens the output parser
+  // needs (</think>, ｜DSML｜). Rebuild the text with them: walk the event's tokens, taking each
+  // ordinary token's bytes from ev.text (bytes the engine still holds back, for UTF-8 or a possible
+  // stop string, arrive in a later event: `held_bytes`) and inserting each protocol token's text
+  // unless ev.text already has it at that point.
+  const Tokenizer* tok = nullptr;
+  int64_t held_bytes = 0;
+  std::string with_protocol_tokens(const RequestEvent& ev) {
+    if (!tok || mode != OutputMode::kChat) return ev.text;
+    const std::string& text = ev.text;
+    std::string out;
+    size_t pos = std::min<size_t>(static_cast<size_t>(held_bytes), text.size());
+    out.append(text, 0, pos);
+    held_bytes -= static_cast<int64_t>(pos);
+    for (int32_t t : ev.tokens) {
+      std::string b = tok->token_bytes(t);
+      bool protocol = tok->is_special(t) && (b == dsv4::kThinkEnd || b == dsv4::kThinkStart || b == dsv4::kDsml);
+      if (protocol && text.compare(pos, b.size(), b) != 0) {
+        out += b;
+        continue;
+      }
+      if (tok->is_special(t) && !protocol && text.compare(pos, b.size(), b) != 0) continue;  // skipped special
+      size_t take = std::min(b.size(), text.size() - pos);
+      out.append(text, pos, take);
+      pos += take;
+      held_bytes += static_cast<int64_t>(b.size() - take);
+    }
+    if (pos < text.size()) out.append(text, pos, std::string::npos);  // e.g. U+FFFD replacements
+    return out;
+  }
+
+  std::vector<DsmlDelta> feed(const RequestEvent& ev_in) {
     std::vector<DsmlDelta> out;
+    RequestEvent ev_copy;
+    const RequestEvent* evp = &ev_in;
+    if (tok && mode == OutputMode::kChat) {
+      ev_copy.text = with_protocol_tokens(ev_in);
+      ev_copy.tokens = ev_in.tokens;
+      evp = &ev_copy;
+    }
+    const RequestEvent& ev = *evp;
     completion_tokens += static_cast<int64_t>(ev.tokens.size());
     raw += ev.text;
     switch (mode) {
@@ -558,6 +597,7 @@ struct HttpServer::Impl {
       c.forced_name = forced_name;
       c.reasoning_open = r.thinking && mode == OutputMode::kChat;
       c.single_tool_call = !r.parallel_tool_calls;
+      c.tok = &tok;
       if (mode == OutputMode::kChat) {
         DsmlParserOptions po;
         po.thinking = r.thinking;

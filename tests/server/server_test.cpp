@@ -708,3 +708,52 @@ TEST(Server, ShutdownDeadlineAbortsStreams) {
 
 }  // namespace
 }  // namespace tandem::server::testing
+
+namespace tandem::server::testing {
+namespace {
+
+// An engine that detokenizes with skip_special drops </think> and ｜DSML｜ from the event text;
+// reasoning and tool calls must still come out right (the server splices the tokens back).
+TEST(Server, ProtocolTokensRestoredWhenEngineSkipsSpecials) {
+  EchoEngineOptions eo;
+  eo.skip_special_in_text = true;
+  eo.tokens_per_step = 3;  // several tokens per event, as with speculative decoding
+  ServerHarness h(eo);
+  auto c = h.client();
+  json body = chat("why");
+  body["chat_template_kwargs"] = {{"thinking", true}};
+  int status = 0;
+  auto j = post_json(c, "/v1/chat/completions", body, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["message"]["reasoning_content"], "Thinking about: why");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Echo: why");
+
+  body = chat(R"(call get_weather {"city": "Rome", "days": 2})");
+  body["tools"] = weather_tools();
+  for (bool stream : {false, true}) {
+    body["stream"] = stream;
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    std::string args, name;
+    if (!stream) {
+      auto rj = json::parse(r->body);
+      ASSERT_EQ(rj["choices"][0]["message"]["tool_calls"].size(), 1u) << r->body;
+      name = rj["choices"][0]["message"]["tool_calls"][0]["function"]["name"];
+      args = rj["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"];
+    } else {
+      for (const auto& d : sse_data(r->body)) {
+        if (d == "[DONE]") break;
+        auto cj = json::parse(d);
+        if (!cj["choices"][0]["delta"].contains("tool_calls")) continue;
+        const auto& t = cj["choices"][0]["delta"]["tool_calls"][0];
+        if (t.contains("id")) name = t["function"]["name"];
+        args += t["function"]["arguments"].get<std::string>();
+      }
+    }
+    EXPECT_EQ(name, "get_weather") << stream;
+    EXPECT_EQ(json::parse(args), json({{"city", "Rome"}, {"days", 2}})) << stream;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::server::testing
