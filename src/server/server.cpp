@@ -262,8 +262,20 @@ struct Generation {
   std::atomic<int64_t>* in_flight = nullptr;
   bool counted = false;
 
+  double t_start = now_s();
+
   ~Generation() {
-    if (counted) --*in_flight;
+    if (!counted) return;
+    --*in_flight;
+    int64_t completion = 0;
+    std::string reasons;
+    for (const auto& c : choices) {
+      completion += c.completion_tokens;
+      if (!reasons.empty()) reasons += ",";
+      reasons += c.finish == FinishReason::kNone ? "disconnected" : c.finish_reason();
+    }
+    TLOG_INFO("server", "{} {} prompt {} completion {} finish {} {:.3f} s", id, req.stream ? "stream" : "unary",
+              prompt_tokens, completion, reasons, now_s() - t_start);
   }
   bool chat() const { return req.endpoint == Endpoint::kChatCompletions; }
 
