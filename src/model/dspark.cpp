@@ -38,6 +38,7 @@ Status DsV4Model::draft_insert_context(int slot, int64_t start_pos, std::span<co
   const int64_t pos0 = start_pos + first;
   n -= first;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  m.use_threads();
   std::vector<float> mh(rows, rows + n * td), main_x(n * D), kv(n * hd);
   model::round_bf16(mh.data(), mh.size());
   m.linear(m.w.draft.main_proj, mh.data(), n, main_x.data());
@@ -74,6 +75,7 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
     if (r.anchor_pos < 1) return invalid_argument("draft_propose: anchor position must be >= 1 (context needed)");
   }
   results.resize(requests.size());
+  m.use_threads();
   std::vector<int32_t> ids(K);
   std::vector<float> h(K * HD), res(K * HD), x(K * D), a(K * D), post(K * hc), comb(K * hc * hc);
   std::vector<float> qr(K * ql), q(K * H * hd), kv(K * hd), o(K * H * hd), y(K * D), yn(K * D), base(K * V);
@@ -83,9 +85,10 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
     const int64_t P = r.anchor_pos;
     ids[0] = r.anchor_token;
     for (int64_t i = 1; i < K; ++i) ids[i] = static_cast<int32_t>(c.dspark_noise_token_id);
-    for (int64_t t = 0; t < K; ++t)
-      for (int64_t k = 0; k < hc; ++k)
-        std::memcpy(&h[t * HD + k * D], m.w.embed.data() + static_cast<int64_t>(ids[t]) * D, sizeof(float) * D);
+    for (int64_t t = 0; t < K; ++t) {
+      m.w.embed.row(ids[t], &h[t * HD]);
+      for (int64_t k = 1; k < hc; ++k) std::memcpy(&h[t * HD + k * D], &h[t * HD], sizeof(float) * D);
+    }
     const float* ctx = m.draft_ctx.data() + static_cast<int64_t>(r.slot) * c.num_draft_stages * W * hd;
     for (int st = 0; st < c.num_draft_stages; ++st) {
       const model::BlockW& b = m.w.draft.stages[st];
@@ -112,18 +115,19 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
     const model::DraftW& dw = m.w.draft;
     m.hc_head(h.data(), K, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, y.data());
     for (int64_t t = 0; t < K; ++t) model::rms_norm(&y[t * D], dw.norm.data(), D, eps, &yn[t * D]);
-    model::matmul(yn.data(), K, D, m.w.head.data(), V, base.data(), m.threads());
+    m.linear(m.w.head, yn.data(), K, base.data(), false);
 
     DraftResult& out = results[ri];
     out.tokens.assign(K, 0);
     out.confidence.assign(K, 0.0f);
     out.logits.resize(K * V);
     if (sampling.want_probs) out.probs.resize(K * V);
-    std::vector<float> bias(V), feat(D + R);
+    std::vector<float> bias(V), feat(D + R), e_row(R);
     int32_t prev = r.anchor_token;
     for (int64_t i = 0; i < K; ++i) {
-      const float* e = dw.markov_w1.data() + static_cast<int64_t>(prev) * R;
-      model::matmul(e, 1, R, dw.markov_w2.data(), V, bias.data(), m.threads());
+      dw.markov_w1.row(prev, e_row.data());
+      const float* e = e_row.data();
+      m.linear(dw.markov_w2, e, 1, bias.data(), false);
       float* z = &out.logits[i * V];
       for (int64_t v = 0; v < V; ++v) z[v] = base[i * V + v] + bias[v];
       std::memcpy(feat.data(), &y[i * D], sizeof(float) * D);

@@ -23,15 +23,21 @@ void grow(std::vector<float>& v, size_t n) {
 }  // namespace
 
 void DsV4Model::Impl::linear(const LinearW& l, const float* x, int64_t m, float* y, bool round_out) {
-  const float* in = x;
-  if (l.act_quant) {
-    grow(s.tmp2, static_cast<size_t>(m * l.in));
-    std::memcpy(s.tmp2.data(), x, sizeof(float) * m * l.in);
-    model::act_quant_fp8(s.tmp2.data(), m, l.in, 128, l.in);
-    in = s.tmp2.data();
-  }
-  model::matmul(in, m, l.in, l.w.data(), l.out, y, threads());
-  if (round_out) model::round_bf16(y, static_cast<size_t>(m * l.out));
+  gemm(l.w, x, m, y, round_out, l.act_quant);
+}
+
+void DsV4Model::Impl::gemm(const kernels::WeightRef& w, const float* x, int64_t m, float* y, bool round_out,
+                           bool act_quant) {
+  kernels::GemmParams p;
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  p.m = m;
+  p.n = w.n;
+  p.k = w.k;
+  p.round_bf16 = round_out;
+  p.quantize_x_block = act_quant ? 128 : 0;  // the reference's act_quant(x, 128) before fp8/fp4 GEMMs
+  ops().gemm(p);
 }
 
 // ---- mHC ----
@@ -139,7 +145,7 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
   const float limit = static_cast<float>(cfg.swiglu_limit);
   const float route_scale = static_cast<float>(cfg.routed_scaling_factor);
   grow(s.gate_scores, static_cast<size_t>(n * E));
-  model::matmul(x, n, D, m.gate.w.data(), E, s.gate_scores.data(), threads());
+  linear(m.gate, x, n, s.gate_scores.data(), false);
   s.moe_idx.resize(static_cast<size_t>(n * K));
   grow(s.moe_w, static_cast<size_t>(n * K));
   grow(s.moe_sc, static_cast<size_t>(E));
@@ -265,10 +271,22 @@ void DsV4Model::Impl::output_proj(const model::AttentionW& a, float* o, int64_t 
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, G = cfg.o_groups, R = cfg.o_lora_rank;
   const int64_t gin = H * hd / G;
   grow(s.u, static_cast<size_t>(n * G * R));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t g = 0; g < G; ++g)
-      model::matmul(o + t * H * hd + g * gin, 1, gin, a.wo_a.w.data() + g * R * gin, R, s.u.data() + (t * G + g) * R, 1);
-  model::round_bf16(s.u.data(), static_cast<size_t>(n * G * R));
+  // Grouped bf16 einsum: group g of every token against wo_a rows [g*R, (g+1)*R), bf16 result.
+  kernels::GemmParams p;
+  p.x = o;
+  p.w = a.wo_a.w;
+  p.y = s.u.data();
+  p.m = n;
+  p.n = R;
+  p.k = gin;
+  p.ldx = H * hd;
+  p.ldy = G * R;
+  p.batch = G;
+  p.x_batch_stride = gin;
+  p.y_batch_stride = R;
+  p.w_batch_rows = R;
+  p.round_bf16 = true;
+  ops().gemm(p);
   linear(a.wo_b, s.u.data(), n, y);
 }
 
@@ -312,7 +330,7 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
   const model::AttentionW& a = b.attn;
   const LayerLayout& L = layout[layer];
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, rd = cfg.qk_rope_head_dim, ql = cfg.q_lora_rank;
-  const int64_t D = cfg.hidden_size, W = cfg.sliding_window, bs = opt.block_size;
+  const int64_t W = cfg.sliding_window, bs = opt.block_size;
   const int ratio = b.compress_ratio;
   const model::RopeTable& rope = ratio ? rope_comp : rope_swa;
   const float eps = static_cast<float>(cfg.rms_norm_eps);
@@ -339,9 +357,9 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
     const int64_t C = cl.chans, r = cw.ratio, d = cw.head_dim;
     grow(rows_buf, static_cast<size_t>(n * 2 * C));
     grow(s.tmp, static_cast<size_t>(n * C));
-    model::matmul(x, n, D, cw.wkv.w.data(), C, s.tmp.data(), threads());
+    linear(cw.wkv, x, n, s.tmp.data(), false);
     for (int64_t t = 0; t < n; ++t) std::memcpy(&rows_buf[t * 2 * C], &s.tmp[t * C], sizeof(float) * C);
-    model::matmul(x, n, D, cw.wgate.w.data(), C, s.tmp.data(), threads());
+    linear(cw.wgate, x, n, s.tmp.data(), false);
     for (int64_t t = 0; t < n; ++t) {
       const float* ape = cw.ape.data() + ((start_pos + t) % r) * C;
       for (int64_t c = 0; c < C; ++c) rows_buf[t * 2 * C + C + c] = s.tmp[t * C + c] + ape[c];
@@ -471,13 +489,13 @@ void DsV4Model::Impl::block_forward_target(int layer, int slot, const int32_t* t
 }
 
 void DsV4Model::Impl::logits_rows(const float* h, int64_t n, float* out) {
-  const int64_t D = cfg.hidden_size, V = cfg.vocab_size;
+  const int64_t D = cfg.hidden_size;
   grow(s.head_y, static_cast<size_t>(n * D));
   float* y = s.head_y.data();
   hc_head(h, n, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, y);
   for (int64_t t = 0; t < n; ++t)
     model::rms_norm(&y[t * D], w.norm.data(), D, static_cast<float>(cfg.rms_norm_eps), &y[t * D]);
-  model::matmul(y, n, D, w.head.data(), V, out, threads());
+  linear(w.head, y, n, out, false);
 }
 
 }  // namespace tandem

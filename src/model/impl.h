@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "io/safetensors.h"
+#include "kernels/ops.h"
 #include "model/math.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -15,7 +18,8 @@ struct DsV4Model::Impl {
   ModelConfig cfg;
   ModelOptions opt;
   LoadReport report;
-  model::Weights w;
+  std::unique_ptr<Checkpoint> ckpt;  // load(): the mmapped files the weights point into
+  model::Weights w;                   // views into ckpt (load) or the caller's tensors (from_tensors)
   model::RopeTable rope_swa;    // ratio-0 layers and draft stages: rope_theta, no YaRN
   model::RopeTable rope_comp;   // compressed layers (and their compressor / indexer)
 
@@ -62,6 +66,10 @@ struct DsV4Model::Impl {
   // ---- shared layer pieces (forward.cpp) ----
   // y[m, out] = x W^T with the reference's activation quantisation; round_out: bf16 result.
   void linear(const model::LinearW& l, const float* x, int64_t m, float* y, bool round_out = true);
+  void gemm(const kernels::WeightRef& w, const float* x, int64_t m, float* y, bool round_out, bool act_quant);
+  kernels::Ops& ops() { return kernels::cpu_ops(); }
+  // Applies opt.num_threads to the (process-wide) CPU op thread count; called at every entry point.
+  void use_threads() { kernels::cpu::set_num_threads(opt.num_threads); }
   void hc_pre(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
               const std::vector<float>& base, float* x, float* post, float* comb);
   void hc_post(const float* a, const float* res, const float* post, const float* comb, int64_t n, float* h);

@@ -116,6 +116,7 @@ Result<std::unique_ptr<DsV4Model>> DsV4Model::load(const std::string& dir, const
   for (const auto& [name, view] : (*ckpt)->tensors()) views.push_back(view);
   auto model = from_tensors(*config, views, options);
   if (!model.ok()) return model.status().with_context("loading " + dir);
+  (*model)->impl_->ckpt = std::move(*ckpt);  // the weights are views into its mmapped shards
   TLOG_INFO("model", "{}: {}", dir, (*model)->load_report().summary());
   return model;
 }
@@ -155,6 +156,7 @@ Status DsV4Model::Impl::validate_step(const StepBatch& batch) const {
 Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
   Impl& m = *impl_;
   TANDEM_RETURN_IF_ERROR(m.validate_step(batch));
+  m.use_threads();
   const ModelConfig& c = m.cfg;
   const int64_t V = c.vocab_size, D = c.hidden_size, HD = c.hc_mult * D, td = tap_dim();
   const size_t ns = batch.seqs.size();
@@ -184,9 +186,10 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
     if (n == 0) continue;
     if (m.s.h.size() < static_cast<size_t>(n * HD)) m.s.h.resize(n * HD);
     float* h = m.s.h.data();
-    for (int64_t t = 0; t < n; ++t)
-      for (int k = 0; k < c.hc_mult; ++k)
-        std::memcpy(h + t * HD + k * D, m.w.embed.data() + static_cast<int64_t>(q.tokens[t]) * D, sizeof(float) * D);
+    for (int64_t t = 0; t < n; ++t) {
+      m.w.embed.row(q.tokens[t], h + t * HD);
+      for (int k = 1; k < c.hc_mult; ++k) std::memcpy(h + t * HD + k * D, h + t * HD, sizeof(float) * D);
+    }
     for (int l = 0; l < c.num_hidden_layers; ++l) {
       m.block_forward_target(l, q.slot, q.tokens.data(), n, q.start_pos, q.block_table.data(), h);
       if (!q.collect_taps) continue;

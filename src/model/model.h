@@ -1,5 +1,5 @@
 // DsV4Model: the DeepSeek-V4-Flash forward pass on the CPU (the project's correctness oracle) and the
-// DSpark draft. Owns the weights (dequantized to fp32 at load), the per-slot fixed state (sliding
+// DSpark draft. Owns the weights (kept quantized: views into the checkpoint), the per-slot fixed state (sliding
 // window rings, compressor partial state) and the paged pool of compressed-KV blocks.
 //
 // Cache model (what the engine must know):
@@ -117,7 +117,8 @@ class DsV4Model {
   // errors naming the tensor.
   static Result<std::unique_ptr<DsV4Model>> load(const std::string& dir, const ModelOptions& options);
   // Same from an already parsed config and a tensor lookup (tests build weights in memory).
-  // `tensors` lists every tensor of the checkpoint; views must stay valid during the call.
+  // `tensors` lists every tensor of the checkpoint. The model keeps the weight matrices in their
+  // stored format as views into the tensors' data, which must outlive the model.
   static Result<std::unique_ptr<DsV4Model>> from_tensors(const ModelConfig& config,
                                                          const std::vector<const TensorView*>& tensors,
                                                          const ModelOptions& options);

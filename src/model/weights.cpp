@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "common/check.h"
 #include "common/numeric.h"
 #include "io/safetensors.h"
 
@@ -70,9 +71,10 @@ class Loader {
     return out;
   }
 
-  // A linear `<prefix>.weight` [out, in]: FP8 (+ .scale 128x128 E8M0), MXFP4 as I8 [out, in/2]
-  // (+ .scale [out, in/32]) or BF16/F32 (no scale).
-  LinearW linear(const std::string& prefix, int64_t out, int64_t in) {
+  // A linear `<prefix>.weight` [out, in] bound in its stored format: FP8 (+ .scale 128x128 E8M0),
+  // MXFP4 as I8 [out, in/2] (+ .scale [out, in/32]) or BF16/F32 (no scale). dense_only: the
+  // reference reads it as a bf16/fp32 tensor (embedding, Markov head), so FP8/FP4 is refused.
+  LinearW linear(const std::string& prefix, int64_t out, int64_t in, bool dense_only = false) {
     LinearW l;
     l.out = out;
     l.in = in;
@@ -82,7 +84,7 @@ class Loader {
       missing(wname);
       return l;
     }
-    if (t->dtype == DType::kF8E4M3) {
+    if (t->dtype == DType::kF8E4M3 && !dense_only) {
       const TensorView* w = take(wname, {out, in});
       const TensorView* s = take(prefix + ".scale", {(out + 127) / 128, (in + 127) / 128});
       if (!w || !s) return l;
@@ -90,9 +92,9 @@ class Loader {
         fail(invalid_argument("tensor {}.scale: dtype {} where F8_E8M0 was expected", prefix, dtype_name(s->dtype)));
         return l;
       }
-      l.w = num::dequantize_fp8_block(w->data, s->data, out, in, 128);
+      l.w = {kernels::WeightFormat::kFp8Block, w->data, s->data, out, in, 0};
       l.act_quant = true;
-    } else if (t->dtype == DType::kI8) {
+    } else if (t->dtype == DType::kI8 && !dense_only) {
       if (in % 32 != 0) {
         fail(invalid_argument("tensor {}: FP4 weight needs in % 32 == 0 (in = {})", wname, in));
         return l;
@@ -104,10 +106,18 @@ class Loader {
         fail(invalid_argument("tensor {}.scale: dtype {} where F8_E8M0 was expected", prefix, dtype_name(s->dtype)));
         return l;
       }
-      l.w = num::dequantize_mxfp4(w->data, s->data, out, in);
+      l.w = {kernels::WeightFormat::kMxfp4, w->data, s->data, out, in, 0};
       l.act_quant = true;
     } else {
-      l.w = vec(wname, {out, in});
+      const TensorView* w = take(wname, {out, in});
+      if (!w) return l;
+      if (w->dtype == DType::kBF16) {
+        l.w = {kernels::WeightFormat::kBf16, w->data, nullptr, out, in, 0};
+      } else if (w->dtype == DType::kF32) {
+        l.w = {kernels::WeightFormat::kF32, w->data, nullptr, out, in, 0};
+      } else {
+        fail(invalid_argument("tensor {}: dtype {} where BF16 or F32 was expected", wname, dtype_name(w->dtype)));
+      }
     }
     return l;
   }
@@ -155,6 +165,37 @@ class Loader {
   Status status_;
 };
 
+// wo_a: the reference dequantizes it to a bf16 tensor and runs a grouped bf16 einsum (no activation
+// quantization), group g using rows [g*R, (g+1)*R). FP8 stays as stored when every dequantized value
+// is a bf16 value (E8M0 exponent in [-124, 119]: e4m3 values are multiples of 2^-9 below 2^9) and the
+// groups start on 128-row scale blocks; BF16 stays as stored; anything else becomes a bf16 copy.
+void bf16_grouped(LinearW& l, int64_t group_rows) {
+  using kernels::WeightFormat;
+  if (!l.w.data || l.w.format == WeightFormat::kBf16) return;
+  if (l.w.format == WeightFormat::kFp8Block && group_rows % kernels::kFp8WeightBlock == 0) {
+    const size_t ns = static_cast<size_t>(((l.out + 127) / 128) * ((l.in + 127) / 128));
+    bool exact = true;
+    for (size_t i = 0; i < ns && exact; ++i) exact = (l.w.scale[i] >= 3 && l.w.scale[i] <= 246) || l.w.scale[i] == 255;
+    if (exact) return;
+  }
+  std::vector<float> f;
+  switch (l.w.format) {
+    case WeightFormat::kFp8Block:
+      f = num::dequantize_fp8_block(static_cast<const uint8_t*>(l.w.data), l.w.scale, l.out, l.in, 128);
+      break;
+    case WeightFormat::kMxfp4:
+      f = num::dequantize_mxfp4(static_cast<const uint8_t*>(l.w.data), l.w.scale, l.out, l.in);
+      break;
+    default:
+      f.resize(static_cast<size_t>(l.out * l.in));
+      std::memcpy(f.data(), l.w.data, f.size() * 4);
+      break;
+  }
+  l.owned.resize(f.size());
+  for (size_t i = 0; i < f.size(); ++i) l.owned[i] = num::f32_to_bf16(f[i]);
+  l.w = {WeightFormat::kBf16, l.owned.data(), nullptr, l.out, l.in, 0};
+}
+
 void load_compressor(Loader& ld, const std::string& p, const ModelConfig& c, int ratio, int head_dim, bool rotate,
                      CompressorW& out) {
   out.ratio = ratio;
@@ -192,7 +233,7 @@ void load_block(Loader& ld, const std::string& p, const ModelConfig& c, int laye
   a.kv_norm = ld.vec(p + "attn.kv_norm.weight", {hd});
   a.wo_a = ld.linear(p + "attn.wo_a", static_cast<int64_t>(c.o_groups) * c.o_lora_rank, H * hd / c.o_groups);
   a.wo_a.act_quant = false;  // bf16 einsum in the reference
-  for (float& v : a.wo_a.w) v = num::round_bf16(v);
+  bf16_grouped(a.wo_a, c.o_lora_rank);
   a.wo_b = ld.linear(p + "attn.wo_b", D, static_cast<int64_t>(c.o_groups) * c.o_lora_rank);
   if (ratio != 0) {
     a.has_compressor = true;
@@ -228,6 +269,56 @@ void load_block(Loader& ld, const std::string& p, const ModelConfig& c, int laye
 }
 
 }  // namespace
+
+void LinearW::row(int64_t r, float* dst) const {
+  TANDEM_CHECK(r >= 0 && r < out);
+  if (w.format == kernels::WeightFormat::kF32) {
+    std::memcpy(dst, static_cast<const float*>(w.data) + r * in, sizeof(float) * in);
+    return;
+  }
+  TANDEM_CHECK(w.format == kernels::WeightFormat::kBf16);
+  const uint16_t* src = static_cast<const uint16_t*>(w.data) + r * in;
+  for (int64_t i = 0; i < in; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + i, 2);
+    dst[i] = num::bf16_to_f32(h);
+  }
+}
+
+namespace {
+size_t vec_bytes(const std::vector<float>& v) { return v.size() * sizeof(float); }
+size_t block_bytes(const BlockW& b) {
+  auto lin = [](const LinearW& l) { return l.bytes(); };
+  auto comp = [&](const CompressorW& c) { return lin(c.wkv) + lin(c.wgate) + vec_bytes(c.ape) + vec_bytes(c.norm); };
+  size_t n = vec_bytes(b.attn_norm) + vec_bytes(b.ffn_norm) + vec_bytes(b.hc_attn_fn) + vec_bytes(b.hc_attn_base) +
+             vec_bytes(b.hc_attn_scale) + vec_bytes(b.hc_ffn_fn) + vec_bytes(b.hc_ffn_base) + vec_bytes(b.hc_ffn_scale);
+  const AttentionW& a = b.attn;
+  n += lin(a.wq_a) + lin(a.wq_b) + lin(a.wkv) + lin(a.wo_a) + lin(a.wo_b) + vec_bytes(a.q_norm) + vec_bytes(a.kv_norm) +
+       vec_bytes(a.attn_sink);
+  if (a.has_compressor) n += comp(a.compressor);
+  if (a.has_indexer) n += lin(a.indexer.wq_b) + lin(a.indexer.weights_proj) + comp(a.indexer.compressor);
+  const MoEW& m = b.ffn;
+  n += lin(m.gate) + vec_bytes(m.bias) + m.tid2eid.size() * sizeof(int32_t);
+  for (const ExpertW& e : m.experts) n += lin(e.w1) + lin(e.w2) + lin(e.w3);
+  n += lin(m.shared.w1) + lin(m.shared.w2) + lin(m.shared.w3);
+  return n;
+}
+}  // namespace
+
+size_t weight_bytes(const Weights& w) {
+  size_t n = w.embed.bytes() + vec_bytes(w.norm) + vec_bytes(w.hc_head_fn) + vec_bytes(w.hc_head_base) +
+             vec_bytes(w.hc_head_scale);
+  if (w.head.w.data != w.embed.w.data) n += w.head.bytes();
+  for (const BlockW& b : w.layers) n += block_bytes(b);
+  if (w.has_draft) {
+    const DraftW& d = w.draft;
+    for (const BlockW& b : d.stages) n += block_bytes(b);
+    n += d.main_proj.bytes() + vec_bytes(d.main_norm) + vec_bytes(d.norm) + vec_bytes(d.hc_head_fn) +
+         vec_bytes(d.hc_head_base) + vec_bytes(d.hc_head_scale) + d.markov_w1.bytes() + d.markov_w2.bytes() +
+         vec_bytes(d.confidence);
+  }
+  return n;
+}
 
 Status validate_config_for_cpu(const ModelConfig& c) {
   const int nl = c.num_hidden_layers;
@@ -282,8 +373,14 @@ Result<Weights> load_weights(const ModelConfig& c, const std::vector<const Tenso
   Loader ld(tensors, counts);
   Weights w;
   const int64_t V = c.vocab_size, D = c.hidden_size;
-  w.embed = ld.vec("embed.weight", {V, D});
-  w.head = c.tie_word_embeddings ? w.embed : ld.vec("head.weight", {V, D});
+  w.embed = ld.linear("embed", V, D, true);
+  if (c.tie_word_embeddings) {
+    w.head.out = V;
+    w.head.in = D;
+    w.head.w = w.embed.w;
+  } else {
+    w.head = ld.linear("head", V, D, true);
+  }
   w.norm = ld.vec("norm.weight", {D});
   w.hc_head_fn = ld.vec("hc_head_fn", {c.hc_mult, c.hc_dim()});
   w.hc_head_base = ld.vec("hc_head_base", {c.hc_mult});
@@ -305,8 +402,8 @@ Result<Weights> load_weights(const ModelConfig& c, const std::vector<const Tenso
     d.hc_head_fn = ld.vec(last + "hc_head_fn", {c.hc_mult, c.hc_dim()});
     d.hc_head_base = ld.vec(last + "hc_head_base", {c.hc_mult});
     d.hc_head_scale = ld.vec(last + "hc_head_scale", {1});
-    d.markov_w1 = ld.vec(last + "markov_head.markov_w1.weight", {V, c.dspark_markov_rank});
-    d.markov_w2 = ld.vec(last + "markov_head.markov_w2.weight", {V, c.dspark_markov_rank});
+    d.markov_w1 = ld.linear(last + "markov_head.markov_w1", V, c.dspark_markov_rank, true);
+    d.markov_w2 = ld.linear(last + "markov_head.markov_w2", V, c.dspark_markov_rank, true);
     d.confidence = ld.vec(last + "confidence_head.proj.weight", {1, D + c.dspark_markov_rank});
   }
   TANDEM_RETURN_IF_ERROR(ld.status());

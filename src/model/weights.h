@@ -1,7 +1,9 @@
-// In-memory weights of DeepSeek-V4 for the CPU forward: every tensor dequantized to fp32 at load
-// (FP8 128x128 block / MXFP4 per-32 / BF16), named like the official checkpoint. The loader checks
-// every tensor against the catalog derived from the config: a missing, unexpected, wrong-dtype or
-// mis-shaped tensor is an error naming it.
+// In-memory weights of DeepSeek-V4 for the forward pass, named like the official checkpoint. Matrices
+// (linears, embedding, LM head, Markov head) stay in their stored format (FP8 128x128 block, MXFP4
+// per-32, BF16) as kernels::WeightRef views into the tensor data, which must outlive the Weights;
+// only small vectors (norms, mHC, ape, biases) are copied to fp32. The loader checks every tensor
+// against the catalog derived from the config: a missing, unexpected, wrong-dtype or mis-shaped
+// tensor is an error naming it.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 
 #include "common/status.h"
 #include "io/model_config.h"
+#include "kernels/ops.h"
 
 namespace tandem {
 struct TensorView;
@@ -19,10 +22,22 @@ namespace tandem::model {
 
 // A linear layer W[out, in] (y = x W^T). act_quant: the file stores it as FP8/FP4, so the
 // reference quantizes the activation to FP8 (block 128) before the GEMM.
+// Move-only: `w` may point into `owned`.
 struct LinearW {
   int64_t out = 0, in = 0;
   bool act_quant = false;
-  std::vector<float> w;   // [out, in]
+  kernels::WeightRef w;          // [out, in] as stored (points into the checkpoint or into `owned`)
+  std::vector<uint16_t> owned;   // bf16 copy, only when the stored form cannot serve (see wo_a)
+
+  LinearW() = default;
+  LinearW(LinearW&&) = default;
+  LinearW& operator=(LinearW&&) = default;
+  LinearW(const LinearW&) = delete;
+  LinearW& operator=(const LinearW&) = delete;
+
+  // Row r (< out) converted to fp32 (embedding / Markov lookups). Dense formats only.
+  void row(int64_t r, float* dst) const;
+  size_t bytes() const { return w.bytes(); }
 };
 
 struct CompressorW {
@@ -78,14 +93,14 @@ struct DraftW {
   std::vector<float> main_norm;
   std::vector<float> norm;
   std::vector<float> hc_head_fn, hc_head_base, hc_head_scale;
-  std::vector<float> markov_w1;   // [vocab, rank] (bf16 values)
-  std::vector<float> markov_w2;   // [vocab, rank]
+  LinearW markov_w1;              // [vocab, rank] (row lookups)
+  LinearW markov_w2;              // [vocab, rank] (GEMM)
   std::vector<float> confidence;  // [dim + rank]
 };
 
 struct Weights {
-  std::vector<float> embed;       // [vocab, dim]
-  std::vector<float> head;        // [vocab, dim]
+  LinearW embed;                  // [vocab, dim] (row lookups)
+  LinearW head;                   // [vocab, dim] (fp32 GEMM); tied embeddings: a second view of embed
   std::vector<float> norm;
   std::vector<float> hc_head_fn, hc_head_base, hc_head_scale;
   std::vector<BlockW> layers;
@@ -101,6 +116,9 @@ struct LoadCounts {
 
 // Validates the config for the CPU forward (supported shapes); InvalidArgument names the field.
 Status validate_config_for_cpu(const ModelConfig& config);
+
+// Bytes of the weight matrices as held (views + owned copies) and of the fp32 copies of vectors.
+size_t weight_bytes(const Weights& w);
 
 Result<Weights> load_weights(const ModelConfig& config, const std::vector<const TensorView*>& tensors,
                              bool load_draft, LoadCounts& counts);

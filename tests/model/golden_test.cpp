@@ -186,7 +186,11 @@ TEST(ModelGolden, DefaultPresetSeed1Prompt300) {
 
 TEST(ModelGolden, BuiltinTrainedModel) {
   // reference vs itself: max rel 0.163, top-1 0.977 (a trained model amplifies rounding flips more).
-  run_case({"builtin", 0.3, 0.05, 0.93, 0.8, 0.85, 2.5, 4});
+  // max_rel 0.4: the worst row is a rounding-flip cascade whose size depends on the fp32 summation
+  // order alone. Same weights and math, only the GEMM ISA changed (cpu::set_gemm_isa): baseline SSE
+  // gives target max rel 0.146 / draft 0.435, AVX2 and AVX-512 (FMA) give target 0.33 / draft 0.19;
+  // mean rel stays 0.028-0.031 and the exact prefix >= 4 in all three.
+  run_case({"builtin", 0.4, 0.05, 0.93, 0.8, 0.85, 2.5, 4});
 }
 
 }  // namespace
