@@ -26,6 +26,10 @@ build: deps $(BUILD)/build.ninja
 test: build
 	@bash tools/run-tests.sh $(BUILD) $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
+test-e2e: build
+	bash tools/e2e.sh echo: $(BUILD)
+	bash tools/smoke-builtin.sh $(BUILD)
+
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure
 
@@ -36,7 +40,8 @@ builtin-model: build
 	@bash tools/builtin-model.sh $(BUILD)/tandem $(MODEL)
 
 run: builtin-model
-	$(BUILD)/tandem serve --model $(MODEL) --host $(HOST) --port $(PORT)
+	$(BUILD)/tandem serve --model $(MODEL) --served-model-name builtin --host $(HOST) --port $(PORT) \
+	  --speculative-config '{"method":"dspark","num_speculative_tokens":5}' $(SERVE_ARGS)
 
 bench: build
 	@bash tools/run-bench.sh $(BUILD)

@@ -49,5 +49,18 @@ if ls fuzz/*.cpp >/dev/null 2>&1 && command -v clang++ >/dev/null; then
   fi
 fi
 
+# End-to-end: the official openai Node SDK, raw sockets and a bounded 64-client load test against
+# `tandem serve` (deterministic echo engine), then the real engine on the built-in model.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  e2e_log=$(mktemp /tmp/tandem-e2e-run.XXXXXX.log)
+  if LOAD_SECONDS=${LOAD_SECONDS:-10} bash tools/e2e.sh echo: "$BUILD" 2>&1 | tee "$e2e_log"; then :; fi
+  p=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$e2e_log" | tail -1); f=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$e2e_log" | tail -1)
+  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+  if grep -q '^e2e: PASSED' "$e2e_log"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+else
+  echo "e2e: node/npm missing"; failed=$((failed + 1))
+fi
+if bash tools/smoke-builtin.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
