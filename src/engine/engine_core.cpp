@@ -129,23 +129,41 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   if (config.max_model_len > model_len)
     return invalid_argument("--max-model-len {} exceeds the model's maximum {}", config.max_model_len, model_len);
   const int64_t want_len = config.max_model_len > 0 ? config.max_model_len : model_len;
+  // Prefix caching keeps slot-state snapshots at block boundaries. They can be far larger than a
+  // block's KV (window ring + compressor state), so the pool holds a bounded number of them
+  // (recycled LRU); with a small budget, one per block.
   const int64_t snapshot_bytes = config.enable_prefix_caching ? runner_->slot_state_bytes() : 0;
-  const int64_t block_bytes = runner_->kv_bytes_per_block(bs, kv_dtype_) + snapshot_bytes;
-  TANDEM_CHECK(block_bytes > 0);
+  const int64_t kv_block_bytes = runner_->kv_bytes_per_block(bs, kv_dtype_);
+  TANDEM_CHECK(kv_block_bytes > 0);
+  const int64_t max_snapshots =
+      config.enable_prefix_caching ? std::max<int64_t>(64, int64_t{16} * config.max_num_seqs) : 0;
   int64_t budget = config.kv_cache_memory;
   std::string budget_from = "--kv-cache-memory";
   if (budget == 0) {
     // CPU default: room for every sequence at full length, at most min(2 GiB, 25% of RAM).
-    int64_t want = static_cast<int64_t>(config.max_num_seqs) * ((want_len + bs - 1) / bs + 1) * block_bytes;
+    int64_t want = static_cast<int64_t>(config.max_num_seqs) * ((want_len + bs - 1) / bs + 1) * kv_block_bytes +
+                   max_snapshots * snapshot_bytes;
     int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
     int64_t cap = std::min<int64_t>(phys / 4, int64_t{2} << 30);
-    budget = std::min(want, std::max<int64_t>(cap, block_bytes));
+    budget = std::min(want, std::max<int64_t>(cap, kv_block_bytes + snapshot_bytes));
     budget_from = "default (max_num_seqs x max_model_len, <= min(2 GiB, 25% of RAM))";
   }
-  int64_t num_blocks = budget / block_bytes;
+  int64_t num_blocks, num_snapshots;
+  if (snapshot_bytes == 0) {
+    num_blocks = budget / kv_block_bytes;
+    num_snapshots = 0;
+  } else if (budget >= max_snapshots * (snapshot_bytes + kv_block_bytes)) {
+    num_snapshots = max_snapshots;
+    num_blocks = (budget - max_snapshots * snapshot_bytes) / kv_block_bytes;
+  } else {
+    num_blocks = budget / (kv_block_bytes + snapshot_bytes);
+    num_snapshots = num_blocks;
+  }
   if (num_blocks < 1)
-    return make_error(StatusCode::kResourceExhausted, "{} = {} bytes is smaller than one KV block ({} bytes)",
-                      budget_from, budget, block_bytes);
+    return make_error(StatusCode::kResourceExhausted,
+                      "{} = {} bytes is smaller than one KV block ({} bytes{})", budget_from, budget,
+                      kv_block_bytes + snapshot_bytes,
+                      snapshot_bytes ? fmt::format(" incl. a {}-byte slot snapshot", snapshot_bytes) : "");
   num_blocks = std::min<int64_t>(num_blocks, (int64_t{1} << 31) / bs - 1);
   const int64_t capacity = num_blocks * bs;
 
@@ -168,7 +186,7 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   // The runner knows its exact slot-state size only once its pools exist.
   const int64_t final_snapshot_bytes = config.enable_prefix_caching ? runner_->slot_state_bytes() : 0;
   kv_ = std::make_unique<KvBlockManager>(static_cast<int>(num_blocks), bs, config.enable_prefix_caching,
-                                         final_snapshot_bytes);
+                                         final_snapshot_bytes, static_cast<int>(num_snapshots));
   sampler_ = std::make_unique<Sampler>(runner_->vocab_size(), runner_->eos_token_id(), runner_->noise_token_id());
   for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
   step_tokens_.reserve(config.max_num_batched_tokens);
@@ -182,10 +200,11 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   m_.kv_blocks_free = num_blocks;
   if (options_.log_startup)
     TLOG_INFO("engine",
-              "KV cache: {} blocks x {} tokens = {} tokens capacity ({} KV, {} bytes/block incl. {} bytes slot "
-              "snapshot, {:.1f} MiB from {}); max_model_len {}; max_num_seqs {}; prefix caching {}; speculative {}",
-              num_blocks, bs, capacity, kv_dtype_, block_bytes, snapshot_bytes,
-              static_cast<double>(num_blocks * block_bytes) / (1 << 20), budget_from, info_.max_model_len,
+              "KV cache: {} blocks x {} tokens = {} tokens capacity ({} KV, {} bytes/block) + {} slot snapshots x {} "
+              "bytes = {:.1f} MiB from {}; max_model_len {}; max_num_seqs {}; prefix caching {}; speculative {}",
+              num_blocks, bs, capacity, kv_dtype_, kv_block_bytes, num_snapshots, final_snapshot_bytes,
+              static_cast<double>(num_blocks * kv_block_bytes + num_snapshots * final_snapshot_bytes) / (1 << 20),
+              budget_from, info_.max_model_len,
               config.max_num_seqs, config.enable_prefix_caching ? "on" : "off",
               spec_enabled() ? fmt::format("dspark K={} verify={}", num_spec_tokens_, sc.verify_mode) : "off");
   return Status();
@@ -357,6 +376,7 @@ bool EngineCore::try_admit(Seq& s, int64_t& budget) {
   free_slots_.pop_back();
   runner_->reset(s.slot);
   if (hit > 0) {
+    kv_->touch_snapshot(hit_blocks.back());
     Status st = runner_->import_slot_state(s.slot, kv_->snapshot(hit_blocks.back()));
     if (!st.ok()) {
       running_.push_back(&s);  // finish() removes it again
@@ -625,10 +645,8 @@ void EngineCore::cache_blocks(Seq& s) {
   kv_->register_full_blocks(s.tokens, s.block_table, s.block_hashes, full);
   if (full > 0 && s.num_computed % bs == 0) {
     int owner = kv_->cached_block(s.block_hashes[full - 1]);
-    if (owner >= 0 && !kv_->has_snapshot(owner)) {
-      runner_->export_slot_state(s.slot, kv_->snapshot(owner));
-      kv_->mark_snapshot(owner);
-    }
+    if (owner >= 0 && !kv_->has_snapshot(owner) && kv_->num_snapshots() > 0)
+      runner_->export_slot_state(s.slot, kv_->take_snapshot(owner));
   }
 }
 

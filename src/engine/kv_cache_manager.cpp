@@ -17,7 +17,7 @@ uint64_t mix64(uint64_t z) {
 }  // namespace
 
 KvBlockManager::KvBlockManager(int num_blocks, int block_size, bool enable_prefix_caching,
-                               int64_t snapshot_bytes)
+                               int64_t snapshot_bytes, int num_snapshots)
     : num_blocks_(num_blocks),
       block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
@@ -27,7 +27,11 @@ KvBlockManager::KvBlockManager(int num_blocks, int block_size, bool enable_prefi
   for (int b = 0; b < num_blocks; ++b) push_back(b);
   if (prefix_caching_) {
     block_tokens_.assign(static_cast<size_t>(num_blocks) * block_size, 0);
-    snapshots_.reset(new uint8_t[static_cast<size_t>(num_blocks) * snapshot_bytes_]);
+    int n = num_snapshots < 0 ? num_blocks : num_snapshots;
+    snapshots_.reset(new uint8_t[static_cast<size_t>(n) * snapshot_bytes_ + 1]);
+    snap_owner_.assign(n, -1);
+    snap_stamp_.assign(n, 0);
+    for (int i = n - 1; i >= 0; --i) free_snaps_.push_back(i);
     cached_.reserve(num_blocks * 2);
   }
 }
@@ -80,8 +84,38 @@ void KvBlockManager::evict(int b) {
   auto it = cached_.find(m.hash);
   if (it != cached_.end() && it->second == b) cached_.erase(it);
   m.cached = false;
-  m.has_snapshot = false;
+  drop_snapshot(b);
   m.hash = 0;
+}
+
+void KvBlockManager::drop_snapshot(int b) {
+  int slot = meta_[b].snap;
+  if (slot < 0) return;
+  snap_owner_[slot] = -1;
+  free_snaps_.push_back(slot);
+  meta_[b].snap = -1;
+}
+
+std::span<uint8_t> KvBlockManager::take_snapshot(int block) {
+  TANDEM_CHECK(prefix_caching_ && !snap_owner_.empty());
+  int slot = meta_[block].snap;
+  if (slot < 0) {
+    if (!free_snaps_.empty()) {
+      slot = free_snaps_.back();
+      free_snaps_.pop_back();
+    } else {
+      slot = static_cast<int>(std::min_element(snap_stamp_.begin(), snap_stamp_.end()) - snap_stamp_.begin());
+      meta_[snap_owner_[slot]].snap = -1;
+    }
+    snap_owner_[slot] = block;
+    meta_[block].snap = slot;
+  }
+  snap_stamp_[slot] = ++snap_clock_;
+  return {snapshots_.get() + static_cast<size_t>(slot) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
+}
+
+void KvBlockManager::touch_snapshot(int block) {
+  if (meta_[block].snap >= 0) snap_stamp_[meta_[block].snap] = ++snap_clock_;
 }
 
 void KvBlockManager::find_cached_prefix(std::span<const int32_t> tokens, int max_blocks,
@@ -104,7 +138,7 @@ void KvBlockManager::find_cached_prefix(std::span<const int32_t> tokens, int max
       break;  // hash collision: treat as a miss
     blocks.push_back(b);
     hashes.push_back(h);
-    if (meta_[b].has_snapshot) best = blocks.size();
+    if (meta_[b].snap >= 0) best = blocks.size();
     parent = h;
   }
   blocks.resize(best);
@@ -159,7 +193,7 @@ void KvBlockManager::register_full_blocks(std::span<const int32_t> tokens, std::
     cached_[h] = b;
     meta_[b].cached = true;
     meta_[b].hash = h;
-    meta_[b].has_snapshot = false;
+    drop_snapshot(b);
     std::copy(blk_tokens.begin(), blk_tokens.end(), block_tokens_.begin() + static_cast<ptrdiff_t>(b) * block_size_);
   }
 }
@@ -169,11 +203,10 @@ int KvBlockManager::cached_block(uint64_t hash) const {
   return it == cached_.end() ? -1 : it->second;
 }
 
-std::span<uint8_t> KvBlockManager::snapshot(int block) {
-  return {snapshots_.get() + static_cast<size_t>(block) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
-}
 std::span<const uint8_t> KvBlockManager::snapshot(int block) const {
-  return {snapshots_.get() + static_cast<size_t>(block) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
+  int slot = meta_[block].snap;
+  TANDEM_CHECK(slot >= 0);
+  return {snapshots_.get() + static_cast<size_t>(slot) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
 }
 
 Status KvBlockManager::check(std::span<const int> expected_refs, int64_t* leaked) const {
@@ -210,6 +243,17 @@ Status KvBlockManager::check(std::span<const int> expected_refs, int64_t* leaked
         fail(make_error(StatusCode::kInternal, "kv integrity: cached block {} missing from the hash map", b));
     }
   }
+  size_t owned = 0;
+  for (size_t slot = 0; slot < snap_owner_.size(); ++slot) {
+    int b = snap_owner_[slot];
+    if (b < 0) continue;
+    ++owned;
+    if (meta_[b].snap != static_cast<int>(slot) || !meta_[b].cached)
+      fail(make_error(StatusCode::kInternal, "kv integrity: snapshot {} owned by block {} that does not point back", slot, b));
+  }
+  if (owned + free_snaps_.size() != snap_owner_.size())
+    fail(make_error(StatusCode::kInternal, "kv integrity: {} snapshots owned + {} free != {}", owned, free_snaps_.size(),
+                    snap_owner_.size()));
   for (const auto& [h, b] : cached_)
     if (!meta_[b].cached || meta_[b].hash != h)
       fail(make_error(StatusCode::kInternal, "kv integrity: hash map points at block {} without that hash", b));

@@ -3,6 +3,8 @@
 // block's hash and this block's tokens) so later requests sharing the prefix reuse them. A block
 // may also carry a snapshot of the model's per-slot state (window ring + compressor state) taken
 // when a sequence's length reached the block's end: a prefix hit must end at such a block.
+// Snapshots can be far larger than a block's KV, so there may be fewer snapshot buffers than
+// blocks; they are recycled least-recently-used first.
 // Free blocks sit in one LRU list (intrusive, no allocation): uncached blocks at the head (reused
 // first), cached ones appended at the tail in reverse table order, so a request's tail goes first.
 #pragma once
@@ -20,7 +22,9 @@ namespace tandem {
 
 class KvBlockManager {
  public:
-  KvBlockManager(int num_blocks, int block_size, bool enable_prefix_caching, int64_t snapshot_bytes);
+  // num_snapshots: slot-state snapshots kept at once (LRU beyond that); -1 = one per block.
+  KvBlockManager(int num_blocks, int block_size, bool enable_prefix_caching, int64_t snapshot_bytes,
+                 int num_snapshots = -1);
 
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
@@ -45,11 +49,14 @@ class KvBlockManager {
                             std::vector<uint64_t>& hashes, int num_full_blocks);
   // The block that owns `hash` in the cache, or -1.
   int cached_block(uint64_t hash) const;
-  bool has_snapshot(int block) const { return meta_[block].has_snapshot; }
-  std::span<uint8_t> snapshot(int block);
+  bool has_snapshot(int block) const { return meta_[block].snap >= 0; }
+  // Gives `block` a snapshot buffer to fill (evicting the least recently used snapshot if all are
+  // taken); the block then counts as having a snapshot.
+  std::span<uint8_t> take_snapshot(int block);
   std::span<const uint8_t> snapshot(int block) const;
-  void mark_snapshot(int block) { meta_[block].has_snapshot = true; }
+  void touch_snapshot(int block);  // a prefix hit used it: most recently used
   int64_t snapshot_bytes() const { return snapshot_bytes_; }
+  int num_snapshots() const { return static_cast<int>(snap_owner_.size()); }
 
   // Integrity: reference counts must equal `expected_refs` (one entry per block, counted from every
   // live block table), free-list membership must match zero references, the cache map must point
@@ -65,7 +72,7 @@ class KvBlockManager {
     int prev = -1, next = -1;  // free list links
     bool in_free = false;
     bool cached = false;
-    bool has_snapshot = false;
+    int snap = -1;  // snapshot slot, -1 = none
     uint64_t hash = 0;
   };
   uint64_t chain_hash(uint64_t parent, std::span<const int32_t> block_tokens) const;
@@ -73,6 +80,7 @@ class KvBlockManager {
   void push_back(int b);
   void unlink(int b);
   void evict(int b);
+  void drop_snapshot(int b);
 
   int num_blocks_;
   int block_size_;
@@ -83,8 +91,12 @@ class KvBlockManager {
   int num_free_ = 0;
   std::unordered_map<uint64_t, int> cached_;
   std::vector<int32_t> block_tokens_;  // tokens of each cached block, to rule out hash collisions
-  // [num_blocks * snapshot_bytes], left uninitialized so only pages of taken snapshots get touched.
+  // [num_snapshots * snapshot_bytes], left uninitialized so only pages of taken snapshots get touched.
   std::unique_ptr<uint8_t[]> snapshots_;
+  std::vector<int> snap_owner_;        // block owning each snapshot slot, -1 = free
+  std::vector<uint64_t> snap_stamp_;   // last use, for LRU
+  std::vector<int> free_snaps_;
+  uint64_t snap_clock_ = 0;
 };
 
 }  // namespace tandem

@@ -371,6 +371,35 @@ TEST(EngineCore, RandomizedArrivalsAndCancellationsLeakNothing) {
   }
 }
 
+// Many distinct prompts through a pool with only 64 snapshot buffers: snapshots get recycled while
+// blocks stay cached; every hit must still reproduce the oracle's output.
+TEST(EngineCore, PrefixHitsWithRecycledSnapshotsStayExact) {
+  EngineConfig ec = small_config(2, 16);
+  ec.max_num_batched_tokens = 40;  // chunks end on many block boundaries -> many snapshots
+  Harness h(fake_config(), ec);
+  ASSERT_EQ(h.core->kv().num_snapshots(), 64);
+  FakeModelRunner oracle(fake_config());
+  std::mt19937_64 rng(3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i) prompts.push_back(make_prompt(700 + i, 100 + (i * 31) % 100, kVocab));
+  int n = 0;
+  int64_t cached = 0;
+  for (int round = 0; round < 4; ++round) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::string id = "q" + std::to_string(n++);
+      ASSERT_TRUE(h.submit(id, prompts[(i * 5 + round) % prompts.size()], greedy_params(8)).ok());
+    }
+    h.run();
+  }
+  for (int k = 0; k < n; ++k) {
+    const Collected& c = h.results["q" + std::to_string(k)];
+    int round = k / static_cast<int>(prompts.size()), i = k % static_cast<int>(prompts.size());
+    EXPECT_EQ(c.tokens, reference_greedy(oracle, prompts[(i * 5 + round) % prompts.size()], 8)) << k;
+    cached += c.usage.cached_tokens;
+  }
+  EXPECT_GT(cached, 0);
+}
+
 TEST(EngineCore, StopConditions) {
   FakeModelRunner oracle(fake_config());
   // A prompt whose first 40 greedy tokens are plain word pieces (no specials, no split UTF-8).

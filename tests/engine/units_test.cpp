@@ -62,11 +62,11 @@ TEST(KvBlockManager, PrefixHitNeedsSnapshotAtItsEnd) {
   std::vector<uint64_t> hh;
   kv.find_cached_prefix(toks, 3, hit, hh);
   EXPECT_TRUE(hit.empty());  // no snapshots yet
-  kv.mark_snapshot(a[1]);
+  kv.take_snapshot(a[1]);
   kv.find_cached_prefix(toks, 3, hit, hh);
   EXPECT_EQ(hit, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(hh, (std::vector<uint64_t>{hashes[0], hashes[1]}));
-  kv.mark_snapshot(a[2]);
+  kv.take_snapshot(a[2]);
   kv.find_cached_prefix(toks, 2, hit, hh);  // capped by max_blocks
   EXPECT_EQ(hit.size(), 2u);
   // A different second block breaks the chain after block 0.
@@ -82,6 +82,39 @@ TEST(KvBlockManager, PrefixHitNeedsSnapshotAtItsEnd) {
   kv.release(a);
   EXPECT_EQ(kv.num_free(), 8);
   std::vector<int> refs(8, 0);
+  EXPECT_TRUE(kv.check(refs, nullptr).ok());
+}
+
+TEST(KvBlockManager, SnapshotsAreRecycledLeastRecentlyUsedFirst) {
+  KvBlockManager kv(6, 4, true, 8, /*num_snapshots=*/2);
+  EXPECT_EQ(kv.num_snapshots(), 2);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(kv.allocate(3, a));
+  auto toks = seq_tokens(12, 40);
+  std::vector<uint64_t> hashes;
+  kv.register_full_blocks(toks, a, hashes, 3);
+  kv.take_snapshot(a[0])[0] = 10;
+  kv.take_snapshot(a[1])[0] = 11;
+  kv.touch_snapshot(a[0]);            // a[1] is now the least recently used
+  kv.take_snapshot(a[2])[0] = 12;     // recycles a[1]'s buffer
+  EXPECT_TRUE(kv.has_snapshot(a[0]));
+  EXPECT_FALSE(kv.has_snapshot(a[1]));
+  EXPECT_TRUE(kv.has_snapshot(a[2]));
+  EXPECT_EQ(kv.snapshot(a[0])[0], 10);
+  EXPECT_EQ(kv.snapshot(a[2])[0], 12);
+  std::vector<int32_t> hit;
+  std::vector<uint64_t> hh;
+  kv.find_cached_prefix(toks, 3, hit, hh);
+  EXPECT_EQ(hit.size(), 3u);  // the chain ends at a[2], which has a snapshot
+  std::vector<int> refs(6, 0);
+  for (int32_t b : a) refs[b] = 1;
+  EXPECT_TRUE(kv.check(refs, nullptr).ok());
+  // Evicting a block frees its snapshot buffer.
+  kv.release(a);
+  std::vector<int32_t> b;
+  ASSERT_TRUE(kv.allocate(6, b));
+  EXPECT_EQ(kv.num_cached_blocks(), 0);
+  std::fill(refs.begin(), refs.end(), 1);
   EXPECT_TRUE(kv.check(refs, nullptr).ok());
 }
 
