@@ -37,24 +37,21 @@ Status DsV4Model::draft_insert_context(int slot, int64_t start_pos, std::span<co
   const float* rows = taps_rows.data() + first * td;
   const int64_t pos0 = start_pos + first;
   n -= first;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   m.use_threads();
   std::vector<float> mh(rows, rows + n * td), main_x(n * D), kv(n * hd);
   model::round_bf16(mh.data(), mh.size());
   m.linear(m.w.draft.main_proj, mh.data(), n, main_x.data());
-  for (int64_t t = 0; t < n; ++t) model::rms_norm(&main_x[t * D], m.w.draft.main_norm.data(), D, eps, &main_x[t * D]);
+  m.norm_rows(main_x.data(), n, D, m.w.draft.main_norm);
   const int64_t per_stage = W * hd;
   float* ctx = m.draft_ctx.data() + static_cast<int64_t>(slot) * c.num_draft_stages * per_stage;
   for (int st = 0; st < c.num_draft_stages; ++st) {
     const model::AttentionW& a = m.w.draft.stages[st].attn;
     m.linear(a.wkv, main_x.data(), n, kv.data());
-    for (int64_t t = 0; t < n; ++t) {
-      float* k = &kv[t * hd];
-      model::rms_norm(k, a.kv_norm.data(), hd, eps, k);
-      m.rope_swa.apply(k + hd - rd, pos0 + t, false);
-      model::act_quant_fp8(k, 1, hd - rd, 64, hd);
-      std::memcpy(ctx + st * per_stage + ((pos0 + t) % W) * hd, k, sizeof(float) * hd);
-    }
+    m.norm_rows(kv.data(), n, hd, a.kv_norm);
+    m.rope_rows(m.rope_swa, kv.data(), n, 1, hd, pos0, 1, false);
+    m.fp8_nope(kv.data(), n, hd, hd - rd);
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(ctx + st * per_stage + ((pos0 + t) % W) * hd, &kv[t * hd], sizeof(float) * hd);
   }
   return Status();
 }
@@ -65,9 +62,8 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
   const ModelConfig& c = m.cfg;
   if (!m.w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
   const int64_t K = c.dspark_block_size, D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
-  const int64_t H = c.num_attention_heads, hd = c.head_dim, rd = c.qk_rope_head_dim, W = c.sliding_window;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window;
   const int64_t R = c.dspark_markov_rank, ql = c.q_lora_rank;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   for (const DraftRequest& r : requests) {
     if (r.slot < 0 || r.slot >= m.opt.max_slots) return invalid_argument("draft_propose: slot {} out of range", r.slot);
     if (r.anchor_token < 0 || r.anchor_token >= V)
@@ -94,27 +90,25 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
       const model::BlockW& b = m.w.draft.stages[st];
       res = h;
       m.hc_pre(h.data(), K, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.data(), post.data(), comb.data());
-      for (int64_t t = 0; t < K; ++t) model::rms_norm(&x[t * D], b.attn_norm.data(), D, eps, &x[t * D]);
+      m.norm_rows(x.data(), K, D, b.attn_norm);
       m.q_and_kv(b.attn, m.rope_swa, x.data(), K, P, qr.data(), q.data(), kv.data());
       keys.clear();
       for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) keys.push_back(ctx + st * W * hd + (p % W) * hd);
       for (int64_t t = 0; t < K; ++t) keys.push_back(&kv[t * hd]);
-      for (int64_t t = 0; t < K; ++t) {
-        float* ot = &o[t * H * hd];
-        m.attend(&q[t * H * hd], keys, b.attn.attn_sink, ot);
-        for (int64_t hh = 0; hh < H; ++hh) m.rope_swa.apply(ot + hh * hd + hd - rd, P + t, true);
-      }
+      for (int64_t t = 0; t < K; ++t) m.attend(&q[t * H * hd], keys, b.attn.attn_sink, &o[t * H * hd]);
+      m.rope_rows(m.rope_swa, o.data(), K, H, hd, P, 1, true);
       m.output_proj(b.attn, o.data(), K, a.data());
       m.hc_post(a.data(), res.data(), post.data(), comb.data(), K, h.data());
       res = h;
       m.hc_pre(h.data(), K, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.data(), post.data(), comb.data());
-      for (int64_t t = 0; t < K; ++t) model::rms_norm(&x[t * D], b.ffn_norm.data(), D, eps, &x[t * D]);
+      m.norm_rows(x.data(), K, D, b.ffn_norm);
       m.moe(b.ffn, x.data(), ids.data(), K, a.data());
       m.hc_post(a.data(), res.data(), post.data(), comb.data(), K, h.data());
     }
     const model::DraftW& dw = m.w.draft;
     m.hc_head(h.data(), K, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, y.data());
-    for (int64_t t = 0; t < K; ++t) model::rms_norm(&y[t * D], dw.norm.data(), D, eps, &yn[t * D]);
+    yn = y;
+    m.norm_rows(yn.data(), K, D, dw.norm);
     m.linear(m.w.head, yn.data(), K, base.data(), false);
 
     DraftResult& out = results[ri];

@@ -50,7 +50,8 @@ struct DsV4Model::Impl {
   struct Scratch {
     std::vector<float> h, res, x, post, comb, a, tmp, tmp2, q, qr, kv, comp_rows, icomp_rows, iq, iw, o, u;
     std::vector<float> keys_score, entry, gate_scores, ex_in, ex_g, ex_u, ex_out, moe_y;
-    std::vector<int32_t> sel, ex_tok, moe_idx, moe_order;
+    std::vector<int32_t> sel, ex_tok, ex_slot, moe_idx, moe_order;
+    std::vector<int64_t> positions;
     std::vector<float> mixes, moe_w, moe_sc, moe_biased, ex_w, head_y;
     std::vector<float> idx_scores;
     std::vector<const float*> key_ptrs;
@@ -68,6 +69,14 @@ struct DsV4Model::Impl {
   void linear(const model::LinearW& l, const float* x, int64_t m, float* y, bool round_out = true);
   void gemm(const kernels::WeightRef& w, const float* x, int64_t m, float* y, bool round_out, bool act_quant);
   kernels::Ops& ops() { return kernels::cpu_ops(); }
+  // In-place row ops (bf16-rounded results, as the reference stores these tensors).
+  void norm_rows(float* x, int64_t rows, int64_t dim, const std::vector<float>& weight);
+  // RoPE on the last rt.rope_dim dims of each head; token t at position pos0 + t * pos_step.
+  void rope_rows(const model::RopeTable& rt, float* x, int64_t tokens, int64_t heads, int64_t head_stride,
+                 int64_t pos0, int64_t pos_step, bool inverse);
+  void fp8_nope(float* x, int64_t rows, int64_t dim, int64_t nope);  // act_quant(x[..., :nope], 64)
+  void fp4_rows(float* x, int64_t rows, int64_t dim);                 // fp4_act_quant(x, 32)
+  void hadamard_rows(float* x, int64_t rows, int64_t dim);            // rotate_activation
   // Applies opt.num_threads to the (process-wide) CPU op thread count; called at every entry point.
   void use_threads() { kernels::cpu::set_num_threads(opt.num_threads); }
   void hc_pre(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,

@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/numeric.h"
+#include "kernels/ops.h"
 
 namespace tandem::model {
 
@@ -126,27 +127,16 @@ void hadamard_bf16(float* x, int64_t n) {
 void RopeTable::build(int dim, int64_t original_seq_len, double base, double factor,
                       double beta_fast, double beta_slow) {
   rope_dim = dim;
-  const int half = dim / 2;
-  std::vector<float> freqs(half);
-  for (int i = 0; i < half; ++i)
-    freqs[i] = 1.0f / std::pow(static_cast<float>(base), static_cast<float>(2 * i) / static_cast<float>(dim));
-  if (original_seq_len > 0) {
-    auto corr_dim = [&](double rot) {
-      return dim * std::log(static_cast<double>(original_seq_len) / (rot * 2 * M_PI)) / (2 * std::log(base));
-    };
-    double low = std::floor(corr_dim(beta_fast));
-    double high = std::ceil(corr_dim(beta_slow));
-    low = std::max(low, 0.0);
-    high = std::min(high, static_cast<double>(dim - 1));
-    if (low == high) high += 0.001;
-    for (int i = 0; i < half; ++i) {
-      float ramp = static_cast<float>((static_cast<float>(i) - low) / (high - low));
-      ramp = std::clamp(ramp, 0.0f, 1.0f);
-      const float smooth = 1.0f - ramp;
-      freqs[i] = freqs[i] / static_cast<float>(factor) * (1.0f - smooth) + freqs[i] * smooth;
-    }
-  }
-  this->freqs = freqs;
+  freqs.assign(static_cast<size_t>(dim / 2), 0.0f);
+  kernels::RopeFreqParams p;
+  p.inv_freq = freqs.data();
+  p.rope_dim = dim;
+  p.base = base;
+  p.original_seq_len = original_seq_len;
+  p.factor = factor;
+  p.beta_fast = beta_fast;
+  p.beta_slow = beta_slow;
+  kernels::rope_inv_freq(p);
 }
 
 void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
