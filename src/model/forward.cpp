@@ -363,39 +363,6 @@ void DsV4Model::Impl::output_proj(const model::AttentionW& a, float* o, int64_t 
   linear(a.wo_b, s.u.data(), n, y);
 }
 
-namespace {
-
-// Pools one compressed entry from per-token rows [kv (C), score (C)], C = coff*d.
-// rows(p) returns the row of position p. Entry j covers positions [ratio*j, ratio*j+ratio); with
-// overlap, channel c also takes the A half (channels [0,d)) of the previous block's tokens.
-template <typename RowFn>
-void pool_entry(const model::CompressorW& cw, int64_t j, RowFn rows, float* out) {
-  const int64_t r = cw.ratio, d = cw.head_dim, C = (cw.overlap ? 2 : 1) * d;
-  for (int64_t c = 0; c < d; ++c) {
-    float mx = -INFINITY;
-    // candidates: (prev block, A half) then (this block, B half or the only half)
-    auto visit = [&](auto fn) {
-      if (cw.overlap && j > 0)
-        for (int64_t i = 0; i < r; ++i) {
-          const float* row = rows(r * (j - 1) + i);
-          fn(row[c], row[C + c]);
-        }
-      const int64_t off = cw.overlap ? d : 0;
-      for (int64_t i = 0; i < r; ++i) {
-        const float* row = rows(r * j + i);
-        fn(row[off + c], row[C + off + c]);
-      }
-    };
-    visit([&](float, float sc) { mx = std::max(mx, sc); });
-    float z = 0.0f;
-    visit([&](float, float sc) { z += std::exp(sc - mx); });
-    float acc = 0.0f;
-    visit([&](float kv, float sc) { acc += kv * (std::exp(sc - mx) / z); });
-    out[c] = acc;
-  }
-}
-
-}  // namespace
 
 void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int64_t n, int64_t start_pos,
                                        const int32_t* block_table, float* y) {
@@ -446,8 +413,25 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
       if ((p + 1) % r) continue;
       const int64_t j = (p + 1) / r - 1;
       float* e = s.entry.data();
-      pool_entry(cw, j, rows, e);
-      model::round_bf16(e, static_cast<size_t>(d));
+      // Gated pooling (kernels::Ops::compress_pool) over the rows of the entry's block and, with
+      // overlap, the previous block, gathered from the slot ring / this step's rows.
+      const int64_t lo = (cw.overlap && j > 0) ? r * (j - 1) : r * j, hi = r * j + r;
+      grow(s.pool_rows, static_cast<size_t>((hi - lo) * 2 * C));
+      for (int64_t q = lo; q < hi; ++q) std::memcpy(&s.pool_rows[(q - lo) * 2 * C], rows(q), sizeof(float) * 2 * C);
+      kernels::CompressPoolParams cp;
+      cp.kv = s.pool_rows.data();
+      cp.score = s.pool_rows.data() + C;
+      cp.rows = hi - lo;
+      cp.ld = 2 * C;
+      cp.first_pos = lo;
+      cp.ratio = static_cast<int>(r);
+      cp.d = d;
+      cp.overlap = cw.overlap;
+      cp.first_entry = j;
+      cp.num_entries = 1;
+      cp.out = e;
+      cp.round_bf16 = true;
+      ops().compress_pool(cp);
       norm_rows(e, 1, d, cw.norm);
       rope_rows(rope_comp, e, 1, 1, d, r * j, 1, false);
       if (cw.rotate) {
