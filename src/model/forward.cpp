@@ -460,6 +460,37 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
     for (int64_t i = 0; i < n * IH; ++i) s.iw[i] = num::round_bf16(s.iw[i] * wscale);
   }
 
+  // ---- indexer scores and top-k selection for every token of the step ----
+  if (a.has_indexer && ratio == 4) {
+    const int64_t vmax = (start_pos + n) / 4, K = cfg.index_topk;
+    grow(s.ikeys, static_cast<size_t>(std::max<int64_t>(vmax, 1) * ihd));
+    for (int64_t j = 0; j < vmax; ++j) std::memcpy(&s.ikeys[j * ihd], pool_ptr(4 * j, L.pool_idx, 4, ihd), sizeof(float) * ihd);
+    s.visible.resize(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) s.visible[t] = static_cast<int32_t>((start_pos + t + 1) / 4);
+    grow(s.idx_scores, static_cast<size_t>(n * std::max<int64_t>(vmax, 1)));
+    s.topk_idx.resize(static_cast<size_t>(n * K));
+    kernels::IndexerScoreParams is;
+    is.q = s.iq.data();
+    is.k = s.ikeys.data();
+    is.w = s.iw.data();
+    is.visible = s.visible.data();
+    is.tokens = n;
+    is.heads = IH;
+    is.dim = ihd;
+    is.entries = vmax;
+    is.scores = s.idx_scores.data();
+    is.bf16_numerics = true;
+    ops().indexer_score(is);
+    kernels::TopkParams tk;
+    tk.scores = s.idx_scores.data();
+    tk.n_valid = s.visible.data();
+    tk.rows = n;
+    tk.n = vmax;
+    tk.k = K;
+    tk.out = s.topk_idx.data();
+    ops().topk(tk);
+  }
+
   // ---- attention per token ----
   grow(s.o, static_cast<size_t>(n * H * hd));
   for (int64_t t = 0; t < n; ++t) {
@@ -470,28 +501,9 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
       const int64_t visible = (p + 1) / ratio;
       if (ratio == 4 && a.has_indexer) {
         const int64_t k = std::min<int64_t>(cfg.index_topk, visible);
-        s.idx_scores.resize(visible);
-        const float* qt = s.iq.data() + t * IH * ihd;
-        const float* wt = s.iw.data() + t * IH;
-        for (int64_t j = 0; j < visible; ++j) {
-          const float* key = pool_ptr(4 * j, L.pool_idx, 4, ihd);
-          float acc = 0.0f;
-          for (int64_t h = 0; h < IH; ++h) {
-            float sc = num::round_bf16(model::dot(qt + h * ihd, key, ihd));
-            sc = std::max(sc, 0.0f);
-            acc += num::round_bf16(sc * wt[h]);
-          }
-          s.idx_scores[j] = num::round_bf16(acc);
-        }
-        s.sel.resize(visible);
-        std::iota(s.sel.begin(), s.sel.end(), 0);
-        if (k < visible) {
-          std::partial_sort(s.sel.begin(), s.sel.begin() + k, s.sel.end(), [&](int32_t u, int32_t v) {
-            return s.idx_scores[u] > s.idx_scores[v] || (s.idx_scores[u] == s.idx_scores[v] && u < v);
-          });
-          s.sel.resize(k);
-          std::sort(s.sel.begin(), s.sel.end());
-        }
+        const int32_t* top = s.topk_idx.data() + t * cfg.index_topk;
+        s.sel.assign(top, top + k);
+        std::sort(s.sel.begin(), s.sel.end());  // attention walks the selection in position order
         for (int32_t j : s.sel) s.key_ptrs.push_back(pool_ptr(4 * j, L.pool_main, 4, hd));
       } else {
         for (int64_t j = 0; j < visible; ++j) s.key_ptrs.push_back(pool_ptr(ratio * j, L.pool_main, ratio, hd));

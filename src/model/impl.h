@@ -53,7 +53,8 @@ struct DsV4Model::Impl {
     std::vector<int32_t> sel, ex_tok, ex_slot, moe_idx, moe_order;
     std::vector<int64_t> positions;
     std::vector<float> mixes, moe_w, moe_sc, moe_biased, ex_w, head_y;
-    std::vector<float> idx_scores, pool_rows;
+    std::vector<float> idx_scores, pool_rows, ikeys;
+    std::vector<int32_t> visible, topk_idx;
     std::vector<const float*> key_ptrs;
   } s;
 
