@@ -292,6 +292,10 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
 
 // ---- attention pieces ----
 
+// Stays here rather than on kernels::Ops::sparse_attn: the op reproduces the fused kernel's blocked
+// online softmax with bf16-rounded probabilities (errata 5), while the golden logits match a global
+// max with fp32 probabilities exactly for the first 15 (default-s1) / 4 (builtin) rows; with the op
+// that exact prefix drops to 1 row on both (tried; see the model2 report).
 void DsV4Model::Impl::attend(const float* q, const std::vector<const float*>& keys, const std::vector<float>& sink,
                              float* o) {
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim;

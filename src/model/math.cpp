@@ -38,92 +38,6 @@ __attribute__((target_clones("avx2", "default"))) float dot(const float* a, cons
   return ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
 }
 
-void matmul(const float* x, int64_t m, int64_t k, const float* w, int64_t n, float* y, int threads) {
-  const int64_t work = m * n * k;
-  if (threads <= 0) threads = omp_get_max_threads();
-  if (work < (1 << 20) || threads == 1) {  // a parallel region costs more than a small GEMV
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < n; ++c) y[r * n + c] = dot(x + r * k, w + c * k, k);
-    return;
-  }
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t c = 0; c < n; ++c)
-    for (int64_t r = 0; r < m; ++r) y[r * n + c] = dot(x + r * k, w + c * k, k);
-}
-
-void act_quant_fp8(float* x, int64_t rows, int64_t n, int64_t block, int64_t row_stride) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = x + r * row_stride;
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-      const int64_t b1 = std::min(n, b0 + block);
-      float amax = 0.0f;
-      for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(row[i]));
-      const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
-      const float s = std::ldexp(1.0f, e);
-      const float inv = std::ldexp(1.0f, -e);
-      for (int64_t i = b0; i < b1; ++i) {
-        float v = std::clamp(row[i] * inv, -num::kE4m3Max, num::kE4m3Max);
-        row[i] = num::round_bf16(num::round_e4m3(v) * s);
-      }
-    }
-  }
-}
-
-void act_quant_fp4(float* x, int64_t rows, int64_t n, int64_t row_stride) {
-  constexpr int64_t block = 32;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = x + r * row_stride;
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-      const int64_t b1 = std::min(n, b0 + block);
-      float amax = 0.0f;
-      for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(row[i]));
-      const int e = num::ue8m0_scale_exponent(amax, num::kE2m1Max, num::kFp4ActAmaxFloor);
-      const float s = std::ldexp(1.0f, e);
-      const float inv = std::ldexp(1.0f, -e);
-      for (int64_t i = b0; i < b1; ++i) {
-        float v = std::clamp(row[i] * inv, -num::kE2m1Max, num::kE2m1Max);
-        row[i] = num::round_bf16(num::round_e2m1(v) * s);
-      }
-    }
-  }
-}
-
-void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float var = static_cast<float>(ss / static_cast<double>(n));
-  const float r = 1.0f / std::sqrt(var + eps);
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i] * r;
-    if (weight) v *= weight[i];
-    y[i] = num::round_bf16(v);
-  }
-}
-
-void head_rms_norm_bf16(float* q, int64_t heads, int64_t dim, float eps) {
-  for (int64_t h = 0; h < heads; ++h) {
-    float* row = q + h * dim;
-    double ss = 0.0;
-    for (int64_t i = 0; i < dim; ++i) ss += num::round_bf16(row[i] * row[i]);
-    const float mean = num::round_bf16(static_cast<float>(ss / static_cast<double>(dim)));
-    const float r = num::round_bf16(1.0f / std::sqrt(num::round_bf16(mean + eps)));
-    for (int64_t i = 0; i < dim; ++i) row[i] = num::round_bf16(row[i] * r);
-  }
-}
-
-void hadamard_bf16(float* x, int64_t n) {
-  TANDEM_CHECK((n & (n - 1)) == 0);
-  for (int64_t len = 1; len < n; len <<= 1)
-    for (int64_t i = 0; i < n; i += 2 * len)
-      for (int64_t j = i; j < i + len; ++j) {
-        const float a = x[j], b = x[j + len];
-        x[j] = a + b;
-        x[j + len] = a - b;
-      }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
-  for (int64_t i = 0; i < n; ++i) x[i] = num::round_bf16(x[i] * scale);
-}
-
 void RopeTable::build(int dim, int64_t original_seq_len, double base, double factor,
                       double beta_fast, double beta_slow) {
   rope_dim = dim;
@@ -138,21 +52,5 @@ void RopeTable::build(int dim, int64_t original_seq_len, double base, double fac
   p.beta_slow = beta_slow;
   kernels::rope_inv_freq(p);
 }
-
-void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
-  TANDEM_CHECK(pos >= 0);
-  const int half = rope_dim / 2;
-  for (int i = 0; i < half; ++i) {
-    const float ang = static_cast<float>(pos) * freqs[i];
-    const float c = static_cast<float>(std::cos(static_cast<double>(ang)));
-    const float sn = static_cast<float>(inverse ? -std::sin(static_cast<double>(ang)) : std::sin(static_cast<double>(ang)));
-    const float a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = num::round_bf16(a * c - b * sn);
-    x[2 * i + 1] = num::round_bf16(a * sn + b * c);
-  }
-}
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 }  // namespace tandem::model
