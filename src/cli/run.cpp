@@ -1,20 +1,21 @@
-// `tandem run --model DIR --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--top-p P]
-// [--seed S]`: generates from one prompt on the CPU forward pass and streams the text to stdout.
-// A direct single-sequence loop over DsV4Model (no server, no engine): the quickest way to see a
-// checkpoint talk and a reference for what the engine must produce at temperature 0.
+// `tandem run [--model DIR] --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--top-p P]
+// [--seed S] [--speculative-config JSON]`: generates from one prompt through the public engine API
+// (src/engine/engine.h, the same path the server takes) and streams the text to stdout. Without
+// --model it uses the built-in model (models/builtin, else the source tree's data/builtin).
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <chrono>
-#include <cmath>
+#include <condition_variable>
 #include <cstdio>
-#include <numeric>
-#include <random>
-
+#include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli/command.h"
-#include "model/model.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "engine/engine.h"
 #include "text/encoding_dsv4.h"
 #include "text/tokenizer.h"
 
@@ -22,111 +23,110 @@ namespace tandem {
 namespace {
 
 struct RunArgs {
-  std::string model_dir, prompt;
+  std::string model_dir, prompt, speculative_config;
   bool chat = false;
   int max_tokens = 128;
   double temperature = 1.0, top_p = 1.0;
   uint64_t seed = 0;
   int threads = 0;
+  bool verbose = false;
 };
 
-int32_t sample(const float* logits, int64_t V, double temperature, double top_p, std::mt19937_64& rng,
-               std::vector<std::pair<double, int32_t>>& scratch) {
-  if (temperature <= 0.0) return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
-  double mx = -INFINITY;
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[v]) / temperature);
-  scratch.resize(V);
-  double sum = 0.0;
-  for (int64_t v = 0; v < V; ++v) {
-    const double p = std::exp(static_cast<double>(logits[v]) / temperature - mx);
-    scratch[v] = {p, static_cast<int32_t>(v)};
-    sum += p;
-  }
-  std::sort(scratch.begin(), scratch.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  // nucleus: the smallest prefix whose mass reaches top_p (at least one token)
-  double kept = 0.0;
-  size_t n = 0;
-  while (n < scratch.size() && (n == 0 || kept < top_p * sum)) kept += scratch[n++].first;
-  std::uniform_real_distribution<double> uni(0.0, kept);
-  double u = uni(rng), cum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    cum += scratch[i].first;
-    if (u < cum) return scratch[i].second;
-  }
-  return scratch[n - 1].second;
+std::string default_model_dir() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists("models/builtin/config.json", ec)) return "models/builtin";
+#ifdef TANDEM_SOURCE_DIR
+  const std::string src = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  if (fs::exists(src + "/config.json", ec)) return src;
+#endif
+  return "data/builtin";
 }
 
-Status run(const RunArgs& a) {
-  if (a.max_tokens < 0) return invalid_argument("--max-tokens must be >= 0");
+Status run(RunArgs a) {
+  if (a.max_tokens < 1) return invalid_argument("--max-tokens must be >= 1");
   if (a.temperature < 0) return invalid_argument("--temperature must be >= 0");
   if (a.top_p <= 0 || a.top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
-  TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(a.model_dir + "/tokenizer.json"));
+  if (a.model_dir.empty()) a.model_dir = default_model_dir();
+  if (!a.verbose) set_log_level(LogLevel::kWarn);  // keep the terminal for the generated text
+
+  EngineConfig cfg;
+  cfg.model_dir = a.model_dir;
+  cfg.device = "cpu";
+  cfg.max_num_seqs = 1;
+  cfg.num_threads = a.threads;
+  cfg.kv_cache_memory = int64_t{256} << 20;
+  if (!a.speculative_config.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(cfg.speculative, parse_speculative_config(a.speculative_config));
+  }
+  TANDEM_ASSIGN_OR_RETURN(auto engine, Engine::create(cfg));
+
   std::string text = a.prompt;
   if (a.chat) {
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     msgs.push_back({{"role", "user"}, {"content", a.prompt}});
     TANDEM_ASSIGN_OR_RETURN(text, encode_messages(msgs, nlohmann::ordered_json(), EncodeOptions()));
   }
-  std::vector<int32_t> ids = tok->encode(text);
-  ModelOptions opt;
-  opt.max_slots = 1;
-  opt.load_draft = false;
-  opt.num_threads = a.threads;
-  const int64_t total = static_cast<int64_t>(ids.size()) + a.max_tokens + 1;
-  opt.num_blocks = static_cast<int>((total + 255) / 256 + 1);
-  opt.max_tokens_per_step = std::max<int>(1, static_cast<int>(ids.size()) + 1);
-  TANDEM_ASSIGN_OR_RETURN(auto model, DsV4Model::load(a.model_dir, opt));
-  if (!a.chat && (ids.empty() || ids[0] != model->config().bos_token_id))
-    ids.insert(ids.begin(), static_cast<int32_t>(model->config().bos_token_id));
-  if (static_cast<int64_t>(ids.size()) > opt.max_tokens_per_step) opt.max_tokens_per_step = ids.size();
-  const int64_t V = model->vocab_size();
-  for (int32_t id : ids)
-    if (id < 0 || id >= V) return invalid_argument("prompt token id {} is outside the model's vocabulary {}", id, V);
+  Request req;
+  req.request_id = "run";
+  req.prompt_tokens = engine->tokenizer().encode(text);
+  const int32_t bos = 0;
+  if (!a.chat && (req.prompt_tokens.empty() || req.prompt_tokens[0] != bos))
+    req.prompt_tokens.insert(req.prompt_tokens.begin(), bos);
+  req.sampling.temperature = a.temperature;
+  req.sampling.top_p = a.top_p;
+  req.sampling.seed = a.seed;
+  req.sampling.max_tokens = a.max_tokens;
 
-  std::vector<int32_t> table(opt.num_blocks);
-  std::iota(table.begin(), table.end(), 0);
-  std::mt19937_64 rng(a.seed);
-  std::vector<std::pair<double, int32_t>> scratch;
-  IncrementalDecoder dec(*tok, /*skip_special=*/true);
-  StepOutput out;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  RequestEvent last;
   const auto t0 = std::chrono::steady_clock::now();
-  StepBatch b;
-  b.seqs.push_back({0, 0, ids, table, LogitsMode::kLast, false});
-  TANDEM_RETURN_IF_ERROR(model->forward(b, out));
-  const auto t1 = std::chrono::steady_clock::now();
-  int generated = 0;
-  int64_t pos = static_cast<int64_t>(ids.size());
-  int32_t next = 0;
-  for (; generated < a.max_tokens; ++generated) {
-    next = sample(out.logits.data(), V, a.temperature, a.top_p, rng, scratch);
-    if (next == model->config().eos_token_id) break;
-    std::string piece = dec.push(next);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    if (generated + 1 == a.max_tokens) {
-      ++generated;
-      break;
+  double ttft = 0.0;
+  Status st = engine->submit(std::move(req), [&](const RequestEvent& ev) {
+    if (!ev.text.empty()) {
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+      std::fflush(stdout);
     }
-    StepBatch d;
-    d.seqs.push_back({0, pos, std::span<const int32_t>(&next, 1), table, LogitsMode::kLast, false});
-    TANDEM_RETURN_IF_ERROR(model->forward(d, out));
-    ++pos;
+    if (ev.ttft_s > 0) ttft = ev.ttft_s;
+    if (ev.finish != FinishReason::kNone) {
+      std::lock_guard<std::mutex> lock(mu);
+      last = ev;
+      done = true;
+      cv.notify_all();
+    }
+  });
+  if (!st.ok()) {
+    engine->shutdown(0);
+    return st;
   }
-  std::string rest = dec.flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
-  const auto t2 = std::chrono::steady_clock::now();
-  const double pre = std::chrono::duration<double>(t1 - t0).count();
-  const double gen = std::chrono::duration<double>(t2 - t1).count();
-  std::fprintf(stderr, "[tandem run] prompt %zu tokens in %.2f s (%.1f tok/s); generated %d tokens in %.2f s (%.1f tok/s)\n",
-               ids.size(), pre, ids.size() / std::max(pre, 1e-9), generated, gen, generated / std::max(gen, 1e-9));
+  engine->shutdown(1.0);
+  if (last.finish == FinishReason::kError) return make_error(StatusCode::kInternal, "{}", last.error);
+  const auto& u = last.usage;
+  const double gen_s = std::max(total - ttft, 1e-9);
+  std::fprintf(stderr,
+               "[tandem run] %s: prompt %lld tokens, first token after %.2f s; %lld tokens in %.2f s "
+               "(%.1f tok/s after the first)%s\n",
+               finish_reason_name(last.finish), static_cast<long long>(u.prompt_tokens), ttft,
+               static_cast<long long>(u.completion_tokens), total,
+               u.completion_tokens > 1 ? (u.completion_tokens - 1) / gen_s : 0.0,
+               u.draft_tokens > 0 ? fmt::format("; DSpark accepted {}/{} drafts", u.accepted_draft_tokens,
+                                                u.draft_tokens).c_str()
+                                  : "");
   return Status();
 }
 
 int run_main(int argc, char** argv) {
-  CLI::App app{"Generate text from one prompt on the CPU forward pass (streams to stdout)."};
+  CLI::App app{"Generate text from one prompt through the engine (streams to stdout)."};
   RunArgs a;
-  app.add_option("--model", a.model_dir, "model directory")->required();
+  app.add_option("--model", a.model_dir, "model directory (default: the built-in model)");
   app.add_option("--prompt", a.prompt, "prompt text")->required();
   app.add_flag("--chat", a.chat, "wrap the prompt as one user turn of the DeepSeek-V4 chat format");
   app.add_option("--max-tokens", a.max_tokens, "tokens to generate (default 128)");
@@ -134,6 +134,9 @@ int run_main(int argc, char** argv) {
   app.add_option("--top-p", a.top_p, "nucleus sampling mass (default 1.0)");
   app.add_option("--seed", a.seed, "sampling seed (default 0)");
   app.add_option("--threads", a.threads, "CPU threads (0 = all)");
+  app.add_flag("--verbose", a.verbose, "log the engine's start-up and progress lines");
+  app.add_option("--speculative-config", a.speculative_config,
+                 "vLLM-style JSON, e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -150,4 +153,4 @@ int run_main(int argc, char** argv) {
 }  // namespace
 }  // namespace tandem
 
-TANDEM_REGISTER_COMMAND(run, "run", "generate text from a prompt on the CPU", tandem::run_main);
+TANDEM_REGISTER_COMMAND(run, "run", "generate text from a prompt (default: the built-in model)", tandem::run_main);
