@@ -4,6 +4,7 @@
 // load average: the build machine is shared, real time suffers first).
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <numeric>
@@ -25,6 +26,16 @@ std::string sh(const char* cmd) {
   }
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return out;
+}
+
+// Resident set size (kB) of this process: the weights are mmapped views (file pages count once
+// touched), scratch and state are heap.
+long rss_kb(const char* key = "VmRSS:") {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::string(key).size()));
+  return -1;
 }
 
 double now_s() {
@@ -51,6 +62,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     DsV4Model& model = **m;
+    const long rss_load = rss_kb();
     std::mt19937 rng(1);
     std::vector<int32_t> toks(prefill_len + decode_len);
     for (auto& t : toks) t = static_cast<int32_t>(rng() % (model.vocab_size() - 1));
@@ -103,6 +115,11 @@ int main(int argc, char** argv) {
       const double dd = (now_s() - d0) / n;
       record("draft", model.draft_block_size() / dd, dd * 1e3);
     }
+    const long rss_run = rss_kb(), hwm = rss_kb("VmHWM:");
+    std::printf("%-8d resident: %.1f MiB after load, %.1f MiB after the run (peak %.1f MiB)\n", threads,
+                rss_load / 1024.0, rss_run / 1024.0, hwm / 1024.0);
+    rows.push_back({{"threads", threads}, {"phase", "memory"}, {"rss_after_load_mib", rss_load / 1024.0},
+                    {"rss_after_run_mib", rss_run / 1024.0}, {"peak_rss_mib", hwm / 1024.0}});
   }
   char date[32];
   const std::time_t t = std::time(nullptr);
@@ -113,9 +130,13 @@ int main(int argc, char** argv) {
   outj["cpu"] = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'");
   outj["loadavg"] = sh("cut -d' ' -f1-3 /proc/loadavg");
   outj["model"] = dir;
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");  // spinning barriers cost ms on a busy box
+  outj["omp_wait_policy"] = wait_policy ? wait_policy : "";
   outj["note"] = "prefill: one 256-token step (last-token logits + DSpark taps); decode: 64 one-token steps "
                  "after it; draft: one DSpark proposal of K tokens (tok/s counts K drafted tokens). "
-                 "fp32 dequantized weights, reference numerics (FP8/FP4 activation round trips).";
+                 "weights kept quantized (views into the mmapped checkpoint), linears through kernels::Ops::gemm, "
+                 "reference numerics (FP8/FP4 activation round trips). memory rows: process RSS (the second "
+                 "load happens with the first model freed).";
   outj["results"] = rows;
   const std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-forward-" + date + ".json";
   std::ofstream f(path);
