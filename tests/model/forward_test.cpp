@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
+#include "common/numeric.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "model/tiny_weights.h"
 
@@ -425,6 +428,71 @@ TEST(ModelDraft, TapsAndDraftConsistency) {
   std::vector<DraftResult> res2;
   ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r2, 1), greedy, rng, res2).ok());
   EXPECT_GT(max_abs_diff(res2[0].logits, res0[0].logits), 0.0f);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Weights are views, not copies: the grouped wo_a einsum runs on the FP8 weight as stored, and gives
+// the same logits, bit for bit, as the bf16 tensor the reference dequantizes it to (here stored as
+// BF16, and as F32, which the loader turns into an owned bf16 copy). Also checks that the model
+// reads the caller's tensor data after load (mutating a weight changes the logits).
+TEST(ModelWeights, Fp8WoaEqualsItsBf16AndF32DequantizationAndViewsAreLive) {
+  ModelConfig c = tiny_config();
+  ModelOptions o;
+  o.max_slots = 1;
+  o.num_blocks = 4;
+  o.num_threads = 1;
+  o.load_draft = false;
+  auto toks = tokens(40, 91);
+  auto fp8 = tiny_weights(c, 5);
+  auto m0 = DsV4Model::from_tensors(c, fp8.ptrs(), o);
+  ASSERT_TRUE(m0.ok()) << m0.status().to_string();
+  const auto ref = run(**m0, 0, toks, {});
+
+  for (DType dense : {DType::kBF16, DType::kF32}) {
+    auto tw = tiny_weights(c, 5);
+    int converted = 0;
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string wname = "layers." + std::to_string(l) + ".attn.wo_a.weight";
+      TensorData* w = tw.find(wname);
+      TensorData* s = tw.find("layers." + std::to_string(l) + ".attn.wo_a.scale");
+      ASSERT_TRUE(w && s) << wname;
+      ASSERT_EQ(w->dtype, DType::kF8E4M3);
+      const int64_t out = w->shape[0], in = w->shape[1];
+      auto f = num::dequantize_fp8_block(w->bytes.data(), s->bytes.data(), out, in, 128);
+      std::vector<uint8_t> bytes(f.size() * (dense == DType::kBF16 ? 2 : 4));
+      for (size_t i = 0; i < f.size(); ++i) {
+        ASSERT_EQ(f[i], num::round_bf16(f[i])) << "dequantized FP8 value is not a bf16 value";
+        if (dense == DType::kBF16) {
+          const uint16_t h = num::f32_to_bf16(f[i]);
+          std::memcpy(&bytes[2 * i], &h, 2);
+        } else {
+          std::memcpy(&bytes[4 * i], &f[i], 4);
+        }
+      }
+      w->dtype = dense;
+      w->bytes = std::move(bytes);
+      const std::string sname = s->name;
+      tw.data.erase(std::remove_if(tw.data.begin(), tw.data.end(), [&](const TensorData& t) { return t.name == sname; }),
+                    tw.data.end());
+      ++converted;
+    }
+    ASSERT_GT(converted, 0);
+    tw.make_views();
+    auto m = DsV4Model::from_tensors(c, tw.ptrs(), o);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(max_abs_diff(run(**m, 0, toks, {}), ref), 0.0f) << "wo_a stored as " << dtype_name(dense);
+  }
+
+  // Mutate the caller's FP8 bytes of one weight: a view-based model sees the change.
+  TensorData* w = fp8.find("layers.0.attn.wq_a.weight");
+  ASSERT_TRUE(w);
+  for (size_t i = 0; i < w->bytes.size(); i += 7) w->bytes[i] ^= 0x08;
+  EXPECT_GT(max_abs_diff(run(**m0, 0, toks, {}), ref), 0.0f);
 }
 
 }  // namespace
