@@ -5,7 +5,8 @@
 // tok/s, acceptance rate (accepted / drafted), mean accepted length (tokens per verify step, vLLM's
 // 1 + accepted / drafts) and speed-up over no speculation; greedy outputs must agree across arms.
 // Prints a table and writes bench/results/seeds-builtin-<date>.json.
-//   bench_bench_seeds [MODEL_DIR] [THREADS]
+//   bench_bench_seeds [MODEL_DIR] [THREADS] [REPS]   (concurrency-1 rows: best of REPS runs, default 2)
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -170,6 +171,7 @@ int main(int argc, char** argv) {
   set_log_level(LogLevel::kWarn);
   const std::string dir = argc > 1 ? argv[1] : std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
+  const int reps = argc > 3 ? std::max(1, std::atoi(argv[3])) : 2;
   if (!std::ifstream(dir + "/config.json").good()) die("no model at " + dir);
   const std::string dataclasses =
       "Write twenty Python dataclasses for an online bookshop (Book, Author, Order, Customer, ...), each with "
@@ -206,7 +208,13 @@ int main(int argc, char** argv) {
     const Row* base = nullptr;
     size_t base_index = rows.size();
     for (const auto& arm : arms) {
+      // Best of `reps` runs: the machine is shared, and other jobs only ever make a run slower.
       Row r = run(dir, threads, w, arm);
+      for (int rep = 1; rep < (w.concurrency == 1 ? reps : 1); ++rep) {
+        Row again = run(dir, threads, w, arm);
+        if (again.outputs != r.outputs) all_same = false;
+        if (again.decode_tok_s > r.decode_tok_s) r = std::move(again);
+      }
       bool same = true;
       if (rows.size() > base_index) {
         base = &rows[base_index];
@@ -236,6 +244,8 @@ int main(int argc, char** argv) {
   j["cpu"] = shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'");
   j["cpu_cores"] = shell_line("nproc");
   j["threads"] = threads;
+  j["repetitions_concurrency_1"] = reps;
+  j["repetitions_concurrency_8"] = 1;
   j["load_average_1min_before"] = load_before;
   j["load_average_1min_after"] = load_after;
   j["model"] = "data/builtin (trained 35M target + DSpark draft), CPU DsV4Model, public Engine API, greedy, "
