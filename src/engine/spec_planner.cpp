@@ -9,7 +9,11 @@ namespace tandem {
 namespace {
 constexpr double kDecay = 0.97;       // cost fits forget old samples (shapes drift with context)
 constexpr double kAcceptDecay = 0.98;
-constexpr int kProbeEvery = 32;       // steps between probes while drafting is off
+constexpr int kProbeEvery = 32;       // steps before the first probe once drafting is off
+// Each probe that still finds drafting unprofitable doubles the wait before the next one: a probe
+// costs a draft plus a longer verify (~20% of the steps between probes at 32 on a CPU), which
+// otherwise turns "off" into a steady loss on workloads where speculation never pays.
+constexpr int kMaxProbeEvery = 1024;
 // Per-position acceptance prior (vLLM's DSpark-V4-Flash measurements), used until measured.
 constexpr double kPrior[] = {0.78, 0.55, 0.37, 0.24, 0.16, 0.11, 0.08};
 }  // namespace
@@ -134,15 +138,21 @@ bool SpecPlanner::should_draft(int num_requests, int64_t extra_tokens) {
     double t = draft_cost_.predict(R) + verify_cost_.predict(R * (1 + L) + extra_tokens);
     best = std::max(best, R * (1 + gain) / t);
   }
-  bool pays = best > base * 1.02;
-  if (!pays && ++steps_since_probe_ >= kProbeEvery) {
+  const bool pays = best > base * 1.02;
+  if (pays) {
     steps_since_probe_ = 0;
+    probe_interval_ = kProbeEvery;
+    drafting_ = true;
+    return true;
+  }
+  if (++steps_since_probe_ >= probe_interval_) {
+    steps_since_probe_ = 0;
+    probe_interval_ = std::min<int64_t>(probe_interval_ * 2, kMaxProbeEvery);
     drafting_ = true;  // probe: refresh the acceptance estimate
     return true;
   }
-  if (pays) steps_since_probe_ = 0;
-  drafting_ = pays;
-  return pays;
+  drafting_ = false;
+  return false;
 }
 
 }  // namespace tandem

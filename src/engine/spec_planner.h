@@ -61,6 +61,7 @@ class SpecPlanner {
   std::vector<double> accept_ema_;  // P(position j accepted | verified and prefix accepted)
   bool drafting_ = true;
   int64_t steps_since_probe_ = 0;
+  int64_t probe_interval_ = 32;  // doubles after each unprofitable probe (spec_planner.cpp)
   struct Cand {
     double a;
     int r, j;

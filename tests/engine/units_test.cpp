@@ -375,6 +375,11 @@ TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
   int drafted = 0;
   for (int i = 0; i < 64; ++i) drafted += cb.should_draft(2, 0);
   EXPECT_LE(drafted, 3);  // probes only
+  // Probes back off exponentially while drafting keeps not paying: 4,000 steps hold only a few.
+  int probes = 0;
+  for (int i = 0; i < 4000; ++i) probes += cb.should_draft(2, 0);
+  EXPECT_GE(probes, 3);
+  EXPECT_LE(probes, 10);
   // Fixed and threshold modes ignore costs.
   sc.verify_mode = "fixed";
   SpecPlanner fixed(sc, 5);
