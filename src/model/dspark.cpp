@@ -38,7 +38,12 @@ Status DsV4Model::draft_insert_context(int slot, int64_t start_pos, std::span<co
   const int64_t pos0 = start_pos + first;
   n -= first;
   m.use_threads();
-  std::vector<float> mh(rows, rows + n * td), main_x(n * D), kv(n * hd);
+  auto& mh = m.ds.mh;
+  auto& main_x = m.ds.main_x;
+  auto& kv = m.ds.ctx_kv;
+  mh.assign(rows, rows + n * td);
+  main_x.resize(n * D);
+  kv.resize(n * hd);
   model::round_bf16(mh.data(), mh.size());
   m.linear(m.w.draft.main_proj, mh.data(), n, main_x.data());
   m.norm_rows(main_x.data(), n, D, m.w.draft.main_norm);
@@ -72,10 +77,19 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
   }
   results.resize(requests.size());
   m.use_threads();
-  std::vector<int32_t> ids(K);
-  std::vector<float> h(K * HD), res(K * HD), x(K * D), a(K * D), post(K * hc), comb(K * hc * hc);
-  std::vector<float> qr(K * ql), q(K * H * hd), kv(K * hd), o(K * H * hd), y(K * D), yn(K * D), base(K * V);
-  std::vector<const float*> keys;
+  // Buffers live in m.ds (sized on the first call, reused after): no allocation per draft step.
+  Impl::DraftScratch& d = m.ds;
+  auto sized = [](auto& v, int64_t n) -> auto& {
+    v.resize(n);
+    return v;
+  };
+  auto& ids = sized(d.ids, K);
+  auto &h = sized(d.h, K * HD), &res = sized(d.res, K * HD), &x = sized(d.x, K * D), &a = sized(d.a, K * D);
+  auto &post = sized(d.post, K * hc), &comb = sized(d.comb, K * hc * hc), &qr = sized(d.qr, K * ql);
+  auto &q = sized(d.q, K * H * hd), &kv = sized(d.kv, K * hd), &o = sized(d.o, K * H * hd);
+  auto &y = sized(d.y, K * D), &yn = sized(d.yn, K * D), &base = sized(d.base, K * V);
+  auto &bias = sized(d.bias, V), &feat = sized(d.feat, D + R), &e_row = sized(d.e_row, R);
+  auto& keys = d.keys;
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     const DraftRequest& r = requests[ri];
     const int64_t P = r.anchor_pos;
@@ -116,7 +130,6 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
     out.confidence.assign(K, 0.0f);
     out.logits.resize(K * V);
     if (sampling.want_probs) out.probs.resize(K * V);
-    std::vector<float> bias(V), feat(D + R), e_row(R);
     int32_t prev = r.anchor_token;
     for (int64_t i = 0; i < K; ++i) {
       dw.markov_w1.row(prev, e_row.data());
@@ -138,7 +151,7 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
         const double T = sampling.temperature;
         double mx = -INFINITY;
         for (int64_t v = 0; v < V; ++v) mx = std::max(mx, z[v] / T);
-        std::vector<double> p(V);
+        auto& p = sized(d.probs, V);
         double sum = 0.0;
         for (int64_t v = 0; v < V; ++v) sum += (p[v] = std::exp(z[v] / T - mx));
         std::uniform_real_distribution<double> uni(0.0, sum);

@@ -57,6 +57,14 @@ struct DsV4Model::Impl {
     std::vector<int32_t> visible, topk_idx;
     std::vector<const float*> key_ptrs;
   } s;
+  // DSpark draft buffers, apart from `s` because the draft calls the layer pieces that use `s`.
+  struct DraftScratch {
+    std::vector<int32_t> ids;
+    std::vector<float> h, res, x, a, post, comb, qr, q, kv, o, y, yn, base, bias, feat, e_row;
+    std::vector<float> mh, main_x, ctx_kv;
+    std::vector<double> probs;
+    std::vector<const float*> keys;
+  } ds;
 
   int threads() const { return opt.num_threads; }
   float* slot_ptr(int slot) { return slot_state.data() + static_cast<int64_t>(slot) * slot_floats; }
