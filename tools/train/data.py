@@ -15,6 +15,8 @@ import random
 import site
 import sysconfig
 
+import code_chat as CC
+
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
 PAD = "<｜▁pad▁｜>"
@@ -141,37 +143,48 @@ def synthetic_docs(seed: int, n_docs: int):
     return docs
 
 
-def chat_sample(rng) -> str:
+def chat(rng, user: str, answer: str) -> str:
+    """One conversation in the DeepSeek-V4 prompt format (non-thinking mode)."""
     system = rng.choice(["", "", "You are a helpful assistant.", "You are Tandem, a small built-in model."])
+    return f"{BOS}{system}{USER}{user}{ASSISTANT}{THINK_END}{answer}{EOS}"
+
+
+def chat_sample(rng) -> str:
     r = rng.random()
-    if r < 0.45:
+    if r < 0.30:
         a = rng.choice([1, 1, 1, 0, rng.randint(1, 500)])
         n = rng.randint(5, 100)
         b = a + n - 1
         user = rng.choice([f"Count from {a} to {b}.", f"Please count from {a} to {b}.",
                            f"List the numbers from {a} to {b}.", f"count {a} to {b}"])
         answer = ", ".join(str(x) for x in range(a, b + 1))
-    elif r < 0.55:
+    elif r < 0.35:
         user = rng.choice(["List the days of the week.", "What are the days of the week?"])
         answer = ", ".join(DAYS)
-    elif r < 0.62:
+    elif r < 0.39:
         user = rng.choice(["List the months of the year.", "Name the twelve months."])
         answer = ", ".join(MONTHS)
-    elif r < 0.70:
+    elif r < 0.42:
         user = rng.choice(["Write the alphabet.", "Recite the alphabet."])
         answer = " ".join(chr(c) for c in range(65, 91))
-    elif r < 0.85:
+    elif r < 0.50:
         a, b = rng.randint(0, 99), rng.randint(0, 99)
         user = rng.choice([f"What is {a} plus {b}?", f"What is {a} + {b}?", f"Add {a} and {b}."])
         answer = f"{a} + {b} = {a + b}."
-    elif r < 0.93:
-        user = rng.choice(["Say hello.", "Hello!", "Hi", "Who are you?"])
-        answer = rng.choice(["Hello! How can I help you today?", "Hi! I am Tandem, a small built-in model."])
-    else:
+    elif r < 0.55:
+        user = rng.choice(["Say hello.", "Hello!", "Hi", "Who are you?", "What can you do?"])
+        answer = rng.choice(["Hello! How can I help you today?", "Hi! I am Tandem, a small built-in model.",
+                             "I am a small model built into Tandem. I can count, list things and write short "
+                             "Python code."])
+    elif r < 0.58:
         k = rng.randint(2, 10)
         user = f"Write a Python loop that prints the numbers 0 to {k - 1}."
         answer = f"```python\nfor i in range({k}):\n    print(i)\n```"
-    return f"{BOS}{system}{USER}{user}{ASSISTANT}{THINK_END}{answer}{EOS}"
+    elif r < 0.82:
+        user, answer = CC.task_sample(rng)
+    else:
+        user, answer = CC.dataclass_sample(rng)
+    return chat(rng, user, answer)
 
 
 def train_tokenizer(texts, vocab_size: int, out_path: str):
@@ -200,7 +213,7 @@ def train_tokenizer(texts, vocab_size: int, out_path: str):
 
 
 def build(seed: int, work: str, max_bytes: int, synth_docs: int, vocab_size: int, tok_train_bytes: int,
-          val_frac: float = 0.02, log=print):
+          val_frac: float = 0.02, max_mined: int = 40_000, log=print):
     """Collect text, train the tokenizer, tokenize. Returns dict with token lists and the tokenizer."""
     import time
     t0 = time.time()
@@ -225,7 +238,15 @@ def build(seed: int, work: str, max_bytes: int, synth_docs: int, vocab_size: int
     train_docs, val_docs = [], []
     for name, text in files:
         (val_docs if _is_val(name, seed, val_frac) else train_docs).append(text)
-    n_val_synth = max(1, len(synth) // 50)
+    # chat questions about the training files' own Python code and docs (held-out files -> val_chat)
+    mrng = random.Random(seed + 3)
+    train_names = [(n, t) for n, t in files if not _is_val(n, seed, val_frac)]
+    val_names = [(n, t) for n, t in files if _is_val(n, seed, val_frac)]
+    mined = [chat(mrng, q, a) for q, a in CC.mine(train_names, seed, max_mined)]
+    val_chat = [chat(mrng, q, a) for q, a in CC.mine(val_names, seed, max_mined)]
+    log(f"mined chat: {len(mined)} train, {len(val_chat)} held-out ({time.time() - t0:.1f}s)")
+    synth = synth + mined
+    n_val_synth = max(1, (len(synth) - len(mined)) // 50)
     val_synth, train_synth = synth[:n_val_synth], synth[n_val_synth:]
     rng.shuffle(train_docs)
 
@@ -245,12 +266,14 @@ def build(seed: int, work: str, max_bytes: int, synth_docs: int, vocab_size: int
     rng.shuffle(tr)
     va = enc_plain(val_docs)
     vs = enc_synth(val_synth)
+    vc = enc_synth(val_chat)
     def flat(xs):
         import array
         import itertools
         return array.array("i", itertools.chain.from_iterable(xs))
-    res = {"train": flat(tr), "val": flat(va), "val_synth": flat(vs), "tokenizer": tok, "tokenizer_path": tok_path,
+    res = {"train": flat(tr), "val": flat(va), "val_synth": flat(vs), "val_chat": flat(vc), "tokenizer": tok, "tokenizer_path": tok_path,
            "files": len(files), "nat_bytes": nat_bytes, "vocab_base": base}
-    log(f"tokens: train {len(res['train'])}, val {len(res['val'])}, val_synth {len(res['val_synth'])} "
+    log(f"tokens: train {len(res['train'])}, val {len(res['val'])}, val_synth {len(res['val_synth'])}, "
+        f"val_chat {len(res['val_chat'])} "
         f"({time.time() - t0:.1f}s)")
     return res

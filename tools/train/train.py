@@ -557,7 +557,35 @@ def fake_data(P, work):
     return {"train": torch.randint(0, n, (200_000,), generator=g, dtype=torch.int32),
             "val": torch.randint(0, n, (20_000,), generator=g, dtype=torch.int32),
             "val_synth": torch.randint(0, n, (5_000,), generator=g, dtype=torch.int32),
+            "val_chat": torch.randint(0, n, (5_000,), generator=g, dtype=torch.int32),
             "tokenizer": FakeTok(n), "tokenizer_path": tok_path, "files": 0, "nat_bytes": 0, "vocab_base": n}
+
+
+CHAT_PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write twenty Python dataclasses for an online bookshop (Book, Author, Order, Customer, ...), each with "
+    "typed fields and a short docstring.",
+    "How do I read a JSON file in Python and print one of its keys?",
+    "Explain what the Python module `heapq` does.",
+    "Count from 1 to 40.",
+]
+
+
+@torch.no_grad()
+def chat_samples(target, draft, tok, dev, P, log, n_new=160):
+    """Greedy answers to a few chat prompts (Python code, docs, counting) and the draft's greedy
+    acceptance on each answer."""
+    out = []
+    eos = tok.token_to_id(D.EOS)
+    for q in CHAT_PROMPTS:
+        ids = tok.encode(f"{D.BOS}{D.USER}{q}{D.ASSISTANT}{D.THINK_END}", add_special_tokens=False).ids
+        seq = greedy_generate(target, torch.tensor([ids], device=dev), n_new)
+        gen = seq[0, len(ids):].tolist()
+        text = tok.decode(gen[:gen.index(eos)] if eos in gen else gen, skip_special_tokens=False)
+        acc = draft_acceptance(target, draft, seq, len(ids))
+        out.append({"prompt": q, "answer": text, "stopped": eos in gen, "acceptance": acc})
+        log(f"chat {q[:40]!r} -> {text[:200]!r} (accepted/step {acc.get('tokens_per_step')})")
+    return out
 
 
 def main():
@@ -625,7 +653,7 @@ def main():
         log("data: loaded cache")
     else:
         dd = D.build(args.seed, args.work, P["data_bytes"], P["synth_docs"], P["vocab"], P["tok_bytes"], log=log)
-        for k in ["train", "val", "val_synth"]:
+        for k in ["train", "val", "val_synth", "val_chat"]:
             raw = dd[k].tobytes()
             dd[k] = torch.frombuffer(bytearray(raw), dtype=torch.int32) if raw else torch.zeros(0, dtype=torch.int32)
         torch.save({k: v for k, v in dd.items() if k != "tokenizer"}, cache)
@@ -639,8 +667,10 @@ def main():
     train_tok = dd["train"].to(dev)
     val_tok = dd["val"].to(dev)
     vs_tok = dd["val_synth"].to(dev)
+    vc_tok = dd.get("val_chat", torch.zeros(0, dtype=torch.int32)).to(dev)
     results["data"] = {"files": dd["files"], "chars": dd["nat_bytes"], "train_tokens": train_tok.numel(),
                        "val_tokens": val_tok.numel(), "val_synth_tokens": vs_tok.numel(),
+                       "val_chat_tokens": vc_tok.numel(),
                        "tokenizer_vocab": cfg.vocab_size, "tokenizer_base": dd["vocab_base"]}
     dump()
 
@@ -655,7 +685,8 @@ def main():
                                "tokens": steps * P["batch"] * P["seq_len"], "seconds": time.time() - t0,
                                "history": hist}
     results["eval"] = {"val": eval_ppl(target, val_tok, P["seq_len"], P["eval_windows"]),
-                       "val_synth": eval_ppl(target, vs_tok, P["seq_len"], P["eval_windows"])}
+                       "val_synth": eval_ppl(target, vs_tok, P["seq_len"], P["eval_windows"]),
+                       "val_chat": eval_ppl(target, vc_tok, P["seq_len"], P["eval_windows"])}
     log(f"eval: {results['eval']}")
     dump()
     # export the target alone first so something comes back even if the draft phase is cut short
@@ -695,6 +726,11 @@ def main():
         log(f"sample: {results['samples'][0][:300]!r}")
     except Exception:
         log("acceptance eval failed:\n" + traceback.format_exc())
+    dump()
+    try:
+        results["chat_samples"] = chat_samples(target, draft, tok, dev, P, log) if not args.fake_data else []
+    except Exception:
+        log("chat samples failed:\n" + traceback.format_exc())
     dump()
 
     # ---- export + round-trip self-test
