@@ -125,6 +125,50 @@ uint8_t f32_to_e2m1(float x) {
 
 float round_e2m1(float x) { return e2m1_to_f32(f32_to_e2m1(x)); }
 
+uint8_t nvfp4_scale(float amax) {
+  // NaN or negative amax cannot come from |x| maxima; treat NaN as the largest scale.
+  if (std::isnan(amax)) return f32_to_e4m3(kE4m3Max);
+  return f32_to_e4m3(std::fabs(amax) * (1.0f / kE2m1Max));
+}
+
+namespace {
+// Encodes one group; returns its scale byte and writes the element codes through `put`.
+template <typename Put>
+uint8_t nvfp4_group(const float* x, size_t n, Put put) {
+  float amax = 0.0f;
+  for (size_t k = 0; k < n; ++k)
+    if (!std::isnan(x[k])) amax = std::max(amax, std::fabs(x[k]));
+  const uint8_t sb = nvfp4_scale(amax);
+  const float s = e4m3_to_f32(sb);
+  const float inv = s != 0.0f ? 1.0f / s : 0.0f;
+  for (size_t k = 0; k < n; ++k) put(k, f32_to_e2m1(x[k] * inv));
+  return sb;
+}
+}  // namespace
+
+void quantize_nvfp4(const float* x, size_t n, uint8_t* packed, uint8_t* scales) {
+  for (size_t g0 = 0; g0 < n; g0 += kNvfp4Group) {
+    const size_t gn = std::min(kNvfp4Group, n - g0);
+    scales[g0 / kNvfp4Group] =
+        nvfp4_group(x + g0, gn, [&](size_t k, uint8_t code) { fp4_set(packed, g0 + k, code); });
+  }
+}
+
+void dequantize_nvfp4(const uint8_t* packed, const uint8_t* scales, size_t n, float* y) {
+  for (size_t k = 0; k < n; ++k) y[k] = e2m1_to_f32(fp4_get(packed, k)) * e4m3_to_f32(scales[k / kNvfp4Group]);
+}
+
+void round_nvfp4(float* x, size_t n) {
+  for (size_t g0 = 0; g0 < n; g0 += kNvfp4Group) {
+    const size_t gn = std::min(kNvfp4Group, n - g0);
+    float* g = x + g0;
+    uint8_t codes[kNvfp4Group];
+    const float s = e4m3_to_f32(nvfp4_group(g, gn, [&](size_t k, uint8_t code) { codes[k] = code; }));
+    for (size_t k = 0; k < gn; ++k)
+      if (!std::isnan(g[k])) g[k] = e2m1_to_f32(codes[k]) * s;
+  }
+}
+
 Fp8BlockWeight quantize_fp8_block(const float* w, size_t out, size_t in, size_t block) {
   TANDEM_CHECK(block > 0);
   const size_t bo = (out + block - 1) / block, bi = (in + block - 1) / block;

@@ -106,6 +106,26 @@ inline void fp4_set(uint8_t* packed, size_t k, uint8_t nibble) {
 }
 inline uint8_t fp4_pack(uint8_t lo, uint8_t hi) { return static_cast<uint8_t>((lo & 0xf) | ((hi & 0xf) << 4)); }
 
+// ---- NVFP4 (NVIDIA's 4-bit block format: e2m1 elements, one FP8 e4m3 scale per 16 elements) ----
+// Single-level form, i.e. the per-tensor (second-level) scale fixed at 1.0, as the DeepSeek-V4
+// `nvfp4_ds_mla` KV caches use it (local-inference-lab/vllm #82: "implicit global scale 1.0";
+// FlashInfer #4955: 448 NoPE dims in groups of 16, packed e2m1 + one e4m3 scale per group).
+// For a group of up to 16 values with absolute maximum amax, the scale is
+//   s = e4m3_rne(amax * fl32(1/6))          (always >= 0; saturates at 448)
+// and element x becomes code = e2m1_rne(x * fl32(1/s)) (saturating to +-6), decoded as
+// e2m1(code) * s: the order of operations of NVIDIA's convert kernels (scale from amax times the
+// reciprocal of 6, rounded to nearest; elements multiplied by the reciprocal of the decoded scale).
+// A group whose scale rounds to 0 (amax < 6 * 2^-10) encodes as zeros (the kernels' `s ? 1/s : 0`).
+// Every decoded value has at most 6 significant bits, so it is also an exact bf16 value.
+constexpr size_t kNvfp4Group = 16;
+uint8_t nvfp4_scale(float amax);  // the group's e4m3 scale byte
+// x[n] -> packed e2m1 [(n+1)/2] (even k = low nibble) + e4m3 scales [ceil(n/16)]; the last group
+// may be short. NaN inputs have no e2m1 encoding: a NaN element encodes as +0 (as f32_to_e2m1).
+void quantize_nvfp4(const float* x, size_t n, uint8_t* packed, uint8_t* scales);
+void dequantize_nvfp4(const uint8_t* packed, const uint8_t* scales, size_t n, float* y);
+// In-place round trip through quantize + dequantize (no buffers); NaN elements stay NaN.
+void round_nvfp4(float* x, size_t n);
+
 // ---- weight quantizers (make-tiny / export) ----
 // FP8 block-scaled weight as in the official checkpoints: W[out,in] row-major f32 ->
 // e4m3 bytes [out*in] + E8M0 scales [ceil(out/block), ceil(in/block)] row-major, one per

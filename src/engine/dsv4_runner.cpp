@@ -1,7 +1,7 @@
 // Dsv4Runner: adapts DsV4Model (src/model/model.h) to the engine's ModelRunner interface.
-// The model sizes its pools at load, but the engine sizes the KV pool from the model's bytes per
-// block: so the checkpoint is first opened with minimal pools to read those sizes, and loaded for
-// real in allocate() with the pool the engine computed.
+// The engine sizes the KV pool from the model's bytes per block and per slot before the model
+// exists: those come from DsV4Model::state_sizes (config.json only), and the checkpoint is loaded
+// once, in allocate(), with the pool the engine computed and the KV dtype it resolved.
 #include "engine/dsv4_runner.h"
 
 #include <cmath>
@@ -26,13 +26,14 @@ uint64_t mix64(uint64_t z) {
 
 class Dsv4Runner : public ModelRunner {
  public:
-  Dsv4Runner(std::string dir, int num_threads, std::unique_ptr<Tokenizer> tok, std::unique_ptr<DsV4Model> probe)
-      : dir_(std::move(dir)), num_threads_(num_threads), tokenizer_(std::move(tok)), model_(std::move(probe)) {
-    config_ = model_->config();
-    pool_block_bytes_256_ = static_cast<int64_t>(model_->pool_block_bytes());
-    probe_block_size_ = model_->options().block_size;
-    slot_state_bytes_ = static_cast<int64_t>(model_->slot_state_bytes());
-  }
+  Dsv4Runner(std::string dir, int num_threads, std::unique_ptr<Tokenizer> tok, ModelConfig config,
+             ModelOptions probe, ModelStateSizes sizes)
+      : dir_(std::move(dir)),
+        num_threads_(num_threads),
+        tokenizer_(std::move(tok)),
+        config_(std::move(config)),
+        probe_(probe),
+        slot_state_bytes_(static_cast<int64_t>(sizes.slot_state_bytes)) {}
 
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_model_len() const override { return config_.max_position_embeddings; }
@@ -44,15 +45,24 @@ class Dsv4Runner : public ModelRunner {
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
 
   Status check_kv_cache_dtype(const std::string& dtype) const override {
-    if (dtype == "fp8") return Status();
-    return invalid_argument(
-        "kv_cache_dtype {} is not supported by the CPU model: its KV follows the reference's FP8 round trip "
-        "(use fp8, fp8_ds_mla or auto)",
-        dtype);
+    auto d = parse_kv_dtype(dtype);
+    if (!d.ok())
+      return invalid_argument("kv_cache_dtype {} is not supported by the CPU model (supported: fp8, bf16, nvfp4)",
+                              dtype);
+    return Status();
   }
   int64_t kv_bytes_per_block(int block_size, const std::string&) const override {
-    // Pool bytes scale with the tokens a block covers.
-    return pool_block_bytes_256_ * block_size / probe_block_size_;
+    // Honest: the CPU model keeps every cached KV value as an fp32 float whatever the dtype (the
+    // dtype only picks the round trip the values take), so a block costs the same in every mode.
+    // A packed GPU record would be 584 B (fp8_ds_mla), 1024 B (bf16) or 384 B (nvfp4_ds_mla) per
+    // 512-dim entry instead of 2048 B here.
+    ModelOptions o = probe_;
+    o.block_size = block_size;
+    auto sz = DsV4Model::state_sizes(config_, o);
+    if (sz.ok()) return static_cast<int64_t>(sz->pool_block_bytes);
+    // An invalid block size fails in allocate(); until then, scale the 256-token size.
+    auto s256 = DsV4Model::state_sizes(config_, probe_);
+    return s256.ok() ? std::max<int64_t>(1, static_cast<int64_t>(s256->pool_block_bytes) * block_size / 256) : 1;
   }
   int64_t slot_state_bytes() const override { return slot_state_bytes_; }
 
@@ -68,11 +78,12 @@ class Dsv4Runner : public ModelRunner {
     o.max_rollback = std::max(alloc.max_verify_tokens, 1);
     o.num_threads = num_threads_;
     o.load_draft = true;
+    TANDEM_ASSIGN_OR_RETURN(o.kv_dtype, parse_kv_dtype(alloc.kv_cache_dtype.empty() ? "fp8" : alloc.kv_cache_dtype));
     model_.reset();
     TANDEM_ASSIGN_OR_RETURN(model_, DsV4Model::load(dir_, o));
-    if (static_cast<int64_t>(model_->slot_state_bytes()) != slot_state_bytes_)
-      slot_state_bytes_ = static_cast<int64_t>(model_->slot_state_bytes());
-    TLOG_INFO("engine", "model loaded from {}: {}", dir_, model_->load_report().summary());
+    slot_state_bytes_ = static_cast<int64_t>(model_->slot_state_bytes());
+    TLOG_INFO("engine", "model loaded from {} (KV dtype {}): {}", dir_, kv_dtype_name(o.kv_dtype),
+              model_->load_report().summary());
     return Status();
   }
 
@@ -110,14 +121,18 @@ class Dsv4Runner : public ModelRunner {
     TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
   }
   Status import_slot_state(int slot, std::span<const uint8_t> in) override {
-    // The draft's context window is not part of the snapshot: after a prefix hit it starts empty
-    // (acceptance is lower for the first ~128 tokens; verification keeps the output exact).
-    if (model_->has_draft()) model_->draft_reset(slot);
+    // The snapshot carries the draft's context windows too (DsV4Model::export_slot_state), so a
+    // prefix hit restores the draft exactly as a cold run would have it.
     return model_->import_slot_state(slot, in);
   }
 
-  bool has_draft() const override { return model_->has_draft(); }
-  int num_draft_tokens() const override { return model_->draft_block_size(); }
+  // Before allocate() there is no model yet: a DSpark config means a draft (load() with
+  // load_draft fails if the checkpoint lacks its tensors).
+  bool has_draft() const override { return model_ ? model_->has_draft() : config_.has_dspark(); }
+  int num_draft_tokens() const override {
+    if (model_) return model_->draft_block_size();
+    return config_.has_dspark() ? config_.dspark_block_size : 0;
+  }
 
   void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps, int64_t rows) override {
     if (!model_->has_draft() || rows <= 0) return;
@@ -172,11 +187,10 @@ class Dsv4Runner : public ModelRunner {
   std::string dir_;
   int num_threads_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<DsV4Model> model_;
   ModelConfig config_;
-  int64_t pool_block_bytes_256_ = 0;
-  int probe_block_size_ = 256;
+  ModelOptions probe_;            // the options the sizes were computed for (block size 256)
   int64_t slot_state_bytes_ = 0;
+  std::unique_ptr<DsV4Model> model_;  // created by allocate()
   StepBatch batch_;
   StepOutput step_out_;
   std::vector<size_t> greedy_idx_;
@@ -189,18 +203,22 @@ class Dsv4Runner : public ModelRunner {
 Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config) {
   const std::string& dir = config.model_dir;
   TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(dir + "/tokenizer.json"));
-  // Probe load with minimal pools: reads the per-block and per-slot sizes the engine needs.
+  auto cfg = load_model_config(dir + "/config.json");
+  if (!cfg.ok()) return cfg.status().with_context("loading " + dir);
+  // Sizes from the config alone; the weights are loaded once, in allocate().
   ModelOptions probe;
   probe.max_slots = 1;
   probe.num_blocks = 1;
   probe.block_size = 256;
   probe.max_tokens_per_step = 8;
-  // Same rollback depth as the real load: the slot-state size depends on it.
+  // Same rollback depth as allocate(): the slot-state size depends on it.
   probe.max_rollback = config.speculative.method.empty() ? 1 : config.speculative.num_speculative_tokens + 1;
   probe.num_threads = config.num_threads;
-  TANDEM_ASSIGN_OR_RETURN(auto model, DsV4Model::load(dir, probe));
+  probe.load_draft = true;
+  auto sizes = DsV4Model::state_sizes(*cfg, probe);
+  if (!sizes.ok()) return sizes.status().with_context("loading " + dir);
   return std::unique_ptr<ModelRunner>(
-      new Dsv4Runner(dir, config.num_threads, std::move(tok), std::move(model)));
+      new Dsv4Runner(dir, config.num_threads, std::move(tok), std::move(cfg).value(), probe, *sizes));
 }
 
 }  // namespace tandem

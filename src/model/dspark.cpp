@@ -1,5 +1,5 @@
 // DSpark draft on the CPU: context-KV insertion from target taps (main_proj + main_norm, per-stage
-// wkv/kv_norm/RoPE/FP8 into a sliding_window ring), three stages of non-causal attention of the
+// wkv/kv_norm/RoPE/KV-dtype round trip into a sliding_window ring), three stages of non-causal attention of the
 // block [anchor, noise x (K-1)] at positions P..P+K-1 over the context window plus the whole block,
 // hc_head + shared LM head, the sequential Markov correction and the raw confidence projection.
 #include <algorithm>
@@ -54,7 +54,7 @@ Status DsV4Model::draft_insert_context(int slot, int64_t start_pos, std::span<co
     m.linear(a.wkv, main_x.data(), n, kv.data());
     m.norm_rows(kv.data(), n, hd, a.kv_norm);
     m.rope_rows(m.rope_swa, kv.data(), n, 1, hd, pos0, 1, false);
-    m.fp8_nope(kv.data(), n, hd, hd - rd);
+    m.kv_nope(kv.data(), n, hd, hd - rd);
     for (int64_t t = 0; t < n; ++t)
       std::memcpy(ctx + st * per_stage + ((pos0 + t) % W) * hd, &kv[t * hd], sizeof(float) * hd);
   }

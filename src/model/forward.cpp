@@ -83,6 +83,21 @@ void DsV4Model::Impl::fp8_nope(float* x, int64_t rows, int64_t dim, int64_t nope
   ops().act_quant_fp8(p);
 }
 
+void DsV4Model::Impl::kv_nope(float* x, int64_t rows, int64_t dim, int64_t nope) {
+  switch (opt.kv_dtype) {
+    case KvDtype::kFp8:
+      fp8_nope(x, rows, dim, nope);
+      return;
+    case KvDtype::kBf16:
+      // Nothing to do: kv_norm / the compressor's norm and RoPE already round every dim to bf16,
+      // which is what a bf16 KV cache stores.
+      return;
+    case KvDtype::kNvfp4:
+      for (int64_t r = 0; r < rows; ++r) num::round_nvfp4(x + r * dim, static_cast<size_t>(nope));
+      return;
+  }
+}
+
 void DsV4Model::Impl::fp4_rows(float* x, int64_t rows, int64_t dim) {
   kernels::Fp4ActQuantParams p;
   p.x = x;
@@ -341,7 +356,7 @@ void DsV4Model::Impl::q_and_kv(const model::AttentionW& a, const model::RopeTabl
   linear(a.wkv, x, n, kv);
   norm_rows(kv, n, hd, a.kv_norm);
   rope_rows(rope, kv, n, 1, hd, start_pos, 1, false);
-  fp8_nope(kv, n, hd, hd - rd);
+  kv_nope(kv, n, hd, hd - rd);  // the reference: act_quant(kv[..., :-rd], 64) (fp8 KV)
 }
 
 void DsV4Model::Impl::output_proj(const model::AttentionW& a, float* o, int64_t n, float* y) {
@@ -442,7 +457,7 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
         hadamard_rows(e, 1, d);
         fp4_rows(e, 1, d);
       } else {
-        fp8_nope(e, 1, d, d - rd);
+        kv_nope(e, 1, d, d - rd);
       }
       std::memcpy(pool_ptr(r * j, pool_off, r, d), e, sizeof(float) * d);
     }

@@ -70,6 +70,9 @@ struct DsV4Model::Impl {
   float* slot_ptr(int slot) { return slot_state.data() + static_cast<int64_t>(slot) * slot_floats; }
   const float* slot_ptr(int slot) const { return slot_state.data() + static_cast<int64_t>(slot) * slot_floats; }
 
+  // Sets layout, win_ring, slot_floats, block_floats from cfg/opt (no weights needed).
+  void plan_state();
+  static Status validate_options(const ModelOptions& opt);
   Status init_state();
   Status validate_step(const StepBatch& batch) const;
 
@@ -84,6 +87,9 @@ struct DsV4Model::Impl {
   void rope_rows(const model::RopeTable& rt, float* x, int64_t tokens, int64_t heads, int64_t head_stride,
                  int64_t pos0, int64_t pos_step, bool inverse);
   void fp8_nope(float* x, int64_t rows, int64_t dim, int64_t nope);  // act_quant(x[..., :nope], 64)
+  // The round trip of cached KV values on x[..., :nope] for opt.kv_dtype (fp8: fp8_nope; bf16:
+  // none; nvfp4: num::round_nvfp4 per row).
+  void kv_nope(float* x, int64_t rows, int64_t dim, int64_t nope);
   void fp4_rows(float* x, int64_t rows, int64_t dim);                 // fp4_act_quant(x, 32)
   void hadamard_rows(float* x, int64_t rows, int64_t dim);            // rotate_activation
   // Applies opt.num_threads to the (process-wide) CPU op thread count; called at every entry point.

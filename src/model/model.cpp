@@ -38,20 +38,37 @@ int64_t DsV4Model::tap_dim() const {
              : 0;
 }
 
-Status DsV4Model::Impl::init_state() {
+Result<KvDtype> parse_kv_dtype(const std::string& name) {
+  if (name == "fp8") return KvDtype::kFp8;
+  if (name == "bf16") return KvDtype::kBf16;
+  if (name == "nvfp4") return KvDtype::kNvfp4;
+  return invalid_argument("kv dtype '{}' is not fp8, bf16 or nvfp4", name);
+}
+
+const char* kv_dtype_name(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kFp8: return "fp8";
+    case KvDtype::kBf16: return "bf16";
+    case KvDtype::kNvfp4: return "nvfp4";
+  }
+  return "?";
+}
+
+Status DsV4Model::Impl::validate_options(const ModelOptions& opt) {
   if (opt.max_slots <= 0) return invalid_argument("model options: max_slots must be > 0");
   if (opt.block_size <= 0 || opt.block_size % 128)
     return invalid_argument("model options: block_size {} must be a positive multiple of 128", opt.block_size);
   if (opt.num_blocks <= 0) return invalid_argument("model options: num_blocks must be > 0");
   if (opt.max_tokens_per_step <= 0) return invalid_argument("model options: max_tokens_per_step must be > 0");
   if (opt.max_rollback < 0) return invalid_argument("model options: max_rollback must be >= 0");
-  if (opt.num_threads <= 0) opt.num_threads = omp_get_max_threads();
+  if (opt.kv_dtype != KvDtype::kFp8 && opt.kv_dtype != KvDtype::kBf16 && opt.kv_dtype != KvDtype::kNvfp4)
+    return invalid_argument("model options: unknown kv_dtype {}", static_cast<int>(opt.kv_dtype));
+  return Status();
+}
 
-  const bool yarn = cfg.rope_scaling_type == "yarn";
-  rope_swa.build(cfg.qk_rope_head_dim, 0, cfg.rope_theta, 1.0, cfg.rope_beta_fast, cfg.rope_beta_slow);
-  rope_comp.build(cfg.qk_rope_head_dim, yarn ? cfg.rope_original_max_position : 0, cfg.compress_rope_theta,
-                  cfg.rope_factor, cfg.rope_beta_fast, cfg.rope_beta_slow);
-
+// The slot-state and pool-block layout: a function of the config and options only, so
+// state_sizes() can report it before (and without) loading weights.
+void DsV4Model::Impl::plan_state() {
   const int64_t hd = cfg.head_dim, ihd = cfg.index_head_dim, bs = opt.block_size;
   win_ring = cfg.sliding_window + opt.max_rollback;
   layout.assign(cfg.num_hidden_layers, {});
@@ -80,12 +97,46 @@ Status DsV4Model::Impl::init_state() {
   }
   slot_floats = off;
   block_floats = std::max<int64_t>(boff, 1);
+}
+
+Status DsV4Model::Impl::init_state() {
+  TANDEM_RETURN_IF_ERROR(validate_options(opt));
+  if (opt.num_threads <= 0) opt.num_threads = omp_get_max_threads();
+
+  const bool yarn = cfg.rope_scaling_type == "yarn";
+  rope_swa.build(cfg.qk_rope_head_dim, 0, cfg.rope_theta, 1.0, cfg.rope_beta_fast, cfg.rope_beta_slow);
+  rope_comp.build(cfg.qk_rope_head_dim, yarn ? cfg.rope_original_max_position : 0, cfg.compress_rope_theta,
+                  cfg.rope_factor, cfg.rope_beta_fast, cfg.rope_beta_slow);
+  plan_state();
   slot_state.assign(static_cast<size_t>(opt.max_slots * slot_floats), 0.0f);
   slot_len.assign(opt.max_slots, 0);
   pool.assign(static_cast<size_t>(opt.num_blocks * block_floats), 0.0f);
   if (w.has_draft)
-    draft_ctx.assign(static_cast<size_t>(opt.max_slots) * cfg.num_draft_stages * cfg.sliding_window * hd, 0.0f);
+    draft_ctx.assign(static_cast<size_t>(opt.max_slots) * cfg.num_draft_stages * cfg.sliding_window * cfg.head_dim,
+                     0.0f);
   return Status();
+}
+
+namespace {
+int64_t draft_floats_per_slot(const ModelConfig& c, bool has_draft) {
+  return has_draft ? static_cast<int64_t>(c.num_draft_stages) * c.sliding_window * c.head_dim : 0;
+}
+size_t slot_bytes(int64_t slot_floats, int64_t draft_floats) {
+  return sizeof(int64_t) + sizeof(float) * static_cast<size_t>(slot_floats + draft_floats);
+}
+}  // namespace
+
+Result<ModelStateSizes> DsV4Model::state_sizes(const ModelConfig& config, const ModelOptions& options) {
+  TANDEM_RETURN_IF_ERROR(model::validate_config_for_cpu(config));
+  TANDEM_RETURN_IF_ERROR(Impl::validate_options(options));
+  Impl m;
+  m.cfg = config;
+  m.opt = options;
+  m.plan_state();
+  ModelStateSizes sz;
+  sz.slot_state_bytes = slot_bytes(m.slot_floats, draft_floats_per_slot(config, config.has_dspark() && options.load_draft));
+  sz.pool_block_bytes = sizeof(float) * static_cast<size_t>(m.block_floats);
+  return sz;
 }
 
 Result<std::unique_ptr<DsV4Model>> DsV4Model::from_tensors(const ModelConfig& config,
@@ -238,14 +289,10 @@ void DsV4Model::reset(int slot) {
 
 // Layout: [length int64][slot floats][DSpark context windows of the slot, when the model has a draft].
 namespace {
-int64_t draft_floats_per_slot(const DsV4Model::Impl& m) {
-  return m.w.has_draft ? static_cast<int64_t>(m.cfg.num_draft_stages) * m.cfg.sliding_window * m.cfg.head_dim : 0;
-}
+int64_t draft_floats_per_slot(const DsV4Model::Impl& m) { return draft_floats_per_slot(m.cfg, m.w.has_draft); }
 }  // namespace
 
-size_t DsV4Model::slot_state_bytes() const {
-  return sizeof(int64_t) + sizeof(float) * (impl_->slot_floats + draft_floats_per_slot(*impl_));
-}
+size_t DsV4Model::slot_state_bytes() const { return slot_bytes(impl_->slot_floats, draft_floats_per_slot(*impl_)); }
 size_t DsV4Model::pool_block_bytes() const { return sizeof(float) * impl_->block_floats; }
 
 Status DsV4Model::export_slot_state(int slot, std::span<uint8_t> out) const {

@@ -37,6 +37,23 @@ namespace tandem {
 class Checkpoint;
 struct TensorView;
 
+// How the cached KV values are stored (the engine's --kv-cache-dtype, canonical names). The CPU
+// model keeps every cached value as an fp32 float either way; the dtype decides which round trip
+// the non-RoPE dims take before they are cached and attended to (the RoPE dims are bf16 in every
+// mode, as in the reference). Applies to the sliding-window KV, the CSA/HCA compressed entries and
+// the DSpark draft's KV (context window and block: the draft follows the target's dtype, as a
+// serving engine stores both in one KV format). The CSA indexer keys keep their FP4 round trip.
+//  * kFp8:   the reference's act_quant(kv[..., :nope], 64): e4m3 with one UE8M0 scale per 64
+//            (the layout of vLLM's fp8_ds_mla record: 448 B NoPE + 8 B scales + 128 B bf16 RoPE).
+//  * kBf16:  no round trip: the values stay the bf16 values kv_norm and RoPE produce.
+//  * kNvfp4: NVFP4 on the NoPE dims: e2m1 with one e4m3 scale per 16 (global scale 1.0), see
+//            num::round_nvfp4 (the nvfp4_ds_mla record: 224 B e2m1 + 28 B scales + 128 B bf16 RoPE,
+//            384 B with padding, as FlashInfer #4955 / SGLang #38646 store DeepSeek-V4's 448+64 dims).
+enum class KvDtype : uint8_t { kFp8, kBf16, kNvfp4 };
+// "fp8" | "bf16" | "nvfp4" (the engine's canonical names); anything else is InvalidArgument.
+Result<KvDtype> parse_kv_dtype(const std::string& name);
+const char* kv_dtype_name(KvDtype dtype);
+
 struct ModelOptions {
   int max_slots = 4;              // sequences with live state
   int num_blocks = 64;            // compressed-KV pool blocks (shared by all slots)
@@ -45,6 +62,14 @@ struct ModelOptions {
   int max_rollback = 16;          // >= max verify tokens (K+1)
   int num_threads = 0;            // 0 = OpenMP default
   bool load_draft = true;         // load the DSpark stages when the checkpoint has them
+  KvDtype kv_dtype = KvDtype::kFp8;  // fp8 = the reference's numerics (golden tests)
+};
+
+// The model's fixed memory for a config + options, without weights (what load() with the same
+// options reports through slot_state_bytes() / pool_block_bytes()).
+struct ModelStateSizes {
+  size_t slot_state_bytes = 0;   // one slot's snapshot (window + compressor rings, DSpark context)
+  size_t pool_block_bytes = 0;   // one compressed-KV pool block, all layers
 };
 
 enum class LogitsMode : uint8_t { kNone, kLast, kAll };
@@ -122,6 +147,9 @@ class DsV4Model {
   static Result<std::unique_ptr<DsV4Model>> from_tensors(const ModelConfig& config,
                                                          const std::vector<const TensorView*>& tensors,
                                                          const ModelOptions& options);
+  // Sizes from the config alone (the draft counts when config.has_dspark() && options.load_draft,
+  // as load() decides). Invalid config or options are InvalidArgument, as load() reports them.
+  static Result<ModelStateSizes> state_sizes(const ModelConfig& config, const ModelOptions& options);
   ~DsV4Model();
   DsV4Model(const DsV4Model&) = delete;
   DsV4Model& operator=(const DsV4Model&) = delete;

@@ -9,6 +9,7 @@
 
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
+#include "engine/model_runner.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
@@ -52,7 +53,7 @@ EngineConfig tiny_config(const std::string& dir, int max_num_seqs) {
 }
 
 std::map<std::string, Out> run_all(const EngineConfig& ec, const std::vector<std::vector<int32_t>>& prompts,
-                                   int max_tokens, EngineMetrics* metrics = nullptr) {
+                                   int max_tokens, EngineMetrics* metrics = nullptr, std::string* kv_dtype = nullptr) {
   std::map<std::string, Out> outs;
   auto runner = create_dsv4_runner(ec);
   EXPECT_TRUE(runner.ok()) << runner.status().to_string();
@@ -64,6 +65,7 @@ std::map<std::string, Out> run_all(const EngineConfig& ec, const std::vector<std
   EXPECT_TRUE(core_r.ok()) << core_r.status().to_string();
   if (!core_r.ok()) return outs;
   auto core = std::move(core_r).value();
+  if (kv_dtype) *kv_dtype = core->kv_cache_dtype();
   for (size_t i = 0; i < prompts.size(); ++i) {
     Request r;
     r.request_id = "p" + std::to_string(i);
@@ -142,6 +144,115 @@ TEST_F(TinyCheckpoint, PrefixHitReproducesOutputs) {
   EXPECT_EQ(outs["p0"].usage.cached_tokens, 0);
   EXPECT_GE(outs["p1"].usage.cached_tokens, 256);
   EXPECT_EQ(outs["p1"].tokens, outs["p0"].tokens);
+}
+
+// Every KV cache dtype the CPU model takes (and the vLLM aliases) starts the engine, and DSpark
+// greedy equals plain greedy in each (draft, verify and rollback all see that dtype's KV).
+TEST_F(TinyCheckpoint, EachKvDtypeStartsAndSpeculativeGreedyEqualsPlain) {
+  ASSERT_TRUE(ok_) << "tandem make-tiny failed";
+  std::vector<std::vector<int32_t>> prompts = tiny_prompts(*dir_, 1, 120);  // crosses position 128
+  const std::pair<const char*, const char*> dtypes[] = {
+      {"fp8", "fp8"}, {"bf16", "bf16"}, {"nvfp4", "nvfp4"}, {"nvfp4_ds_mla", "nvfp4"}, {"auto", "fp8"}};
+  for (const auto& [flag, canonical] : dtypes) {
+    EngineConfig plain = tiny_config(*dir_, 1);
+    plain.kv_cache_dtype = flag;
+    std::string used;
+    auto want = run_all(plain, prompts, 12, nullptr, &used);
+    EXPECT_EQ(used, canonical) << flag;
+    EngineConfig spec = plain;
+    spec.speculative.method = "dspark";
+    spec.speculative.num_speculative_tokens = 5;
+    spec.speculative.verify_mode = "fixed";
+    EngineMetrics m;
+    auto got = run_all(spec, prompts, 12, &m);
+    ASSERT_EQ(want.size(), 1u) << flag;
+    EXPECT_EQ(want["p0"].tokens.size(), 12u) << flag;
+    EXPECT_EQ(got["p0"].tokens, want["p0"].tokens) << flag;
+    EXPECT_GT(m.spec_decode_num_draft_tokens_total, 0) << flag;
+  }
+}
+
+TEST_F(TinyCheckpoint, UnknownKvDtypeIsAStartupError) {
+  ASSERT_TRUE(ok_) << "tandem make-tiny failed";
+  for (const char* bad : {"int4", "fp16", ""}) {
+    EngineConfig ec = tiny_config(*dir_, 1);
+    ec.kv_cache_dtype = bad;
+    auto runner = create_dsv4_runner(ec);
+    ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+    EXPECT_FALSE((*runner)->check_kv_cache_dtype(bad).ok()) << bad;
+    CoreOptions o;
+    o.log_startup = false;
+    auto core = EngineCore::create(std::move(runner).value(), ec, o);
+    ASSERT_FALSE(core.ok()) << bad;
+    EXPECT_NE(core.status().message().find("kv-cache-dtype"), std::string::npos) << core.status().message();
+  }
+}
+
+// A prefix hit restores the draft's context window with the slot snapshot: the draft proposes
+// exactly what it proposes on a cold run of the same tokens. Also: the sizes the runner reports
+// before allocate() (from config.json alone) are the loaded model's.
+TEST_F(TinyCheckpoint, PrefixHitRestoresTheDraftContext) {
+  ASSERT_TRUE(ok_) << "tandem make-tiny failed";
+  EngineConfig ec = tiny_config(*dir_, 2);
+  ec.speculative.method = "dspark";
+  ec.speculative.num_speculative_tokens = 5;
+  auto r = create_dsv4_runner(ec);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ModelRunner& runner = **r;
+  ASSERT_TRUE(runner.has_draft());  // known before the weights are loaded
+  ASSERT_EQ(runner.num_draft_tokens(), 5);
+  const int64_t slot_bytes_before = runner.slot_state_bytes();
+  const int64_t block_bytes_before = runner.kv_bytes_per_block(128, "fp8");
+  RunnerAllocation a;
+  a.num_blocks = 6;
+  a.block_size = 128;
+  a.max_slots = 2;
+  a.max_tokens_per_step = 512;
+  a.max_verify_tokens = 6;
+  a.kv_cache_dtype = "fp8";
+  ASSERT_TRUE(runner.allocate(a).ok());
+  EXPECT_EQ(runner.slot_state_bytes(), slot_bytes_before);
+  EXPECT_EQ(runner.kv_bytes_per_block(128, "fp8"), block_bytes_before);
+  EXPECT_EQ(runner.kv_bytes_per_block(128, "nvfp4"), block_bytes_before);  // fp32 storage in every mode
+
+  const std::vector<int32_t> toks = tiny_prompts(*dir_, 1, 150)[0];
+  RunnerOutput out;
+  auto step = [&](int slot, int64_t start, int64_t n, const std::vector<int32_t>& table) {
+    RunnerSeq s;
+    s.slot = slot;
+    s.start_pos = start;
+    s.tokens = std::span<const int32_t>(toks.data() + start, n);
+    s.block_table = table;
+    s.collect_taps = true;
+    ASSERT_TRUE(runner.forward(std::span<const RunnerSeq>(&s, 1), out).ok());
+    runner.draft_insert_context(slot, start, std::span<const float>(out.taps.data(), n * out.tap_dim), n);
+  };
+  auto propose = [&](int slot) {
+    DraftQuery q;
+    q.slot = slot;
+    q.anchor = toks[140];
+    q.position = 140;
+    std::vector<DraftProposal> p;
+    EXPECT_TRUE(runner.draft_propose(std::span<const DraftQuery>(&q, 1), p).ok());
+    return p.empty() ? DraftProposal() : p[0];
+  };
+  // cold: slot 0 runs 128 tokens (snapshot at the block boundary), then 12 more
+  const std::vector<int32_t> cold_table = {0, 1};
+  runner.reset(0);
+  step(0, 0, 128, cold_table);
+  std::vector<uint8_t> snap(static_cast<size_t>(runner.slot_state_bytes()));
+  runner.export_slot_state(0, snap);
+  step(0, 128, 12, cold_table);
+  const DraftProposal cold = propose(0);
+  // prefix hit: slot 1 imports the snapshot, shares block 0, runs the same 12 tokens
+  const std::vector<int32_t> hit_table = {0, 2};
+  runner.reset(1);
+  ASSERT_TRUE(runner.import_slot_state(1, snap).ok());
+  step(1, 128, 12, hit_table);
+  const DraftProposal hit = propose(1);
+  ASSERT_EQ(cold.tokens.size(), 5u);
+  EXPECT_EQ(hit.tokens, cold.tokens);
+  EXPECT_EQ(hit.confidence, cold.confidence);  // bit-identical: the whole window was restored
 }
 
 // The trained built-in checkpoint (data/builtin): its DSpark draft is good at counting, so full
