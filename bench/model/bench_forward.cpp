@@ -2,6 +2,9 @@
 // DSpark draft): prefill tok/s, one-token decode tok/s, DSpark draft proposals/s, with 1 and 2
 // threads. Prints a table and writes bench/results/cpu-forward-<date>.json (date, commit, CPU,
 // load average: the build machine is shared, real time suffers first).
+// Usage: bench_bench_forward [MODEL_DIR] [KV_DTYPE fp8|bf16|nvfp4] [MAX_THREADS 1|2]; with a KV
+// dtype given, the results go to cpu-forward-<date>-kv-<dtype>.json (the plain file stays the
+// default run's).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,11 +50,20 @@ double now_s() {
 int main(int argc, char** argv) {
   using namespace tandem;
   const std::string dir = argc > 1 ? argv[1] : std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  const std::string kv_name = argc > 2 ? argv[2] : "fp8";
+  auto kv = parse_kv_dtype(kv_name);
+  if (!kv.ok()) {
+    std::fprintf(stderr, "bench_forward: %s\n", kv.status().to_string().c_str());
+    return 1;
+  }
+  const int max_threads = argc > 3 ? std::atoi(argv[3]) : 2;
   const int prefill_len = 256, decode_len = 64, reps = 3;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("%-8s %-10s %12s %14s\n", "threads", "phase", "tok/s", "ms/step");
   for (int threads : {1, 2}) {
+    if (threads > max_threads) break;
     ModelOptions opt;
+    opt.kv_dtype = *kv;
     opt.max_slots = 1;
     opt.num_blocks = 4;
     opt.max_tokens_per_step = prefill_len;
@@ -71,7 +83,8 @@ int main(int argc, char** argv) {
     StepOutput out;
     auto record = [&](const char* phase, double tok_s, double ms) {
       std::printf("%-8d %-10s %12.1f %14.3f\n", threads, phase, tok_s, ms);
-      rows.push_back({{"threads", threads}, {"phase", phase}, {"tok_per_s", tok_s}, {"ms_per_step", ms}});
+      rows.push_back({{"threads", threads}, {"phase", phase}, {"kv_dtype", kv_name}, {"tok_per_s", tok_s},
+                      {"ms_per_step", ms}});
     };
     // prefill: whole 256-token prompt, logits of the last token, taps collected
     double best = 1e30;
@@ -130,6 +143,7 @@ int main(int argc, char** argv) {
   outj["cpu"] = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'");
   outj["loadavg"] = sh("cut -d' ' -f1-3 /proc/loadavg");
   outj["model"] = dir;
+  outj["kv_dtype"] = kv_name;
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");  // spinning barriers cost ms on a busy box
   outj["omp_wait_policy"] = wait_policy ? wait_policy : "";
   outj["note"] = "prefill: one 256-token step (last-token logits + DSpark taps); decode: 64 one-token steps "
@@ -138,7 +152,8 @@ int main(int argc, char** argv) {
                  "reference numerics (FP8/FP4 activation round trips). memory rows: process RSS (the second "
                  "load happens with the first model freed).";
   outj["results"] = rows;
-  const std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-forward-" + date + ".json";
+  const std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-forward-" + date +
+                           (argc > 2 ? "-kv-" + kv_name : std::string()) + ".json";
   std::ofstream f(path);
   f << outj.dump(2) << "\n";
   std::printf("wrote %s\n", path.c_str());
