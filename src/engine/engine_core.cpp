@@ -29,6 +29,7 @@ struct EngineCore::Seq {
   std::vector<uint64_t> block_hashes;
   DraftProposal draft;
   bool has_draft = false;
+  SpecRequestState spec;        // what the planner has learned about this request's drafts
   int num_verify = 0;           // drafts verified in this step
   int64_t scheduled = 0;        // tokens in this step's forward
   uint64_t seed = 0;
@@ -198,6 +199,11 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   m_.spec_decode_num_accepted_tokens_per_pos_total.assign(num_spec_tokens_, 0);
   m_.kv_blocks_total = num_blocks;
   m_.kv_blocks_free = num_blocks;
+  draft_states_.reserve(config.max_num_seqs);
+  draft_limits_.reserve(config.max_num_seqs);
+  draft_pick_.reserve(config.max_num_seqs);
+  if (planner_ && sc.verify_mode == "auto" && options_.profile_spec_costs)
+    TANDEM_RETURN_IF_ERROR(profile_costs().with_context("profiling batch shapes for the speculative planner"));
   if (options_.log_startup)
     TLOG_INFO("engine",
               "KV cache: {} blocks x {} tokens = {} tokens capacity ({} KV, {} bytes/block) + {} slot snapshots x {} "
@@ -207,6 +213,104 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
               budget_from, info_.max_model_len,
               config.max_num_seqs, config.enable_prefix_caching ? "on" : "off",
               spec_enabled() ? fmt::format("dspark K={} verify={}", num_spec_tokens_, sc.verify_mode) : "off");
+  return Status();
+}
+
+Status EngineCore::profile_costs() {
+  // Dummy sequences of kCtx tokens in up to 8 slots; every verify shape b x (1 + L) is run three
+  // times (rolled back after each run) and every draft batch b is drafted three times. Nothing is
+  // cached or counted in the metrics; slots and blocks are returned at the end.
+  constexpr int64_t kCtx = 32;
+  constexpr int kReps = 3;
+  const int K = num_spec_tokens_;
+  const int64_t budget = config_.max_num_batched_tokens;
+  const int64_t ctx = std::min<int64_t>(kCtx, budget);
+  if (info_.max_model_len < ctx + K + 2) return Status();
+  const int bs = kv_->block_size();
+  const int need = static_cast<int>((ctx + K + 1 + bs - 1) / bs);
+  int max_b = std::min<int>({8, config_.max_num_seqs, static_cast<int>(free_slots_.size()), kv_->num_free() / need});
+  if (max_b < 1) return Status();
+  auto t_start = Clock::now();
+  std::vector<int> slots(free_slots_.end() - max_b, free_slots_.end());
+  std::vector<std::vector<int32_t>> tables(max_b);
+  for (auto& t : tables) TANDEM_CHECK(kv_->allocate(need, t));
+  const int32_t noise = runner_->noise_token_id();
+  auto dummy = [&](int64_t i) {
+    int32_t t = static_cast<int32_t>((i * 7919 + 13) % info_.vocab_size);
+    return t == noise || t == info_.eos_token_id ? static_cast<int32_t>((t + 1) % info_.vocab_size) : t;
+  };
+  std::vector<int32_t> toks(static_cast<size_t>(max_b) * (ctx + K + 1));
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = dummy(static_cast<int64_t>(i));
+  std::vector<RunnerSeq> batch;
+  RunnerOutput out;
+  Status st;
+  // Context: one prefill per slot, its taps into the draft window.
+  for (int b = 0; b < max_b && st.ok(); ++b) {
+    RunnerSeq r;
+    r.slot = slots[b];
+    r.start_pos = 0;
+    r.tokens = std::span<const int32_t>(toks.data() + b * (ctx + K + 1), static_cast<size_t>(ctx));
+    r.block_table = tables[b];
+    r.collect_taps = true;
+    batch.assign(1, r);
+    st = runner_->forward(batch, out);
+    if (st.ok())
+      runner_->draft_insert_context(slots[b], 0, std::span<const float>(out.taps.data(), ctx * out.tap_dim), ctx);
+  }
+  std::vector<DraftQuery> dq;
+  std::vector<DraftProposal> props;
+  auto time_shape = [&](int b, int L, bool record) -> Status {
+    batch.clear();
+    for (int i = 0; i < b; ++i) {
+      RunnerSeq r;
+      r.slot = slots[i];
+      r.start_pos = ctx;
+      r.tokens = std::span<const int32_t>(toks.data() + i * (ctx + K + 1) + ctx, static_cast<size_t>(1 + L));
+      r.block_table = tables[i];
+      r.all_logits = L > 0;
+      r.collect_taps = true;
+      batch.push_back(r);
+    }
+    auto t0 = Clock::now();
+    TANDEM_RETURN_IF_ERROR(runner_->forward(batch, out));
+    if (record) planner_->observe_forward(static_cast<int64_t>(b) * (1 + L), seconds_since(t0));
+    for (int i = 0; i < b; ++i) runner_->rollback(slots[i], ctx);
+    return Status();
+  };
+  auto time_draft = [&](int b, bool record) -> Status {
+    dq.clear();
+    for (int i = 0; i < b; ++i) {
+      DraftQuery d;
+      d.slot = slots[i];
+      d.anchor = toks[i * (ctx + K + 1) + ctx];
+      d.position = ctx;
+      dq.push_back(d);
+    }
+    auto t0 = Clock::now();
+    TANDEM_RETURN_IF_ERROR(runner_->draft_propose(dq, props));
+    if (record) planner_->observe_draft(b, seconds_since(t0));
+    return Status();
+  };
+  if (st.ok()) st = time_shape(1, 0, false);  // warm-up (first-touch pages, thread start)
+  if (st.ok()) st = time_draft(1, false);
+  for (int rep = 0; rep < kReps && st.ok(); ++rep) {
+    for (int b = 1; b <= max_b && st.ok(); b *= 2) {
+      for (int L = 0; L <= K && st.ok(); ++L)
+        if (b * (1 + L) <= budget) st = time_shape(b, L, true);
+      if (st.ok()) st = time_draft(b, true);
+    }
+  }
+  for (int b = 0; b < max_b; ++b) {
+    runner_->reset(slots[b]);
+    kv_->release(tables[b]);
+  }
+  TANDEM_RETURN_IF_ERROR(st);
+  if (options_.log_startup)
+    TLOG_INFO("engine",
+              "speculative planner: measured in {:.2f} s: forward {:.2f} ms (1 token), {:.2f} ms ({} tokens); draft "
+              "{:.2f} ms (1 request), {:.2f} ms ({} requests)",
+              seconds_since(t_start), 1e3 * planner_->predict_forward(1), 1e3 * planner_->predict_forward(1 + K),
+              1 + K, 1e3 * planner_->predict_draft(1), 1e3 * planner_->predict_draft(max_b), max_b);
   return Status();
 }
 
@@ -261,6 +365,7 @@ Status EngineCore::add_request(Request request, EventCallback on_event) {
   s->prompt_len = static_cast<int64_t>(s->tokens.size());
   s->seed = s->sp.seed ? *s->sp.seed : mix64(config_.default_seed ^ mix64(s->order));
   s->pen.init(s->sp, s->tokens);
+  if (planner_) planner_->start_request(s->spec);
   s->text = std::make_unique<TextStream>(runner_->tokenizer(), s->sp.stop);
   s->usage.prompt_tokens = s->prompt_len;
   s->arrival = Clock::now();
@@ -282,28 +387,36 @@ void EngineCore::plan_verify() {
   std::vector<std::span<const float>> conf;  // small: at most max_num_seqs entries
   std::vector<int> limits;
   std::vector<Seq*> who;
-  int64_t extra = 0;
+  std::vector<SpecRequestState*> states;
   for (Seq* s : running_) {
     s->num_verify = 0;
     bool decode = s->num_computed + 1 == static_cast<int64_t>(s->tokens.size());
-    if (!decode) {
-      extra += static_cast<int64_t>(s->tokens.size()) - s->num_computed;
-      continue;
-    }
-    if (!s->has_draft) continue;
-    int lim = num_spec_tokens_;
-    lim = static_cast<int>(std::min<int64_t>(lim, s->sp.max_tokens - s->output_len() - 1));
-    lim = static_cast<int>(std::min<int64_t>(lim, info_.max_model_len - static_cast<int64_t>(s->tokens.size()) - 1));
-    lim = std::max(lim, 0);
+    if (!decode || !s->has_draft) continue;
     size_t k = std::min({s->draft.confidence.size(), s->draft.tokens.size(), static_cast<size_t>(num_spec_tokens_)});
     conf.emplace_back(s->draft.confidence.data(), k);
-    limits.push_back(lim);
+    limits.push_back(verify_limit(*s));
     who.push_back(s);
+    states.push_back(&s->spec);
   }
   if (who.empty()) return;
   std::vector<int> lengths;
-  planner_->plan(conf, limits, std::min<int64_t>(extra, config_.max_num_batched_tokens), lengths);
+  planner_->plan(conf, limits, pending_prefill_tokens(), lengths, states);
   for (size_t i = 0; i < who.size(); ++i) who[i]->num_verify = lengths[i];
+}
+
+int EngineCore::verify_limit(const Seq& s) const {
+  int64_t lim = num_spec_tokens_;
+  lim = std::min<int64_t>(lim, s.sp.max_tokens - s.output_len() - 1);
+  lim = std::min<int64_t>(lim, info_.max_model_len - static_cast<int64_t>(s.tokens.size()) - 1);
+  return static_cast<int>(std::max<int64_t>(lim, 0));
+}
+
+int64_t EngineCore::pending_prefill_tokens() const {
+  int64_t extra = 0;
+  for (const Seq* s : running_)
+    if (s->num_computed + 1 != static_cast<int64_t>(s->tokens.size()))
+      extra += static_cast<int64_t>(s->tokens.size()) - s->num_computed;
+  return std::min<int64_t>(extra, config_.max_num_batched_tokens);
 }
 
 bool EngineCore::ensure_blocks(Seq& s, int64_t total_tokens) {
@@ -497,7 +610,24 @@ Status EngineCore::step() {
 
     // ---- draft the next step's proposals ----
     if (!draft_reqs_.empty()) {
-      if (planner_->should_draft(static_cast<int>(draft_reqs_.size()), 0)) {
+      // Which requests draft for the next step (auto: only where it is expected to pay).
+      draft_states_.clear();
+      draft_limits_.clear();
+      for (Seq* d : draft_seqs_) {
+        draft_states_.push_back(&d->spec);
+        draft_limits_.push_back(verify_limit(*d));
+      }
+      planner_->choose_drafts(draft_states_, draft_limits_, pending_prefill_tokens(), draft_pick_);
+      size_t kept = 0;
+      for (size_t i = 0; i < draft_seqs_.size(); ++i) {
+        if (!draft_pick_[i]) continue;
+        draft_seqs_[kept] = draft_seqs_[i];
+        draft_reqs_[kept] = draft_reqs_[i];
+        ++kept;
+      }
+      draft_seqs_.resize(kept);
+      draft_reqs_.resize(kept);
+      if (!draft_reqs_.empty()) {
         auto t1 = Clock::now();
         Status ds = runner_->draft_propose(draft_reqs_, proposals_);
         planner_->observe_draft(static_cast<int>(draft_reqs_.size()), seconds_since(t1));
@@ -613,7 +743,7 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
     for (int k = 0; k < accepted; ++k) ++m_.spec_decode_num_accepted_tokens_per_pos_total[k];
     s.usage.draft_tokens += ell;
     s.usage.accepted_draft_tokens += accepted;
-    planner_->observe_verify(ell, accepted);
+    planner_->observe_verify(&s.spec, ell, accepted, s.draft.confidence);
   }
   s.has_draft = false;
   s.num_verify = 0;

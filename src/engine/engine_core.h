@@ -34,6 +34,9 @@ struct CoreOptions {
 #endif
   int max_waiting = 4096;  // queued requests before submit says ResourceExhausted
   bool log_startup = true;
+  // verify_mode auto: time every batch shape (forward per token count, draft per request count)
+  // on dummy sequences at start-up, so the planner's first decisions use this machine's costs.
+  bool profile_spec_costs = true;
 };
 
 // Canonical KV dtype for a flag value: auto -> first the runner supports of fp8, bf16;
@@ -87,6 +90,9 @@ class EngineCore {
   void preempt(Seq& s);
   bool try_admit(Seq& s, int64_t& budget);
   int64_t prefill_chunk(const Seq& s, int64_t budget) const;
+  int verify_limit(const Seq& s) const;       // drafts it may verify next step
+  int64_t pending_prefill_tokens() const;     // prompt tokens the next forward may carry
+  Status profile_costs();
   void process_output(Seq& s, const RunnerOutput& out, size_t index, std::vector<DraftQuery>& drafts);
   void cache_blocks(Seq& s);
   void emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason finish);
@@ -119,6 +125,9 @@ class EngineCore {
   std::vector<DraftQuery> draft_reqs_;
   std::vector<Seq*> draft_seqs_;
   std::vector<DraftProposal> proposals_;
+  std::vector<SpecRequestState*> draft_states_;
+  std::vector<int> draft_limits_;
+  std::vector<uint8_t> draft_pick_;
   std::vector<int> expected_refs_;
 
   EngineMetrics m_;

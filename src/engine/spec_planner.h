@@ -1,10 +1,21 @@
-// SpecPlanner: decides, each step, how many of each request's K draft tokens the target verifies
-// ("fixed": all K; "threshold": up to the first position whose confidence is below the threshold;
-// "auto": the paper's Algorithm 1 — admit (request, position) pairs by prefix survival prod(c),
-// stopping at the first pair that does not raise expected tokens per second under the measured
-// step cost), and in "auto" mode whether drafting pays at all this step (otherwise speculation is
-// off until a periodic probe says it pays again). Costs are measured online: forward time as a
-// function of batch tokens, draft time as a function of requests (exponentially weighted fits).
+// SpecPlanner: decides, each step, which requests draft and how many of each request's K draft
+// tokens the target verifies.
+//  * "fixed": every decoding request drafts and verifies all K.
+//  * "threshold": every request drafts; it verifies up to the first position whose confidence is
+//    below the threshold.
+//  * "auto": drafting costs time before anything is known about this step's drafts, so it is
+//    decided per request from what that request has shown so far: a per-request estimate of the
+//    acceptance at each draft position (decayed counts of its own verifies, shrunk toward the
+//    running global estimate) gives the expected accepted tokens, and the measured cost of the
+//    batch shapes (forward time per token count, draft time per request count) says whether
+//    drafting for a set of requests raises tokens per second; a request for which it does not
+//    stops drafting and is re-probed after 4, 8, ... 256 of its steps. Once drafts exist, the
+//    verify lengths follow the paper's Algorithm 1: (request, position) pairs are admitted by
+//    prefix survival (the product of the draft's confidences, calibrated online against observed
+//    outcomes per confidence decile and averaged with the request's own estimate) while each one
+//    still raises expected tokens per second.
+// Costs are measured: the engine profiles every batch shape at start-up (EngineCore) and keeps
+// feeding real step times, so the tables follow context growth and machine load.
 #pragma once
 
 #include <cstdint>
@@ -36,37 +47,63 @@ class CostModel {
   std::vector<int> shape_n_ = std::vector<int>(kMaxShape + 1, 0);
 };
 
+// What the planner knows about one request (kept with the request by the engine).
+struct SpecRequestState {
+  std::vector<double> hits, trials;  // decayed per-position counts of this request's verifies
+  int64_t steps_off = 0;             // steps since it last drafted
+  int64_t probe_interval = 0;        // steps without drafting before the next probe
+  bool probe = false;                // this step's draft is a probe (verify all of it)
+};
+
 class SpecPlanner {
  public:
+  static constexpr int kFirstProbe = 4;
+  static constexpr int kMaxProbe = 256;
+
   SpecPlanner(const SpeculativeConfig& config, int num_draft_tokens);
 
-  // confidences[i]: request i's K confidences; limits[i]: the most it may verify (max_tokens,
-  // max_model_len). extra_tokens: other tokens in the same forward (prefill chunks).
+  void start_request(SpecRequestState& st) const;
+  // Which of the decoding requests draft now (draft[i] = 1). limits[i]: the most request i may
+  // verify (max_tokens, max_model_len). extra_tokens: other tokens in the next forward.
+  void choose_drafts(std::span<SpecRequestState* const> states, std::span<const int> limits, int64_t extra_tokens,
+                     std::vector<uint8_t>& draft);
+  // Verify lengths for requests holding drafts. states may be empty (then confidences alone).
   void plan(std::span<const std::span<const float>> confidences, std::span<const int> limits, int64_t extra_tokens,
-            std::vector<int>& lengths);
-  // "auto" only: whether drafting for `num_requests` decodes is expected to pay next step.
-  bool should_draft(int num_requests, int64_t extra_tokens);
-  void observe_verify(int verified, int accepted);
+            std::vector<int>& lengths, std::span<SpecRequestState* const> states = {});
+  // A verify of `verified` drafts of which the first `accepted` were accepted; confidences (may be
+  // empty) are the draft's, which the planner calibrates against the outcomes.
+  void observe_verify(SpecRequestState* st, int verified, int accepted, std::span<const float> confidences = {});
+  // The draft's confidence mapped to the acceptance rate observed for such confidences.
+  double calibrated(double confidence) const;
   void observe_forward(int64_t tokens, double seconds) { verify_cost_.add(static_cast<double>(tokens), seconds); }
   void observe_draft(int requests, double seconds) { draft_cost_.add(static_cast<double>(requests), seconds); }
 
+  // Conditional acceptance at position j for a request (its counts shrunk toward the global EMA).
+  double acceptance(const SpecRequestState& st, int j) const;
   const std::vector<double>& acceptance_ema() const { return accept_ema_; }
-  bool drafting_enabled() const { return drafting_; }
+  double predict_forward(int64_t tokens) const { return verify_cost_.predict(static_cast<double>(tokens)); }
+  double predict_draft(int requests) const { return draft_cost_.predict(static_cast<double>(requests)); }
+  int64_t forward_samples() const { return verify_cost_.samples(); }
+  int64_t draft_samples() const { return draft_cost_.samples(); }
 
  private:
   SpeculativeConfig config_;
   int k_;
   CostModel verify_cost_;
   CostModel draft_cost_;
-  std::vector<double> accept_ema_;  // P(position j accepted | verified and prefix accepted)
-  bool drafting_ = true;
-  int64_t steps_since_probe_ = 0;
-  int64_t probe_interval_ = 32;  // doubles after each unprofitable probe (spec_planner.cpp)
+  std::vector<double> accept_ema_;  // global P(position j accepted | verified and prefix accepted)
+  static constexpr int kBins = 10;  // confidence calibration: decayed outcomes per confidence decile
+  double cal_hits_[kBins] = {}, cal_trials_[kBins] = {};
   struct Cand {
     double a;
     int r, j;
   };
   std::vector<Cand> cands_;
+  struct Opt {
+    double gain, density;
+    int len, r;
+  };
+  std::vector<Opt> opts_;
 };
 
 }  // namespace tandem

@@ -355,14 +355,20 @@ TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
   std::vector<float> hi = {0.95f, 0.95f, 0.9f, 0.9f, 0.9f}, lo = {0.3f, 0.2f, 0.2f, 0.1f, 0.1f};
   std::vector<std::span<const float>> conf = {hi, lo};
   std::vector<int> limits = {5, 5}, lengths;
-  // Bandwidth-bound: a step costs ~the same for any token count -> verify nearly everything.
+  std::vector<uint8_t> pick;
+  // Bandwidth-bound: a step costs ~the same for any token count -> draft and verify nearly everything.
   SpecPlanner bw(sc, 5);
   for (int t = 1; t <= 64; ++t) bw.observe_forward(t, 0.010 + 1e-6 * t);
   for (int r = 1; r <= 8; ++r) bw.observe_draft(r, 0.001);
   bw.plan(conf, limits, 0, lengths);
   EXPECT_EQ(lengths[0], 5);
   EXPECT_GE(lengths[1], 1);
-  EXPECT_TRUE(bw.should_draft(2, 0));
+  SpecRequestState a, b;
+  bw.start_request(a);
+  bw.start_request(b);
+  std::vector<SpecRequestState*> both = {&a, &b};
+  bw.choose_drafts(both, limits, 0, pick);
+  EXPECT_EQ(pick, (std::vector<uint8_t>{1, 1}));
   // Compute-bound: every token costs the same as the fixed part -> only near-certain drafts, and
   // with poor measured acceptance drafting is switched off (except periodic probes).
   SpecPlanner cb(sc, 5);
@@ -371,26 +377,103 @@ TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
   cb.plan(conf, limits, 0, lengths);
   EXPECT_EQ(lengths[1], 0);
   EXPECT_LE(lengths[0], 5);
-  for (int i = 0; i < 200; ++i) cb.observe_verify(3, 0);
+  cb.start_request(a);
+  cb.start_request(b);
+  for (int i = 0; i < 200; ++i) cb.observe_verify(nullptr, 3, 0);  // the global estimate falls
   int drafted = 0;
-  for (int i = 0; i < 64; ++i) drafted += cb.should_draft(2, 0);
-  EXPECT_LE(drafted, 3);  // probes only
+  for (int i = 0; i < 64; ++i) {
+    cb.choose_drafts(both, limits, 0, pick);
+    drafted += pick[0] + pick[1];
+  }
+  EXPECT_GE(drafted, 4);   // probes: 4, 8, 16, 32 steps apart, for each request
+  EXPECT_LE(drafted, 10);
   // Probes back off exponentially while drafting keeps not paying: 4,000 steps hold only a few.
   int probes = 0;
-  for (int i = 0; i < 4000; ++i) probes += cb.should_draft(2, 0);
-  EXPECT_GE(probes, 3);
-  EXPECT_LE(probes, 10);
+  for (int i = 0; i < 4000; ++i) {
+    cb.choose_drafts(both, limits, 0, pick);
+    probes += pick[0] + pick[1];
+  }
+  EXPECT_GE(probes, 2 * 14);
+  EXPECT_LE(probes, 2 * 17);
   // Fixed and threshold modes ignore costs.
   sc.verify_mode = "fixed";
   SpecPlanner fixed(sc, 5);
   std::vector<int> lim2 = {5, 2};
   fixed.plan(conf, lim2, 0, lengths);
   EXPECT_EQ(lengths, (std::vector<int>{5, 2}));
+  fixed.choose_drafts(both, std::vector<int>{5, 0}, 0, pick);
+  EXPECT_EQ(pick, (std::vector<uint8_t>{1, 0}));
   sc.verify_mode = "threshold";
   sc.confidence_threshold = 0.5;
   SpecPlanner thr(sc, 5);
   thr.plan(conf, limits, 0, lengths);
   EXPECT_EQ(lengths, (std::vector<int>{5, 0}));
+}
+
+// Per-request decisions: on a compute-bound machine (every verified token costs 1.5 ms on top of a
+// 4 ms step, a draft 2 ms + 1 ms per request), a request whose drafts are always accepted keeps
+// drafting while one whose drafts are always rejected, in the same batch, stops after its first
+// verifies and is only probed now and then.
+TEST(SpecPlanner, AutoDecidesPerRequest) {
+  SpeculativeConfig sc;
+  sc.method = "dspark";
+  sc.verify_mode = "auto";
+  SpecPlanner p(sc, 5);
+  for (int rep = 0; rep < 3; ++rep)
+    for (int t = 1; t <= 64; ++t) p.observe_forward(t, 0.004 + 0.0015 * t);
+  for (int rep = 0; rep < 3; ++rep)
+    for (int r = 1; r <= 8; ++r) p.observe_draft(r, 0.002 + 0.001 * r);
+  SpecRequestState good, bad;
+  p.start_request(good);
+  p.start_request(bad);
+  std::vector<SpecRequestState*> both = {&good, &bad};
+  std::vector<int> limits = {5, 5};
+  std::vector<uint8_t> pick;
+  int good_drafts = 0, bad_drafts = 0;
+  for (int step = 0; step < 200; ++step) {
+    p.choose_drafts(both, limits, 0, pick);
+    good_drafts += pick[0];
+    bad_drafts += pick[1];
+    if (pick[0]) p.observe_verify(&good, 5, 5);
+    if (pick[1]) p.observe_verify(&bad, 5, 0);
+  }
+  EXPECT_GE(good_drafts, 180);
+  EXPECT_LE(bad_drafts, 10);
+  EXPECT_GT(p.acceptance(good, 4), 0.8);
+  EXPECT_LT(p.acceptance(bad, 0), 0.2);
+  // The per-request estimate starts at the global one.
+  SpecRequestState fresh;
+  p.start_request(fresh);
+  EXPECT_DOUBLE_EQ(p.acceptance(fresh, 0), p.acceptance_ema()[0]);
+  // A probe verifies everything it drafted, whatever the confidences say.
+  SpecRequestState probe;
+  p.start_request(probe);
+  probe.probe = true;
+  std::vector<float> low = {0.01f, 0.01f, 0.01f, 0.01f, 0.01f};
+  std::vector<std::span<const float>> conf = {low};
+  std::vector<SpecRequestState*> one = {&probe};
+  std::vector<int> lengths;
+  p.plan(conf, std::vector<int>{5}, 0, lengths, one);
+  EXPECT_EQ(lengths[0], 5);
+}
+
+// Confidences are calibrated against outcomes: a draft that says 0.15 but is right 90% of the time
+// is treated as 0.9 after enough verifies, and one that says 0.95 but is wrong as ~0.
+TEST(SpecPlanner, CalibratesConfidences) {
+  SpeculativeConfig sc;
+  sc.method = "dspark";
+  sc.verify_mode = "auto";
+  SpecPlanner p(sc, 5);
+  EXPECT_NEAR(p.calibrated(0.15), 0.15, 1e-9);  // nothing observed yet
+  std::vector<float> conf = {0.95f, 0.15f, 0.5f, 0.5f, 0.5f};
+  for (int i = 0; i < 500; ++i) p.observe_verify(nullptr, 2, i % 10 == 0 ? 0 : 2, conf);
+  EXPECT_GT(p.calibrated(0.15), 0.8);
+  EXPECT_GT(p.calibrated(0.95), 0.8);
+  std::vector<float> wrong = {0.95f, 0.95f, 0.95f, 0.95f, 0.95f};
+  SpecPlanner q(sc, 5);
+  for (int i = 0; i < 500; ++i) q.observe_verify(nullptr, 5, 0, wrong);
+  EXPECT_LT(q.calibrated(0.95), 0.05);
+  EXPECT_NEAR(q.calibrated(0.55), 0.55, 1e-9);  // other deciles untouched
 }
 
 TEST(FinishReason, Names) {
