@@ -565,14 +565,12 @@ CHAT_PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
     "Write twenty Python dataclasses for an online bookshop (Book, Author, Order, Customer, ...), each with "
     "typed fields and a short docstring.",
-    "How do I read a JSON file in Python and print one of its keys?",
-    "Explain what the Python module `heapq` does.",
     "Count from 1 to 40.",
 ]
 
 
 @torch.no_grad()
-def chat_samples(target, draft, tok, dev, P, log, n_new=160):
+def chat_samples(target, draft, tok, dev, P, log, n_new=96):
     """Greedy answers to a few chat prompts (Python code, docs, counting) and the draft's greedy
     acceptance on each answer."""
     out = []
