@@ -255,6 +255,28 @@ TEST_F(TinyCheckpoint, PrefixHitRestoresTheDraftContext) {
   EXPECT_EQ(hit.confidence, cold.confidence);  // bit-identical: the whole window was restored
 }
 
+// Through the engine: a request whose prompt is a prefix hit drafts exactly as the same request
+// did cold (same drafts verified, same accepted), with the window of the snapshot restored.
+TEST_F(TinyCheckpoint, PrefixHitDraftsLikeAColdRun) {
+  ASSERT_TRUE(ok_) << "tandem make-tiny failed";
+  auto prompts = tiny_prompts(*dir_, 1, 131);  // the hit restores positions < 128, 3 are recomputed
+  prompts.push_back(prompts[0]);
+  EngineConfig ec = tiny_config(*dir_, 1);  // one at a time: the second request hits the first's blocks
+  ec.speculative.method = "dspark";
+  ec.speculative.verify_mode = "fixed";
+  auto outs = run_all(ec, prompts, 100);
+  const Out &cold = outs["p0"], &hit = outs["p1"];
+  std::printf("cold: %ld drafted, %ld accepted; prefix hit (%ld cached): %ld drafted, %ld accepted\n",
+              (long)cold.usage.draft_tokens, (long)cold.usage.accepted_draft_tokens, (long)hit.usage.cached_tokens,
+              (long)hit.usage.draft_tokens, (long)hit.usage.accepted_draft_tokens);
+  EXPECT_EQ(cold.usage.cached_tokens, 0);
+  EXPECT_GE(hit.usage.cached_tokens, 128);
+  EXPECT_EQ(hit.tokens, cold.tokens);
+  EXPECT_GT(cold.usage.draft_tokens, 0);
+  EXPECT_EQ(hit.usage.draft_tokens, cold.usage.draft_tokens);
+  EXPECT_EQ(hit.usage.accepted_draft_tokens, cold.usage.accepted_draft_tokens);
+}
+
 // The trained built-in checkpoint (data/builtin): its DSpark draft is good at counting, so full
 // accepts, bonus tokens and rollbacks across position 128 (window and ratio-128 compression
 // boundary) all happen; outputs must still equal plain greedy, also with preemption forcing
