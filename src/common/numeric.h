@@ -114,7 +114,8 @@ inline uint8_t fp4_pack(uint8_t lo, uint8_t hi) { return static_cast<uint8_t>((l
 //   s = e4m3_rne(amax * fl32(1/6))          (always >= 0; saturates at 448)
 // and element x becomes code = e2m1_rne(x * fl32(1/s)) (saturating to +-6), decoded as
 // e2m1(code) * s: the order of operations of NVIDIA's convert kernels (scale from amax times the
-// reciprocal of 6, rounded to nearest; elements multiplied by the reciprocal of the decoded scale).
+// reciprocal of 6, rounded to nearest, as vLLM's FlashMLA NVFP4 writer also settled on (#21);
+// elements multiplied by the reciprocal of the decoded scale).
 // A group whose scale rounds to 0 (amax < 6 * 2^-10) encodes as zeros (the kernels' `s ? 1/s : 0`).
 // Every decoded value has at most 6 significant bits, so it is also an exact bf16 value.
 constexpr size_t kNvfp4Group = 16;

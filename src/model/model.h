@@ -49,6 +49,10 @@ struct TensorView;
 //  * kNvfp4: NVFP4 on the NoPE dims: e2m1 with one e4m3 scale per 16 (global scale 1.0), see
 //            num::round_nvfp4 (the nvfp4_ds_mla record: 224 B e2m1 + 28 B scales + 128 B bf16 RoPE,
 //            384 B with padding, as FlashInfer #4955 / SGLang #38646 store DeepSeek-V4's 448+64 dims).
+//            Groups start at NoPE dim 0 (448 = 28 x 16, no ragged group). Variants with FP8 RoPE
+//            (FlashMLA's V3.2 "nvfp4.fp8rope") or a 512-wide NoPE (the GLM record of vLLM fork #82,
+//            432 B) exist; the RoPE dims stay bf16 here, as in the reference and FlashInfer's DSV4
+//            record, so the modes differ only in how the NoPE dims are rounded.
 enum class KvDtype : uint8_t { kFp8, kBf16, kNvfp4 };
 // "fp8" | "bf16" | "nvfp4" (the engine's canonical names); anything else is InvalidArgument.
 Result<KvDtype> parse_kv_dtype(const std::string& name);

@@ -108,7 +108,7 @@ TEST(Nvfp4, ZeroTinySaturatingAndNaN) {
 }
 
 // Decoded values are exact bf16 values (the CPU model keeps cached KV bf16-representable).
-TEST(Nvfp4, RoundTripValuesAreBf16AndWithinHalfAStep) {
+TEST(Nvfp4, RoundTripValuesAreBf16AndWithinOneGridStep) {
   testing::TinyRng rng{77};
   for (int trial = 0; trial < 200; ++trial) {
     float x[16], r[16];
