@@ -23,9 +23,9 @@ import train as TR  # noqa: E402
 
 # `tandem encode --ids` of [{"role":"user","content":...}] (chat mode) with data/builtin's tokenizer
 PROMPTS = {
-    "count_1_151": [0, 8166, 1177, 502, 223, 19, 343, 223, 923, 16, 8167, 8169],      # Count from 1 to 151.
-    "days_of_week": [0, 8166, 805, 310, 1235, 431, 310, 1219, 16, 8167, 8169],          # List the days of the week.
-    "add_12_7": [0, 8166, 987, 365, 223, 317, 484, 223, 25, 33, 8167, 8169],           # What is 12 + 7?
+    "count_1_151": [0, 8166, 1585, 563, 223, 19, 364, 223, 1017, 16, 8167, 8169],     # Count from 1 to 151.
+    "days_of_week": [0, 8166, 1124, 324, 1856, 429, 324, 1924, 16, 8167, 8169],        # List the days of the week.
+    "add_12_7": [0, 8166, 1483, 377, 223, 342, 531, 223, 25, 33, 8167, 8169],          # What is 12 + 7?
 }
 
 
