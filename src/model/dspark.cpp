@@ -18,47 +18,76 @@ void DsV4Model::draft_reset(int slot) {
   if (!m.w.has_draft) return;
   const int64_t per = static_cast<int64_t>(m.cfg.num_draft_stages) * m.cfg.sliding_window * m.cfg.head_dim;
   std::fill(m.draft_ctx.begin() + slot * per, m.draft_ctx.begin() + (slot + 1) * per, 0.0f);
+  m.pending_n[slot] = 0;
 }
 
 Status DsV4Model::draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows) {
   Impl& m = *impl_;
-  const ModelConfig& c = m.cfg;
   if (!m.w.has_draft) return invalid_argument("draft_insert_context: the model has no DSpark draft");
   if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("draft_insert_context: slot {} out of range", slot);
   if (start_pos < 0) return invalid_argument("draft_insert_context: negative start_pos");
-  const int64_t td = tap_dim(), D = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, W = c.sliding_window;
+  const int64_t td = tap_dim();
   if (taps_rows.size() % td)
     return invalid_argument("draft_insert_context: {} floats is not a multiple of tap_dim {}", taps_rows.size(), td);
-  int64_t n = static_cast<int64_t>(taps_rows.size()) / td;
+  const int64_t n = static_cast<int64_t>(taps_rows.size()) / td;
   if (n == 0) return Status();
+  // Decode steps insert one to K+1 rows each: they wait in the slot's pending buffer and are
+  // projected together (one GEMM instead of one GEMV per step) when the slot drafts, is exported,
+  // or the buffer fills. A request that is not drafting (auto mode) thus pays almost nothing for
+  // keeping its draft window current. Results are the same: every step is per row.
+  int64_t& pn = m.pending_n[slot];
+  if (pn > 0 && (start_pos != m.pending_start[slot] + pn || pn + n > Impl::kPendingRows)) m.flush_draft_context(slot);
+  if (n >= Impl::kPendingRows) {
+    m.project_draft_context(slot, start_pos, taps_rows.data(), n);
+    return Status();
+  }
+  if (pn == 0) m.pending_start[slot] = start_pos;
+  std::memcpy(m.draft_pending.data() + (static_cast<int64_t>(slot) * Impl::kPendingRows + pn) * td, taps_rows.data(),
+              sizeof(float) * n * td);
+  pn += n;
+  return Status();
+}
+
+void DsV4Model::Impl::flush_draft_context(int slot) {
+  if (pending_n[slot] == 0) return;
+  const int64_t td = static_cast<int64_t>(cfg.hidden_size) * static_cast<int64_t>(cfg.dspark_target_layer_ids.size());
+  const int64_t n = pending_n[slot];
+  pending_n[slot] = 0;
+  project_draft_context(slot, pending_start[slot], draft_pending.data() + static_cast<int64_t>(slot) * kPendingRows * td,
+                        n);
+}
+
+void DsV4Model::Impl::project_draft_context(int slot, int64_t start_pos, const float* taps_rows, int64_t n) {
+  const ModelConfig& c = cfg;
+  const int64_t td = static_cast<int64_t>(c.hidden_size) * static_cast<int64_t>(c.dspark_target_layer_ids.size());
+  const int64_t D = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, W = c.sliding_window;
   // Only the last W positions can ever be read.
   int64_t first = 0;
   if (n > W) first = n - W;
-  const float* rows = taps_rows.data() + first * td;
+  const float* rows = taps_rows + first * td;
   const int64_t pos0 = start_pos + first;
   n -= first;
-  m.use_threads();
-  auto& mh = m.ds.mh;
-  auto& main_x = m.ds.main_x;
-  auto& kv = m.ds.ctx_kv;
+  use_threads();
+  auto& mh = ds.mh;
+  auto& main_x = ds.main_x;
+  auto& kv = ds.ctx_kv;
   mh.assign(rows, rows + n * td);
   main_x.resize(n * D);
   kv.resize(n * hd);
   model::round_bf16(mh.data(), mh.size());
-  m.linear(m.w.draft.main_proj, mh.data(), n, main_x.data());
-  m.norm_rows(main_x.data(), n, D, m.w.draft.main_norm);
+  linear(w.draft.main_proj, mh.data(), n, main_x.data());
+  norm_rows(main_x.data(), n, D, w.draft.main_norm);
   const int64_t per_stage = W * hd;
-  float* ctx = m.draft_ctx.data() + static_cast<int64_t>(slot) * c.num_draft_stages * per_stage;
+  float* ctx = draft_ctx.data() + static_cast<int64_t>(slot) * c.num_draft_stages * per_stage;
   for (int st = 0; st < c.num_draft_stages; ++st) {
-    const model::AttentionW& a = m.w.draft.stages[st].attn;
-    m.linear(a.wkv, main_x.data(), n, kv.data());
-    m.norm_rows(kv.data(), n, hd, a.kv_norm);
-    m.rope_rows(m.rope_swa, kv.data(), n, 1, hd, pos0, 1, false);
-    m.kv_nope(kv.data(), n, hd, hd - rd);
+    const model::AttentionW& a = w.draft.stages[st].attn;
+    linear(a.wkv, main_x.data(), n, kv.data());
+    norm_rows(kv.data(), n, hd, a.kv_norm);
+    rope_rows(rope_swa, kv.data(), n, 1, hd, pos0, 1, false);
+    kv_nope(kv.data(), n, hd, hd - rd);
     for (int64_t t = 0; t < n; ++t)
       std::memcpy(ctx + st * per_stage + ((pos0 + t) % W) * hd, &kv[t * hd], sizeof(float) * hd);
   }
-  return Status();
 }
 
 Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const DraftSampling& sampling,
@@ -75,6 +104,7 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
       return invalid_argument("draft_propose: anchor token {} outside the vocabulary", r.anchor_token);
     if (r.anchor_pos < 1) return invalid_argument("draft_propose: anchor position must be >= 1 (context needed)");
   }
+  for (const DraftRequest& r : requests) m.flush_draft_context(r.slot);
   results.resize(requests.size());
   m.use_threads();
   // Buffers live in m.ds (sized on the first call, reused after): no allocation per draft step.

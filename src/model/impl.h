@@ -45,6 +45,13 @@ struct DsV4Model::Impl {
 
   // ---- DSpark context windows: [max_slots, stages, sliding_window, head_dim] ----
   std::vector<float> draft_ctx;
+  // Context rows inserted but not yet projected into draft_ctx: [max_slots, kPendingRows, tap_dim]
+  // taps for positions pending_start.. (draft_insert_context; flushed before use or export).
+  static constexpr int64_t kPendingRows = 16;
+  std::vector<float> draft_pending;
+  std::vector<int64_t> pending_start, pending_n;
+  void flush_draft_context(int slot);
+  void project_draft_context(int slot, int64_t start_pos, const float* taps_rows, int64_t n);
 
   // ---- scratch (grown on first use, then reused) ----
   struct Scratch {

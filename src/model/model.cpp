@@ -111,9 +111,15 @@ Status DsV4Model::Impl::init_state() {
   slot_state.assign(static_cast<size_t>(opt.max_slots * slot_floats), 0.0f);
   slot_len.assign(opt.max_slots, 0);
   pool.assign(static_cast<size_t>(opt.num_blocks * block_floats), 0.0f);
-  if (w.has_draft)
+  if (w.has_draft) {
     draft_ctx.assign(static_cast<size_t>(opt.max_slots) * cfg.num_draft_stages * cfg.sliding_window * cfg.head_dim,
                      0.0f);
+    draft_pending.assign(static_cast<size_t>(opt.max_slots) * kPendingRows * cfg.hidden_size *
+                             cfg.dspark_target_layer_ids.size(),
+                         0.0f);
+  }
+  pending_start.assign(opt.max_slots, 0);
+  pending_n.assign(opt.max_slots, 0);
   return Status();
 }
 
@@ -298,6 +304,9 @@ size_t DsV4Model::pool_block_bytes() const { return sizeof(float) * impl_->block
 Status DsV4Model::export_slot_state(int slot, std::span<uint8_t> out) const {
   const Impl& m = *impl_;
   if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("export_slot_state: slot {} out of range", slot);
+  // Deferred draft-context rows are projected first: the snapshot holds the finished window.
+  // (Logically const: the slot's observable state does not change.)
+  if (m.w.has_draft) impl_->flush_draft_context(slot);
   if (out.size() != slot_state_bytes())
     return invalid_argument("export_slot_state: buffer has {} bytes, {} needed", out.size(), slot_state_bytes());
   std::memcpy(out.data(), &m.slot_len[slot], sizeof(int64_t));
@@ -318,6 +327,7 @@ Status DsV4Model::import_slot_state(int slot, std::span<const uint8_t> in) {
   std::memcpy(&len, in.data(), sizeof(int64_t));
   if (len < 0) return invalid_argument("import_slot_state: negative length {}", len);
   m.slot_len[slot] = len;
+  m.pending_n[slot] = 0;
   std::memcpy(m.slot_ptr(slot), in.data() + sizeof(int64_t), sizeof(float) * m.slot_floats);
   const int64_t df = draft_floats_per_slot(m);
   if (df)

@@ -430,6 +430,59 @@ TEST(ModelDraft, TapsAndDraftConsistency) {
   EXPECT_GT(max_abs_diff(res2[0].logits, res0[0].logits), 0.0f);
 }
 
+// Decode-sized context inserts are deferred and projected in one batch (when the slot drafts, is
+// exported, or 16 rows are waiting): proposals equal those of one whole insert, also across an
+// export/import taken while rows were waiting and across a gap in positions.
+TEST(ModelDraft, DeferredContextInsertsMatchWholeInsert) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  DsV4Model& m = *e.model;
+  const int64_t td = m.tap_dim();
+  auto toks = tokens(200, 77);
+  std::vector<float> taps;
+  run(m, 0, toks, {}, &taps);
+  m.reset(0);
+  m.reset(2);
+  m.reset(3);
+  ASSERT_TRUE(m.draft_insert_context(0, 0, taps).ok());
+  DraftSampling greedy;
+  std::mt19937_64 rng(1);
+  std::vector<DraftResult> want, got;
+  // slot 2: 1-3 rows at a time, proposals requested at several points along the way
+  int64_t pos = 0, step = 0;
+  bool exported = false;
+  std::vector<uint8_t> state(m.slot_state_bytes());
+  while (pos < 200) {
+    int64_t n = std::min<int64_t>(1 + step % 3, 200 - pos);
+    ASSERT_TRUE(m.draft_insert_context(2, pos, std::span<const float>(taps.data() + pos * td, n * td)).ok());
+    pos += n;
+    ++step;
+    if (pos >= 100 && !exported) {  // rows are waiting: the snapshot must include them
+      exported = true;
+      ASSERT_TRUE(m.export_slot_state(2, state).ok());
+      ASSERT_TRUE(m.import_slot_state(3, state).ok());
+      ASSERT_TRUE(m.draft_insert_context(3, pos, std::span<const float>(taps.data() + pos * td, (200 - pos) * td)).ok());
+    }
+  }
+  for (int slot : {2, 3}) {
+    DraftRequest a{0, 42, 200}, b{slot, 42, 200};
+    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&a, 1), greedy, rng, want).ok());
+    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&b, 1), greedy, rng, got).ok());
+    EXPECT_EQ(got[0].tokens, want[0].tokens) << "slot " << slot;
+    EXPECT_EQ(max_abs_diff(got[0].logits, want[0].logits), 0.0f) << "slot " << slot;
+    EXPECT_EQ(max_abs_diff(got[0].confidence, want[0].confidence), 0.0f) << "slot " << slot;
+  }
+  // After a reset, waiting rows are dropped: a fresh insert of everything gives the same draft.
+  ASSERT_TRUE(m.draft_insert_context(2, 200, std::span<const float>(taps.data(), 2 * td)).ok());
+  m.reset(2);
+  ASSERT_TRUE(m.draft_insert_context(2, 0, taps).ok());
+  DraftRequest b{2, 42, 200}, a{0, 42, 200};
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&a, 1), greedy, rng, want).ok());
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&b, 1), greedy, rng, got).ok());
+  EXPECT_EQ(max_abs_diff(got[0].logits, want[0].logits), 0.0f);
+  for (int slot : {0, 2, 3}) m.reset(slot);
+}
+
 }  // namespace
 }  // namespace tandem
 
