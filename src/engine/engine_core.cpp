@@ -273,7 +273,7 @@ Status EngineCore::profile_costs() {
     }
     auto t0 = Clock::now();
     TANDEM_RETURN_IF_ERROR(runner_->forward(batch, out));
-    if (record) planner_->observe_forward(static_cast<int64_t>(b) * (1 + L), seconds_since(t0));
+    if (record) planner_->observe_forward(b, static_cast<int64_t>(b) * (1 + L), seconds_since(t0));
     for (int i = 0; i < b; ++i) runner_->rollback(slots[i], ctx);
     return Status();
   };
@@ -307,10 +307,11 @@ Status EngineCore::profile_costs() {
   TANDEM_RETURN_IF_ERROR(st);
   if (options_.log_startup)
     TLOG_INFO("engine",
-              "speculative planner: measured in {:.2f} s: forward {:.2f} ms (1 token), {:.2f} ms ({} tokens); draft "
-              "{:.2f} ms (1 request), {:.2f} ms ({} requests)",
-              seconds_since(t_start), 1e3 * planner_->predict_forward(1), 1e3 * planner_->predict_forward(1 + K),
-              1 + K, 1e3 * planner_->predict_draft(1), 1e3 * planner_->predict_draft(max_b), max_b);
+              "speculative planner: measured in {:.2f} s: forward {:.2f} ms (1 token), {:.2f} ms ({} tokens of one "
+              "sequence), {:.2f} ms ({} sequences x 1 token); draft {:.2f} ms (1 request), {:.2f} ms ({} requests)",
+              seconds_since(t_start), 1e3 * planner_->predict_forward(1, 1), 1e3 * planner_->predict_forward(1, 1 + K),
+              1 + K, 1e3 * planner_->predict_forward(max_b, max_b), max_b, 1e3 * planner_->predict_draft(1),
+              1e3 * planner_->predict_draft(max_b), max_b);
   return Status();
 }
 
@@ -600,7 +601,7 @@ Status EngineCore::step() {
       for (Seq* s : failed) finish(*s, FinishReason::kError, "model forward failed: " + st.message(), nullptr);
       return st;
     }
-    if (planner_) planner_->observe_forward(static_cast<int64_t>(off), dt);
+    if (planner_) planner_->observe_forward(static_cast<int>(scheduled_.size()), static_cast<int64_t>(off), dt);
 
     // ---- sample / verify ----
     draft_reqs_.clear();

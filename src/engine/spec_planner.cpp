@@ -8,6 +8,8 @@ namespace tandem {
 
 namespace {
 constexpr double kDecay = 0.97;       // cost fits forget old samples (shapes drift with context)
+constexpr double kLevelRate = 0.5;    // the common level takes half of each surprise (in log): drift goes
+                                      // mostly to the level, so stale shapes follow
 constexpr double kAcceptDecay = 0.98;   // global estimate: the start of every new request's
 constexpr double kRequestDecay = 0.9;   // a request's own counts follow its text (code -> prose)
 constexpr double kPriorWeight = 1.0;    // the global estimate counts as one verify of evidence
@@ -23,27 +25,41 @@ void CostModel::add(double x, double seconds) {
   // planner that a shape is expensive: such outliers (> 2x the current estimate) barely count.
   const double expected = n_ >= 8 ? predict(x) : 0.0;
   const bool outlier = expected > 0 && seconds > 2.0 * expected;
+  // Costs drift (context grows, the machine gets busier) for every shape at once, but only the
+  // shapes in use are measured again: a common level follows every sample, and the table and the
+  // line hold times relative to it, so shapes not run lately move with the ones that are.
+  if (expected > 0 && !outlier) level_ = std::clamp(level_ * std::pow(seconds / expected, kLevelRate), 0.05, 20.0);
+  const double norm = seconds / level_;
   int shape = static_cast<int>(x);
   if (shape >= 0 && shape <= kMaxShape) {
     double alpha = outlier ? 0.02 : 0.2;
-    shape_ema_[shape] = shape_n_[shape] == 0 ? seconds : (1 - alpha) * shape_ema_[shape] + alpha * seconds;
+    shape_ema_[shape] = shape_n_[shape] == 0 ? norm : (1 - alpha) * shape_ema_[shape] + alpha * norm;
     ++shape_n_[shape];
   }
   ++n_;
   if (outlier) return;
   w_ = w_ * kDecay + 1;
   sx_ = sx_ * kDecay + x;
-  sy_ = sy_ * kDecay + seconds;
+  sy_ = sy_ * kDecay + norm;
   sxx_ = sxx_ * kDecay + x * x;
-  sxy_ = sxy_ * kDecay + x * seconds;
+  sxy_ = sxy_ * kDecay + x * norm;
   ++fit_n_;
 }
 
-double CostModel::predict(double x) const {
+bool CostModel::has_shape(double x) const {
   int shape = static_cast<int>(x);
-  if (shape >= 0 && shape <= kMaxShape && shape == x && shape_n_[shape] >= kMinShapeSamples)
-    return shape_ema_[shape];
-  return linear(x);
+  return shape >= 0 && shape <= kMaxShape && shape == x && shape_n_[shape] >= kMinShapeSamples;
+}
+
+bool CostModel::fitted() const {
+  if (fit_n_ < 4) return false;
+  double mx = sx_ / w_;
+  return sxx_ / w_ - mx * mx > 1e-9 * std::max(1.0, mx * mx);
+}
+
+double CostModel::predict(double x) const {
+  if (has_shape(x)) return level_ * shape_ema_[static_cast<int>(x)];
+  return level_ * linear(x);
 }
 
 double CostModel::linear(double x) const {
@@ -68,12 +84,27 @@ SpecPlanner::SpecPlanner(const SpeculativeConfig& config, int num_draft_tokens)
     : config_(config),
       k_(num_draft_tokens),
       verify_cost_(1e-3, 2e-5),
+      verify_by_seqs_(kMaxSeqBucket + 1, CostModel(1e-3, 2e-5)),
       draft_cost_(2e-4, 1e-5) {
   accept_ema_.resize(k_);
   for (int j = 0; j < k_; ++j) {
     double cond = j < 7 ? kPrior[j] / (j == 0 ? 1.0 : kPrior[j - 1]) : 0.5;
     accept_ema_[j] = cond;
   }
+}
+
+void SpecPlanner::observe_forward(int seqs, int64_t tokens, double seconds) {
+  verify_cost_.add(static_cast<double>(tokens), seconds);
+  verify_by_seqs_[std::clamp(seqs, 0, kMaxSeqBucket)].add(static_cast<double>(tokens), seconds);
+}
+
+double SpecPlanner::predict_forward(int seqs, int64_t tokens) const {
+  const CostModel& m = verify_by_seqs_[std::clamp(seqs, 0, kMaxSeqBucket)];
+  const double x = static_cast<double>(tokens);
+  if (m.has_shape(x) || m.fitted()) return m.predict(x);
+  if (m.samples() == 0) return verify_cost_.predict(x);
+  // Few shapes seen at this sequence count: its level, the all-batches curve's slope.
+  return std::max(0.0, m.mean_y() + verify_cost_.predict(x) - verify_cost_.predict(m.mean_x()));
 }
 
 void SpecPlanner::start_request(SpecRequestState& st) const {
@@ -122,7 +153,9 @@ void SpecPlanner::choose_drafts(std::span<SpecRequestState* const> states, std::
     return;
   }
   const double B0 = static_cast<double>(R + extra_tokens);
-  const double base = static_cast<double>(R) / verify_cost_.predict(B0);
+  const int seqs = static_cast<int>(R) + (extra_tokens > 0 ? 1 : 0);
+  auto V = [&](double tokens) { return predict_forward(seqs, static_cast<int64_t>(tokens)); };
+  const double base = static_cast<double>(R) / V(B0);
   const double d1 = draft_cost_.predict(1);
   // Each request's best verify length on its own, then requests by expected tokens per verified
   // token; the best prefix of that order (the draft's fixed cost is shared) wins if it beats not
@@ -138,7 +171,7 @@ void SpecPlanner::choose_drafts(std::span<SpecRequestState* const> states, std::
     for (int l = 1; l <= lim; ++l) {
       surv *= acceptance(*st, l - 1);
       g += surv;
-      double v = (static_cast<double>(R) + g) / (d1 + verify_cost_.predict(B0 + l));
+      double v = (static_cast<double>(R) + g) / (d1 + V(B0 + l));
       if (v > best_v) {
         best_v = v;
         best_l = l;
@@ -156,7 +189,7 @@ void SpecPlanner::choose_drafts(std::span<SpecRequestState* const> states, std::
     gain += opts_[n - 1].gain;
     len += opts_[n - 1].len;
     double rate = (static_cast<double>(R) + gain) /
-                  (draft_cost_.predict(static_cast<double>(n)) + verify_cost_.predict(B0 + len));
+                  (draft_cost_.predict(static_cast<double>(n)) + V(B0 + len));
     if (rate > best) {
       best = rate;
       best_n = n;
@@ -200,9 +233,10 @@ void SpecPlanner::plan(std::span<const std::span<const float>> confidences, std:
     }
     return;
   }
-  // auto: Algorithm 1 (greedy admission by survival, break at the first non-improvement). Probes
-  // verify everything they drafted: they exist to measure.
+  // auto: Algorithm 1 (greedy admission by survival, break at the first non-improvement).
   const bool have_states = states.size() == R;
+  const int seqs = static_cast<int>(R) + (extra_tokens > 0 ? 1 : 0);
+  auto V = [&](double tokens) { return predict_forward(seqs, static_cast<int64_t>(tokens)); };
   double B = static_cast<double>(R + extra_tokens);
   double E = static_cast<double>(R);
   cands_.clear();
@@ -210,33 +244,35 @@ void SpecPlanner::plan(std::span<const std::span<const float>> confidences, std:
     const int lim = std::min<int>({k_, limits[r], static_cast<int>(confidences[r].size())});
     const SpecRequestState* st = have_states ? states[r] : nullptr;
     double a = 1.0;
-    if (st && st->probe) {
-      lengths[r] = std::max(lim, 0);
-      for (int j = 0; j < lim; ++j) E += (a *= acceptance(*st, j));
-      B += std::max(lim, 0);
-      continue;
-    }
     for (int j = 0; j < lim; ++j) {
+      // A probe's request has a poor record; its fresh confidences alone say whether the text
+      // turned predictable (a verify then updates the record). Otherwise both count.
       double c = calibrated(confidences[r][j]);
-      if (st) c = 0.5 * (c + acceptance(*st, j));
+      if (st && !st->probe) c = 0.5 * (c + acceptance(*st, j));
       a *= c;
       cands_.push_back({a, static_cast<int>(r), j});
     }
   }
-  std::sort(cands_.begin(), cands_.end(), [](const Cand& x, const Cand& y) {
+  std::stable_sort(cands_.begin(), cands_.end(), [](const Cand& x, const Cand& y) {
     if (x.a != y.a) return x.a > y.a;
     return x.r != y.r ? x.r < y.r : x.j < y.j;
   });
-  double best = E / verify_cost_.predict(B);
-  for (const Cand& c : cands_) {
-    if (lengths[c.r] != c.j) continue;  // keeps each request's verified drafts a prefix
-    double theta = (E + c.a) / verify_cost_.predict(B + 1);
-    if (!(theta > best)) break;
-    best = theta;
-    E += c.a;
+  // Candidates come in survival order, and a request's positions in order (survival only falls
+  // along a request), so every prefix of the list is a valid plan. The best prefix wins; unlike the
+  // paper's stop at the first non-improvement, this does not get stuck on a jagged cost table (a
+  // measured shape that happens to be slow just after a fitted one).
+  double best = E / V(B);
+  size_t best_n = 0;
+  for (size_t i = 0; i < cands_.size(); ++i) {
+    E += cands_[i].a;
     B += 1;
-    lengths[c.r] = c.j + 1;
+    double theta = E / V(B);
+    if (theta > best) {
+      best = theta;
+      best_n = i + 1;
+    }
   }
+  for (size_t i = 0; i < best_n; ++i) lengths[cands_[i].r] = std::max(lengths[cands_[i].r], cands_[i].j + 1);
 }
 
 }  // namespace tandem

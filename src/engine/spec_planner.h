@@ -10,10 +10,11 @@
 //    batch shapes (forward time per token count, draft time per request count) says whether
 //    drafting for a set of requests raises tokens per second; a request for which it does not
 //    stops drafting and is re-probed after 4, 8, ... 256 of its steps. Once drafts exist, the
-//    verify lengths follow the paper's Algorithm 1: (request, position) pairs are admitted by
+//    verify lengths follow the paper's Algorithm 1: (request, position) pairs are ordered by
 //    prefix survival (the product of the draft's confidences, calibrated online against observed
-//    outcomes per confidence decile and averaged with the request's own estimate) while each one
-//    still raises expected tokens per second.
+//    outcomes per confidence decile and averaged with the request's own estimate; a probe's by its
+//    confidences alone, so a probe whose drafts look hopeless costs a draft and no verify) and the
+//    prefix of that order with the most expected tokens per second is verified.
 // Costs are measured: the engine profiles every batch shape at start-up (EngineCore) and keeps
 // feeding real step times, so the tables follow context growth and machine load.
 #pragma once
@@ -28,7 +29,8 @@ namespace tandem {
 
 // Cost of one batch shape (x = tokens or requests): a per-shape table of measured times (EMA) for
 // shapes seen often enough — real costs are jagged (kernel tiles, graph buckets) — and elsewhere
-// seconds ~= c0 + c1 * x, fitted by exponentially weighted least squares over all samples.
+// seconds ~= c0 + c1 * x, fitted by exponentially weighted least squares over all samples; both
+// relative to a common level that follows every sample (drift: longer context, a busier machine).
 class CostModel {
  public:
   static constexpr int kMaxShape = 1024;
@@ -37,12 +39,17 @@ class CostModel {
   void add(double x, double seconds);
   double predict(double x) const;
   int64_t samples() const { return n_; }
+  bool has_shape(double x) const;  // a measured time for exactly this shape
+  bool fitted() const;             // enough distinct shapes for its own line
+  double mean_x() const { return w_ > 0 ? sx_ / w_ : 0.0; }
+  double mean_y() const { return w_ > 0 ? level_ * sy_ / w_ : 0.0; }
 
  private:
   double linear(double x) const;
   double prior_c0_, prior_c1_;
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
   int64_t n_ = 0, fit_n_ = 0;
+  double level_ = 1.0;  // common cost level; the table and the fit hold times divided by it
   std::vector<double> shape_ema_ = std::vector<double>(kMaxShape + 1, 0.0);
   std::vector<int> shape_n_ = std::vector<int>(kMaxShape + 1, 0);
 };
@@ -52,7 +59,7 @@ struct SpecRequestState {
   std::vector<double> hits, trials;  // decayed per-position counts of this request's verifies
   int64_t steps_off = 0;             // steps since it last drafted
   int64_t probe_interval = 0;        // steps without drafting before the next probe
-  bool probe = false;                // this step's draft is a probe (verify all of it)
+  bool probe = false;                // this step's draft is a probe (judged by its confidences alone)
 };
 
 class SpecPlanner {
@@ -75,21 +82,28 @@ class SpecPlanner {
   void observe_verify(SpecRequestState* st, int verified, int accepted, std::span<const float> confidences = {});
   // The draft's confidence mapped to the acceptance rate observed for such confidences.
   double calibrated(double confidence) const;
-  void observe_forward(int64_t tokens, double seconds) { verify_cost_.add(static_cast<double>(tokens), seconds); }
+  // A forward of `seqs` sequences with `tokens` new tokens in all took `seconds`.
+  void observe_forward(int seqs, int64_t tokens, double seconds);
   void observe_draft(int requests, double seconds) { draft_cost_.add(static_cast<double>(requests), seconds); }
 
   // Conditional acceptance at position j for a request (its counts shrunk toward the global EMA).
   double acceptance(const SpecRequestState& st, int j) const;
   const std::vector<double>& acceptance_ema() const { return accept_ema_; }
-  double predict_forward(int64_t tokens) const { return verify_cost_.predict(static_cast<double>(tokens)); }
+  double predict_forward(int seqs, int64_t tokens) const;
   double predict_draft(int requests) const { return draft_cost_.predict(static_cast<double>(requests)); }
   int64_t forward_samples() const { return verify_cost_.samples(); }
+  static constexpr int kMaxSeqBucket = 16;  // forward costs are kept per sequence count up to this
   int64_t draft_samples() const { return draft_cost_.samples(); }
 
  private:
   SpeculativeConfig config_;
   int k_;
+  // Forward cost by token count, one model per sequence count (1..kMaxSeqBucket, the last for all
+  // larger batches) plus one over all batches for counts not seen yet: a batch of 8 one-token
+  // decodes and one sequence verifying 8 tokens can cost very different amounts (per-sequence work:
+  // attention, compressor state, indexer).
   CostModel verify_cost_;
+  std::vector<CostModel> verify_by_seqs_;
   CostModel draft_cost_;
   std::vector<double> accept_ema_;  // global P(position j accepted | verified and prefix accepted)
   static constexpr int kBins = 10;  // confidence calibration: decayed outcomes per confidence decile

@@ -22,7 +22,16 @@ FakeModelConfig fake_config(double agree = 0.7) {
 // outputs in prompt order.
 std::vector<std::vector<int32_t>> run_prompts(const EngineConfig& ec, int concurrency, int n_prompts, int n_tokens,
                                               EngineMetrics* metrics = nullptr, double agree = 0.7) {
-  Harness h(fake_config(agree), ec);
+  FakeModelConfig fc = fake_config(agree);
+  if (ec.speculative.verify_mode == "auto") {
+    // auto decides from measured costs: give the fake a bandwidth-bound step (a forward costs
+    // about the same for 1 or 48 tokens, a draft a tenth of it) so speculation pays and is used.
+    fc.forward_fixed_us = 300;
+    fc.forward_per_token_us = 3;
+    fc.draft_fixed_us = 30;
+    fc.draft_per_seq_us = 5;
+  }
+  Harness h(fc, ec);
   std::vector<std::vector<int32_t>> out(n_prompts);
   int next = 0, done = 0;
   auto top_up = [&] {

@@ -358,7 +358,7 @@ TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
   std::vector<uint8_t> pick;
   // Bandwidth-bound: a step costs ~the same for any token count -> draft and verify nearly everything.
   SpecPlanner bw(sc, 5);
-  for (int t = 1; t <= 64; ++t) bw.observe_forward(t, 0.010 + 1e-6 * t);
+  for (int t = 1; t <= 64; ++t) bw.observe_forward(2, t, 0.010 + 1e-6 * t);
   for (int r = 1; r <= 8; ++r) bw.observe_draft(r, 0.001);
   bw.plan(conf, limits, 0, lengths);
   EXPECT_EQ(lengths[0], 5);
@@ -372,7 +372,7 @@ TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
   // Compute-bound: every token costs the same as the fixed part -> only near-certain drafts, and
   // with poor measured acceptance drafting is switched off (except periodic probes).
   SpecPlanner cb(sc, 5);
-  for (int t = 1; t <= 64; ++t) cb.observe_forward(t, 0.001 * t);
+  for (int t = 1; t <= 64; ++t) cb.observe_forward(2, t, 0.001 * t);
   for (int r = 1; r <= 8; ++r) cb.observe_draft(r, 0.0005 * r);
   cb.plan(conf, limits, 0, lengths);
   EXPECT_EQ(lengths[1], 0);
@@ -420,7 +420,7 @@ TEST(SpecPlanner, AutoDecidesPerRequest) {
   sc.verify_mode = "auto";
   SpecPlanner p(sc, 5);
   for (int rep = 0; rep < 3; ++rep)
-    for (int t = 1; t <= 64; ++t) p.observe_forward(t, 0.004 + 0.0015 * t);
+    for (int t = 1; t <= 64; ++t) p.observe_forward(2, t, 0.004 + 0.0015 * t);
   for (int rep = 0; rep < 3; ++rep)
     for (int r = 1; r <= 8; ++r) p.observe_draft(r, 0.002 + 0.001 * r);
   SpecRequestState good, bad;
@@ -445,20 +445,54 @@ TEST(SpecPlanner, AutoDecidesPerRequest) {
   SpecRequestState fresh;
   p.start_request(fresh);
   EXPECT_DOUBLE_EQ(p.acceptance(fresh, 0), p.acceptance_ema()[0]);
-  // A probe verifies everything it drafted, whatever the confidences say.
-  SpecRequestState probe;
-  p.start_request(probe);
-  probe.probe = true;
-  std::vector<float> low = {0.01f, 0.01f, 0.01f, 0.01f, 0.01f};
+  // A probe is judged by its own confidences: hopeless drafts are not verified, confident ones are,
+  // even for a request whose record is poor.
+  bad.probe = true;
+  std::vector<float> low = {0.01f, 0.01f, 0.01f, 0.01f, 0.01f}, high = {1.f, 1.f, 1.f, 1.f, 1.f};
   std::vector<std::span<const float>> conf = {low};
-  std::vector<SpecRequestState*> one = {&probe};
+  std::vector<SpecRequestState*> one = {&bad};
   std::vector<int> lengths;
+  p.plan(conf, std::vector<int>{5}, 0, lengths, one);
+  EXPECT_EQ(lengths[0], 0);
+  conf = {high};
   p.plan(conf, std::vector<int>{5}, 0, lengths, one);
   EXPECT_EQ(lengths[0], 5);
 }
 
 // Confidences are calibrated against outcomes: a draft that says 0.15 but is right 90% of the time
 // is treated as 0.9 after enough verifies, and one that says 0.95 but is wrong as ~0.
+// Forward costs are kept per sequence count: 8 sequences x 1 token can cost far more than one
+// sequence verifying 8 tokens (per-sequence work), and the planner must not mix the two up.
+TEST(SpecPlanner, ForwardCostsPerSequenceCount) {
+  SpeculativeConfig sc;
+  sc.method = "dspark";
+  sc.verify_mode = "auto";
+  SpecPlanner p(sc, 5);
+  for (int rep = 0; rep < 3; ++rep)
+    for (int b : {1, 2, 4, 8})
+      for (int L = 0; L <= 5; ++L) p.observe_forward(b, b * (1 + L), 0.004 * b + 0.002 * b * L);
+  EXPECT_NEAR(p.predict_forward(8, 8), 0.032, 1e-9);   // measured shape
+  EXPECT_NEAR(p.predict_forward(1, 8), 0.018, 1e-3);   // one sequence, 8 tokens: its own line
+  EXPECT_NEAR(p.predict_forward(8, 12), 0.040, 1e-3);  // between measured shapes of 8 sequences
+  // A count never profiled: after one shape, its level and the all-batches slope.
+  p.observe_forward(3, 3, 0.012);
+  EXPECT_NEAR(p.predict_forward(3, 3), 0.012, 1e-9);
+  EXPECT_GT(p.predict_forward(3, 9), 0.012);
+}
+
+// Costs drift for all shapes at once (context grows): when the shapes in use get 30% slower, a
+// shape measured only at start-up is predicted slower too.
+TEST(CostModel, StaleShapesFollowTheCommonLevel) {
+  CostModel m(1e-3, 1e-5);
+  for (int rep = 0; rep < 3; ++rep)
+    for (int x : {1, 2, 4, 8, 16, 48}) m.add(x, 0.005 + 0.001 * x);
+  EXPECT_NEAR(m.predict(48), 0.053, 1e-9);
+  for (int i = 0; i < 200; ++i) m.add(8, 1.3 * 0.013);
+  EXPECT_NEAR(m.predict(8), 1.3 * 0.013, 0.001);
+  EXPECT_NEAR(m.predict(48), 1.3 * 0.053, 0.005);
+  EXPECT_NEAR(m.predict(30), 1.3 * 0.035, 0.005);  // fitted line, same level
+}
+
 TEST(SpecPlanner, CalibratesConfidences) {
   SpeculativeConfig sc;
   sc.method = "dspark";
