@@ -6,12 +6,14 @@ set -euo pipefail
 TANDEM=${1:-build/tandem}
 OUT=${2:-models/builtin}
 cd "$(dirname "$0")/.."
-if [[ ! -f "$OUT/config.json" ]]; then
-  if [[ -f data/builtin/config.json ]]; then
+if [[ -f data/builtin/config.json ]]; then
+  # A copy left by an earlier checkout is replaced when the shipped model changed.
+  if ! diff -rq data/builtin "$OUT" >/dev/null 2>&1; then
+    rm -rf "$OUT"
     mkdir -p "$(dirname "$OUT")"
     cp -r data/builtin "$OUT"
-  else
-    "$TANDEM" make-tiny "$OUT" --seed 0 --preset default
   fi
+elif [[ ! -f "$OUT/config.json" ]]; then
+  "$TANDEM" make-tiny "$OUT" --seed 0 --preset default
 fi
 "$TANDEM" check "$OUT"
