@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of the real engine behind the real server: serves the built-in model (with DSpark,
 # as `make run` does) on a free loopback port, asks it to count with greedy decoding (plain and
-# streamed), checks the answer, /metrics and /health, then SIGTERM must exit 0.
+# streamed) and for a Python function, checks the answers, prefix caching, /metrics and /health,
+# then SIGTERM must exit 0.
 #   tools/smoke-builtin.sh [BUILD_DIR] [MODEL_DIR]
 set -euo pipefail
 BUILD=${1:-build}
@@ -32,6 +33,10 @@ stream=$(curl -sN --max-time 120 "$BASE/v1/chat/completions" -H 'Content-Type: a
 echo "$stream" | tail -1 | grep -q '^data: \[DONE\]' || fail "stream did not end with [DONE]"
 echo "$stream" | grep -o '"content":"[^"]*"' | sed 's/"content":"//; s/"$//' | tr -d '\n' \
   | grep -q '^1, 2, 3, 4, 5' || fail "streamed text differs"
+# A chat request about Python code gets Python code (the built-in model's chat training, issue 6).
+pbody='{"model":"builtin","messages":[{"role":"user","content":"Write a Python function that reverses a string."}],"max_tokens":160,"temperature":0}'
+py=$(curl -s --max-time 120 "$BASE/v1/chat/completions" -H 'Content-Type: application/json' -d "$pbody")
+echo "$py" | grep -q '```python\\n.*def [a-z_]*(.*return' || fail "Python answer without a code block: $py"
 # A prompt longer than one KV block (256 tokens), twice: the second must hit the prefix cache.
 long=$(printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 1 60))
 lbody="{\"model\":\"builtin\",\"messages\":[{\"role\":\"system\",\"content\":\"$long\"},{\"role\":\"user\",\"content\":\"List the days of the week.\"}],\"max_tokens\":24,\"temperature\":0}"
