@@ -200,6 +200,13 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   m_.kv_blocks_total = num_blocks;
   m_.kv_blocks_free = num_blocks;
   draft_states_.reserve(config.max_num_seqs);
+  plan_conf_.reserve(config.max_num_seqs);
+  plan_limits_.reserve(config.max_num_seqs);
+  plan_who_.reserve(config.max_num_seqs);
+  plan_states_.reserve(config.max_num_seqs);
+  plan_lengths_.reserve(config.max_num_seqs);
+  order_.reserve(config.max_num_seqs);
+  done_.reserve(config.max_num_seqs);
   draft_limits_.reserve(config.max_num_seqs);
   draft_pick_.reserve(config.max_num_seqs);
   if (planner_ && sc.verify_mode == "auto" && options_.profile_spec_costs)
@@ -385,24 +392,24 @@ void EngineCore::abort(const std::string& request_id, FinishReason reason, const
 
 void EngineCore::plan_verify() {
   // Confidences of the drafts proposed at the end of the last step decide this step's lengths.
-  std::vector<std::span<const float>> conf;  // small: at most max_num_seqs entries
-  std::vector<int> limits;
-  std::vector<Seq*> who;
-  std::vector<SpecRequestState*> states;
+  // Scratch vectors are members reserved at start-up (max_num_seqs): no allocation per step.
+  plan_conf_.clear();
+  plan_limits_.clear();
+  plan_who_.clear();
+  plan_states_.clear();
   for (Seq* s : running_) {
     s->num_verify = 0;
     bool decode = s->num_computed + 1 == static_cast<int64_t>(s->tokens.size());
     if (!decode || !s->has_draft) continue;
     size_t k = std::min({s->draft.confidence.size(), s->draft.tokens.size(), static_cast<size_t>(num_spec_tokens_)});
-    conf.emplace_back(s->draft.confidence.data(), k);
-    limits.push_back(verify_limit(*s));
-    who.push_back(s);
-    states.push_back(&s->spec);
+    plan_conf_.emplace_back(s->draft.confidence.data(), k);
+    plan_limits_.push_back(verify_limit(*s));
+    plan_who_.push_back(s);
+    plan_states_.push_back(&s->spec);
   }
-  if (who.empty()) return;
-  std::vector<int> lengths;
-  planner_->plan(conf, limits, pending_prefill_tokens(), lengths, states);
-  for (size_t i = 0; i < who.size(); ++i) who[i]->num_verify = lengths[i];
+  if (plan_who_.empty()) return;
+  planner_->plan(plan_conf_, plan_limits_, pending_prefill_tokens(), plan_lengths_, plan_states_);
+  for (size_t i = 0; i < plan_who_.size(); ++i) plan_who_[i]->num_verify = plan_lengths_[i];
 }
 
 int EngineCore::verify_limit(const Seq& s) const {
@@ -527,7 +534,8 @@ Status EngineCore::step() {
   for (Seq* s : running_) s->scheduled = 0;
 
   // Running requests: decodes (and verifies) first, then partial prefills, in arrival order.
-  std::vector<Seq*> order = running_;
+  order_.assign(running_.begin(), running_.end());  // reserved at start-up: no allocation
+  const std::vector<Seq*>& order = order_;
   for (int pass = 0; pass < 2; ++pass) {
     for (Seq* s : order) {
       if (budget <= 0) break;
@@ -606,8 +614,8 @@ Status EngineCore::step() {
     // ---- sample / verify ----
     draft_reqs_.clear();
     draft_seqs_.clear();
-    std::vector<Seq*> done = scheduled_;  // process_output may finish (and free) requests
-    for (size_t i = 0; i < done.size(); ++i) process_output(*done[i], out_, i, draft_reqs_);
+    done_.assign(scheduled_.begin(), scheduled_.end());  // process_output may finish (and free) requests
+    for (size_t i = 0; i < done_.size(); ++i) process_output(*done_[i], out_, i, draft_reqs_);
 
     // ---- draft the next step's proposals ----
     if (!draft_reqs_.empty()) {

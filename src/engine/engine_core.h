@@ -128,6 +128,12 @@ class EngineCore {
   std::vector<SpecRequestState*> draft_states_;
   std::vector<int> draft_limits_;
   std::vector<uint8_t> draft_pick_;
+  std::vector<std::span<const float>> plan_conf_;
+  std::vector<int> plan_limits_;
+  std::vector<Seq*> plan_who_;
+  std::vector<SpecRequestState*> plan_states_;
+  std::vector<int> plan_lengths_;
+  std::vector<Seq*> order_, done_;
   std::vector<int> expected_refs_;
 
   EngineMetrics m_;
