@@ -12,12 +12,17 @@
 #include "common/numeric.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/run_helpers.h"
 #include "model/tiny_weights.h"
 
 namespace tandem {
 namespace {
 
+using testing::max_abs_diff;
+using testing::run;
+using testing::table_for;
 using testing::tiny_config;
+using testing::tokens;
 using testing::tiny_weights;
 
 struct Env {
@@ -41,57 +46,6 @@ struct Env {
 Env& env() {
   static Env e;
   return e;
-}
-
-std::vector<int32_t> tokens(int n, uint64_t seed) {
-  testing::TinyRng r{seed};
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(r.next() % 500);
-  return t;
-}
-
-// Per-slot block tables: slot s uses blocks [s*4, s*4+4) in reverse order (paging must not matter).
-std::vector<int32_t> table_for(int slot) { return {slot * 4 + 3, slot * 4 + 2, slot * 4 + 1, slot * 4 + 0}; }
-
-// Runs `toks` through `slot` (reset first) in chunks; returns logits for every position.
-std::vector<float> run(DsV4Model& m, int slot, const std::vector<int32_t>& toks, const std::vector<int>& chunks,
-                       std::vector<float>* taps = nullptr) {
-  m.reset(slot);
-  const int64_t V = m.vocab_size();
-  std::vector<float> all;
-  auto table = table_for(slot);
-  size_t pos = 0, ci = 0;
-  StepOutput out;
-  while (pos < toks.size()) {
-    size_t n = chunks.empty() ? toks.size() : static_cast<size_t>(chunks[std::min(ci, chunks.size() - 1)]);
-    ++ci;
-    n = std::min(n, toks.size() - pos);
-    StepBatch b;
-    SeqStep s;
-    s.slot = slot;
-    s.start_pos = static_cast<int64_t>(pos);
-    s.tokens = std::span<const int32_t>(toks.data() + pos, n);
-    s.block_table = table;
-    s.logits = LogitsMode::kAll;
-    s.collect_taps = taps != nullptr;
-    b.seqs.push_back(s);
-    Status st = m.forward(b, out);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    all.insert(all.end(), out.logits.begin(), out.logits.begin() + n * V);
-    if (taps) taps->insert(taps->end(), out.taps.begin(), out.taps.begin() + n * m.tap_dim());
-    pos += n;
-  }
-  return all;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float d = 0.0f;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    d = std::max(d, std::fabs(a[i] - b[i]));
-  }
-  return d;
 }
 
 TEST(ModelLoad, ReportsCounts) {

@@ -13,13 +13,18 @@
 #include "common/numeric.h"
 #include "io/model_config.h"
 #include "model/model.h"
+#include "model/run_helpers.h"
 #include "model/tiny_weights.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
 namespace {
 
+using testing::max_abs_diff;
+using testing::run;
+using testing::table_for;
 using testing::tiny_config;
+using testing::tokens;
 using testing::tiny_weights;
 
 // ---------------------------------------------------------------- NVFP4 numerics
@@ -166,49 +171,6 @@ struct ModeEnv {
 ModeEnv& menv() {
   static ModeEnv e;
   return e;
-}
-
-std::vector<int32_t> tokens(int n, uint64_t seed) {
-  testing::TinyRng r{seed};
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(r.next() % 500);
-  return t;
-}
-
-std::vector<int32_t> table_for(int slot) { return {slot * 4 + 3, slot * 4 + 2, slot * 4 + 1, slot * 4 + 0}; }
-
-std::vector<float> run(DsV4Model& m, int slot, const std::vector<int32_t>& toks, const std::vector<int>& chunks,
-                       std::vector<float>* taps = nullptr) {
-  m.reset(slot);
-  const int64_t V = m.vocab_size();
-  std::vector<float> all;
-  auto table = table_for(slot);
-  size_t pos = 0, ci = 0;
-  StepOutput out;
-  while (pos < toks.size()) {
-    size_t n = chunks.empty() ? toks.size() : static_cast<size_t>(chunks[std::min(ci, chunks.size() - 1)]);
-    ++ci;
-    n = std::min(n, toks.size() - pos);
-    StepBatch b;
-    b.seqs.push_back({slot, static_cast<int64_t>(pos), std::span<const int32_t>(toks.data() + pos, n), table,
-                      LogitsMode::kAll, taps != nullptr});
-    Status st = m.forward(b, out);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    all.insert(all.end(), out.logits.begin(), out.logits.begin() + n * V);
-    if (taps) taps->insert(taps->end(), out.taps.begin(), out.taps.begin() + n * m.tap_dim());
-    pos += n;
-  }
-  return all;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float d = 0.0f;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    d = std::max(d, std::fabs(a[i] - b[i]));
-  }
-  return d;
 }
 
 double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
