@@ -174,31 +174,7 @@ TEST(ModelForward, RollbackThenRecomputeMatchesFresh) {
   Env& e = env();
   ASSERT_TRUE(e.model);
   DsV4Model& m = *e.model;
-  const int64_t V = m.vocab_size();
-  auto base = tokens(262, 31);
-  for (int64_t cut : {252, 254, 256}) {
-    std::vector<int32_t> hist(base.begin(), base.begin() + cut);
-    run(m, 0, hist, {});
-    // speculative 7 tokens crossing position 255 (a ratio-128 and a ratio-4 completion), rejected
-    auto spec = tokens(7, 100 + cut);
-    auto table = table_for(0);
-    StepBatch b;
-    b.seqs.push_back({0, cut, spec, table, LogitsMode::kAll, false});
-    StepOutput out;
-    ASSERT_TRUE(m.forward(b, out).ok());
-    ASSERT_TRUE(m.rollback(0, cut + 1).ok());
-    // continue with the real tokens
-    std::vector<int32_t> rest(base.begin() + cut + 1, base.end());
-    std::vector<int32_t> h2(base.begin(), base.begin() + cut);
-    h2.push_back(spec[0]);
-    h2.insert(h2.end(), rest.begin(), rest.end());
-    b.seqs = {{0, cut + 1, rest, table, LogitsMode::kAll, false}};
-    ASSERT_TRUE(m.forward(b, out).ok());
-    auto fresh = run(m, 1, h2, {});
-    for (size_t t = 0; t < rest.size(); ++t)
-      for (int64_t v = 0; v < V; ++v)
-        ASSERT_EQ(out.logits[t * V + v], fresh[(cut + 1 + t) * V + v]) << "cut " << cut << " t " << t;
-  }
+  testing::expect_rollback_then_recompute_exact(m, {252, 254, 256});
   EXPECT_FALSE(m.rollback(0, m.slot_length(0) - 9).ok());  // beyond max_rollback
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <vector>
 
@@ -65,6 +66,35 @@ inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>&
     d = std::max(d, std::fabs(a[i] - b[i]));
   }
   return d;
+}
+
+// Rollback across ratio-4 and ratio-128 block completions: 7 speculative tokens from each cut are
+// run and rejected (all but the first), then the real continuation must give the same logits,
+// bit for bit, as a fresh run of the same history in slot 1.
+inline void expect_rollback_then_recompute_exact(DsV4Model& m, std::initializer_list<int64_t> cuts) {
+  const int64_t V = m.vocab_size();
+  auto base = tokens(262, 31);
+  for (int64_t cut : cuts) {
+    std::vector<int32_t> hist(base.begin(), base.begin() + cut);
+    run(m, 0, hist, {});
+    auto spec = tokens(7, 100 + cut);  // crosses position 255: a ratio-128 and a ratio-4 completion
+    auto table = table_for(0);
+    StepBatch b;
+    b.seqs.push_back({0, cut, spec, table, LogitsMode::kAll, false});
+    StepOutput out;
+    ASSERT_TRUE(m.forward(b, out).ok());
+    ASSERT_TRUE(m.rollback(0, cut + 1).ok());
+    std::vector<int32_t> rest(base.begin() + cut + 1, base.end());
+    std::vector<int32_t> h2(base.begin(), base.begin() + cut);
+    h2.push_back(spec[0]);
+    h2.insert(h2.end(), rest.begin(), rest.end());
+    b.seqs = {{0, cut + 1, rest, table, LogitsMode::kAll, false}};
+    ASSERT_TRUE(m.forward(b, out).ok());
+    auto fresh = run(m, 1, h2, {});
+    for (size_t t = 0; t < rest.size(); ++t)
+      for (int64_t v = 0; v < V; ++v)
+        ASSERT_EQ(out.logits[t * V + v], fresh[(cut + 1 + t) * V + v]) << "cut " << cut << " t " << t;
+  }
 }
 
 }  // namespace tandem::testing
