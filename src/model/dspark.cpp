@@ -113,48 +113,63 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
     v.resize(n);
     return v;
   };
-  auto& ids = sized(d.ids, K);
-  auto &h = sized(d.h, K * HD), &res = sized(d.res, K * HD), &x = sized(d.x, K * D), &a = sized(d.a, K * D);
-  auto &post = sized(d.post, K * hc), &comb = sized(d.comb, K * hc * hc), &qr = sized(d.qr, K * ql);
-  auto &q = sized(d.q, K * H * hd), &kv = sized(d.kv, K * hd), &o = sized(d.o, K * H * hd);
-  auto &y = sized(d.y, K * D), &yn = sized(d.yn, K * D), &base = sized(d.base, K * V);
+  // All requests' blocks go through the stages together (B*K rows): mHC, norms, projections, MoE
+  // and the LM head read their weights once per call; RoPE and attention over each request's own
+  // context window run per request. Each row's math is the same as for a request drafted alone.
+  const int64_t B = static_cast<int64_t>(requests.size()), N = B * K;
+  auto& ids = sized(d.ids, N);
+  auto &h = sized(d.h, N * HD), &res = sized(d.res, N * HD), &x = sized(d.x, N * D), &a = sized(d.a, N * D);
+  auto &post = sized(d.post, N * hc), &comb = sized(d.comb, N * hc * hc), &qr = sized(d.qr, N * ql);
+  auto &q = sized(d.q, N * H * hd), &kv = sized(d.kv, N * hd), &o = sized(d.o, N * H * hd);
+  auto &y = sized(d.y, N * D), &yn = sized(d.yn, N * D), &base = sized(d.base, N * V);
   auto &bias = sized(d.bias, V), &feat = sized(d.feat, D + R), &e_row = sized(d.e_row, R);
   auto& keys = d.keys;
-  for (size_t ri = 0; ri < requests.size(); ++ri) {
-    const DraftRequest& r = requests[ri];
-    const int64_t P = r.anchor_pos;
-    ids[0] = r.anchor_token;
-    for (int64_t i = 1; i < K; ++i) ids[i] = static_cast<int32_t>(c.dspark_noise_token_id);
+  for (int64_t ri = 0; ri < B; ++ri) {
     for (int64_t t = 0; t < K; ++t) {
-      m.w.embed.row(ids[t], &h[t * HD]);
-      for (int64_t k = 1; k < hc; ++k) std::memcpy(&h[t * HD + k * D], &h[t * HD], sizeof(float) * D);
+      const int64_t row = ri * K + t;
+      ids[row] = t == 0 ? requests[ri].anchor_token : static_cast<int32_t>(c.dspark_noise_token_id);
+      m.w.embed.row(ids[row], &h[row * HD]);
+      for (int64_t k = 1; k < hc; ++k) std::memcpy(&h[row * HD + k * D], &h[row * HD], sizeof(float) * D);
     }
-    const float* ctx = m.draft_ctx.data() + static_cast<int64_t>(r.slot) * c.num_draft_stages * W * hd;
-    for (int st = 0; st < c.num_draft_stages; ++st) {
-      const model::BlockW& b = m.w.draft.stages[st];
-      res = h;
-      m.hc_pre(h.data(), K, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.data(), post.data(), comb.data());
-      m.norm_rows(x.data(), K, D, b.attn_norm);
-      m.q_and_kv(b.attn, m.rope_swa, x.data(), K, P, qr.data(), q.data(), kv.data());
+  }
+  for (int st = 0; st < c.num_draft_stages; ++st) {
+    const model::BlockW& b = m.w.draft.stages[st];
+    res = h;
+    m.hc_pre(h.data(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.data(), post.data(), comb.data());
+    m.norm_rows(x.data(), N, D, b.attn_norm);
+    m.q_and_kv(b.attn, m.rope_swa, x.data(), N, 0, qr.data(), q.data(), kv.data(), /*apply_rope=*/false);
+    for (int64_t ri = 0; ri < B; ++ri) {
+      const int64_t P = requests[ri].anchor_pos;
+      float* qb = &q[ri * K * H * hd];
+      float* kvb = &kv[ri * K * hd];
+      float* ob = &o[ri * K * H * hd];
+      m.rope_rows(m.rope_swa, qb, K, H, hd, P, 1, false);
+      m.rope_rows(m.rope_swa, kvb, K, 1, hd, P, 1, false);
+      const float* ctx = m.draft_ctx.data() + static_cast<int64_t>(requests[ri].slot) * c.num_draft_stages * W * hd;
       keys.clear();
       for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) keys.push_back(ctx + st * W * hd + (p % W) * hd);
-      for (int64_t t = 0; t < K; ++t) keys.push_back(&kv[t * hd]);
-      for (int64_t t = 0; t < K; ++t) m.attend(&q[t * H * hd], keys, b.attn.attn_sink, &o[t * H * hd]);
-      m.rope_rows(m.rope_swa, o.data(), K, H, hd, P, 1, true);
-      m.output_proj(b.attn, o.data(), K, a.data());
-      m.hc_post(a.data(), res.data(), post.data(), comb.data(), K, h.data());
-      res = h;
-      m.hc_pre(h.data(), K, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.data(), post.data(), comb.data());
-      m.norm_rows(x.data(), K, D, b.ffn_norm);
-      m.moe(b.ffn, x.data(), ids.data(), K, a.data());
-      m.hc_post(a.data(), res.data(), post.data(), comb.data(), K, h.data());
+      for (int64_t t = 0; t < K; ++t) keys.push_back(&kvb[t * hd]);
+      for (int64_t t = 0; t < K; ++t) m.attend(&qb[t * H * hd], keys, b.attn.attn_sink, &ob[t * H * hd]);
+      m.rope_rows(m.rope_swa, ob, K, H, hd, P, 1, true);
     }
-    const model::DraftW& dw = m.w.draft;
-    m.hc_head(h.data(), K, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, y.data());
-    yn = y;
-    m.norm_rows(yn.data(), K, D, dw.norm);
-    m.linear(m.w.head, yn.data(), K, base.data(), false);
+    m.output_proj(b.attn, o.data(), N, a.data());
+    m.hc_post(a.data(), res.data(), post.data(), comb.data(), N, h.data());
+    res = h;
+    m.hc_pre(h.data(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.data(), post.data(), comb.data());
+    m.norm_rows(x.data(), N, D, b.ffn_norm);
+    m.moe(b.ffn, x.data(), ids.data(), N, a.data());
+    m.hc_post(a.data(), res.data(), post.data(), comb.data(), N, h.data());
+  }
+  const model::DraftW& dw = m.w.draft;
+  m.hc_head(h.data(), N, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, y.data());
+  yn = y;
+  m.norm_rows(yn.data(), N, D, dw.norm);
+  m.linear(m.w.head, yn.data(), N, base.data(), false);
 
+  // The Markov correction is sequential along each block, request after request (the RNG is
+  // consumed in that order, as when requests are drafted one at a time).
+  for (int64_t ri = 0; ri < B; ++ri) {
+    const DraftRequest& r = requests[ri];
     DraftResult& out = results[ri];
     out.tokens.assign(K, 0);
     out.confidence.assign(K, 0.0f);
@@ -166,8 +181,9 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
       const float* e = e_row.data();
       m.linear(dw.markov_w2, e, 1, bias.data(), false);
       float* z = &out.logits[i * V];
-      for (int64_t v = 0; v < V; ++v) z[v] = base[i * V + v] + bias[v];
-      std::memcpy(feat.data(), &y[i * D], sizeof(float) * D);
+      const int64_t row = ri * K + i;
+      for (int64_t v = 0; v < V; ++v) z[v] = base[row * V + v] + bias[v];
+      std::memcpy(feat.data(), &y[row * D], sizeof(float) * D);
       std::memcpy(feat.data() + D, e, sizeof(float) * R);
       out.confidence[i] = model::dot(feat.data(), dw.confidence.data(), D + R);
       int32_t tok = 0;

@@ -338,8 +338,10 @@ void DsV4Model::Impl::attend(const float* q, const std::vector<const float*>& ke
   }
 }
 
+// rope = false leaves RoPE to the caller (rows of several sequences at different positions); the
+// FP8 round trip of the NoPE dims does not touch the RoPE dims, so the order does not matter.
 void DsV4Model::Impl::q_and_kv(const model::AttentionW& a, const model::RopeTable& rope, const float* x, int64_t n,
-                               int64_t start_pos, float* qr, float* q, float* kv) {
+                               int64_t start_pos, float* qr, float* q, float* kv, bool apply_rope) {
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, rd = cfg.qk_rope_head_dim, ql = cfg.q_lora_rank;
   linear(a.wq_a, x, n, qr);
   norm_rows(qr, n, ql, a.q_norm);
@@ -352,10 +354,10 @@ void DsV4Model::Impl::q_and_kv(const model::AttentionW& a, const model::RopeTabl
   hn.eps = static_cast<float>(cfg.rms_norm_eps);
   hn.mode = kernels::RmsNormMode::kBf16Chain;
   ops().rms_norm(hn);
-  rope_rows(rope, q, n, H, hd, start_pos, 1, false);
+  if (apply_rope) rope_rows(rope, q, n, H, hd, start_pos, 1, false);
   linear(a.wkv, x, n, kv);
   norm_rows(kv, n, hd, a.kv_norm);
-  rope_rows(rope, kv, n, 1, hd, start_pos, 1, false);
+  if (apply_rope) rope_rows(rope, kv, n, 1, hd, start_pos, 1, false);
   kv_nope(kv, n, hd, hd - rd);  // the reference: act_quant(kv[..., :-rd], 64) (fp8 KV)
 }
 
@@ -546,8 +548,8 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
   if (a.has_indexer) commit_rows(L.icomp, s.icomp_rows);
 }
 
-void DsV4Model::Impl::block_forward_target(int layer, int slot, const int32_t* tokens, int64_t n, int64_t start_pos,
-                                           const int32_t* block_table, float* h) {
+void DsV4Model::Impl::block_forward_step(int layer, const StepBatch& batch, const int64_t* rows, int64_t n,
+                                         float* h) {
   const model::BlockW& b = w.layers[layer];
   const int hc = cfg.hc_mult;
   const int64_t D = cfg.hidden_size, HD = hc * D;
@@ -560,13 +562,19 @@ void DsV4Model::Impl::block_forward_target(int layer, int slot, const int32_t* t
   std::memcpy(s.res.data(), h, sizeof(float) * n * HD);
   hc_pre(h, n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, s.x.data(), s.post.data(), s.comb.data());
   norm_rows(s.x.data(), n, D, b.attn_norm);
-  attention_target(layer, slot, s.x.data(), n, start_pos, block_table, s.a.data());
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqStep& q = batch.seqs[i];
+    const int64_t ni = static_cast<int64_t>(q.tokens.size());
+    if (ni == 0) continue;
+    attention_target(layer, q.slot, s.x.data() + rows[i] * D, ni, q.start_pos, q.block_table.data(),
+                     s.a.data() + rows[i] * D);
+  }
   hc_post(s.a.data(), s.res.data(), s.post.data(), s.comb.data(), n, h);
 
   std::memcpy(s.res.data(), h, sizeof(float) * n * HD);
   hc_pre(h, n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, s.x.data(), s.post.data(), s.comb.data());
   norm_rows(s.x.data(), n, D, b.ffn_norm);
-  moe(b.ffn, s.x.data(), tokens, n, s.a.data());
+  moe(b.ffn, s.x.data(), s.step_tokens.data(), n, s.a.data());
   hc_post(s.a.data(), s.res.data(), s.post.data(), s.comb.data(), n, h);
 }
 

@@ -57,7 +57,9 @@ struct DsV4Model::Impl {
   struct Scratch {
     std::vector<float> h, res, x, post, comb, a, tmp, tmp2, q, qr, kv, comp_rows, icomp_rows, iq, iw, o, u;
     std::vector<float> keys_score, entry, gate_scores, ex_in, ex_g, ex_u, ex_out, moe_y;
-    std::vector<int32_t> sel, ex_tok, ex_slot, moe_idx, moe_order;
+    std::vector<int32_t> sel, ex_tok, ex_slot, moe_idx, moe_order, step_tokens;
+    std::vector<int64_t> step_rows;
+    std::vector<float> head_in;
     std::vector<int64_t> positions;
     std::vector<float> mixes, moe_w, moe_sc, moe_biased, ex_w, head_y;
     std::vector<float> idx_scores, pool_rows, ikeys;
@@ -111,9 +113,11 @@ struct DsV4Model::Impl {
   void attend(const float* q, const std::vector<const float*>& keys, const std::vector<float>& sink, float* o);
   void output_proj(const model::AttentionW& a, float* o, int64_t n, float* y);
   void q_and_kv(const model::AttentionW& a, const model::RopeTable& rope, const float* x, int64_t n,
-                int64_t start_pos, float* qr, float* q, float* kv);
-  void block_forward_target(int layer, int slot, const int32_t* tokens, int64_t n, int64_t start_pos,
-                            const int32_t* block_table, float* h);
+                int64_t start_pos, float* qr, float* q, float* kv, bool apply_rope = true);
+  // One layer for every sequence of a step: the row-wise parts (mHC, norms, MoE) over all rows of
+  // all sequences at once, attention (with its compressor and indexer) per sequence. rows[i] is the
+  // first row of batch.seqs[i] in h; s.step_tokens holds every row's token id.
+  void block_forward_step(int layer, const StepBatch& batch, const int64_t* rows, int64_t total, float* h);
   void attention_target(int layer, int slot, const float* x, int64_t n, int64_t start_pos,
                         const int32_t* block_table, float* y);
   void logits_rows(const float* h, int64_t n, float* out);

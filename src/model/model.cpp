@@ -237,37 +237,62 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
   if (out.logits.size() < static_cast<size_t>(lrows * V)) out.logits.resize(lrows * V);
   if (out.taps.size() < static_cast<size_t>(trows * td)) out.taps.resize(trows * td);
 
+  // Layer-outer over the whole step: every row of every sequence goes through the row-wise parts
+  // (mHC, norms, MoE, LM head) together, so weights are read once per step rather than once per
+  // sequence; attention runs per sequence. Each row's math is the same as in any other grouping.
+  auto& rows = m.s.step_rows;
+  rows.resize(ns);  // no allocation once grown to the largest batch
+  int64_t total = 0;
+  for (size_t i = 0; i < ns; ++i) {
+    rows[i] = total;
+    total += static_cast<int64_t>(batch.seqs[i].tokens.size());
+  }
+  if (total == 0) return Status();
+  if (m.s.h.size() < static_cast<size_t>(total * HD)) m.s.h.resize(total * HD);
+  if (m.s.step_tokens.size() < static_cast<size_t>(total)) m.s.step_tokens.resize(total);
+  float* h = m.s.h.data();
   for (size_t i = 0; i < ns; ++i) {
     const SeqStep& q = batch.seqs[i];
-    const int64_t n = static_cast<int64_t>(q.tokens.size());
-    if (n == 0) continue;
-    if (m.s.h.size() < static_cast<size_t>(n * HD)) m.s.h.resize(n * HD);
-    float* h = m.s.h.data();
-    for (int64_t t = 0; t < n; ++t) {
-      m.w.embed.row(q.tokens[t], h + t * HD);
-      for (int k = 1; k < c.hc_mult; ++k) std::memcpy(h + t * HD + k * D, h + t * HD, sizeof(float) * D);
+    for (size_t t = 0; t < q.tokens.size(); ++t) {
+      const int64_t r = rows[i] + static_cast<int64_t>(t);
+      m.s.step_tokens[r] = q.tokens[t];
+      m.w.embed.row(q.tokens[t], h + r * HD);
+      for (int k = 1; k < c.hc_mult; ++k) std::memcpy(h + r * HD + k * D, h + r * HD, sizeof(float) * D);
     }
-    for (int l = 0; l < c.num_hidden_layers; ++l) {
-      m.block_forward_target(l, q.slot, q.tokens.data(), n, q.start_pos, q.block_table.data(), h);
-      if (!q.collect_taps) continue;
-      for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti) {
-        if (c.dspark_target_layer_ids[ti] != l) continue;
-        for (int64_t t = 0; t < n; ++t) {
+  }
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    m.block_forward_step(l, batch, rows.data(), total, h);
+    for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti) {
+      if (c.dspark_target_layer_ids[ti] != l) continue;
+      for (size_t i = 0; i < ns; ++i) {
+        const SeqStep& q = batch.seqs[i];
+        if (!q.collect_taps || q.tokens.empty()) continue;
+        for (int64_t t = 0; t < static_cast<int64_t>(q.tokens.size()); ++t) {
+          const float* hr = h + (rows[i] + t) * HD;
           float* dst = out.taps.data() + (out.taps_row[i] + t) * td + static_cast<int64_t>(ti) * D;
           for (int64_t d = 0; d < D; ++d) {
             float acc = 0.0f;
-            for (int k = 0; k < c.hc_mult; ++k) acc += h[t * HD + k * D + d];
+            for (int k = 0; k < c.hc_mult; ++k) acc += hr[k * D + d];
             dst[d] = num::round_bf16(acc / static_cast<float>(c.hc_mult));
           }
         }
       }
     }
-    if (q.logits == LogitsMode::kAll)
-      m.logits_rows(h, n, out.logits.data() + out.logits_row[i] * V);
-    else if (q.logits == LogitsMode::kLast)
-      m.logits_rows(h + (n - 1) * HD, 1, out.logits.data() + out.logits_row[i] * V);
-    m.slot_len[q.slot] += n;
   }
+  // LM head over the rows that want logits, gathered in output order.
+  if (lrows > 0) {
+    if (m.s.head_in.size() < static_cast<size_t>(lrows * HD)) m.s.head_in.resize(lrows * HD);
+    for (size_t i = 0; i < ns; ++i) {
+      const SeqStep& q = batch.seqs[i];
+      const int64_t n = static_cast<int64_t>(q.tokens.size());
+      if (out.logits_row[i] < 0) continue;
+      const int64_t first = q.logits == LogitsMode::kAll ? 0 : n - 1;
+      std::memcpy(m.s.head_in.data() + out.logits_row[i] * HD, h + (rows[i] + first) * HD,
+                  sizeof(float) * (n - first) * HD);
+    }
+    m.logits_rows(m.s.head_in.data(), lrows, out.logits.data());
+  }
+  for (size_t i = 0; i < ns; ++i) m.slot_len[batch.seqs[i].slot] += static_cast<int64_t>(batch.seqs[i].tokens.size());
   return Status();
 }
 

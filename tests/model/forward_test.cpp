@@ -360,6 +360,33 @@ TEST(ModelDraft, TapsAndDraftConsistency) {
   EXPECT_GT(max_abs_diff(res2[0].logits, res0[0].logits), 0.0f);
 }
 
+// Requests drafted together (one batch of B*K rows) get exactly what each gets drafted alone.
+TEST(ModelDraft, BatchedProposalsEqualSingle) {
+  Env& e = env();
+  ASSERT_TRUE(e.model);
+  DsV4Model& m = *e.model;
+  std::vector<DraftRequest> reqs;
+  for (int slot = 0; slot < 3; ++slot) {
+    auto toks = tokens(90 + 40 * slot, 300 + slot);  // different contexts and positions
+    std::vector<float> taps;
+    run(m, slot, toks, {}, &taps);
+    ASSERT_TRUE(m.draft_insert_context(slot, 0, taps).ok());
+    reqs.push_back({slot, static_cast<int32_t>(7 + slot), static_cast<int64_t>(toks.size())});
+  }
+  DraftSampling greedy;
+  greedy.want_probs = true;
+  std::mt19937_64 rng(3);
+  std::vector<DraftResult> together, alone;
+  ASSERT_TRUE(m.draft_propose(reqs, greedy, rng, together).ok());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&reqs[i], 1), greedy, rng, alone).ok());
+    EXPECT_EQ(together[i].tokens, alone[0].tokens) << i;
+    EXPECT_EQ(max_abs_diff(together[i].logits, alone[0].logits), 0.0f) << i;
+    EXPECT_EQ(max_abs_diff(together[i].confidence, alone[0].confidence), 0.0f) << i;
+  }
+  for (int slot = 0; slot < 3; ++slot) m.reset(slot);
+}
+
 // Decode-sized context inserts are deferred and projected in one batch (when the slot drafts, is
 // exported, or 16 rows are waiting): proposals equal those of one whole insert, also across an
 // export/import taken while rows were waiting and across a gap in positions.
