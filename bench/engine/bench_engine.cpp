@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../bench_results.h"
 #include "common/log.h"
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
@@ -218,17 +219,6 @@ Row run_real(const std::string& dir, const Arm& arm, int concurrency, int num_re
   return row;
 }
 
-std::string shell_line(const char* cmd) {
-  std::string out;
-  if (FILE* f = popen(cmd, "r")) {
-    char buf[256];
-    if (fgets(buf, sizeof buf, f)) out = buf;
-    pclose(f);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -279,14 +269,8 @@ int main(int argc, char** argv) {
   }
   std::printf("outputs identical across arms: %s\n", same_outputs ? "yes" : "NO");
 
-  std::time_t t = std::time(nullptr);
-  char date[32];
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&t));
-  nlohmann::json j;
+  nlohmann::json j = bench::run_info();
   j["benchmark"] = "engine";
-  j["date"] = date;
-  j["commit"] = shell_line("git rev-parse --short HEAD 2>/dev/null");
-  j["hardware"] = shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'");
   j["model"] = "fake (vocab 64, draft agreement 0.75, simulated step costs); builtin-cpu = data/builtin "
                "(35M target + DSpark draft) on the CPU DsV4Model, 1 thread, counting prompts, 64 tokens";
   j["requests"] = num_requests;
@@ -308,9 +292,6 @@ int main(int argc, char** argv) {
                             {"mean_acceptance_length", r.mean_acceptance_length},
                             {"draft_tokens_per_step", r.drafted_per_step},
                             {"steps", r.steps}});
-  std::string dir = std::string(TANDEM_SOURCE_DIR) + "/bench/results";
-  std::string path = dir + "/engine-" + date + ".json";
-  std::ofstream(path) << j.dump(2) << "\n";
-  std::printf("wrote %s\n", path.c_str());
+  bench::write_result(j, bench::result_path("engine"));
   return same_outputs ? 0 : 1;
 }

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../bench_results.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "text/encoding_dsv4.h"
@@ -149,17 +150,6 @@ Row run(const std::string& dir, int threads, const Workload& w, const Arm& arm) 
   return row;
 }
 
-std::string shell_line(const char* cmd) {
-  std::string out;
-  if (FILE* f = popen(cmd, "r")) {
-    char buf[256];
-    if (fgets(buf, sizeof buf, f)) out = buf;
-    pclose(f);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
 double load1() {
   double l[3] = {0, 0, 0};
   return getloadavg(l, 3) > 0 ? l[0] : -1.0;
@@ -247,17 +237,8 @@ int main(int argc, char** argv) {
   std::printf("greedy outputs identical across arms: %s\n", all_same ? "yes" : "NO");
 
   if (filtered) return all_same ? 0 : 1;
-  std::time_t t = std::time(nullptr);
-  char date[32];
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&t));
-  nlohmann::json j;
+  nlohmann::json j = bench::run_info();
   j["benchmark"] = "seeds-builtin";
-  j["date"] = date;
-  // TANDEM_COMMIT names the commit when run from an exported tree without .git.
-  j["commit"] = std::getenv("TANDEM_COMMIT") ? std::string(std::getenv("TANDEM_COMMIT"))
-                                             : shell_line("git -C " TANDEM_SOURCE_DIR " rev-parse --short HEAD 2>/dev/null");
-  j["cpu"] = shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'");
-  j["cpu_cores"] = shell_line("nproc");
   j["threads"] = threads;
   j["repetitions_concurrency_1"] = reps;
   j["repetitions_concurrency_8"] = 1;
@@ -294,8 +275,6 @@ int main(int argc, char** argv) {
                             {"mean_accepted_length", r.mean_accepted_length},
                             {"speedup_vs_no_spec", r.speedup},
                             {"output_head", r.sample_text}});
-  const std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/seeds-builtin-" + date + ".json";
-  std::ofstream(path) << j.dump(2) << "\n";
-  std::printf("wrote %s\n", path.c_str());
+  bench::write_result(j, bench::result_path("seeds-builtin"));
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../bench_results.h"
 #include "common/numeric.h"
 #include "kernels/ops.h"
 
@@ -192,17 +193,6 @@ void register_all() {
   benchmark::RegisterBenchmark("act_quant_fp8/k4096", BM_ActQuantFp8)->Arg(1)->Arg(128)->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
-std::string sh(const char* cmd) {
-  std::string out;
-  if (FILE* f = popen(cmd, "r")) {
-    char buf[256];
-    while (fgets(buf, sizeof buf, f)) out += buf;
-    pclose(f);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
 // Collects every run next to the console output.
 class Collect : public benchmark::ConsoleReporter {
  public:
@@ -236,23 +226,11 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&rep);
   benchmark::Shutdown();
 
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  nlohmann::json out;
-  out["date"] = date;
-  out["commit"] = sh("git -C " TANDEM_SOURCE_DIR " rev-parse --short HEAD 2>/dev/null");
-  out["cpu"] = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'");
+  nlohmann::json out = tandem::bench::run_info();
   out["threads"] = cpu::num_threads();
   out["gemm_isa"] = cpu::gemm_isa_name();
-  // The build machine is shared: record how busy it was (real time suffers first).
-  out["loadavg"] = sh("cut -d' ' -f1-3 /proc/loadavg");
   out["note"] = "GB/s counts stored weight bytes (fp8 1 B, fp4 0.5 B + scales, bf16 2 B) per call";
   out["results"] = rep.rows;
-  const std::string path =
-      out_path.empty() ? std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-kernels-" + date + ".json" : out_path;
-  std::ofstream f(path);
-  f << out.dump(2) << "\n";
-  std::printf("wrote %s\n", path.c_str());
+  tandem::bench::write_result(out, out_path.empty() ? tandem::bench::result_path("cpu-kernels") : out_path);
   return 0;
 }

@@ -16,20 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../bench_results.h"
 #include "model/model.h"
 
 namespace {
-
-std::string sh(const char* cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd, "r")) {
-    char buf[256];
-    while (fgets(buf, sizeof buf, p)) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
 
 // Resident set size (kB) of this process: the weights are mmapped views (file pages count once
 // touched), scratch and state are heap.
@@ -134,14 +124,7 @@ int main(int argc, char** argv) {
     rows.push_back({{"threads", threads}, {"phase", "memory"}, {"rss_after_load_mib", rss_load / 1024.0},
                     {"rss_after_run_mib", rss_run / 1024.0}, {"peak_rss_mib", hwm / 1024.0}});
   }
-  char date[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&t));
-  nlohmann::json outj;
-  outj["date"] = date;
-  outj["commit"] = sh("git -C " TANDEM_SOURCE_DIR " rev-parse --short HEAD 2>/dev/null");
-  outj["cpu"] = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'");
-  outj["loadavg"] = sh("cut -d' ' -f1-3 /proc/loadavg");
+  nlohmann::json outj = tandem::bench::run_info();
   outj["model"] = dir;
   outj["kv_dtype"] = kv_name;
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");  // spinning barriers cost ms on a busy box
@@ -152,10 +135,7 @@ int main(int argc, char** argv) {
                  "reference numerics (FP8/FP4 activation round trips). memory rows: process RSS (the second "
                  "load happens with the first model freed).";
   outj["results"] = rows;
-  const std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/cpu-forward-" + date +
-                           (argc > 2 ? "-kv-" + kv_name : std::string()) + ".json";
-  std::ofstream f(path);
-  f << outj.dump(2) << "\n";
-  std::printf("wrote %s\n", path.c_str());
+  tandem::bench::write_result(
+      outj, tandem::bench::result_path("cpu-forward", argc > 2 ? "-kv-" + kv_name : std::string()));
   return 0;
 }

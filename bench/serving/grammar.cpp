@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../bench_results.h"
 #include "text/json_schema_grammar.h"
 #include "text/tokenizer.h"
 
@@ -69,14 +70,9 @@ int main(int argc, char** argv) {
     std::printf("%-18s %12.1f %10zu\n", c.name, el / iters, n);
     rows.push_back({{"state", c.name}, {"mask_us", el / iters}, {"allowed_tokens", n}});
   }
-  char date[32];
-  std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
-  nlohmann::json out = {{"bench", "grammar_mask"}, {"date", date}, {"tokenizer", path}, {"vocab", (*tok)->vocab_size()},
-                        {"trie_nodes", trie->node_count()}, {"trie_build_ms", build_ms}, {"hardware", "CPU (1 thread)"},
-                        {"rows", rows}};
-  std::string file = std::string(TANDEM_SOURCE_DIR) + "/bench/results/grammar-" + date + ".json";
-  std::ofstream(file) << out.dump(2) << "\n";
-  std::printf("wrote %s\n", file.c_str());
+  nlohmann::json out = tandem::bench::run_info();
+  out.update({{"bench", "grammar_mask"}, {"tokenizer", path}, {"vocab", (*tok)->vocab_size()},
+              {"trie_nodes", trie->node_count()}, {"trie_build_ms", build_ms}, {"threads", 1}, {"rows", rows}});
+  tandem::bench::write_result(out, tandem::bench::result_path("grammar"));
   return 0;
 }

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../bench_results.h"
 #include "text/bpe_trainer.h"
 #include "text/tokenizer.h"
 
@@ -117,25 +118,6 @@ void register_all() {
   }
 }
 
-std::string shell_line(const std::string& cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[256];
-    while (fgets(buf, sizeof(buf), p)) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
 double thread_cpu_s() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -161,14 +143,9 @@ Timing best_of_3(F&& fn) {
 }
 
 void write_results() {
-  char date[16];
-  std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
-  nlohmann::json out;
+  nlohmann::json out = tandem::bench::run_info();
   out["benchmark"] = "tokenizer";
-  out["date"] = date;
-  out["commit"] = shell_line(std::string("git -C ") + TANDEM_SOURCE_DIR + " rev-parse --short HEAD 2>/dev/null");
-  out["hardware"] = {{"cpu", cpu_model()}, {"threads_used", 1}};
+  out["threads_used"] = 1;
   out["text"] = {{"bytes", long_text().size()}, {"source", "generate_tiny_corpus(9, 4200000)"}};
   for (const auto& f : fixtures()) {
     std::vector<int32_t> ids;
@@ -188,9 +165,8 @@ void write_results() {
                               {"load_wall_s", load.wall},
                               {"load_cpu_s", load.cpu}});
   }
-  std::string path = std::string(TANDEM_SOURCE_DIR) + "/bench/results/tokenizer-" + date + ".json";
-  std::ofstream(path) << out.dump(2) << "\n";
-  std::printf("%s\nwrote %s\n", out.dump(2).c_str(), path.c_str());
+  std::printf("%s\n", out.dump(2).c_str());
+  tandem::bench::write_result(out, tandem::bench::result_path("tokenizer"));
 }
 
 }  // namespace
