@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/check.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "io/model_config.h"
 #include "model/model.h"
@@ -16,13 +17,6 @@
 namespace tandem {
 
 namespace {
-
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 class Dsv4Runner : public ModelRunner {
  public:

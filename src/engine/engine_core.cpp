@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common/check.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "text/tokenizer.h"
 
@@ -42,12 +43,6 @@ struct EngineCore::Seq {
 };
 
 namespace {
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }

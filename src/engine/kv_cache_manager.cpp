@@ -5,16 +5,9 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/hash.h"
 
 namespace tandem {
-
-namespace {
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-}  // namespace
 
 KvBlockManager::KvBlockManager(int num_blocks, int block_size, bool enable_prefix_caching,
                                int64_t snapshot_bytes, int num_snapshots)
@@ -38,7 +31,7 @@ KvBlockManager::KvBlockManager(int num_blocks, int block_size, bool enable_prefi
 
 uint64_t KvBlockManager::chain_hash(uint64_t parent, std::span<const int32_t> block_tokens) const {
   uint64_t h = mix64(parent ^ 0x7A6D0E5ULL);
-  for (int32_t t : block_tokens) h = mix64(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ULL));
+  for (int32_t t : block_tokens) h = mix64(h ^ static_cast<uint64_t>(static_cast<uint32_t>(t)));
   return h;
 }
 

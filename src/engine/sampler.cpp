@@ -7,16 +7,11 @@
 #include <limits>
 
 #include "common/check.h"
+#include "common/hash.h"
 
 namespace tandem {
 
 namespace {
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr double kGreedyTemperature = 1e-5;
 }  // namespace
