@@ -26,14 +26,8 @@ PID=$!
 cleanup() { if kill -0 "$PID" 2>/dev/null; then kill -KILL "$PID" 2>/dev/null || true; fi; }
 trap cleanup EXIT
 
-PORT=""
-for _ in $(seq 1 ${E2E_START_TIMEOUT:-600}); do
-  PORT=$(sed -n 's#^tandem serve: ready on http://127.0.0.1:\([0-9]*\)$#\1#p' "$LOG" | head -1)
-  [[ -n "$PORT" ]] && break
-  kill -0 "$PID" 2>/dev/null || { echo "e2e: server exited during start-up"; cat "$LOG"; exit 1; }
-  sleep 1
-done
-[[ -n "$PORT" ]] || { echo "e2e: server not ready"; cat "$LOG"; exit 1; }
+source tools/serve-lib.sh
+wait_for_port e2e "$LOG" "$PID" "${E2E_START_TIMEOUT:-600}"
 BASE="http://127.0.0.1:$PORT"
 MAX_LEN=$(curl -s -H "Authorization: Bearer $API_KEY" "$BASE/v1/models" | node -e \
   'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).data[0].max_model_len))')

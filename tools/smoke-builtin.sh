@@ -14,14 +14,8 @@ LOG=$(mktemp /tmp/tandem-smoke.XXXXXX.log)
   --speculative-config '{"method":"dspark","num_speculative_tokens":5}' >"$LOG" 2>&1 &
 PID=$!
 trap 'kill -KILL $PID 2>/dev/null || true' EXIT
-PORT=""
-for _ in $(seq 1 300); do
-  PORT=$(sed -n 's#^tandem serve: ready on http://127.0.0.1:\([0-9]*\)$#\1#p' "$LOG" | head -1)
-  [[ -n "$PORT" ]] && break
-  kill -0 "$PID" 2>/dev/null || { echo "smoke: server exited during start-up"; cat "$LOG"; exit 1; }
-  sleep 1
-done
-[[ -n "$PORT" ]] || { echo "smoke: server not ready"; cat "$LOG"; exit 1; }
+source tools/serve-lib.sh
+wait_for_port smoke "$LOG" "$PID" 300
 BASE="http://127.0.0.1:$PORT"
 fail() { echo "smoke: FAILED: $*"; tail -20 "$LOG"; exit 1; }
 
