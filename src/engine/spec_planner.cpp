@@ -67,7 +67,7 @@ double CostModel::linear(double x) const {
   double mx = sx_ / w_, my = sy_ / w_;
   double var = sxx_ / w_ - mx * mx;
   double c1, c0;
-  if (var > 1e-9 * std::max(1.0, mx * mx) && fit_n_ >= 4) {
+  if (fitted()) {
     c1 = std::max(0.0, (sxy_ / w_ - mx * my) / var);
     c0 = std::max(0.0, my - c1 * mx);
   } else {

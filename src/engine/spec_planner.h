@@ -91,9 +91,7 @@ class SpecPlanner {
   const std::vector<double>& acceptance_ema() const { return accept_ema_; }
   double predict_forward(int seqs, int64_t tokens) const;
   double predict_draft(int requests) const { return draft_cost_.predict(static_cast<double>(requests)); }
-  int64_t forward_samples() const { return verify_cost_.samples(); }
   static constexpr int kMaxSeqBucket = 16;  // forward costs are kept per sequence count up to this
-  int64_t draft_samples() const { return draft_cost_.samples(); }
 
  private:
   SpeculativeConfig config_;
