@@ -31,37 +31,6 @@ constexpr std::array<float, 256> make_e4m3_table() {
   return t;
 }
 
-// Rounds a finite positive value (given by its f32 bits, sign cleared) to a binary format with
-// `mbits` stored mantissa bits and smallest normal exponent `emin`, round to nearest even.
-// Returns the integer significand r and exponent te such that value = r * 2^(te - mbits), with
-// r < 2^(mbits+1) normalized (r >= 2^mbits unless te == emin, i.e. subnormal or zero).
-struct Rounded {
-  uint32_t r;
-  int te;
-};
-Rounded round_mini(uint32_t u, int mbits, int emin) {
-  int ef = static_cast<int>(u >> 23);
-  uint32_t mant = u & 0x7fffffu;
-  int e = ef ? ef - 127 : -126;
-  if (ef) mant |= 0x800000u;
-  int te = std::max(e, emin);
-  int s = 23 - mbits + (te - e);  // >= 1
-  uint32_t r;
-  if (s >= 32) {
-    r = 0;
-  } else {
-    r = mant >> s;
-    uint32_t rem = mant & ((1u << s) - 1u);
-    uint32_t half = 1u << (s - 1);
-    if (rem > half || (rem == half && (r & 1u))) ++r;
-  }
-  if (r >= (2u << mbits)) {  // carry into the next binade
-    r >>= 1;
-    ++te;
-  }
-  return {r, te};
-}
-
 }  // namespace
 
 const std::array<float, 256> kE4m3Table = make_e4m3_table();
@@ -93,43 +62,9 @@ float f16_to_f32(uint16_t h) {
   return bits_f32(sign | (static_cast<uint32_t>(ef - 15 + 127) << 23) | (m << 13));
 }
 
-uint8_t f32_to_e4m3(float x) {
-  uint32_t u = f32_bits(x);
-  uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7f);
-  if (u == 0x7f800000u) return static_cast<uint8_t>(sign | 0x7e);
-  Rounded q = round_mini(u, 3, -6);
-  if (q.r < 8u) return static_cast<uint8_t>(sign | q.r);
-  int ef = q.te + 7;
-  if (ef > 15) return static_cast<uint8_t>(sign | 0x7e);
-  uint32_t code = (static_cast<uint32_t>(ef) << 3) | (q.r - 8u);
-  if (code > 0x7eu) code = 0x7e;
-  return static_cast<uint8_t>(sign | code);
-}
-
 float round_e4m3(float x) { return e4m3_to_f32(f32_to_e4m3(x)); }
 
-uint8_t f32_to_e2m1(float x) {
-  uint32_t u = f32_bits(x);
-  uint8_t sign = static_cast<uint8_t>((u >> 28) & 0x8u);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return 0;
-  if (u == 0x7f800000u) return static_cast<uint8_t>(sign | 0x7);
-  Rounded q = round_mini(u, 1, 0);
-  if (q.r < 2u) return static_cast<uint8_t>(sign | q.r);
-  int ef = q.te + 1;
-  if (ef > 3) return static_cast<uint8_t>(sign | 0x7);
-  return static_cast<uint8_t>(sign | (ef << 1) | (q.r - 2u));
-}
-
 float round_e2m1(float x) { return e2m1_to_f32(f32_to_e2m1(x)); }
-
-uint8_t nvfp4_scale(float amax) {
-  // NaN or negative amax cannot come from |x| maxima; treat NaN as the largest scale.
-  if (std::isnan(amax)) return f32_to_e4m3(kE4m3Max);
-  return f32_to_e4m3(std::fabs(amax) * (1.0f / kE2m1Max));
-}
 
 namespace {
 // Encodes one group; returns its scale byte and writes the element codes through `put`.

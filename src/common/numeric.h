@@ -10,32 +10,11 @@
 #include <cstring>
 #include <vector>
 
+#include "common/numeric_core.h"
+
 namespace tandem::num {
 
-// ---- raw bit casts ----
-inline uint32_t f32_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-inline float bits_f32(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-// ---- bf16 ----
-// f32 -> bf16, round to nearest even. NaN stays NaN (quiet bit forced, sign kept); inf stays inf;
-// values that round past the largest bf16 become inf (as torch's .to(bfloat16) does).
-inline uint16_t f32_to_bf16(float x) {
-  uint32_t u = f32_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
-// The value x takes after a round trip through bf16 (what "tensor.to(bfloat16).float()" gives).
-inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+// Bit casts, bf16, e4m3/e2m1/E8M0 scalar conversions: numeric_core.h (shared with CUDA).
 
 // ---- f16 (IEEE binary16) ----
 // f32 -> f16, round to nearest even incl. subnormals; overflow -> inf; NaN -> quiet NaN, sign kept.
@@ -45,52 +24,14 @@ float f16_to_f32(uint16_t h);
 // ---- FP8 e4m3fn (bias 7, no inf, 0x7f/0xff = NaN, max 448, min subnormal 2^-9) ----
 extern const std::array<float, 256> kE4m3Table;
 inline float e4m3_to_f32(uint8_t b) { return kE4m3Table[b]; }
-// f32 -> e4m3fn: round to nearest even, saturate to +-448 (incl. +-inf), NaN -> 0x7f (sign kept).
-// Same result as torch `x.clamp(-448, 448).to(torch.float8_e4m3fn)` for finite x.
-uint8_t f32_to_e4m3(float x);
 // Value after a round trip (saturating); NaN stays NaN.
 float round_e4m3(float x);
-constexpr float kE4m3Max = 448.0f;
 
-// ---- E8M0 scale (unsigned power of two, bias 127, 255 = NaN) ----
-inline float e8m0_to_f32(uint8_t b) {
-  if (b == 255) return bits_f32(0x7fc00000u);
-  if (b == 0) return bits_f32(0x00400000u);  // 2^-127 is an f32 subnormal
-  return bits_f32(static_cast<uint32_t>(b) << 23);
-}
-// Exponent e of a power of two 2^e, e in [-127, 127] -> E8M0 byte e + 127.
-inline uint8_t e8m0_from_exponent(int e) { return static_cast<uint8_t>(e + 127); }
-
-// ceil(log2(x)) for a positive normal float, exactly as the reference kernels' fast_log2_ceil
-// (exponent field, +1 if any mantissa bit set).
-inline int log2_ceil_bits(float x) {
-  uint32_t u = f32_bits(x);
-  int e = static_cast<int>((u >> 23) & 0xffu) - 127;
-  return e + ((u & 0x7fffffu) != 0 ? 1 : 0);
-}
-// 2^e for an integer e in [-126, 127] (fast_pow2 in the reference).
-inline float pow2_int(int e) { return bits_f32(static_cast<uint32_t>(e + 127) << 23); }
-
-// Power-of-two (UE8M0) block scale exactly as the reference computes it:
-// 2^ceil(log2(amax * fl32(1/qmax))) with amax floored at `amax_floor`. The multiply by the fp32
-// reciprocal (not a division) matters when amax is an exact multiple of qmax.
-inline int ue8m0_scale_exponent(float amax, float qmax, float amax_floor) {
-  if (!(amax >= amax_floor)) amax = amax_floor;  // also maps NaN to the floor
-  const float inv = 1.0f / qmax;
-  const int e = log2_ceil_bits(amax * inv);
-  return e > 127 ? 127 : e;  // amax = inf
-}
-constexpr float kFp8ActAmaxFloor = 1e-4f;
-constexpr float kFp4ActAmaxFloor = 6.0f * 1.1754943508222875e-38f;  // 6 * 2^-126
 
 // ---- FP4 e2m1 (values {0,.5,1,1.5,2,3,4,6}, bit 3 = sign, no NaN/inf) ----
 extern const std::array<float, 16> kE2m1Table;
 inline float e2m1_to_f32(uint8_t nibble) { return kE2m1Table[nibble & 0xf]; }
-// f32 -> e2m1 nibble: round to nearest, ties to even (spec errata 7), saturate to +-6.
-// NaN has no encoding: it maps to +0 (callers that must keep NaN handle it before encoding).
-uint8_t f32_to_e2m1(float x);
 float round_e2m1(float x);
-constexpr float kE2m1Max = 6.0f;
 
 // Packed FP4: element k of a row lives in byte k/2; even k = low nibble, odd k = high nibble.
 inline uint8_t fp4_get(const uint8_t* packed, size_t k) {
@@ -119,7 +60,6 @@ inline uint8_t fp4_pack(uint8_t lo, uint8_t hi) { return static_cast<uint8_t>((l
 // A group whose scale rounds to 0 (amax < 6 * 2^-10) encodes as zeros (the kernels' `s ? 1/s : 0`).
 // Every decoded value has at most 6 significant bits, so it is also an exact bf16 value.
 constexpr size_t kNvfp4Group = 16;
-uint8_t nvfp4_scale(float amax);  // the group's e4m3 scale byte
 // x[n] -> packed e2m1 [(n+1)/2] (even k = low nibble) + e4m3 scales [ceil(n/16)]; the last group
 // may be short. NaN inputs have no e2m1 encoding: a NaN element encodes as +0 (as f32_to_e2m1).
 void quantize_nvfp4(const float* x, size_t n, uint8_t* packed, uint8_t* scales);

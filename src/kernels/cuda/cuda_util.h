@@ -1,0 +1,85 @@
+// Host-side CUDA plumbing shared by the kernels and the device runner: checked calls (every CUDA
+// call's status is checked; a failure is a programmer or device fault and aborts with file:line and
+// the CUDA message), and DeviceBuffer, the one way device memory is taken, with a process-wide
+// allocation counter so tests can prove that nothing allocates after start-up.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#define TANDEM_CUDA_CHECK(call)                                                                   \
+  do {                                                                                            \
+    const cudaError_t tandem_cuda_err_ = (call);                                                  \
+    if (tandem_cuda_err_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d: CUDA error %s: %s (%s)\n", __FILE__, __LINE__,                 \
+                   cudaGetErrorName(tandem_cuda_err_), cudaGetErrorString(tandem_cuda_err_), #call); \
+      std::abort();                                                                               \
+    }                                                                                             \
+  } while (0)
+
+// After a kernel launch: launch-configuration errors surface here (execution errors at the next
+// synchronizing call, which is checked too).
+#define TANDEM_CUDA_LAUNCH_CHECK() TANDEM_CUDA_CHECK(cudaGetLastError())
+
+namespace tandem::kernels::cuda {
+
+// Counts every device allocation made through DeviceBuffer (and device_alloc).
+struct AllocStats {
+  int64_t count = 0;
+  int64_t bytes = 0;
+};
+AllocStats alloc_stats();
+void* device_alloc(size_t bytes);  // cudaMalloc, counted; aborts on failure (sized at start-up)
+void device_free(void* p);
+
+// Owning device array of T (uninitialised).
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) { reset(n); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  void reset(size_t n) {
+    release();
+    if (n) p_ = static_cast<T*>(device_alloc(n * sizeof(T)));
+    n_ = n;
+  }
+  void release() {
+    if (p_) device_free(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Number of CUDA devices visible (0 when there is no driver or no GPU; never aborts).
+int device_count();
+// "NVIDIA H200 (sm_90, 132 SMs, 141 GB)" for device `dev`.
+const char* device_description(int dev);
+// True when this binary carries machine code for device `dev`'s architecture.
+bool binary_supports_device(int dev);
+
+}  // namespace tandem::kernels::cuda

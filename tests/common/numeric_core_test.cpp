@@ -1,0 +1,39 @@
+// numeric_core.h is compiled for the GPU too: its arithmetic decoders must equal the CPU tables on
+// every code, and the encoders must invert them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/numeric.h"
+
+namespace tandem::num {
+namespace {
+
+TEST(NumericCore, E4m3DecodeMatchesTableOnEveryCode) {
+  for (int b = 0; b < 256; ++b) {
+    const float t = kE4m3Table[b], c = e4m3_decode(static_cast<uint8_t>(b));
+    if (std::isnan(t)) {
+      EXPECT_TRUE(std::isnan(c)) << b;
+    } else {
+      EXPECT_EQ(f32_bits(t), f32_bits(c)) << "code " << b;
+      if (!std::isnan(t)) EXPECT_EQ(round_e4m3(c), c) << b;
+    }
+  }
+}
+
+TEST(NumericCore, E2m1DecodeMatchesTableOnEveryCode) {
+  for (int b = 0; b < 16; ++b) {
+    EXPECT_EQ(f32_bits(kE2m1Table[b]), f32_bits(e2m1_decode(static_cast<uint8_t>(b)))) << b;
+    if (b != 8) EXPECT_EQ(f32_to_e2m1(e2m1_decode(static_cast<uint8_t>(b))), b) << b;  // -0 encodes as 8 too
+  }
+}
+
+TEST(NumericCore, E4m3EncodeRoundTripsEveryFiniteCode) {
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(f32_to_e4m3(e4m3_decode(static_cast<uint8_t>(b))), b) << b;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::num
