@@ -1,5 +1,5 @@
-// `tandem logits --model DIR --tokens-file T.json --out OUT.safetensors`: runs the CPU forward
-// over fixed token ids and writes every position's logits (and DSpark draft outputs) for external
+// `tandem logits --model DIR --tokens-file T.json --out OUT.safetensors [--device cpu|cuda]`: runs
+// the forward (the CPU oracle or the device-resident CUDA model) over fixed token ids and writes every position's logits (and DSpark draft outputs) for external
 // checks. The format is documented in docs/LOGITS.md; keep it stable.
 #include <CLI/CLI.hpp>
 
@@ -15,6 +15,10 @@
 #include "common/log.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#ifdef TANDEM_HAVE_CUDA_RUNNER
+#include "kernels/cuda/cuda_util.h"
+#include "model/cuda/cuda_model.h"
+#endif
 
 namespace tandem {
 namespace {
@@ -48,8 +52,34 @@ TensorData f32_tensor(const std::string& name, std::vector<int64_t> shape, const
   return t;
 }
 
+// The two backends behind one loop: forward, context insert and a greedy single-request draft.
+struct CpuBackend {
+  std::unique_ptr<DsV4Model> m;
+  std::mt19937_64 rng{0};
+  Status forward(const StepBatch& b, StepOutput& out) { return m->forward(b, out); }
+  Status draft(int32_t anchor, int64_t pos, std::vector<DraftResult>& res) {
+    DraftRequest r{0, anchor, pos};
+    return m->draft_propose(std::span<const DraftRequest>(&r, 1), DraftSampling(), rng, res);
+  }
+};
+#ifdef TANDEM_HAVE_CUDA_RUNNER
+struct CudaBackend {
+  std::unique_ptr<CudaModel> m;
+  Status forward(const StepBatch& b, StepOutput& out) { return m->forward(b, &out); }
+  Status draft(int32_t anchor, int64_t pos, std::vector<DraftResult>& res) {
+    CudaModel::DraftQueryDev q{0, anchor, pos, 0.0, 0};
+    return m->draft_propose(std::span<const CudaModel::DraftQueryDev>(&q, 1), false, res, /*want_logits=*/true);
+  }
+};
+#endif
+
+template <typename Backend>
+Status run_model(Backend& be, int64_t T, int64_t M, const std::vector<int32_t>& prompt,
+                 const std::vector<int32_t>& decode, const std::vector<int32_t>& chunk_ids, int num_blocks,
+                 const std::string& out_path);
+
 Status run_logits(const std::string& model_dir, const std::string& tokens_file, const std::string& out_path,
-                  int threads) {
+                  int threads, const std::string& device) {
   std::ifstream f(tokens_file);
   if (!f) return not_found("tokens file {} cannot be opened", tokens_file);
   std::stringstream ss;
@@ -72,7 +102,30 @@ Status run_logits(const std::string& model_dir, const std::string& tokens_file, 
   opt.num_blocks = static_cast<int>((T + M + 255) / 256 + 1);
   opt.max_tokens_per_step = static_cast<int>(T);
   opt.num_threads = threads;
-  TANDEM_ASSIGN_OR_RETURN(auto model, DsV4Model::load(model_dir, opt));
+  if (device == "cuda") {
+#ifdef TANDEM_HAVE_CUDA_RUNNER
+    CudaModelOptions copt;
+    copt.model = opt;
+    copt.max_logits_rows = static_cast<int>(std::max<int64_t>(T, 1));
+    CudaBackend be;
+    TANDEM_ASSIGN_OR_RETURN(be.m, CudaModel::load(model_dir, copt));
+    std::fprintf(stderr, "device: %s\n", be.m->device_name().c_str());
+    return run_model(be, T, M, prompt, decode, chunk_ids, opt.num_blocks, out_path);
+#else
+    return make_error(StatusCode::kUnimplemented, "--device cuda: this build has no CUDA runner");
+#endif
+  }
+  if (device != "cpu") return invalid_argument("--device '{}' is not cpu or cuda", device);
+  CpuBackend be;
+  TANDEM_ASSIGN_OR_RETURN(be.m, DsV4Model::load(model_dir, opt));
+  return run_model(be, T, M, prompt, decode, chunk_ids, opt.num_blocks, out_path);
+}
+
+template <typename Backend>
+Status run_model(Backend& be, int64_t T, int64_t M, const std::vector<int32_t>& prompt,
+                 const std::vector<int32_t>& decode, const std::vector<int32_t>& chunk_ids, int num_blocks,
+                 const std::string& out_path) {
+  auto& model = be.m;
   const int64_t V = model->vocab_size();
   for (auto* ids : {&prompt, &decode})
     for (size_t i = 0; i < ids->size(); ++i)
@@ -82,8 +135,8 @@ Status run_logits(const std::string& model_dir, const std::string& tokens_file, 
 
   const bool draft = model->has_draft();
   const int64_t K = model->draft_block_size();
-  std::vector<int32_t> table(opt.num_blocks);
-  for (int i = 0; i < opt.num_blocks; ++i) table[i] = i;
+  std::vector<int32_t> table(num_blocks);
+  for (int i = 0; i < num_blocks; ++i) table[i] = i;
   std::vector<float> logits(static_cast<size_t>((T + M) * V));
   std::vector<float> dlogits, dconf;
   std::vector<int32_t> dtok;
@@ -97,7 +150,7 @@ Status run_logits(const std::string& model_dir, const std::string& tokens_file, 
     n = std::min(n, T - pos);
     StepBatch b;
     b.seqs.push_back({0, pos, std::span<const int32_t>(prompt.data() + pos, n), table, LogitsMode::kAll, draft});
-    TANDEM_RETURN_IF_ERROR(model->forward(b, out));
+    TANDEM_RETURN_IF_ERROR(be.forward(b, out));
     std::memcpy(&logits[pos * V], out.logits.data(), sizeof(float) * n * V);
     if (draft)
       TANDEM_RETURN_IF_ERROR(model->draft_insert_context(
@@ -105,19 +158,17 @@ Status run_logits(const std::string& model_dir, const std::string& tokens_file, 
     pos += n;
   }
   // ---- decode: draft step k (anchor decode[k] at T+k, context < T+k), then the target ----
-  std::mt19937_64 rng(0);
   std::vector<DraftResult> dres;
   for (int64_t k = 0; k < M; ++k) {
     if (draft) {
-      DraftRequest r{0, decode[k], T + k};
-      TANDEM_RETURN_IF_ERROR(model->draft_propose(std::span<const DraftRequest>(&r, 1), DraftSampling(), rng, dres));
+      TANDEM_RETURN_IF_ERROR(be.draft(decode[k], T + k, dres));
       dlogits.insert(dlogits.end(), dres[0].logits.begin(), dres[0].logits.end());
       dconf.insert(dconf.end(), dres[0].confidence.begin(), dres[0].confidence.end());
       dtok.insert(dtok.end(), dres[0].tokens.begin(), dres[0].tokens.end());
     }
     StepBatch b;
     b.seqs.push_back({0, T + k, std::span<const int32_t>(decode.data() + k, 1), table, LogitsMode::kAll, draft});
-    TANDEM_RETURN_IF_ERROR(model->forward(b, out));
+    TANDEM_RETURN_IF_ERROR(be.forward(b, out));
     std::memcpy(&logits[(T + k) * V], out.logits.data(), sizeof(float) * V);
     if (draft)
       TANDEM_RETURN_IF_ERROR(
@@ -152,17 +203,19 @@ int logits_main(int argc, char** argv) {
   CLI::App app{"Write every position's logits (and DSpark draft outputs) for fixed token ids (docs/LOGITS.md)."};
   std::string model_dir, tokens_file, out_path;
   int threads = 0;
+  std::string device = "cpu";
   app.add_option("--model", model_dir, "model directory")->required();
   app.add_option("--tokens-file", tokens_file, "JSON {\"prompt\":[ids],\"decode\":[ids],\"prefill_chunks\":[sizes]}")
       ->required();
   app.add_option("--out", out_path, "output .safetensors")->required();
   app.add_option("--threads", threads, "CPU threads (0 = all)");
+  app.add_option("--device", device, "cpu (the reference, default) | cuda (the device-resident runner)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  Status st = run_logits(model_dir, tokens_file, out_path, threads);
+  Status st = run_logits(model_dir, tokens_file, out_path, threads, device);
   if (!st.ok()) {
     std::fprintf(stderr, "tandem logits: %s\n", st.to_string().c_str());
     return 1;

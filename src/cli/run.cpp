@@ -23,7 +23,7 @@ namespace tandem {
 namespace {
 
 struct RunArgs {
-  std::string model_dir, prompt, speculative_config;
+  std::string model_dir, prompt, speculative_config, device = "auto";
   bool chat = false;
   int max_tokens = 128;
   double temperature = 1.0, top_p = 1.0;
@@ -52,7 +52,7 @@ Status run(RunArgs a) {
 
   EngineConfig cfg;
   cfg.model_dir = a.model_dir;
-  cfg.device = "cpu";
+  cfg.device = a.device;
   cfg.max_num_seqs = 1;
   cfg.num_threads = a.threads;
   cfg.kv_cache_memory = int64_t{256} << 20;
@@ -134,6 +134,7 @@ int run_main(int argc, char** argv) {
   app.add_option("--top-p", a.top_p, "nucleus sampling mass (default 1.0)");
   app.add_option("--seed", a.seed, "sampling seed (default 0)");
   app.add_option("--threads", a.threads, "CPU threads (0 = all)");
+  app.add_option("--device", a.device, "auto (the GPU when present) | cpu | cuda");
   app.add_flag("--verbose", a.verbose, "log the engine's start-up and progress lines");
   app.add_option("--speculative-config", a.speculative_config,
                  "vLLM-style JSON, e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'");

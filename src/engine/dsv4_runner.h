@@ -12,4 +12,9 @@ namespace tandem {
 
 Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config);
 
+// The device-resident runner (src/engine/cuda_runner.cpp); an error when the build has no CUDA
+// runner or no GPU is visible. cuda_runner_available(): built with it and a GPU is visible.
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config);
+bool cuda_runner_available();
+
 }  // namespace tandem

@@ -295,9 +295,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     FakeModelConfig fc;
     runner = std::make_unique<FakeModelRunner>(fc);
   } else {
-    if (config.device == "cuda")
-      return make_error(StatusCode::kUnimplemented, "--device cuda: the CUDA runner is not built yet; use cpu");
-    TANDEM_ASSIGN_OR_RETURN(runner, create_dsv4_runner(config));
+    // auto: the GPU when this build has the CUDA runner and a GPU is visible, else the CPU.
+    const bool cuda = config.device == "cuda" || (config.device == "auto" && cuda_runner_available());
+    if (cuda) {
+      TANDEM_ASSIGN_OR_RETURN(runner, create_cuda_runner(config));
+    } else {
+      TANDEM_ASSIGN_OR_RETURN(runner, create_dsv4_runner(config));
+    }
   }
   return create_engine_with_runner(std::move(runner), config);
 }

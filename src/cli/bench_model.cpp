@@ -1,0 +1,181 @@
+// `tandem bench-model --model DIR`: step costs of the device-resident CUDA model. For each batch
+// size, every sequence holds --context tokens, then a decode step (1 token each), a verify step
+// (K+1 tokens each) and the DSpark draft are each run eagerly and as a captured CUDA graph; the
+// table gives the kernels and copies per step and the median step times. JSON to --out.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "common/log.h"
+#include "model/model.h"
+#ifdef TANDEM_HAVE_CUDA_RUNNER
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/cuda_util.h"
+#include "model/cuda/cuda_model.h"
+#endif
+
+namespace tandem {
+namespace {
+
+#ifdef TANDEM_HAVE_CUDA_RUNNER
+std::string today_utc() {
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&t));
+  return date;
+}
+
+struct BenchArgs {
+  std::string model_dir, out, kv_dtype = "fp8", batches = "1,2,4,8";
+  int context = 200, reps = 50;
+};
+
+Status bench(const BenchArgs& a) {
+  std::vector<int> batches;
+  {
+    std::stringstream ss(a.batches);
+    std::string tok;
+    while (std::getline(ss, tok, ',')) {
+      char* end = nullptr;
+      const long v = std::strtol(tok.c_str(), &end, 10);
+      if (!end || *end || v < 1 || v > 256) return invalid_argument("--batches: '{}' is not a batch size in [1, 256]", tok);
+      batches.push_back(static_cast<int>(v));
+    }
+  }
+  if (batches.empty()) return invalid_argument("--batches is empty");
+  if (a.context < 8) return invalid_argument("--context must be >= 8");
+  if (a.reps < 1) return invalid_argument("--reps must be >= 1");
+  int max_b = 1;
+  for (int b : batches) max_b = std::max(max_b, b);
+  auto cfg = load_model_config(a.model_dir + "/config.json");
+  if (!cfg.ok()) return cfg.status().with_context("loading " + a.model_dir);
+  const int K = cfg->has_dspark() ? cfg->dspark_block_size : 0;
+  CudaModelOptions o;
+  o.model.max_slots = max_b;
+  o.model.block_size = 256;
+  const int blocks_per_seq = (a.context + K + 2 + 255) / 256;
+  o.model.num_blocks = max_b * blocks_per_seq;
+  o.model.max_rollback = K + 1;
+  o.model.max_tokens_per_step = std::max(a.context, max_b * (K + 1));
+  TANDEM_ASSIGN_OR_RETURN(o.model.kv_dtype, parse_kv_dtype(a.kv_dtype));
+  o.max_logits_rows = max_b * (K + 1);
+  TANDEM_ASSIGN_OR_RETURN(auto model, CudaModel::load(a.model_dir, o));
+  const int64_t V = model->vocab_size();
+
+  nlohmann::json j;
+  j["date"] = today_utc();
+  const char* commit = std::getenv("TANDEM_COMMIT");
+  j["commit"] = commit ? commit : "unknown";
+  j["gpu"] = model->device_name();
+  int drv = 0, rt = 0;
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  j["cuda_driver"] = drv;
+  j["cuda_runtime"] = rt;
+  j["model"] = a.model_dir;
+  j["kv_cache_dtype"] = a.kv_dtype;
+  j["context_tokens"] = a.context;
+  j["reps"] = a.reps;
+  const auto mem = model->memory();
+  j["device_memory_bytes"] = {{"weights", mem.weights}, {"kv_pool", mem.pool}, {"slot_state", mem.slot_state},
+                              {"draft_state", mem.draft_state}, {"scratch", mem.scratch}};
+  j["rows"] = nlohmann::json::array();
+  std::printf("%-8s %6s %8s %7s %7s %11s %11s\n", "step", "batch", "tok/seq", "kernels", "copies", "eager us", "graph us");
+
+  uint64_t x = 12345;
+  auto next_tok = [&] {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int32_t>(2 + (x >> 33) % static_cast<uint64_t>(std::min<int64_t>(V - 2, 1000)));
+  };
+  for (int B : batches) {
+    std::vector<std::vector<int32_t>> tables(B), toks(B);
+    StepOutput out;
+    for (int s = 0; s < B; ++s) {
+      model->reset(s);
+      for (int b = 0; b < blocks_per_seq; ++b) tables[s].push_back(s * blocks_per_seq + b);
+      toks[s].resize(a.context + K + 2);
+      for (auto& t : toks[s]) t = next_tok();
+      StepBatch pb;
+      pb.seqs.push_back({s, 0, std::span<const int32_t>(toks[s].data(), a.context), tables[s], LogitsMode::kLast,
+                         model->has_draft()});
+      TANDEM_RETURN_IF_ERROR(model->forward(pb, &out));
+      if (model->has_draft())
+        TANDEM_RETURN_IF_ERROR(model->draft_insert_context(
+            s, 0, std::span<const float>(out.taps.data(), static_cast<size_t>(a.context) * model->tap_dim())));
+    }
+    auto record = [&](const char* name, int tok_per_seq, const CudaModel::StepProfile& p) {
+      std::printf("%-8s %6d %8d %7d %7d %11.1f %11.1f\n", name, B, tok_per_seq, p.kernels, p.copies, p.eager_us,
+                  p.graph_us);
+      j["rows"].push_back({{"step", name}, {"batch", B}, {"tokens_per_seq", tok_per_seq}, {"kernels", p.kernels},
+                           {"copies", p.copies}, {"eager_us_median", p.eager_us}, {"graph_us_median", p.graph_us}});
+    };
+    for (int n : {1, K + 1}) {
+      if (n == K + 1 && K == 0) continue;
+      StepBatch sb;
+      for (int s = 0; s < B; ++s)
+        sb.seqs.push_back({s, model->slot_length(s), std::span<const int32_t>(toks[s].data() + model->slot_length(s), n),
+                           tables[s], n == 1 ? LogitsMode::kLast : LogitsMode::kAll, false});
+      TANDEM_ASSIGN_OR_RETURN(auto p, model->profile_step(sb, a.reps, &out));
+      record(n == 1 ? "decode" : "verify", n, p);
+      for (int s = 0; s < B; ++s) TANDEM_RETURN_IF_ERROR(model->rollback(s, model->slot_length(s) - n));
+    }
+    if (model->has_draft()) {
+      std::vector<CudaModel::DraftQueryDev> qs;
+      for (int s = 0; s < B; ++s) qs.push_back({s, toks[s][a.context], a.context, 0.0, 0});
+      TANDEM_ASSIGN_OR_RETURN(auto p, model->profile_draft(qs, a.reps));
+      record("draft", K, p);
+    }
+  }
+  const std::string path = a.out.empty() ? "bench-model-" + today_utc() + ".json" : a.out;
+  std::ofstream(path) << j.dump(2) << "\n";
+  std::printf("wrote %s\n", path.c_str());
+  return Status();
+}
+#endif
+
+int bench_model_main(int argc, char** argv) {
+  CLI::App app{"Step costs of the CUDA model: kernels per step, eager and graph-replay times (JSON to --out)."};
+#ifdef TANDEM_HAVE_CUDA_RUNNER
+  BenchArgs a;
+  app.add_option("--model", a.model_dir, "model directory")->required();
+  app.add_option("--out", a.out, "JSON output path (default bench-model-<date>.json)");
+  app.add_option("--kv-cache-dtype", a.kv_dtype, "fp8 | bf16 | nvfp4 (default fp8)");
+  app.add_option("--batches", a.batches, "comma-separated batch sizes (default 1,2,4,8)");
+  app.add_option("--context", a.context, "tokens already in each sequence (default 200)");
+  app.add_option("--reps", a.reps, "timed repetitions per shape (default 50)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  set_log_level(LogLevel::kWarn);
+  Status st = bench(a);
+  if (!st.ok()) {
+    std::fprintf(stderr, "tandem bench-model: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  return 0;
+#else
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  std::fprintf(stderr, "tandem bench-model: this build has no CUDA runner (no CUDA toolkit at build time)\n");
+  return 1;
+#endif
+}
+
+}  // namespace
+}  // namespace tandem
+
+TANDEM_REGISTER_COMMAND(bench_model, "bench-model", "step costs of the CUDA model (kernels, graph and eager times)",
+                        tandem::bench_model_main);

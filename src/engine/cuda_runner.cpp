@@ -1,0 +1,194 @@
+// CudaRunner: adapts CudaModel (src/model/cuda/cuda_model.h, the device-resident forward and
+// DSpark draft) to the engine's ModelRunner interface, as Dsv4Runner does for the CPU model. KV
+// pool and slot-state sizes are the device layout's real bytes for the chosen cache dtype. Built
+// only when the CUDA toolkit was found (TANDEM_HAVE_CUDA_RUNNER).
+#include "engine/dsv4_runner.h"
+
+#ifdef TANDEM_HAVE_CUDA_RUNNER
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "io/model_config.h"
+#include "kernels/cuda/cuda_util.h"
+#include "model/cuda/cuda_model.h"
+#include "text/tokenizer.h"
+
+namespace tandem {
+
+namespace {
+
+class CudaRunner : public ModelRunner {
+ public:
+  CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe)
+      : dir_(std::move(dir)), tokenizer_(std::move(tok)), config_(std::move(config)), probe_(probe) {}
+
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t max_model_len() const override { return config_.max_position_embeddings; }
+  int32_t eos_token_id() const override { return static_cast<int32_t>(config_.eos_token_id); }
+  int32_t noise_token_id() const override {
+    return config_.has_dspark() ? static_cast<int32_t>(config_.dspark_noise_token_id) : -1;
+  }
+  std::string device() const override { return "cuda:0"; }
+  const Tokenizer& tokenizer() const override { return *tokenizer_; }
+
+  Status check_kv_cache_dtype(const std::string& dtype) const override {
+    if (!parse_kv_dtype(dtype).ok())
+      return invalid_argument("kv_cache_dtype {} is not supported by the CUDA runner (supported: fp8, bf16, nvfp4)",
+                              dtype);
+    return Status();
+  }
+  // Real bytes of one device pool block (kv_record.h) for the dtype.
+  int64_t kv_bytes_per_block(int block_size, const std::string& dtype) const override {
+    ModelOptions o = probe_;
+    o.block_size = block_size;
+    auto d = parse_kv_dtype(dtype);
+    if (d.ok()) o.kv_dtype = *d;
+    auto sz = CudaModel::state_sizes(config_, o);
+    return sz.ok() ? static_cast<int64_t>(sz->pool_block_bytes) : 1;
+  }
+  int64_t slot_state_bytes() const override {
+    if (model_) return static_cast<int64_t>(model_->slot_state_bytes());
+    auto sz = CudaModel::state_sizes(config_, probe_);
+    return sz.ok() ? static_cast<int64_t>(sz->slot_state_bytes) : 1;
+  }
+
+  Status allocate(const RunnerAllocation& alloc) override {
+    if (alloc.block_size % 128 != 0)
+      return invalid_argument("--block-size {} must be a multiple of 128 for DeepSeek-V4 (compression ratio 128)",
+                              alloc.block_size);
+    CudaModelOptions o;
+    o.model.max_slots = alloc.max_slots;
+    o.model.num_blocks = alloc.num_blocks;
+    o.model.block_size = alloc.block_size;
+    o.model.max_tokens_per_step = alloc.max_tokens_per_step;
+    o.model.max_rollback = std::max(alloc.max_verify_tokens, 1);
+    o.model.load_draft = true;
+    TANDEM_ASSIGN_OR_RETURN(o.model.kv_dtype,
+                            parse_kv_dtype(alloc.kv_cache_dtype.empty() ? "fp8" : alloc.kv_cache_dtype));
+    // Logits rows of one step: the last row of each sequence, or K+1 verify rows of each.
+    o.max_logits_rows = std::max(alloc.max_slots * std::max(alloc.max_verify_tokens, 1),
+                                 std::min(alloc.max_tokens_per_step, alloc.max_slots * 8));
+    model_.reset();
+    TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(dir_, o));
+    TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
+              kv_dtype_name(o.model.kv_dtype), model_->load_report().summary());
+    return Status();
+  }
+
+  Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
+    batch_.seqs.clear();
+    for (const RunnerSeq& r : batch) {
+      SeqStep s;
+      s.slot = r.slot;
+      s.start_pos = r.start_pos;
+      s.tokens = r.tokens;
+      s.block_table = r.block_table;
+      s.logits = r.all_logits ? LogitsMode::kAll : LogitsMode::kLast;
+      s.collect_taps = r.collect_taps && model_->has_draft();
+      batch_.seqs.push_back(s);
+    }
+    TANDEM_RETURN_IF_ERROR(model_->forward(batch_, &step_out_));
+    std::swap(out.logits, step_out_.logits);
+    out.logits_row_offset.assign(step_out_.logits_row.begin(), step_out_.logits_row.end());
+    std::swap(out.taps, step_out_.taps);
+    out.taps_row_offset.assign(step_out_.taps_row.begin(), step_out_.taps_row.end());
+    out.tap_dim = model_->tap_dim();
+    return Status();
+  }
+
+  void rollback(int slot, int64_t new_len) override {
+    Status st = model_->rollback(slot, new_len);
+    TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
+  }
+  void reset(int slot) override { model_->reset(slot); }
+  void export_slot_state(int slot, std::span<uint8_t> out) const override {
+    Status st = model_->export_slot_state(slot, out);
+    TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
+  }
+  Status import_slot_state(int slot, std::span<const uint8_t> in) override {
+    return model_->import_slot_state(slot, in);
+  }
+
+  bool has_draft() const override { return model_ ? model_->has_draft() : config_.has_dspark(); }
+  int num_draft_tokens() const override {
+    if (model_) return model_->draft_block_size();
+    return config_.has_dspark() ? config_.dspark_block_size : 0;
+  }
+  void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps, int64_t rows) override {
+    if (!model_->has_draft() || rows <= 0) return;
+    Status st = model_->draft_insert_context(slot, start_pos, taps);
+    if (!st.ok()) TLOG_WARN("engine", "draft context insert (slot {}, pos {}): {}", slot, start_pos, st.message());
+  }
+  Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
+    out.resize(reqs.size());
+    queries_.clear();
+    bool sampled = false;
+    for (const DraftQuery& q : reqs) {
+      queries_.push_back({q.slot, q.anchor, q.position, q.temperature, q.seed});
+      sampled = sampled || q.temperature > 0;
+    }
+    TANDEM_RETURN_IF_ERROR(model_->draft_propose(queries_, sampled, results_));
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      DraftResult& r = results_[i];
+      DraftProposal& p = out[i];
+      p.tokens = r.tokens;
+      p.confidence.resize(r.confidence.size());
+      for (size_t k = 0; k < r.confidence.size(); ++k)
+        p.confidence[k] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(r.confidence[k]))));
+      if (reqs[i].temperature > 0) std::swap(p.q, r.probs);
+      else p.q.clear();
+    }
+    return Status();
+  }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelConfig config_;
+  ModelOptions probe_;
+  std::unique_ptr<CudaModel> model_;
+  StepBatch batch_;
+  StepOutput step_out_;
+  std::vector<CudaModel::DraftQueryDev> queries_;
+  std::vector<DraftResult> results_;
+};
+
+}  // namespace
+
+bool cuda_runner_available() { return kernels::cuda::device_count() > 0; }
+
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config) {
+  const std::string& dir = config.model_dir;
+  if (kernels::cuda::device_count() == 0)
+    return make_error(StatusCode::kUnavailable, "--device cuda: no CUDA device is visible (driver missing or no GPU)");
+  TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(dir + "/tokenizer.json"));
+  auto cfg = load_model_config(dir + "/config.json");
+  if (!cfg.ok()) return cfg.status().with_context("loading " + dir);
+  ModelOptions probe;
+  probe.max_slots = 1;
+  probe.num_blocks = 1;
+  probe.block_size = 256;
+  probe.max_tokens_per_step = 8;
+  probe.max_rollback = config.speculative.method.empty() ? 1 : config.speculative.num_speculative_tokens + 1;
+  probe.load_draft = true;
+  auto sizes = CudaModel::state_sizes(*cfg, probe);
+  if (!sizes.ok()) return sizes.status().with_context("loading " + dir);
+  return std::unique_ptr<ModelRunner>(new CudaRunner(dir, std::move(tok), std::move(cfg).value(), probe));
+}
+
+}  // namespace tandem
+
+#else  // no CUDA toolkit at build time
+
+namespace tandem {
+bool cuda_runner_available() { return false; }
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig&) {
+  return make_error(StatusCode::kUnimplemented,
+                    "--device cuda: this build has no CUDA runner (the CUDA toolkit was not found at build time)");
+}
+}  // namespace tandem
+
+#endif

@@ -1,0 +1,275 @@
+// DSpark on the device (the CPU oracle is src/model/dspark.cpp): context-KV insertion from target
+// taps into each stage's sliding-window ring of KV records, and batched drafting: three stages of
+// non-causal attention of the block [anchor, noise x (K-1)] over the context ring plus the block,
+// hc_head + the shared LM head, then K sequential Markov steps (gather, GEMV, argmax or a sample)
+// that never leave the device until the K tokens, confidences and (when asked) q are copied out.
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "model/cuda/cuda_impl.h"
+
+namespace tandem {
+
+Status CudaModel::draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  if (!m.w.has_draft) return invalid_argument("draft_insert_context: the model has no DSpark draft");
+  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("draft_insert_context: slot {} out of range", slot);
+  if (start_pos < 0) return invalid_argument("draft_insert_context: negative start_pos");
+  const int64_t td = tap_dim();
+  if (taps_rows.size() % td)
+    return invalid_argument("draft_insert_context: {} floats is not a multiple of tap_dim {}", taps_rows.size(), td);
+  int64_t n = static_cast<int64_t>(taps_rows.size()) / td;
+  if (n == 0) return Status();
+  kernels::cuda::set_stream(m.stream);
+  const int64_t D = c.hidden_size, hd = c.head_dim, W = c.sliding_window;
+  // Only the last W positions can ever be read.
+  const int64_t skip = n > W ? n - W : 0;
+  const float* rows = taps_rows.data() + skip * td;
+  const int64_t pos0 = start_pos + skip;
+  n -= skip;
+  for (int64_t r0 = 0; r0 < n; r0 += m.opt.max_tokens_per_step) {
+    const int64_t rn = std::min<int64_t>(m.opt.max_tokens_per_step, n - r0);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.mh.get(), rows + r0 * td, sizeof(float) * rn * td, cudaMemcpyHostToDevice,
+                                      m.stream));
+    kernels::RoundBf16Params rb;
+    rb.x = m.mh.get();
+    rb.rows = rn;
+    rb.cols = td;
+    m.ops().round_bf16(rb);
+    m.linear(m.w.draft.main_proj, m.mh.get(), rn, m.main_x.get());
+    m.norm_rows(m.main_x.get(), rn, D, m.w.draft.main_norm);
+    // Positions pos0 + r0 + t for the RoPE of the context KV.
+    std::vector<int64_t> base{pos0 + r0};
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_req_pos.get(), base.data(), sizeof(int64_t), cudaMemcpyHostToDevice, m.stream));
+    cuda_model::block_positions(m.d_req_pos.get(), rn, static_cast<int>(rn), m.draft_pos.get(), m.stream);
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // `base` is pageable host memory
+    for (int st = 0; st < c.num_draft_stages; ++st) {
+      const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
+      m.linear(a.wkv, m.main_x.get(), rn, m.kv.get());
+      m.norm_rows(m.kv.get(), rn, hd, a.kv_norm);
+      m.rope_rows(m.rope_swa.get(), m.kv.get(), m.draft_pos.get(), rn, 1, hd, false);
+      cuda_model::kv_quantize(m.kv.get(), rn, hd, m.lay.rec, m.kv_rec.get(), m.stream);
+      uint8_t* ring = m.draft_ctx.get() + slot * m.lay.draft_slot_bytes + st * W * m.lay.rec.bytes;
+      cuda_model::ring_write(m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W), m.stream);
+    }
+  }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return Status();
+}
+
+void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
+  const ModelConfig& c = cfg;
+  const int64_t K = c.dspark_block_size, D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window, Rk = c.dspark_markov_rank;
+  const int64_t N = B * K;
+  uint8_t* hs = draft_host;
+  auto* h_slot = reinterpret_cast<int32_t*>(hs);
+  auto* h_prev = reinterpret_cast<int32_t*>(hs + 4 * B);
+  auto* h_pos = reinterpret_cast<int64_t*>(hs + 8 * B);
+  auto* h_temp = reinterpret_cast<double*>(hs + 16 * B);
+  auto* h_seed = reinterpret_cast<uint64_t*>(hs + 24 * B);
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_req_slot.get(), h_slot, 4 * B, cudaMemcpyHostToDevice, stream));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_prev.get(), h_prev, 4 * B, cudaMemcpyHostToDevice, stream));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_req_pos.get(), h_pos, 8 * B, cudaMemcpyHostToDevice, stream));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_temp.get(), h_temp, 8 * B, cudaMemcpyHostToDevice, stream));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_seed.get(), h_seed, 8 * B, cudaMemcpyHostToDevice, stream));
+
+  int32_t* ids = draft_ids.get();
+  int64_t* pos = draft_pos.get();
+  cuda_model::draft_block_ids(d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id),
+                              ids, stream);
+  cuda_model::block_positions(d_req_pos.get(), N, static_cast<int>(K), pos, stream);
+  cuda_model::embed_rows(w.embed.w, ids, N, static_cast<int>(hc), D, h.get(), stream);
+  for (int st = 0; st < c.num_draft_stages; ++st) {
+    const cuda_model::DBlock& b = w.draft.stages[st];
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(res.get(), h.get(), sizeof(float) * N * HD, cudaMemcpyDeviceToDevice, stream));
+    hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
+    norm_rows(x.get(), N, D, b.attn_norm);
+    q_and_kv(b.attn, x.get(), N);
+    rope_rows(rope_swa.get(), q.get(), pos, N, H, hd, false);
+    rope_rows(rope_swa.get(), kv.get(), pos, N, 1, hd, false);
+    cuda_model::kv_quantize(kv.get(), N, hd, lay.rec, kv_rec.get(), stream);
+    cuda_model::DraftAttnArgs da;
+    da.q = q.get();
+    da.block_kv = kv.get();
+    da.ctx = draft_ctx.get();
+    da.slot_stride = lay.draft_slot_bytes;
+    da.stage_off = static_cast<int64_t>(st) * W * lay.rec.bytes;
+    da.req_slot = d_req_slot.get();
+    da.req_pos = d_req_pos.get();
+    da.K = static_cast<int>(K);
+    da.window = static_cast<int>(W);
+    da.sink = b.attn.attn_sink;
+    da.heads = static_cast<int>(H);
+    da.hd = static_cast<int>(hd);
+    da.rec = lay.rec;
+    da.out = o.get();
+    cuda_model::draft_attention(da, B, stream);
+    rope_rows(rope_swa.get(), o.get(), pos, N, H, hd, true);
+    output_proj(b.attn, o.get(), N, a.get());
+    hc_post(a.get(), res.get(), N, h.get());
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(res.get(), h.get(), sizeof(float) * N * HD, cudaMemcpyDeviceToDevice, stream));
+    hc_pre(h.get(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
+    norm_rows(x.get(), N, D, b.ffn_norm);
+    moe(b.ffn, x.get(), ids, N, a.get());
+    hc_post(a.get(), res.get(), N, h.get());
+  }
+  const cuda_model::DDraft& dw = w.draft;
+  head_logits(h.get(), N, w, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, dw.norm, head_y.get(),
+                base.get());
+
+  // Markov correction: K sequential steps over all requests at once.
+  cuda_model::MarkovStepArgs ms;
+  ms.base = base.get();
+  ms.bias = bias.get();
+  ms.e = e_row.get();
+  ms.y = head_y.get();
+  ms.conf_w = dw.confidence;
+  ms.temperature = d_temp.get();
+  ms.seed = d_seed.get();
+  ms.pos = d_req_pos.get();
+  ms.V = V;
+  ms.dim = D;
+  ms.rank = Rk;
+  ms.K = static_cast<int>(K);
+  ms.prev = d_prev.get();
+  ms.tokens = d_tokens.get();
+  ms.conf = d_conf.get();
+  ms.logits = d_zlogits.get();
+  ms.probs = want_probs ? d_probs.get() : nullptr;
+  for (int64_t i = 0; i < K; ++i) {
+    cuda_model::markov_gather(dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get(), stream);
+    linear(dw.markov_w2, e_row.get(), B, bias.get(), false);
+    ms.i = static_cast<int>(i);
+    cuda_model::markov_step(ms, B, stream);
+  }
+}
+
+Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool want_probs,
+                                std::vector<DraftResult>& results, bool want_logits) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  if (!m.w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
+  const int64_t B = static_cast<int64_t>(requests.size());
+  if (B > m.max_draft_requests)
+    return invalid_argument("draft_propose: {} requests, more than the {} this runner was sized for", B,
+                            m.max_draft_requests);
+  const int64_t K = c.dspark_block_size, V = c.vocab_size;
+  for (const DraftQueryDev& r : requests) {
+    if (r.slot < 0 || r.slot >= m.opt.max_slots) return invalid_argument("draft_propose: slot {} out of range", r.slot);
+    if (r.anchor_token < 0 || r.anchor_token >= V)
+      return invalid_argument("draft_propose: anchor token {} outside the vocabulary", r.anchor_token);
+    if (r.anchor_pos < 1) return invalid_argument("draft_propose: anchor position must be >= 1 (context needed)");
+  }
+  results.resize(requests.size());
+  if (B == 0) return Status();
+
+  kernels::cuda::set_stream(m.stream);
+  const int64_t N = B * K;
+
+  // Request arrays through the pinned staging area: slots, anchors (as prev), positions, T, seeds.
+  uint8_t* hs = m.draft_host;
+  auto* h_slot = reinterpret_cast<int32_t*>(hs);
+  auto* h_prev = reinterpret_cast<int32_t*>(hs + 4 * B);
+  auto* h_pos = reinterpret_cast<int64_t*>(hs + 8 * B);
+  auto* h_temp = reinterpret_cast<double*>(hs + 16 * B);
+  auto* h_seed = reinterpret_cast<uint64_t*>(hs + 24 * B);
+  auto* h_tok = reinterpret_cast<int32_t*>(hs + 32 * B);
+  auto* h_conf = reinterpret_cast<float*>(hs + 32 * B + 4 * N);
+  for (int64_t b = 0; b < B; ++b) {
+    h_slot[b] = requests[b].slot;
+    h_prev[b] = requests[b].anchor_token;
+    h_pos[b] = requests[b].anchor_pos;
+    h_temp[b] = requests[b].temperature;
+    h_seed[b] = requests[b].seed;
+  }
+  m.launch_draft(B, want_probs);
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_tok, m.d_tokens.get(), 4 * N, cudaMemcpyDeviceToHost, m.stream));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_conf, m.d_conf.get(), 4 * N, cudaMemcpyDeviceToHost, m.stream));
+  for (int64_t b = 0; b < B; ++b) {
+    DraftResult& r = results[b];
+    r.logits.clear();
+    if (want_logits) {
+      r.logits.resize(K * V);
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(r.logits.data(), m.d_zlogits.get() + b * K * V, sizeof(float) * K * V,
+                                        cudaMemcpyDeviceToHost, m.stream));
+    }
+    if (want_probs) {
+      r.probs.resize(K * V);
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(r.probs.data(), m.d_probs.get() + b * K * V, sizeof(float) * K * V,
+                                        cudaMemcpyDeviceToHost, m.stream));
+    } else {
+      r.probs.clear();
+    }
+  }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  for (int64_t b = 0; b < B; ++b) {
+    DraftResult& r = results[b];
+    r.tokens.assign(h_tok + b * K, h_tok + (b + 1) * K);
+    r.confidence.assign(h_conf + b * K, h_conf + (b + 1) * K);
+  }
+  return Status();
+}
+
+Result<CudaModel::StepProfile> CudaModel::profile_draft(std::span<const DraftQueryDev> requests, int reps) {
+  Impl& m = *impl_;
+  std::vector<DraftResult> res;
+  // One real proposal first: validates, stages the requests and warms every kernel.
+  TANDEM_RETURN_IF_ERROR(draft_propose(requests, false, res));
+  const int64_t B = static_cast<int64_t>(requests.size());
+  StepProfile prof;
+  cudaEvent_t e0, e1;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> eager, graph;
+  for (int r = 0; r < reps + 2; ++r) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(e0, m.stream));
+    m.launch_draft(B, false);
+    TANDEM_CUDA_CHECK(cudaEventRecord(e1, m.stream));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 2) eager.push_back(ms * 1000.0);
+  }
+  cudaGraph_t g;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+  m.launch_draft(B, false);
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
+  size_t nn = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
+  std::vector<cudaGraphNode_t> nodes(nn);
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeKernel) ++prof.kernels;
+    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++prof.copies;
+  }
+  cudaGraphExec_t ge;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int r = 0; r < reps + 2; ++r) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(e0, m.stream));
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, m.stream));
+    TANDEM_CUDA_CHECK(cudaEventRecord(e1, m.stream));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 2) graph.push_back(ms * 1000.0);
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  prof.eager_us = median(eager);
+  prof.graph_us = median(graph);
+  return prof;
+}
+
+}  // namespace tandem

@@ -1,0 +1,179 @@
+// CudaModel::Impl: device weights, state layout, scratch and the layer pieces shared by the target
+// forward (cuda_forward.cpp), the DSpark draft (cuda_dspark.cpp) and the state API (cuda_model.cpp).
+// Mirrors DsV4Model::Impl (src/model/impl.h) piece for piece, on device pointers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/ops.h"
+#include "model/cuda/cuda_model.h"
+#include "model/cuda/kv_record.h"
+#include "model/cuda/model_kernels.h"
+#include "model/math.h"
+
+namespace tandem {
+
+namespace cuda_model {
+
+struct DLinear {
+  kernels::WeightRef w;       // device pointers
+  bool act_quant = false;
+  int64_t out = 0, in = 0;
+};
+struct DComp {
+  int ratio = 0, head_dim = 0;
+  bool overlap = false, rotate = false;
+  DLinear wkv, wgate;
+  const float* ape = nullptr;
+  const float* norm = nullptr;
+};
+struct DAttn {
+  DLinear wq_a, wq_b, wkv, wo_a, wo_b;
+  const float *q_norm = nullptr, *kv_norm = nullptr, *attn_sink = nullptr;
+  bool has_compressor = false, has_indexer = false;
+  DComp comp;
+  DLinear idx_wq_b, idx_wproj;
+  DComp icomp;
+};
+struct DMoE {
+  bool hash = false;
+  DLinear gate;
+  const float* bias = nullptr;
+  const int32_t* tid2eid = nullptr;
+  kernels::WeightRef w1_all, w2_all, w3_all;  // every routed expert, concatenated by rows
+  bool up_act_quant = false, down_act_quant = false;
+  DLinear sh_w1, sh_w2, sh_w3;
+};
+struct DBlock {
+  int ratio = 0;
+  const float *attn_norm = nullptr, *ffn_norm = nullptr;
+  const float *hc_attn_fn = nullptr, *hc_attn_base = nullptr, *hc_attn_scale = nullptr;
+  const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
+  DAttn attn;
+  DMoE ffn;
+};
+struct DDraft {
+  std::vector<DBlock> stages;
+  DLinear main_proj;
+  const float *main_norm = nullptr, *norm = nullptr;
+  const float *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
+  DLinear markov_w1, markov_w2;
+  const float* confidence = nullptr;
+};
+struct DWeights {
+  DLinear embed, head;
+  const float *norm = nullptr, *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
+  std::vector<DBlock> layers;
+  bool has_draft = false;
+  DDraft draft;
+};
+
+// Byte layout of one slot's device state and of one pool block.
+struct DeviceLayout {
+  KvRecordLayout rec;
+  IndexKeyLayout key;
+  int win_ring = 0;
+  std::vector<LayerState> layers;
+  std::vector<int> comp_ring, icomp_ring;     // per layer (0 when absent)
+  std::vector<int64_t> comp_chans, icomp_chans;
+  int64_t slot_bytes = 0;     // all layers' rings of one slot
+  int64_t block_bytes = 0;    // one pool block, all layers
+  int64_t draft_slot_bytes = 0;  // DSpark context rings of one slot: [stages, W, rec.bytes]
+};
+DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool has_draft);
+
+}  // namespace cuda_model
+
+struct CudaModel::Impl {
+  ModelConfig cfg;
+  CudaModelOptions copt;
+  ModelOptions opt;
+  LoadReport report;
+  cuda_model::DWeights w;
+  cuda_model::DeviceLayout lay;
+  cudaStream_t stream = nullptr;
+  std::string device_name;
+  int64_t max_rows = 0;        // rows of the scratch (max(step tokens, draft rows))
+  int64_t max_logits_rows = 0;
+  int max_draft_requests = 0;
+  int64_t max_entries = 0;     // indexer score columns per row (max visible CSA entries)
+  int64_t score_rows = 0;      // rows of the indexer score buffer (chunking)
+
+  template <typename T>
+  using Buf = kernels::cuda::DeviceBuffer<T>;
+  Buf<uint8_t> weight_arena;
+  Buf<float> rope_swa, rope_comp;   // inverse frequencies [rope_dim/2]
+  Buf<uint8_t> slot_state;          // [max_slots, lay.slot_bytes]
+  Buf<uint8_t> pool;                // [num_blocks, lay.block_bytes]
+  Buf<uint8_t> draft_ctx;           // [max_slots, lay.draft_slot_bytes]
+  std::vector<int64_t> slot_len;
+
+  // ---- step plan: one pinned host staging area mirrored on the device, copied once per step ----
+  struct PlanLayout {
+    size_t tokens = 0, positions = 0, row_seq = 0, seq_start = 0, seq_row0 = 0, seq_len = 0, seq_slot = 0,
+           block_tables = 0, head_src = 0, taps_dst = 0, bytes = 0;
+  } plan;
+  int max_blocks = 0;           // block-table width per sequence
+  uint8_t* plan_host = nullptr; // pinned
+  Buf<uint8_t> plan_dev;
+  cuda_model::StepMeta meta;    // pointers into plan_dev
+
+  // ---- scratch (device, sized at start-up) ----
+  Buf<float> h, res, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, comp_rows, icomp_rows, entry, iq, iw,
+      idx_scores, gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
+      main_x, base, bias, e_row, yn;
+  Buf<uint8_t> kv_rec, entry_rec;
+  Buf<int64_t> entry_pos, draft_pos;
+  Buf<int32_t> flag, visible, topk, eids, draft_ids;
+  // draft request arrays (device) + pinned staging
+  Buf<int32_t> d_req_slot, d_prev, d_tokens;
+  Buf<int64_t> d_req_pos;
+  Buf<double> d_temp;
+  Buf<uint64_t> d_seed;
+  Buf<float> d_conf, d_zlogits, d_probs;
+  uint8_t* draft_host = nullptr;  // pinned staging for request arrays and results
+  size_t draft_host_bytes = 0;
+
+  // The step being run (prepare -> launch -> finish).
+  struct Step {
+    const StepBatch* batch = nullptr;
+    int64_t rows = 0, lrows = 0, trows = 0, max_vis4 = 0, max_end = 0;
+    std::vector<int64_t> logits_row, taps_row;
+  } step;
+
+  ~Impl();
+  Status prepare(const StepBatch& batch, StepOutput* host_out);
+  void launch();
+  void finish(StepOutput* host_out, CudaStepView* view);
+  // The draft's device work for B staged requests (draft_host): capturable.
+  void launch_draft(int64_t B, bool want_probs);
+
+  kernels::Ops& ops();
+  Status init(const ModelConfig& config, const CudaModelOptions& options);
+  Status validate_step(const StepBatch& batch) const;
+
+  // ---- layer pieces (cuda_forward.cpp) ----
+  void linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out = true);
+  void norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
+  void rope_rows(const float* inv_freq, float* x, const int64_t* positions, int64_t tokens, int64_t heads,
+                 int64_t head_stride, bool inverse);
+  void hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base, float* xo,
+              float* posto, float* combo);
+  void hc_post(const float* aa, const float* rr, int64_t n, float* hh);
+  void moe(const cuda_model::DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y);
+  // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
+  void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
+  void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
+  void attention_target(int layer, const StepBatch& batch, int64_t n, float* y);
+  void run_compressor(const cuda_model::DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
+                      const float* xx, int64_t n);
+  void block_forward(int layer, const StepBatch& batch, int64_t n);
+  void head_logits(const float* hin, int64_t n, const cuda_model::DWeights& ww, const float* hc_fn,
+                   const float* hc_scale, const float* hc_base, const float* norm, float* y_out, float* logits_out);
+};
+
+}  // namespace tandem

@@ -1,0 +1,662 @@
+// CudaModel: loading (bind on the host, upload once), the device layout of slot state and pool
+// blocks, start-up allocation of every buffer, the per-step plan upload and forward() driver,
+// rollback, slot-state export/import and the DSpark context insert. The layer math is in
+// cuda_forward.cpp, the draft in cuda_dspark.cpp.
+#include "model/cuda/cuda_model.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "io/safetensors.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "model/cuda/cuda_impl.h"
+#include "model/weights.h"
+
+namespace tandem {
+
+namespace cuda_model {
+Status check_uploadable(const model::Weights& w);
+size_t upload_bytes(const model::Weights& w);
+DWeights upload_weights(const model::Weights& w, uint8_t* arena_base);
+
+namespace {
+int64_t align16(int64_t x) { return (x + 15) / 16 * 16; }
+KvRecordKind kind_of(KvDtype d) {
+  switch (d) {
+    case KvDtype::kFp8: return KvRecordKind::kFp8;
+    case KvDtype::kBf16: return KvRecordKind::kBf16;
+    case KvDtype::kNvfp4: return KvRecordKind::kNvfp4;
+  }
+  return KvRecordKind::kFp8;
+}
+}  // namespace
+
+DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool has_draft) {
+  DeviceLayout d;
+  d.rec = KvRecordLayout::make(kind_of(opt.kv_dtype), static_cast<int>(cfg.head_dim), cfg.qk_rope_head_dim);
+  d.key = IndexKeyLayout::make(static_cast<int>(cfg.index_head_dim));
+  d.win_ring = cfg.sliding_window + opt.max_rollback;
+  const int nl = cfg.num_hidden_layers;
+  d.layers.assign(nl, {});
+  d.comp_ring.assign(nl, 0);
+  d.icomp_ring.assign(nl, 0);
+  d.comp_chans.assign(nl, 0);
+  d.icomp_chans.assign(nl, 0);
+  const int64_t bs = opt.block_size, hd = cfg.head_dim, ihd = cfg.index_head_dim;
+  int64_t off = 0, boff = 0;
+  for (int l = 0; l < nl; ++l) {
+    LayerState& L = d.layers[l];
+    L.win_off = off;
+    off = align16(off + static_cast<int64_t>(d.win_ring) * d.rec.bytes);
+    const int r = cfg.compress_ratios[l];
+    if (!r) continue;
+    d.comp_ring[l] = 2 * r + opt.max_rollback;
+    d.comp_chans[l] = (r == 4 ? 2 : 1) * hd;
+    L.comp_off = off;
+    off = align16(off + static_cast<int64_t>(d.comp_ring[l]) * 2 * d.comp_chans[l] * 4);
+    L.pool_main = boff;
+    boff = align16(boff + (bs / r) * d.rec.bytes);
+    if (r == 4) {
+      d.icomp_ring[l] = 2 * r + opt.max_rollback;
+      d.icomp_chans[l] = 2 * ihd;
+      L.icomp_off = off;
+      off = align16(off + static_cast<int64_t>(d.icomp_ring[l]) * 2 * d.icomp_chans[l] * 4);
+      L.pool_idx = boff;
+      boff = align16(boff + (bs / 4) * d.key.bytes);
+    }
+  }
+  d.slot_bytes = std::max<int64_t>(off, 16);
+  d.block_bytes = std::max<int64_t>(boff, 16);
+  d.draft_slot_bytes =
+      has_draft ? static_cast<int64_t>(cfg.num_draft_stages) * cfg.sliding_window * d.rec.bytes : 0;
+  return d;
+}
+}  // namespace cuda_model
+
+namespace {
+// Snapshot: [length int64][slot rings][draft context rings]
+size_t snapshot_bytes(const cuda_model::DeviceLayout& l) {
+  return sizeof(int64_t) + static_cast<size_t>(l.slot_bytes + l.draft_slot_bytes);
+}
+}  // namespace
+
+CudaModel::Impl::~Impl() {
+  if (stream) cudaStreamSynchronize(stream);
+  if (plan_host) cudaFreeHost(plan_host);
+  if (draft_host) cudaFreeHost(draft_host);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+CudaModel::CudaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaModel::~CudaModel() = default;
+
+const ModelConfig& CudaModel::config() const { return impl_->cfg; }
+const LoadReport& CudaModel::load_report() const { return impl_->report; }
+bool CudaModel::has_draft() const { return impl_->w.has_draft; }
+int CudaModel::draft_block_size() const { return impl_->w.has_draft ? impl_->cfg.dspark_block_size : 0; }
+int64_t CudaModel::vocab_size() const { return impl_->cfg.vocab_size; }
+int64_t CudaModel::tap_dim() const {
+  return impl_->cfg.has_dspark()
+             ? impl_->cfg.hidden_size * static_cast<int64_t>(impl_->cfg.dspark_target_layer_ids.size())
+             : 0;
+}
+std::string CudaModel::device_name() const { return impl_->device_name; }
+size_t CudaModel::slot_state_bytes() const { return snapshot_bytes(impl_->lay); }
+size_t CudaModel::pool_block_bytes() const { return static_cast<size_t>(impl_->lay.block_bytes); }
+
+CudaModel::Memory CudaModel::memory() const {
+  const Impl& m = *impl_;
+  Memory r;
+  r.weights = static_cast<int64_t>(m.weight_arena.bytes());
+  r.pool = static_cast<int64_t>(m.pool.bytes());
+  r.slot_state = static_cast<int64_t>(m.slot_state.bytes());
+  r.draft_state = static_cast<int64_t>(m.draft_ctx.bytes());
+  const auto st = kernels::cuda::alloc_stats();
+  r.scratch = st.bytes - r.weights - r.pool - r.slot_state - r.draft_state;
+  return r;
+}
+
+Result<ModelStateSizes> CudaModel::state_sizes(const ModelConfig& config, const ModelOptions& options) {
+  TANDEM_RETURN_IF_ERROR(model::validate_config_for_cpu(config));
+  if (options.block_size <= 0 || options.block_size % 128)
+    return invalid_argument("block_size {} must be a positive multiple of 128", options.block_size);
+  const auto lay = cuda_model::plan_layout(config, options, config.has_dspark() && options.load_draft);
+  ModelStateSizes s;
+  s.slot_state_bytes = snapshot_bytes(lay);
+  s.pool_block_bytes = static_cast<size_t>(lay.block_bytes);
+  return s;
+}
+
+Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& options) {
+  cfg = config;
+  copt = options;
+  opt = options.model;
+  const int ndev = kernels::cuda::device_count();
+  if (ndev == 0) return make_error(StatusCode::kUnavailable, "no CUDA device is visible (driver missing or no GPU)");
+  if (copt.device < 0 || copt.device >= ndev)
+    return invalid_argument("CUDA device {} does not exist ({} visible)", copt.device, ndev);
+  TANDEM_CUDA_CHECK(cudaSetDevice(copt.device));
+  device_name = kernels::cuda::device_description(copt.device);
+  if (!kernels::cuda::binary_supports_device(copt.device))
+    return make_error(StatusCode::kFailedPrecondition, "this build has no kernels for {} (built for sm_{}); rebuild with "
+                               "-DTANDEM_CUDA_ARCH=all or the GPU's architecture",
+                               device_name, TANDEM_CUDA_ARCHS);
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kernels::cuda::set_stream(stream);
+  return Status();
+}
+
+namespace {
+
+Status validate_cuda_options(const ModelOptions& o) {
+  if (o.max_slots <= 0) return invalid_argument("model options: max_slots must be > 0");
+  if (o.block_size <= 0 || o.block_size % 128)
+    return invalid_argument("model options: block_size {} must be a positive multiple of 128", o.block_size);
+  if (o.num_blocks <= 0) return invalid_argument("model options: num_blocks must be > 0");
+  if (o.max_tokens_per_step <= 0) return invalid_argument("model options: max_tokens_per_step must be > 0");
+  if (o.max_rollback < 0) return invalid_argument("model options: max_rollback must be >= 0");
+  return Status();
+}
+
+// Every device buffer, sized once from the config and options.
+void allocate_all(CudaModel::Impl& m) {
+  const ModelConfig& c = m.cfg;
+  const ModelOptions& o = m.opt;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, HD = hc * D, H = c.num_attention_heads, hd = c.head_dim;
+  const int64_t ql = c.q_lora_rank, G = c.o_groups, R = c.o_lora_rank, E = c.n_routed_experts;
+  const int64_t I = c.moe_intermediate_size, K = c.num_experts_per_tok, V = c.vocab_size;
+  const int64_t IH = c.index_n_heads, ihd = c.index_head_dim, TK = c.index_topk;
+  const int64_t KB = m.w.has_draft ? c.dspark_block_size : 0;
+  m.max_draft_requests = m.copt.max_draft_requests > 0 ? m.copt.max_draft_requests : o.max_slots;
+  const int64_t T = o.max_tokens_per_step;
+  m.max_rows = std::max<int64_t>(T, m.max_draft_requests * KB);
+  const int64_t N = m.max_rows;
+  // Logits rows: every row of a step when that costs at most 1 GiB, else what the engine asks for
+  // (the last row of each sequence, or K+1 verify rows).
+  if (m.copt.max_logits_rows > 0) {
+    m.max_logits_rows = m.copt.max_logits_rows;
+  } else {
+    const int64_t all = std::max<int64_t>(T, m.max_draft_requests * KB);
+    m.max_logits_rows = all * V * 4 <= (int64_t{1} << 30) ? all
+                                                          : std::max<int64_t>(o.max_slots * (o.max_rollback + 1),
+                                                                              m.max_draft_requests * KB);
+  }
+  m.max_logits_rows = std::max<int64_t>(m.max_logits_rows, m.max_draft_requests * KB);
+  int64_t max_comp_chans = 0, max_icomp_chans = 0;
+  bool any_idx = false;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    max_comp_chans = std::max(max_comp_chans, m.lay.comp_chans[l]);
+    max_icomp_chans = std::max(max_icomp_chans, m.lay.icomp_chans[l]);
+    any_idx = any_idx || m.lay.icomp_chans[l] > 0;
+  }
+  m.max_entries = std::max<int64_t>(1, c.max_position_embeddings / 4);
+  // Indexer scores: up to 256 MiB, at least one row.
+  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>(N, (int64_t{256} << 20) / (m.max_entries * 4))) : 0;
+
+  auto f = [](CudaModel::Impl::Buf<float>& b, int64_t n) { b.reset(static_cast<size_t>(std::max<int64_t>(n, 1))); };
+  f(m.h, N * HD);
+  f(m.res, N * HD);
+  f(m.x, N * D);
+  f(m.a, N * D);
+  f(m.post, N * hc);
+  f(m.comb, N * hc * hc);
+  f(m.qr, N * ql);
+  f(m.q, N * H * hd);
+  f(m.kv, N * hd);
+  f(m.o, N * H * hd);
+  f(m.u, N * G * R);
+  const int64_t C = std::max(max_comp_chans, max_icomp_chans);
+  f(m.tmp_kv, N * C);
+  f(m.tmp_gate, N * C);
+  f(m.comp_rows, N * 2 * max_comp_chans);
+  f(m.icomp_rows, N * 2 * max_icomp_chans);
+  f(m.entry, N * std::max(hd, ihd));
+  f(m.iq, any_idx ? N * IH * ihd : 1);
+  f(m.iw, any_idx ? N * IH : 1);
+  f(m.idx_scores, m.score_rows * m.max_entries);
+  f(m.gate_logits, N * E);
+  f(m.ew, N * K);
+  f(m.xq, N * D);
+  f(m.gact, N * K * I);
+  f(m.gq, N * K * I);
+  f(m.pair_out, N * K * D);
+  int64_t sh_i = I;
+  for (const auto& b : m.w.layers) sh_i = std::max(sh_i, b.ffn.sh_w1.w.n);
+  f(m.sh_g, N * sh_i);
+  f(m.sh_u, N * sh_i);
+  f(m.sh_out, N * D);
+  f(m.head_in, m.max_logits_rows * HD);
+  f(m.head_y, N * D);
+  f(m.yn, N * D);
+  f(m.logits, m.max_logits_rows * V);
+  const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
+  f(m.taps, T * std::max<int64_t>(td, 1));
+  f(m.mh, T * std::max<int64_t>(td, 1));
+  f(m.main_x, T * D);
+  m.kv_rec.reset(static_cast<size_t>(N * m.lay.rec.bytes));
+  m.entry_rec.reset(static_cast<size_t>(N * std::max(m.lay.rec.bytes, m.lay.key.bytes)));
+  m.entry_pos.reset(static_cast<size_t>(N));
+  m.flag.reset(static_cast<size_t>(N));
+  m.visible.reset(static_cast<size_t>(N));
+  m.topk.reset(static_cast<size_t>(std::max<int64_t>(N * TK, 1)));
+  m.eids.reset(static_cast<size_t>(N * K));
+  m.draft_pos.reset(static_cast<size_t>(std::max<int64_t>(N, 1)));
+  m.draft_ids.reset(static_cast<size_t>(std::max<int64_t>(N, 1)));
+  if (m.w.has_draft) {
+    const int64_t B = m.max_draft_requests, Rk = c.dspark_markov_rank;
+    f(m.base, B * KB * V);
+    f(m.bias, B * V);
+    f(m.e_row, B * Rk);
+    m.d_req_slot.reset(B);
+    m.d_prev.reset(B);
+    m.d_tokens.reset(B * KB);
+    m.d_req_pos.reset(B);
+    m.d_temp.reset(B);
+    m.d_seed.reset(B);
+    f(m.d_conf, B * KB);
+    f(m.d_zlogits, B * KB * V);
+    f(m.d_probs, B * KB * V);
+    m.draft_host_bytes = static_cast<size_t>(B) * (4 + 4 + 8 + 8 + 8) + static_cast<size_t>(B * KB) * (4 + 4);
+    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.draft_host), m.draft_host_bytes));
+  }
+
+  // The step plan: one pinned host region mirrored on the device.
+  m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
+  const int64_t S = std::max<int64_t>(o.max_slots, m.max_draft_requests);
+  auto& p = m.plan;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off = (off + bytes + 15) / 16 * 16;
+    return at;
+  };
+  p.tokens = take(4 * N);
+  p.positions = take(8 * N);
+  p.row_seq = take(4 * N);
+  p.seq_start = take(8 * S);
+  p.seq_row0 = take(4 * S);
+  p.seq_len = take(4 * S);
+  p.seq_slot = take(4 * S);
+  p.block_tables = take(4 * S * static_cast<size_t>(m.max_blocks));
+  p.head_src = take(4 * std::max<int64_t>(m.max_logits_rows, 1));
+  p.taps_dst = take(4 * N);
+  p.bytes = off;
+  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.plan_host), p.bytes));
+  m.plan_dev.reset(p.bytes);
+  uint8_t* dv = m.plan_dev.get();
+  m.meta.tokens = reinterpret_cast<const int32_t*>(dv + p.tokens);
+  m.meta.positions = reinterpret_cast<const int64_t*>(dv + p.positions);
+  m.meta.row_seq = reinterpret_cast<const int32_t*>(dv + p.row_seq);
+  m.meta.seq_start = reinterpret_cast<const int64_t*>(dv + p.seq_start);
+  m.meta.seq_row0 = reinterpret_cast<const int32_t*>(dv + p.seq_row0);
+  m.meta.seq_len = reinterpret_cast<const int32_t*>(dv + p.seq_len);
+  m.meta.seq_slot = reinterpret_cast<const int32_t*>(dv + p.seq_slot);
+  m.meta.block_tables = reinterpret_cast<const int32_t*>(dv + p.block_tables);
+  m.meta.max_blocks = m.max_blocks;
+  m.meta.block_size = o.block_size;
+
+  // State.
+  m.slot_state.reset(static_cast<size_t>(o.max_slots * m.lay.slot_bytes));
+  m.pool.reset(static_cast<size_t>(o.num_blocks * m.lay.block_bytes));
+  if (m.lay.draft_slot_bytes) m.draft_ctx.reset(static_cast<size_t>(o.max_slots * m.lay.draft_slot_bytes));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(m.slot_state.get(), 0, m.slot_state.bytes(), m.stream));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream));
+  if (m.draft_ctx.get()) TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get(), 0, m.draft_ctx.bytes(), m.stream));
+  m.slot_len.assign(o.max_slots, 0);
+
+  // RoPE tables (as DsV4Model: SWA layers and draft stages without YaRN, compressed layers with).
+  model::RopeTable swa, comp;
+  const bool yarn = c.rope_scaling_type == "yarn";
+  swa.build(c.qk_rope_head_dim, 0, c.rope_theta, 1.0, c.rope_beta_fast, c.rope_beta_slow);
+  comp.build(c.qk_rope_head_dim, yarn ? c.rope_original_max_position : 0, c.compress_rope_theta, c.rope_factor,
+             c.rope_beta_fast, c.rope_beta_slow);
+  m.rope_swa.reset(swa.freqs.size());
+  m.rope_comp.reset(comp.freqs.size());
+  TANDEM_CUDA_CHECK(cudaMemcpy(m.rope_swa.get(), swa.freqs.data(), 4 * swa.freqs.size(), cudaMemcpyHostToDevice));
+  TANDEM_CUDA_CHECK(cudaMemcpy(m.rope_comp.get(), comp.freqs.data(), 4 * comp.freqs.size(), cudaMemcpyHostToDevice));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& config,
+                                                           const std::vector<const TensorView*>& tensors,
+                                                           const CudaModelOptions& options) {
+  TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
+  auto impl = std::make_unique<Impl>();
+  TANDEM_RETURN_IF_ERROR(impl->init(config, options));
+  model::LoadCounts counts;
+  auto weights = model::load_weights(config, tensors, options.model.load_draft, counts);
+  if (!weights.ok()) return weights.status();
+  TANDEM_RETURN_IF_ERROR(cuda_model::check_uploadable(*weights));
+  impl->report.target_tensors_loaded = counts.target_loaded;
+  impl->report.target_tensors_expected = counts.target_expected;
+  impl->report.draft_tensors_loaded = counts.draft_loaded;
+  impl->report.draft_tensors_expected = counts.draft_expected;
+  impl->report.skipped_tensors = counts.skipped;
+  const size_t wbytes = cuda_model::upload_bytes(*weights);
+  size_t free_b = 0, total_b = 0;
+  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (wbytes > free_b)
+    return make_error(StatusCode::kResourceExhausted, "the weights need {:.2f} GiB of device memory, {:.2f} GiB are free on {}",
+                              wbytes / 1073741824.0, free_b / 1073741824.0, impl->device_name);
+  impl->weight_arena.reset(wbytes);
+  impl->w = cuda_model::upload_weights(*weights, impl->weight_arena.get());
+  impl->lay = cuda_model::plan_layout(config, options.model, impl->w.has_draft);
+  allocate_all(*impl);
+  return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
+}
+
+Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::string& dir, const CudaModelOptions& options) {
+  auto config = load_model_config(dir + "/config.json");
+  if (!config.ok()) return config.status().with_context("loading " + dir);
+  auto ckpt = Checkpoint::open(dir);
+  if (!ckpt.ok()) return ckpt.status().with_context("loading " + dir);
+  std::vector<const TensorView*> views;
+  for (const auto& [name, view] : (*ckpt)->tensors()) views.push_back(view);
+  // The weights are copied to the device; the mapped shards are released when this returns.
+  auto model = from_tensors(*config, views, options);
+  if (!model.ok()) return model.status().with_context("loading " + dir);
+  const Memory mem = (*model)->memory();
+  TLOG_INFO("model", "{} on {}: {}; device memory: weights {:.1f} MiB, KV pool {:.1f} MiB, slot state {:.1f} MiB, "
+                     "draft state {:.1f} MiB, scratch {:.1f} MiB",
+            dir, (*model)->device_name(), (*model)->load_report().summary(), mem.weights / 1048576.0,
+            mem.pool / 1048576.0, mem.slot_state / 1048576.0, mem.draft_state / 1048576.0, mem.scratch / 1048576.0);
+  return model;
+}
+
+Status CudaModel::Impl::validate_step(const StepBatch& batch) const {
+  int64_t total = 0, lrows = 0;
+  if (static_cast<int64_t>(batch.seqs.size()) > opt.max_slots)
+    return invalid_argument("step has {} sequences, more than max_slots {}", batch.seqs.size(), opt.max_slots);
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqStep& q = batch.seqs[i];
+    if (q.slot < 0 || q.slot >= opt.max_slots)
+      return invalid_argument("step seq {}: slot {} outside [0, {})", i, q.slot, opt.max_slots);
+    for (size_t k = 0; k < i; ++k)
+      if (batch.seqs[k].slot == q.slot) return invalid_argument("step seq {}: slot {} appears twice in one step", i, q.slot);
+    if (q.start_pos != slot_len[q.slot])
+      return invalid_argument("step seq {}: start_pos {} != slot {} length {}", i, q.start_pos, q.slot, slot_len[q.slot]);
+    const int64_t n = static_cast<int64_t>(q.tokens.size());
+    total += n;
+    if (n > 0 && q.logits != LogitsMode::kNone) lrows += q.logits == LogitsMode::kAll ? n : 1;
+    for (int32_t t : q.tokens)
+      if (t < 0 || t >= cfg.vocab_size)
+        return invalid_argument("step seq {}: token id {} outside the vocabulary [0, {})", i, t, cfg.vocab_size);
+    if (q.start_pos + n > cfg.max_position_embeddings)
+      return invalid_argument("step seq {}: position {} beyond max_position_embeddings {}", i, q.start_pos + n,
+                              cfg.max_position_embeddings);
+    const int64_t need = (q.start_pos + n + opt.block_size - 1) / opt.block_size;
+    if (static_cast<int64_t>(q.block_table.size()) < need)
+      return invalid_argument("step seq {}: block table has {} blocks, {} needed for {} positions", i,
+                              q.block_table.size(), need, q.start_pos + n);
+    for (int64_t b = 0; b < need; ++b)
+      if (q.block_table[b] < 0 || q.block_table[b] >= opt.num_blocks)
+        return invalid_argument("step seq {}: block id {} outside the pool [0, {})", i, q.block_table[b], opt.num_blocks);
+    if (q.collect_taps && !cfg.has_dspark())
+      return invalid_argument("step seq {}: collect_taps needs a model with a DSpark draft", i);
+  }
+  if (total > opt.max_tokens_per_step)
+    return invalid_argument("step has {} tokens, more than max_tokens_per_step {}", total, opt.max_tokens_per_step);
+  if (lrows > max_logits_rows)
+    return invalid_argument("step asks for {} logits rows, more than the {} this runner was sized for", lrows,
+                            max_logits_rows);
+  return Status();
+}
+
+// ---- forward: prepare (validate, plan into pinned memory), launch (one H2D copy of the plan, then
+// every kernel: capturable), finish (host copies, synchronize, slot lengths) ----
+
+Status CudaModel::Impl::prepare(const StepBatch& batch, StepOutput* host_out) {
+  TANDEM_RETURN_IF_ERROR(validate_step(batch));
+  const size_t ns = batch.seqs.size();
+  uint8_t* hp = plan_host;
+  auto* tokens = reinterpret_cast<int32_t*>(hp + plan.tokens);
+  auto* positions = reinterpret_cast<int64_t*>(hp + plan.positions);
+  auto* row_seq = reinterpret_cast<int32_t*>(hp + plan.row_seq);
+  auto* seq_start = reinterpret_cast<int64_t*>(hp + plan.seq_start);
+  auto* seq_row0 = reinterpret_cast<int32_t*>(hp + plan.seq_row0);
+  auto* seq_len = reinterpret_cast<int32_t*>(hp + plan.seq_len);
+  auto* seq_slot = reinterpret_cast<int32_t*>(hp + plan.seq_slot);
+  auto* tables = reinterpret_cast<int32_t*>(hp + plan.block_tables);
+  auto* head_src = reinterpret_cast<int32_t*>(hp + plan.head_src);
+  auto* taps_dst = reinterpret_cast<int32_t*>(hp + plan.taps_dst);
+  step.logits_row.assign(ns, -1);
+  step.taps_row.assign(ns, -1);
+  int64_t total = 0, lrows = 0, trows = 0;
+  step.max_vis4 = 0;
+  step.max_end = 0;
+  for (size_t i = 0; i < ns; ++i) {
+    const SeqStep& q = batch.seqs[i];
+    const int64_t n = static_cast<int64_t>(q.tokens.size());
+    seq_start[i] = q.start_pos;
+    seq_row0[i] = static_cast<int32_t>(total);
+    seq_len[i] = static_cast<int32_t>(n);
+    seq_slot[i] = q.slot;
+    const int64_t need = (q.start_pos + n + opt.block_size - 1) / opt.block_size;
+    std::memcpy(tables + i * max_blocks, q.block_table.data(), sizeof(int32_t) * need);
+    if (q.logits != LogitsMode::kNone && n > 0) {
+      step.logits_row[i] = lrows;
+      const int64_t first = q.logits == LogitsMode::kAll ? 0 : n - 1;
+      for (int64_t t = first; t < n; ++t) head_src[lrows++] = static_cast<int32_t>(total + t);
+    }
+    if (q.collect_taps && n > 0) step.taps_row[i] = trows;
+    for (int64_t t = 0; t < n; ++t) {
+      tokens[total + t] = q.tokens[t];
+      positions[total + t] = q.start_pos + t;
+      row_seq[total + t] = static_cast<int32_t>(i);
+      taps_dst[total + t] = q.collect_taps ? static_cast<int32_t>(trows + t) : -1;
+    }
+    if (q.collect_taps) trows += n;
+    total += n;
+    step.max_end = std::max<int64_t>(step.max_end, q.start_pos + n);
+  }
+  step.rows = total;
+  step.lrows = lrows;
+  step.trows = trows;
+  step.batch = &batch;
+  if (host_out) {
+    host_out->logits_row = step.logits_row;
+    host_out->taps_row = step.taps_row;
+    host_out->num_logits_rows = lrows;
+    host_out->num_taps_rows = trows;
+  }
+  return Status();
+}
+
+void CudaModel::Impl::launch() {
+  const int64_t total = step.rows;
+  if (total == 0) return;
+  const ModelConfig& c = cfg;
+  const int64_t D = c.hidden_size, HD = c.hc_mult * D;
+  const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(plan_dev.get(), plan_host, plan.bytes, cudaMemcpyHostToDevice, stream));
+  cuda_model::embed_rows(w.embed.w, meta.tokens, total, c.hc_mult, D, h.get(), stream);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    block_forward(l, *step.batch, total);
+    for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti)
+      if (c.dspark_target_layer_ids[ti] == l && step.trows > 0)
+        cuda_model::taps_mean(h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
+                              c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D, stream);
+  }
+  if (step.lrows > 0) {
+    kernels::RowsCopyParams g;
+    g.src = h.get();
+    g.dst = head_in.get();
+    g.rows = reinterpret_cast<const int32_t*>(plan_dev.get() + plan.head_src);
+    g.count = step.lrows;
+    g.cols = HD;
+    g.gather = true;
+    ops().rows_copy(g);
+    head_logits(head_in.get(), step.lrows, w, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, w.norm, head_y.get(),
+                logits.get());
+  }
+}
+
+void CudaModel::Impl::finish(StepOutput* host_out, CudaStepView* view) {
+  const int64_t V = cfg.vocab_size;
+  const int64_t td = cfg.has_dspark() ? cfg.hidden_size * static_cast<int64_t>(cfg.dspark_target_layer_ids.size()) : 0;
+  if (view) {
+    view->logits = logits.get();
+    view->num_logits_rows = step.lrows;
+    view->taps = taps.get();
+    view->num_taps_rows = step.trows;
+  }
+  if (host_out && step.rows > 0) {
+    if (host_out->logits.size() < static_cast<size_t>(step.lrows * V)) host_out->logits.resize(step.lrows * V);
+    if (host_out->taps.size() < static_cast<size_t>(step.trows * td)) host_out->taps.resize(step.trows * td);
+    if (step.lrows)
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_out->logits.data(), logits.get(), sizeof(float) * step.lrows * V,
+                                        cudaMemcpyDeviceToHost, stream));
+    if (step.trows)
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_out->taps.data(), taps.get(), sizeof(float) * step.trows * td,
+                                        cudaMemcpyDeviceToHost, stream));
+  }
+  // The plan's pinned staging is reused by the next step: finish before returning.
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (const SeqStep& q : step.batch->seqs) slot_len[q.slot] += static_cast<int64_t>(q.tokens.size());
+}
+
+Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, CudaStepView* view) {
+  Impl& m = *impl_;
+  kernels::cuda::set_stream(m.stream);
+  TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
+  m.launch();
+  m.finish(host_out, view);
+  return Status();
+}
+
+Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out) {
+  Impl& m = *impl_;
+  kernels::cuda::set_stream(m.stream);
+  TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
+  for (const SeqStep& q : batch.seqs)
+    if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
+      return invalid_argument("profile_step: a replayed step may add at most max_rollback + 1 tokens per sequence");
+  StepProfile prof;
+  // Eager: the same launches, timed with events.
+  cudaEvent_t e0, e1;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> eager, graph;
+  for (int r = 0; r < reps + 2; ++r) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(e0, m.stream));
+    m.launch();
+    TANDEM_CUDA_CHECK(cudaEventRecord(e1, m.stream));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 2) eager.push_back(ms * 1000.0);
+  }
+  // Graph: capture the step once, count its nodes, time replays. Replaying the same step is
+  // idempotent (it rewrites the same ring rows and pool entries).
+  cudaGraph_t g;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+  m.launch();
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
+  size_t nn = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
+  std::vector<cudaGraphNode_t> nodes(nn);
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeKernel) ++prof.kernels;
+    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++prof.copies;
+  }
+  cudaGraphExec_t ge;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int r = 0; r < reps + 2; ++r) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(e0, m.stream));
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, m.stream));
+    TANDEM_CUDA_CHECK(cudaEventRecord(e1, m.stream));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 2) graph.push_back(ms * 1000.0);
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  prof.eager_us = median(eager);
+  prof.graph_us = median(graph);
+  // The outputs are those of the last graph replay.
+  m.finish(host_out, nullptr);
+  return prof;
+}
+
+int64_t CudaModel::slot_length(int slot) const {
+  TANDEM_CHECK(slot >= 0 && slot < impl_->opt.max_slots);
+  return impl_->slot_len[slot];
+}
+
+Status CudaModel::rollback(int slot, int64_t new_length) {
+  Impl& m = *impl_;
+  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("rollback: slot {} out of range", slot);
+  const int64_t len = m.slot_len[slot];
+  if (new_length > len || new_length < 0 || len - new_length > m.opt.max_rollback)
+    return invalid_argument("rollback: slot {} length {} cannot roll back to {} (max_rollback {})", slot, len,
+                            new_length, m.opt.max_rollback);
+  m.slot_len[slot] = new_length;
+  return Status();
+}
+
+void CudaModel::reset(int slot) {
+  TANDEM_CHECK(slot >= 0 && slot < impl_->opt.max_slots);
+  impl_->slot_len[slot] = 0;
+  draft_reset(slot);
+}
+
+void CudaModel::draft_reset(int slot) {
+  Impl& m = *impl_;
+  TANDEM_CHECK(slot >= 0 && slot < m.opt.max_slots);
+  if (!m.lay.draft_slot_bytes) return;
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes, 0,
+                                    static_cast<size_t>(m.lay.draft_slot_bytes), m.stream));
+}
+
+Status CudaModel::export_slot_state(int slot, std::span<uint8_t> out) const {
+  const Impl& m = *impl_;
+  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("export_slot_state: slot {} out of range", slot);
+  if (out.size() != slot_state_bytes())
+    return invalid_argument("export_slot_state: buffer has {} bytes, {} needed", out.size(), slot_state_bytes());
+  std::memcpy(out.data(), &m.slot_len[slot], sizeof(int64_t));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(out.data() + sizeof(int64_t), m.slot_state.get() + slot * m.lay.slot_bytes,
+                                    static_cast<size_t>(m.lay.slot_bytes), cudaMemcpyDeviceToHost, m.stream));
+  if (m.lay.draft_slot_bytes)
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(out.data() + sizeof(int64_t) + m.lay.slot_bytes,
+                                      m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
+                                      static_cast<size_t>(m.lay.draft_slot_bytes), cudaMemcpyDeviceToHost, m.stream));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return Status();
+}
+
+Status CudaModel::import_slot_state(int slot, std::span<const uint8_t> in) {
+  Impl& m = *impl_;
+  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("import_slot_state: slot {} out of range", slot);
+  if (in.size() != slot_state_bytes())
+    return invalid_argument("import_slot_state: buffer has {} bytes, {} expected", in.size(), slot_state_bytes());
+  int64_t len;
+  std::memcpy(&len, in.data(), sizeof(int64_t));
+  if (len < 0) return invalid_argument("import_slot_state: negative length {}", len);
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.slot_state.get() + slot * m.lay.slot_bytes, in.data() + sizeof(int64_t),
+                                    static_cast<size_t>(m.lay.slot_bytes), cudaMemcpyHostToDevice, m.stream));
+  if (m.lay.draft_slot_bytes)
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
+                                      in.data() + sizeof(int64_t) + m.lay.slot_bytes,
+                                      static_cast<size_t>(m.lay.draft_slot_bytes), cudaMemcpyHostToDevice, m.stream));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.slot_len[slot] = len;
+  return Status();
+}
+
+}  // namespace tandem

@@ -1,0 +1,113 @@
+// CudaModel: the DeepSeek-V4 forward pass and DSpark draft resident on one GPU. Same contract as
+// the CPU oracle DsV4Model (src/model/model.h: slots, paged compressed KV addressed by block
+// tables, rollback, slot-state snapshots, draft context and proposals), with everything on the
+// device: weights uploaded once as stored (FP8 + E8M0 128x128, MXFP4 experts, bf16/fp32), the
+// paged KV pool and the slot rings in real bytes for the cache dtype (kv_record.h), the step
+// plan uploaded once per step into fixed buffers, and every buffer allocated at start-up
+// (DeviceBuffer; nothing allocates on the step path afterwards). Logits stay on the device unless
+// the caller asks for a host copy.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "io/model_config.h"
+#include "model/model.h"
+
+namespace tandem {
+
+struct TensorView;
+
+struct CudaModelOptions {
+  ModelOptions model;        // slots, pool, block size, step size, rollback, KV dtype, draft
+  int device = 0;            // CUDA device ordinal
+  int max_logits_rows = 0;   // rows of logits one step may produce; 0 = derived (see cuda_model.cpp)
+  int max_draft_requests = 0;  // 0 = model.max_slots
+};
+
+// Device results of the last forward(): valid until the next forward().
+struct CudaStepView {
+  const float* logits = nullptr;   // [num_logits_rows, vocab] device
+  int64_t num_logits_rows = 0;
+  const float* taps = nullptr;     // [num_taps_rows, tap_dim] device
+  int64_t num_taps_rows = 0;
+};
+
+class CudaModel {
+ public:
+  static Result<std::unique_ptr<CudaModel>> load(const std::string& dir, const CudaModelOptions& options);
+  static Result<std::unique_ptr<CudaModel>> from_tensors(const ModelConfig& config,
+                                                         const std::vector<const TensorView*>& tensors,
+                                                         const CudaModelOptions& options);
+  // Device memory per slot state and per pool block for a config + options (no weights needed).
+  static Result<ModelStateSizes> state_sizes(const ModelConfig& config, const ModelOptions& options);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const;
+  const LoadReport& load_report() const;
+  bool has_draft() const;
+  int draft_block_size() const;
+  int64_t tap_dim() const;
+  int64_t vocab_size() const;
+  // Bytes of device memory held: weights, KV pool, slot states, scratch.
+  struct Memory {
+    int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0;
+    int64_t total() const { return weights + pool + slot_state + draft_state + scratch; }
+  };
+  Memory memory() const;
+  std::string device_name() const;
+
+  // Runs one step on the device. `host_out` (optional) receives host copies of the logits and taps
+  // in DsV4Model's StepOutput layout. Errors are InvalidArgument and change no slot.
+  Status forward(const StepBatch& batch, StepOutput* host_out, CudaStepView* view = nullptr);
+
+  // Benchmark/test aid: runs `batch` (at most max_rollback + 1 tokens per sequence) eagerly and as
+  // a captured CUDA graph `reps` times each; the step's state effect is applied once. Reports the
+  // kernels and copies in the step's graph and the median step times; host_out receives the
+  // graph replay's outputs.
+  struct StepProfile {
+    int kernels = 0, copies = 0;
+    double eager_us = 0, graph_us = 0;
+  };
+  Result<StepProfile> profile_step(const StepBatch& batch, int reps, StepOutput* host_out);
+
+  int64_t slot_length(int slot) const;
+  Status rollback(int slot, int64_t new_length);
+  void reset(int slot);
+  size_t slot_state_bytes() const;
+  Status export_slot_state(int slot, std::span<uint8_t> out) const;
+  Status import_slot_state(int slot, std::span<const uint8_t> in);
+  size_t pool_block_bytes() const;
+
+  Status draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows);
+  void draft_reset(int slot);
+  // Greedy (temperature 0) or sampled drafts, all requests in one batch; sampled draws use a
+  // counter-based RNG keyed by (seed, anchor position + i), so a request's drafts never depend on
+  // its batch neighbours. results[i].probs is filled when want_probs, results[i].logits (the
+  // Markov-corrected z, [K, vocab]) when want_logits.
+  struct DraftQueryDev {
+    int slot = 0;
+    int32_t anchor_token = 0;
+    int64_t anchor_pos = 0;
+    double temperature = 0.0;
+    uint64_t seed = 0;
+  };
+  Status draft_propose(std::span<const DraftQueryDev> requests, bool want_probs, std::vector<DraftResult>& results,
+                       bool want_logits = false);
+  // profile_step for a greedy draft of `requests` (their context must be in place).
+  Result<StepProfile> profile_draft(std::span<const DraftQueryDev> requests, int reps);
+
+  struct Impl;
+
+ private:
+  explicit CudaModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem
