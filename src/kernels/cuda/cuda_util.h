@@ -75,6 +75,17 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
+// Per-device scratch for ops that need a private buffer (gemm's quantized copy of x with
+// quantize_x_block, the mHC split-K partials). A slot grows (counted allocation, after a device
+// synchronize) only outside stream capture; a captured call that needs more than the eager warm-up
+// reserved is a programmer error (CHECK). A slot is used by one op at a time in stream order, so
+// the ops of one device must run on one stream. reserve_scratch lets a runner size a slot at
+// start-up; scratch_bytes reports the current size.
+enum class ScratchSlot : int { kGemmX = 0, kHc = 1, kCount = 2 };
+void* scratch(ScratchSlot slot, size_t bytes, cudaStream_t s);
+void reserve_scratch(ScratchSlot slot, size_t bytes);
+size_t scratch_bytes(ScratchSlot slot);
+
 // Number of CUDA devices visible (0 when there is no driver or no GPU; never aborts).
 int device_count();
 // "NVIDIA H200 (sm_90, 132 SMs, 141 GB)" for device `dev`.

@@ -1,0 +1,48 @@
+// Walsh-Hadamard transform, one CTA per row in shared memory: the same butterfly stages in the same
+// order as the CPU op (each output of a stage is one a+b or a-b), so the result is bit-exact.
+#include "common/check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxN = 8192;  // 32 KiB of shared memory
+
+__global__ void __launch_bounds__(kThreads) hadamard_kernel(HadamardParams p, int64_t ldx, float scale) {
+  extern __shared__ float v[];
+  const int n = static_cast<int>(p.n);
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    float* x = p.x + r * ldx;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = x[i];
+    __syncthreads();
+    for (int h = 1; h < n; h *= 2) {
+      for (int j = threadIdx.x; j < n / 2; j += blockDim.x) {
+        const int i = (j / h) * 2 * h + j % h;
+        const float a = v[i], b = v[i + h];
+        v[i] = add_rn(a, b);
+        v[i + h] = sub_rn(a, b);
+      }
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float y = mul_rn(v[i], scale);
+      x[i] = p.round_bf16 ? round_bf16(y) : y;
+    }
+    __syncthreads();  // v reused by the next row
+  }
+}
+
+}  // namespace
+
+void hadamard(const HadamardParams& p, cudaStream_t s) {
+  if (p.rows == 0) return;
+  TANDEM_CHECK_MSG(p.n <= kMaxN, "hadamard: n <= 8192");
+  const int64_t ldx = p.ldx > 0 ? p.ldx : p.n;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.n)));
+  hadamard_kernel<<<grid_for(p.rows, 1), kThreads, static_cast<size_t>(p.n) * sizeof(float), s>>>(p, ldx, scale);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,77 @@
+// mHC hc_pre: split-K mixing projection (hc_common.cuh), then one CTA per token finishes the
+// mixes, runs the Sinkhorn normalization on one thread (a 4x4 matrix, 20 iterations: serial is
+// fastest and keeps the CPU's operation order) and collapses the streams with all threads.
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/hc_common.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kMaxHc = 16;
+
+__global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, const double* partial, int ksplit) {
+  __shared__ float pre[kMaxHc];
+  const int hc = p.hc;
+  const int nmix = (2 + hc) * hc;
+  const int64_t HD = hc * p.dim;
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x == 0) {
+    float mix[(2 + kMaxHc) * kMaxHc];
+    hc::finish_mix(partial, t, nmix, ksplit, HD, p.norm_eps, mix);
+    float* post = p.post + t * hc;
+    float* C = p.comb + t * hc * hc;
+    for (int j = 0; j < hc; ++j) {
+      pre[j] = add_rn(hc::sigmoid(add_rn(mul_rn(mix[j], p.scale[0]), p.base[j])), p.hc_eps);
+      post[j] = mul_rn(2.0f, hc::sigmoid(add_rn(mul_rn(mix[j + hc], p.scale[1]), p.base[j + hc])));
+    }
+    float c[kMaxHc * kMaxHc];
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k)
+        c[j * hc + k] = add_rn(mul_rn(mix[2 * hc + j * hc + k], p.scale[2]), p.base[2 * hc + j * hc + k]);
+    for (int j = 0; j < hc; ++j) {
+      float m = c[j * hc];
+      for (int k = 1; k < hc; ++k) m = c[j * hc + k] > m ? c[j * hc + k] : m;
+      float s = 0.0f;
+      for (int k = 0; k < hc; ++k) {
+        c[j * hc + k] = expf(sub_rn(c[j * hc + k], m));
+        s = add_rn(s, c[j * hc + k]);
+      }
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = add_rn(div_rn(c[j * hc + k], s), p.hc_eps);
+    }
+    auto col_norm = [&] {
+      for (int k = 0; k < hc; ++k) {
+        float s = 0.0f;
+        for (int j = 0; j < hc; ++j) s = add_rn(s, c[j * hc + k]);
+        for (int j = 0; j < hc; ++j) c[j * hc + k] = div_rn(c[j * hc + k], add_rn(s, p.hc_eps));
+      }
+    };
+    col_norm();
+    for (int it = 0; it < p.sinkhorn_iters - 1; ++it) {
+      for (int j = 0; j < hc; ++j) {
+        float s = 0.0f;
+        for (int k = 0; k < hc; ++k) s = add_rn(s, c[j * hc + k]);
+        for (int k = 0; k < hc; ++k) c[j * hc + k] = div_rn(c[j * hc + k], add_rn(s, p.hc_eps));
+      }
+      col_norm();
+    }
+    for (int i = 0; i < hc * hc; ++i) C[i] = c[i];
+  }
+  __syncthreads();
+  hc::collapse(p.h + t * HD, pre, hc, p.dim, p.x + t * p.dim, true);
+}
+
+}  // namespace
+
+void hc_pre(const HcPreParams& p, cudaStream_t s) {
+  if (p.tokens == 0) return;
+  TANDEM_CHECK(p.hc <= kMaxHc);
+  TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_pre: too many tokens");
+  const int nmix = (2 + p.hc) * p.hc;
+  const int64_t HD = p.hc * p.dim;
+  const int ksplit = hc::ksplit_for(HD);
+  const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
+  hc_pre_finish<<<static_cast<unsigned>(p.tokens), hc::kThreads, 0, s>>>(p, partial, ksplit);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tandem::kernels::cuda

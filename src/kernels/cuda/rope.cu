@@ -1,0 +1,45 @@
+// Interleaved RoPE on the tail dims of every head, one thread per (token, head, pair). The rotation
+// is computed with separately rounded products (no FMA), as the CPU op; cos/sin come from the
+// device's sincosf (within 2 ulp of the CPU's cosf/sinf).
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+__global__ void rope_kernel(RopeParams p, int64_t head_stride, int64_t token_stride) {
+  const int half = p.rope_dim / 2;
+  const int64_t per_token = p.heads * half;
+  const int64_t total = p.tokens * per_token;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += stride) {
+    const int64_t t = g / per_token, rem = g % per_token, h = rem / half;
+    const int i = static_cast<int>(rem % half);
+    const float ang = mul_rn(static_cast<float>(p.positions[t]), p.inv_freq[i]);
+    float sn, c;
+    sincosf(ang, &sn, &c);
+    if (p.inverse) sn = -sn;
+    float* x = p.x + t * token_stride + h * head_stride + p.rope_offset + 2 * i;
+    const float a = x[0], b = x[1];
+    float re = sub_rn(mul_rn(a, c), mul_rn(b, sn));
+    float im = add_rn(mul_rn(a, sn), mul_rn(b, c));
+    if (p.round_bf16) {
+      re = round_bf16(re);
+      im = round_bf16(im);
+    }
+    x[0] = re;
+    x[1] = im;
+  }
+}
+
+}  // namespace
+
+void rope(const RopeParams& p, cudaStream_t s) {
+  if (p.tokens == 0) return;
+  const int64_t head_stride = p.head_stride > 0 ? p.head_stride : p.rope_offset + p.rope_dim;
+  const int64_t token_stride = p.token_stride > 0 ? p.token_stride : p.heads * head_stride;
+  rope_kernel<<<grid_for(p.tokens * p.heads * (p.rope_dim / 2), 256), 256, 0, s>>>(p, head_stride, token_stride);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tandem::kernels::cuda
