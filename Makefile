@@ -33,7 +33,7 @@ test-e2e: build
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure
 
-test-gpu:
+test-gpu: build
 	@bash tools/run-gpu-tests.sh $(BUILD)
 
 builtin-model: build

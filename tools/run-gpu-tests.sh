@@ -1,31 +1,95 @@
 #!/usr/bin/env bash
-# `make test-gpu`: runs the CUDA test binaries (tests built from tests/cuda/, named test_cuda*) on
-# a machine with an NVIDIA GPU and writes a results JSON (date, commit, hardware) to bench/results/.
-set -euo pipefail
+# `make test-gpu`: on a machine with an NVIDIA GPU, runs the CUDA test binary (tests/cuda: every
+# kernel against its CPU reference, the CUDA model against the CPU oracle, golden cases through
+# `tandem logits --device cuda`, speculative == plain greedy on the GPU, no allocation after
+# start-up), the step benchmark on the built-in model, and a `tandem serve --device cuda` smoke
+# test; writes bench/results/gpu-tests-<date>-<gpu>.json and bench/results/bench-model-<date>-<gpu>.json.
+# Usage: tools/run-gpu-tests.sh [BUILD_DIR] [RESULTS_DIR]
+set -uo pipefail
 BUILD=${1:-build}
+RESULTS=${2:-bench/results}
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "test-gpu: no NVIDIA GPU visible on this machine; run it on a GPU host" >&2
   exit 2
 fi
-shopt -s nullglob
-bins=("$BUILD"/test_cuda*)
-if ((${#bins[@]} == 0)); then
-  echo "test-gpu: no CUDA tests are built yet (the CUDA backend has not landed)" >&2
+if [[ ! -x "$BUILD/test_cuda" ]]; then
+  echo "test-gpu: $BUILD/test_cuda is missing (build with the CUDA toolkit installed: make build)" >&2
   exit 2
 fi
+mkdir -p "$RESULTS"
 date=$(date -u +%Y-%m-%d)
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${TANDEM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-out="bench/results/gpu-tests-$date-$commit.json"
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+tag=$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-' | tr 'A-Z' 'a-z' | sed 's/-*$//; s/^nvidia-//')
+log=$(mktemp /tmp/tandem-gpu-tests.XXXXXX.log)
 rc=0
-results=()
-for b in "${bins[@]}"; do
-  name=$(basename "$b")
-  if "$b" --gtest_output="json:$BUILD/$name.json"; then status=pass; else status=fail; rc=1; fi
-  results+=("{\"binary\":\"$name\",\"status\":\"$status\"}")
+
+echo "== test_cuda on $gpu (driver $driver, commit $commit)"
+# One process per test suite: a device fault aborts only its own suite.
+suites=$("$BUILD/test_cuda" --gtest_list_tests | grep -v '^ ' | tr -d '.')
+mkdir -p "$RESULTS/.gtest"
+for s in $suites; do
+  timeout 900 "$BUILD/test_cuda" --gtest_filter="$s.*" --gtest_output="json:$RESULTS/.gtest/$s.json" 2>&1 | tee -a "$log"
+  code=${PIPESTATUS[0]}
+  if [[ $code -ne 0 ]]; then
+    rc=1
+    [[ -f "$RESULTS/.gtest/$s.json" ]] || echo "{\"testsuites\":[{\"name\":\"$s\",\"testsuite\":[{\"name\":\"(crashed: exit $code)\",\"failures\":[1]}]}]}" > "$RESULTS/.gtest/$s.json"
+  fi
 done
-printf '{"date":"%s","commit":"%s","gpu":"%s","results":[%s]}\n' "$date" "$commit" "$gpu" \
-  "$(IFS=,; echo "${results[*]}")" >"$out"
-echo "test-gpu: wrote $out"
+
+echo "== bench-model on the built-in model"
+bench="$RESULTS/bench-model-$date-$tag.json"
+TANDEM_COMMIT=$commit "$BUILD/tandem" bench-model --model data/builtin --batches 1,2,4,8 --reps 50 --out "$bench" || rc=1
+
+echo "== tandem serve --device cuda smoke test"
+port=${GPU_SMOKE_PORT:-18777}
+"$BUILD/tandem" serve --model data/builtin --device cuda --served-model-name builtin --port "$port" \
+  --speculative-config '{"method":"dspark","num_speculative_tokens":5}' > /tmp/tandem-gpu-serve.log 2>&1 &
+spid=$!
+smoke=fail
+for _ in $(seq 1 120); do
+  if python3 - "$port" <<'PY' 2>/dev/null; then smoke=pass; break; fi
+import json, sys, urllib.request
+port = sys.argv[1]
+urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+body = {"model": "builtin", "messages": [{"role": "user", "content": "Count from 1 to 20."}],
+        "temperature": 0, "max_tokens": 64}
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
+r = json.loads(urllib.request.urlopen(req, timeout=60).read())
+text = r["choices"][0]["message"]["content"]
+print("serve --device cuda answered:", text[:120].replace("\n", " "))
+assert "1, 2, 3" in text, text
+PY
+  sleep 1
+done
+kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+grep -m3 -i "cuda\|device" /tmp/tandem-gpu-serve.log || true
+[[ $smoke == pass ]] || { rc=1; echo "serve smoke test FAILED"; tail -20 /tmp/tandem-gpu-serve.log; }
+
+python3 - "$RESULTS/.gtest" "$RESULTS/gpu-tests-$date-$tag.json" "$date" "$commit" "$gpu" "$driver" "$smoke" "$log" <<'PY'
+import glob, json, os, sys
+src, dst, date, commit, gpu, driver, smoke, log = sys.argv[1:]
+suites = []
+for f in sorted(glob.glob(os.path.join(src, "*.json"))):
+    try:
+        suites += json.load(open(f)).get("testsuites", [])
+    except Exception:
+        pass
+cases = []
+for s in suites:
+    for c in s.get("testsuite", []):
+        cases.append({"name": s["name"] + "." + c["name"], "status": "fail" if c.get("failures") else
+                      ("skipped" if c.get("result") == "SKIPPED" else "pass"), "time": c.get("time")})
+lines = [l.strip() for l in open(log, errors="replace") if l.startswith("[cuda")]
+json.dump({"date": date, "commit": commit, "gpu": gpu, "driver": driver,
+           "tests": len(cases), "passed": sum(c["status"] == "pass" for c in cases),
+           "failed": sum(c["status"] == "fail" for c in cases),
+           "skipped": sum(c["status"] == "skipped" for c in cases),
+           "serve_smoke": smoke, "cases": cases, "measurements": lines}, open(dst, "w"), indent=2)
+print("wrote", dst)
+PY
+rm -rf "$RESULTS/.gtest"
 exit $rc

@@ -22,8 +22,12 @@ namespace {
 
 class CudaRunner : public ModelRunner {
  public:
-  CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe)
-      : dir_(std::move(dir)), tokenizer_(std::move(tok)), config_(std::move(config)), probe_(probe) {}
+  CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe, int max_graph_batch)
+      : dir_(std::move(dir)),
+        tokenizer_(std::move(tok)),
+        config_(std::move(config)),
+        probe_(probe),
+        max_graph_batch_(max_graph_batch) {}
 
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_model_len() const override { return config_.max_position_embeddings; }
@@ -71,6 +75,9 @@ class CudaRunner : public ModelRunner {
     // Logits rows of one step: the last row of each sequence, or K+1 verify rows of each.
     o.max_logits_rows = std::max(alloc.max_slots * std::max(alloc.max_verify_tokens, 1),
                                  std::min(alloc.max_tokens_per_step, alloc.max_slots * 8));
+    // Decode and verify steps of up to --max-cudagraph-capture-size sequences replay CUDA graphs
+    // (0 = always eager).
+    o.max_graph_batch = std::min(max_graph_batch_, alloc.max_slots);
     model_.reset();
     TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(dir_, o));
     TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
@@ -149,6 +156,7 @@ class CudaRunner : public ModelRunner {
   std::unique_ptr<Tokenizer> tokenizer_;
   ModelConfig config_;
   ModelOptions probe_;
+  int max_graph_batch_ = 0;
   std::unique_ptr<CudaModel> model_;
   StepBatch batch_;
   StepOutput step_out_;
@@ -176,7 +184,8 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
   probe.load_draft = true;
   auto sizes = CudaModel::state_sizes(*cfg, probe);
   if (!sizes.ok()) return sizes.status().with_context("loading " + dir);
-  return std::unique_ptr<ModelRunner>(new CudaRunner(dir, std::move(tok), std::move(cfg).value(), probe));
+  return std::unique_ptr<ModelRunner>(
+      new CudaRunner(dir, std::move(tok), std::move(cfg).value(), probe, config.max_cudagraph_capture_size));
 }
 
 }  // namespace tandem

@@ -250,13 +250,10 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   if (at.has_indexer)
     run_compressor(at.icomp, L.icomp_off, lay.icomp_ring[layer], icomp_rows.get(), L.pool_idx, x.get(), n);
 
-  // The step's largest visible entry count (host arithmetic on the plan).
-  int64_t max_vis4 = 0, max_vis_r = 0;
-  for (const SeqStep& s : batch.seqs) {
-    const int64_t end = s.start_pos + static_cast<int64_t>(s.tokens.size());
-    max_vis4 = std::max<int64_t>(max_vis4, end / 4);
-    if (ratio) max_vis_r = std::max<int64_t>(max_vis_r, end / ratio);
-  }
+  // Visible compressed entries bound the indexer's columns and the attention's key list: from the
+  // step's context bound (exact when eager, its power-of-two bucket when replaying a graph).
+  const int64_t max_vis4 = step.end_bound / 4, max_vis_r = ratio ? step.end_bound / ratio : 0;
+  (void)batch;
 
   const int64_t IH = cfg.index_n_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
   const bool csa = ratio == 4 && at.has_indexer;

@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/cuda_util.h"
@@ -141,12 +143,25 @@ struct CudaModel::Impl {
   // The step being run (prepare -> launch -> finish).
   struct Step {
     const StepBatch* batch = nullptr;
-    int64_t rows = 0, lrows = 0, trows = 0, max_vis4 = 0, max_end = 0;
+    int64_t rows = 0, lrows = 0, trows = 0, max_end = 0;
+    // Context bound the launch grids are sized for: max_end (eager) or its power-of-two bucket
+    // (graph replay), so one graph serves every position up to the bucket.
+    int64_t end_bound = 0;
     std::vector<int64_t> logits_row, taps_row;
   } step;
+  // ---- CUDA graphs: key = (sequences, tokens per sequence, logits mode, taps, context bucket) ----
+  using GraphKey = std::tuple<int, int, int, int, int64_t>;
+  std::map<GraphKey, cudaGraphExec_t> graphs;
+  CudaModel::GraphStats gstats;
+  int pad_slot = -1;            // the slot padding sequences run in (one past the engine's slots)
+  int pad_block = -1;           // the pool block padding sequences write to
+  StepBatch padded;             // the padded copy of a graph step
+  std::vector<int32_t> pad_tokens, pad_table;
 
   ~Impl();
-  Status prepare(const StepBatch& batch, StepOutput* host_out);
+  Status prepare(const StepBatch& batch, StepOutput* host_out);  // validate + plan (eager)
+  void prepare_plan(const StepBatch& batch, StepOutput* host_out);
+  bool graph_step(const StepBatch& batch);
   void launch();
   void finish(StepOutput* host_out, CudaStepView* view);
   // The draft's device work for B staged requests (draft_host): capturable.

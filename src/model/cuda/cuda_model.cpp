@@ -86,6 +86,7 @@ size_t snapshot_bytes(const cuda_model::DeviceLayout& l) {
 
 CudaModel::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
+  for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
   if (plan_host) cudaFreeHost(plan_host);
   if (draft_host) cudaFreeHost(draft_host);
   if (stream) cudaStreamDestroy(stream);
@@ -173,7 +174,15 @@ void allocate_all(CudaModel::Impl& m) {
   const int64_t KB = m.w.has_draft ? c.dspark_block_size : 0;
   m.max_draft_requests = m.copt.max_draft_requests > 0 ? m.copt.max_draft_requests : o.max_slots;
   const int64_t T = o.max_tokens_per_step;
-  m.max_rows = std::max<int64_t>(T, m.max_draft_requests * KB);
+  // Graph steps pad their sequence count to a power of two (padding runs in a spare slot).
+  int64_t graph_seqs = 0;
+  if (m.copt.max_graph_batch > 0) {
+    graph_seqs = 1;
+    while (graph_seqs < m.copt.max_graph_batch) graph_seqs *= 2;
+    m.pad_slot = o.max_slots;
+    m.pad_block = o.num_blocks;
+  }
+  m.max_rows = std::max<int64_t>({T, m.max_draft_requests * KB, graph_seqs * (o.max_rollback + 1)});
   const int64_t N = m.max_rows;
   // Logits rows: every row of a step when that costs at most 1 GiB, else what the engine asks for
   // (the last row of each sequence, or K+1 verify rows).
@@ -185,7 +194,7 @@ void allocate_all(CudaModel::Impl& m) {
                                                           : std::max<int64_t>(o.max_slots * (o.max_rollback + 1),
                                                                               m.max_draft_requests * KB);
   }
-  m.max_logits_rows = std::max<int64_t>(m.max_logits_rows, m.max_draft_requests * KB);
+  m.max_logits_rows = std::max<int64_t>({m.max_logits_rows, m.max_draft_requests * KB, graph_seqs * (o.max_rollback + 1)});
   int64_t max_comp_chans = 0, max_icomp_chans = 0;
   bool any_idx = false;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -264,9 +273,28 @@ void allocate_all(CudaModel::Impl& m) {
     TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.draft_host), m.draft_host_bytes));
   }
 
+  // The GEMM op quantizes its input into a per-device scratch: reserve it for the widest
+  // act-quant linear and the most rows any call sees, so no step ever grows it.
+  int64_t max_k = 0;
+  auto lk = [&](const cuda_model::DLinear& l) {
+    if (l.act_quant) max_k = std::max(max_k, l.w.k);
+  };
+  auto block_k = [&](const cuda_model::DBlock& b) {
+    for (const auto* l : {&b.attn.wq_a, &b.attn.wq_b, &b.attn.wkv, &b.attn.wo_a, &b.attn.wo_b, &b.attn.idx_wq_b,
+                          &b.attn.idx_wproj, &b.attn.comp.wkv, &b.attn.comp.wgate, &b.attn.icomp.wkv,
+                          &b.attn.icomp.wgate, &b.ffn.gate, &b.ffn.sh_w1, &b.ffn.sh_w2, &b.ffn.sh_w3})
+      lk(*l);
+  };
+  for (const auto& b : m.w.layers) block_k(b);
+  for (const auto& b : m.w.draft.stages) block_k(b);
+  lk(m.w.head);
+  lk(m.w.draft.main_proj);
+  lk(m.w.draft.markov_w2);
+  kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, static_cast<size_t>(N * max_k) * sizeof(float));
+
   // The step plan: one pinned host region mirrored on the device.
   m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
-  const int64_t S = std::max<int64_t>(o.max_slots, m.max_draft_requests);
+  const int64_t S = std::max<int64_t>({o.max_slots, m.max_draft_requests, graph_seqs});
   auto& p = m.plan;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -300,13 +328,20 @@ void allocate_all(CudaModel::Impl& m) {
   m.meta.block_size = o.block_size;
 
   // State.
-  m.slot_state.reset(static_cast<size_t>(o.max_slots * m.lay.slot_bytes));
-  m.pool.reset(static_cast<size_t>(o.num_blocks * m.lay.block_bytes));
+  const int64_t slots = o.max_slots + (m.pad_slot >= 0 ? 1 : 0);
+  const int64_t blocks = o.num_blocks + (m.pad_block >= 0 ? 1 : 0);
+  m.slot_state.reset(static_cast<size_t>(slots * m.lay.slot_bytes));
+  m.pool.reset(static_cast<size_t>(blocks * m.lay.block_bytes));
   if (m.lay.draft_slot_bytes) m.draft_ctx.reset(static_cast<size_t>(o.max_slots * m.lay.draft_slot_bytes));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.slot_state.get(), 0, m.slot_state.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream));
   if (m.draft_ctx.get()) TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get(), 0, m.draft_ctx.bytes(), m.stream));
-  m.slot_len.assign(o.max_slots, 0);
+  m.slot_len.assign(slots, 0);
+  if (m.pad_slot >= 0) {
+    m.pad_table.assign(m.max_blocks, m.pad_block);
+    m.pad_tokens.assign(o.max_rollback + 1, 0);
+    m.padded.seqs.reserve(graph_seqs);
+  }
 
   // RoPE tables (as DsV4Model: SWA layers and draft stages without YaRN, compressed layers with).
   model::RopeTable swa, comp;
@@ -413,6 +448,12 @@ Status CudaModel::Impl::validate_step(const StepBatch& batch) const {
 
 Status CudaModel::Impl::prepare(const StepBatch& batch, StepOutput* host_out) {
   TANDEM_RETURN_IF_ERROR(validate_step(batch));
+  prepare_plan(batch, host_out);
+  step.end_bound = step.max_end;
+  return Status();
+}
+
+void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out) {
   const size_t ns = batch.seqs.size();
   uint8_t* hp = plan_host;
   auto* tokens = reinterpret_cast<int32_t*>(hp + plan.tokens);
@@ -428,7 +469,6 @@ Status CudaModel::Impl::prepare(const StepBatch& batch, StepOutput* host_out) {
   step.logits_row.assign(ns, -1);
   step.taps_row.assign(ns, -1);
   int64_t total = 0, lrows = 0, trows = 0;
-  step.max_vis4 = 0;
   step.max_end = 0;
   for (size_t i = 0; i < ns; ++i) {
     const SeqStep& q = batch.seqs[i];
@@ -465,7 +505,6 @@ Status CudaModel::Impl::prepare(const StepBatch& batch, StepOutput* host_out) {
     host_out->num_logits_rows = lrows;
     host_out->num_taps_rows = trows;
   }
-  return Status();
 }
 
 void CudaModel::Impl::launch() {
@@ -519,16 +558,84 @@ void CudaModel::Impl::finish(StepOutput* host_out, CudaStepView* view) {
   // The plan's pinned staging is reused by the next step: finish before returning.
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (const SeqStep& q : step.batch->seqs) slot_len[q.slot] += static_cast<int64_t>(q.tokens.size());
+  if (pad_slot >= 0) slot_len[pad_slot] = 0;  // padding sequences always start at position 0
+}
+
+// A step replays a graph when every sequence adds the same small number of tokens (decode or
+// verify); it is padded to a power-of-two sequence count with sequences at position 0 of the
+// spare slot, whose outputs are dropped.
+bool CudaModel::Impl::graph_step(const StepBatch& batch) {
+  const size_t ns = batch.seqs.size();
+  if (copt.max_graph_batch <= 0 || ns == 0 || static_cast<int>(ns) > copt.max_graph_batch) return false;
+  const SeqStep& f = batch.seqs[0];
+  const size_t n = f.tokens.size();
+  if (n == 0 || static_cast<int64_t>(n) > opt.max_rollback + 1) return false;
+  for (const SeqStep& q : batch.seqs)
+    if (q.tokens.size() != n || q.logits != f.logits || q.collect_taps != f.collect_taps) return false;
+  return true;
 }
 
 Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, CudaStepView* view) {
   Impl& m = *impl_;
   kernels::cuda::set_stream(m.stream);
-  TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
-  m.launch();
+  if (!m.graph_step(batch)) {
+    TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
+    m.launch();
+    m.finish(host_out, view);
+    ++m.gstats.eager;
+    return Status();
+  }
+  TANDEM_RETURN_IF_ERROR(m.validate_step(batch));
+  const size_t ns = batch.seqs.size();
+  size_t padded = 1;
+  while (padded < ns) padded *= 2;
+  const SeqStep& f = batch.seqs[0];
+  const size_t n = f.tokens.size();
+  m.padded.seqs.assign(batch.seqs.begin(), batch.seqs.end());
+  for (size_t i = ns; i < padded; ++i)
+    m.padded.seqs.push_back({m.pad_slot, 0, std::span<const int32_t>(m.pad_tokens.data(), n), m.pad_table, f.logits,
+                             f.collect_taps});
+  m.prepare_plan(m.padded, nullptr);
+  int64_t bound = 256;
+  while (bound < m.step.max_end) bound *= 2;
+  bound = std::min<int64_t>(bound, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));
+  m.step.end_bound = bound;
+  const Impl::GraphKey key{static_cast<int>(padded), static_cast<int>(n), static_cast<int>(f.logits),
+                           f.collect_taps ? 1 : 0, bound};
+  auto it = m.graphs.find(key);
+  if (it == m.graphs.end()) {
+    // First step of this shape: run it eagerly (kernel attributes and scratch are set up outside
+    // any capture), then capture the same launches for the next steps of this shape.
+    m.launch();
+    cudaGraph_t g;
+    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+    m.launch();
+    TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
+    cudaGraphExec_t ge;
+    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+    m.graphs.emplace(key, ge);
+    ++m.gstats.captures;
+    ++m.gstats.eager;
+  } else {
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(it->second, m.stream));
+    ++m.gstats.replays;
+  }
+  // Outputs in the caller's batch order: the padding's rows come after every real row.
+  const int64_t per = f.logits == LogitsMode::kAll ? static_cast<int64_t>(n) : (f.logits == LogitsMode::kLast ? 1 : 0);
+  m.step.lrows = per * static_cast<int64_t>(ns);
+  m.step.trows = f.collect_taps ? static_cast<int64_t>(n * ns) : 0;
+  if (host_out) {
+    host_out->logits_row.assign(m.step.logits_row.begin(), m.step.logits_row.begin() + ns);
+    host_out->taps_row.assign(m.step.taps_row.begin(), m.step.taps_row.begin() + ns);
+    host_out->num_logits_rows = m.step.lrows;
+    host_out->num_taps_rows = m.step.trows;
+  }
   m.finish(host_out, view);
   return Status();
 }
+
+CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
 
 Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out) {
   Impl& m = *impl_;

@@ -27,6 +27,10 @@ struct CudaModelOptions {
   int device = 0;            // CUDA device ordinal
   int max_logits_rows = 0;   // rows of logits one step may produce; 0 = derived (see cuda_model.cpp)
   int max_draft_requests = 0;  // 0 = model.max_slots
+  // Steps of up to this many sequences, each adding the same 1..max_rollback+1 tokens, replay a
+  // CUDA graph captured on first use for (sequences padded to a power of two, tokens per sequence,
+  // logits/taps mode, longest context rounded up to a power of two); 0 = always eager.
+  int max_graph_batch = 0;
 };
 
 // Device results of the last forward(): valid until the next forward().
@@ -56,6 +60,11 @@ class CudaModel {
   int64_t tap_dim() const;
   int64_t vocab_size() const;
   // Bytes of device memory held: weights, KV pool, slot states, scratch.
+  // Graph replays and captures so far (tests, metrics).
+  struct GraphStats {
+    int64_t replays = 0, captures = 0, eager = 0;
+  };
+  GraphStats graph_stats() const;
   struct Memory {
     int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0;
     int64_t total() const { return weights + pool + slot_state + draft_state + scratch; }
