@@ -11,13 +11,14 @@ constexpr int kMaxHc = 16;
 
 __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, const double* partial, int ksplit) {
   __shared__ float pre[kMaxHc];
+  __shared__ double stage[hc::kMaxStage];
+  __shared__ float mix[(2 + kMaxHc) * kMaxHc];
   const int hc = p.hc;
   const int nmix = (2 + hc) * hc;
   const int64_t HD = hc * p.dim;
   const int64_t t = blockIdx.x;
+  hc::finish_mix(partial, t, nmix, ksplit, HD, p.norm_eps, stage, mix);
   if (threadIdx.x == 0) {
-    float mix[(2 + kMaxHc) * kMaxHc];
-    hc::finish_mix(partial, t, nmix, ksplit, HD, p.norm_eps, mix);
     float* post = p.post + t * hc;
     float* C = p.comb + t * hc * hc;
     for (int j = 0; j < hc; ++j) {
@@ -68,7 +69,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t s) {
   TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_pre: too many tokens");
   const int nmix = (2 + p.hc) * p.hc;
   const int64_t HD = p.hc * p.dim;
-  const int ksplit = hc::ksplit_for(HD);
+  const int ksplit = hc::ksplit_for(HD, nmix);
   const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
   hc_pre_finish<<<static_cast<unsigned>(p.tokens), hc::kThreads, 0, s>>>(p, partial, ksplit);
   TANDEM_CUDA_LAUNCH_CHECK();
