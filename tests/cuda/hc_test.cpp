@@ -1,5 +1,6 @@
 // CUDA mHC hc_pre / hc_post / hc_head against the CPU ops, at the model's shape (hc 4 x 4096) and
-// small odd ones. hc_post has no transcendental and keeps the CPU's operation order: bit-exact.
+// small odd ones. hc_post has no transcendental and keeps the CPU's operation order (bit-exact
+// with the default CPU build).
 #include <limits>
 
 #include "cuda/cuda_test_util.h"
@@ -108,7 +109,7 @@ TEST(CudaHcHead, MatchesCpu) {
   }
 }
 
-TEST(CudaHcPost, MatchesCpuBitExact) {
+TEST(CudaHcPost, MatchesCpu) {
   TANDEM_REQUIRE_GPU();
   uint64_t seed = 70;
   for (auto [tokens, hc, dim, round, alias] :
@@ -140,7 +141,10 @@ TEST(CudaHcPost, MatchesCpuBitExact) {
     p.comb = dcomb.get();
     p.out = alias ? dres.get() : dout.get();
     cuda::cuda_ops().hc_post(p);
-    EXPECT_TRUE(same_bits(to_host(alias ? dres : dout), want)) << "tokens " << tokens << " hc " << hc;
+    // Bit-exact with the default CPU build; a -march=native CPU build may contract the CPU's
+    // multiply-adds into FMAs, hence one bf16 step / a few fp32 ulps of slack.
+    EXPECT_TRUE(close(to_host(alias ? dres : dout), want, 1e-6, round ? 1.0 / 128 : 1e-6))
+        << "tokens " << tokens << " hc " << hc;
   }
 }
 
