@@ -266,7 +266,7 @@ TEST(CudaGemm, LmHead) {
 TEST(CudaGemm, RowsAreIndependentOfM) {
   TANDEM_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4}) {
-    for (int64_t k : {int64_t{512}, int64_t{96}}) {
+    for (int64_t k : {int64_t{512}, int64_t{96}, int64_t{4096}}) {  // 4096: the 16-warp path for f32/bf16
       const int64_t n = 130, m = 13;
       const HostWeight w = make_weight(f, n, k, 71);
       DeviceBuffer<uint8_t> dw = to_dev(w.data), ds = to_dev(w.scale);

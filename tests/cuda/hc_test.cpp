@@ -1,5 +1,6 @@
 // CUDA mHC hc_pre / hc_post / hc_head against the CPU ops, at the model's shape (hc 4 x 4096) and
-// small odd ones. hc_post has no transcendental and keeps the CPU's operation order: bit-exact.
+// small odd ones. hc_post has no transcendental and keeps the CPU's operation order (bit-exact
+// with the default CPU build).
 #include <limits>
 
 #include "cuda/cuda_test_util.h"
@@ -31,7 +32,8 @@ TEST(CudaHcPre, MatchesCpu) {
     int iters;
   };
   uint64_t seed = 1;
-  for (const C& c : {C{1, 4, 4096, 20}, C{3, 4, 4096, 20}, C{9, 4, 4096, 20}, C{5, 2, 100, 3}, C{2, 3, 64, 1}}) {
+  for (const C& c : {C{1, 4, 4096, 20}, C{3, 4, 4096, 20}, C{9, 4, 4096, 20}, C{5, 2, 100, 3}, C{2, 3, 64, 1},
+                     C{2, 6, 64, 5}}) {  // hc 6: the one-thread Sinkhorn
     SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " hc " << c.hc << " dim " << c.dim);
     const int nmix = (2 + c.hc) * c.hc;
     const int64_t HD = c.hc * c.dim;
@@ -107,7 +109,7 @@ TEST(CudaHcHead, MatchesCpu) {
   }
 }
 
-TEST(CudaHcPost, MatchesCpuBitExact) {
+TEST(CudaHcPost, MatchesCpu) {
   TANDEM_REQUIRE_GPU();
   uint64_t seed = 70;
   for (auto [tokens, hc, dim, round, alias] :
@@ -139,7 +141,10 @@ TEST(CudaHcPost, MatchesCpuBitExact) {
     p.comb = dcomb.get();
     p.out = alias ? dres.get() : dout.get();
     cuda::cuda_ops().hc_post(p);
-    EXPECT_TRUE(same_bits(to_host(alias ? dres : dout), want)) << "tokens " << tokens << " hc " << hc;
+    // Bit-exact with the default CPU build; a -march=native CPU build may contract the CPU's
+    // multiply-adds into FMAs, hence one bf16 step / a few fp32 ulps of slack.
+    EXPECT_TRUE(close(to_host(alias ? dres : dout), want, 1e-6, round ? 1.0 / 128 : 1e-6))
+        << "tokens " << tokens << " hc " << hc;
   }
 }
 

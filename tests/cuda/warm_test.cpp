@@ -188,5 +188,97 @@ TEST(CudaOpsWarm, NoAllocationAndGraphReplayEqualsEager) {
   TANDEM_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// The ops without scratch never allocate, not even on their first call.
+TEST(CudaOpsWarm, OpsWithoutScratchNeverAllocate) {
+  TANDEM_REQUIRE_GPU();
+  const int64_t tokens = 3, heads = 4, dim = 512, rows = 64;
+  DeviceBuffer<float> x = to_dev(randn(tokens * heads * dim, 1, 1.0f, true));
+  DeviceBuffer<float> kv = to_dev(randn(rows * dim, 2, 1.0f, true));
+  DeviceBuffer<float> sink = to_dev(randn(heads, 3, 1.0f, false)), out = poisoned<float>(tokens * heads * dim);
+  std::vector<int32_t> hidx(tokens * 16);
+  for (size_t i = 0; i < hidx.size(); ++i) hidx[i] = static_cast<int32_t>(i % rows);
+  DeviceBuffer<int32_t> idx = to_dev(hidx), vis = to_dev(std::vector<int32_t>(tokens, static_cast<int32_t>(rows)));
+  DeviceBuffer<int64_t> pos = to_dev(std::vector<int64_t>{5, 6, 7});
+  DeviceBuffer<float> inv = to_dev(randu(32, 4, 0.001f, 1.0f)), scores = poisoned<float>(tokens * rows);
+  Ops& ops = cuda::cuda_ops();
+  sync();
+  const int64_t allocs = cuda::alloc_stats().count;
+  for (int it = 0; it < 2; ++it) {
+    ActQuantFp8Params aq;
+    aq.x = x.get();
+    aq.rows = tokens * heads;
+    aq.cols = 448;
+    aq.ldx = dim;
+    aq.block = 64;
+    ops.act_quant_fp8(aq);
+    Fp4ActQuantParams fq;
+    fq.x = x.get();
+    fq.rows = tokens;
+    fq.cols = 128;
+    fq.ldx = heads * dim;
+    ops.fp4_act_quant(fq);
+    RoundBf16Params rb;
+    rb.x = x.get();
+    rb.rows = tokens;
+    rb.cols = heads * dim;
+    ops.round_bf16(rb);
+    RopeParams rp;
+    rp.x = x.get();
+    rp.positions = pos.get();
+    rp.inv_freq = inv.get();
+    rp.tokens = tokens;
+    rp.heads = heads;
+    ops.rope(rp);
+    HadamardParams hd;
+    hd.x = x.get();
+    hd.rows = tokens * heads * 4;
+    hd.n = 128;
+    ops.hadamard(hd);
+    SparseAttnParams sa;
+    sa.q = x.get();
+    sa.kv = kv.get();
+    sa.idx = idx.get();
+    sa.sink = sink.get();
+    sa.out = out.get();
+    sa.tokens = tokens;
+    sa.heads = heads;
+    sa.dim = dim;
+    sa.kv_rows = rows;
+    sa.topk = 16;
+    ops.sparse_attn(sa);
+    IndexerScoreParams is;
+    is.q = x.get();
+    is.k = kv.get();
+    is.w = sink.get();
+    is.visible = vis.get();
+    is.tokens = tokens;
+    is.heads = 1;
+    is.dim = 128;
+    is.entries = rows;
+    is.ldk = dim;
+    is.scores = scores.get();
+    ops.indexer_score(is);
+    CompressPoolParams cp;
+    cp.kv = kv.get();
+    cp.score = kv.get();
+    cp.rows = 8;
+    cp.ld = dim;
+    cp.d = 128;
+    cp.ratio = 4;
+    cp.num_entries = 2;
+    cp.out = out.get();
+    ops.compress_pool(cp);
+    RowsCopyParams rc;
+    rc.src = out.get();
+    rc.dst = kv.get();
+    rc.rows = idx.get();
+    rc.count = 8;
+    rc.cols = dim;
+    ops.rows_copy(rc);
+  }
+  sync();
+  EXPECT_EQ(cuda::alloc_stats().count, allocs);
+}
+
 }  // namespace
 }  // namespace tandem::kernels::cuda_testing

@@ -3,9 +3,9 @@
 // and every product with its power-of-two scale is an fp32 value, as on the CPU).
 //
 // Shape: GEMV-style, built for decode and verify (m = 1..64). A CTA owns kRows = 4 consecutive
-// weight rows and an m-tile of MT (1, 2, 4 or 8) rows of x; its kWarps warps split K, each lane
-// loading 16 bytes of every one of the 4 weight rows per step and accumulating MT x 4 dot products
-// in registers; warp shuffles, then a fixed-order cross-warp sum in shared memory, finish the dots.
+// weight rows and an m-tile of MT (1, 2, 4 or 8) rows of x; its 4 (narrow weights: 16) warps split
+// K, each lane loading 16 bytes of every one of the 4 weight rows per step and accumulating MT x 4
+// dot products in registers; warp shuffles, then a fixed-order cross-warp sum in shared memory, finish the dots.
 // Consecutive CTAs walk the m-tiles of one weight tile, so with m > 8 the tile comes from L2 and
 // weights are still read from DRAM about once per call (prefill-size m uses the same kernel for
 // now). Unaligned shapes (k not a multiple of the 16-byte element count, odd strides) take a scalar
@@ -25,7 +25,10 @@ namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int kRows = 4;    // weight rows per CTA
-constexpr int kWarps = 4;   // warps per CTA, splitting K
+// Warps per CTA, splitting K: 4, or 16 for narrow weights (few CTAs) with enough 16-byte chunks per
+// row to keep 16 warps busy. Picked from (format, n, k) only, never from m, so a row's summation
+// order (and result) does not depend on how many rows the call has.
+constexpr int kWarpsWide = 16;
 
 struct GemmArgs {
   const float* x;         // [batch][m, ldx], batch stride xbs
@@ -134,7 +137,7 @@ __device__ __forceinline__ float chunk_scale(const GemmArgs& a, int64_t row, int
   return 1.0f;
 }
 
-template <WeightFormat F, int MT, bool kVec>
+template <WeightFormat F, int MT, bool kVec, int kWarps>
 __global__ void __launch_bounds__(kWarps * kWarp) gemm_kernel(GemmArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t mt = blockIdx.x % a.m_tiles, nblk = blockIdx.x / a.m_tiles;
@@ -220,14 +223,14 @@ __global__ void __launch_bounds__(kWarps * kWarp) gemm_kernel(GemmArgs a) {
   }
 }
 
-template <WeightFormat F, int MT, bool kVec>
+template <WeightFormat F, int MT, bool kVec, int kWarps = 4>
 void launch_mt(const GemmArgs& a, int64_t batch, cudaStream_t s) {
   const int64_t nblk = (a.n + kRows - 1) / kRows;
   GemmArgs g = a;
   g.m_tiles = (a.m + MT - 1) / MT;
   const int64_t blocks = g.m_tiles * nblk;
   TANDEM_CHECK_MSG(blocks < (int64_t{1} << 31) && batch <= 65535, "gemm: problem too large for one launch");
-  gemm_kernel<F, MT, kVec><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch)), kWarps * kWarp, 0, s>>>(g);
+  gemm_kernel<F, MT, kVec, kWarps><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch)), kWarps * kWarp, 0, s>>>(g);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
@@ -237,6 +240,12 @@ void launch_format(const GemmArgs& a, int64_t batch, cudaStream_t s) {
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   const bool vec = a.k % kEl == 0 && a.ldx % 4 == 0 && (batch == 1 || a.xbs % 4 == 0) && aligned(a.x) && aligned(a.w);
   if (!vec) return launch_mt<F, 4, false>(a, batch, s);
+  const int64_t chunks = a.k / (kWarp * kEl), nblk = (a.n + kRows - 1) / kRows;
+  if (chunks >= kWarpsWide && nblk <= 256) {
+    if (a.m <= 1) return launch_mt<F, 1, true, kWarpsWide>(a, batch, s);
+    if (a.m <= 4) return launch_mt<F, 4, true, kWarpsWide>(a, batch, s);
+    return launch_mt<F, 8, true, kWarpsWide>(a, batch, s);
+  }
   if (a.m <= 1) return launch_mt<F, 1, true>(a, batch, s);
   if (a.m <= 2) return launch_mt<F, 2, true>(a, batch, s);
   if (a.m <= 4) return launch_mt<F, 4, true>(a, batch, s);

@@ -53,12 +53,16 @@ __global__ void __launch_bounds__(kThreads) mix_partial_kernel(const float* h, c
   }
 }
 
-inline int ksplit_for(int64_t hd) {
-  const int64_t s = hd / 1024;
-  return static_cast<int>(s < 1 ? 1 : (s > 32 ? 32 : s));
+// Partials staged per token by the finishing CTA: (nmix + 1) * ksplit doubles of shared memory.
+constexpr int kMaxStage = 4096;
+
+inline int ksplit_for(int64_t hd, int nmix) {
+  int64_t s = hd / 1024;
+  s = s < 1 ? 1 : (s > 32 ? 32 : s);
+  const int64_t cap = kMaxStage / (nmix + 1);
+  return static_cast<int>(s < cap ? s : (cap < 1 ? 1 : cap));
 }
 
-// Launches the mix kernel; returns the partials buffer (scratch slot kHc).
 inline double* launch_mix(const float* h, const float* fn, int64_t tokens, int nmix, int64_t hd, int ksplit,
                           cudaStream_t s) {
   const size_t n = static_cast<size_t>(tokens) * (nmix + 1) * ksplit;
@@ -71,18 +75,24 @@ inline double* launch_mix(const float* h, const float* fn, int64_t tokens, int n
   return partial;
 }
 
-// mix[j] = (sum_ks partial dots, fp32) * rsqrt(mean(xf^2) + eps), as the CPU's hc_mixes.
+// mix[j] = (sum_ks partial dots, fp32) * rsqrt(mean(xf^2) + eps), as the CPU's hc_mixes, for token t,
+// by the whole CTA: the partials are staged in shared memory with coalesced loads, then thread j
+// reduces mix j in ks order (every thread derives the same r from the same fp64 sums).
+// `stage` holds (nmix + 1) * ksplit doubles; `mix` nmix floats. Contains __syncthreads.
 __device__ __forceinline__ void finish_mix(const double* partial, int64_t t, int nmix, int ksplit, int64_t hd,
-                                           float norm_eps, float* mix) {
+                                           float norm_eps, double* stage, float* mix) {
   const double* pt = partial + t * (nmix + 1) * ksplit;
-  double ss = 0.0;
-  for (int ks = 0; ks < ksplit; ++ks) ss += pt[nmix * ksplit + ks];
-  const float r = div_rn(1.0f, sqrtf(add_rn(static_cast<float>(ss / static_cast<double>(hd)), norm_eps)));
-  for (int j = 0; j < nmix; ++j) {
+  for (int i = threadIdx.x; i < (nmix + 1) * ksplit; i += blockDim.x) stage[i] = pt[i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < nmix; j += blockDim.x) {
+    double ss = 0.0;
+    for (int ks = 0; ks < ksplit; ++ks) ss += stage[nmix * ksplit + ks];
+    const float r = div_rn(1.0f, sqrtf(add_rn(static_cast<float>(ss / static_cast<double>(hd)), norm_eps)));
     float d = 0.0f;
-    for (int ks = 0; ks < ksplit; ++ks) d = add_rn(d, static_cast<float>(pt[j * ksplit + ks]));
+    for (int ks = 0; ks < ksplit; ++ks) d = add_rn(d, static_cast<float>(stage[j * ksplit + ks]));
     mix[j] = mul_rn(d, r);
   }
+  __syncthreads();
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return div_rn(1.0f, add_rn(1.0f, expf(-x))); }

@@ -1,6 +1,6 @@
 // mHC hc_pre: split-K mixing projection (hc_common.cuh), then one CTA per token finishes the
-// mixes, runs the Sinkhorn normalization on one thread (a 4x4 matrix, 20 iterations: serial is
-// fastest and keeps the CPU's operation order) and collapses the streams with all threads.
+// mixes, runs the Sinkhorn normalization (hc <= 5: one warp lane per matrix element, sums gathered
+// by shuffles in the CPU's order; wider: one thread) and collapses the streams with all threads.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hc_common.cuh"
 
@@ -11,19 +11,52 @@ constexpr int kMaxHc = 16;
 
 __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, const double* partial, int ksplit) {
   __shared__ float pre[kMaxHc];
+  __shared__ double stage[hc::kMaxStage];
+  __shared__ float mix[(2 + kMaxHc) * kMaxHc];
   const int hc = p.hc;
   const int nmix = (2 + hc) * hc;
   const int64_t HD = hc * p.dim;
   const int64_t t = blockIdx.x;
-  if (threadIdx.x == 0) {
-    float mix[(2 + kMaxHc) * kMaxHc];
-    hc::finish_mix(partial, t, nmix, ksplit, HD, p.norm_eps, mix);
-    float* post = p.post + t * hc;
-    float* C = p.comb + t * hc * hc;
-    for (int j = 0; j < hc; ++j) {
-      pre[j] = add_rn(hc::sigmoid(add_rn(mul_rn(mix[j], p.scale[0]), p.base[j])), p.hc_eps);
-      post[j] = mul_rn(2.0f, hc::sigmoid(add_rn(mul_rn(mix[j + hc], p.scale[1]), p.base[j + hc])));
+  hc::finish_mix(partial, t, nmix, ksplit, HD, p.norm_eps, stage, mix);
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x < hc) {
+    const int j = threadIdx.x;
+    pre[j] = add_rn(hc::sigmoid(add_rn(mul_rn(mix[j], p.scale[0]), p.base[j])), p.hc_eps);
+    p.post[t * hc + j] = mul_rn(2.0f, hc::sigmoid(add_rn(mul_rn(mix[j + hc], p.scale[1]), p.base[j + hc])));
+  }
+  if (hc * hc <= kWarp) {
+    // Warp 0, lane l owns C[l / hc][l % hc]; row and column sums gather the hc values by shuffles
+    // and add them in the CPU's index order, so every element sees the CPU's arithmetic.
+    if (threadIdx.x < kWarp) {
+      const bool own = lane < hc * hc;
+      const int j = own ? lane / hc : 0, k = own ? lane % hc : 0;
+      auto row_sum = [&](float v) {
+        float s = 0.0f;
+        for (int kk = 0; kk < hc; ++kk) s = add_rn(s, __shfl_sync(0xffffffffu, v, j * hc + kk));
+        return s;
+      };
+      auto col_sum = [&](float v) {
+        float s = 0.0f;
+        for (int jj = 0; jj < hc; ++jj) s = add_rn(s, __shfl_sync(0xffffffffu, v, jj * hc + k));
+        return s;
+      };
+      float c = own ? add_rn(mul_rn(mix[2 * hc + lane], p.scale[2]), p.base[2 * hc + lane]) : 0.0f;
+      float m = __shfl_sync(0xffffffffu, c, j * hc);
+      for (int kk = 1; kk < hc; ++kk) {
+        const float v = __shfl_sync(0xffffffffu, c, j * hc + kk);
+        m = v > m ? v : m;
+      }
+      c = expf(sub_rn(c, m));
+      c = add_rn(div_rn(c, row_sum(c)), p.hc_eps);
+      c = div_rn(c, add_rn(col_sum(c), p.hc_eps));
+      for (int it = 0; it < p.sinkhorn_iters - 1; ++it) {
+        c = div_rn(c, add_rn(row_sum(c), p.hc_eps));
+        c = div_rn(c, add_rn(col_sum(c), p.hc_eps));
+      }
+      if (own) p.comb[t * hc * hc + lane] = c;
     }
+  } else if (threadIdx.x == 0) {
+    // Wide streams (hc > 5): the same arithmetic on one thread.
     float c[kMaxHc * kMaxHc];
     for (int j = 0; j < hc; ++j)
       for (int k = 0; k < hc; ++k)
@@ -54,7 +87,7 @@ __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, con
       }
       col_norm();
     }
-    for (int i = 0; i < hc * hc; ++i) C[i] = c[i];
+    for (int i = 0; i < hc * hc; ++i) p.comb[t * hc * hc + i] = c[i];
   }
   __syncthreads();
   hc::collapse(p.h + t * HD, pre, hc, p.dim, p.x + t * p.dim, true);
@@ -68,7 +101,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t s) {
   TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_pre: too many tokens");
   const int nmix = (2 + p.hc) * p.hc;
   const int64_t HD = p.hc * p.dim;
-  const int ksplit = hc::ksplit_for(HD);
+  const int ksplit = hc::ksplit_for(HD, nmix);
   const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
   hc_pre_finish<<<static_cast<unsigned>(p.tokens), hc::kThreads, 0, s>>>(p, partial, ksplit);
   TANDEM_CUDA_LAUNCH_CHECK();

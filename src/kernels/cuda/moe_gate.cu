@@ -1,7 +1,8 @@
-// MoE gate, one warp per token. Score layers: topk passes of a warp-wide max over the selection key
-// of s + bias (device.cuh's order: NaN first, then larger, then the lower expert id, as the CPU's
-// argmax passes); a per-lane bitmask remembers the taken experts. Hash layers read tid2eid. The
-// routing weights are summed on lane 0 in slot order, as the CPU op.
+// MoE gate, one warp per token. Score layers: s + bias is computed once into shared memory (each
+// lane owns experts lane, lane + 32, ...), then topk passes of a warp-wide max over the selection
+// key (device.cuh's order: NaN first, then larger, then the lower expert id, as the CPU's argmax
+// passes); a per-lane bitmask remembers the taken experts. Hash layers read tid2eid. The
+// routing weights are summed in slot order (shuffles), as the CPU op.
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
@@ -18,8 +19,10 @@ __device__ __forceinline__ float gate_score(float z) {
   return sqrtf(sp);
 }
 
-__global__ void moe_gate_kernel(MoeGateParams p) {
+__global__ void __launch_bounds__(kWarpsPerCta * kWarp) moe_gate_kernel(MoeGateParams p) {
+  __shared__ float sel_s[kWarpsPerCta][kMaxExperts];  // s + bias of the warp's token
   const int lane = threadIdx.x & 31;
+  float* sel = sel_s[threadIdx.x >> 5];
   const int E = p.n_experts, K = p.topk;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5); t < p.tokens; t += warps) {
@@ -30,13 +33,13 @@ __global__ void moe_gate_kernel(MoeGateParams p) {
     if (p.tid2eid) {
       if (lane < K) chosen = p.tid2eid[static_cast<int64_t>(p.token_ids[t]) * K + lane];
     } else {
+      for (int e = lane; e < E; e += kWarp) sel[e] = p.bias ? add_rn(gate_score(z[e]), p.bias[e]) : gate_score(z[e]);
       uint32_t taken = 0;  // bit j: expert lane + 32 j
       for (int i = 0; i < K; ++i) {
         uint64_t best = 0;
         for (int j = 0, e = lane; e < E; ++j, e += kWarp) {
           if (taken & (1u << j)) continue;
-          const float sel = p.bias ? add_rn(gate_score(z[e]), p.bias[e]) : gate_score(z[e]);
-          const uint64_t key = select_key(sel, static_cast<uint32_t>(e));
+          const uint64_t key = select_key(sel[e], static_cast<uint32_t>(e));
           best = key > best ? key : best;
         }
         best = warp_max_u64(best);

@@ -1,7 +1,7 @@
 // Sparse MQA with the attention sink, one CTA per (token, head), 128 threads; thread i owns output
 // dims i, i+128, ... in registers. Per block of `block` list positions: each warp computes the dots
-// of a quarter of the positions (lanes split the dim, q in shared memory), thread 0 runs the
-// reference's block softmax bookkeeping in list order (running max, fp32 block sum, bf16 p), then
+// of a quarter of the positions (lanes split the dim, q in shared memory), warp 0 runs the
+// reference's block softmax bookkeeping (running max, fp32 block sum, bf16 p), then
 // every thread rescales its accumulator and adds p * kv. Numerically the reference kernel's online
 // softmax; the CPU op applies the same rescaling as suffix products, so results agree to rounding.
 #include "common/check.h"
@@ -64,17 +64,19 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(AttnArgs a) {
         }
       }
       __syncthreads();
-      if (threadIdx.x == 0) {
+      if (warp == 0) {
+        // The block's bookkeeping on warp 0: the max is order-free; the fp32 block sum is a fixed
+        // tree (the CPU sums in list order: equal up to rounding).
         const float m = s_m;
         float bm = m;
-        for (int i = 0; i < nb; ++i) {
+        for (int i = lane; i < nb; i += kWarp) {
           const float v = sc[i];
-          if (ok[i] == 0.0f) continue;
-          bm = v > bm ? v : bm;
+          if (ok[i] != 0.0f) bm = v > bm ? v : bm;
         }
+        bm = warp_max(bm);
         const float alpha = m == -INFINITY ? 0.0f : expf(sub_rn(m, bm));
         float bsum = 0.0f;
-        for (int i = 0; i < nb; ++i) {
+        for (int i = lane; i < nb; i += kWarp) {
           if (ok[i] == 0.0f || bm == -INFINITY) {
             pb[i] = 0.0f;
             continue;
@@ -83,9 +85,12 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(AttnArgs a) {
           bsum = add_rn(bsum, e);
           pb[i] = b16 ? round_bf16(e) : e;
         }
-        s_alpha = alpha;
-        s_l = add_rn(mul_rn(s_l, alpha), bsum);
-        s_m = bm;
+        bsum = warp_sum(bsum);
+        if (lane == 0) {
+          s_alpha = alpha;
+          s_l = add_rn(mul_rn(s_l, alpha), bsum);
+          s_m = bm;
+        }
       }
       __syncthreads();
       const float alpha = s_alpha;

@@ -56,17 +56,34 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopkParams p, int64_t ld
           if (digit >= 0 && (peers & ((1u << lane) - 1u)) == 0) atomicAdd(&hist[digit], __popc(peers));
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-          int64_t want = s_want, above = 0;
-          int d = 255;
-          for (; d > 0; --d) {
-            if (above + hist[d] >= want) break;
-            above += hist[d];
+        if (threadIdx.x < kWarp) {
+          // Find the bucket holding the want-th largest key: lane L sums digits 255-8L .. 248-8L,
+          // a warp scan gives the keys above each lane's range, and the lane whose range crosses
+          // `want` walks its 8 buckets (the serial scan from digit 255 down, in 32 pieces).
+          const int64_t want = s_want;
+          int64_t tot = 0;
+          for (int q = 8 * lane; q < 8 * lane + 8; ++q) tot += hist[255 - q];
+          int64_t incl = tot;
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
           }
-          s_want = want - above;
-          s_prefix = prefix | (static_cast<uint64_t>(d) << shift);
-          s_mask = mask | (uint64_t{255} << shift);
-          if (hist[d] == s_want) s_done = 1;  // the whole bucket is wanted: keys >= prefix are exactly kk
+          const int64_t excl = incl - tot;
+          const unsigned hit = __ballot_sync(0xffffffffu, excl < want && want <= incl);
+          if (hit && lane == __ffs(hit) - 1) {
+            int64_t above = excl;
+            int d = 255 - 8 * lane;
+            for (int q = 8 * lane; q < 8 * lane + 8; ++q) {
+              d = 255 - q;
+              if (above + hist[d] >= want) break;
+              above += hist[d];
+            }
+            s_want = want - above;
+            s_prefix = prefix | (static_cast<uint64_t>(d) << shift);
+            s_mask = mask | (uint64_t{255} << shift);
+            if (hist[d] == s_want) s_done = 1;  // the whole bucket is wanted: keys >= prefix are exactly kk
+          }
         }
         __syncthreads();
         if (s_done) break;
