@@ -204,7 +204,8 @@ void allocate_all(CudaModel::Impl& m) {
   }
   m.max_entries = std::max<int64_t>(1, c.max_position_embeddings / 4);
   // Indexer scores: up to 256 MiB, at least one row.
-  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>(N, (int64_t{256} << 20) / (m.max_entries * 4))) : 0;
+  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (m.max_entries * 4)}))
+                         : 0;
 
   auto f = [](CudaModel::Impl::Buf<float>& b, int64_t n) { b.reset(static_cast<size_t>(std::max<int64_t>(n, 1))); };
   f(m.h, N * HD);
@@ -243,7 +244,7 @@ void allocate_all(CudaModel::Impl& m) {
   f(m.yn, N * D);
   f(m.logits, m.max_logits_rows * V);
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
-  f(m.taps, T * std::max<int64_t>(td, 1));
+  f(m.taps, N * std::max<int64_t>(td, 1));
   f(m.mh, T * std::max<int64_t>(td, 1));
   f(m.main_x, T * D);
   m.kv_rec.reset(static_cast<size_t>(N * m.lay.rec.bytes));

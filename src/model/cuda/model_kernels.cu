@@ -390,8 +390,8 @@ __global__ void attention_kernel(AttnArgs a, StepMeta m, int64_t rows) {
   float* s_q = s_p + a.max_keys;
   __shared__ float s_red[32];
   __shared__ int s_nk;
-  const int64_t t = blockIdx.y;
-  const int h = blockIdx.x;
+  const int64_t t = blockIdx.x;  // rows can exceed gridDim.y's 65535 (prefill)
+  const int h = blockIdx.y;
   if (t >= rows) return;
   const int seq = m.row_seq[t];
   const int64_t p = m.positions[t];
@@ -450,8 +450,8 @@ __global__ void draft_attention_kernel(DraftAttnArgs a, int64_t B) {
   float* s_p = reinterpret_cast<float*>(s_keys + max_keys);
   float* s_q = s_p + max_keys;
   __shared__ float s_red[32];
-  const int64_t r = blockIdx.y;  // b*K + t
-  const int h = blockIdx.x;
+  const int64_t r = blockIdx.x;  // b*K + t
+  const int h = blockIdx.y;
   const int64_t b = r / a.K;
   if (b >= B) return;
   const int64_t P = a.req_pos[b];
@@ -474,14 +474,14 @@ __global__ void draft_attention_kernel(DraftAttnArgs a, int64_t B) {
 __global__ void moe_up_kernel(const float* xq, const int32_t* eids, const float* weights, int64_t pairs, int topk,
                               WeightRef w1, WeightRef w3, int64_t inter, int64_t dim, float limit, float* gact) {
   extern __shared__ float sx[];
-  const int64_t i = blockIdx.y;
+  const int64_t i = blockIdx.x;  // pairs can exceed gridDim.y's 65535
   if (i >= pairs) return;
   const int64_t t = i / topk;
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) sx[k] = xq[t * dim + k];
   __syncthreads();
   const int64_t e = eids[i];
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * nw * 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * nw * 4;
   for (int64_t n = n0 + warp; n < n0 + nw * 4 && n < inter; n += nw) {
     const float g = warp_row_dot(w1, e * inter + n, sx, dim);
     const float u = warp_row_dot(w3, e * inter + n, sx, dim);
@@ -501,13 +501,13 @@ __global__ void moe_up_kernel(const float* xq, const int32_t* eids, const float*
 __global__ void moe_down_kernel(const float* gq, const int32_t* eids, int64_t pairs, WeightRef w2, int64_t inter,
                                 int64_t dim, float* out) {
   extern __shared__ float sx[];
-  const int64_t i = blockIdx.y;
+  const int64_t i = blockIdx.x;
   if (i >= pairs) return;
   for (int64_t k = threadIdx.x; k < inter; k += blockDim.x) sx[k] = gq[i * inter + k];
   __syncthreads();
   const int64_t e = eids[i];
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * nw * 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * nw * 4;
   for (int64_t n = n0 + warp; n < n0 + nw * 4 && n < dim; n += nw) {
     const float y = warp_row_dot(w2, e * dim + n, sx, inter);
     if ((threadIdx.x & 31) == 0) out[i * dim + n] = num::round_bf16(y);
@@ -757,6 +757,7 @@ void indexer_scores_paged(const float* q, const float* w, const StepMeta& m, int
     attr_set = true;
   }
   TANDEM_CHECK_MSG(smem <= 96 * 1024, "indexer query too large for shared memory");
+  TANDEM_CHECK_MSG(rows <= 65535, "indexer launched for more than 65535 rows (chunk the call)");
   dim3 grid(std::max<unsigned>(1, ceil_div(n_cols, per_block)), static_cast<unsigned>(rows));
   indexer_kernel<<<grid, threads, smem, s>>>(q, w, m, rows, heads, dim, pool, block_bytes, pool_idx, kl, scores,
                                              n_cols, visible);
@@ -782,7 +783,7 @@ void attention(const AttnArgs& a, const StepMeta& m, int64_t rows, cudaStream_t 
     set_attn_smem_limit(reinterpret_cast<const void*>(attention_kernel));
     attr_set = true;
   }
-  dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(rows));
+  dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(a.heads));
   attention_kernel<<<grid, 256, attn_smem(a.max_keys, a.hd), s>>>(a, m, rows);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
@@ -794,7 +795,7 @@ void draft_attention(const DraftAttnArgs& a, int64_t B, cudaStream_t s) {
     set_attn_smem_limit(reinterpret_cast<const void*>(draft_attention_kernel));
     attr_set = true;
   }
-  dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(B * a.K));
+  dim3 grid(static_cast<unsigned>(B * a.K), static_cast<unsigned>(a.heads));
   draft_attention_kernel<<<grid, 256, attn_smem(a.window + a.K, a.hd), s>>>(a, B);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
@@ -809,7 +810,7 @@ void moe_pairs_up(const float* xq, const int32_t* expert_ids, const float* weigh
     set_attn_smem_limit(reinterpret_cast<const void*>(moe_up_kernel));
     attr_set = true;
   }
-  dim3 grid(ceil_div(inter, per_block), static_cast<unsigned>(pairs));
+  dim3 grid(static_cast<unsigned>(pairs), ceil_div(inter, per_block));
   moe_up_kernel<<<grid, threads, sizeof(float) * dim, s>>>(xq, expert_ids, weights, pairs, topk, w1_all, w3_all,
                                                            inter, dim, limit, gact);
   TANDEM_CUDA_LAUNCH_CHECK();
@@ -824,7 +825,7 @@ void moe_pairs_down(const float* gq, const int32_t* expert_ids, int64_t pairs, c
     set_attn_smem_limit(reinterpret_cast<const void*>(moe_down_kernel));
     attr_set = true;
   }
-  dim3 grid(ceil_div(dim, per_block), static_cast<unsigned>(pairs));
+  dim3 grid(static_cast<unsigned>(pairs), ceil_div(dim, per_block));
   moe_down_kernel<<<grid, threads, sizeof(float) * inter, s>>>(gq, expert_ids, pairs, w2_all, inter, dim, out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
