@@ -1,6 +1,6 @@
 // Interleaved RoPE on the tail dims of every head, one thread per (token, head, pair). The rotation
 // is computed with separately rounded products (no FMA), as the CPU op; cos/sin come from the
-// device's sincosf (within 2 ulp of the CPU's cosf/sinf).
+// double-precision sincos rounded to float (the correctly rounded values, as the CPU's cosf/sinf).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 
@@ -17,7 +17,11 @@ __global__ void rope_kernel(RopeParams p, int64_t head_stride, int64_t token_str
     const int i = static_cast<int>(rem % half);
     const float ang = mul_rn(static_cast<float>(p.positions[t]), p.inv_freq[i]);
     float sn, c;
-    sincosf(ang, &sn, &c);
+    // Double-precision sincos rounded to float: the correctly rounded value, as glibc's cosf/sinf give the CPU op.
+    double sd, cd;
+    sincos(static_cast<double>(ang), &sd, &cd);
+    sn = static_cast<float>(sd);
+    c = static_cast<float>(cd);
     if (p.inverse) sn = -sn;
     float* x = p.x + t * token_stride + h * head_stride + p.rope_offset + 2 * i;
     const float a = x[0], b = x[1];

@@ -99,6 +99,7 @@ struct CudaModel::Impl {
   cuda_model::DeviceLayout lay;
   cudaStream_t stream = nullptr;
   std::string device_name;
+  int64_t own_bytes = 0;       // device bytes this model allocated (weights, state, scratch)
   int64_t max_rows = 0;        // rows of the scratch (max(step tokens, draft rows))
   int64_t max_logits_rows = 0;
   int max_draft_requests = 0;

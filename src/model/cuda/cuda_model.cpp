@@ -116,8 +116,7 @@ CudaModel::Memory CudaModel::memory() const {
   r.pool = static_cast<int64_t>(m.pool.bytes());
   r.slot_state = static_cast<int64_t>(m.slot_state.bytes());
   r.draft_state = static_cast<int64_t>(m.draft_ctx.bytes());
-  const auto st = kernels::cuda::alloc_stats();
-  r.scratch = st.bytes - r.weights - r.pool - r.slot_state - r.draft_state;
+  r.scratch = m.own_bytes - r.weights - r.pool - r.slot_state - r.draft_state;
   return r;
 }
 
@@ -380,10 +379,12 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
   if (wbytes > free_b)
     return make_error(StatusCode::kResourceExhausted, "the weights need {:.2f} GiB of device memory, {:.2f} GiB are free on {}",
                               wbytes / 1073741824.0, free_b / 1073741824.0, impl->device_name);
+  const int64_t before = kernels::cuda::alloc_stats().bytes;
   impl->weight_arena.reset(wbytes);
   impl->w = cuda_model::upload_weights(*weights, impl->weight_arena.get());
   impl->lay = cuda_model::plan_layout(config, options.model, impl->w.has_draft);
   allocate_all(*impl);
+  impl->own_bytes = kernels::cuda::alloc_stats().bytes - before;
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
 
