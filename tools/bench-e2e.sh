@@ -102,6 +102,7 @@ expect_rc 1 "$BIN" bench --base-url "$BASE" --model tandem --api-key wrong --wor
 grep -q "refused the API key" "$OUT/last.log" || fail "wrong key message: $(cat "$OUT/last.log")"
 expect_rc 2 "$BIN" bench --base-url "$BASE" --model tandem --workloads nope
 expect_rc 2 "$BIN" bench --base-url "$BASE" --model tandem --concurrency 0
+expect_rc 2 "$BIN" bench --model tandem
 kill -TERM "$PID"; wait "$PID" || fail "echo server exit code $?"; PID=""
 expect_rc 1 "$BIN" bench --base-url "$BASE" --model tandem --workloads count --output "$OUT/x.json"
 grep -q "is the server running" "$OUT/last.log" || fail "unreachable message: $(cat "$OUT/last.log")"

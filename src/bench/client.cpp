@@ -81,7 +81,7 @@ Result<HttpReply> http_get(const Endpoint& ep, const ClientOptions& o, const std
   auto c = make_client(ep, o);
   auto res = c->Get(ep.path_prefix + path, headers(o));
   if (!res)
-    return make_error(StatusCode::kUnavailable, "GET {}{}{}: {} (is the server running at --base-url?)",
+    return make_error(StatusCode::kUnavailable, "GET {}{}{}: {} error (is the server running at --base-url?)",
                       ep.scheme_host_port, ep.path_prefix, path, httplib::to_string(res.error()));
   return HttpReply{res->status, res->body};
 }

@@ -327,6 +327,8 @@ Result<nlohmann::json> run_benchmark(const BenchOptions& o, const std::function<
   }
   report["warmup"] = warm;
 
+  progress(fmt::format("{:<12} {:>4} {:>3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}", "workload", "conc", "rep",
+                       "ok/req", "agg tok/s", "decode/s", "ttft ms", "itl ms", "srv tok/s", "accept"));
   nlohmann::json runs = nlohmann::json::array();
   for (const auto& w : o.workloads) {
     const int max_tokens = max_tokens_for(o, w);

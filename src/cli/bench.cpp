@@ -79,7 +79,7 @@ int bench_main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError too
   }
   auto w = bench::select_workloads(workloads);
   if (!w.ok()) {
@@ -100,9 +100,6 @@ int bench_main(int argc, char** argv) {
     svg += ".svg";
   }
 
-  std::printf("%-12s %4s %3s %9s %9s %9s %9s %9s %9s %7s\n", "workload", "conc", "rep", "ok/req", "agg tok/s",
-              "decode/s", "ttft ms", "itl ms", "srv tok/s", "accept");
-  std::fflush(stdout);
   auto report = bench::run_benchmark(o, [](const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
