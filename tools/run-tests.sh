@@ -61,6 +61,9 @@ else
   echo "e2e: node/npm missing"; failed=$((failed + 1))
 fi
 if bash tools/smoke-builtin.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+# `tandem bench` against `tandem serve` (echo engine and built-in model): report fields, SVG,
+# failure accounting, clear errors for a refused key or an unreachable server.
+if bash tools/bench-e2e.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
