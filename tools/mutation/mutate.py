@@ -29,19 +29,26 @@ def sh(cmd, cwd, env=None, timeout=None):
 
 
 def sync_tree(scratch):
-    """Copies tracked and untracked-but-not-ignored files into scratch (mtimes kept, so an unchanged
-    file does not rebuild)."""
+    """Copies tracked and untracked-but-not-ignored files into scratch. A file whose content differs is
+    written with a fresh mtime, so the build sees it as changed even when the scratch copy's object
+    was built from a mutated version (mtimes copied from the worktree could be older than that
+    object and leave the fault compiled in)."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                            stdout=subprocess.PIPE).stdout.decode().split("\0")
     for f in files:
         if not f or not os.path.isfile(os.path.join(ROOT, f)):
             continue
         src, dst = os.path.join(ROOT, f), os.path.join(scratch, f)
-        if os.path.exists(dst) and os.path.getmtime(dst) == os.path.getmtime(src) and \
-                os.path.getsize(dst) == os.path.getsize(src):
-            continue
+        with open(src, "rb") as fh:
+            data = fh.read()
+        if os.path.exists(dst):
+            with open(dst, "rb") as fh:
+                if fh.read() == data:
+                    continue
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copy2(src, dst)
+        with open(dst, "wb") as fh:
+            fh.write(data)
+        shutil.copymode(src, dst)
 
 
 def failed_tests(output):
