@@ -10,7 +10,7 @@ HOST       ?= 127.0.0.1
 MODEL      ?= models/builtin
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps build test test-unit test-fuzz test-e2e test-gpu run bench clean builtin-model
+.PHONY: all deps build test test-unit test-fuzz test-e2e test-gpu run bench bench-serving mutation clean builtin-model
 
 all: build
 
@@ -46,6 +46,15 @@ run: builtin-model
 
 bench: build
 	@bash tools/run-bench.sh $(BUILD)
+
+# Serving load against the built-in model (64 clients, 60 s): bench/results/serving-load-builtin-<date>.json.
+bench-serving: build
+	@bash tools/serving-load.sh builtin $(BUILD)
+
+# Mutation check: applies each fault of tools/mutation/faults.json to a scratch copy, builds and runs
+# the affected tests, prints which tests catch it; fails if any fault goes uncaught.
+mutation:
+	@python3 tools/mutation/mutate.py
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD)

@@ -37,8 +37,12 @@ inline nlohmann::json run_info() {
   nlohmann::json j;
   j["date"] = today_utc();
   const char* commit = std::getenv("TANDEM_COMMIT");
-  j["commit"] = commit && *commit ? std::string(commit)
-                                  : shell_line("git -C " TANDEM_SOURCE_DIR " rev-parse --short HEAD 2>/dev/null");
+  // A run from a tree with uncommitted changes says so: its figures belong to no commit.
+  j["commit"] = commit && *commit
+                    ? std::string(commit)
+                    : shell_line("git -C " TANDEM_SOURCE_DIR " rev-parse --short HEAD 2>/dev/null") +
+                          shell_line("git -C " TANDEM_SOURCE_DIR " diff --quiet HEAD -- src bench 2>/dev/null || "
+                                     "echo +uncommitted");
   j["cpu"] = shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'");
   j["cpu_cores"] = shell_line("nproc");
   j["loadavg"] = shell_line("cut -d' ' -f1-3 /proc/loadavg");

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -140,6 +142,95 @@ TEST(SpeculativeSampling, ChiSquareDetectsABiasedSampler) {
   std::vector<int> fair = {1510, 1490, 1495, 1505}, biased = {1700, 1300, 1500, 1500};
   EXPECT_LT(chi_square_ratio(fair, p, 6000), 1.0);
   EXPECT_GT(chi_square_ratio(biased, p, 6000), 1.0);
+}
+
+// The fake draft, recording the first proposal made for each (request seed, anchor position): the
+// draft token for the next position and its distribution q.
+class RecordingRunner : public FakeModelRunner {
+ public:
+  using FakeModelRunner::FakeModelRunner;
+  struct Proposal {
+    int32_t token;
+    std::vector<float> q;
+  };
+  std::map<std::pair<uint64_t, int64_t>, Proposal> first;
+
+  Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
+    Status st = FakeModelRunner::draft_propose(reqs, out);
+    const size_t V = static_cast<size_t>(vocab_size());
+    for (size_t i = 0; st.ok() && i < reqs.size(); ++i)
+      if (out[i].q.size() >= V)
+        first.try_emplace({reqs[i].seed, reqs[i].position},
+                          Proposal{out[i].tokens[0], std::vector<float>(out[i].q.begin(), out[i].q.begin() + V)});
+    return st;
+  }
+};
+
+// The engine's sampled verification, observed through the engine: each request samples t1, the draft
+// proposes x ~ q for the next position (q = target logits + uniform noise of width 6: unlike the
+// target), and the engine accepts x with probability min(1, p(x)/q(x)). Because the residual
+// max(0, p - q) is zero at x whenever q(x) >= p(x), "x accepted" is exactly "t2 == x". The sum of
+// these indicators is compared with its exact expectation sum min(1, p/q) (a z-test); the test also
+// computes its power against a verifier that over-accepts by 5% (accepts with min(1, 1.05 p/q)) and
+// requires it to be at least 99%.
+TEST(SpeculativeSampling, EngineVerifierAcceptsWithExactlyMinOfOneAndPOverQ) {
+  const int kN = 60000;  // ~6.8 sd of shift for 5% over-acceptance (3.9 sd at 20000)
+  const int64_t V = 12;
+  FakeModelConfig fc;
+  fc.vocab_size = V;
+  fc.draft_agree = 0.0;  // noise width (1 - agree) * 6 = 6 logits
+  EngineConfig ec;
+  ec.max_num_seqs = 64;
+  ec.max_num_batched_tokens = 512;
+  ec.block_size = 16;
+  ec.enable_prefix_caching = false;
+  ec = with_spec(ec, "fixed");
+  ec.speculative.draft_sample_method = "sample";
+  auto runner = std::make_unique<RecordingRunner>(fc);
+  RecordingRunner* rec = runner.get();
+  Harness h(std::move(runner), ec, /*integrity=*/false);
+  const std::vector<int32_t> prompt = {5, 6, 7, 8};
+  for (int i = 0; i < kN; ++i) {
+    SamplingParams sp;
+    sp.temperature = 1.0;
+    sp.max_tokens = 3;  // t1 from the prefill, then one verify of one draft token (and a last token)
+    sp.ignore_eos = true;
+    sp.seed = 5000 + i;
+    ASSERT_TRUE(h.submit("r" + std::to_string(i), prompt, sp).ok());
+  }
+  h.run();
+  double observed = 0, expected = 0, variance = 0, shift5 = 0;
+  int contested = 0;  // trials with q(x) > p(x), the only ones where the rule matters
+  std::vector<float> z;
+  for (int i = 0; i < kN; ++i) {
+    const auto& t = h.results["r" + std::to_string(i)].tokens;
+    ASSERT_EQ(t.size(), 3u);
+    auto it = rec->first.find({static_cast<uint64_t>(5000 + i), static_cast<int64_t>(prompt.size())});
+    ASSERT_NE(it, rec->first.end()) << "no draft after t1 for request " << i;
+    auto hist = prompt;
+    hist.push_back(t[0]);
+    h.fake->reference_logits(hist, z);
+    double mx = -1e30, sum = 0;
+    for (int64_t v = 0; v < V - 1; ++v) mx = std::max(mx, double(z[v]));
+    for (int64_t v = 0; v < V - 1; ++v) sum += std::exp(z[v] - mx);
+    const int32_t x = it->second.token;
+    const double p = std::exp(z[x] - mx) / sum, q = it->second.q[x];
+    const double pi = std::min(1.0, p / q);
+    observed += t[1] == x;
+    expected += pi;
+    variance += pi * (1 - pi);
+    shift5 += std::min(1.0, 1.05 * p / q) - pi;
+    contested += q > p;
+  }
+  const double sd = std::sqrt(variance), zscore = (observed - expected) / sd;
+  // Power against 5% over-acceptance of a two-sided test at |z| < 4 (false alarm 6e-5): the mean
+  // moves by shift5 / sd standard deviations, so power = Phi(shift5 / sd - 4).
+  const double power = 0.5 * std::erfc(-(shift5 / sd - 4.0) / std::sqrt(2.0));
+  std::printf("[verify] %d requests, %d contested drafts; accepted %.0f, expected %.1f +- %.1f (z %.2f); "
+              "5%% over-acceptance would add %.1f (%.1f sd), power %.4f\n",
+              kN, contested, observed, expected, sd, zscore, shift5, shift5 / sd, power);
+  EXPECT_GT(power, 0.99) << "the test cannot see a 5% over-acceptance: more requests or a sharper draft";
+  EXPECT_LT(std::fabs(zscore), 4.0) << "acceptance differs from min(1, p/q)";
 }
 
 // ---------------- threaded Engine ----------------

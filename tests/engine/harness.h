@@ -25,8 +25,10 @@ struct Collected {
 
 class Harness {
  public:
-  Harness(FakeModelConfig fc, EngineConfig ec, bool integrity = true) {
-    auto runner = std::make_unique<FakeModelRunner>(fc);
+  Harness(FakeModelConfig fc, EngineConfig ec, bool integrity = true)
+      : Harness(std::make_unique<FakeModelRunner>(fc), ec, integrity) {}
+  // A subclass of the fake model (one that records what it proposes, say).
+  Harness(std::unique_ptr<FakeModelRunner> runner, EngineConfig ec, bool integrity = true) {
     fake = runner.get();
     CoreOptions o;
     o.check_integrity_each_step = integrity;

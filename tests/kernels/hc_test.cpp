@@ -3,19 +3,22 @@
 
 #include <cmath>
 
+#include "bit_compare.h"
 #include "kernel_test_util.h"
 #include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
 using testing::bf16d;
+using testing::correctly_rounded;
+using testing::Stored;
 using testing::close;
 using testing::randn;
 
 double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 struct HcRef {
-  std::vector<double> x, post, comb;
+  std::vector<double> x, x_err, post, comb;  // x before its bf16 rounding; x_err: fp32 slack
 };
 
 HcRef ref_pre(const std::vector<float>& h, const std::vector<float>& fn, const std::vector<float>& scale,
@@ -25,6 +28,7 @@ HcRef ref_pre(const std::vector<float>& h, const std::vector<float>& fn, const s
   const double eps = 1e-6;
   HcRef r;
   r.x.resize(T * D);
+  r.x_err.resize(T * D);
   r.post.resize(T * hc);
   r.comb.resize(T * hc * hc);
   for (int64_t t = 0; t < T; ++t) {
@@ -74,7 +78,10 @@ HcRef ref_pre(const std::vector<float>& h, const std::vector<float>& fn, const s
     for (int64_t d = 0; d < D; ++d) {
       double s = 0;
       for (int i = 0; i < hc; ++i) s += pre[i] * xt[i * D + d];
-      r.x[t * D + d] = bf16d(s);
+      r.x[t * D + d] = s;
+      double l1 = 0;
+      for (int i = 0; i < hc; ++i) l1 += std::fabs(xt[i * D + d]);
+      r.x_err[t * D + d] = 2e-5 * l1;  // pre_i carries the fp32 error of a 1024-term mix
     }
   }
   return r;
@@ -103,7 +110,7 @@ TEST(Hc, PreMatchesSpec) {
   auto r = ref_pre(h, fn, scale, base, T, hc, D, 20);
   EXPECT_TRUE(close(post, r.post, 1e-6, 1e-5));
   EXPECT_TRUE(close(comb, r.comb, 1e-6, 1e-5));
-  EXPECT_TRUE(close(x, r.x, 1e-6, 8e-3));
+  EXPECT_TRUE(correctly_rounded(x, r.x, Stored::kBf16, 0.0, &r.x_err));
   for (int64_t t = 0; t < T; ++t)
     for (int k = 0; k < hc; ++k) {  // ends on a column normalization: columns sum to ~1
       double s = 0;
@@ -119,13 +126,16 @@ TEST(Hc, PostContractsFirstIndexInPlace) {
   auto res = randn(T * hc * D, 5);
   auto post = randn(T * hc, 6, 1.0f, false);
   auto comb = randn(T * hc * hc, 7, 1.0f, false);  // asymmetric: catches a transposed contraction
-  std::vector<double> want(T * hc * D);
+  std::vector<double> want(T * hc * D), err(T * hc * D);
   for (int64_t t = 0; t < T; ++t)
     for (int k = 0; k < hc; ++k)
       for (int64_t d = 0; d < D; ++d) {
         double s = 0;
         for (int j = 0; j < hc; ++j) s += double(comb[t * 16 + j * hc + k]) * res[(t * hc + j) * D + d];
-        want[(t * hc + k) * D + d] = bf16d(post[t * hc + k] * f[t * D + d] + s);
+        want[(t * hc + k) * D + d] = post[t * hc + k] * f[t * D + d] + s;
+        double l1 = std::fabs(post[t * hc + k] * f[t * D + d]);
+        for (int j = 0; j < hc; ++j) l1 += std::fabs(double(comb[t * 16 + j * hc + k]) * res[(t * hc + j) * D + d]);
+        err[(t * hc + k) * D + d] = 6e-7 * l1;
       }
   HcPostParams p;
   p.f = f.data();
@@ -137,7 +147,7 @@ TEST(Hc, PostContractsFirstIndexInPlace) {
   p.hc = hc;
   p.dim = D;
   cpu::hc_post(p);
-  EXPECT_TRUE(close(res, want, 1e-6, 8e-3));
+  EXPECT_TRUE(correctly_rounded(res, want, Stored::kBf16, 0.0, &err));
 }
 
 TEST(Hc, HeadMatchesSpec) {
@@ -158,7 +168,7 @@ TEST(Hc, HeadMatchesSpec) {
   p.dim = D;
   p.y = y.data();
   cpu::hc_head(p);
-  std::vector<double> want(T * D);
+  std::vector<double> want(T * D), err(T * D);
   for (int64_t t = 0; t < T; ++t) {
     const float* xt = h.data() + t * hc * D;
     double ss = 0;
@@ -171,9 +181,13 @@ TEST(Hc, HeadMatchesSpec) {
       const double pre = sig(m * rs * scale[0] + base[i]) + 1e-6;
       for (int64_t d = 0; d < D; ++d) want[t * D + d] += pre * xt[i * D + d];
     }
-    for (int64_t d = 0; d < D; ++d) want[t * D + d] = bf16d(want[t * D + d]);
+    for (int64_t d = 0; d < D; ++d) {
+      double l1 = 0;
+      for (int i = 0; i < hc; ++i) l1 += std::fabs(xt[i * D + d]);
+      err[t * D + d] = 2e-5 * l1;
+    }
   }
-  EXPECT_TRUE(close(y, want, 1e-6, 8e-3));
+  EXPECT_TRUE(correctly_rounded(y, want, Stored::kBf16, 0.0, &err));
 }
 
 }  // namespace

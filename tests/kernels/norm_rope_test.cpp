@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "bit_compare.h"
 #include "kernel_test_util.h"
 #include "kernels/ops.h"
 
@@ -10,7 +11,9 @@ namespace tandem::kernels {
 namespace {
 using testing::bf16d;
 using testing::close;
+using testing::correctly_rounded;
 using testing::randn;
+using testing::Stored;
 
 TEST(RmsNorm, WeightedWeightlessAndStrides) {
   const int64_t rows = 5, dim = 300, ld = 310;
@@ -18,7 +21,9 @@ TEST(RmsNorm, WeightedWeightlessAndStrides) {
   auto wf = randn(dim, 2, 1.0f);
   std::vector<uint16_t> wb(dim);
   for (int64_t i = 0; i < dim; ++i) wb[i] = num::f32_to_bf16(wf[i]);
-  for (int variant = 0; variant < 3; ++variant) {
+  // variants: 0 weightless fp32, 1 fp32 weight, 2 bf16 weight + bf16 output, 3 fp32 weight + bf16 output
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool to_bf16 = variant >= 2;
     std::vector<float> y(rows * dim);
     RmsNormParams p;
     p.x = x.data();
@@ -26,13 +31,11 @@ TEST(RmsNorm, WeightedWeightlessAndStrides) {
     p.y = y.data();
     p.rows = rows;
     p.dim = dim;
-    if (variant == 1) p.weight = wf.data();
-    if (variant == 2) {
-      p.weight_bf16 = wb.data();
-      p.round_bf16 = true;
-    }
+    if (variant == 1 || variant == 3) p.weight = wf.data();
+    if (variant == 2) p.weight_bf16 = wb.data();
+    p.round_bf16 = to_bf16;
     cpu::rms_norm(p);
-    std::vector<double> want(rows * dim);
+    std::vector<double> want(rows * dim), fp32_err(rows * dim);
     for (int64_t r = 0; r < rows; ++r) {
       double ss = 0;
       for (int64_t i = 0; i < dim; ++i) ss += double(x[r * ld + i]) * x[r * ld + i];
@@ -40,11 +43,16 @@ TEST(RmsNorm, WeightedWeightlessAndStrides) {
       for (int64_t i = 0; i < dim; ++i) {
         double v = x[r * ld + i] * rs;
         if (variant >= 1) v *= wf[i];
-        want[r * dim + i] = variant == 2 ? bf16d(v) : v;
+        want[r * dim + i] = v;
+        fp32_err[r * dim + i] = 1e-6 * std::fabs(v);  // a few fp32 roundings before the bf16 one
       }
     }
-    // bf16 output: allow one bf16 ulp (the fp32 value may sit on the other side of a midpoint).
-    EXPECT_TRUE(close(y, want, 1e-7, variant == 2 ? 8e-3 : 2e-6)) << "variant " << variant;
+    if (to_bf16) {
+      // The stored value is bf16(fp32 value): representable and within half a bf16 ulp.
+      EXPECT_TRUE(correctly_rounded(y, want, Stored::kBf16, 0.0, &fp32_err)) << "variant " << variant;
+    } else {
+      EXPECT_TRUE(close(y, want, 1e-7, 2e-6)) << "variant " << variant;
+    }
   }
 }
 
@@ -160,6 +168,80 @@ TEST(Hadamard, MatchesExplicitMatrixAndIsInvolution) {
   cpu::hadamard(p);
   std::vector<double> orig(x0.begin(), x0.end());
   EXPECT_TRUE(close(x, orig, 1e-5, 1e-5));
+}
+
+
+// apply_rotary_emb on a bf16 tensor: the rotated pair is stored as bf16 (round to nearest even of
+// the fp32 result). Positions up to 2^20 give angles whose fp32 cos/sin differ from float64 ones by
+// a few fp32 ulps only, which the slack covers; truncation or a skipped rounding does not fit.
+TEST(Rope, Bf16OutputIsCorrectlyRounded) {
+  const int64_t tokens = 6, heads = 3, hd = 80, rope_off = 16, rd = 64;
+  float inv[32];
+  RopeFreqParams fp;
+  fp.inv_freq = inv;
+  fp.base = 160000.0;
+  fp.original_seq_len = 65536;
+  fp.factor = 16.0;
+  rope_inv_freq(fp);
+  auto x = randn(tokens * heads * hd, 14, 3.0f);
+  const auto x0 = x;
+  int64_t pos[6] = {0, 1, 7, 513, 65535, 1048575};
+  RopeParams p;
+  p.x = x.data();
+  p.positions = pos;
+  p.inv_freq = inv;
+  p.tokens = tokens;
+  p.heads = heads;
+  p.rope_offset = rope_off;
+  p.rope_dim = rd;
+  p.round_bf16 = true;
+  for (bool inverse : {false, true}) {
+    x = x0;
+    p.inverse = inverse;
+    cpu::rope(p);
+    std::vector<double> want(x.size()), err(x.size(), 0.0);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t b = (t * heads + h) * hd;
+        for (int64_t i = 0; i < rope_off; ++i) want[b + i] = x0[b + i];  // untouched, already bf16
+        for (int i = 0; i < rd / 2; ++i) {
+          const double ang = double(static_cast<float>(pos[t]) * inv[i]);
+          const double c = std::cos(ang), sn = inverse ? -std::sin(ang) : std::sin(ang);
+          const double a = x0[b + rope_off + 2 * i], bb = x0[b + rope_off + 2 * i + 1];
+          want[b + rope_off + 2 * i] = a * c - bb * sn;
+          want[b + rope_off + 2 * i + 1] = a * sn + bb * c;
+          // fp32 cos/sin (1 ulp each), two products and a sum: a few fp32 ulps of |a| + |b|.
+          err[b + rope_off + 2 * i] = err[b + rope_off + 2 * i + 1] = 6e-7 * (std::fabs(a) + std::fabs(bb));
+        }
+      }
+    EXPECT_TRUE(correctly_rounded(x, want, Stored::kBf16, 0.0, &err)) << "inverse " << inverse;
+  }
+}
+
+// rotate_activation before fp4_act_quant: H x / sqrt(n) stored as bf16.
+TEST(Hadamard, Bf16OutputIsCorrectlyRounded) {
+  const int64_t n = 128, rows = 4;
+  auto x = randn(rows * n, 15, 2.0f);
+  const auto x0 = x;
+  HadamardParams p;
+  p.x = x.data();
+  p.rows = rows;
+  p.n = n;
+  p.round_bf16 = true;
+  cpu::hadamard(p);
+  std::vector<double> want(rows * n), err(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    double l1 = 0;
+    for (int64_t j = 0; j < n; ++j) l1 += std::fabs(x0[r * n + j]);
+    for (int64_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < n; ++j) s += (__builtin_popcountll(i & j) & 1 ? -1.0 : 1.0) * x0[r * n + j];
+      want[r * n + i] = s / std::sqrt(double(n));
+      // 7 butterfly stages and the scale, each one fp32 rounding of partial sums bounded by |x|_1.
+      err[r * n + i] = 8 * 6e-8 * l1 / std::sqrt(double(n));
+    }
+  }
+  EXPECT_TRUE(correctly_rounded(x, want, Stored::kBf16, 0.0, &err));
 }
 
 }  // namespace

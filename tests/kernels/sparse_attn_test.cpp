@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "bit_compare.h"
 #include "kernel_test_util.h"
 #include "kernels/ops.h"
 
@@ -55,7 +56,7 @@ std::vector<double> exact(const Case& c, float scale) {
 }
 
 // The kernel's algorithm in double: blocks of `blk` list positions, running max, bf16 p for P.V.
-std::vector<double> blocked(const Case& c, float scale, int64_t blk) {
+std::vector<double> blocked(const Case& c, float scale, int64_t blk, bool round_out = true) {
   std::vector<double> out(c.T * c.H * c.D, 0.0);
   for (int64_t t = 0; t < c.T; ++t)
     for (int64_t h = 0; h < c.H; ++h) {
@@ -89,7 +90,7 @@ std::vector<double> blocked(const Case& c, float scale, int64_t blk) {
       }
       if (m == -INFINITY) continue;
       const double z = l + std::exp(c.sink[h] - m);
-      for (int64_t d = 0; d < c.D; ++d) out[(t * c.H + h) * c.D + d] = bf16d(acc[d] / z);
+      for (int64_t d = 0; d < c.D; ++d) out[(t * c.H + h) * c.D + d] = round_out ? bf16d(acc[d] / z) : acc[d] / z;
     }
   return out;
 }
@@ -129,9 +130,15 @@ TEST(SparseAttn, Bf16BlockedNumericsMatchKernelEmulation) {
   for (int64_t i = 0; i < 90; ++i) c.idx[i * 7 % 640] = -1;
   const float scale = static_cast<float>(1.0 / std::sqrt(512.0));
   auto got = run(c, true);
-  for (float v : got) ASSERT_EQ(v, num::round_bf16(v));
-  // Against the emulation: same rounding points, only fp32 accumulation order differs.
-  EXPECT_TRUE(close(got, blocked(c, scale, 64), 1e-4, 8e-3));
+  // Against the emulation before its final rounding: the output is bf16 and within half a bf16 ulp
+  // (plus fp32 accumulation error); an fp32 exp that straddles a bf16 midpoint of one p moves a
+  // head's outputs by a fraction of an ulp, so 1 in 1000 outputs may sit past the half ulp.
+  const auto pre = blocked(c, scale, 64, false);
+  double kmax = 0;
+  for (float v : c.kv) kmax = std::max(kmax, double(std::fabs(v)));
+  std::vector<double> err(pre.size(), 2e-6 * kmax);
+  EXPECT_TRUE(testing::correctly_rounded(got.data(), pre.data(), got.size(), testing::Stored::kBf16, 0.0, err.data(),
+                                         nullptr, got.size() / 1000));
   // And close to exact attention: bf16 probabilities carry 2^-9 relative error per term, so the
   // absolute error scales with sum_i p_i |v_i| rather than with |o|.
   const auto ex = exact(c, scale);
@@ -165,7 +172,7 @@ TEST(SparseAttn, RowIndependentOfBatchAndThreads) {
   one.idx.assign(c.idx.begin() + 3 * 200, c.idx.begin() + 4 * 200);
   auto single = run(one, true);
   cpu::set_num_threads(0);
-  for (int64_t i = 0; i < 16 * 64; ++i) ASSERT_EQ(num::f32_bits(single[i]), num::f32_bits(all[3 * 16 * 64 + i])) << i;
+  EXPECT_TRUE(testing::bits_equal(single.data(), all.data() + 3 * 16 * 64, 16 * 64));
 }
 
 TEST(SparseAttn, NanInKeyPropagatesOnlyWhereUsed) {

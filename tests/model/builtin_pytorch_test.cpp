@@ -34,12 +34,16 @@ namespace {
 //   draft greedy tokens 144/144 comparable positions; confidence logits max abs 0.29
 // Limits are ~3x the measured worst (golden_test.cpp saw ISA-only changes move the official
 // reference comparison by 2x on this model), and tokens must be equal except at a near tie of the
-// reference (top-1/top-2 gap < kTieGap), where one rounding flip can legitimately swap them; after
-// such a divergence the continuations are different texts and are not compared further.
+// reference, where one rounding flip can legitimately swap them; after such a divergence the
+// continuations are different texts and are not compared further. A near tie is not a fixed logit
+// gap: it is a reference top-1/top-2 gap smaller than kTieErrFactor (1) times the largest error of that
+// gap (our logit[top-1] - logit[top-2] vs the reference's) at the *other* positions of the same case
+// (teacher-forced), i.e. a gap our own measured noise has been seen to close (0.29 logit on add_12_7,
+// whose one divergence is at a reference gap of 0.008). It was a fixed 0.5 logit.
 constexpr double kLogitRelTol = 0.12;
 constexpr double kMeanLogitRelTol = 0.02;
 constexpr double kLseRelTol = 0.07;
-constexpr double kTieGap = 0.5;
+constexpr double kTieErrFactor = 1.0;
 constexpr double kConfAbsTol = 0.9;
 constexpr double kMinDraftAgree = 0.95;
 
@@ -117,14 +121,6 @@ TEST_P(BuiltinPytorch, GreedyLogitsAndDraftMatchTrainer) {
   while (same < greedy.size() && mine[same] == greedy[same]) ++same;
   std::printf("[builtin-pytorch %s] greedy: %zu/%zu tokens equal before the first divergence\n", name.c_str(), same,
               greedy.size());
-  if (same < greedy.size()) {
-    // Justified only at a near tie of the reference (position prompt + same - 1 predicts greedy[same]).
-    const auto& top = c["top5_logits_per_position"][prompt.size() + same - 1];
-    const double gap = top[0].get<double>() - top[1].get<double>();
-    std::printf("[builtin-pytorch %s] divergence at %zu: reference %d, C++ %d, reference top-1/top-2 gap %.4f\n",
-                name.c_str(), same, greedy[same], mine[same], gap);
-    EXPECT_LT(gap, kTieGap) << name << ": greedy diverges at token " << same << " without a near tie";
-  }
 
   // 2. Teacher-forced logits of prompt + reference continuation at every position (slot 0), taps.
   m.reset(0);
@@ -139,6 +135,7 @@ TEST_P(BuiltinPytorch, GreedyLogitsAndDraftMatchTrainer) {
   ASSERT_EQ(static_cast<int64_t>(top5_ids.size()), n);
   double worst = 0.0, mean = 0.0, worst_lse = 0.0;
   int64_t top1_agree = 0, worst_pos = 0;
+  std::vector<double> abs_err(n, 0.0);  // per position: error of our top-1 - top-2 logit gap
   for (int64_t p = 0; p < n; ++p) {
     std::span<const float> row = out.logits_for(0, V, p);
     double rmax = 0.0, mx = -1e30, s = 0.0;
@@ -151,6 +148,10 @@ TEST_P(BuiltinPytorch, GreedyLogitsAndDraftMatchTrainer) {
       ASSERT_TRUE(id >= 0 && id < V);
       row_err = std::max(row_err, std::fabs(row[id] - top5_logits[p][k].get<double>()));
     }
+    // Error of the reference's top-1 minus top-2 logit (what decides a swap; a common shift of the
+    // row cancels).
+    abs_err[p] = std::fabs((row[top5_ids[p][0].get<int32_t>()] - row[top5_ids[p][1].get<int32_t>()]) -
+                           (top5_logits[p][0].get<double>() - top5_logits[p][1].get<double>()));
     row_err /= std::max(rmax, 1e-6);
     if (row_err > worst) worst = row_err, worst_pos = p;
     mean += row_err;
@@ -165,12 +166,28 @@ TEST_P(BuiltinPytorch, GreedyLogitsAndDraftMatchTrainer) {
   EXPECT_LE(worst, kLogitRelTol) << name;
   EXPECT_LE(mean, kMeanLogitRelTol) << name;
   EXPECT_LE(worst_lse, kLseRelTol) << name;
+  // A near tie at position p: the reference's top-1/top-2 gap there is within kTieErrFactor x our
+  // largest error of that gap at the other positions.
+  auto tie_limit = [&](int64_t p) {
+    double e = 0.0;
+    for (int64_t q = 0; q < n; ++q)
+      if (q != p) e = std::max(e, abs_err[q]);
+    return kTieErrFactor * e;
+  };
+  auto ref_gap = [&](int64_t p) { return top5_logits[p][0].get<double>() - top5_logits[p][1].get<double>(); };
+  if (same < greedy.size()) {
+    // Justified only at a near tie of the reference (position prompt + same - 1 predicts greedy[same]).
+    const int64_t p = static_cast<int64_t>(prompt.size() + same) - 1;
+    std::printf("[builtin-pytorch %s] divergence at %zu: reference %d, C++ %d, reference top-1/top-2 gap %.4f, "
+                "near-tie limit %.4f\n",
+                name.c_str(), same, greedy[same], mine[same], ref_gap(p), tie_limit(p));
+    EXPECT_LT(ref_gap(p), tie_limit(p)) << name << ": greedy diverges at token " << same << " without a near tie";
+  }
   // Teacher-forced top-1 may only differ where the reference had a near tie.
   for (int64_t p = 0; p < n; ++p) {
     const int32_t mine_top = argmax(out.logits_for(0, V, p));
     if (mine_top == top5_ids[p][0].get<int32_t>()) continue;
-    const double gap = top5_logits[p][0].get<double>() - top5_logits[p][1].get<double>();
-    EXPECT_LT(gap, kTieGap) << name << ": top-1 differs at position " << p << " (gap " << gap << ")";
+    EXPECT_LT(ref_gap(p), tie_limit(p)) << name << ": top-1 differs at position " << p << " (gap " << ref_gap(p) << ")";
   }
 
   // 3. DSpark: greedy draft block and confidence for every golden anchor. The golden is

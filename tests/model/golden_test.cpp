@@ -78,14 +78,52 @@ std::string run_cmd(const std::string& cmd) {
   return rc == 0 ? std::string() : "command failed: " + cmd + "\n" + ss.str();
 }
 
+// Every limit below is derived from the golden's own record of the reference's spread between its
+// prefill path and its one-token decode path (`reference_self_consistency`, written by
+// tools/golden/make_golden.py), as tools/golden/README.md explains: both we and the reference's
+// second path differ from its first path only by fp32 summation order amplified through bf16/FP8
+// rounding flips, so our spread is held to kSpreadFactor times the reference's.
+constexpr double kSpreadFactor = 2.0;
+
 struct GoldenCase {
   const char* name;
-  // Tolerances (see tools/golden/README.md): per-row relative error of the target logits (max over
-  // rows and mean), top-1 agreement, and the same for the draft logits.
-  double max_rel, mean_rel, min_top1;
-  double draft_max_rel, draft_min_top1, conf_max_abs;
+  // Rows before the first rounding flip agree to the F16 storage precision of the golden file (a
+  // formula error shows up here, on the first rows, long before any aggregate limit moves).
   int64_t min_exact_prefix;
 };
+
+struct Limits {
+  double max_rel;           // kSpreadFactor x the reference's own max rel (per row, to the row max)
+  double disagree_rate;     // top-1 disagreements per row: kSpreadFactor x the reference's own rate
+};
+
+// Top-1 disagreements are rare events (rows where a rounding flip meets a near tie): a count over
+// `rows` rows at `rate` per row is Poisson; the limit is its 99% quantile, so a handful of rows
+// (the reference itself disagrees on 2 of 172 built-in rows) does not make the limit a coin toss.
+int64_t disagree_limit(double rate, int64_t rows) {
+  const double mean = rate * static_cast<double>(rows);
+  double pk = std::exp(-mean), cdf = pk;
+  int64_t k = 0;
+  while (cdf < 0.99) {
+    ++k;
+    pk *= mean / static_cast<double>(k);
+    cdf += pk;
+  }
+  return k;
+}
+
+// The limits of a golden from its reference_self_consistency record (fields required).
+::testing::AssertionResult limits_from_spread(const nlohmann::json& info, Limits* out) {
+  if (!info.contains("reference_self_consistency"))
+    return ::testing::AssertionFailure() << "golden lacks reference_self_consistency: regenerate it (tools/golden)";
+  const auto& self = info["reference_self_consistency"];
+  for (const char* f : {"max_rel_to_row_max", "top1_agreement"})
+    if (!self.contains(f) || !self[f].is_number())
+      return ::testing::AssertionFailure() << "reference_self_consistency lacks " << f;
+  out->max_rel = kSpreadFactor * self["max_rel_to_row_max"].get<double>();
+  out->disagree_rate = kSpreadFactor * (1.0 - self["top1_agreement"].get<double>());
+  return ::testing::AssertionSuccess();
+}
 
 void run_case(const GoldenCase& gc) {
   const fs::path root = TANDEM_SOURCE_DIR;
@@ -104,17 +142,19 @@ void run_case(const GoldenCase& gc) {
     std::string err = run_cmd(std::string(TANDEM_BINARY) + " make-tiny " + model_dir.string() + " --preset " + preset +
                               " --seed " + std::to_string(info["seed"].get<int>()));
     ASSERT_TRUE(err.empty()) << err;
-    // The golden was computed on this exact checkpoint: a changed make-tiny must be noticed as such.
-    if (info.contains("checkpoint_sha256"))
-      for (const auto& [file, want] : info["checkpoint_sha256"].items()) {
-        err = run_cmd("(sha256sum " + (model_dir / file).string() + " > " + (tmp / "sum.txt").string() + ")");
-        ASSERT_TRUE(err.empty()) << err;
-        std::ifstream sf(tmp / "sum.txt");
-        std::string got;
-        sf >> got;
-        ASSERT_EQ(got, want.get<std::string>()) << "make-tiny output changed (" << file
-                                                << "): regenerate data/golden as tools/golden/README.md says";
-      }
+  }
+  // The golden was computed on this exact checkpoint: a changed make-tiny or a retrained built-in
+  // model must be noticed as such, not as a numeric failure.
+  ASSERT_TRUE(info.contains("checkpoint_sha256") && !info["checkpoint_sha256"].empty())
+      << gc.name << ": golden lacks checkpoint_sha256";
+  for (const auto& [file, want] : info["checkpoint_sha256"].items()) {
+    std::string err = run_cmd("(sha256sum " + (model_dir / file).string() + " > " + (tmp / "sum.txt").string() + ")");
+    ASSERT_TRUE(err.empty()) << err;
+    std::ifstream sf(tmp / "sum.txt");
+    std::string got;
+    sf >> got;
+    ASSERT_EQ(got, want.get<std::string>()) << "checkpoint changed (" << file
+                                            << "): regenerate data/golden as tools/golden/README.md says";
   }
   nlohmann::json tokens = {{"prompt", info["prompt"]}, {"decode", info["decode"]}};
   {
@@ -147,52 +187,79 @@ void run_case(const GoldenCase& gc) {
     ++exact_prefix;
   std::printf("[golden %s] leading rows within 1e-3 relative: %lld\n", gc.name, static_cast<long long>(exact_prefix));
   EXPECT_GE(exact_prefix, gc.min_exact_prefix);
-  auto self = info["reference_self_consistency"];
-  std::printf("[golden %s] reference vs itself (prefill vs decode path): max abs %.4g, max rel %.4g, top-1 %.4f\n",
+  Limits lim;
+  ASSERT_TRUE(limits_from_spread(info, &lim));
+  const auto& self = info["reference_self_consistency"];
+  const int64_t disagree = std::llround((1.0 - s.top1) * static_cast<double>(rows));
+  const int64_t max_disagree = disagree_limit(lim.disagree_rate, rows);
+  std::printf("[golden %s] reference vs itself (prefill vs decode path): max abs %.4g, max rel %.4g, top-1 %.4f; "
+              "limits: max rel %.4g, top-1 disagreements %lld (ours %lld)\n",
               gc.name, self["max_abs"].get<double>(), self["max_rel_to_row_max"].get<double>(),
-              self["top1_agreement"].get<double>());
-  EXPECT_LE(s.max_rel, gc.max_rel);
-  EXPECT_LE(s.mean_rel, gc.mean_rel);
-  EXPECT_GE(s.top1, gc.min_top1);
+              self["top1_agreement"].get<double>(), lim.max_rel, static_cast<long long>(max_disagree),
+              static_cast<long long>(disagree));
+  EXPECT_LE(s.max_rel, lim.max_rel);
+  EXPECT_LE(disagree, max_disagree);
 
+  // The draft: required (both presets carry DSpark). Golden row i = our draft step i+1 (the
+  // reference cannot draft right after its prefill). Position k of a step is conditioned on the
+  // draft's own greedy tokens 0..k-1; where those differ from the reference's, the two rows answer
+  // different questions, so a position is compared only while the tokens before it agree. Compared
+  // rows differ from the reference only through the target's taps and the draft's own fp32 order,
+  // the same mechanism as the target rows, and get the same limit.
   const TensorView* gdl = (*gold)->find("draft_logits");
-  if (gdl) {
-    const TensorView* mdl = (*mine)->find("draft_logits");
-    ASSERT_TRUE(mdl);
-    // golden row i = our draft step i+1 (the reference cannot draft right after its prefill)
-    const int64_t steps = gdl->shape[0], K = gdl->shape[1];
-    ASSERT_EQ(mdl->shape[0], steps + 1);
-    auto gd = as_float(*gdl), md = as_float(*mdl);
-    Stats d = compare(md.data() + K * V, gd.data(), steps * K, V);
-    auto gc_conf = as_float(*(*gold)->find("draft_confidence"));
-    auto mc_conf = as_float(*(*mine)->find("draft_confidence"));
-    double conf_abs = 0;
-    for (int64_t i = 0; i < steps * K; ++i) conf_abs = std::max(conf_abs, std::fabs(mc_conf[K + i] - gc_conf[i]) * 1.0);
-    std::printf("[golden %s] draft logits: %lld steps x %lld, max abs %.4g, max rel %.4g, mean rel %.4g, top-1 %.4f; "
-                "confidence max abs %.4g\n",
-                gc.name, static_cast<long long>(steps), static_cast<long long>(K), d.max_abs, d.max_rel, d.mean_rel,
-                d.top1, conf_abs);
-    EXPECT_LE(d.max_rel, gc.draft_max_rel);
-    EXPECT_GE(d.top1, gc.draft_min_top1);
-    EXPECT_LE(conf_abs, gc.conf_max_abs);
-  }
+  const TensorView* mdl = (*mine)->find("draft_logits");
+  ASSERT_TRUE(gdl && mdl) << "draft logits missing";
+  const TensorView* gdt = (*gold)->find("draft_tokens");
+  const TensorView* mdt = (*mine)->find("draft_tokens");
+  const TensorView* gdc = (*gold)->find("draft_confidence");
+  const TensorView* mdc = (*mine)->find("draft_confidence");
+  ASSERT_TRUE(gdt && mdt && gdc && mdc) << "draft tokens or confidence missing";
+  const int64_t steps = gdl->shape[0], K = gdl->shape[1];
+  ASSERT_EQ(mdl->shape[0], steps + 1);
+  auto gd = as_float(*gdl), md = as_float(*mdl);
+  auto gc_conf = as_float(*gdc), mc_conf = as_float(*mdc);
+  std::vector<int32_t> gtok(steps * K), mtok((steps + 1) * K);
+  std::memcpy(gtok.data(), gdt->data, gtok.size() * 4);
+  std::memcpy(mtok.data(), mdt->data, mtok.size() * 4);
+  Stats d;
+  int64_t compared = 0, d_disagree = 0;
+  double conf_rel = 0, conf_scale = 0;
+  for (int64_t i = 0; i < steps * K; ++i) conf_scale = std::max(conf_scale, std::fabs(double(gc_conf[i])));
+  for (int64_t st = 0; st < steps; ++st)
+    for (int64_t k = 0; k < K; ++k) {
+      if (k > 0 && mtok[(st + 1) * K + k - 1] != gtok[st * K + k - 1]) break;
+      Stats r = compare(md.data() + ((st + 1) * K + k) * V, gd.data() + (st * K + k) * V, 1, V);
+      d.max_abs = std::max(d.max_abs, r.max_abs);
+      d.max_rel = std::max(d.max_rel, r.max_rel);
+      d.mean_rel += r.mean_rel;
+      d_disagree += r.top1 < 1.0;
+      ++compared;
+      // The confidence head reads the same hidden state: its error relative to the largest
+      // confidence magnitude gets the same limit.
+      conf_rel = std::max(conf_rel, std::fabs(double(mc_conf[(st + 1) * K + k]) - gc_conf[st * K + k]) / conf_scale);
+    }
+  d.mean_rel /= std::max<int64_t>(compared, 1);
+  std::printf("[golden %s] draft: %lld of %lld rows compared (same tokens before them), max abs %.4g, max rel %.4g, "
+              "mean rel %.4g, top-1 disagreements %lld (limit %lld); confidence max abs / max |conf| %.4g\n",
+              gc.name, static_cast<long long>(compared), static_cast<long long>(steps * K), d.max_abs, d.max_rel,
+              d.mean_rel, static_cast<long long>(d_disagree),
+              static_cast<long long>(disagree_limit(lim.disagree_rate, compared)), conf_rel);
+  EXPECT_GE(compared, steps) << "every step's first position is conditioned on the same tokens";
+  EXPECT_LE(d.max_rel, lim.max_rel);
+  EXPECT_LE(conf_rel, lim.max_rel);
+  EXPECT_LE(d_disagree, disagree_limit(lim.disagree_rate, compared));
   fs::remove_all(tmp);
 }
 
 TEST(ModelGolden, DefaultPresetSeed1Prompt300) {
-  // reference vs itself: max rel 0.026, top-1 0.968. First compressed entries visible at row 3.
-  run_case({"default-s1", 0.06, 0.03, 0.93, 0.05, 0.95, 0.2, 15});
+  // First compressed entries visible at row 3; the first rounding flip at row 15.
+  run_case({"default-s1", 15});
 }
 
 TEST(ModelGolden, BuiltinTrainedModel) {
-  // reference vs itself: max rel 0.113, top-1 0.988 (a trained model amplifies rounding flips more).
-  // max_rel 0.4: the worst row is a rounding-flip cascade whose size depends on the fp32 summation
-  // order alone. On the first trained model, only changing the GEMM ISA (cpu::set_gemm_isa) moved
-  // target max rel between 0.146 (SSE) and 0.33 (AVX2 / AVX-512 FMA) and draft between 0.435 and
-  // 0.19, with mean rel 0.028-0.031 and the exact prefix >= 4 in all three. The retrained model
-  // (Python chat data): target max rel 0.219, mean 0.026, top-1 0.971, exact prefix 7; draft max
-  // rel 0.37, top-1 0.873 (AVX-512 machine).
-  run_case({"builtin", 0.4, 0.05, 0.93, 0.8, 0.85, 2.5, 4});
+  // A trained model amplifies rounding flips more: the first one at row 7 (AVX-512); changing only the
+  // GEMM ISA moved it between 4 and 7, hence 4.
+  run_case({"builtin", 4});
 }
 
 }  // namespace
