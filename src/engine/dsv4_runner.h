@@ -10,6 +10,11 @@
 
 namespace tandem {
 
-Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config);
+class Comm;
+
+// rank / size / comm: this process's place in a tensor-parallel group (the model binds only its
+// shard; comm must outlive the runner). The defaults are the whole model in one process.
+Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config, int tp_rank = 0, int tp_size = 1,
+                                                        Comm* comm = nullptr);
 
 }  // namespace tandem
