@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -144,10 +145,18 @@ TEST_F(TpEngine, GreedyAndSpeculativeGreedyEqualOneProcess) {
 }
 
 TEST_F(TpEngine, KilledWorkerFailsTheHeadWithinFiveSeconds) {
+  setenv("NCCL_SOCKET_IFNAME", "tandem-test-if0", 1);
   auto e = Engine::create(config(*dir_, 2, 18584));
+  unsetenv("NCCL_SOCKET_IFNAME");
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   const auto pids = worker_pids();
   ASSERT_EQ(pids.size(), 1u);
+  {
+    // NCCL_* variables reach the workers (they inherit the head's environment).
+    std::ifstream env("/proc/" + std::to_string(pids[0]) + "/environ");
+    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    EXPECT_NE(all.find("NCCL_SOCKET_IFNAME=tandem-test-if0"), std::string::npos);
+  }
   ASSERT_TRUE((*e)->healthy());
   auto long_req = submit(**e, "long", prompt(30, 3), 900);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -54,6 +54,7 @@ class WorkerProcesses {
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
+      close_range(3, ~0U, 0);  // not the head's HTTP listener or sockets: only stdio is inherited
       execv(argv[0], argv.data());
       _exit(127);
     }
