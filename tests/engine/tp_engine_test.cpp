@@ -178,6 +178,27 @@ TEST_F(TpEngine, KilledWorkerFailsTheHeadWithinFiveSeconds) {
   (*e)->shutdown(1);
 }
 
+// A hung worker (stopped: its process is alive but silent) is caught by the heartbeats.
+TEST_F(TpEngine, HungWorkerFailsTheHeadWithinFiveSeconds) {
+  auto e = Engine::create(config(*dir_, 2, 18596));
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  const auto pids = worker_pids();
+  ASSERT_EQ(pids.size(), 1u);
+  const auto t0 = Clock::now();
+  kill(pids[0], SIGSTOP);
+  while ((*e)->healthy() && Clock::now() - t0 < std::chrono::seconds(6))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_FALSE((*e)->healthy());
+  EXPECT_LT(waited, 5.0);
+  EXPECT_NE((*e)->unhealthy_reason().find("rank 1 stopped answering"), std::string::npos) << (*e)->unhealthy_reason();
+  auto late = submit(**e, "late", prompt(5, 4), 4);
+  ASSERT_TRUE(late->wait(5.0)) << "a request after the failure should fail, not hang";
+  EXPECT_EQ(late->r.finish, FinishReason::kError);
+  kill(pids[0], SIGKILL);
+  (*e)->shutdown(1);
+}
+
 // Two "nodes" on one host: the head (node 0, one rank) and a `tandem serve --node-rank 1` started
 // by hand with a different checkpoint.
 TEST_F(TpEngine, MismatchedWorkerIsRefusedNamingTheDifference) {
