@@ -1,5 +1,7 @@
 // ZmqComm: Comm over ZeroMQ (see zmq_comm.h). Rank 0 holds a ROUTER socket, the others a DEALER
-// each (routing id "r<rank>"); every message is [kind u8 | seq u64] + payload. Heartbeats run on a
+// each (routing id "r<rank>"); every message is [kind u8] + payload. Ranks make the same calls in
+// the same order, so a kind or size that differs from the expected one means the ranks diverged:
+// that fails the group rather than being repaired. Heartbeats run on a
 // thread of their own with their own sockets (ZeroMQ sockets are single-threaded).
 #include "engine/parallel/zmq_comm.h"
 
@@ -24,7 +26,6 @@ enum class Kind : uint8_t { kHello = 1, kWelcome, kRefuse, kReduce, kGather, kBc
 
 struct Header {
   uint8_t kind;
-  uint64_t seq;
 };
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -208,7 +209,7 @@ class ZmqComm : public Comm {
 
   Status send(int to, Kind kind, const void* data, size_t bytes) {
     if (failed_) return failed_status();
-    Header h{static_cast<uint8_t>(kind), seq_};
+    Header h{static_cast<uint8_t>(kind)};
     if (o_.rank == 0) {
       const std::string id = rank_id(to);
       if (zmq_send(data_, id.data(), id.size(), ZMQ_SNDMORE) < 0 ||
@@ -443,7 +444,6 @@ class ZmqComm : public Comm {
   ZmqCommOptions o_;
   void* ctx_ = nullptr;
   void* data_ = nullptr;
-  uint64_t seq_ = 0;
   std::vector<std::vector<uint8_t>> bufs_;
   std::vector<uint8_t> scratch_;
   std::thread hb_thread_;
