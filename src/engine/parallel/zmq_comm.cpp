@@ -131,6 +131,7 @@ class ZmqComm : public Comm {
     return broadcast_impl(bytes, root, o_.op_timeout_s);
   }
 
+  // timeout_s <= 0: a worker waiting for the head's next plan waits as long as the head idles.
   Status broadcast_impl(std::vector<uint8_t>& bytes, int root, double timeout_s) {
     if (root < 0 || root >= o_.size) return invalid_argument("broadcast: root {} outside [0, {})", root, o_.size);
     if (o_.rank == root && root != 0) TANDEM_RETURN_IF_ERROR(send(0, Kind::kBcast, bytes.data(), bytes.size()));
@@ -451,7 +452,6 @@ class ZmqComm : public Comm {
   mutable std::mutex fail_mu_;
   std::string failure_;
 
-  friend Status zmq_wait_broadcast(Comm& comm, std::vector<uint8_t>& bytes);
 };
 
 }  // namespace
