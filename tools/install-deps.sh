@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libpcre2-dev libssl-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libomp-dev
+      libgtest-dev libgmock-dev libbenchmark-dev libomp-dev libzmq3-dev
       clang libclang-rt-14-dev
       nodejs npm curl python3)
 

@@ -16,6 +16,7 @@
 #include "cli/command.h"
 #include "common/log.h"
 #include "engine/engine.h"
+#include "engine/parallel/tp_runner.h"
 #include "server/echo_engine.h"
 #include "server/options.h"
 #include "server/server.h"
@@ -60,6 +61,16 @@ int run_serve(int argc, char** argv) {
   }
   const server::ServeOptions& o = *opts;
 
+  signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+
+  // A node other than the head runs its tensor-parallel ranks only: no HTTP, no scheduler.
+  if (o.engine.nnodes > 1 && o.engine.node_rank > 0)
+    return run_tp_node(o.engine, [] { return g_signal.load() != 0; });
+
   server::ServerConfig cfg;
   cfg.served_model_names = o.served_model_names;
   cfg.api_key = o.api_key;
@@ -67,12 +78,6 @@ int run_serve(int argc, char** argv) {
   cfg.http_threads = o.http_threads;
   cfg.max_pending_requests = o.max_pending_requests;
   load_generation_config(o, cfg);
-
-  signal(SIGPIPE, SIG_IGN);
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
 
   server::HttpServer http(cfg);
   Status st = http.bind(o.host, o.port);
@@ -106,7 +111,18 @@ int run_serve(int argc, char** argv) {
   std::printf("tandem serve: ready on http://%s:%d\n", o.host.c_str(), http.port());
   std::fflush(stdout);
 
-  while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // A lost tensor-parallel rank makes the engine unhealthy for good: /health already answers 503
+  // and in-flight requests fail with the reason; give their streams a moment, then exit non-zero
+  // (a supervisor restarts the whole group).
+  while (g_signal == 0 && engine->healthy()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (g_signal == 0) {
+    TLOG_ERROR("serve", "engine failed: {}; exiting", engine->unhealthy_reason());
+    for (int i = 0; i < 100 && http.in_flight() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    http.stop();
+    std::fflush(stdout);
+    std::_Exit(3);  // the engine's thread may be blocked on the lost group: do not join it
+  }
   TLOG_INFO("serve", "signal {}: draining (deadline {} s)", g_signal.load(), o.shutdown_timeout_s);
   http.begin_drain();
   engine->shutdown(o.shutdown_timeout_s);

@@ -4,7 +4,10 @@
 // once, in allocate(), with the pool the engine computed and the KV dtype it resolved.
 #include "engine/dsv4_runner.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "common/check.h"
@@ -21,8 +24,11 @@ namespace {
 class Dsv4Runner : public ModelRunner {
  public:
   Dsv4Runner(std::string dir, int num_threads, std::unique_ptr<Tokenizer> tok, ModelConfig config,
-             ModelOptions probe, ModelStateSizes sizes)
-      : dir_(std::move(dir)),
+             ModelOptions probe, ModelStateSizes sizes, int tp_rank, int tp_size, Comm* comm)
+      : tp_rank_(tp_rank),
+        tp_size_(tp_size),
+        comm_(comm),
+        dir_(std::move(dir)),
         num_threads_(num_threads),
         tokenizer_(std::move(tok)),
         config_(std::move(config)),
@@ -35,7 +41,9 @@ class Dsv4Runner : public ModelRunner {
   int32_t noise_token_id() const override {
     return config_.has_dspark() ? static_cast<int32_t>(config_.dspark_noise_token_id) : -1;
   }
-  std::string device() const override { return "cpu"; }
+  std::string device() const override {
+    return tp_size_ > 1 ? fmt::format("cpu (tensor parallel x{})", tp_size_) : std::string("cpu");
+  }
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
 
   Status check_kv_cache_dtype(const std::string& dtype) const override {
@@ -72,12 +80,18 @@ class Dsv4Runner : public ModelRunner {
     o.max_rollback = std::max(alloc.max_verify_tokens, 1);
     o.num_threads = num_threads_;
     o.load_draft = true;
+    o.tp_rank = tp_rank_;
+    o.tp_size = tp_size_;
+    o.comm = comm_;
     TANDEM_ASSIGN_OR_RETURN(o.kv_dtype, parse_kv_dtype(alloc.kv_cache_dtype.empty() ? "fp8" : alloc.kv_cache_dtype));
     model_.reset();
     TANDEM_ASSIGN_OR_RETURN(model_, DsV4Model::load(dir_, o));
     slot_state_bytes_ = static_cast<int64_t>(model_->slot_state_bytes());
     TLOG_INFO("engine", "model loaded from {} (KV dtype {}): {}", dir_, kv_dtype_name(o.kv_dtype),
               model_->load_report().summary());
+    if (tp_size_ > 1)
+      TLOG_INFO("engine", "rank {}/{}: {:.1f} MiB of weights bound, {:.1f} MiB resident after load", tp_rank_,
+                tp_size_, model_->load_report().weight_bytes / 1048576.0, resident_mib());
     return Status();
   }
 
@@ -178,6 +192,19 @@ class Dsv4Runner : public ModelRunner {
     (void)V;
   }
 
+  // Resident set of this process (what the weights' touched pages and the state cost).
+  static double resident_mib() {
+    long pages = 0, resident = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+      std::fclose(f);
+    }
+    return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / 1048576.0;
+  }
+
+  int tp_rank_;
+  int tp_size_;
+  Comm* comm_;
   std::string dir_;
   int num_threads_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -194,7 +221,8 @@ class Dsv4Runner : public ModelRunner {
 
 }  // namespace
 
-Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config) {
+Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config, int tp_rank, int tp_size,
+                                                        Comm* comm) {
   const std::string& dir = config.model_dir;
   TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(dir + "/tokenizer.json"));
   auto cfg = load_model_config(dir + "/config.json");
@@ -212,7 +240,8 @@ Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& conf
   auto sizes = DsV4Model::state_sizes(*cfg, probe);
   if (!sizes.ok()) return sizes.status().with_context("loading " + dir);
   return std::unique_ptr<ModelRunner>(
-      new Dsv4Runner(dir, config.num_threads, std::move(tok), std::move(cfg).value(), probe, *sizes));
+      new Dsv4Runner(dir, config.num_threads, std::move(tok), std::move(cfg).value(), probe, *sizes, tp_rank, tp_size,
+                     comm));
 }
 
 }  // namespace tandem

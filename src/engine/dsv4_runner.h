@@ -10,7 +10,12 @@
 
 namespace tandem {
 
-Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config);
+class Comm;
+
+// rank / size / comm: this process's place in a tensor-parallel group (the model binds only its
+// shard; comm must outlive the runner). The defaults are the whole model in one process.
+Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config, int tp_rank = 0, int tp_size = 1,
+                                                        Comm* comm = nullptr);
 
 // The device-resident runner (src/engine/cuda_runner.cpp); an error when the build has no CUDA
 // runner or no GPU is visible. cuda_runner_available(): built with it and a GPU is visible.

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "engine/parallel/tp_runner.h"
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
 #include "engine/fake_model.h"
@@ -127,7 +128,13 @@ class EngineImpl : public Engine {
     return snap;
   }
 
-  bool healthy() const override { return !failed_.load() && !stopped_.load(); }
+  bool healthy() const override { return !failed_.load() && !stopped_.load() && core_->runner_health().ok(); }
+  std::string unhealthy_reason() const override {
+    Status st = core_->runner_health();
+    if (!st.ok()) return st.message();
+    if (failed_.load()) return "engine integrity check failed";
+    return stopped_.load() ? "engine stopped" : "";
+  }
 
   void shutdown(double deadline_s) override {
     {
@@ -283,22 +290,27 @@ Result<std::unique_ptr<Engine>> create_engine_with_runner(std::unique_ptr<ModelR
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
-  if (config.tensor_parallel_size != 1)
-    return make_error(StatusCode::kUnimplemented,
-                      "--tensor-parallel-size {}: this build runs the model in one process (use 1)",
-                      config.tensor_parallel_size);
   if (config.device != "auto" && config.device != "cpu" && config.device != "cuda")
     return invalid_argument("--device '{}' is not auto, cpu or cuda", config.device);
   std::unique_ptr<ModelRunner> runner;
   if (config.model_dir.empty() || config.model_dir.rfind("fake:", 0) == 0) {
     // No checkpoint: the deterministic toy model (tests, server development).
+    if (config.tensor_parallel_size != 1)
+      return invalid_argument("--tensor-parallel-size {} needs a checkpoint (--model DIR)", config.tensor_parallel_size);
     FakeModelConfig fc;
     runner = std::make_unique<FakeModelRunner>(fc);
   } else {
     // auto: the GPU when this build has the CUDA runner and a GPU is visible, else the CPU.
     const bool cuda = config.device == "cuda" || (config.device == "auto" && cuda_runner_available());
+    if (cuda && config.tensor_parallel_size > 1)
+      return make_error(StatusCode::kUnimplemented,
+                        "--tensor-parallel-size {} on the GPU needs the NCCL backend, which is not built yet "
+                        "(tensor parallelism runs on the CPU: --device cpu)",
+                        config.tensor_parallel_size);
     if (cuda) {
       TANDEM_ASSIGN_OR_RETURN(runner, create_cuda_runner(config));
+    } else if (config.tensor_parallel_size > 1) {
+      TANDEM_ASSIGN_OR_RETURN(runner, create_tp_head_runner(config));
     } else {
       TANDEM_ASSIGN_OR_RETURN(runner, create_dsv4_runner(config));
     }

@@ -39,7 +39,16 @@ struct EngineConfig {
   int64_t kv_cache_memory = 0;           // bytes; 0 = derive from gpu_memory_utilization / default
   double gpu_memory_utilization = 0.9;
   bool enable_prefix_caching = true;
+  // Tensor parallelism: one process per rank (src/engine/parallel/tp_runner.h). On one host the
+  // head starts its workers itself; across nodes each node runs `tandem serve` with --nnodes,
+  // --node-rank and the head's --master-addr/--master-port (that port and the next).
   int tensor_parallel_size = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  double distributed_timeout_s = 120.0;  // the head waits this long for every rank to connect
+  std::string worker_binary;             // the `tandem` binary workers run; "" = this executable
   int max_cudagraph_capture_size = 8;
   int num_threads = 0;                   // CPU threads, 0 = all cores
   SpeculativeConfig speculative;
@@ -163,6 +172,8 @@ class Engine {
   virtual void cancel(const std::string& request_id) = 0;
   virtual EngineMetrics metrics() = 0;       // snapshot; drains latency samples
   virtual bool healthy() const = 0;
+  // Why healthy() is false ("" when healthy or unknown): e.g. a tensor-parallel rank was lost.
+  virtual std::string unhealthy_reason() const { return ""; }
   // Stops accepting; waits up to `deadline_s` for in-flight requests, then cancels the rest.
   virtual void shutdown(double deadline_s) = 0;
 };

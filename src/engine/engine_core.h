@@ -52,6 +52,7 @@ class EngineCore {
   const ModelInfo& model_info() const { return info_; }
   const Tokenizer& tokenizer() const;
   ModelRunner& runner() { return *runner_; }
+  Status runner_health() const { return runner_->health(); }  // any thread
 
   // Checks a request against the limits and sampling ranges without queueing it (thread-safe:
   // reads only immutable configuration).

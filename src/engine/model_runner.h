@@ -95,6 +95,10 @@ class ModelRunner {
   virtual void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps,
                                     int64_t rows) = 0;
   virtual Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) = 0;
+
+  // Not OK once the runner can no longer serve (a tensor-parallel rank was lost); callable from
+  // any thread.
+  virtual Status health() const { return Status(); }
 };
 
 }  // namespace tandem

@@ -258,7 +258,7 @@ std::string tokenizer_config_json() {
 }  // namespace
 
 const std::vector<std::string>& tiny_preset_names() {
-  static const std::vector<std::string> names = {"default", "small", "preview"};
+  static const std::vector<std::string> names = {"default", "small", "preview", "tp8"};
   return names;
 }
 
@@ -345,8 +345,26 @@ Result<ModelConfig> tiny_preset_config(const std::string& preset, const TinyVoca
     c.moe_intermediate_size = 256;
     c.dspark_target_layer_ids = {5, 6, 7};
     c.dspark_markov_rank = 64;
+  } else if (preset == "tp8") {
+    // Shardable over 1, 2, 4 and 8 ranks as the reference shards (heads, o_groups, index heads
+    // and experts divisible by 8; each rank's wo_b input a whole 128-wide activation block).
+    c.hidden_size = 256;
+    c.num_hidden_layers = 4;
+    c.compress_ratios = {0, 4, 128, 4};
+    c.num_hash_layers = 1;
+    c.num_attention_heads = 8;
+    c.q_lora_rank = 128;
+    c.o_groups = 8;
+    c.o_lora_rank = 128;
+    c.index_n_heads = 8;
+    c.index_topk = 16;
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 128;
+    c.dspark_target_layer_ids = {1, 2, 3};
+    c.dspark_markov_rank = 32;
   } else {
-    return invalid_argument("unknown preset '{}' (default, small, preview)", preset);
+    return invalid_argument("unknown preset '{}' (default, small, preview, tp8)", preset);
   }
   if (preset == "preview") {
     c.compress_ratios.push_back(0);  // one classic MTP stage

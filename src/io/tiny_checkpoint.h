@@ -14,7 +14,8 @@
 namespace tandem {
 
 // The presets: "default" (6 layers + 3 DSpark stages), "small" (a second, different DSpark
-// configuration) and "preview" (like default, one classic MTP stage, no dspark keys).
+// configuration), "preview" (like default, one classic MTP stage, no dspark keys) and "tp8"
+// (4 layers, shardable over 1, 2, 4 or 8 tensor-parallel ranks).
 const std::vector<std::string>& tiny_preset_names();
 
 // Vocabulary facts taken from a tokenizer.json: vocab_size = highest id + 1; the DSpark noise

@@ -96,7 +96,8 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
   const ModelConfig& c = m.cfg;
   if (!m.w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
   const int64_t K = c.dspark_block_size, D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
-  const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window;
+  // Local heads: the stages are sharded like the target's blocks (every stage has the same count).
+  const int64_t H = m.w.draft.stages[0].attn.n_local_heads, hd = c.head_dim, W = c.sliding_window;
   const int64_t R = c.dspark_markov_rank, ql = c.q_lora_rank;
   for (const DraftRequest& r : requests) {
     if (r.slot < 0 || r.slot >= m.opt.max_slots) return invalid_argument("draft_propose: slot {} out of range", r.slot);
@@ -124,14 +125,12 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
   auto &y = sized(d.y, N * D), &yn = sized(d.yn, N * D), &base = sized(d.base, N * V);
   auto &bias = sized(d.bias, V), &feat = sized(d.feat, D + R), &e_row = sized(d.e_row, R);
   auto& keys = d.keys;
-  for (int64_t ri = 0; ri < B; ++ri) {
-    for (int64_t t = 0; t < K; ++t) {
-      const int64_t row = ri * K + t;
-      ids[row] = t == 0 ? requests[ri].anchor_token : static_cast<int32_t>(c.dspark_noise_token_id);
-      m.w.embed.row(ids[row], &h[row * HD]);
-      for (int64_t k = 1; k < hc; ++k) std::memcpy(&h[row * HD + k * D], &h[row * HD], sizeof(float) * D);
-    }
-  }
+  for (int64_t ri = 0; ri < B; ++ri)
+    for (int64_t t = 0; t < K; ++t)
+      ids[ri * K + t] = t == 0 ? requests[ri].anchor_token : static_cast<int32_t>(c.dspark_noise_token_id);
+  m.embed_rows(ids.data(), N, h.data(), HD);
+  for (int64_t row = 0; row < N; ++row)
+    for (int64_t k = 1; k < hc; ++k) std::memcpy(&h[row * HD + k * D], &h[row * HD], sizeof(float) * D);
   for (int st = 0; st < c.num_draft_stages; ++st) {
     const model::BlockW& b = m.w.draft.stages[st];
     res = h;
@@ -149,10 +148,11 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
       keys.clear();
       for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) keys.push_back(ctx + st * W * hd + (p % W) * hd);
       for (int64_t t = 0; t < K; ++t) keys.push_back(&kvb[t * hd]);
-      for (int64_t t = 0; t < K; ++t) m.attend(&qb[t * H * hd], keys, b.attn.attn_sink, &ob[t * H * hd]);
+      for (int64_t t = 0; t < K; ++t) m.attend(&qb[t * H * hd], H, keys, b.attn.attn_sink, &ob[t * H * hd]);
       m.rope_rows(m.rope_swa, ob, K, H, hd, P, 1, true);
     }
     m.output_proj(b.attn, o.data(), N, a.data());
+    if (m.tp()) m.all_reduce_bf16(a.data(), N * D);  // wo_b is row-parallel
     m.hc_post(a.data(), res.data(), post.data(), comb.data(), N, h.data());
     res = h;
     m.hc_pre(h.data(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.data(), post.data(), comb.data());
@@ -164,7 +164,8 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
   m.hc_head(h.data(), N, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, y.data());
   yn = y;
   m.norm_rows(yn.data(), N, D, dw.norm);
-  m.linear(m.w.head, yn.data(), N, base.data(), false);
+  m.head_gemm(yn.data(), N, base.data());  // the shared (vocab-parallel) LM head
+  TANDEM_RETURN_IF_ERROR(m.take_comm_status());
 
   // The Markov correction is sequential along each block, request after request (the RNG is
   // consumed in that order, as when requests are drafted one at a time).

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "common/check.h"
+#include "common/comm.h"
 #include "common/numeric.h"
 #include "model/impl.h"
 
@@ -275,7 +276,7 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
   };
   // Routed experts in ascending id order (the reference's accumulation order).
   grow(s.ex_w, static_cast<size_t>(n * K));
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = m.expert_begin; e < m.expert_end; ++e) {  // this rank's experts
     const int32_t o0 = s.moe_order[e], o1 = s.moe_order[e + 1];
     if (o0 == o1) continue;
     const int64_t rows = o1 - o0;
@@ -290,7 +291,7 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
     gather.cols = D;
     gather.gather = true;
     ops().rows_copy(gather);
-    run_expert(m.experts[e], rows, s.ex_w.data());
+    run_expert(m.experts[e - m.expert_begin], rows, s.ex_w.data());
     kernels::RowsCopyParams scatter;
     scatter.src = s.ex_out.data();
     scatter.dst = s.moe_y.data();
@@ -299,6 +300,7 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
     scatter.cols = D;
     ops().rows_copy(scatter);
   }
+  if (tp()) all_reduce(s.moe_y.data(), n * D);  // the routed sum over ranks, then the (whole) shared expert
   grow(s.ex_in, static_cast<size_t>(n * D));
   std::memcpy(s.ex_in.data(), x, sizeof(float) * n * D);
   run_expert(m.shared, n, nullptr);
@@ -311,9 +313,9 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
 // online softmax with bf16-rounded probabilities (errata 5), while the golden logits match a global
 // max with fp32 probabilities exactly for the first 15 (default-s1) / 4 (builtin) rows; with the op
 // that exact prefix drops to 1 row on both (tried; see the model2 report).
-void DsV4Model::Impl::attend(const float* q, const std::vector<const float*>& keys, const std::vector<float>& sink,
-                             float* o) {
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim;
+void DsV4Model::Impl::attend(const float* q, int64_t heads, const std::vector<const float*>& keys,
+                             const std::vector<float>& sink, float* o) {
+  const int64_t H = heads, hd = cfg.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t nk = keys.size();
   grow(s.keys_score, nk);
@@ -342,7 +344,7 @@ void DsV4Model::Impl::attend(const float* q, const std::vector<const float*>& ke
 // FP8 round trip of the NoPE dims does not touch the RoPE dims, so the order does not matter.
 void DsV4Model::Impl::q_and_kv(const model::AttentionW& a, const model::RopeTable& rope, const float* x, int64_t n,
                                int64_t start_pos, float* qr, float* q, float* kv, bool apply_rope) {
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, rd = cfg.qk_rope_head_dim, ql = cfg.q_lora_rank;
+  const int64_t H = a.n_local_heads, hd = cfg.head_dim, rd = cfg.qk_rope_head_dim, ql = cfg.q_lora_rank;
   linear(a.wq_a, x, n, qr);
   norm_rows(qr, n, ql, a.q_norm);
   linear(a.wq_b, qr, n, q);
@@ -362,7 +364,7 @@ void DsV4Model::Impl::q_and_kv(const model::AttentionW& a, const model::RopeTabl
 }
 
 void DsV4Model::Impl::output_proj(const model::AttentionW& a, float* o, int64_t n, float* y) {
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, G = cfg.o_groups, R = cfg.o_lora_rank;
+  const int64_t H = a.n_local_heads, hd = cfg.head_dim, G = a.n_local_groups, R = cfg.o_lora_rank;
   const int64_t gin = H * hd / G;
   grow(s.u, static_cast<size_t>(n * G * R));
   // Grouped bf16 einsum: group g of every token against wo_a rows [g*R, (g+1)*R), bf16 result.
@@ -381,7 +383,9 @@ void DsV4Model::Impl::output_proj(const model::AttentionW& a, float* o, int64_t 
   p.w_batch_rows = R;
   p.round_bf16 = true;
   ops().gemm(p);
-  linear(a.wo_b, s.u.data(), n, y);
+  // Row-parallel under tensor parallelism: y holds this rank's fp32 partial sums (the caller
+  // all-reduces and rounds once for every sequence of the step).
+  linear(a.wo_b, s.u.data(), n, y, !tp());
 }
 
 
@@ -390,7 +394,7 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
   const model::BlockW& b = w.layers[layer];
   const model::AttentionW& a = b.attn;
   const LayerLayout& L = layout[layer];
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, rd = cfg.qk_rope_head_dim, ql = cfg.q_lora_rank;
+  const int64_t H = a.n_local_heads, hd = cfg.head_dim, rd = cfg.qk_rope_head_dim, ql = cfg.q_lora_rank;
   const int64_t W = cfg.sliding_window, bs = opt.block_size;
   const int ratio = b.compress_ratio;
   const model::RopeTable& rope = ratio ? rope_comp : rope_swa;
@@ -468,7 +472,8 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
   if (a.has_indexer) run_compressor(a.indexer.compressor, L.icomp, s.icomp_rows, L.pool_idx);
 
   // ---- indexer queries and head weights ----
-  const int64_t IH = cfg.index_n_heads, ihd = cfg.index_head_dim;
+  // This rank's index heads; the score scale uses all of them (the reference's n_heads ** -0.5).
+  const int64_t IH = a.indexer.n_local_heads, IH_all = cfg.index_n_heads, ihd = cfg.index_head_dim;
   if (a.has_indexer) {
     grow(s.iq, static_cast<size_t>(n * IH * ihd));
     grow(s.iw, static_cast<size_t>(n * IH));
@@ -477,7 +482,7 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
     hadamard_rows(s.iq.data(), n * IH, ihd);
     fp4_rows(s.iq.data(), n * IH, ihd);
     linear(a.indexer.weights_proj, x, n, s.iw.data());
-    const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) / std::sqrt(static_cast<double>(IH)));
+    const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) / std::sqrt(static_cast<double>(IH_all)));
     for (int64_t i = 0; i < n * IH; ++i) s.iw[i] = num::round_bf16(s.iw[i] * wscale);
   }
 
@@ -502,6 +507,8 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
     is.scores = s.idx_scores.data();
     is.bf16_numerics = true;
     ops().indexer_score(is);
+    // Each rank summed its own heads (bf16); the reference all-reduces the bf16 scores.
+    if (tp()) all_reduce_bf16(s.idx_scores.data(), n * vmax);
     kernels::TopkParams tk;
     tk.scores = s.idx_scores.data();
     tk.n_valid = s.visible.data();
@@ -531,7 +538,7 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
       }
     }
     float* ot = s.o.data() + t * H * hd;
-    attend(s.q.data() + t * H * hd, s.key_ptrs, a.attn_sink, ot);
+    attend(s.q.data() + t * H * hd, H, s.key_ptrs, a.attn_sink, ot);
   }
   rope_rows(rope, s.o.data(), n, H, hd, start_pos, 1, true);
   output_proj(a, s.o.data(), n, y);
@@ -569,6 +576,7 @@ void DsV4Model::Impl::block_forward_step(int layer, const StepBatch& batch, cons
     attention_target(layer, q.slot, s.x.data() + rows[i] * D, ni, q.start_pos, q.block_table.data(),
                      s.a.data() + rows[i] * D);
   }
+  if (tp()) all_reduce_bf16(s.a.data(), n * D);  // wo_b is row-parallel
   hc_post(s.a.data(), s.res.data(), s.post.data(), s.comb.data(), n, h);
 
   std::memcpy(s.res.data(), h, sizeof(float) * n * HD);
@@ -584,7 +592,66 @@ void DsV4Model::Impl::logits_rows(const float* h, int64_t n, float* out) {
   float* y = s.head_y.data();
   hc_head(h, n, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, y);
   norm_rows(y, n, D, w.norm);
-  linear(w.head, y, n, out, false);
+  head_gemm(y, n, out);
+}
+
+// ---- tensor parallelism ----
+
+void DsV4Model::Impl::all_reduce(float* x, int64_t n) {
+  if (!comm_status.ok()) return;
+  comm_status = opt.comm->all_reduce_sum(x, static_cast<size_t>(n));
+}
+
+void DsV4Model::Impl::all_reduce_bf16(float* x, int64_t n) {
+  all_reduce(x, n);
+  for (int64_t i = 0; i < n; ++i) x[i] = num::round_bf16(x[i]);
+}
+
+void DsV4Model::Impl::embed_rows(const int32_t* tokens, int64_t n, float* h, int64_t stride) {
+  const int64_t D = cfg.hidden_size;
+  if (!tp()) {
+    for (int64_t t = 0; t < n; ++t) w.embed.row(tokens[t], h + t * stride);
+    return;
+  }
+  // Vocab-parallel: the rank owning a token's row contributes it, the others zeros; one all-reduce.
+  grow(tp_local, static_cast<size_t>(n * D));
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = tp_local.data() + t * D;
+    if (tokens[t] >= w.vocab_begin && tokens[t] < w.vocab_end)
+      w.embed.row(tokens[t] - w.vocab_begin, dst);
+    else
+      std::fill(dst, dst + D, 0.0f);
+  }
+  all_reduce(tp_local.data(), n * D);
+  for (int64_t t = 0; t < n; ++t) std::memcpy(h + t * stride, tp_local.data() + t * D, sizeof(float) * D);
+}
+
+void DsV4Model::Impl::head_gemm(const float* y, int64_t n, float* out) {
+  if (!tp()) {
+    linear(w.head, y, n, out, false);
+    return;
+  }
+  const int64_t V = cfg.vocab_size, P = (V + opt.tp_size - 1) / opt.tp_size, mine = w.vocab_end - w.vocab_begin;
+  grow(tp_local, static_cast<size_t>(n * P));
+  std::fill(tp_local.begin(), tp_local.begin() + n * P, 0.0f);
+  kernels::GemmParams p;  // [n, mine] with row stride P (the last rank's share may be shorter)
+  p.x = y;
+  p.w = w.head.w;
+  p.y = tp_local.data();
+  p.m = n;
+  p.n = mine;
+  p.k = w.head.w.k;
+  p.ldy = P;
+  if (mine > 0) ops().gemm(p);
+  grow(tp_gather, static_cast<size_t>(opt.tp_size * n * P));
+  if (!comm_status.ok()) return;
+  comm_status = opt.comm->all_gather(tp_local.data(), sizeof(float) * n * P, tp_gather.data());
+  if (!comm_status.ok()) return;
+  for (int r = 0; r < opt.tp_size; ++r) {
+    const int64_t v0 = r * P, cnt = std::max<int64_t>(0, std::min(P, V - v0));
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(out + t * V + v0, tp_gather.data() + (r * n + t) * P, sizeof(float) * cnt);
+  }
 }
 
 }  // namespace tandem

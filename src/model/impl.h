@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -109,8 +110,10 @@ struct DsV4Model::Impl {
   void hc_head(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
                const std::vector<float>& base, float* y);
   void moe(const model::MoEW& m, const float* x, const int32_t* tokens, int64_t n, float* y);
-  // Attention over `keys` (pointers to head_dim rows) with the per-head sink; o rounded to bf16.
-  void attend(const float* q, const std::vector<const float*>& keys, const std::vector<float>& sink, float* o);
+  // Attention of `heads` query heads over `keys` (pointers to head_dim rows) with the per-head sink;
+  // o rounded to bf16.
+  void attend(const float* q, int64_t heads, const std::vector<const float*>& keys, const std::vector<float>& sink,
+              float* o);
   void output_proj(const model::AttentionW& a, float* o, int64_t n, float* y);
   void q_and_kv(const model::AttentionW& a, const model::RopeTable& rope, const float* x, int64_t n,
                 int64_t start_pos, float* qr, float* q, float* kv, bool apply_rope = true);
@@ -121,6 +124,21 @@ struct DsV4Model::Impl {
   void attention_target(int layer, int slot, const float* x, int64_t n, int64_t start_pos,
                         const int32_t* block_table, float* y);
   void logits_rows(const float* h, int64_t n, float* out);
+
+  // ---- tensor parallelism (opt.tp_size > 1; with one rank none of this runs) ----
+  bool tp() const { return opt.tp_size > 1; }
+  // The first collective failure since the last take_comm_status(); later collectives are skipped
+  // (the model's state is then undefined: the caller drops the whole group).
+  Status comm_status;
+  Status take_comm_status() { return std::exchange(comm_status, Status()); }
+  void all_reduce(float* x, int64_t n);
+  // Row-parallel output: x holds this rank's partial sums; all-reduce, then round to bf16.
+  void all_reduce_bf16(float* x, int64_t n);
+  // h row t (stride floats apart) = embedding of tokens[t], its first hidden_size floats.
+  void embed_rows(const int32_t* tokens, int64_t n, float* h, int64_t stride);
+  // out[n, vocab] = y W_head^T (fp32): each rank its vocabulary rows, then gathered.
+  void head_gemm(const float* y, int64_t n, float* out);
+  std::vector<float> tp_local, tp_gather;
 };
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/comm.h"
 #include "common/log.h"
 #include "common/numeric.h"
 #include "io/safetensors.h"
@@ -20,6 +21,7 @@ std::string LoadReport::summary() const {
   if (draft_tensors_expected > 0)
     s += fmt::format("; {}/{} draft parameters loaded", draft_tensors_loaded, draft_tensors_expected);
   s += skipped_tensors ? fmt::format("; {} tensors skipped", skipped_tensors) : std::string("; no skipped tensors");
+  if (other_rank_tensors) s += fmt::format("; {} tensors belong to other ranks", other_rank_tensors);
   return s;
 }
 
@@ -151,8 +153,14 @@ Result<std::unique_ptr<DsV4Model>> DsV4Model::from_tensors(const ModelConfig& co
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->opt = options;
+  if (options.tp_size > 1 && !options.comm)
+    return invalid_argument("model options: tp_size {} needs a communicator", options.tp_size);
+  if (options.comm && (options.comm->size() != options.tp_size || options.comm->rank() != options.tp_rank))
+    return invalid_argument("model options: rank {} of {} but the communicator is rank {} of {}", options.tp_rank,
+                            options.tp_size, options.comm->rank(), options.comm->size());
   model::LoadCounts counts;
-  auto weights = model::load_weights(config, tensors, options.load_draft, counts);
+  auto weights = model::load_weights(config, tensors, options.load_draft, counts,
+                                     model::Shard{options.tp_rank, options.tp_size});
   if (!weights.ok()) return weights.status();
   impl->w = std::move(weights).value();
   impl->report.target_tensors_loaded = counts.target_loaded;
@@ -160,6 +168,8 @@ Result<std::unique_ptr<DsV4Model>> DsV4Model::from_tensors(const ModelConfig& co
   impl->report.draft_tensors_loaded = counts.draft_loaded;
   impl->report.draft_tensors_expected = counts.draft_expected;
   impl->report.skipped_tensors = counts.skipped;
+  impl->report.other_rank_tensors = counts.other_ranks;
+  impl->report.weight_bytes = model::weight_bytes(impl->w);
   TANDEM_RETURN_IF_ERROR(impl->init_state());
   return std::unique_ptr<DsV4Model>(new DsV4Model(std::move(impl)));
 }
@@ -175,6 +185,9 @@ Result<std::unique_ptr<DsV4Model>> DsV4Model::load(const std::string& dir, const
   if (!model.ok()) return model.status().with_context("loading " + dir);
   (*model)->impl_->ckpt = std::move(*ckpt);  // the weights are views into its mmapped shards
   TLOG_INFO("model", "{}: {}", dir, (*model)->load_report().summary());
+  if (options.tp_size > 1)
+    TLOG_INFO("model", "tensor parallel rank {}/{}: {:.1f} MiB of weights bound on this rank", options.tp_rank,
+              options.tp_size, (*model)->load_report().weight_bytes / 1048576.0);
   return model;
 }
 
@@ -253,13 +266,11 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
   float* h = m.s.h.data();
   for (size_t i = 0; i < ns; ++i) {
     const SeqStep& q = batch.seqs[i];
-    for (size_t t = 0; t < q.tokens.size(); ++t) {
-      const int64_t r = rows[i] + static_cast<int64_t>(t);
-      m.s.step_tokens[r] = q.tokens[t];
-      m.w.embed.row(q.tokens[t], h + r * HD);
-      for (int k = 1; k < c.hc_mult; ++k) std::memcpy(h + r * HD + k * D, h + r * HD, sizeof(float) * D);
-    }
+    for (size_t t = 0; t < q.tokens.size(); ++t) m.s.step_tokens[rows[i] + static_cast<int64_t>(t)] = q.tokens[t];
   }
+  m.embed_rows(m.s.step_tokens.data(), total, h, HD);
+  for (int64_t r = 0; r < total; ++r)
+    for (int k = 1; k < c.hc_mult; ++k) std::memcpy(h + r * HD + k * D, h + r * HD, sizeof(float) * D);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     m.block_forward_step(l, batch, rows.data(), total, h);
     for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti) {
@@ -292,6 +303,7 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
     }
     m.logits_rows(m.s.head_in.data(), lrows, out.logits.data());
   }
+  TANDEM_RETURN_IF_ERROR(m.take_comm_status());  // a lost rank: the group is gone, the state undefined
   for (size_t i = 0; i < ns; ++i) m.slot_len[batch.seqs[i].slot] += static_cast<int64_t>(batch.seqs[i].tokens.size());
   return Status();
 }

@@ -35,6 +35,7 @@
 namespace tandem {
 
 class Checkpoint;
+class Comm;
 struct TensorView;
 
 // How the cached KV values are stored (the engine's --kv-cache-dtype, canonical names). The CPU
@@ -67,6 +68,14 @@ struct ModelOptions {
   int num_threads = 0;            // 0 = OpenMP default
   bool load_draft = true;         // load the DSpark stages when the checkpoint has them
   KvDtype kv_dtype = KvDtype::kFp8;  // fp8 = the reference's numerics (golden tests)
+  // Tensor parallelism: this model is rank tp_rank of tp_size and binds only its slices (heads,
+  // output groups, index heads, routed experts, vocabulary rows; see model/weights.h); `comm`
+  // carries the collectives and must outlive the model (required when tp_size > 1). Every rank
+  // must make the same calls in the same order: forward, draft_insert_context (projection is
+  // local, but keep them in step), draft_propose. Every rank returns the full logits.
+  int tp_rank = 0;
+  int tp_size = 1;
+  Comm* comm = nullptr;
 };
 
 // The model's fixed memory for a config + options, without weights (what load() with the same
@@ -137,6 +146,8 @@ struct LoadReport {
   int64_t draft_tensors_loaded = 0;
   int64_t draft_tensors_expected = 0;
   int64_t skipped_tensors = 0;       // checkpoint tensors not used (draft when load_draft=false)
+  int64_t other_rank_tensors = 0;    // routed-expert tensors bound by other tensor-parallel ranks
+  size_t weight_bytes = 0;           // weights this rank holds (its slices: views + copies)
   std::string summary() const;       // "N/N target tensors loaded; M/M draft tensors loaded; ..."
 };
 

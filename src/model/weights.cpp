@@ -1,6 +1,7 @@
 // Loads and validates DeepSeek-V4 weights for the CPU forward (see weights.h).
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -18,6 +19,104 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
+// A range of rows or columns of a weight (count < 0: all).
+struct Slice {
+  int64_t begin = 0, count = -1;
+  bool all() const { return count < 0; }
+};
+
+// Exact fp32 values of w[r0 + i, c0 + j] (a slice that cuts the stored format's scale blocks).
+void slice_to_f32(LinearW& l, const kernels::WeightRef& full, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  using kernels::WeightFormat;
+  l.owned_data.resize(static_cast<size_t>(nr * nc) * sizeof(float));
+  float* dst = reinterpret_cast<float*>(l.owned_data.data());
+  std::vector<float> row;
+  for (int64_t i = 0; i < nr; ++i) {
+    const int64_t r = r0 + i;
+    switch (full.format) {
+      case WeightFormat::kF32:
+        std::memcpy(dst + i * nc, static_cast<const float*>(full.data) + r * full.k + c0, sizeof(float) * nc);
+        break;
+      case WeightFormat::kBf16:
+        for (int64_t j = 0; j < nc; ++j) {
+          uint16_t h;
+          std::memcpy(&h, static_cast<const uint16_t*>(full.data) + r * full.k + c0 + j, 2);
+          dst[i * nc + j] = num::bf16_to_f32(h);
+        }
+        break;
+      case WeightFormat::kFp8Block: {
+        const int64_t sld = full.scale_ld > 0 ? full.scale_ld : (full.k + 127) / 128;
+        row = num::dequantize_fp8_block(static_cast<const uint8_t*>(full.data) + r * full.k,
+                                        full.scale + (r / 128) * sld, 1, full.k, 128);
+        std::memcpy(dst + i * nc, row.data() + c0, sizeof(float) * nc);
+        break;
+      }
+      case WeightFormat::kMxfp4:
+        row = num::dequantize_mxfp4(static_cast<const uint8_t*>(full.data) + r * (full.k / 2),
+                                    full.scale + r * (full.k / 32), 1, full.k);
+        std::memcpy(dst + i * nc, row.data() + c0, sizeof(float) * nc);
+        break;
+    }
+  }
+  l.w = {WeightFormat::kF32, l.owned_data.data(), nullptr, nr, nc, 0};
+}
+
+// Binds rows [rows) x columns [cols) of `full` to l: a view where the format allows (row slices on
+// the scale grid), a copy in the stored format for column slices on the grid, exact fp32 otherwise.
+void bind_slice(LinearW& l, const kernels::WeightRef& full, Slice rows, Slice cols) {
+  using kernels::WeightFormat;
+  const int64_t r0 = rows.all() ? 0 : rows.begin, nr = rows.all() ? full.n : rows.count;
+  const int64_t c0 = cols.all() ? 0 : cols.begin, nc = cols.all() ? full.k : cols.count;
+  l.out = nr;
+  l.in = nc;
+  if (nc == full.k) {
+    if (full.format != WeightFormat::kFp8Block || r0 % kernels::kFp8WeightBlock == 0) {
+      l.w = full.rows(r0, nr);
+      return;
+    }
+    slice_to_f32(l, full, r0, nr, c0, nc);
+    return;
+  }
+  switch (full.format) {
+    case WeightFormat::kF32:
+    case WeightFormat::kBf16: {
+      const size_t es = full.format == WeightFormat::kF32 ? 4 : 2;
+      l.owned_data.resize(static_cast<size_t>(nr * nc) * es);
+      for (int64_t i = 0; i < nr; ++i)
+        std::memcpy(l.owned_data.data() + i * nc * es,
+                    static_cast<const uint8_t*>(full.data) + ((r0 + i) * full.k + c0) * es, nc * es);
+      l.w = {full.format, l.owned_data.data(), nullptr, nr, nc, 0};
+      return;
+    }
+    case WeightFormat::kFp8Block: {
+      if (r0 % 128 || c0 % 128 || nc % 128) break;
+      const int64_t sld = full.scale_ld > 0 ? full.scale_ld : (full.k + 127) / 128;
+      const int64_t sr = (nr + 127) / 128, sc = nc / 128;
+      l.owned_data.resize(static_cast<size_t>(nr * nc));
+      l.owned_scale.resize(static_cast<size_t>(sr * sc));
+      for (int64_t i = 0; i < nr; ++i)
+        std::memcpy(l.owned_data.data() + i * nc, static_cast<const uint8_t*>(full.data) + (r0 + i) * full.k + c0, nc);
+      for (int64_t i = 0; i < sr; ++i)
+        std::memcpy(l.owned_scale.data() + i * sc, full.scale + (r0 / 128 + i) * sld + c0 / 128, sc);
+      l.w = {WeightFormat::kFp8Block, l.owned_data.data(), l.owned_scale.data(), nr, nc, 0};
+      return;
+    }
+    case WeightFormat::kMxfp4: {
+      if (c0 % 32 || nc % 32) break;
+      l.owned_data.resize(static_cast<size_t>(nr * nc / 2));
+      l.owned_scale.resize(static_cast<size_t>(nr * nc / 32));
+      for (int64_t i = 0; i < nr; ++i) {
+        std::memcpy(l.owned_data.data() + i * nc / 2, static_cast<const uint8_t*>(full.data) + (r0 + i) * (full.k / 2) + c0 / 2,
+                    nc / 2);
+        std::memcpy(l.owned_scale.data() + i * nc / 32, full.scale + (r0 + i) * (full.k / 32) + c0 / 32, nc / 32);
+      }
+      l.w = {WeightFormat::kMxfp4, l.owned_data.data(), l.owned_scale.data(), nr, nc, 0};
+      return;
+    }
+  }
+  slice_to_f32(l, full, r0, nr, c0, nc);
+}
+
 class Loader {
  public:
   Loader(const std::vector<const TensorView*>& tensors, LoadCounts& counts) : counts_(counts) {
@@ -27,7 +126,15 @@ class Loader {
   Status status() const { return status_; }
 
   // Float vector (BF16 or F32 in the file).
-  std::vector<float> vec(const std::string& name, std::vector<int64_t> shape) {
+  // rows: a slice of the first dimension (attn_sink's heads).
+  std::vector<float> vec(const std::string& name, std::vector<int64_t> shape, Slice rows = {}) {
+    std::vector<float> all = vec_all(name, std::move(shape));
+    if (rows.all() || all.empty()) return all;
+    const size_t per = all.size() / static_cast<size_t>(peek(name)->shape[0]);
+    return std::vector<float>(all.begin() + rows.begin * per, all.begin() + (rows.begin + rows.count) * per);
+  }
+
+  std::vector<float> vec_all(const std::string& name, std::vector<int64_t> shape) {
     const TensorView* t = take(name, shape);
     if (!t) return {};
     std::vector<float> out(t->numel());
@@ -74,7 +181,23 @@ class Loader {
   // A linear `<prefix>.weight` [out, in] bound in its stored format: FP8 (+ .scale 128x128 E8M0),
   // MXFP4 as I8 [out, in/2] (+ .scale [out, in/32]) or BF16/F32 (no scale). dense_only: the
   // reference reads it as a bf16/fp32 tensor (embedding, Markov head), so FP8/FP4 is refused.
-  LinearW linear(const std::string& prefix, int64_t out, int64_t in, bool dense_only = false) {
+  // rows / cols: this rank's slice (tensor parallelism); the file's shape is checked whole.
+  LinearW linear(const std::string& prefix, int64_t out, int64_t in, bool dense_only = false, Slice rows = {},
+                 Slice cols = {}) {
+    LinearW l = linear_all(prefix, out, in, dense_only);
+    if ((rows.all() && cols.all()) || !l.w.data) return l;
+    const kernels::WeightRef full = l.w;
+    bind_slice(l, full, rows, cols);
+    return l;
+  }
+
+  // A tensor another rank binds: marked as seen (not unexpected), not counted as loaded here.
+  void other_rank(const std::string& prefix) {
+    for (const std::string& n : {prefix + ".weight", prefix + ".scale"})
+      if (peek(n) && taken_.insert(n).second) counts_.other_ranks++;
+  }
+
+  LinearW linear_all(const std::string& prefix, int64_t out, int64_t in, bool dense_only) {
     LinearW l;
     l.out = out;
     l.in = in;
@@ -211,7 +334,7 @@ void load_compressor(Loader& ld, const std::string& p, const ModelConfig& c, int
 }
 
 void load_block(Loader& ld, const std::string& p, const ModelConfig& c, int layer_id, int ratio, bool hash,
-                BlockW& b) {
+                const Shard& sh, BlockW& b) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
   const int64_t mix = c.hc_mix_dim(), hcd = c.hc_dim();
   b.layer_id = layer_id;
@@ -225,26 +348,36 @@ void load_block(Loader& ld, const std::string& p, const ModelConfig& c, int laye
   b.hc_ffn_base = ld.vec(p + "hc_ffn_base", {mix});
   b.hc_ffn_scale = ld.vec(p + "hc_ffn_scale", {3});
   AttentionW& a = b.attn;
-  a.attn_sink = ld.vec(p + "attn.attn_sink", {H});
+  // This rank's heads and output groups (validate_shard guarantees they divide).
+  a.n_local_heads = H / sh.size;
+  a.n_local_groups = c.o_groups / sh.size;
+  const Slice heads{sh.rank * a.n_local_heads, a.n_local_heads};
+  const int64_t R = c.o_lora_rank;
+  a.attn_sink = ld.vec(p + "attn.attn_sink", {H}, heads);
   a.wq_a = ld.linear(p + "attn.wq_a", c.q_lora_rank, D);
   a.q_norm = ld.vec(p + "attn.q_norm.weight", {c.q_lora_rank});
-  a.wq_b = ld.linear(p + "attn.wq_b", H * hd, c.q_lora_rank);
+  a.wq_b = ld.linear(p + "attn.wq_b", H * hd, c.q_lora_rank, false, {heads.begin * hd, heads.count * hd});
   a.wkv = ld.linear(p + "attn.wkv", hd, D);
   a.kv_norm = ld.vec(p + "attn.kv_norm.weight", {hd});
-  a.wo_a = ld.linear(p + "attn.wo_a", static_cast<int64_t>(c.o_groups) * c.o_lora_rank, H * hd / c.o_groups);
+  a.wo_a = ld.linear(p + "attn.wo_a", static_cast<int64_t>(c.o_groups) * R, H * hd / c.o_groups, false,
+                     {sh.rank * a.n_local_groups * R, a.n_local_groups * R});
   a.wo_a.act_quant = false;  // bf16 einsum in the reference
-  bf16_grouped(a.wo_a, c.o_lora_rank);
-  a.wo_b = ld.linear(p + "attn.wo_b", D, static_cast<int64_t>(c.o_groups) * c.o_lora_rank);
+  bf16_grouped(a.wo_a, R);
+  a.wo_b = ld.linear(p + "attn.wo_b", D, static_cast<int64_t>(c.o_groups) * R, false, {},
+                     {sh.rank * a.n_local_groups * R, a.n_local_groups * R});
   if (ratio != 0) {
     a.has_compressor = true;
     load_compressor(ld, p + "attn.compressor", c, ratio, static_cast<int>(hd), false, a.compressor);
     if (ratio == 4) {
       a.has_indexer = true;
-      a.indexer.wq_b = ld.linear(p + "attn.indexer.wq_b", static_cast<int64_t>(c.index_n_heads) * c.index_head_dim,
-                                 c.q_lora_rank);
-      a.indexer.weights_proj = ld.linear(p + "attn.indexer.weights_proj", c.index_n_heads, D);
-      a.indexer.weights_proj.act_quant = false;
-      load_compressor(ld, p + "attn.indexer.compressor", c, 4, c.index_head_dim, true, a.indexer.compressor);
+      IndexerW& ix = a.indexer;
+      ix.n_local_heads = c.index_n_heads / sh.size;
+      const Slice ih{sh.rank * ix.n_local_heads, ix.n_local_heads};
+      ix.wq_b = ld.linear(p + "attn.indexer.wq_b", static_cast<int64_t>(c.index_n_heads) * c.index_head_dim,
+                          c.q_lora_rank, false, {ih.begin * c.index_head_dim, ih.count * c.index_head_dim});
+      ix.weights_proj = ld.linear(p + "attn.indexer.weights_proj", c.index_n_heads, D, false, ih);
+      ix.weights_proj.act_quant = false;
+      load_compressor(ld, p + "attn.indexer.compressor", c, 4, c.index_head_dim, true, ix.compressor);
     }
   }
   MoEW& m = b.ffn;
@@ -256,12 +389,19 @@ void load_block(Loader& ld, const std::string& p, const ModelConfig& c, int laye
     m.tid2eid = ld.ids(p + "ffn.gate.tid2eid", {c.vocab_size, c.num_experts_per_tok}, E);
   else
     m.bias = ld.vec(p + "ffn.gate.bias", {E});
-  m.experts.resize(E);
+  m.expert_begin = sh.rank * (E / sh.size);
+  m.expert_end = m.expert_begin + E / sh.size;
+  m.experts.resize(m.expert_end - m.expert_begin);
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + "ffn.experts." + std::to_string(e);
-    m.experts[e].w1 = ld.linear(ep + ".w1", I, D);
-    m.experts[e].w2 = ld.linear(ep + ".w2", D, I);
-    m.experts[e].w3 = ld.linear(ep + ".w3", I, D);
+    if (e < m.expert_begin || e >= m.expert_end) {
+      for (const char* w : {".w1", ".w2", ".w3"}) ld.other_rank(ep + w);
+      continue;
+    }
+    ExpertW& x = m.experts[e - m.expert_begin];
+    x.w1 = ld.linear(ep + ".w1", I, D);
+    x.w2 = ld.linear(ep + ".w2", D, I);
+    x.w3 = ld.linear(ep + ".w3", I, D);
   }
   m.shared.w1 = ld.linear(p + "ffn.shared_experts.w1", I, D);
   m.shared.w2 = ld.linear(p + "ffn.shared_experts.w2", D, I);
@@ -366,20 +506,46 @@ Status validate_config_for_cpu(const ModelConfig& c) {
   return Status();
 }
 
+Status validate_shard(const ModelConfig& c, const Shard& sh) {
+  const int n = sh.size;
+  if (n < 1 || sh.rank < 0 || sh.rank >= n) return invalid_argument("tensor parallel rank {} of {} is invalid", sh.rank, n);
+  if (n == 1) return Status();
+  auto divides = [&](int64_t v, const char* field) -> Status {
+    if (v % n) return invalid_argument("--tensor-parallel-size {}: config {} = {} is not divisible by it", n, field, v);
+    return Status();
+  };
+  TANDEM_RETURN_IF_ERROR(divides(c.num_attention_heads, "num_attention_heads"));
+  TANDEM_RETURN_IF_ERROR(divides(c.o_groups, "o_groups"));
+  TANDEM_RETURN_IF_ERROR(divides(c.index_n_heads, "index_n_heads"));
+  TANDEM_RETURN_IF_ERROR(divides(c.n_routed_experts, "n_routed_experts"));
+  if ((static_cast<int64_t>(c.o_groups) / n * c.o_lora_rank) % 128)
+    return invalid_argument("--tensor-parallel-size {}: each rank's share of o_groups * o_lora_rank ({}) must be a "
+                            "multiple of 128 (the activation blocks of wo_b)", n,
+                            static_cast<int64_t>(c.o_groups) / n * c.o_lora_rank);
+  if (c.vocab_size < n) return invalid_argument("--tensor-parallel-size {}: vocab_size {} is smaller", n, c.vocab_size);
+  return Status();
+}
+
 Result<Weights> load_weights(const ModelConfig& c, const std::vector<const TensorView*>& tensors, bool load_draft,
-                             LoadCounts& counts) {
+                             LoadCounts& counts, const Shard& shard) {
   TANDEM_RETURN_IF_ERROR(validate_config_for_cpu(c));
+  TANDEM_RETURN_IF_ERROR(validate_shard(c, shard));
   counts = LoadCounts();
   Loader ld(tensors, counts);
   Weights w;
+  w.shard = shard;
   const int64_t V = c.vocab_size, D = c.hidden_size;
-  w.embed = ld.linear("embed", V, D, true);
+  const int64_t part = (V + shard.size - 1) / shard.size;
+  w.vocab_begin = std::min<int64_t>(V, shard.rank * part);
+  w.vocab_end = std::min<int64_t>(V, w.vocab_begin + part);
+  const Slice vocab{w.vocab_begin, w.vocab_end - w.vocab_begin};
+  w.embed = ld.linear("embed", V, D, true, shard.size > 1 ? vocab : Slice{});
   if (c.tie_word_embeddings) {
-    w.head.out = V;
+    w.head.out = w.embed.out;
     w.head.in = D;
     w.head.w = w.embed.w;
   } else {
-    w.head = ld.linear("head", V, D, true);
+    w.head = ld.linear("head", V, D, true, shard.size > 1 ? vocab : Slice{});
   }
   w.norm = ld.vec("norm.weight", {D});
   w.hc_head_fn = ld.vec("hc_head_fn", {c.hc_mult, c.hc_dim()});
@@ -387,13 +553,14 @@ Result<Weights> load_weights(const ModelConfig& c, const std::vector<const Tenso
   w.hc_head_scale = ld.vec("hc_head_scale", {1});
   w.layers.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers && ld.status().ok(); ++l)
-    load_block(ld, "layers." + std::to_string(l) + ".", c, l, c.compress_ratios[l], c.is_hash_layer(l), w.layers[l]);
+    load_block(ld, "layers." + std::to_string(l) + ".", c, l, c.compress_ratios[l], c.is_hash_layer(l), shard,
+               w.layers[l]);
   if (c.has_dspark() && load_draft) {
     w.has_draft = true;
     DraftW& d = w.draft;
     d.stages.resize(c.num_draft_stages);
     for (int s = 0; s < c.num_draft_stages && ld.status().ok(); ++s)
-      load_block(ld, "mtp." + std::to_string(s) + ".", c, c.num_hidden_layers + s, 0, false, d.stages[s]);
+      load_block(ld, "mtp." + std::to_string(s) + ".", c, c.num_hidden_layers + s, 0, false, shard, d.stages[s]);
     const int64_t nt = static_cast<int64_t>(c.dspark_target_layer_ids.size());
     d.main_proj = ld.linear("mtp.0.main_proj", D, D * nt);
     d.main_norm = ld.vec("mtp.0.main_norm.weight", {D});

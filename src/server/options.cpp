@@ -164,8 +164,32 @@ std::vector<OptionSpec> build_table() {
                  o.engine.speculative = *r;
                  return Status();
                }});
-  t.push_back({"--tensor-parallel-size", "", OptionType::kInt, "1", "GPUs per model replica",
+  t.push_back({"--tensor-parallel-size", "", OptionType::kInt, "1",
+               "ranks (processes) the model is sharded over; on one host the head starts them itself",
                int_in(1, 64, [](O& o, int64_t x) { o.engine.tensor_parallel_size = static_cast<int>(x); })});
+  t.push_back({"--nnodes", "", OptionType::kInt, "1", "nodes the tensor-parallel ranks are spread over",
+               int_in(1, 64, [](O& o, int64_t x) { o.engine.nnodes = static_cast<int>(x); })});
+  t.push_back({"--node-rank", "", OptionType::kInt, "0", "this node's index (0 = the head, which serves HTTP)",
+               int_in(0, 63, [](O& o, int64_t x) { o.engine.node_rank = static_cast<int>(x); })});
+  t.push_back({"--master-addr", "", OptionType::kString, "127.0.0.1",
+               "the head's address: it binds there, the other ranks connect",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("must not be empty");
+                 o.engine.master_addr = v;
+                 return Status();
+               }});
+  t.push_back({"--master-port", "", OptionType::kInt, "29500",
+               "the head's port for the ranks' collectives (the next port carries heartbeats)",
+               int_in(1, 65534, [](O& o, int64_t x) { o.engine.master_port = static_cast<int>(x); })});
+  t.push_back({"--distributed-timeout", "", OptionType::kDouble, "120",
+               "seconds the head waits for every rank to connect at start-up",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_double(v);
+                 if (!r.ok()) return r.status();
+                 if (*r <= 0 || *r > 86400) return invalid_argument("must be in (0, 86400], got {}", v);
+                 o.engine.distributed_timeout_s = *r;
+                 return Status();
+               }});
   t.push_back({"--enable-prefix-caching", "", OptionType::kBool, "on", "reuse KV of shared prompt prefixes",
                [](O& o, const std::string& v) -> Status {
                  auto r = parse_bool(v);

@@ -1,0 +1,643 @@
+// TpHeadRunner, the worker loop, and the processes behind them (see tp_runner.h). A step plan is
+// one broadcast: [op u8][fields]. Workers apply plans in order to their own Dsv4Runner; the head
+// runs the same call right after sending it, so all ranks enter the model's collectives together.
+// Slot-state export is not forwarded: the KV and slot state are whole on every rank (one KV head),
+// so rank 0's snapshot is every rank's; an import sends the bytes along.
+#include "engine/parallel/tp_runner.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/log.h"
+#include "common/version.h"
+#include "engine/dsv4_runner.h"
+#include "engine/parallel/zmq_comm.h"
+#include "io/safetensors.h"
+#include "io/sha256.h"
+
+#ifndef TANDEM_GIT_COMMIT
+#define TANDEM_GIT_COMMIT "unknown"
+#endif
+
+namespace tandem {
+
+// ---- local worker processes ----
+
+class WorkerProcesses {
+ public:
+  struct Child {
+    int rank = 0;
+    pid_t pid = -1;
+    bool done = false;
+  };
+
+  ~WorkerProcesses() { stop(2.0); }
+
+  // fork + exec of this binary: `tandem tp-worker ...`; the child dies with its parent.
+  Status spawn(const std::vector<std::string>& args, int rank) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return make_error(StatusCode::kUnavailable, "fork for rank {}: {}", rank, std::strerror(errno));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      close_range(3, ~0U, 0);  // not the head's HTTP listener or sockets: only stdio is inherited
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    children_.push_back({rank, pid, false});
+    TLOG_INFO("tp", "started rank {} (pid {})", rank, pid);
+    return Status();
+  }
+
+  // Starts watching: a child that exits while not stopping calls on_exit(reason) once.
+  void watch(std::function<void(const std::string&)> on_exit) {
+    on_exit_ = std::move(on_exit);
+    thread_ = std::thread([this] {
+      while (!quit_) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (Child& c : children_) {
+            if (c.done) continue;
+            int st = 0;
+            if (waitpid(c.pid, &st, WNOHANG) != c.pid) continue;
+            c.done = true;
+            if (stopping_) continue;
+            const std::string why = WIFSIGNALED(st) ? fmt::format("was killed by signal {}", WTERMSIG(st))
+                                                    : fmt::format("exited with status {}", WEXITSTATUS(st));
+            const std::string msg = fmt::format("rank {} (pid {}) {}", c.rank, c.pid, why);
+            first_exit_ = first_exit_.empty() ? msg : first_exit_;
+            if (on_exit_) on_exit_(msg);
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
+
+  void stop_watch() {
+    quit_ = true;
+    if (thread_.joinable()) thread_.join();
+    quit_ = false;
+  }
+  void expect_exit() { stopping_ = true; }
+
+  std::string first_exit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_exit_;
+  }
+
+  // Waits up to grace_s for the children to exit on their own, then kills them.
+  void stop(double grace_s) {
+    stopping_ = true;
+    quit_ = true;
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (Child& c : children_) {
+      while (!c.done) {
+        int st;
+        if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
+          c.done = true;
+          break;
+        }
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > grace_s) {
+          kill(c.pid, SIGKILL);
+          waitpid(c.pid, &st, 0);
+          c.done = true;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+
+  void terminate_all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Child& c : children_)
+      if (!c.done) kill(c.pid, SIGTERM);
+  }
+
+  // Exit code of run_tp_node: waits until every child exited or one failed.
+  int wait_all(const std::function<bool()>& stop_requested) {
+    int code = 0;
+    for (;;) {
+      bool all_done = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (Child& c : children_) {
+          if (c.done) continue;
+          int st = 0;
+          if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
+            c.done = true;
+            const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+            if (!ok) {
+              TLOG_ERROR("tp", "rank {} (pid {}) {}", c.rank, c.pid,
+                         WIFSIGNALED(st) ? fmt::format("was killed by signal {}", WTERMSIG(st))
+                                         : fmt::format("exited with status {}", WEXITSTATUS(st)));
+              code = 1;
+            }
+          } else {
+            all_done = false;
+          }
+        }
+      }
+      if (all_done) return code;
+      if (code != 0 || stop_requested()) {
+        terminate_all();
+        stop(5.0);
+        return code != 0 ? code : 0;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Child> children_;
+  std::thread thread_;
+  std::atomic<bool> quit_{false}, stopping_{false};
+  std::function<void(const std::string&)> on_exit_;
+  std::string first_exit_;
+};
+
+namespace {
+
+enum class Op : uint8_t { kAllocate = 1, kForward, kRollback, kReset, kImport, kDraftInsert, kDraftPropose, kShutdown };
+
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>& b) : b_(b) { b_.clear(); }
+  template <typename T>
+  void put(const T& v) {
+    const size_t n = b_.size();
+    b_.resize(n + sizeof(T));
+    std::memcpy(b_.data() + n, &v, sizeof(T));
+  }
+  template <typename T>
+  void put_span(std::span<const T> v) {
+    put<uint64_t>(v.size());
+    const size_t n = b_.size();
+    b_.resize(n + v.size_bytes());
+    if (!v.empty()) std::memcpy(b_.data() + n, v.data(), v.size_bytes());
+  }
+  void put_str(const std::string& s) { put_span(std::span<const char>(s.data(), s.size())); }
+
+ private:
+  std::vector<uint8_t>& b_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<uint8_t>& b) : b_(b) {}
+  bool ok() const { return ok_; }
+  template <typename T>
+  T get() {
+    T v{};
+    if (!ok_ || p_ + sizeof(T) > b_.size()) {
+      ok_ = false;
+      return v;
+    }
+    std::memcpy(&v, b_.data() + p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  template <typename T>
+  void get_vec(std::vector<T>& out) {
+    const uint64_t n = get<uint64_t>();
+    if (!ok_ || n > (b_.size() - p_) / sizeof(T)) {
+      ok_ = false;
+      out.clear();
+      return;
+    }
+    out.resize(n);
+    if (n) std::memcpy(out.data(), b_.data() + p_, n * sizeof(T));
+    p_ += n * sizeof(T);
+  }
+  std::string get_str() {
+    std::vector<char> v;
+    get_vec(v);
+    return std::string(v.begin(), v.end());
+  }
+
+ private:
+  const std::vector<uint8_t>& b_;
+  size_t p_ = 0;
+  bool ok_ = true;
+};
+
+// How long ranks may take to load their shards after an allocate (the watchers still catch a
+// rank that dies or stops meanwhile).
+constexpr auto kLoadTimeout = std::chrono::hours(1);
+
+class TpHeadRunner : public ModelRunner {
+ public:
+  TpHeadRunner(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<Comm> comm, std::unique_ptr<ModelRunner> inner)
+      : procs_(std::move(procs)), comm_(std::move(comm)), inner_(std::move(inner)) {}
+
+  ~TpHeadRunner() override {
+    // Tell the workers to exit; then give the local ones a moment before killing them.
+    if (procs_) procs_->expect_exit();
+    if (comm_->failure().empty()) {
+      Writer w(plan_);
+      w.put(Op::kShutdown);
+      (void)comm_->broadcast(plan_, 0);
+    }
+    inner_.reset();
+    if (procs_) procs_->stop(5.0);
+    comm_.reset();
+  }
+
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  int64_t max_model_len() const override { return inner_->max_model_len(); }
+  int32_t eos_token_id() const override { return inner_->eos_token_id(); }
+  int32_t noise_token_id() const override { return inner_->noise_token_id(); }
+  std::string device() const override { return inner_->device(); }
+  const Tokenizer& tokenizer() const override { return inner_->tokenizer(); }
+  Status check_kv_cache_dtype(const std::string& dtype) const override { return inner_->check_kv_cache_dtype(dtype); }
+  int64_t kv_bytes_per_block(int block_size, const std::string& dtype) const override {
+    return inner_->kv_bytes_per_block(block_size, dtype);
+  }
+  int64_t slot_state_bytes() const override { return inner_->slot_state_bytes(); }
+
+  Status allocate(const RunnerAllocation& a) override {
+    Writer w(plan_);
+    w.put(Op::kAllocate);
+    w.put(a.num_blocks);
+    w.put(a.block_size);
+    w.put(a.max_slots);
+    w.put(a.max_tokens_per_step);
+    w.put(a.max_verify_tokens);
+    w.put_str(a.kv_cache_dtype);
+    TANDEM_RETURN_IF_ERROR(send());
+    TANDEM_RETURN_IF_ERROR(inner_->allocate(a));
+    Status st = comm_->barrier(kLoadTimeout);  // every rank has its shard before the first step
+    if (!st.ok()) return st.with_context("waiting for the other ranks to load their shards");
+    return Status();
+  }
+
+  Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
+    Writer w(plan_);
+    w.put(Op::kForward);
+    w.put<uint32_t>(static_cast<uint32_t>(batch.size()));
+    for (const RunnerSeq& s : batch) {
+      w.put(s.slot);
+      w.put(s.start_pos);
+      w.put<uint8_t>(s.all_logits);
+      w.put<uint8_t>(s.collect_taps);
+      w.put_span(s.tokens);
+      w.put_span(s.block_table);
+    }
+    TANDEM_RETURN_IF_ERROR(send());
+    return inner_->forward(batch, out);
+  }
+
+  void rollback(int slot, int64_t new_len) override {
+    Writer w(plan_);
+    w.put(Op::kRollback);
+    w.put(slot);
+    w.put(new_len);
+    (void)send();  // a failed group shows in health() and the next forward
+    inner_->rollback(slot, new_len);
+  }
+  void reset(int slot) override {
+    Writer w(plan_);
+    w.put(Op::kReset);
+    w.put(slot);
+    (void)send();
+    inner_->reset(slot);
+  }
+  void export_slot_state(int slot, std::span<uint8_t> out) const override { inner_->export_slot_state(slot, out); }
+  Status import_slot_state(int slot, std::span<const uint8_t> in) override {
+    Writer w(plan_);
+    w.put(Op::kImport);
+    w.put(slot);
+    w.put_span(in);
+    TANDEM_RETURN_IF_ERROR(send());
+    return inner_->import_slot_state(slot, in);
+  }
+
+  bool has_draft() const override { return inner_->has_draft(); }
+  int num_draft_tokens() const override { return inner_->num_draft_tokens(); }
+  void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps, int64_t rows) override {
+    Writer w(plan_);
+    w.put(Op::kDraftInsert);
+    w.put(slot);
+    w.put(start_pos);
+    w.put(rows);
+    w.put_span(taps);
+    (void)send();
+    inner_->draft_insert_context(slot, start_pos, taps, rows);
+  }
+  Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
+    Writer w(plan_);
+    w.put(Op::kDraftPropose);
+    w.put_span(reqs);
+    TANDEM_RETURN_IF_ERROR(send());
+    return inner_->draft_propose(reqs, out);
+  }
+
+  Status health() const override {
+    const std::string f = comm_->failure();
+    if (f.empty()) return Status();
+    return Status(StatusCode::kUnavailable, "tensor parallel group failed: " + f);
+  }
+
+ private:
+  Status send() { return comm_->broadcast(plan_, 0); }
+
+  std::unique_ptr<WorkerProcesses> procs_;
+  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<ModelRunner> inner_;
+  std::vector<uint8_t> plan_;
+};
+
+// Applies plans to `runner` until a shutdown plan (0) or a failure (1).
+int worker_loop(Comm& comm, ModelRunner& runner) {
+  std::vector<uint8_t> plan;
+  std::vector<std::vector<int32_t>> toks, tables;
+  std::vector<RunnerSeq> seqs;
+  RunnerOutput out;
+  std::vector<uint8_t> bytes;
+  std::vector<float> taps;
+  std::vector<DraftQuery> queries;
+  std::vector<DraftProposal> proposals;
+  for (;;) {
+    Status st = zmq_wait_broadcast(comm, plan);
+    if (!st.ok()) {
+      TLOG_ERROR("tp", "rank {}: {}", comm.rank(), st.message());
+      return 1;
+    }
+    Reader r(plan);
+    const Op op = r.get<Op>();
+    switch (op) {
+      case Op::kShutdown:
+        TLOG_INFO("tp", "rank {}: shutdown from the head", comm.rank());
+        return 0;
+      case Op::kAllocate: {
+        RunnerAllocation a;
+        a.num_blocks = r.get<int>();
+        a.block_size = r.get<int>();
+        a.max_slots = r.get<int>();
+        a.max_tokens_per_step = r.get<int>();
+        a.max_verify_tokens = r.get<int>();
+        a.kv_cache_dtype = r.get_str();
+        if (!r.ok()) break;
+        st = runner.allocate(a);
+        if (st.ok()) st = comm.barrier(kLoadTimeout);
+        break;
+      }
+      case Op::kForward: {
+        const uint32_t n = r.get<uint32_t>();
+        if (!r.ok() || n > (1u << 20)) {
+          st = data_loss("malformed forward plan");
+          break;
+        }
+        toks.resize(n);
+        tables.resize(n);
+        seqs.resize(n);
+        for (uint32_t i = 0; i < n; ++i) {
+          seqs[i].slot = r.get<int>();
+          seqs[i].start_pos = r.get<int64_t>();
+          seqs[i].all_logits = r.get<uint8_t>() != 0;
+          seqs[i].collect_taps = r.get<uint8_t>() != 0;
+          r.get_vec(toks[i]);
+          r.get_vec(tables[i]);
+          seqs[i].tokens = toks[i];
+          seqs[i].block_table = tables[i];
+        }
+        if (!r.ok()) break;
+        st = runner.forward(seqs, out);
+        break;
+      }
+      case Op::kRollback: {
+        const int slot = r.get<int>();
+        const int64_t len = r.get<int64_t>();
+        if (r.ok()) runner.rollback(slot, len);
+        break;
+      }
+      case Op::kReset: {
+        const int slot = r.get<int>();
+        if (r.ok()) runner.reset(slot);
+        break;
+      }
+      case Op::kImport: {
+        const int slot = r.get<int>();
+        r.get_vec(bytes);
+        if (r.ok()) st = runner.import_slot_state(slot, bytes);
+        break;
+      }
+      case Op::kDraftInsert: {
+        const int slot = r.get<int>();
+        const int64_t start = r.get<int64_t>(), rows = r.get<int64_t>();
+        r.get_vec(taps);
+        if (r.ok()) runner.draft_insert_context(slot, start, taps, rows);
+        break;
+      }
+      case Op::kDraftPropose:
+        r.get_vec(queries);
+        if (r.ok()) st = runner.draft_propose(queries, proposals);
+        break;
+      default:
+        st = data_loss("unknown plan op {}", static_cast<int>(op));
+    }
+    if (st.ok() && !r.ok()) st = data_loss("malformed plan (op {})", static_cast<int>(op));
+    if (!st.ok()) {
+      TLOG_ERROR("tp", "rank {}: {}", comm.rank(), st.message());
+      comm.fail(st.message());
+      return 1;
+    }
+  }
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("tandem");
+}
+
+std::string short_hash(const std::string& s) { return sha256_hex(s).substr(0, 16); }
+
+Result<std::string> file_hash(const std::string& path) {
+  TANDEM_ASSIGN_OR_RETURN(std::string h, sha256_file_hex(path));
+  return h.substr(0, 16);
+}
+
+Status validate_layout(const EngineConfig& c) {
+  if (c.nnodes < 1) return invalid_argument("--nnodes {} must be >= 1", c.nnodes);
+  if (c.node_rank < 0 || c.node_rank >= c.nnodes)
+    return invalid_argument("--node-rank {} must be in [0, --nnodes {})", c.node_rank, c.nnodes);
+  if (c.tensor_parallel_size % c.nnodes)
+    return invalid_argument("--tensor-parallel-size {} is not divisible by --nnodes {} (ranks per node)",
+                            c.tensor_parallel_size, c.nnodes);
+  return Status();
+}
+
+ZmqCommOptions comm_options(const EngineConfig& c, int rank,
+                            std::vector<std::pair<std::string, std::string>> fingerprint) {
+  ZmqCommOptions o;
+  o.rank = rank;
+  o.size = c.tensor_parallel_size;
+  o.master_addr = c.master_addr;
+  o.master_port = c.master_port;
+  o.connect_timeout_s = c.distributed_timeout_s;
+  o.fingerprint = std::move(fingerprint);
+  const int per_node = c.tensor_parallel_size / std::max(c.nnodes, 1);
+  for (int r = 0; r < o.size; ++r)
+    o.rank_hosts.push_back(r / per_node == 0 ? "this node" : fmt::format("node {}", r / per_node));
+  return o;
+}
+
+std::vector<std::string> worker_args(const EngineConfig& c, int rank) {
+  std::vector<std::string> a = {c.worker_binary.empty() ? self_exe() : c.worker_binary, "tp-worker", "--model", c.model_dir, "--rank", std::to_string(rank),
+                                "--tensor-parallel-size", std::to_string(c.tensor_parallel_size), "--nnodes",
+                                std::to_string(c.nnodes), "--master-addr", c.master_addr, "--master-port",
+                                std::to_string(c.master_port), "--threads", std::to_string(c.num_threads),
+                                "--max-num-seqs", std::to_string(c.max_num_seqs), "--max-num-batched-tokens",
+                                std::to_string(c.max_num_batched_tokens), "--block-size", std::to_string(c.block_size),
+                                "--kv-cache-dtype", c.kv_cache_dtype, "--device", c.device, "--distributed-timeout",
+                                fmt::format("{}", c.distributed_timeout_s)};
+  if (!c.speculative.method.empty()) {
+    a.push_back("--speculative-config");
+    a.push_back(fmt::format(R"({{"method":"{}","num_speculative_tokens":{}}})", c.speculative.method,
+                            c.speculative.num_speculative_tokens));
+  }
+  return a;
+}
+
+}  // namespace
+
+Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const EngineConfig& c) {
+  std::vector<std::pair<std::string, std::string>> fp;
+  fp.emplace_back("build.version", version_string());
+  fp.emplace_back("build.commit", TANDEM_GIT_COMMIT);
+#ifdef NDEBUG
+  const char* type = "release";
+#else
+  const char* type = "debug";
+#endif
+#ifdef TANDEM_HAVE_CUDA
+  const char* cuda = "cuda";
+#else
+  const char* cuda = "cpu-only";
+#endif
+  fp.emplace_back("build.flags", fmt::format("{} {} gcc-compatible {}", type, cuda, __VERSION__));
+  TANDEM_ASSIGN_OR_RETURN(std::string cfg_hash, file_hash(c.model_dir + "/config.json"));
+  fp.emplace_back("checkpoint.config", cfg_hash);
+  TANDEM_ASSIGN_OR_RETURN(std::string tok_hash, file_hash(c.model_dir + "/tokenizer.json"));
+  fp.emplace_back("checkpoint.tokenizer", tok_hash);
+  std::string revision = "none";
+  if (std::ifstream f(c.model_dir + "/REVISION"); f) {
+    std::getline(f, revision);
+    if (revision.empty()) revision = "(empty)";
+  }
+  fp.emplace_back("checkpoint.revision", revision);
+  // Structure: every tensor's name, dtype and shape (the headers only; no weight bytes are read).
+  auto ck = Checkpoint::open(c.model_dir);
+  if (!ck.ok()) return ck.status().with_context("loading " + c.model_dir);
+  std::string s;
+  for (const auto& [name, t] : (*ck)->tensors()) {
+    s += name + ' ' + dtype_name(t->dtype);
+    for (int64_t d : t->shape) s += ' ' + std::to_string(d);
+    s += '\n';
+  }
+  fp.emplace_back("checkpoint.structure", fmt::format("{} tensors, {}", (*ck)->tensors().size(), short_hash(s)));
+  fp.emplace_back("flag.tensor_parallel_size", std::to_string(c.tensor_parallel_size));
+  fp.emplace_back("flag.nnodes", std::to_string(c.nnodes));
+  fp.emplace_back("flag.max_num_seqs", std::to_string(c.max_num_seqs));
+  fp.emplace_back("flag.max_num_batched_tokens", std::to_string(c.max_num_batched_tokens));
+  fp.emplace_back("flag.block_size", std::to_string(c.block_size));
+  fp.emplace_back("flag.kv_cache_dtype", c.kv_cache_dtype);
+  fp.emplace_back("flag.speculative", c.speculative.method.empty()
+                                          ? std::string("off")
+                                          : fmt::format("{} k={}", c.speculative.method,
+                                                        c.speculative.num_speculative_tokens));
+  return fp;
+}
+
+Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& c) {
+  TANDEM_RETURN_IF_ERROR(validate_layout(c));
+  if (c.node_rank != 0) return invalid_argument("--node-rank {}: only node 0 serves", c.node_rank);
+  TANDEM_ASSIGN_OR_RETURN(auto fp, tp_fingerprint(c));
+  auto procs = std::make_unique<WorkerProcesses>();
+  const int per_node = c.tensor_parallel_size / c.nnodes;
+  for (int r = 1; r < per_node; ++r) TANDEM_RETURN_IF_ERROR(procs->spawn(worker_args(c, r), r));
+  procs->watch(nullptr);
+  ZmqCommOptions o = comm_options(c, 0, std::move(fp));
+  WorkerProcesses* pp = procs.get();
+  o.abort_check = [pp] { return pp->first_exit(); };
+  TLOG_INFO("tp", "rank 0 of {} ({} per node, {} nodes): waiting for the other ranks on {}:{}",
+            c.tensor_parallel_size, per_node, c.nnodes, c.master_addr, c.master_port);
+  auto comm = create_zmq_comm(o);
+  if (!comm.ok()) return comm.status();
+  Comm* cp = comm->get();
+  procs->stop_watch();
+  procs->watch([cp](const std::string& why) { cp->fail(why); });
+  auto inner = create_dsv4_runner(c, 0, c.tensor_parallel_size, cp);
+  if (!inner.ok()) return inner.status();
+  TLOG_INFO("tp", "all {} ranks connected and matching", c.tensor_parallel_size);
+  return std::unique_ptr<ModelRunner>(new TpHeadRunner(std::move(procs), std::move(*comm), std::move(*inner)));
+}
+
+int run_tp_worker_process(const EngineConfig& c, int rank) {
+  Status st = validate_layout(c);
+  if (st.ok() && (rank < 1 || rank >= c.tensor_parallel_size))
+    st = invalid_argument("--rank {} must be in [1, --tensor-parallel-size {})", rank, c.tensor_parallel_size);
+  auto fp = st.ok() ? tp_fingerprint(c) : Result<std::vector<std::pair<std::string, std::string>>>(st);
+  if (!fp.ok()) {
+    TLOG_ERROR("tp", "rank {}: {}", rank, fp.status().message());
+    return 1;
+  }
+  auto comm = create_zmq_comm(comm_options(c, rank, std::move(*fp)));
+  if (!comm.ok()) {
+    TLOG_ERROR("tp", "rank {}: {}", rank, comm.status().message());
+    return 1;
+  }
+  auto runner = create_dsv4_runner(c, rank, c.tensor_parallel_size, comm->get());
+  if (!runner.ok()) {
+    TLOG_ERROR("tp", "rank {}: {}", rank, runner.status().message());
+    (*comm)->fail(runner.status().message());
+    return 1;
+  }
+  TLOG_INFO("tp", "rank {} of {} joined the head at {}:{}", rank, c.tensor_parallel_size, c.master_addr,
+            c.master_port);
+  const int code = worker_loop(**comm, **runner);
+  runner->reset();
+  return code;
+}
+
+int run_tp_node(const EngineConfig& c, const std::function<bool()>& stop_requested) {
+  Status st = validate_layout(c);
+  if (!st.ok()) {
+    TLOG_ERROR("tp", "{}", st.message());
+    return 1;
+  }
+  WorkerProcesses procs;
+  const int per_node = c.tensor_parallel_size / c.nnodes;
+  for (int r = c.node_rank * per_node; r < (c.node_rank + 1) * per_node; ++r) {
+    st = procs.spawn(worker_args(c, r), r);
+    if (!st.ok()) {
+      TLOG_ERROR("tp", "{}", st.message());
+      return 1;
+    }
+  }
+  TLOG_INFO("tp", "node {} of {}: ranks {}..{} started; head at {}:{}", c.node_rank, c.nnodes, c.node_rank * per_node,
+            (c.node_rank + 1) * per_node - 1, c.master_addr, c.master_port);
+  return procs.wait_all(stop_requested);
+}
+
+}  // namespace tandem

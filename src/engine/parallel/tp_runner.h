@@ -1,0 +1,39 @@
+// Tensor parallelism across processes: rank 0 (the head) serves HTTP, schedules and samples; every
+// other rank (a worker) runs the same model on its shard. The head's ModelRunner is a TpHeadRunner:
+// each call (allocate, forward, rollback, reset, import, draft insert, draft propose) is broadcast
+// to the workers as a step plan, then run locally; the model's own collectives keep the ranks in
+// lock-step. Workers run run_tp_worker() on a Dsv4Runner of their rank.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/comm.h"
+#include "common/status.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+
+namespace tandem {
+
+// Processes this rank started and watches (local workers); a process that exits fails the group.
+class WorkerProcesses;
+
+// Rank 0: spawns the local workers (re-exec of this binary as `tandem tp-worker`), waits for every
+// rank (local and remote) to connect and match, then builds the head runner.
+Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& config);
+
+// `tandem tp-worker`: one worker rank; returns the process exit code (0 after a clean shutdown).
+int run_tp_worker_process(const EngineConfig& config, int rank);
+
+// `tandem serve --nnodes N --node-rank R` with R > 0: starts this node's ranks as workers and
+// waits for them; returns the exit code (non-zero if any failed).
+int run_tp_node(const EngineConfig& config, const std::function<bool()>& stop_requested);
+
+// What every rank must agree on (build, checkpoint revision and structure, flags), as key/value
+// pairs compared at start-up.
+Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const EngineConfig& config);
+
+}  // namespace tandem
