@@ -9,9 +9,11 @@ cd "$(dirname "$0")/.."
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib" .devcarry
 for b in tandem test_cuda; do strip -o "$stage/bin/$b" "$BUILD/$b"; done
+# Every shared library except the C/C++ runtime and CUDA's own (the target image has those).
 for lib in $(ldd "$BUILD/tandem" "$BUILD/test_cuda" | awk '/=>/ {print $3}' | sort -u); do
   case "$(basename "$lib")" in
-    libfmt*|libcpp-httplib*|libgomp*|libpcre2*) cp -L "$lib" "$stage/lib/" ;;
+    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libstdc++*|libgcc_s*|ld-linux*|libcuda*|libcublas*) ;;
+    *) cp -L "$lib" "$stage/lib/" ;;
   esac
 done
 tar -C "$stage" -cJf .devcarry/gpu.tar.xz bin lib
