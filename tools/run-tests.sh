@@ -61,6 +61,7 @@ else
   echo "e2e: node/npm missing"; failed=$((failed + 1))
 fi
 if bash tools/smoke-builtin.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+if bash tools/ops-smoke.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

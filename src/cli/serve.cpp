@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "server/echo_engine.h"
 #include "server/options.h"
+#include "server/runtime_audit.h"
 #include "server/server.h"
 
 namespace {
@@ -99,6 +100,33 @@ int run_serve(int argc, char** argv) {
     engine = std::move(*e);
   }
   const auto& info = engine->model_info();
+  // The runtime audit: the same facts as `tandem audit`, checked before the server reports ready.
+  if (o.model.rfind("echo:", 0) != 0 || !o.audit_manifest.empty()) {
+    nlohmann::json manifest;
+    if (!o.audit_manifest.empty()) {
+      auto m = server::load_audit_manifest(o.audit_manifest);
+      if (!m.ok()) {
+        std::fprintf(stderr, "tandem serve: --audit-manifest: %s\n", m.status().message().c_str());
+        http.stop();
+        return 1;
+      }
+      manifest = *m;
+    }
+    nlohmann::json audit = server::build_runtime_audit(o, &info);
+    if (!server::finish_audit(audit, o.audit_manifest.empty() ? nullptr : &manifest)) {
+      std::fprintf(stderr, "tandem serve: runtime audit failed; refusing to start:\n");
+      for (const auto& p : audit["problems"]) std::fprintf(stderr, "  problem: %s\n", p.get<std::string>().c_str());
+      for (const auto& p : audit["mismatches"]) std::fprintf(stderr, "  mismatch: %s\n", p.get<std::string>().c_str());
+      std::fprintf(stderr, "TANDEM_RUNTIME_AUDIT_FAIL\n");
+      http.stop();
+      return 1;
+    }
+    TLOG_INFO("serve", "TANDEM_RUNTIME_AUDIT_PASS: device {}, KV {}, speculative {}, identity {}{}", info.device,
+              info.kv_cache_dtype, audit["speculative"]["method"].get<std::string>(),
+              audit["identity_digest"].get<std::string>(),
+              o.audit_manifest.empty() ? "" : ", manifest " + o.audit_manifest + " matched");
+    std::printf("TANDEM_RUNTIME_AUDIT_PASS\n");
+  }
   TLOG_INFO("serve", "model {} ready: device {}, max_model_len {}, KV capacity {} tokens, serving as '{}'", o.model,
             info.device, info.max_model_len, info.kv_capacity_tokens, o.served_model_names.front());
   http.set_engine(engine.get());
@@ -106,7 +134,19 @@ int run_serve(int argc, char** argv) {
   std::printf("tandem serve: ready on http://%s:%d\n", o.host.c_str(), http.port());
   std::fflush(stdout);
 
-  while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (g_signal == 0 && engine->healthy()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (g_signal == 0) {
+    // The watchdog (or the integrity check) marked the engine unhealthy: the requests in flight
+    // already failed; exit non-zero so the supervisor (systemd Restart=on-failure) restarts us.
+    // _Exit, not return: a stalled step thread may still be inside the model.
+    TLOG_ERROR("serve", "engine unhealthy (see the watchdog/integrity error above); exiting for a restart");
+    http.begin_drain();
+    for (int i = 0; i < 100 && http.in_flight() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    http.stop();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
   TLOG_INFO("serve", "signal {}: draining (deadline {} s)", g_signal.load(), o.shutdown_timeout_s);
   http.begin_drain();
   engine->shutdown(o.shutdown_timeout_s);
