@@ -21,13 +21,16 @@ trap '[[ -n "$PID" ]] && kill -KILL $PID 2>/dev/null; rm -rf "$TMP"' EXIT
 fail() { echo "ops-smoke: FAILED: $*"; for f in "$TMP"/*.log; do echo "== $f"; tail -15 "$f"; done; exit 1; }
 json_get() { python3 -c "import json,sys; d=json.load(open('$1')); print(eval('d$2'))"; }
 SPEC='{"method":"dspark","num_speculative_tokens":5}'
+# Small pools, one thread and fixed verification (no start-up batch-shape profiling): quick starts.
+LIGHT=(--max-num-seqs 2 --kv-cache-memory 256M --threads 1)
+SPEC_FIXED='{"method":"dspark","num_speculative_tokens":5,"verify_mode":"fixed"}'
 
 # ---- tandem audit ----
 "$T" audit >"$TMP/audit.json" 2>"$TMP/audit.log" || fail "tandem audit (build facts) failed"
 [[ $(json_get "$TMP/audit.json" "['tandem']['version']") != "" ]] || fail "audit has no version"
 grep -q TANDEM_RUNTIME_AUDIT_PASS "$TMP/audit.log" || fail "audit did not pass"
 echo '{"kv_cache_dtype":"nvfp4","speculative":{"method":"dspark","num_speculative_tokens":5}}' >"$TMP/nvfp4.json"
-if "$T" audit --model "$MODEL" --kv-cache-dtype fp8 --speculative-config "$SPEC" --manifest "$TMP/nvfp4.json" \
+if "$T" audit --model "$MODEL" "${LIGHT[@]}" --kv-cache-dtype fp8 --speculative-config "$SPEC_FIXED" --manifest "$TMP/nvfp4.json" \
      >"$TMP/audit2.json" 2>"$TMP/audit2.log"; then fail "audit passed against a mismatching manifest"; fi
 grep -q 'mismatch: kv_cache_dtype: manifest "nvfp4", runtime "fp8"' "$TMP/audit2.log" || fail "mismatch not named"
 [[ $(json_get "$TMP/audit2.json" "['ranks'][0]['kernels']['sparse_attention']") == cpu-reference ]] \
@@ -35,17 +38,17 @@ grep -q 'mismatch: kv_cache_dtype: manifest "nvfp4", runtime "fp8"' "$TMP/audit2
 echo '{"kv_cache_dtype":"fp8","speculative":{"method":"dspark","num_speculative_tokens":5}}' >"$TMP/fp8.json"
 
 # ---- serve refuses: manifest mismatch, headroom floor ----
-if "$T" serve --model "$MODEL" --port 0 --kv-cache-dtype fp8 --audit-manifest "$TMP/nvfp4.json" \
+if "$T" serve --model "$MODEL" "${LIGHT[@]}" --port 0 --kv-cache-dtype fp8 --audit-manifest "$TMP/nvfp4.json" \
      >"$TMP/refuse1.log" 2>&1; then fail "serve started against a mismatching manifest"; fi
 grep -q 'TANDEM_RUNTIME_AUDIT_FAIL' "$TMP/refuse1.log" || fail "serve did not report the audit failure"
-if "$T" serve --model "$MODEL" --port 0 --memory-headroom-floor 1048576G >"$TMP/refuse2.log" 2>&1; then
+if "$T" serve --model "$MODEL" "${LIGHT[@]}" --port 0 --memory-headroom-floor 1048576G >"$TMP/refuse2.log" 2>&1; then
   fail "serve started under the memory headroom floor"; fi
 grep -q 'under the floor of 1024.00 TiB\|under the floor of 1048576.00 GiB' "$TMP/refuse2.log" \
   || fail "headroom refusal without the numbers"
 
 # ---- serve with the audit manifest; proof against it ----
-"$T" serve --model "$MODEL" --served-model-name builtin --host 127.0.0.1 --port 0 --speculative-config "$SPEC" \
-  --kv-cache-dtype fp8 --audit-manifest "$TMP/fp8.json" >"$TMP/serve.log" 2>&1 &
+"$T" serve --model "$MODEL" "${LIGHT[@]}" --served-model-name builtin --host 127.0.0.1 --port 0 \
+  --speculative-config "$SPEC_FIXED" --kv-cache-dtype fp8 --audit-manifest "$TMP/fp8.json" >"$TMP/serve.log" 2>&1 &
 PID=$!
 wait_for_port ops-smoke "$TMP/serve.log" "$PID" 300
 grep -q '^TANDEM_RUNTIME_AUDIT_PASS' "$TMP/serve.log" || fail "serve did not log TANDEM_RUNTIME_AUDIT_PASS"
@@ -84,8 +87,8 @@ kill -TERM "$PID"
 wait "$PID" || fail "server exit code $? after SIGTERM"
 wait "$CURL" || true
 grep -q '"finish_reason"' "$TMP/inflight.json" || fail "in-flight request not drained: $(cat "$TMP/inflight.json")"
-"$T" serve --model "$MODEL" --served-model-name builtin --host 127.0.0.1 --port "$PORT" \
-  --speculative-config "$SPEC" >"$TMP/restart.log" 2>&1 &
+"$T" serve --model "$MODEL" "${LIGHT[@]}" --served-model-name builtin --host 127.0.0.1 --port "$PORT" \
+  --speculative-config "$SPEC_FIXED" >"$TMP/restart.log" 2>&1 &
 PID=$!
 wait_for_port ops-smoke "$TMP/restart.log" "$PID" 300
 out=$(curl -s --max-time 120 "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d "$body")

@@ -61,6 +61,17 @@ int run_serve(int argc, char** argv) {
   }
   const server::ServeOptions& o = *opts;
 
+  // Fail closed before loading anything when the contract itself is unreadable.
+  nlohmann::json manifest;
+  if (!o.audit_manifest.empty()) {
+    auto m = server::load_audit_manifest(o.audit_manifest);
+    if (!m.ok()) {
+      std::fprintf(stderr, "tandem serve: --audit-manifest: %s\nTANDEM_RUNTIME_AUDIT_FAIL\n", m.status().message().c_str());
+      return 1;
+    }
+    manifest = *m;
+  }
+
   server::ServerConfig cfg;
   cfg.served_model_names = o.served_model_names;
   cfg.api_key = o.api_key;
@@ -102,16 +113,6 @@ int run_serve(int argc, char** argv) {
   const auto& info = engine->model_info();
   // The runtime audit: the same facts as `tandem audit`, checked before the server reports ready.
   if (o.model.rfind("echo:", 0) != 0 || !o.audit_manifest.empty()) {
-    nlohmann::json manifest;
-    if (!o.audit_manifest.empty()) {
-      auto m = server::load_audit_manifest(o.audit_manifest);
-      if (!m.ok()) {
-        std::fprintf(stderr, "tandem serve: --audit-manifest: %s\n", m.status().message().c_str());
-        http.stop();
-        return 1;
-      }
-      manifest = *m;
-    }
     nlohmann::json audit = server::build_runtime_audit(o, &info);
     if (!server::finish_audit(audit, o.audit_manifest.empty() ? nullptr : &manifest)) {
       std::fprintf(stderr, "tandem serve: runtime audit failed; refusing to start:\n");

@@ -145,6 +145,9 @@ struct EngineMetrics {
   int64_t long_prefill_done_tokens = 0;
   int64_t long_prefill_prompt_tokens = 0;
   int64_t watchdog_stalls_total = 0;
+  // Device allocations the runner made after start-up (must stay 0 under any load); -1 when the
+  // runner does not count them (the CPU runners).
+  int64_t device_allocations_after_start = -1;
   // Latency samples since the last call (drained by take_metrics()).
   std::vector<double> ttft_s, itl_s, e2e_s;
 };

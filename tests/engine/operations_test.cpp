@@ -47,12 +47,12 @@ TEST(MemoryPlan, HeadroomCheckGivesTheNumbers) {
   EXPECT_EQ(plan.to_allocate_bytes("host"), int64_t{2} << 30);
   EXPECT_TRUE(check_memory_headroom(plan).ok());  // 130-120 = 10 >= 8; 10-2 = 8 >= 8
 
-  plan.headroom_floor_bytes = int64_t{9} << 30;
+  plan.headroom_floor_bytes = int64_t{11} << 30;
   Status st = check_memory_headroom(plan);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(st.message().find("cuda:0: 130.00 GiB available"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("120.00 GiB to allocate = 10.00 GiB left, under the floor of 9.00 GiB"),
+  EXPECT_NE(st.message().find("120.00 GiB to allocate = 10.00 GiB left, under the floor of 11.00 GiB"),
             std::string::npos) << st.message();
   EXPECT_NE(st.message().find("host: 10.00 GiB"), std::string::npos) << st.message();
   EXPECT_NE(format_memory_report(plan).find("kv_pool"), std::string::npos);
@@ -83,6 +83,33 @@ TEST(MemoryPlan, EngineReportsPoolsAndRefusesUnderTheFloor) {
   auto refused = EngineCore::create(std::make_unique<FakeModelRunner>(fc), ec, co);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("under the floor of"), std::string::npos) << refused.status().message();
+}
+
+// The hook a device runner fills: its allocation count after start-up reaches the metrics.
+class CountingRunner : public FakeModelRunner {
+ public:
+  explicit CountingRunner(FakeModelConfig c) : FakeModelRunner(c) {}
+  int64_t device_allocations_after_start() const override { return allocations; }
+  int64_t allocations = 0;
+};
+
+TEST(MemoryPlan, DeviceAllocationCounterReachesTheMetrics) {
+  FakeModelConfig fc;
+  EngineConfig ec;
+  ec.block_size = 16;
+  ec.kv_cache_memory = 1 << 20;
+  CoreOptions co;
+  co.log_startup = false;
+  auto plain = EngineCore::create(std::make_unique<FakeModelRunner>(fc), ec, co);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->metrics(false).device_allocations_after_start, -1);  // not counted on the CPU
+  auto runner = std::make_unique<CountingRunner>(fc);
+  CountingRunner* r = runner.get();
+  auto core = EngineCore::create(std::move(runner), ec, co);
+  ASSERT_TRUE(core.ok());
+  EXPECT_EQ((*core)->metrics(false).device_allocations_after_start, 0);
+  r->allocations = 3;
+  EXPECT_EQ((*core)->metrics(false).device_allocations_after_start, 3);
 }
 
 // A fake runner whose forward blocks while `stall` is set, until released.
