@@ -19,7 +19,7 @@ TMP=$(mktemp -d /tmp/tandem-ops.XXXXXX)
 PID=""
 trap '[[ -n "$PID" ]] && kill -KILL $PID 2>/dev/null; rm -rf "$TMP"' EXIT
 fail() { echo "ops-smoke: FAILED: $*"; for f in "$TMP"/*.log; do echo "== $f"; tail -15 "$f"; done; exit 1; }
-json_get() { python3 -c "import json,sys; d=json.load(open('$1')); print(eval('d$2'))"; }
+json_get() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval("d" + sys.argv[2]))' "$1" "$2"; }
 SPEC='{"method":"dspark","num_speculative_tokens":5}'
 # Small pools, one thread and fixed verification (no start-up batch-shape profiling): quick starts.
 LIGHT=(--max-num-seqs 2 --kv-cache-memory 256M --threads 1)

@@ -1,6 +1,7 @@
 // Long-context prefill on the CPU: one uncached prompt of N tokens (default 1,048,560: the 1M
 // context less room for 16 generated tokens) on a tiny checkpoint written by the project
-// (make-tiny preset), through the threaded engine with the 1m profile's step budget (4,096 batched
+// (make-tiny preset, "long" by default: window and HCA layers; "default" adds CSA layers whose
+// lightning indexer scores n/4 entries per token, quadratic in the prompt), through the threaded engine with the 1m profile's step budget (4,096 batched
 // tokens, 256-token blocks, fp8 KV) and a KV pool of exactly the blocks the request needs.
 // Records TTFT, prefill tok/s, progress samples from the engine metrics, capacity and peak RSS;
 // prints a table and writes bench/results/long-context-cpu-<N>-<date>.json.
@@ -30,7 +31,7 @@ using namespace tandem;
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : 1048560;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
-  const std::string preset = argc > 3 ? argv[3] : "default";
+  const std::string preset = argc > 3 ? argv[3] : "long";
   constexpr int64_t kGen = 16, kBs = 256;
   if (n < 1 || n + kGen > 1048576) {
     std::fprintf(stderr, "TOKENS must be in [1, %d]\n", 1048576 - static_cast<int>(kGen));

@@ -14,7 +14,8 @@
 namespace tandem {
 
 // The presets: "default" (6 layers + 3 DSpark stages), "small" (a second, different DSpark
-// configuration) and "preview" (like default, one classic MTP stage, no dspark keys).
+// configuration), "preview" (like default, one classic MTP stage, no dspark keys) and "long"
+// (like default without CSA layers: cheap enough for 64K-token prompts in tests).
 const std::vector<std::string>& tiny_preset_names();
 
 // Vocabulary facts taken from a tokenizer.json: vocab_size = highest id + 1; the DSpark noise
