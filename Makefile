@@ -29,6 +29,7 @@ test: build
 test-e2e: build
 	bash tools/e2e.sh echo: $(BUILD)
 	bash tools/smoke-builtin.sh $(BUILD)
+	bash tools/ops-smoke.sh $(BUILD)
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure

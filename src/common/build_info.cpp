@@ -17,9 +17,11 @@
 #endif
 
 namespace tandem {
+#if TANDEM_BUILD_WITH_CUDART
 namespace {
 std::string cuda_version_text(int v) { return v > 0 ? fmt::format("{}.{}", v / 1000, (v % 1000) / 10) : ""; }
 }  // namespace
+#endif
 
 const BuildInfo& build_info() {
   static const BuildInfo info = [] {

@@ -216,6 +216,7 @@ class EngineLoop : public std::enable_shared_from_this<EngineLoop> {
         return;
       }
       if (core_->has_work()) {
+        ++step_no_;
         step_started_ns_ = now_ns();
         Status st = core_->step();
         step_started_ns_ = 0;
@@ -262,7 +263,7 @@ class EngineLoop : public std::enable_shared_from_this<EngineLoop> {
       idle_cv_.notify_all();
       lock.unlock();
       TLOG_ERROR("engine", "watchdog: step {} made no progress for {:.1f} s (--engine-iteration-timeout {}); failing {} "
-                 "request(s); the engine is now unhealthy", core_->steps(), stuck_s, iteration_timeout_s_, victims.size());
+                 "request(s); the engine is now unhealthy", step_no_.load(), stuck_s, iteration_timeout_s_, victims.size());
       for (auto& [id, live] : victims) {
         std::lock_guard<std::mutex> lk(live->mu);
         if (live->done) continue;
@@ -348,9 +349,9 @@ class EngineLoop : public std::enable_shared_from_this<EngineLoop> {
   std::vector<std::string> cancels_;
   std::map<std::string, std::shared_ptr<Live>> live_;
   int queued_ = 0;
-  bool draining_ = false, stopping_ = false, stalled_ = false;
-  std::atomic<bool> failed_{false}, stopped_{false};
-  std::atomic<int64_t> step_started_ns_{0}, stalls_{0};
+  bool draining_ = false, stopping_ = false;
+  std::atomic<bool> failed_{false}, stopped_{false}, stalled_{false};
+  std::atomic<int64_t> step_started_ns_{0}, stalls_{0}, step_no_{0};
   std::mutex metrics_mu_;
   EngineMetrics metrics_;
   std::chrono::steady_clock::time_point last_summary_ = std::chrono::steady_clock::now();
