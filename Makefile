@@ -30,6 +30,7 @@ test-e2e: build
 	bash tools/e2e.sh echo: $(BUILD)
 	bash tools/smoke-builtin.sh $(BUILD)
 	bash tools/bench-e2e.sh $(BUILD)
+	bash tools/ops-smoke.sh $(BUILD)
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure

@@ -64,6 +64,8 @@ if bash tools/smoke-builtin.sh "$BUILD"; then passed=$((passed + 1)); else faile
 # `tandem bench` against `tandem serve` (echo engine and built-in model): report fields, SVG,
 # failure accounting, clear errors for a refused key or an unreachable server.
 if bash tools/bench-e2e.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+# Operations smoke: audit, start-up refusals, tandem proof against tandem serve, SIGTERM drain, restart.
+if bash tools/ops-smoke.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

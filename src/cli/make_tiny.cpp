@@ -16,7 +16,7 @@ int run_make_tiny(int argc, char** argv) {
   tandem::TinyCheckpointOptions options;
   app.add_option("OUT_DIR", out_dir, "output directory (created if needed)")->required();
   app.add_option("--seed", options.seed, "seed for weights and tokenizer corpus")->default_val(0);
-  app.add_option("--preset", options.preset, "default | small | preview | tp8")
+  app.add_option("--preset", options.preset, "default | small | preview | tp8 | long")
       ->default_val("default")
       ->check(CLI::IsMember(tandem::tiny_preset_names()));
   app.add_option("--shards", options.num_shards, "number of safetensors shards")

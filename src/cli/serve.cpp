@@ -19,6 +19,7 @@
 #include "engine/parallel/tp_runner.h"
 #include "server/echo_engine.h"
 #include "server/options.h"
+#include "server/runtime_audit.h"
 #include "server/server.h"
 
 namespace {
@@ -71,6 +72,17 @@ int run_serve(int argc, char** argv) {
   if (o.engine.nnodes > 1 && o.engine.node_rank > 0)
     return run_tp_node(o.engine, [] { return g_signal.load() != 0; });
 
+  // Fail closed before loading anything when the contract itself is unreadable.
+  nlohmann::json manifest;
+  if (!o.audit_manifest.empty()) {
+    auto m = server::load_audit_manifest(o.audit_manifest);
+    if (!m.ok()) {
+      std::fprintf(stderr, "tandem serve: --audit-manifest: %s\nTANDEM_RUNTIME_AUDIT_FAIL\n", m.status().message().c_str());
+      return 1;
+    }
+    manifest = *m;
+  }
+
   server::ServerConfig cfg;
   cfg.served_model_names = o.served_model_names;
   cfg.api_key = o.api_key;
@@ -104,6 +116,23 @@ int run_serve(int argc, char** argv) {
     engine = std::move(*e);
   }
   const auto& info = engine->model_info();
+  // The runtime audit: the same facts as `tandem audit`, checked before the server reports ready.
+  if (o.model.rfind("echo:", 0) != 0 || !o.audit_manifest.empty()) {
+    nlohmann::json audit = server::build_runtime_audit(o, &info);
+    if (!server::finish_audit(audit, o.audit_manifest.empty() ? nullptr : &manifest)) {
+      std::fprintf(stderr, "tandem serve: runtime audit failed; refusing to start:\n");
+      for (const auto& p : audit["problems"]) std::fprintf(stderr, "  problem: %s\n", p.get<std::string>().c_str());
+      for (const auto& p : audit["mismatches"]) std::fprintf(stderr, "  mismatch: %s\n", p.get<std::string>().c_str());
+      std::fprintf(stderr, "TANDEM_RUNTIME_AUDIT_FAIL\n");
+      http.stop();
+      return 1;
+    }
+    TLOG_INFO("serve", "TANDEM_RUNTIME_AUDIT_PASS: device {}, KV {}, speculative {}, identity {}{}", info.device,
+              info.kv_cache_dtype, audit["speculative"]["method"].get<std::string>(),
+              audit["identity_digest"].get<std::string>(),
+              o.audit_manifest.empty() ? "" : ", manifest " + o.audit_manifest + " matched");
+    std::printf("TANDEM_RUNTIME_AUDIT_PASS\n");
+  }
   TLOG_INFO("serve", "model {} ready: device {}, max_model_len {}, KV capacity {} tokens, serving as '{}'", o.model,
             info.device, info.max_model_len, info.kv_capacity_tokens, o.served_model_names.front());
   http.set_engine(engine.get());
@@ -111,17 +140,20 @@ int run_serve(int argc, char** argv) {
   std::printf("tandem serve: ready on http://%s:%d\n", o.host.c_str(), http.port());
   std::fflush(stdout);
 
-  // A lost tensor-parallel rank makes the engine unhealthy for good: /health already answers 503
-  // and in-flight requests fail with the reason; give their streams a moment, then exit non-zero
-  // (a supervisor restarts the whole group).
   while (g_signal == 0 && engine->healthy()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (g_signal == 0) {
-    TLOG_ERROR("serve", "engine failed: {}; exiting", engine->unhealthy_reason());
+    // A lost tensor-parallel rank, the watchdog or the integrity check made the engine unhealthy:
+    // /health already answers 503 and the requests in flight failed with the reason. Exit non-zero
+    // so the supervisor (systemd Restart=on-failure) restarts the whole group. _Exit, not return:
+    // the engine's thread may still be inside the model or blocked on the lost group.
+    TLOG_ERROR("serve", "engine unhealthy: {}; exiting for a restart", engine->unhealthy_reason());
+    http.begin_drain();
     for (int i = 0; i < 100 && http.in_flight() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     http.stop();
     std::fflush(stdout);
-    std::_Exit(3);  // the engine's thread may be blocked on the lost group: do not join it
+    std::fflush(stderr);
+    std::_Exit(3);
   }
   TLOG_INFO("serve", "signal {}: draining (deadline {} s)", g_signal.load(), o.shutdown_timeout_s);
   http.begin_drain();

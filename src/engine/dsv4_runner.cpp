@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "common/check.h"
@@ -67,6 +68,20 @@ class Dsv4Runner : public ModelRunner {
     return s256.ok() ? std::max<int64_t>(1, static_cast<int64_t>(s256->pool_block_bytes) * block_size / 256) : 1;
   }
   int64_t slot_state_bytes() const override { return slot_state_bytes_; }
+
+  // The CPU model maps the checkpoint read-only (file-backed pages the kernel can reclaim), keeps
+  // KV as fp32 whatever the dtype, and sizes its step scratch inside load(): weights are reported
+  // as already counted, the pools the engine sized as to be allocated.
+  void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const override {
+    int64_t weights = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
+      if (e.path().extension() == ".safetensors") weights += static_cast<int64_t>(e.file_size(ec));
+    plan.add(kPoolWeights, "host", weights, "file-backed mmap of the shards", /*already_counted=*/true);
+    ModelRunner::plan_memory(alloc, plan);
+    plan.pools.back().note = "estimate before load";
+    plan.pools[plan.pools.size() - 2].note = "fp32 values whatever the KV dtype";
+  }
 
   Status allocate(const RunnerAllocation& alloc) override {
     if (alloc.block_size % 128 != 0)

@@ -85,68 +85,85 @@ Result<SpeculativeConfig> parse_speculative_config(const std::string& json_text)
 
 namespace {
 
-class EngineImpl : public Engine {
+// EngineLoop owns the core and the step-loop thread; EngineImpl (the Engine handed out) holds it
+// through a shared_ptr that the loop thread shares. Why: after a watchdog stall the step thread
+// may be stuck inside the runner for good; the handle is then destroyed without joining it, and
+// the loop's state must outlive the handle for as long as that thread might still return.
+class EngineLoop : public std::enable_shared_from_this<EngineLoop> {
  public:
-  explicit EngineImpl(std::unique_ptr<EngineCore> core) : core_(std::move(core)) {
+  EngineLoop(std::unique_ptr<EngineCore> core, double iteration_timeout_s)
+      : core_(std::move(core)), iteration_timeout_s_(iteration_timeout_s) {
     metrics_ = core_->metrics(true);
-    thread_ = std::thread([this] { loop(); });
   }
-  ~EngineImpl() override { shutdown(0); }
 
-  const ModelInfo& model_info() const override { return core_->model_info(); }
-  const Tokenizer& tokenizer() const override { return core_->tokenizer(); }
+  void start() {
+    auto self = shared_from_this();
+    thread_ = std::thread([self] { self->loop(); });
+    if (iteration_timeout_s_ > 0) watchdog_ = std::thread([this] { watch(); });
+  }
 
-  Status submit(Request request, EventCallback on_event) override {
+  const ModelInfo& model_info() const { return core_->model_info(); }
+  const Tokenizer& tokenizer() const { return core_->tokenizer(); }
+
+  Status submit(Request request, EventCallback on_event) {
     TANDEM_RETURN_IF_ERROR(core_->validate(request));  // immutable config only: safe off-thread
     std::lock_guard<std::mutex> lock(mu_);
+    if (stalled_) return Status(StatusCode::kUnavailable, "engine stalled (watchdog); restart the server");
     if (stopping_ || draining_) return Status(StatusCode::kUnavailable, "engine is shutting down");
-    if (!live_ids_.insert(request.request_id).second)
+    if (live_.count(request.request_id))
       return invalid_argument("request id '{}' is already in flight", request.request_id);
-    if (queued_ >= kMaxQueued) {
-      live_ids_.erase(request.request_id);
-      return make_error(StatusCode::kResourceExhausted, "{} requests are already queued", queued_);
-    }
+    if (queued_ >= kMaxQueued) return make_error(StatusCode::kResourceExhausted, "{} requests are already queued", queued_);
+    auto live = std::make_shared<Live>();
+    live->cb = std::move(on_event);
+    live_[request.request_id] = live;
     ++queued_;
-    inbox_.emplace_back(std::move(request), std::move(on_event));
+    inbox_.emplace_back(std::move(request), live);
     cv_.notify_one();
     return Status();
   }
 
-  void cancel(const std::string& request_id) override {
+  void cancel(const std::string& request_id) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!live_ids_.count(request_id)) return;
+    if (!live_.count(request_id)) return;
     cancels_.push_back(request_id);
     cv_.notify_one();
   }
 
-  EngineMetrics metrics() override {
+  EngineMetrics metrics() {
     std::lock_guard<std::mutex> lock(metrics_mu_);
     EngineMetrics snap = metrics_;
+    snap.watchdog_stalls_total = stalls_.load();
     metrics_.ttft_s.clear();
     metrics_.itl_s.clear();
     metrics_.e2e_s.clear();
     return snap;
   }
 
-  bool healthy() const override { return !failed_.load() && !stopped_.load() && core_->runner_health().ok(); }
-  std::string unhealthy_reason() const override {
+  bool healthy() const { return !failed_.load() && !stopped_.load() && core_->runner_health().ok(); }
+  std::string unhealthy_reason() const {
     Status st = core_->runner_health();
     if (!st.ok()) return st.message();
-    if (failed_.load()) return "engine integrity check failed";
+    if (failed_.load()) return "engine integrity check failed or a step stalled (watchdog)";
     return stopped_.load() ? "engine stopped" : "";
   }
 
-  void shutdown(double deadline_s) override {
+  void shutdown(double deadline_s) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (stopped_.load() && !thread_.joinable()) return;
       draining_ = true;
       auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);
-      idle_cv_.wait_until(lock, deadline, [&] { return live_ids_.empty(); });
+      idle_cv_.wait_until(lock, deadline, [&] { return live_.empty(); });
       stopping_ = true;  // the loop cancels whatever is left
-      cv_.notify_one();
+      cv_.notify_all();
+      watch_cv_.notify_all();
     }
-    if (thread_.joinable()) thread_.join();
+    if (watchdog_.joinable()) watchdog_.join();
+    if (thread_.joinable()) {
+      // A stalled step may never return: leave its thread (it holds this object alive).
+      if (stalled_) thread_.detach();
+      else thread_.join();
+    }
     stopped_ = true;
   }
 
@@ -154,8 +171,16 @@ class EngineImpl : public Engine {
   static constexpr int kMaxQueued = 4096;
   static constexpr double kSummaryEvery = 10.0;
 
+  // One request's callback, guarded so that exactly one final event reaches it even when the
+  // watchdog fails the request while the step thread still holds it.
+  struct Live {
+    std::mutex mu;
+    EventCallback cb;
+    bool done = false;
+  };
+
   void loop() {
-    std::vector<std::pair<Request, EventCallback>> inbox;
+    std::vector<std::pair<Request, std::shared_ptr<Live>>> inbox;
     std::vector<std::string> cancels;
     for (;;) {
       bool stop;
@@ -167,10 +192,15 @@ class EngineImpl : public Engine {
         inbox_.clear();
         cancels.swap(cancels_);
       }
-      for (auto& [req, cb] : inbox) {
+      for (auto& [req, live] : inbox) {
         std::string id = req.request_id;
-        auto wrapped = [this, id, cb = std::move(cb)](const RequestEvent& ev) {
-          if (cb) cb(ev);
+        auto wrapped = [this, id, live](const RequestEvent& ev) {
+          {
+            std::lock_guard<std::mutex> lk(live->mu);
+            if (live->done) return;
+            if (ev.finish != FinishReason::kNone) live->done = true;
+            if (live->cb) live->cb(ev);
+          }
           if (ev.finish != FinishReason::kNone) forget(id);
         };
         Status st = core_->add_request(std::move(req), wrapped);
@@ -193,13 +223,65 @@ class EngineImpl : public Engine {
         return;
       }
       if (core_->has_work()) {
+        ++step_no_;
+        step_started_ns_ = now_ns();
         Status st = core_->step();
+        step_started_ns_ = 0;
         if (!st.ok() && st.code() == StatusCode::kInternal && st.message().find("integrity") != std::string::npos) {
           failed_ = true;
+        }
+        if (stalled_) {
+          // The stalled step came back late: its requests were already failed; stop stepping.
+          TLOG_WARN("engine", "the stalled step returned after the watchdog fired; the engine stays unhealthy");
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return stopping_; });
+          cancel_all();
+          return;
         }
       }
       publish_metrics();
       maybe_log_summary();
+    }
+  }
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // The watchdog: one step running longer than the iteration timeout fails every request in
+  // flight (they would otherwise hang their clients) and marks the engine unhealthy, so /health
+  // turns 503 and `tandem serve` exits for its supervisor to restart it.
+  void watch() {
+    const auto period = std::chrono::duration<double>(std::min(0.25, iteration_timeout_s_ / 4));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      watch_cv_.wait_for(lock, period);
+      if (stopping_ || stalled_) continue;
+      const int64_t started = step_started_ns_.load();
+      if (started == 0) continue;
+      const double stuck_s = (now_ns() - started) * 1e-9;
+      if (stuck_s < iteration_timeout_s_) continue;
+      stalled_ = true;
+      failed_ = true;
+      ++stalls_;
+      std::vector<std::pair<std::string, std::shared_ptr<Live>>> victims(live_.begin(), live_.end());
+      live_.clear();
+      idle_cv_.notify_all();
+      lock.unlock();
+      TLOG_ERROR("engine", "watchdog: step {} made no progress for {:.1f} s (--engine-iteration-timeout {}); failing {} "
+                 "request(s); the engine is now unhealthy", step_no_.load(), stuck_s, iteration_timeout_s_, victims.size());
+      for (auto& [id, live] : victims) {
+        std::lock_guard<std::mutex> lk(live->mu);
+        if (live->done) continue;
+        live->done = true;
+        RequestEvent ev;
+        ev.request_id = id;
+        ev.finish = FinishReason::kError;
+        ev.error = fmt::format("engine step made no progress for {:.1f} s (watchdog); request failed", stuck_s);
+        if (live->cb) live->cb(ev);
+      }
+      lock.lock();
     }
   }
 
@@ -237,15 +319,15 @@ class EngineImpl : public Engine {
     std::vector<std::string> ids;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ids.assign(live_ids_.begin(), live_ids_.end());
+      for (const auto& [id, live] : live_) ids.push_back(id);
     }
     for (const auto& id : ids) core_->abort(id);
   }
 
   void forget(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
-    live_ids_.erase(id);
-    if (live_ids_.empty()) idle_cv_.notify_all();
+    live_.erase(id);
+    if (live_.empty()) idle_cv_.notify_all();
   }
 
   void publish_metrics() {
@@ -266,19 +348,40 @@ class EngineImpl : public Engine {
   }
 
   std::unique_ptr<EngineCore> core_;
-  std::thread thread_;
+  const double iteration_timeout_s_;
+  std::thread thread_, watchdog_;
   std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<std::pair<Request, EventCallback>> inbox_;
+  std::condition_variable cv_, idle_cv_, watch_cv_;  // watch_cv_: the watchdog's own (cv_ is notify_one)
+  std::deque<std::pair<Request, std::shared_ptr<Live>>> inbox_;
   std::vector<std::string> cancels_;
-  std::set<std::string> live_ids_;
+  std::map<std::string, std::shared_ptr<Live>> live_;
   int queued_ = 0;
   bool draining_ = false, stopping_ = false;
-  std::atomic<bool> failed_{false}, stopped_{false};
+  std::atomic<bool> failed_{false}, stopped_{false}, stalled_{false};
+  std::atomic<int64_t> step_started_ns_{0}, stalls_{0}, step_no_{0};
   std::mutex metrics_mu_;
   EngineMetrics metrics_;
   std::chrono::steady_clock::time_point last_summary_ = std::chrono::steady_clock::now();
   int64_t last_gen_ = 0, last_drafted_ = 0, last_accepted_ = 0;
+};
+
+class EngineImpl : public Engine {
+ public:
+  explicit EngineImpl(std::shared_ptr<EngineLoop> loop) : loop_(std::move(loop)) { loop_->start(); }
+  ~EngineImpl() override { loop_->shutdown(0); }
+  const ModelInfo& model_info() const override { return loop_->model_info(); }
+  const Tokenizer& tokenizer() const override { return loop_->tokenizer(); }
+  Status submit(Request request, EventCallback on_event) override {
+    return loop_->submit(std::move(request), std::move(on_event));
+  }
+  void cancel(const std::string& request_id) override { loop_->cancel(request_id); }
+  EngineMetrics metrics() override { return loop_->metrics(); }
+  bool healthy() const override { return loop_->healthy(); }
+  std::string unhealthy_reason() const override { return loop_->unhealthy_reason(); }
+  void shutdown(double deadline_s) override { loop_->shutdown(deadline_s); }
+
+ private:
+  std::shared_ptr<EngineLoop> loop_;
 };
 
 }  // namespace
@@ -286,7 +389,10 @@ class EngineImpl : public Engine {
 Result<std::unique_ptr<Engine>> create_engine_with_runner(std::unique_ptr<ModelRunner> runner,
                                                           const EngineConfig& config) {
   TANDEM_ASSIGN_OR_RETURN(auto core, EngineCore::create(std::move(runner), config));
-  return std::unique_ptr<Engine>(new EngineImpl(std::move(core)));
+  if (config.engine_iteration_timeout_s < 0)
+    return invalid_argument("--engine-iteration-timeout {} must be >= 0", config.engine_iteration_timeout_s);
+  return std::unique_ptr<Engine>(
+      new EngineImpl(std::make_shared<EngineLoop>(std::move(core), config.engine_iteration_timeout_s)));
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/runtime_facts.h"
 
 namespace tandem {
 
@@ -53,6 +54,12 @@ struct EngineConfig {
   int num_threads = 0;                   // CPU threads, 0 = all cores
   SpeculativeConfig speculative;
   uint64_t default_seed = 0;
+  // Start-up refuses when the host's MemAvailable (or a device's free memory) would fall under this
+  // after the planned pools are allocated (--memory-headroom-floor; 0 = no floor).
+  int64_t memory_headroom_floor = 0;
+  // Watchdog: a step that makes no progress for this long fails the requests in flight and marks
+  // the engine unhealthy instead of hanging (--engine-iteration-timeout; 0 = off).
+  double engine_iteration_timeout_s = 0;
 };
 
 // ---- requests ----
@@ -141,6 +148,15 @@ struct EngineMetrics {
   int64_t spec_decode_num_draft_tokens_total = 0;
   int64_t spec_decode_num_accepted_tokens_total = 0;
   std::vector<int64_t> spec_decode_num_accepted_tokens_per_pos_total;
+  // Long prefills (prompts of at least kLongPrefillTokens): prompt tokens still to prefill over all
+  // running requests, and the progress of the oldest long prefill in flight (0 / 0 when none).
+  int64_t prefill_tokens_pending = 0;
+  int64_t long_prefill_done_tokens = 0;
+  int64_t long_prefill_prompt_tokens = 0;
+  int64_t watchdog_stalls_total = 0;
+  // Device allocations the runner made after start-up (must stay 0 under any load); -1 when the
+  // runner does not count them (the CPU runners).
+  int64_t device_allocations_after_start = -1;
   // Latency samples since the last call (drained by take_metrics()).
   std::vector<double> ttft_s, itl_s, e2e_s;
 };
@@ -153,7 +169,14 @@ struct ModelInfo {
   int32_t eos_token_id = 1;
   bool has_draft = false;
   std::string device;       // "cpu" | "cuda:0" ...
+  // For the runtime audit and the start-up report (empty for engines without a model runner).
+  std::string kv_cache_dtype;             // resolved: "bf16" | "fp8" | "nvfp4"
+  std::vector<DeviceFacts> ranks;         // one per rank (1 in a single process)
+  MemoryPlan memory;                      // the pools planned at start-up and the headroom check's inputs
 };
+
+// Prompts at least this long log their prefill progress and show it in /metrics.
+inline constexpr int64_t kLongPrefillTokens = 8192;
 
 class Tokenizer;  // text/tokenizer.h
 

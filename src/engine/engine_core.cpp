@@ -39,6 +39,7 @@ struct EngineCore::Seq {
   Usage usage;
   Clock::time_point arrival, last_event;
   bool got_first = false;
+  Clock::time_point prefill_start, prefill_logged;  // long prefills only
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
 
@@ -178,7 +179,23 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   alloc.max_tokens_per_step = config.max_num_batched_tokens;
   alloc.max_verify_tokens = num_spec_tokens_ + 1;
   alloc.kv_cache_dtype = kv_dtype_;
+  // ---- the memory plan: every pool named and checked against the headroom floor before any
+  // of them is allocated (the seeds' OOM came from the host running out under load) ----
+  MemoryPlan& plan = info_.memory;
+  plan = MemoryPlan();
+  plan.headroom_floor_bytes = config.memory_headroom_floor;
+  runner_->plan_memory(alloc, plan);
+  if (num_snapshots > 0) plan.add(kPoolPrefixSnapshots, "host", num_snapshots * snapshot_bytes, "prefix-cache slot snapshots");
+  if (!plan.find_domain("host")) {
+    auto avail = read_host_mem_available();
+    int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    plan.domains.push_back({"host", avail.ok() ? *avail : -1, phys, "/proc/meminfo MemAvailable"});
+  }
+  if (options_.log_startup) TLOG_INFO("engine", "{}", format_memory_report(plan));
+  TANDEM_RETURN_IF_ERROR(check_memory_headroom(plan));
+  info_.kv_cache_dtype = kv_dtype_;
   TANDEM_RETURN_IF_ERROR(runner_->allocate(alloc).with_context("allocating the model's KV pool"));
+  info_.ranks.assign(1, runner_->device_facts());
   // The runner knows its exact slot-state size only once its pools exist.
   const int64_t final_snapshot_bytes = config.enable_prefix_caching ? runner_->slot_state_bytes() : 0;
   kv_ = std::make_unique<KvBlockManager>(static_cast<int>(num_blocks), bs, config.enable_prefix_caching,
@@ -671,6 +688,7 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
   const float* taps = nullptr;
   if (spec_enabled()) taps = out.taps.data() + out.taps_row_offset[index] * out.tap_dim;
 
+  if (s.prompt_len >= kLongPrefillTokens && old < s.prompt_len) log_long_prefill(s, old);
   if (s.num_computed < static_cast<int64_t>(s.tokens.size())) {  // prefill chunk, nothing to sample
     if (taps) runner_->draft_insert_context(s.slot, old, std::span<const float>(taps, n * out.tap_dim), n);
     cache_blocks(s);
@@ -852,7 +870,41 @@ Status EngineCore::check_integrity() {
   return st;
 }
 
+// Long prefills are the one place a request is silent for minutes (1M tokens), so their progress
+// goes to the log (at most every kProgressEvery seconds) and to /metrics.
+void EngineCore::log_long_prefill(Seq& s, int64_t old) {
+  constexpr double kProgressEvery = 5.0;
+  const auto now = Clock::now();
+  if (old == 0 || s.prefill_start == Clock::time_point()) {
+    s.prefill_start = s.prefill_logged = now;
+    TLOG_INFO("engine", "request {}: long prefill of {} prompt tokens started", s.id, s.prompt_len);
+  }
+  const int64_t done = std::min(s.num_computed, s.prompt_len);
+  const double el = std::chrono::duration<double>(now - s.prefill_start).count();
+  if (done >= s.prompt_len) {
+    TLOG_INFO("engine", "request {}: prefill of {} tokens done in {:.1f} s ({:.0f} tok/s)", s.id, s.prompt_len, el,
+              el > 0 ? s.prompt_len / el : 0.0);
+  } else if (std::chrono::duration<double>(now - s.prefill_logged).count() >= kProgressEvery) {
+    s.prefill_logged = now;
+    TLOG_INFO("engine", "request {}: prefill {}/{} tokens ({:.1f}%), {:.1f} s, {:.0f} tok/s", s.id, done,
+              s.prompt_len, 100.0 * done / s.prompt_len, el, el > 0 ? done / el : 0.0);
+  }
+}
+
 EngineMetrics EngineCore::metrics(bool drain_latencies) {
+  m_.prefill_tokens_pending = 0;
+  m_.long_prefill_done_tokens = 0;
+  m_.long_prefill_prompt_tokens = 0;
+  for (const Seq* s : running_) {  // arrival order: the first long one is the oldest
+    if (s->num_computed >= s->prompt_len) continue;
+    m_.prefill_tokens_pending += s->prompt_len - s->num_computed;
+    if (s->prompt_len >= kLongPrefillTokens && m_.long_prefill_prompt_tokens == 0) {
+      m_.long_prefill_done_tokens = s->num_computed;
+      m_.long_prefill_prompt_tokens = s->prompt_len;
+    }
+  }
+  for (const Seq* s : waiting_) m_.prefill_tokens_pending += s->prompt_len;
+  m_.device_allocations_after_start = runner_->device_allocations_after_start();
   m_.num_requests_running = static_cast<int64_t>(running_.size());
   m_.num_requests_waiting = static_cast<int64_t>(waiting_.size());
   m_.kv_blocks_total = kv_->num_blocks();

@@ -96,6 +96,7 @@ class EngineCore {
   Status profile_costs();
   void process_output(Seq& s, const RunnerOutput& out, size_t index, std::vector<DraftQuery>& drafts);
   void cache_blocks(Seq& s);
+  void log_long_prefill(Seq& s, int64_t old);
   void emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason finish);
   void finish(Seq& s, FinishReason reason, const std::string& error, RequestEvent* ev);
   void release(Seq& s);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/runtime_facts.h"
 
 namespace tandem {
 
@@ -99,6 +100,20 @@ class ModelRunner {
   // Not OK once the runner can no longer serve (a tensor-parallel rank was lost); callable from
   // any thread.
   virtual Status health() const { return Status(); }
+  // ---- operations (additive, with defaults that fit a CPU runner; model_runner.cpp) ----
+  // Device facts and the kernel path per op class, for the runtime audit. Default: this process's
+  // CPU, "cpu-reference" (src/kernels/cpu) for every op class, no graph capture.
+  virtual DeviceFacts device_facts() const;
+  // Adds this runner's named pools for `alloc` to `plan` (called before allocate()). Default: the
+  // KV pool and per-slot state on the host. A device runner adds weights, activations for the
+  // largest step and graph shape, workspaces and communication buffers on its device, and that
+  // device's free memory as a MemoryDomain; the engine adds the host's MemAvailable.
+  virtual void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const;
+  // Device allocations made after allocate() returned (must stay 0 under load); -1 = not counted.
+  virtual int64_t device_allocations_after_start() const { return -1; }
 };
+
+// "model name" of /proc/cpuinfo (or "unknown CPU").
+std::string host_cpu_name();
 
 }  // namespace tandem

@@ -14,8 +14,9 @@
 namespace tandem {
 
 // The presets: "default" (6 layers + 3 DSpark stages), "small" (a second, different DSpark
-// configuration), "preview" (like default, one classic MTP stage, no dspark keys) and "tp8"
-// (4 layers, shardable over 1, 2, 4 or 8 tensor-parallel ranks).
+// configuration), "preview" (like default, one classic MTP stage, no dspark keys), "tp8"
+// (4 layers, shardable over 1, 2, 4 or 8 tensor-parallel ranks) and "long" (like default without
+// CSA layers: cheap enough for 64K-token prompts in tests).
 const std::vector<std::string>& tiny_preset_names();
 
 // Vocabulary facts taken from a tokenizer.json: vocab_size = highest id + 1; the DSpark noise

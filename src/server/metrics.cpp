@@ -86,6 +86,12 @@ std::string MetricsRegistry::render(const EngineMetrics& m, const std::string& m
   metric(out, "tandem:kv_blocks_total", "gauge", "KV blocks in the pool.", l, m.kv_blocks_total);
   metric(out, "tandem:kv_blocks_free", "gauge", "KV blocks free.", l, m.kv_blocks_free);
   metric(out, "tandem:kv_blocks_leaked", "gauge", "KV blocks allocated with no owner (integrity check; must be 0).", l, m.kv_blocks_leaked);
+  metric(out, "tandem:prefill_tokens_pending", "gauge", "Prompt tokens still to prefill (running and waiting requests).", l, m.prefill_tokens_pending);
+  metric(out, "tandem:long_prefill_done_tokens", "gauge", "Prompt tokens prefilled so far by the oldest long prefill in flight (0 when none).", l, m.long_prefill_done_tokens);
+  metric(out, "tandem:long_prefill_prompt_tokens", "gauge", "Prompt length of the oldest long prefill in flight (0 when none).", l, m.long_prefill_prompt_tokens);
+  metric(out, "tandem:watchdog_stalls_total", "counter", "Engine steps the watchdog declared stalled.", l, m.watchdog_stalls_total);
+  if (m.device_allocations_after_start >= 0)
+    metric(out, "tandem:device_allocations_after_start", "gauge", "Device allocations since start-up (must stay 0).", l, m.device_allocations_after_start);
   metric(out, "tandem:http_requests_in_flight", "gauge", "Generation requests the HTTP server holds.", l, in_flight);
   metric(out, "tandem:request_errors_total", "counter", "Requests answered with an error status.", l, errors_);
   return out;

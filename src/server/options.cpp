@@ -5,7 +5,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <set>
+
+#include "common/check.h"
 
 #include <nlohmann/json.hpp>
 
@@ -245,10 +248,102 @@ std::vector<OptionSpec> build_table() {
                  o.shutdown_timeout_s = *r;
                  return Status();
                }});
+  t.push_back({"--profile", "TANDEM_PROFILE", OptionType::kString, "(none)",
+               "production (200K context, 16 seqs, 16384 batched tokens, DSpark K=5, nvfp4 KV, 0.84) | 1m "
+               "(1048576 context, 2 seqs, 4096 batched tokens, 0.75, graphs up to 8); docs/OPERATIONS.md",
+               [](O& o, const std::string& v) -> Status {
+                 for (const auto& p : serve_profiles())
+                   if (v == p.name) {
+                     o.profile = v;
+                     return Status();
+                   }
+                 return invalid_argument("unknown profile '{}' (production | 1m)", v);
+               }});
+  t.push_back({"--allow-experimental-profile", "", OptionType::kBool, "off",
+               "allow flags that contradict --profile (an unqualified, experimental configuration)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_bool(v);
+                 if (!r.ok()) return r.status();
+                 o.allow_experimental_profile = *r;
+                 return Status();
+               }});
+  t.push_back({"--memory-headroom-floor", "TANDEM_MEMORY_HEADROOM_FLOOR", OptionType::kBytes, "1G",
+               "refuse to start when host MemAvailable (or GPU free memory) after the planned pools would be under "
+               "this (0 = no floor)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_byte_size(v);
+                 if (!r.ok()) return r.status();
+                 o.engine.memory_headroom_floor = *r;
+                 return Status();
+               }});
+  t.push_back({"--engine-iteration-timeout", "TANDEM_ENGINE_ITERATION_TIMEOUT_S", OptionType::kDouble, "300",
+               "watchdog: seconds one engine step may make no progress before its requests fail and the server "
+               "exits (0 = off; vLLM's VLLM_ENGINE_ITERATION_TIMEOUT_S)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_double(v);
+                 if (!r.ok()) return r.status();
+                 if (*r < 0 || *r > 86400) return invalid_argument("must be in [0, 86400], got {}", v);
+                 o.engine.engine_iteration_timeout_s = *r;
+                 return Status();
+               }});
+  t.push_back({"--audit-manifest", "TANDEM_AUDIT_MANIFEST", OptionType::kString, "(none)",
+               "JSON runtime contract (tandem audit --manifest); start-up refuses on any mismatch",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("must not be empty");
+                 o.audit_manifest = v;
+                 return Status();
+               }});
   return t;
 }
 
 }  // namespace
+
+const std::vector<ServeProfile>& serve_profiles() {
+  // The seeds' qualified profiles: r0b0tlab's native production lane and the Graph-8 package's
+  // stabilized 1M lane (both keep nvfp4_ds_mla KV and DSpark K5).
+  static const std::vector<ServeProfile> k = {
+      {"production", "r0b0tlab native production lane: 200K ceiling, 16 slots, 16K batched tokens, DSpark K5",
+       {{"--max-model-len", "200000"},
+        {"--max-num-seqs", "16"},
+        {"--max-num-batched-tokens", "16384"},
+        {"--speculative-config", "{\"method\":\"dspark\",\"num_speculative_tokens\":5}"},
+        {"--kv-cache-dtype", "nvfp4_ds_mla"},
+        {"--gpu-memory-utilization", "0.84"}}},
+      {"1m", "Graph-8 stabilized 1M lane: 1,048,576 context, 2 sequences, 4,096 batched tokens, graphs [1,2,4,8]",
+       {{"--max-model-len", "1048576"},
+        {"--max-num-seqs", "2"},
+        {"--max-num-batched-tokens", "4096"},
+        {"--speculative-config", "{\"method\":\"dspark\",\"num_speculative_tokens\":5}"},
+        {"--kv-cache-dtype", "nvfp4_ds_mla"},
+        {"--gpu-memory-utilization", "0.75"},
+        {"--max-cudagraph-capture-size", "8"},
+        {"--block-size", "256"}}},
+  };
+  return k;
+}
+
+nlohmann::json options_fingerprint(const ServeOptions& o) {
+  const EngineConfig& e = o.engine;
+  std::string kv = e.kv_cache_dtype;
+  if (kv == "nvfp4_ds_mla") kv = "nvfp4";
+  if (kv == "fp8_ds_mla") kv = "fp8";
+  return {{"max_model_len", e.max_model_len},
+          {"max_num_seqs", e.max_num_seqs},
+          {"max_num_batched_tokens", e.max_num_batched_tokens},
+          {"block_size", e.block_size},
+          {"kv_cache_dtype", kv},
+          {"kv_cache_memory", e.kv_cache_memory},
+          {"gpu_memory_utilization", e.gpu_memory_utilization},
+          {"enable_prefix_caching", e.enable_prefix_caching},
+          {"tensor_parallel_size", e.tensor_parallel_size},
+          {"max_cudagraph_capture_size", e.max_cudagraph_capture_size},
+          {"speculative_method", e.speculative.method},
+          {"num_speculative_tokens", e.speculative.method.empty() ? 0 : e.speculative.num_speculative_tokens},
+          {"device", e.device},
+          {"memory_headroom_floor", e.memory_headroom_floor},
+          {"engine_iteration_timeout_s", e.engine_iteration_timeout_s},
+          {"profile", o.profile}};
+}
 
 Result<int64_t> parse_byte_size(const std::string& text) {
   size_t i = 0;
@@ -274,8 +369,43 @@ const std::vector<OptionSpec>& serve_option_table() {
   return table;
 }
 
+namespace {
+// Applies o.profile: each setting the user did not give is set; one the user gave must run the
+// same way as the profile's value (checked by applying the profile's value to a copy and
+// comparing fingerprints), unless --allow-experimental-profile.
+Status apply_profile(ServeOptions& o, const std::map<std::string, std::string>& user_values) {
+  const ServeProfile* profile = nullptr;
+  for (const auto& p : serve_profiles())
+    if (o.profile == p.name) profile = &p;
+  if (!profile) return invalid_argument("--profile: unknown profile '{}'", o.profile);
+  for (const auto& [flag, value] : profile->settings) {
+    const OptionSpec* spec = nullptr;
+    for (const auto& s : serve_option_table())
+      if (std::string(s.flag) == flag) spec = &s;
+    TANDEM_CHECK_MSG(spec != nullptr, flag);
+    auto user = user_values.find(flag);
+    if (user == user_values.end()) {
+      TANDEM_RETURN_IF_ERROR(spec->apply(o, value));
+      continue;
+    }
+    ServeOptions with_profile = o;
+    TANDEM_RETURN_IF_ERROR(spec->apply(with_profile, value));
+    if (options_fingerprint(with_profile) == options_fingerprint(o) || o.allow_experimental_profile) continue;
+    return invalid_argument(
+        "{} {} contradicts --profile {} ({} {}); drop the flag, or pass --allow-experimental-profile to run an "
+        "unqualified configuration",
+        flag, user->second, o.profile, flag, value);
+  }
+  return Status();
+}
+}  // namespace
+
 Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, const EnvLookup& env) {
   ServeOptions o;
+  // Serving defaults that differ from the engine library's (which tests use bare).
+  o.engine.memory_headroom_floor = int64_t{1} << 30;
+  o.engine.engine_iteration_timeout_s = 300;
+  std::map<std::string, std::string> user_values;  // flag -> value the user gave (argv or env)
   const auto& table = serve_option_table();
   std::set<std::string> given;
   auto find = [&](const std::string& flag, bool* negative) -> const OptionSpec* {
@@ -314,6 +444,7 @@ Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, c
     for (const auto& v : values) {
       Status st = spec->apply(o, v);
       if (!st.ok()) return invalid_argument("{}: {}", spec->flag, st.message());
+      user_values[spec->flag] = v;
     }
   }
   // Environment fallbacks for flags not given on the command line.
@@ -325,8 +456,10 @@ Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, c
       if (!v) continue;
       Status st = s.apply(o, *v);
       if (!st.ok()) return invalid_argument("{} (from env {}): {}", s.flag, s.env, st.message());
+      user_values[s.flag] = *v;
     }
   }
+  if (!o.profile.empty()) TANDEM_RETURN_IF_ERROR(apply_profile(o, user_values));
   if (o.model.empty()) return invalid_argument("--model is required");
   if (o.served_model_names.empty()) {
     std::string m = o.model;

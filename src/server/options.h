@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 #include "engine/engine.h"
 
@@ -25,8 +27,24 @@ struct ServeOptions {
   int64_t max_body_bytes = 32 << 20;          // 413 above this
   int max_pending_requests = 1024;            // server-side cap on in-flight requests -> 429
   double shutdown_timeout_s = 30.0;           // SIGTERM drain deadline
+  std::string profile;                        // "" | "production" | "1m" (serve_profiles())
+  bool allow_experimental_profile = false;    // flags may contradict the profile
+  std::string audit_manifest;                 // runtime contract to enforce at start-up ("" = none)
   EngineConfig engine;
 };
+
+// A qualified deployment profile of the seeds: flag values applied before the user's flags; a user
+// flag that contradicts one is an error unless --allow-experimental-profile is given.
+struct ServeProfile {
+  const char* name;
+  const char* description;
+  std::vector<std::pair<const char*, const char*>> settings;  // {flag, value}
+};
+const std::vector<ServeProfile>& serve_profiles();
+
+// The options as JSON (engine settings in canonical form: KV dtype aliases resolved, speculative
+// method and K only); two option sets that run the same way give the same JSON.
+nlohmann::json options_fingerprint(const ServeOptions& o);
 
 enum class OptionType { kString, kInt, kDouble, kBool, kStringList, kBytes };
 
