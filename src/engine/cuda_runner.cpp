@@ -6,8 +6,11 @@
 
 #ifdef TANDEM_HAVE_CUDA_RUNNER
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -80,9 +83,55 @@ class CudaRunner : public ModelRunner {
     o.max_graph_batch = std::min(max_graph_batch_, alloc.max_slots);
     model_.reset();
     TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(dir_, o));
+    allocs_at_start_ = kernels::cuda::alloc_stats().count;
     TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
               kv_dtype_name(o.model.kv_dtype), model_->load_report().summary());
     return Status();
+  }
+
+  // ---- operations: audit facts, memory plan, allocation counter ----
+  DeviceFacts device_facts() const override {
+    DeviceFacts f;
+    f.device = device();
+    f.name = kernels::cuda::device_description(0);
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, 0) == cudaSuccess)
+      f.compute_capability = std::to_string(p.major) + "." + std::to_string(p.minor);
+    else
+      cudaGetLastError();
+    const std::string arch = std::string("sm_") + TANDEM_CUDA_ARCHS;
+    for (const auto& op : audit_op_classes()) {
+      std::string path;
+      if (op == "all_reduce") path = "none (single rank)";
+      else if (op == "sampling") path = "host (the engine's sampler over logits copied from the device)";
+      else if (op == "dspark_draft") path = has_draft() ? "cuda:tandem-draft (" + arch + ")" : "none (no draft)";
+      else if (op == "gemm_fp8" || op == "moe_experts_mxfp4" || op == "lm_head")
+        path = "cuda:tandem-gemv-fp32acc (" + arch + ")";
+      else path = "cuda:tandem (" + arch + ")";
+      f.kernels.push_back({op, path});
+    }
+    for (int b = 1; b <= max_graph_batch_; b *= 2) f.cudagraph_capture_sizes.push_back(b);
+    return f;
+  }
+  void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const override {
+    // Weights: the stored bytes of the checkpoint's shards, uploaded as they are.
+    int64_t wbytes = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
+      if (e.path().extension() == ".safetensors") wbytes += static_cast<int64_t>(e.file_size(ec));
+    plan.add(kPoolWeights, device(), wbytes, "the shards' stored bytes (FP8/MXFP4 kept as stored)");
+    plan.add(kPoolKv, device(), int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype),
+             "real bytes of the " + alloc.kv_cache_dtype + " records");
+    plan.add(kPoolSlotState, device(), int64_t{alloc.max_slots} * slot_state_bytes());
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      plan.domains.push_back({device(), static_cast<int64_t>(free_b), static_cast<int64_t>(total_b), "cudaMemGetInfo"});
+    } else {
+      cudaGetLastError();
+    }
+  }
+  int64_t device_allocations_after_start() const override {
+    return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;
   }
 
   Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
@@ -157,6 +206,7 @@ class CudaRunner : public ModelRunner {
   ModelConfig config_;
   ModelOptions probe_;
   int max_graph_batch_ = 0;
+  int64_t allocs_at_start_ = 0;
   std::unique_ptr<CudaModel> model_;
   StepBatch batch_;
   StepOutput step_out_;

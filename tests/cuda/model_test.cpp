@@ -734,10 +734,13 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
       EXPECT_EQ(got[id].tokens, o.tokens) << id << " at concurrency " << conc;
       equal += got[id].tokens == o.tokens;
     }
-    std::printf("[cuda-engine] concurrency %d: %d/20 speculative outputs equal plain greedy; drafts %lld, accepted %lld\n",
+    std::printf("[cuda-engine] concurrency %d: %d/20 speculative outputs equal plain greedy; drafts %lld, accepted %lld; "
+                "device allocations after start-up %lld\n",
                 conc, equal, static_cast<long long>(m.spec_decode_num_draft_tokens_total),
-                static_cast<long long>(m.spec_decode_num_accepted_tokens_total));
+                static_cast<long long>(m.spec_decode_num_accepted_tokens_total),
+                static_cast<long long>(m.device_allocations_after_start));
     EXPECT_GT(m.spec_decode_num_draft_tokens_total, 0);
+    EXPECT_EQ(m.device_allocations_after_start, 0) << "device allocations under load";
   }
 }
 
