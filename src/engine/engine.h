@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "text/token_constraint.h"  // TokenConstraint (requests carry one)
 
 namespace tandem {
 
@@ -61,18 +62,6 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;      // stop strings (not included in the output)
   int logprobs = -1;                  // -1 = off; otherwise number of top alternatives (0..20)
-};
-
-// Grammar constraint on the output (JSON schema / json_object), compiled by the server's grammar
-// module; the engine only asks it which tokens are allowed next.
-class TokenConstraint {
- public:
-  virtual ~TokenConstraint() = default;
-  // Sets allowed[id] for every token id allowed next (allowed.size() == vocab size).
-  virtual void allowed_tokens(std::vector<bool>& allowed) = 0;
-  virtual void accept_token(int32_t token) = 0;
-  virtual bool is_complete() const = 0;  // EOS is allowed only when complete
-  virtual std::unique_ptr<TokenConstraint> clone() const = 0;
 };
 
 struct Request {

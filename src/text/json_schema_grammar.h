@@ -1,6 +1,6 @@
 // Grammar-constrained decoding for JSON: a JSON Schema subset compiled into a character-level
 // pushdown automaton, run over token byte strings through a precomputed token trie, exposed to the
-// engine as a TokenConstraint (engine.h). Used for response_format json_object / json_schema and
+// engine as a TokenConstraint (text/token_constraint.h). Used for response_format json_object / json_schema and
 // for forced tool calls (tool_choice required / named).
 //
 // Supported: type (string|number|integer|boolean|null|object|array, or a list of them), properties,
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/engine.h"
+#include "text/token_constraint.h"
 
 namespace tandem {
 
