@@ -1,8 +1,6 @@
 // `tandem logits --model DIR --tokens-file T.json --out OUT.safetensors`: runs the CPU forward
 // over fixed token ids and writes every position's logits (and DSpark draft outputs) for external
 // checks. The format is documented in docs/LOGITS.md; keep it stable.
-#include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -15,6 +13,7 @@
 #include "common/log.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "server/options.h"
 
 namespace tandem {
 namespace {
@@ -149,20 +148,19 @@ Status run_logits(const std::string& model_dir, const std::string& tokens_file, 
 }
 
 int logits_main(int argc, char** argv) {
-  CLI::App app{"Write every position's logits (and DSpark draft outputs) for fixed token ids (docs/LOGITS.md)."};
-  std::string model_dir, tokens_file, out_path;
-  int threads = 0;
-  app.add_option("--model", model_dir, "model directory")->required();
-  app.add_option("--tokens-file", tokens_file, "JSON {\"prompt\":[ids],\"decode\":[ids],\"prefill_chunks\":[sizes]}")
-      ->required();
-  app.add_option("--out", out_path, "output .safetensors")->required();
-  app.add_option("--threads", threads, "CPU threads (0 = all)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  // Flags come from the one option table (src/server/options.cpp) shared with `serve` and `run`.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto opts = server::parse_options(server::kLogits, args, server::process_env);
+  if (!opts.ok()) {
+    if (opts.status().code() == StatusCode::kCancelled) {
+      std::printf("%s", server::command_help(server::kLogits).c_str());
+      return 0;
+    }
+    std::fprintf(stderr, "tandem logits: %s\n(tandem logits --help lists the options)\n",
+                 opts.status().message().c_str());
+    return 2;
   }
-  Status st = run_logits(model_dir, tokens_file, out_path, threads);
+  Status st = run_logits(opts->model, opts->logits.tokens_file, opts->logits.out, opts->engine.num_threads);
   if (!st.ok()) {
     std::fprintf(stderr, "tandem logits: %s\n", st.to_string().c_str());
     return 1;
