@@ -170,7 +170,7 @@ def first_token_delay(srv, long_tokens, reps):
             if line.startswith(b"data: {") and b'"text":""' not in line:
                 ttft = time.time() - t0
                 break
-        r.read()
+        c.close()  # the first token is all we wait for (closing cancels the rest)
         th.join()
         out.append({"short_first_token_s": ttft, "long_request_s": result.get("long_s")})
     return out
@@ -235,7 +235,7 @@ def main():
     only = set(a.only.split(","))
     out = run_info()
     out["model"] = a.model
-    out["load_before"] = out.pop("loadavg")
+    out["load_before_" + a.only.replace(",", "_")] = out.pop("loadavg")
     common = ["--max-num-batched-tokens", "2048", "--max-model-len", str(a.long_tokens + 4096), "--kv-cache-memory", "1G"]
 
     if "disconnect" in only or "json" in only:
@@ -267,8 +267,13 @@ def main():
                 "median_s": round(statistics.median(ttfts), 3) if ttfts else None}
             print(name, out["short_first_token_during_long_prefill_" + name], flush=True)
 
-    out["load_after"] = sh("cut -d' ' -f1-3 /proc/loadavg")
+    out["load_after_" + a.only.replace(",", "_")] = sh("cut -d' ' -f1-3 /proc/loadavg")
     path = os.path.join(ROOT, "bench", "results", f"robustness-builtin-{out['date']}.json")
+    if os.path.exists(path):  # a partial run (--only) updates that day's file
+        with open(path) as f:
+            merged = json.load(f)
+        merged.update(out)
+        out = merged
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
         f.write("\n")
