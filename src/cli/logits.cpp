@@ -1,8 +1,6 @@
 // `tandem logits --model DIR --tokens-file T.json --out OUT.safetensors [--device cpu|cuda]`: runs
 // the forward (the CPU oracle or the device-resident CUDA model) over fixed token ids and writes every position's logits (and DSpark draft outputs) for external
 // checks. The format is documented in docs/LOGITS.md; keep it stable.
-#include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -13,12 +11,14 @@
 
 #include "cli/command.h"
 #include "common/log.h"
+#include "engine/dsv4_runner.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #ifdef TANDEM_HAVE_CUDA_RUNNER
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
 #endif
+#include "server/options.h"
 
 namespace tandem {
 namespace {
@@ -102,7 +102,9 @@ Status run_logits(const std::string& model_dir, const std::string& tokens_file, 
   opt.num_blocks = static_cast<int>((T + M + 255) / 256 + 1);
   opt.max_tokens_per_step = static_cast<int>(T);
   opt.num_threads = threads;
-  if (device == "cuda") {
+  // auto (the default): the GPU when this build has the CUDA runner and a GPU is visible.
+  const std::string dev = device == "auto" ? (cuda_runner_available() ? "cuda" : "cpu") : device;
+  if (dev == "cuda") {
 #ifdef TANDEM_HAVE_CUDA_RUNNER
     CudaModelOptions copt;
     copt.model = opt;
@@ -115,7 +117,7 @@ Status run_logits(const std::string& model_dir, const std::string& tokens_file, 
     return make_error(StatusCode::kUnimplemented, "--device cuda: this build has no CUDA runner");
 #endif
   }
-  if (device != "cpu") return invalid_argument("--device '{}' is not cpu or cuda", device);
+  if (dev != "cpu") return invalid_argument("--device '{}' is not auto, cpu or cuda", device);
   CpuBackend be;
   TANDEM_ASSIGN_OR_RETURN(be.m, DsV4Model::load(model_dir, opt));
   return run_model(be, T, M, prompt, decode, chunk_ids, opt.num_blocks, out_path);
@@ -200,22 +202,20 @@ Status run_model(Backend& be, int64_t T, int64_t M, const std::vector<int32_t>& 
 }
 
 int logits_main(int argc, char** argv) {
-  CLI::App app{"Write every position's logits (and DSpark draft outputs) for fixed token ids (docs/LOGITS.md)."};
-  std::string model_dir, tokens_file, out_path;
-  int threads = 0;
-  std::string device = "cpu";
-  app.add_option("--model", model_dir, "model directory")->required();
-  app.add_option("--tokens-file", tokens_file, "JSON {\"prompt\":[ids],\"decode\":[ids],\"prefill_chunks\":[sizes]}")
-      ->required();
-  app.add_option("--out", out_path, "output .safetensors")->required();
-  app.add_option("--threads", threads, "CPU threads (0 = all)");
-  app.add_option("--device", device, "cpu (the reference, default) | cuda (the device-resident runner)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  // Flags come from the one option table (src/server/options.cpp) shared with `serve` and `run`.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto opts = server::parse_options(server::kLogits, args, server::process_env);
+  if (!opts.ok()) {
+    if (opts.status().code() == StatusCode::kCancelled) {
+      std::printf("%s", server::command_help(server::kLogits).c_str());
+      return 0;
+    }
+    std::fprintf(stderr, "tandem logits: %s\n(tandem logits --help lists the options)\n",
+                 opts.status().message().c_str());
+    return 2;
   }
-  Status st = run_logits(model_dir, tokens_file, out_path, threads, device);
+  Status st = run_logits(opts->model, opts->logits.tokens_file, opts->logits.out, opts->engine.num_threads,
+                         opts->engine.device);
   if (!st.ok()) {
     std::fprintf(stderr, "tandem logits: %s\n", st.to_string().c_str());
     return 1;

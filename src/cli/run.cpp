@@ -1,13 +1,11 @@
 // `tandem run [--model DIR] --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--top-p P]
-// [--seed S] [--speculative-config JSON]`: generates from one prompt through the public engine API
-// (src/engine/engine.h, the same path the server takes) and streams the text to stdout. Without
-// --model it uses the built-in model (models/builtin, else the source tree's data/builtin).
-#include <CLI/CLI.hpp>
-
+// [--seed S] [--speculative-config JSON] ...`: generates from one prompt through the public engine
+// API (src/engine/engine.h, the same path the server takes) and streams the text to stdout. Flags
+// come from the one option table (src/server/options.cpp) shared with `serve`. Without --model it
+// uses the built-in model (models/builtin, else the source tree's data/builtin).
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,50 +14,17 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "engine/engine.h"
+#include "server/options.h"
 #include "text/encoding_dsv4.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
 namespace {
 
-struct RunArgs {
-  std::string model_dir, prompt, speculative_config, device = "auto";
-  bool chat = false;
-  int max_tokens = 128;
-  double temperature = 1.0, top_p = 1.0;
-  uint64_t seed = 0;
-  int threads = 0;
-  bool verbose = false;
-};
-
-std::string default_model_dir() {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists("models/builtin/config.json", ec)) return "models/builtin";
-#ifdef TANDEM_SOURCE_DIR
-  const std::string src = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
-  if (fs::exists(src + "/config.json", ec)) return src;
-#endif
-  return "data/builtin";
-}
-
-Status run(RunArgs a) {
-  if (a.max_tokens < 1) return invalid_argument("--max-tokens must be >= 1");
-  if (a.temperature < 0) return invalid_argument("--temperature must be >= 0");
-  if (a.top_p <= 0 || a.top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
-  if (a.model_dir.empty()) a.model_dir = default_model_dir();
+Status run(const server::ServeOptions& o) {
+  const server::RunOptions& a = o.run;
   if (!a.verbose) set_log_level(LogLevel::kWarn);  // keep the terminal for the generated text
-
-  EngineConfig cfg;
-  cfg.model_dir = a.model_dir;
-  cfg.device = a.device;
-  cfg.max_num_seqs = 1;
-  cfg.num_threads = a.threads;
-  cfg.kv_cache_memory = int64_t{256} << 20;
-  if (!a.speculative_config.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(cfg.speculative, parse_speculative_config(a.speculative_config));
-  }
-  TANDEM_ASSIGN_OR_RETURN(auto engine, Engine::create(cfg));
+  TANDEM_ASSIGN_OR_RETURN(auto engine, Engine::create(o.engine));
 
   std::string text = a.prompt;
   if (a.chat) {
@@ -75,7 +40,7 @@ Status run(RunArgs a) {
     req.prompt_tokens.insert(req.prompt_tokens.begin(), bos);
   req.sampling.temperature = a.temperature;
   req.sampling.top_p = a.top_p;
-  req.sampling.seed = a.seed;
+  req.sampling.seed = o.engine.default_seed;
   req.sampling.max_tokens = a.max_tokens;
 
   std::mutex mu;
@@ -124,26 +89,17 @@ Status run(RunArgs a) {
 }
 
 int run_main(int argc, char** argv) {
-  CLI::App app{"Generate text from one prompt through the engine (streams to stdout)."};
-  RunArgs a;
-  app.add_option("--model", a.model_dir, "model directory (default: the built-in model)");
-  app.add_option("--prompt", a.prompt, "prompt text")->required();
-  app.add_flag("--chat", a.chat, "wrap the prompt as one user turn of the DeepSeek-V4 chat format");
-  app.add_option("--max-tokens", a.max_tokens, "tokens to generate (default 128)");
-  app.add_option("--temperature", a.temperature, "sampling temperature, 0 = greedy (default 1.0)");
-  app.add_option("--top-p", a.top_p, "nucleus sampling mass (default 1.0)");
-  app.add_option("--seed", a.seed, "sampling seed (default 0)");
-  app.add_option("--threads", a.threads, "CPU threads (0 = all)");
-  app.add_option("--device", a.device, "auto (the GPU when present) | cpu | cuda");
-  app.add_flag("--verbose", a.verbose, "log the engine's start-up and progress lines");
-  app.add_option("--speculative-config", a.speculative_config,
-                 "vLLM-style JSON, e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto opts = server::parse_options(server::kRun, args, server::process_env);
+  if (!opts.ok()) {
+    if (opts.status().code() == StatusCode::kCancelled) {
+      std::printf("%s", server::command_help(server::kRun).c_str());
+      return 0;
+    }
+    std::fprintf(stderr, "tandem run: %s\n(tandem run --help lists the options)\n", opts.status().message().c_str());
+    return 2;
   }
-  Status st = run(a);
+  Status st = run(*opts);
   if (!st.ok()) {
     std::fprintf(stderr, "tandem run: %s\n", st.to_string().c_str());
     return 1;

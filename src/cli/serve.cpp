@@ -47,11 +47,7 @@ void load_generation_config(const tandem::server::ServeOptions& o, tandem::serve
 int run_serve(int argc, char** argv) {
   using namespace tandem;
   std::vector<std::string> args(argv + 1, argv + argc);
-  auto opts = server::parse_serve_options(args, [](const std::string& name) -> std::optional<std::string> {
-    const char* v = std::getenv(name.c_str());
-    if (!v) return std::nullopt;
-    return std::string(v);
-  });
+  auto opts = server::parse_serve_options(args, server::process_env);
   if (!opts.ok()) {
     if (opts.status().code() == StatusCode::kCancelled) {
       std::printf("%s", server::serve_help().c_str());
@@ -89,6 +85,8 @@ int run_serve(int argc, char** argv) {
   cfg.max_body_bytes = o.max_body_bytes;
   cfg.http_threads = o.http_threads;
   cfg.max_pending_requests = o.max_pending_requests;
+  cfg.json_whitespace = o.json_whitespace;
+  cfg.request_timeout_s = o.request_timeout_s;
   load_generation_config(o, cfg);
 
   server::HttpServer http(cfg);
@@ -107,6 +105,8 @@ int run_serve(int argc, char** argv) {
     eo.max_num_seqs = std::max(o.engine.max_num_seqs, 1);
     engine = std::make_unique<server::EchoEngine>(eo);
   } else {
+    TLOG_INFO("serve", "loading {}: config, weights (mapped), tokenizer, then the KV pool{}", o.model,
+              o.engine.speculative.method.empty() ? "" : " and the speculative planner's timing");
     auto e = Engine::create(o.engine);
     if (!e.ok()) {
       std::fprintf(stderr, "tandem serve: loading %s: %s\n", o.model.c_str(), e.status().message().c_str());

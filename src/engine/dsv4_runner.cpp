@@ -93,6 +93,7 @@ class Dsv4Runner : public ModelRunner {
     o.block_size = alloc.block_size;
     o.max_tokens_per_step = alloc.max_tokens_per_step;
     o.max_rollback = std::max(alloc.max_verify_tokens, 1);
+    num_draft_tokens_ = alloc.num_draft_tokens;
     o.num_threads = num_threads_;
     o.load_draft = true;
     o.tp_rank = tp_rank_;
@@ -179,6 +180,7 @@ class Dsv4Runner : public ModelRunner {
       DraftSampling ds;
       ds.temperature = 0;
       ds.want_probs = false;
+      ds.num_tokens = num_draft_tokens_;
       std::mt19937_64 rng(0);
       TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, rng, results_));
       for (size_t k = 0; k < greedy_idx_.size(); ++k) fill(results_[k], out[greedy_idx_[k]], false, V);
@@ -188,6 +190,7 @@ class Dsv4Runner : public ModelRunner {
       DraftSampling ds;
       ds.temperature = reqs[i].temperature;
       ds.want_probs = true;
+      ds.num_tokens = num_draft_tokens_;
       std::mt19937_64 rng(mix64(reqs[i].seed ^ mix64(static_cast<uint64_t>(reqs[i].position) + 0xD5A3)));
       model_reqs_.assign(1, {reqs[i].slot, reqs[i].anchor, reqs[i].position});
       TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, rng, results_));
@@ -226,6 +229,7 @@ class Dsv4Runner : public ModelRunner {
   ModelConfig config_;
   ModelOptions probe_;            // the options the sizes were computed for (block size 256)
   int64_t slot_state_bytes_ = 0;
+  int num_draft_tokens_ = 0;  // K from the engine (RunnerAllocation); 0 = the whole draft block
   std::unique_ptr<DsV4Model> model_;  // created by allocate()
   StepBatch batch_;
   StepOutput step_out_;

@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "engine/runtime_facts.h"
+#include "text/token_constraint.h"  // TokenConstraint (requests carry one)
 
 namespace tandem {
 
@@ -34,6 +35,11 @@ struct EngineConfig {
   std::string device = "auto";           // "auto" | "cpu" | "cuda"
   int max_num_seqs = 8;
   int max_num_batched_tokens = 2048;
+  // vLLM's chunked-prefill fairness knobs. A prompt with more than the threshold tokens left is
+  // "long": while other requests run or wait, each of its chunks is capped at the threshold (0 =
+  // max_num_batched_tokens / 4), and at most max_num_partial_prefills long prompts prefill at once.
+  int long_prefill_token_threshold = 0;
+  int max_num_partial_prefills = 1;
   int64_t max_model_len = 0;             // 0 = from the model (capped by KV capacity)
   int block_size = 256;
   std::string kv_cache_dtype = "auto";   // auto|bf16|fp8|nvfp4 (+ fp8_ds_mla, nvfp4_ds_mla)
@@ -79,28 +85,19 @@ struct SamplingParams {
   int logprobs = -1;                  // -1 = off; otherwise number of top alternatives (0..20)
 };
 
-// Grammar constraint on the output (JSON schema / json_object), compiled by the server's grammar
-// module; the engine only asks it which tokens are allowed next.
-class TokenConstraint {
- public:
-  virtual ~TokenConstraint() = default;
-  // Sets allowed[id] for every token id allowed next (allowed.size() == vocab size).
-  virtual void allowed_tokens(std::vector<bool>& allowed) = 0;
-  virtual void accept_token(int32_t token) = 0;
-  virtual bool is_complete() const = 0;  // EOS is allowed only when complete
-  virtual std::unique_ptr<TokenConstraint> clone() const = 0;
-};
-
 struct Request {
   std::string request_id;
   std::vector<int32_t> prompt_tokens;
   SamplingParams sampling;
   std::shared_ptr<TokenConstraint> constraint;  // null = unconstrained
   int priority = 0;
+  // Deadline in seconds from submit (0 = none): past it the request ends with kTimeout, its
+  // blocks and slot freed, at the next step boundary.
+  double timeout_s = 0.0;
 };
 
-enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
-const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError, kTimeout };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error", "timeout"
 
 struct TokenLogprob {
   int32_t token = 0;

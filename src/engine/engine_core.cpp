@@ -38,6 +38,7 @@ struct EngineCore::Seq {
   std::unique_ptr<TextStream> text;
   Usage usage;
   Clock::time_point arrival, last_event;
+  Clock::time_point deadline = Clock::time_point::max();  // Request::timeout_s after arrival
   bool got_first = false;
   Clock::time_point prefill_start, prefill_logged;  // long prefills only
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
@@ -91,6 +92,10 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
     return invalid_argument("--max-num-seqs {} must be in [1, 4096]", config.max_num_seqs);
   if (config.max_num_batched_tokens < 1)
     return invalid_argument("--max-num-batched-tokens {} must be >= 1", config.max_num_batched_tokens);
+  if (config.long_prefill_token_threshold < 0)
+    return invalid_argument("--long-prefill-token-threshold {} must be >= 0", config.long_prefill_token_threshold);
+  if (config.max_num_partial_prefills < 1)
+    return invalid_argument("--max-num-partial-prefills {} must be >= 1", config.max_num_partial_prefills);
   if (config.block_size < 1 || config.block_size > 65536)
     return invalid_argument("--block-size {} must be in [1, 65536]", config.block_size);
   if (config.max_model_len < 0) return invalid_argument("--max-model-len {} must be >= 0", config.max_model_len);
@@ -178,6 +183,7 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   alloc.max_slots = config.max_num_seqs;
   alloc.max_tokens_per_step = config.max_num_batched_tokens;
   alloc.max_verify_tokens = num_spec_tokens_ + 1;
+  alloc.num_draft_tokens = num_spec_tokens_;
   alloc.kv_cache_dtype = kv_dtype_;
   // ---- the memory plan: every pool named and checked against the headroom floor before any
   // of them is allocated (the seeds' OOM came from the host running out under load) ----
@@ -221,13 +227,19 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   done_.reserve(config.max_num_seqs);
   draft_limits_.reserve(config.max_num_seqs);
   draft_pick_.reserve(config.max_num_seqs);
-  if (planner_ && sc.verify_mode == "auto" && options_.profile_spec_costs)
+  if (planner_ && sc.verify_mode == "auto" && options_.profile_spec_costs) {
+    if (options_.log_startup)
+      TLOG_INFO("engine", "speculative planner: timing batch shapes on this machine (at most {:.0f} s)...",
+                options_.profile_budget_s);
     TANDEM_RETURN_IF_ERROR(profile_costs().with_context("profiling batch shapes for the speculative planner"));
+  }
   if (options_.log_startup)
     TLOG_INFO("engine",
               "KV cache: {} blocks x {} tokens = {} tokens capacity ({} KV, {} bytes/block) + {} slot snapshots x {} "
               "bytes = {:.1f} MiB from {}; max_model_len {}; max_num_seqs {}; prefix caching {}; speculative {}",
-              num_blocks, bs, capacity, kv_dtype_, kv_block_bytes, num_snapshots, final_snapshot_bytes,
+              num_blocks, bs, capacity,
+              config.kv_cache_dtype == kv_dtype_ ? kv_dtype_ : fmt::format("{} = {}", config.kv_cache_dtype, kv_dtype_),
+              kv_block_bytes, num_snapshots, final_snapshot_bytes,
               static_cast<double>(num_blocks * kv_block_bytes + num_snapshots * final_snapshot_bytes) / (1 << 20),
               budget_from, info_.max_model_len,
               config.max_num_seqs, config.enable_prefix_caching ? "on" : "off",
@@ -312,11 +324,14 @@ Status EngineCore::profile_costs() {
   };
   if (st.ok()) st = time_shape(1, 0, false);  // warm-up (first-touch pages, thread start)
   if (st.ok()) st = time_draft(1, false);
-  for (int rep = 0; rep < kReps && st.ok(); ++rep) {
-    for (int b = 1; b <= max_b && st.ok(); b *= 2) {
-      for (int L = 0; L <= K && st.ok(); ++L)
+  // Shapes in order of use (one sequence first); the wall-time budget cuts the rest.
+  auto over = [&] { return seconds_since(t_start) >= options_.profile_budget_s; };
+  bool cut = false;
+  for (int rep = 0; rep < kReps && st.ok() && !cut; ++rep) {
+    for (int b = 1; b <= max_b && st.ok() && !cut; b *= 2) {
+      for (int L = 0; L <= K && st.ok() && !(cut = over()); ++L)
         if (b * (1 + L) <= budget) st = time_shape(b, L, true);
-      if (st.ok()) st = time_draft(b, true);
+      if (st.ok() && !(cut = cut || over())) st = time_draft(b, true);
     }
   }
   for (int b = 0; b < max_b; ++b) {
@@ -326,9 +341,10 @@ Status EngineCore::profile_costs() {
   TANDEM_RETURN_IF_ERROR(st);
   if (options_.log_startup)
     TLOG_INFO("engine",
-              "speculative planner: measured in {:.2f} s: forward {:.2f} ms (1 token), {:.2f} ms ({} tokens of one "
+              "speculative planner: measured in {:.2f} s{}: forward {:.2f} ms (1 token), {:.2f} ms ({} tokens of one "
               "sequence), {:.2f} ms ({} sequences x 1 token); draft {:.2f} ms (1 request), {:.2f} ms ({} requests)",
-              seconds_since(t_start), 1e3 * planner_->predict_forward(1, 1), 1e3 * planner_->predict_forward(1, 1 + K),
+              seconds_since(t_start), cut ? " (budget reached; the rest is learned while serving)" : "",
+              1e3 * planner_->predict_forward(1, 1), 1e3 * planner_->predict_forward(1, 1 + K),
               1 + K, 1e3 * planner_->predict_forward(max_b, max_b), max_b, 1e3 * planner_->predict_draft(1),
               1e3 * planner_->predict_draft(max_b), max_b);
   return Status();
@@ -340,6 +356,8 @@ Status EngineCore::validate(const Request& r) const {
   const SamplingParams& sp = r.sampling;
   if (r.request_id.empty()) return invalid_argument("request_id is empty");
   if (r.prompt_tokens.empty()) return invalid_argument("request {}: the prompt has no tokens", r.request_id);
+  if (!(r.timeout_s >= 0 && std::isfinite(r.timeout_s)))
+    return invalid_argument("request {}: timeout {} must be a finite number of seconds >= 0", r.request_id, r.timeout_s);
   for (size_t i = 0; i < r.prompt_tokens.size(); ++i)
     if (r.prompt_tokens[i] < 0 || r.prompt_tokens[i] >= info_.vocab_size)
       return invalid_argument("request {}: prompt token {} at index {} is outside the vocabulary [0, {})",
@@ -389,6 +407,8 @@ Status EngineCore::add_request(Request request, EventCallback on_event) {
   s->text = std::make_unique<TextStream>(runner_->tokenizer(), s->sp.stop);
   s->usage.prompt_tokens = s->prompt_len;
   s->arrival = Clock::now();
+  if (request.timeout_s > 0)
+    s->deadline = s->arrival + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(request.timeout_s));
   waiting_.push_back(s.get());
   seqs_[s->id] = std::move(s);
   return Status();
@@ -488,23 +508,35 @@ void EngineCore::preempt(Seq& s) {
   ++m_.num_preemptions_total;
 }
 
-bool EngineCore::try_admit(Seq& s, int64_t& budget) {
+int64_t EngineCore::long_prefill_threshold() const {
+  if (config_.long_prefill_token_threshold > 0) return config_.long_prefill_token_threshold;
+  return std::max(1, config_.max_num_batched_tokens / 4);
+}
+
+EngineCore::Admit EngineCore::try_admit(Seq& s, int64_t& budget, bool contended, int& long_prefills) {
   const int bs = kv_->block_size();
   std::vector<int32_t> hit_blocks;
   std::vector<uint64_t> hit_hashes;
   int max_blocks = static_cast<int>((static_cast<int64_t>(s.tokens.size()) - 1) / bs);
   kv_->find_cached_prefix(s.tokens, max_blocks, hit_blocks, hit_hashes);
   const int64_t hit = static_cast<int64_t>(hit_blocks.size()) * bs;
+  // A long prompt waits while max_num_partial_prefills long ones prefill (short ones go ahead),
+  // and under contention prefills at most the threshold per step.
+  const int64_t threshold = long_prefill_threshold();
+  const bool is_long = static_cast<int64_t>(s.tokens.size()) - hit > threshold;
+  if (is_long && long_prefills >= config_.max_num_partial_prefills) return Admit::kSkipped;
   s.num_computed = hit;
-  int64_t n = prefill_chunk(s, budget);
+  int64_t n = prefill_chunk(s, contended && is_long ? std::min(budget, threshold) : budget);
   kv_->acquire(hit_blocks);
   s.block_table = hit_blocks;
   if (!ensure_blocks(s, hit + n)) {
     kv_->release(s.block_table);
+    s.block_table.clear();
     s.num_computed = 0;
-    return false;
+    return Admit::kNoRoom;
   }
-  waiting_.pop_front();
+  if (is_long) ++long_prefills;
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &s));
   s.slot = free_slots_.back();
   free_slots_.pop_back();
   runner_->reset(s.slot);
@@ -514,7 +546,7 @@ bool EngineCore::try_admit(Seq& s, int64_t& budget) {
     if (!st.ok()) {
       running_.push_back(&s);  // finish() removes it again
       finish(s, FinishReason::kError, st.message(), nullptr);
-      return true;
+      return Admit::kAdmitted;
     }
   }
   s.block_hashes = hit_hashes;
@@ -535,17 +567,33 @@ bool EngineCore::try_admit(Seq& s, int64_t& budget) {
   s.scheduled = n;
   budget -= n;
   scheduled_.push_back(&s);
-  return true;
+  return Admit::kAdmitted;
+}
+
+void EngineCore::expire_deadlines() {
+  const auto now = Clock::now();
+  done_.clear();
+  for (const auto& [id, s] : seqs_)
+    if (s->deadline <= now) done_.push_back(s.get());
+  for (Seq* s : done_) finish(*s, FinishReason::kTimeout, "", nullptr);
+  done_.clear();
 }
 
 Status EngineCore::step() {
   ++steps_;
+  expire_deadlines();
+  if (!has_work()) return Status();
   if (spec_enabled()) plan_verify();
   int64_t budget = config_.max_num_batched_tokens;
   scheduled_.clear();
   for (Seq* s : running_) s->scheduled = 0;
 
-  // Running requests: decodes (and verifies) first, then partial prefills, in arrival order.
+  // Running requests: decodes (and verifies) first, then partial prefills, in arrival order. While
+  // anyone else runs or waits, a long prefill takes at most long_prefill_threshold() tokens, so
+  // decodes and new arrivals get into every step; at most max_num_partial_prefills long ones go.
+  const bool contended = running_.size() + waiting_.size() > 1;
+  const int64_t threshold = long_prefill_threshold();
+  int long_prefills = 0;
   order_.assign(running_.begin(), running_.end());  // reserved at start-up: no allocation
   const std::vector<Seq*>& order = order_;
   for (int pass = 0; pass < 2; ++pass) {
@@ -560,7 +608,10 @@ Status EngineCore::step() {
         n = 1 + s->num_verify;
       } else {
         s->num_verify = 0;
-        n = prefill_chunk(*s, budget);
+        const bool is_long = static_cast<int64_t>(s->tokens.size()) - s->num_computed > threshold;
+        if (is_long && long_prefills >= config_.max_num_partial_prefills) continue;
+        n = prefill_chunk(*s, contended && is_long ? std::min(budget, threshold) : budget);
+        if (is_long) ++long_prefills;
       }
       bool fits = true;
       while (!ensure_blocks(*s, s->num_computed + n)) {
@@ -585,9 +636,12 @@ Status EngineCore::step() {
       scheduled_.push_back(s);
     }
   }
-  // New (and preempted) requests, strictly first come first served.
-  while (!waiting_.empty() && budget > 0 && !free_slots_.empty()) {
-    if (!try_admit(*waiting_.front(), budget)) break;
+  // New (and preempted) requests, first come first served, except that a long prompt over the
+  // partial-prefill limit lets the ones behind it go ahead. No KV room stops admission.
+  for (size_t i = 0; i < waiting_.size() && budget > 0 && !free_slots_.empty();) {
+    Admit a = try_admit(*waiting_[i], budget, contended, long_prefills);
+    if (a == Admit::kNoRoom) break;
+    if (a == Admit::kSkipped) ++i;  // (admitted ones leave waiting_: i is already the next)
   }
 
   if (!scheduled_.empty()) {

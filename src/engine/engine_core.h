@@ -2,7 +2,8 @@
 // forward, sample/verify, rollback, draft. The scheduler rule (vLLM v1): every request has
 // num_computed tokens chasing a target (its tokens plus the drafts chosen for verification); each
 // step gives the chase a share of max_num_batched_tokens — decodes first, then partial prefills,
-// then new requests in arrival order — which covers prefill, chunked prefill, prefix-cache hits,
+// then new requests in arrival order, a long prefill capped so the others get into every step —
+// which covers prefill, chunked prefill, prefix-cache hits,
 // decode and speculative verify alike. When the KV pool cannot cover a chase, the latest-arrived
 // running request is preempted (blocks freed, recomputed later from its tokens). Engine (engine.cpp)
 // drives it from a thread; tests drive it directly, step by step.
@@ -37,6 +38,9 @@ struct CoreOptions {
   // verify_mode auto: time every batch shape (forward per token count, draft per request count)
   // on dummy sequences at start-up, so the planner's first decisions use this machine's costs.
   bool profile_spec_costs = true;
+  // Wall-time bound on that profile: start-up never waits longer on it, however loaded the
+  // machine; shapes not reached keep the planner's priors and are learned from live steps.
+  double profile_budget_s = 3.0;
 };
 
 // Canonical KV dtype for a flag value: auto -> first the runner supports of fp8, bf16;
@@ -89,7 +93,10 @@ class EngineCore {
   void plan_verify();
   bool ensure_blocks(Seq& s, int64_t total_tokens);
   void preempt(Seq& s);
-  bool try_admit(Seq& s, int64_t& budget);
+  enum class Admit { kAdmitted, kSkipped, kNoRoom };
+  Admit try_admit(Seq& s, int64_t& budget, bool contended, int& long_prefills);
+  int64_t long_prefill_threshold() const;  // --long-prefill-token-threshold (0 = budget / 4)
+  void expire_deadlines();  // finishes requests past their Request::timeout_s with kTimeout
   int64_t prefill_chunk(const Seq& s, int64_t budget) const;
   int verify_limit(const Seq& s) const;       // drafts it may verify next step
   int64_t pending_prefill_tokens() const;     // prompt tokens the next forward may carry

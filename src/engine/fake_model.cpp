@@ -268,7 +268,9 @@ void FakeModelRunner::draft_insert_context(int slot, int64_t start_pos, std::spa
 }
 
 Status FakeModelRunner::draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) {
-  const int K = config_.num_draft_tokens;
+  // K from the engine when it gave one (as the real draft does), else the whole block.
+  const int K = alloc_.num_draft_tokens > 0 ? std::min(alloc_.num_draft_tokens, config_.num_draft_tokens)
+                                            : config_.num_draft_tokens;
   const int64_t V = config_.vocab_size;
   out.resize(reqs.size());
   std::vector<float> l(V);

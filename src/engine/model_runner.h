@@ -24,6 +24,7 @@ struct RunnerAllocation {
   int max_slots = 0;            // sequences with live per-slot state (= max_num_seqs)
   int max_tokens_per_step = 0;  // scratch sizing (= max_num_batched_tokens)
   int max_verify_tokens = 1;    // K+1: the most a slot may roll back in one step
+  int num_draft_tokens = 0;     // K: tokens each draft_propose drafts (0 = no drafting)
   std::string kv_cache_dtype;   // canonical: "bf16" | "fp8" | "nvfp4"
 };
 
@@ -91,7 +92,7 @@ class ModelRunner {
 
   // ---- DSpark draft ----
   virtual bool has_draft() const = 0;
-  virtual int num_draft_tokens() const = 0;  // the draft block size (K)
+  virtual int num_draft_tokens() const = 0;  // the draft block size: the largest K it can draft
   // Inserts target taps rows (from the last forward) for positions [start_pos, start_pos + rows).
   virtual void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps,
                                     int64_t rows) = 0;

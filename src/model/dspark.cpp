@@ -95,7 +95,11 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
   Impl& m = *impl_;
   const ModelConfig& c = m.cfg;
   if (!m.w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
-  const int64_t K = c.dspark_block_size, D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
+  if (sampling.num_tokens < 0 || sampling.num_tokens > c.dspark_block_size)
+    return invalid_argument("draft_propose: {} draft tokens requested, the draft block holds {}", sampling.num_tokens,
+                            c.dspark_block_size);
+  const int64_t K = sampling.num_tokens > 0 ? sampling.num_tokens : c.dspark_block_size;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
   // Local heads: the stages are sharded like the target's blocks (every stage has the same count).
   const int64_t H = m.w.draft.stages[0].attn.n_local_heads, hd = c.head_dim, W = c.sliding_window;
   const int64_t R = c.dspark_markov_rank, ql = c.q_lora_rank;

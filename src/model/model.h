@@ -131,6 +131,9 @@ struct DraftRequest {
 struct DraftSampling {
   double temperature = 0.0;     // 0 = greedy (argmax of the Markov-corrected logits)
   bool want_probs = false;      // fill probs with q_i = softmax(z_i / T) (T=0: one-hot)
+  // Tokens drafted per request: the block [anchor, noise x (K-1)] is cut to K rows, so a smaller
+  // K costs proportionally less. 0 = the checkpoint's dspark_block_size.
+  int64_t num_tokens = 0;
 };
 
 struct DraftResult {

@@ -257,6 +257,7 @@ bool EchoEngine::step_one(Seq& s, RequestEvent& ev, double now) {
     return true;
   };
   if (s.cancel) return finish(FinishReason::kCancelled);
+  if (s.req.timeout_s > 0 && now - s.t_submit >= s.req.timeout_s) return finish(FinishReason::kTimeout);
   if (s.prefill_left > 0) {
     --s.prefill_left;
     return false;
@@ -336,6 +337,7 @@ void EchoEngine::loop() {
         if ((*it)->cancel) {
           RequestEvent ev;
           step_one(**it, ev, now);
+          ++cancelled_;
           out.emplace_back((*it)->cb, std::move(ev));
           it = waiting_.erase(it);
         } else {

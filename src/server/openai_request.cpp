@@ -257,6 +257,10 @@ void parse_sampling(const json& body, ParsedRequest& r) {
     }
   }
   if (present(body, "ignore_eos")) s.ignore_eos = get_bool(body, "ignore_eos");
+  if (present(body, "request_timeout")) {
+    r.request_timeout_s = get_number(body, "request_timeout", 0.0, 604800.0);
+    if (r.request_timeout_s <= 0.0) fail("'request_timeout' must be a number of seconds > 0", "request_timeout");
+  }
   if (present(body, "stop")) {
     const json& st = body["stop"];
     if (st.is_string()) {

@@ -50,6 +50,7 @@ struct ParsedRequest {
 
   SamplingParams sampling;               // fields the client did not set keep engine defaults
   bool max_tokens_set = false;
+  double request_timeout_s = 0.0;        // "request_timeout" (seconds; 0 = the server's --request-timeout)
   bool temperature_set = false, top_p_set = false, top_k_set = false;
   int n = 1;
   bool stream = false;

@@ -1,10 +1,11 @@
-// The `tandem serve` option table and its argv/env parser.
+// The option table of `tandem serve`, `run` and `logits`, and its argv/env parser.
 #include "server/options.h"
 
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -40,48 +41,6 @@ Result<bool> parse_bool(const std::string& v) {
   return invalid_argument("expected true/false, got '{}'", v);
 }
 
-// vLLM's --speculative-config JSON. (engine.h declares parse_speculative_config too; the server
-// validates here so a bad value fails at flag parsing, before the model loads.)
-Result<SpeculativeConfig> parse_speculative_json(const std::string& text) {
-  SpeculativeConfig c;
-  if (text.empty()) return c;
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return invalid_argument("expected a JSON object, got '{}'", text);
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    const auto& v = it.value();
-    if (k == "method") {
-      if (!v.is_string()) return invalid_argument("\"method\" must be a string");
-      c.method = v.get<std::string>();
-      if (c.method == "mtp") c.method = "dspark";  // the checkpoint's drafter, whatever vLLM calls it
-      if (c.method != "dspark" && !c.method.empty())
-        return invalid_argument("unsupported speculative method '{}' (dspark)", c.method);
-    } else if (k == "num_speculative_tokens") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 16)
-        return invalid_argument("\"num_speculative_tokens\" must be an integer in [1, 16]");
-      c.num_speculative_tokens = v.get<int>();
-    } else if (k == "verify_mode") {
-      if (!v.is_string()) return invalid_argument("\"verify_mode\" must be a string");
-      c.verify_mode = v.get<std::string>();
-      if (c.verify_mode != "auto" && c.verify_mode != "fixed" && c.verify_mode != "threshold")
-        return invalid_argument("\"verify_mode\" must be auto, fixed or threshold");
-    } else if (k == "confidence_threshold") {
-      if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1)
-        return invalid_argument("\"confidence_threshold\" must be a number in [0, 1]");
-      c.confidence_threshold = v.get<double>();
-    } else if (k == "draft_sample_method") {
-      if (!v.is_string() || (v.get<std::string>() != "greedy" && v.get<std::string>() != "sample"))
-        return invalid_argument("\"draft_sample_method\" must be greedy or sample");
-      c.draft_sample_method = v.get<std::string>();
-    } else if (k == "model" || k == "draft_tensor_parallel_size") {
-      // vLLM keys that have no meaning here (the drafter lives in the checkpoint).
-    } else {
-      return invalid_argument("unknown key \"{}\"", k);
-    }
-  }
-  return c;
-}
-
 // Integer option in [lo, hi] stored through `set`.
 template <typename F>
 std::function<Status(ServeOptions&, const std::string&)> int_in(int64_t lo, int64_t hi, F set) {
@@ -97,7 +56,7 @@ std::function<Status(ServeOptions&, const std::string&)> int_in(int64_t lo, int6
 std::vector<OptionSpec> build_table() {
   using O = ServeOptions;
   std::vector<OptionSpec> t;
-  t.push_back({"--model", "TANDEM_MODEL", OptionType::kString, "(required)",
+  t.push_back({"--model", "TANDEM_MODEL", OptionType::kString, "the built-in model",
                "model directory (config.json, tokenizer.json, *.safetensors)",
                [](O& o, const std::string& v) -> Status {
                  if (v.empty()) return invalid_argument("must not be empty");
@@ -162,8 +121,13 @@ std::vector<OptionSpec> build_table() {
   t.push_back({"--speculative-config", "", OptionType::kString, "(off)",
                "JSON, e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'",
                [](O& o, const std::string& v) -> Status {
-                 auto r = parse_speculative_json(v);
-                 if (!r.ok()) return r.status();
+                 auto r = parse_speculative_config(v);  // the one parser (src/engine/speculative_config.cpp)
+                 if (!r.ok()) {  // its messages already name the flag
+                   std::string m = r.status().message();
+                   const std::string prefix = "--speculative-config: ";
+                   if (m.rfind(prefix, 0) == 0) m = m.substr(prefix.size());
+                   return invalid_argument("{}", m);
+                 }
                  o.engine.speculative = *r;
                  return Status();
                }});
@@ -293,6 +257,91 @@ std::vector<OptionSpec> build_table() {
                  o.audit_manifest = v;
                  return Status();
                }});
+  t.push_back({"--long-prefill-token-threshold", "", OptionType::kInt, "0 (max-num-batched-tokens / 4)",
+               "a prompt with more tokens left is long: it prefills at most this many tokens per step "
+               "while other requests run or wait, so they get tokens in every step",
+               int_in(0, 1 << 24, [](O& o, int64_t x) { o.engine.long_prefill_token_threshold = static_cast<int>(x); })});
+  t.push_back({"--max-num-partial-prefills", "", OptionType::kInt, "1",
+               "long prompts prefilled at once; further long prompts wait while short ones go ahead",
+               int_in(1, 4096, [](O& o, int64_t x) { o.engine.max_num_partial_prefills = static_cast<int>(x); })});
+  t.push_back({"--request-timeout", "", OptionType::kDouble, "0 (none)",
+               "seconds a request may run before it ends with finish_reason \"timeout\" (a request's own "
+               "\"request_timeout\" may shorten it)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_double(v);
+                 if (!r.ok()) return r.status();
+                 if (*r < 0 || *r > 86400 * 7) return invalid_argument("must be in [0, 604800], got {}", v);
+                 o.request_timeout_s = *r;
+                 return Status();
+               }});
+  t.push_back({"--json-whitespace", "", OptionType::kString, "formatted",
+               "whitespace allowed in constrained JSON (response_format, forced tool calls): formatted "
+               "(one space, or a newline and an indent per level) | none",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = json_grammar::parse_json_whitespace(v);
+                 if (!r.ok()) return r.status();
+                 o.json_whitespace = *r;
+                 return Status();
+               }});
+  // ---- tandem run ----
+  t.push_back({"--prompt", "", OptionType::kString, "(required)", "prompt text",
+               [](O& o, const std::string& v) -> Status {
+                 o.run.prompt = v;
+                 return Status();
+               }, nullptr, kRun});
+  t.push_back({"--chat", "", OptionType::kBool, "off", "wrap the prompt as one user turn of the DeepSeek-V4 chat format",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_bool(v);
+                 if (!r.ok()) return r.status();
+                 o.run.chat = *r;
+                 return Status();
+               }, nullptr, kRun});
+  t.push_back({"--max-tokens", "", OptionType::kInt, "128", "tokens to generate",
+               int_in(1, 1 << 24, [](O& o, int64_t x) { o.run.max_tokens = static_cast<int>(x); }), nullptr, kRun});
+  t.push_back({"--temperature", "", OptionType::kDouble, "1.0", "sampling temperature, 0 = greedy",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_double(v);
+                 if (!r.ok()) return r.status();
+                 if (*r < 0) return invalid_argument("must be >= 0, got {}", v);
+                 o.run.temperature = *r;
+                 return Status();
+               }, nullptr, kRun});
+  t.push_back({"--top-p", "", OptionType::kDouble, "1.0", "nucleus sampling mass (0, 1]",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_double(v);
+                 if (!r.ok()) return r.status();
+                 if (!(*r > 0 && *r <= 1)) return invalid_argument("must be in (0, 1], got {}", v);
+                 o.run.top_p = *r;
+                 return Status();
+               }, nullptr, kRun});
+  t.push_back({"--verbose", "", OptionType::kBool, "off", "log the engine's start-up and progress lines",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_bool(v);
+                 if (!r.ok()) return r.status();
+                 o.run.verbose = *r;
+                 return Status();
+               }, nullptr, kRun});
+  // ---- tandem logits ----
+  t.push_back({"--tokens-file", "", OptionType::kString, "(required)", "JSON with \"prompt\" (and optional \"decode\", \"prefill_chunks\") token ids",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("must not be empty");
+                 o.logits.tokens_file = v;
+                 return Status();
+               }, nullptr, kLogits});
+  t.push_back({"--out", "", OptionType::kString, "(required)", "output .safetensors path",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("must not be empty");
+                 o.logits.out = v;
+                 return Status();
+               }, nullptr, kLogits});
+  // Options every command shares (the engine's model and sizing).
+  for (auto& spec : t) {
+    const std::string f = spec.flag;
+    if (f == "--model" || f == "--threads" || f == "--device") spec.commands = kServe | kRun | kLogits;
+    if (f == "--seed" || f == "--speculative-config" || f == "--kv-cache-dtype" || f == "--kv-cache-memory" ||
+        f == "--max-model-len" || f == "--block-size")
+      spec.commands = kServe | kRun;
+  }
   return t;
 }
 
@@ -364,7 +413,7 @@ Result<int64_t> parse_byte_size(const std::string& text) {
   return static_cast<int64_t>(bytes);
 }
 
-const std::vector<OptionSpec>& serve_option_table() {
+const std::vector<OptionSpec>& option_table() {
   static const std::vector<OptionSpec> table = build_table();
   return table;
 }
@@ -380,7 +429,7 @@ Status apply_profile(ServeOptions& o, const std::map<std::string, std::string>& 
   if (!profile) return invalid_argument("--profile: unknown profile '{}'", o.profile);
   for (const auto& [flag, value] : profile->settings) {
     const OptionSpec* spec = nullptr;
-    for (const auto& s : serve_option_table())
+    for (const auto& s : option_table())
       if (std::string(s.flag) == flag) spec = &s;
     TANDEM_CHECK_MSG(spec != nullptr, flag);
     auto user = user_values.find(flag);
@@ -400,16 +449,43 @@ Status apply_profile(ServeOptions& o, const std::map<std::string, std::string>& 
 }
 }  // namespace
 
+std::string builtin_model_dir() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists("models/builtin/config.json", ec)) return "models/builtin";
+#ifdef TANDEM_SOURCE_DIR
+  const std::string src = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  if (fs::exists(src + "/config.json", ec)) return src;
+#endif
+  return "data/builtin";
+}
+
+std::optional<std::string> process_env(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
 Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, const EnvLookup& env) {
+  return parse_options(kServe, args, env);
+}
+
+Result<ServeOptions> parse_options(Command command, const std::vector<std::string>& args, const EnvLookup& env) {
   ServeOptions o;
   // Serving defaults that differ from the engine library's (which tests use bare).
   o.engine.memory_headroom_floor = int64_t{1} << 30;
   o.engine.engine_iteration_timeout_s = 300;
+  if (command == kRun) {
+    // One prompt: one slot and a small KV pool, unless the flags say otherwise.
+    o.engine.max_num_seqs = 1;
+    o.engine.kv_cache_memory = int64_t{256} << 20;
+  }
   std::map<std::string, std::string> user_values;  // flag -> value the user gave (argv or env)
-  const auto& table = serve_option_table();
+  const auto& table = option_table();
   std::set<std::string> given;
   auto find = [&](const std::string& flag, bool* negative) -> const OptionSpec* {
     for (const auto& s : table) {
+      if (!(s.commands & command)) continue;
       if (flag == s.flag) { *negative = false; return &s; }
       if (s.negative_flag && flag == s.negative_flag) { *negative = true; return &s; }
     }
@@ -426,7 +502,7 @@ Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, c
     }
     bool negative = false;
     const OptionSpec* spec = find(arg, &negative);
-    if (!spec) return invalid_argument("unknown flag {}", arg);
+    if (!spec) return invalid_argument("unknown flag {}", arg);  // (or one this command does not take)
     given.insert(spec->flag);
     std::vector<std::string> values;
     if (spec->type == OptionType::kBool) {
@@ -450,7 +526,7 @@ Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, c
   // Environment fallbacks for flags not given on the command line.
   if (env) {
     for (const auto& s : table) {
-      if (!*s.env || given.count(s.flag)) continue;
+      if (!(s.commands & command) || !*s.env || given.count(s.flag)) continue;
       auto v = env(s.env);
       if (!v && std::string(s.flag) == "--api-key") v = env("VLLM_API_KEY");
       if (!v) continue;
@@ -460,7 +536,13 @@ Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, c
     }
   }
   if (!o.profile.empty()) TANDEM_RETURN_IF_ERROR(apply_profile(o, user_values));
-  if (o.model.empty()) return invalid_argument("--model is required");
+  if (o.model.empty()) {
+    o.model = builtin_model_dir();
+    o.engine.model_dir = o.model;
+  }
+  if (command == kRun && o.run.prompt.empty()) return invalid_argument("--prompt is required");
+  if (command == kLogits && o.logits.tokens_file.empty()) return invalid_argument("--tokens-file is required");
+  if (command == kLogits && o.logits.out.empty()) return invalid_argument("--out is required");
   if (o.served_model_names.empty()) {
     std::string m = o.model;
     while (m.size() > 1 && m.back() == '/') m.pop_back();
@@ -470,11 +552,18 @@ Result<ServeOptions> parse_serve_options(const std::vector<std::string>& args, c
   return o;
 }
 
-std::string serve_help() {
-  std::string out = "usage: tandem serve --model DIR [options]\n\noptions:\n";
-  for (const auto& s : serve_option_table()) {
+std::string serve_help() { return command_help(kServe); }
+
+std::string command_help(Command command) {
+  const char* usage = command == kRun      ? "usage: tandem run --prompt TEXT [options]"
+                      : command == kLogits ? "usage: tandem logits --tokens-file T.json --out OUT.safetensors [options]"
+                                           : "usage: tandem serve [--model DIR] [options]";
+  std::string out = std::string(usage) + "\n\noptions:\n";
+  for (const auto& s : option_table()) {
+    if (!(s.commands & command)) continue;
     std::string flag = s.flag;
     if (s.negative_flag) flag += std::string(" / ") + s.negative_flag;
+    else if (s.type == OptionType::kBool) {}
     else if (s.type == OptionType::kStringList) flag += " NAME...";
     else flag += " VALUE";
     out += fmt::format("  {:<48} {} (default: {}){}\n", flag, s.help, s.default_text,

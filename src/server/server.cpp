@@ -1,6 +1,7 @@
 // HttpServer: cpp-httplib routes over the Engine interface. One handler thread per connection; a
 // generation registers a Channel that the engine's callback fills and the handler drains (SSE for
-// stream=true, one JSON body otherwise). A failed SSE write (client gone) cancels the request.
+// stream=true, one JSON body otherwise). A client that goes away (seen by a ConnectionProbe on its
+// socket, or a failed SSE write) has its request cancelled within about kDisconnectPoll seconds.
 #include "server/server.h"
 
 #include <httplib.h>
@@ -13,6 +14,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "server/api_error.h"
+#include "server/connection_probe.h"
 #include "server/openai_request.h"
 #include "server/prompt.h"
 #include "text/dsml.h"
@@ -23,6 +25,9 @@ namespace tandem::server {
 namespace {
 
 using json = nlohmann::json;
+
+// How often a waiting handler checks that its client is still there.
+constexpr double kDisconnectPoll = 0.25;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -220,6 +225,7 @@ struct ChoiceOut {
       case FinishReason::kStop: return tool_calls.empty() ? "stop" : "tool_calls";
       case FinishReason::kLength: return "length";
       case FinishReason::kCancelled: return "abort";
+      case FinishReason::kTimeout: return "timeout";
       case FinishReason::kError: return "error";
       default: return "stop";
     }
@@ -515,10 +521,10 @@ struct HttpServer::Impl {
     OutputMode mode = ep == Endpoint::kCompletions ? OutputMode::kCompletionText : OutputMode::kChat;
     std::shared_ptr<const json_grammar::Grammar> grammar;
     if (r.response_format == ResponseFormat::kJsonObject) {
-      grammar = json_grammar::any_object();
+      grammar = json_grammar::any_object(s.config_.json_whitespace);
       if (mode == OutputMode::kChat) mode = OutputMode::kJson;
     } else if (r.response_format == ResponseFormat::kJsonSchema) {
-      auto g = json_grammar::compile(r.json_schema);
+      auto g = json_grammar::compile(r.json_schema, s.config_.json_whitespace);
       if (!g.ok()) return bad_request("invalid 'response_format.json_schema.schema': " + g.status().message(), "response_format");
       grammar = *g;
       if (mode == OutputMode::kChat) mode = OutputMode::kJson;
@@ -527,7 +533,7 @@ struct HttpServer::Impl {
     if (mode == OutputMode::kChat && r.tool_choice == ToolChoice::kNamed) {
       for (const auto& t : r.tools)
         if (t["function"]["name"] == r.tool_choice_name) {
-          auto g = json_grammar::compile(t["function"]["parameters"]);
+          auto g = json_grammar::compile(t["function"]["parameters"], s.config_.json_whitespace);
           if (!g.ok()) return bad_request(fmt::format("invalid parameters schema of tool '{}': {}", r.tool_choice_name, g.status().message()), "tools");
           grammar = *g;
         }
@@ -542,7 +548,7 @@ struct HttpServer::Impl {
                         {"additionalProperties", false}});
       json schema = {{"type", "array"}, {"items", {{"anyOf", alts}}}, {"minItems", 1}};
       if (!r.parallel_tool_calls) schema["maxItems"] = 1;
-      auto g = json_grammar::compile(schema);
+      auto g = json_grammar::compile(schema, s.config_.json_whitespace);
       if (!g.ok()) return bad_request("invalid tool parameters schema: " + g.status().message(), "tools");
       grammar = *g;
       mode = OutputMode::kRequiredTool;
@@ -622,6 +628,9 @@ struct HttpServer::Impl {
       er.request_id = gen.id + "-" + std::to_string(i);
       er.prompt_tokens = prompt;
       er.sampling = gen.req.sampling;
+      er.timeout_s = s.config_.request_timeout_s;
+      if (gen.req.request_timeout_s > 0 && (er.timeout_s <= 0 || gen.req.request_timeout_s < er.timeout_s))
+        er.timeout_s = gen.req.request_timeout_s;
       if (er.sampling.seed && i > 0) er.sampling.seed = *er.sampling.seed + static_cast<uint64_t>(i);
       if (grammar) er.constraint = std::make_shared<json_grammar::JsonSchemaConstraint>(grammar, tr, info.eos_token_id);
       gen.engine_ids.push_back(er.request_id);
@@ -644,6 +653,14 @@ struct HttpServer::Impl {
     return std::nullopt;
   }
 
+  // A rejected request leaves one line in the log (who, where, why), like a served one.
+  static void reject(HttpServer& s, const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+    s.metrics_.count_request_error();
+    TLOG_INFO("server", "rejected {} {} from {}:{}: {} {}", req.method, req.path, req.remote_addr, req.remote_port,
+              e.http_status, e.message);
+    send_error(res, e);
+  }
+
   static void generate(HttpServer& s, Endpoint ep, const httplib::Request& req, httplib::Response& res) {
     if (!authorized(s, req)) {
       ApiError e;
@@ -651,20 +668,26 @@ struct HttpServer::Impl {
       e.type = "invalid_request_error";
       e.code = "invalid_api_key";
       e.message = "Incorrect or missing API key (send 'Authorization: Bearer <key>').";
-      s.metrics_.count_request_error();
-      return send_error(res, e);
+      return reject(s, req, res, e);
+    }
+    if (req.body.empty()) {
+      return reject(s, req, res,
+                    bad_request("the request body is empty: send a JSON object (Content-Type: application/json)", ""));
     }
     auto gen = std::make_shared<Generation>();
-    if (auto err = prepare(s, ep, req.body, *gen)) {
-      s.metrics_.count_request_error();
-      return send_error(res, *err);
-    }
+    if (auto err = prepare(s, ep, req.body, *gen)) return reject(s, req, res, *err);
+    auto conn = std::make_shared<ConnectionProbe>(ConnectionProbe::find(req.remote_addr, req.remote_port, req.local_port));
     if (!gen->req.stream) {
-      // Non-streaming: wait for every choice here, on the connection's thread.
+      // Non-streaming: wait for every choice here, on the connection's thread, watching the
+      // client: when it goes, cancel (the engine frees blocks and slot at its next step) and stop.
       std::deque<std::pair<int, RequestEvent>> events;
       while (true) {
-        gen->take(events, 0.5);
+        gen->take(events, kDisconnectPoll);
         if (gen->process(events, nullptr)) break;
+        if (conn->peer_closed()) {
+          gen->cancel_unfinished();
+          return;
+        }
       }
       for (const auto& c : gen->choices) {
         if (c.finish == FinishReason::kError) {
@@ -685,7 +708,11 @@ struct HttpServer::Impl {
     gen->last_write = now_s();
     res.set_chunked_content_provider(
         "text/event-stream",
-        [gen, probe](size_t, httplib::DataSink& sink) -> bool {
+        [gen, probe, conn](size_t, httplib::DataSink& sink) -> bool {
+          if (conn->peer_closed()) {  // gone before a write could fail
+            gen->cancel_unfinished();
+            return false;
+          }
           std::deque<std::pair<int, RequestEvent>> events;
           std::string sse;
           gen->role_frames(sse);
@@ -750,16 +777,39 @@ struct HttpServer::Impl {
     h.Post("/v1/completions", [&s](const httplib::Request& req, httplib::Response& res) {
       generate(s, Endpoint::kCompletions, req, res);
     });
-    // Unknown routes and httplib's own rejections (bad HTTP, 413) get an OpenAI error body too.
-    h.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      ApiError e;
-      e.http_status = res.status;
-      if (res.status == 404) { e.type = "not_found_error"; e.message = "no such route"; }
-      else if (res.status == 413) e.message = "request body too large";
-      else if (res.status == 405) e.message = "method not allowed";
-      else e.message = fmt::format("HTTP error {}", res.status);
-      res.set_content(api_error_body(e), "application/json");
+    // The generation routes answer other methods with 405 (and Allow: POST), not 404.
+    for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+      auto not_allowed = [path](const httplib::Request& req, httplib::Response& res) {
+        res.status = 405;
+        res.set_header("Allow", "POST");
+        ApiError e;
+        e.http_status = 405;
+        e.message = fmt::format("method {} is not allowed on {}; use POST", req.method, path);
+        res.set_content(api_error_body(e), "application/json");
+        TLOG_INFO("server", "rejected {} {} from {}:{}: 405", req.method, req.path, req.remote_addr, req.remote_port);
+      };
+      h.Get(path, not_allowed);
+      h.Put(path, not_allowed);
+      h.Delete(path, not_allowed);
+      h.Patch(path, not_allowed);
+    }
+    // Unknown routes and httplib's own rejections (bad HTTP, 413) get an OpenAI error body too,
+    // and every error leaves a line in the log.
+    h.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (res.body.empty()) {
+        ApiError e;
+        e.http_status = res.status;
+        if (res.status == 404) { e.type = "not_found_error"; e.message = fmt::format("no route {} {}", req.method, req.path); }
+        else if (res.status == 413) e.message = "request body too large";
+        else if (res.status == 405) e.message = "method not allowed";
+        else if (res.status == 400)
+          e.message = "malformed HTTP request (a POST needs a Content-Length or chunked body holding a JSON object)";
+        else e.message = fmt::format("HTTP error {}", res.status);
+        res.set_content(api_error_body(e), "application/json");
+        // (Handlers that fill the body log their own rejections.)
+        TLOG_INFO("server", "rejected {} {} from {}:{}: {} {}", req.method.empty() ? "-" : req.method,
+                  req.path.empty() ? "-" : req.path, req.remote_addr, req.remote_port, res.status, e.message);
+      }
     });
     h.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
       ApiError e;

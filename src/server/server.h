@@ -12,13 +12,10 @@
 
 #include "engine/engine.h"
 #include "server/metrics.h"
+#include "text/json_schema_grammar.h"
 
 namespace httplib {
 class Server;
-}
-
-namespace tandem::json_grammar {
-class TokenTrie;
 }
 
 namespace tandem::server {
@@ -32,6 +29,9 @@ struct ServerConfig {
   // Sampling defaults from generation_config.json (applied where the request is silent).
   std::optional<double> default_temperature, default_top_p;
   std::optional<int> default_top_k;
+  // Whitespace constrained JSON may contain (--json-whitespace).
+  json_grammar::JsonWhitespace json_whitespace = json_grammar::JsonWhitespace::kFormatted;
+  double request_timeout_s = 0.0;      // --request-timeout: default deadline per request (0 = none)
   double idle_probe_s = 1.0;           // SSE comment after this long without events (disconnect probe)
 };
 

@@ -255,7 +255,13 @@ class Compiler {
 
 }  // namespace
 
-Result<std::shared_ptr<const Grammar>> compile(const json& schema) {
+Result<JsonWhitespace> parse_json_whitespace(const std::string& name) {
+  if (name == "formatted") return JsonWhitespace::kFormatted;
+  if (name == "none") return JsonWhitespace::kNone;
+  return invalid_argument("expected formatted or none, got '{}'", name);
+}
+
+Result<std::shared_ptr<const Grammar>> compile(const json& schema, JsonWhitespace ws) {
   try {
     Compiler c(schema);
     auto root = c.compile(schema, "schema", 0);
@@ -263,19 +269,22 @@ Result<std::shared_ptr<const Grammar>> compile(const json& schema) {
     auto g = std::make_shared<Grammar>();
     g->nodes_ = std::move(c.nodes);
     g->root_ = *root;
+    g->whitespace_ = ws;
     return std::shared_ptr<const Grammar>(g);
   } catch (const std::exception& e) {
     return invalid_argument("schema: {}", e.what());
   }
 }
 
-std::shared_ptr<const Grammar> any_object() {
-  static std::shared_ptr<const Grammar> g = [] {
-    auto r = compile(json{{"type", "object"}});
+std::shared_ptr<const Grammar> any_object(JsonWhitespace ws) {
+  auto make = [](JsonWhitespace w) {
+    auto r = compile(json{{"type", "object"}}, w);
     TANDEM_CHECK(r.ok());
     return *r;
-  }();
-  return g;
+  };
+  static const std::shared_ptr<const Grammar> formatted = make(JsonWhitespace::kFormatted);
+  static const std::shared_ptr<const Grammar> none = make(JsonWhitespace::kNone);
+  return ws == JsonWhitespace::kNone ? none : formatted;
 }
 
 // ---------------------------------------------------------------- matcher
@@ -293,7 +302,7 @@ enum : uint8_t { kNumMinus, kNumZero, kNumInt, kNumDot, kNumFrac, kNumE, kNumESi
 struct Frame {
   F type = F::kEnd;
   uint8_t state = 0;
-  uint8_t ws = 0;          // consecutive whitespace
+  uint8_t ws = 0;          // whitespace in the current gap: kWsNewline | spaces after it
   uint8_t esc = 0;         // string: 0 none, 1 after '\', 2..5 in \uXXXX; utf8 continuation count in `cont`
   uint8_t cont = 0;
   int node = -1;
@@ -311,6 +320,7 @@ using Stack = std::vector<Frame>;
 constexpr size_t kMaxStacks = 64;
 
 bool is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+constexpr uint8_t kWsNewline = 0x80;  // Frame::ws: the gap has had its newline
 
 // String body byte (after the opening quote). Sets f.state = 1 when the closing quote is consumed.
 bool string_char(Frame& f, const Node& n, unsigned char c) {
@@ -424,8 +434,23 @@ class Stepper {
  private:
   const Grammar& g_;
 
-  static bool ws_ok(Frame& f, unsigned char c) {
-    if (!is_ws(c) || f.ws >= kMaxWhitespace) return false;
+  // Whitespace as a formatter writes it (JsonWhitespace): one space, or one newline and an indent
+  // bounded by the nesting depth (the stack holds kEnd plus one frame per open container/value).
+  bool ws_ok(Frame& f, unsigned char c, size_t stack_size) const {
+    if (!is_ws(c) || g_.whitespace() == JsonWhitespace::kNone) return false;
+    if (c == '\n') {
+      if (f.ws != 0) return false;
+      f.ws = kWsNewline;
+      return true;
+    }
+    if (c == '\r') return false;
+    if (!(f.ws & kWsNewline)) {
+      if (f.ws != 0) return false;  // one space without a newline
+      f.ws = 1;
+      return true;
+    }
+    const size_t indent = f.ws & 0x7f;
+    if (indent >= std::min<size_t>(0x7f, kMaxIndentPerLevel * stack_size)) return false;
     ++f.ws;
     return true;
   }
@@ -434,7 +459,7 @@ class Stepper {
     Frame& f = s.back();
     // Root value (directly above kEnd) allows no leading whitespace.
     if (is_ws(c)) {
-      if (s.size() > 2 && ws_ok(f, c)) out.push_back(std::move(s));
+      if (s.size() > 2 && ws_ok(f, c, s.size() - 2)) out.push_back(std::move(s));
       return;
     }
     const Node& n = g_.node(f.node);
@@ -538,7 +563,7 @@ class Stepper {
     switch (f.state) {
       case kObjOpen:
       case kObjAfterComma:
-        if (ws_ok(f, c)) break;
+        if (ws_ok(f, c, s.size() - 1)) break;
         if (c == '"' && more_keys(f, n)) {
           f.state = kObjKey;
           f.key.clear();
@@ -551,6 +576,15 @@ class Stepper {
         }
         return;
       case kObjKey: {
+        // Keys are UTF-8 like string values: a lead byte needs its continuation bytes.
+        if (f.cont > 0 && (c & 0xC0) != 0x80) return;
+        if (f.cont == 0 && c >= 0x80) {
+          if (c >= 0xC2 && c <= 0xDF) f.cont = 2;
+          else if (c >= 0xE0 && c <= 0xEF) f.cont = 3;
+          else if (c >= 0xF0 && c <= 0xF4) f.cont = 4;
+          else return;
+        }
+        if (f.cont > 0) --f.cont;  // (counts the lead byte too, so 0 again after the last one)
         if (c == '"') {
           f.value_node = -1;
           for (size_t i = 0; i < n.props.size(); ++i) {
@@ -578,7 +612,7 @@ class Stepper {
         break;
       }
       case kObjAfterKey:
-        if (ws_ok(f, c)) break;
+        if (ws_ok(f, c, s.size() - 1)) break;
         if (c != ':') return;
         {
           int vn = f.value_node;
@@ -593,7 +627,7 @@ class Stepper {
         }
         break;
       case kObjAfterValue:
-        if (ws_ok(f, c)) break;
+        if (ws_ok(f, c, s.size() - 1)) break;
         if (c == ',' && more_keys(f, n)) {
           f.state = kObjAfterComma;
           f.ws = 0;
@@ -615,7 +649,8 @@ class Stepper {
     switch (f.state) {
       case kArrOpen:
       case kArrAfterComma:
-        if (ws_ok(f, c)) { out.push_back(std::move(s)); return; }
+        if (ws_ok(f, c, s.size() - 1)) { out.push_back(std::move(s)); return; }
+        if (is_ws(c)) return;  // the gap before an item is the array's: its item may not add one
         if (c == ']' && f.state == kArrOpen && n.min_items == 0) {
           s.pop_back();
           out.push_back(std::move(s));
@@ -634,7 +669,7 @@ class Stepper {
         }
         return;
       case kArrAfterValue:
-        if (ws_ok(f, c)) { out.push_back(std::move(s)); return; }
+        if (ws_ok(f, c, s.size() - 1)) { out.push_back(std::move(s)); return; }
         if (c == ',' && (n.max_items < 0 || f.count < n.max_items)) {
           f.state = kArrAfterComma;
           f.ws = 0;

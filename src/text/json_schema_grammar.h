@@ -1,6 +1,6 @@
 // Grammar-constrained decoding for JSON: a JSON Schema subset compiled into a character-level
 // pushdown automaton, run over token byte strings through a precomputed token trie, exposed to the
-// engine as a TokenConstraint (engine.h). Used for response_format json_object / json_schema and
+// engine as a TokenConstraint (text/token_constraint.h). Used for response_format json_object / json_schema and
 // for forced tool calls (tool_choice required / named).
 //
 // Supported: type (string|number|integer|boolean|null|object|array, or a list of them), properties,
@@ -9,8 +9,9 @@
 // (recursion allowed), and annotations (title, description, default, examples, format, $schema,
 // $id, strict). Other constraint keywords (pattern, minimum, allOf, ...) are rejected with an
 // error naming them, so a "strict" schema is never silently weakened.
-// Output form: properties in any order without duplicates; whitespace between tokens is allowed
-// (runs of at most kMaxWhitespace) except before the root value; nothing after the root value.
+// Output form: properties in any order without duplicates; nothing before or after the root value.
+// Whitespace between tokens is bounded by what a JSON formatter writes (JsonWhitespace): a weak
+// model that prefers spaces and newlines cannot spend its token budget on them.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -22,7 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/engine.h"
+#include "text/token_constraint.h"
 
 namespace tandem {
 
@@ -30,7 +31,16 @@ class Tokenizer;
 
 namespace json_grammar {
 
-inline constexpr int kMaxWhitespace = 8;
+// Whitespace allowed in each gap between JSON tokens.
+enum class JsonWhitespace {
+  // One space (`", "`, `": "`), or one newline followed by an indent of at most
+  // kMaxIndentPerLevel spaces or tabs per nesting level (json.dumps(indent=...)).
+  kFormatted,
+  kNone,  // compact: no whitespace at all
+};
+inline constexpr int kMaxIndentPerLevel = 4;
+// "formatted" | "none" (the server's --json-whitespace flag).
+Result<JsonWhitespace> parse_json_whitespace(const std::string& name);
 
 struct Node;  // compiled schema node (json_schema_grammar.cpp)
 
@@ -40,17 +50,19 @@ class Grammar {
   ~Grammar();
   const Node& node(int i) const;
   int root() const { return root_; }
+  JsonWhitespace whitespace() const { return whitespace_; }
 
  private:
-  friend Result<std::shared_ptr<const Grammar>> compile(const nlohmann::json& schema);
-  friend std::shared_ptr<const Grammar> any_object();
+  friend Result<std::shared_ptr<const Grammar>> compile(const nlohmann::json& schema, JsonWhitespace ws);
   std::vector<Node> nodes_;
   int root_ = 0;
+  JsonWhitespace whitespace_ = JsonWhitespace::kFormatted;
 };
 
-Result<std::shared_ptr<const Grammar>> compile(const nlohmann::json& schema);
+Result<std::shared_ptr<const Grammar>> compile(const nlohmann::json& schema,
+                                               JsonWhitespace ws = JsonWhitespace::kFormatted);
 // response_format json_object: any JSON object.
-std::shared_ptr<const Grammar> any_object();
+std::shared_ptr<const Grammar> any_object(JsonWhitespace ws = JsonWhitespace::kFormatted);
 
 // Character-level matcher: the set of live parser stacks after the bytes fed so far.
 class Matcher {

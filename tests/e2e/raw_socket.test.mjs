@@ -93,3 +93,30 @@ test('client disconnect mid-stream cancels the request', async () => {
   assert.equal(metricValue(await metrics(), 'tandem:kv_blocks_leaked'), 0);
   assert.ok(await healthy());
 });
+
+test('client disconnect during a non-streaming request cancels it within 2 s', async () => {
+  const before = metricValue(await metrics(), 'vllm:num_requests_running');
+  // Thousands of tokens: the echo engine would run for several seconds more if nobody noticed.
+  const maxTokens = Math.min(3500, Number(process.env.TANDEM_MAX_MODEL_LEN || 4096) - 200);
+  const req = chatRequest({ model: MODEL, messages: [{ role: 'user', content: 'long story' }], max_tokens: maxTokens, ignore_eos: true });
+  const s = net.connect(Number(port), hostname);
+  s.on('error', () => {});
+  s.write(req);
+  let running = NaN;
+  for (let i = 0; i < 200; i++) {
+    running = metricValue(await metrics(), 'vllm:num_requests_running');
+    if (running > before) break;
+    await sleep(10);
+  }
+  assert.ok(running > before, 'the request never started');
+  s.destroy();
+  const t0 = Date.now();
+  for (let i = 0; i < 40; i++) {
+    running = metricValue(await metrics(), 'vllm:num_requests_running');
+    if (running <= before) break;
+    await sleep(50);
+  }
+  assert.ok(running <= before, `running ${running} ${Date.now() - t0} ms after the disconnect (before ${before})`);
+  assert.equal(metricValue(await metrics(), 'tandem:kv_blocks_leaked'), 0);
+  assert.ok(await healthy());
+});

@@ -135,6 +135,48 @@ TEST_F(TinyCheckpoint, SpeculativeGreedyEqualsPlainGreedy) {
   }
 }
 
+// num_speculative_tokens reaches the draft: with K = 2 the DSpark draft drafts 2 tokens (not its
+// whole block), and out of range K is an error, not a crash.
+TEST_F(TinyCheckpoint, DraftDraftsKTokens) {
+  ASSERT_TRUE(ok_) << "tandem make-tiny failed";
+  EngineConfig ec = tiny_config(*dir_, 1);
+  auto runner = create_dsv4_runner(ec);
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  ModelRunner& r = **runner;
+  ASSERT_TRUE(r.has_draft());
+  ASSERT_GT(r.num_draft_tokens(), 2);
+  RunnerAllocation alloc;
+  alloc.num_blocks = 4;
+  alloc.block_size = 128;
+  alloc.max_slots = 1;
+  alloc.max_tokens_per_step = 64;
+  alloc.max_verify_tokens = 3;
+  alloc.num_draft_tokens = 2;
+  alloc.kv_cache_dtype = "bf16";
+  ASSERT_TRUE(r.allocate(alloc).ok());
+  std::vector<int32_t> prompt = tiny_prompts(*dir_, 1, 20)[0];
+  std::vector<int32_t> table = {0, 1};
+  RunnerSeq seq;
+  seq.slot = 0;
+  seq.tokens = prompt;
+  seq.block_table = table;
+  seq.collect_taps = true;
+  std::vector<RunnerSeq> batch = {seq};
+  RunnerOutput out;
+  ASSERT_TRUE(r.forward(batch, out).ok());
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  r.draft_insert_context(0, 0, std::span<const float>(out.taps.data(), n * out.tap_dim), n);
+  std::vector<DraftQuery> q(1);
+  q[0].slot = 0;
+  q[0].anchor = prompt.back();
+  q[0].position = n;
+  std::vector<DraftProposal> props;
+  ASSERT_TRUE(r.draft_propose(q, props).ok());
+  ASSERT_EQ(props.size(), 1u);
+  EXPECT_EQ(props[0].tokens.size(), 2u);
+  EXPECT_EQ(props[0].confidence.size(), 2u);
+}
+
 TEST_F(TinyCheckpoint, PrefixHitReproducesOutputs) {
   ASSERT_TRUE(ok_) << "tandem make-tiny failed";
   auto prompts = tiny_prompts(*dir_, 1, 270);  // > two 128-token blocks

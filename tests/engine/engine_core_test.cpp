@@ -2,6 +2,9 @@
 // cancellation, prefix hits with exact block ids, randomized arrivals with integrity every step.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <random>
 
 #include "harness.h"
@@ -186,7 +189,9 @@ TEST(EngineCore, PreemptAndResumeGiveIdenticalResults) {
     EngineMetrics m;
     for (int pass = 0; pass < 2; ++pass) {
       Harness h(fake_config(), pass == 0 ? roomy : tight);
-      if (pass == 1) ASSERT_EQ(h.core->num_kv_blocks(), 20);
+      if (pass == 1) {
+        ASSERT_EQ(h.core->num_kv_blocks(), 20);
+      }
       for (int i = 0; i < 4; ++i) {
         SamplingParams sp = greedy_params(100);
         if (i % 2) {
@@ -325,6 +330,7 @@ TEST(EngineCore, SecondLongPromptReportsCachedTokensAndSameOutput) {
 TEST(EngineCore, ChunkedPrefillRespectsTokenBudgetAndDecodesFirst) {
   EngineConfig ec = small_config(4, 16);
   ec.max_num_batched_tokens = 40;
+  ec.long_prefill_token_threshold = 40;  // no cap here (LongPrefillDoesNotStarveShortRequests has it)
   ec.enable_prefix_caching = false;
   Harness h(fake_config(), ec);
   ASSERT_TRUE(h.submit("short", make_prompt(1, 10, kVocab), greedy_params(30)).ok());
@@ -537,4 +543,100 @@ TEST(EngineCore, StartupErrorsAndCapacity) {
 }
 
 }  // namespace
+// A long prompt does not starve a short one: while it prefills, the short request's first token
+// comes within a few steps (not after the whole prefill), and both outputs equal greedy alone.
+TEST(EngineCore, LongPrefillDoesNotStarveShortRequests) {
+  FakeModelRunner oracle(fake_config());
+  const std::vector<int32_t> long_prompt = make_prompt(71, 4000, kVocab), short_prompt = make_prompt(72, 8, kVocab);
+  EngineConfig ec = small_config(8, 16);  // 256 tokens per step; threshold 0 = 256 / 4
+  Harness h(fake_config(), ec);
+  ASSERT_TRUE(h.submit("long", long_prompt, greedy_params(4)).ok());
+  h.step();
+  h.step();
+  ASSERT_TRUE(h.submit("short", short_prompt, greedy_params(2)).ok());
+  int steps = 0;
+  while (h.results["short"].tokens.empty() && steps < 100) {
+    h.step();
+    ++steps;
+  }
+  EXPECT_LE(steps, 3) << "the short request waited for the long prefill";
+  EXPECT_LT(h.core->num_computed("long"), 3000) << "the long prefill was not still running";
+  h.run();
+  EXPECT_EQ(h.results["long"].tokens, reference_greedy(oracle, long_prompt, 4));
+  EXPECT_EQ(h.results["short"].tokens, reference_greedy(oracle, short_prompt, 2));
+
+  // max_num_partial_prefills 1: a second long prompt waits while the first prefills; a short one
+  // behind it goes ahead. With 2 both long prompts prefill together.
+  for (int partial : {1, 2}) {
+    EngineConfig pc = ec;
+    pc.max_num_partial_prefills = partial;
+    pc.long_prefill_token_threshold = 32;
+    Harness p(fake_config(), pc);
+    ASSERT_TRUE(p.submit("a", make_prompt(73, 1000, kVocab), greedy_params(2)).ok());
+    ASSERT_TRUE(p.submit("b", make_prompt(74, 1000, kVocab), greedy_params(2)).ok());
+    ASSERT_TRUE(p.submit("c", make_prompt(75, 8, kVocab), greedy_params(2)).ok());
+    p.step();
+    EXPECT_EQ(p.core->num_computed("a"), 32);
+    EXPECT_EQ(p.core->num_computed("b"), partial == 1 ? 0 : 32) << partial;
+    EXPECT_EQ(p.core->num_computed("c"), 8);
+    p.run();
+    for (const char* id : {"a", "b", "c"}) EXPECT_EQ(p.results[id].tokens.size(), 2u) << id;
+  }
+}
+
+// Request::timeout_s: past it the request ends with kTimeout and frees its blocks and slot; others
+// go on. (The step boundary is the granularity; the test sleeps past the deadline.)
+TEST(EngineCore, DeadlineEndsRequestWithTimeout) {
+  Harness h(fake_config(), small_config(4, 16));
+  auto submit = [&](const std::string& id, double timeout_s) {
+    Request r;
+    r.request_id = id;
+    r.prompt_tokens = make_prompt(80, 40, kVocab);
+    r.sampling = greedy_params(500);
+    r.timeout_s = timeout_s;
+    return h.core->add_request(std::move(r), [&h](const RequestEvent& ev) {
+      Collected& c = h.results[ev.request_id];
+      c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finish != FinishReason::kNone) c.finish = ev.finish;
+    });
+  };
+  ASSERT_TRUE(submit("late", 0.2).ok());
+  ASSERT_TRUE(submit("free", 0).ok());
+  for (int i = 0; i < 5; ++i) h.step();
+  EXPECT_EQ(h.results["late"].finish, FinishReason::kNone);
+  EXPECT_FALSE(h.results["late"].tokens.empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  h.step();
+  EXPECT_EQ(h.results["late"].finish, FinishReason::kTimeout);
+  EXPECT_EQ(h.core->num_running(), 1);
+  EXPECT_EQ(std::string(finish_reason_name(FinishReason::kTimeout)), "timeout");
+  h.run();
+  EXPECT_EQ(h.results["free"].finish, FinishReason::kLength);
+  EXPECT_EQ(h.results["free"].tokens.size(), 500u);
+  EXPECT_EQ(h.core->kv().num_free(), h.core->kv().num_blocks());
+  Request bad;
+  bad.request_id = "bad";
+  bad.prompt_tokens = {5, 6};
+  bad.timeout_s = -1;
+  EXPECT_FALSE(h.core->validate(bad).ok());
+}
+
+// The speculative planner's start-up profile stops at its wall-time budget: with budget 0 it runs
+// only the context prefills and the warm-up, far fewer forwards than the full profile.
+TEST(EngineCore, PlannerProfileIsBounded) {
+  auto forwards = [](double budget_s) -> int64_t {
+    auto runner = std::make_unique<FakeModelRunner>(fake_config());
+    FakeModelRunner* fake = runner.get();
+    CoreOptions o;
+    o.log_startup = false;
+    o.profile_budget_s = budget_s;
+    auto core = EngineCore::create(std::move(runner), with_spec(small_config(8, 16), "auto"), o);
+    EXPECT_TRUE(core.ok()) << core.status().to_string();
+    return core.ok() ? fake->forward_calls() : -1;
+  };
+  const int64_t full = forwards(1e9), cut = forwards(0.0);
+  EXPECT_LE(cut, 8 + 1);  // one prefill per profiled slot (<= 8) + the warm-up
+  EXPECT_GT(full, cut + 20);
+}
+
 }  // namespace tandem::testing

@@ -337,13 +337,18 @@ TEST(SpeculativeConfig, ParsesVllmJson) {
   EXPECT_EQ(c->verify_mode, "fixed");
   EXPECT_EQ(c->draft_sample_method, "sample");
   EXPECT_TRUE(parse_speculative_config("").ok());
+  c = parse_speculative_config(R"({"method":"mtp","num_speculative_tokens":2})");  // vLLM's name for it
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->method, "dspark");
   for (const char* bad : {"{", "[]", R"({"method":"eagle"})", R"({"method":"dspark","num_speculative_tokens":0})",
                           R"({"method":"dspark","num_speculative_tokens":"5"})", R"({"method":"dspark","bogus":1})",
                           R"({"method":"dspark","verify_mode":"maybe"})", R"({"num_speculative_tokens":5})",
-                          R"({"method":"dspark","confidence_threshold":2})"}) {
+                          R"({"method":"dspark","confidence_threshold":2})", R"({"method":"mtp","frobnicate":true})"}) {
     auto r = parse_speculative_config(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_NE(r.status().message().find("--speculative-config"), std::string::npos);
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("--speculative-config"), std::string::npos);
+    }
   }
 }
 

@@ -219,6 +219,104 @@ TEST(Grammar, MaskAgreesWithMatcherAndRandomWalksValidate) {
   EXPECT_GT(completed, 30);
 }
 
+// Whether `out` ends inside a JSON string (an odd number of unescaped quotes).
+bool inside_string(const std::string& out) {
+  bool in = false;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (in && out[i] == '\\') ++i;
+    else if (out[i] == '"') in = !in;
+  }
+  return in;
+}
+
+// A weak model that prefers whitespace between JSON tokens: there it picks the longest allowed
+// whitespace token, else the allowed token earliest in `preference` (closing brackets and quotes
+// first, so the document ends as soon as the schema lets it). (Spaces inside a string are its
+// content, which no formatter touches.) Returns the output text; `tokens` counts steps.
+std::string whitespace_loving_walk(const std::shared_ptr<const Grammar>& g, const std::vector<std::string>& vocab,
+                                   int max_tokens, int* tokens) {
+  std::vector<bool> excluded(vocab.size(), false);
+  excluded[0] = true;
+  auto trie = std::make_shared<TokenTrie>(vocab, excluded);
+  JsonSchemaConstraint c(g, trie, 0);
+  const std::string preference = "\"}]0123456789abcdefghijklmnopqrstuvwxyz:,{[";
+  std::string out;
+  std::vector<bool> allowed(vocab.size());
+  *tokens = 0;
+  for (; *tokens < max_tokens; ++*tokens) {
+    c.allowed_tokens(allowed);
+    int pick = -1;
+    for (size_t id = 1; id < vocab.size(); ++id) {
+      bool ws = vocab[id].find_first_not_of(" \n\t\r") == std::string::npos;
+      if (allowed[id] && ws && !inside_string(out) && (pick < 0 || vocab[id].size() > vocab[pick].size())) pick = static_cast<int>(id);
+    }
+    for (size_t p = 0; pick < 0 && p < preference.size(); ++p)
+      for (size_t id = 1; id < vocab.size(); ++id)
+        if (allowed[id] && vocab[id] == std::string(1, preference[p])) { pick = static_cast<int>(id); break; }
+    if (pick < 0) break;  // only EOS left
+    c.accept_token(pick);
+    out += vocab[pick];
+  }
+  EXPECT_TRUE(c.is_complete()) << out;
+  return out;
+}
+
+TEST(Grammar, WhitespaceIsBoundedByWhatAFormatterWrites) {
+  std::vector<std::string> vocab = test_vocab();
+  for (const char* ws : {" ", "  ", "    ", "        ", "\n", "\n\n", "\n        ", "\t", "\r\n", "\n\n\n\n"})
+    vocab.push_back(ws);
+  auto g = must(kPerson);
+  ASSERT_TRUE(g);
+  int tokens = 0;
+  std::string out = whitespace_loving_walk(g, vocab, 200, &tokens);
+  auto v = json::parse(out, nullptr, false);
+  ASSERT_FALSE(v.is_discarded()) << out;
+  EXPECT_TRUE(validate(v, kPerson, kPerson)) << out;
+  // Every whitespace run is one space, or one newline and at most 4 spaces per nesting level.
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < out.size();) {
+    char ch = out[i];
+    if (in_string) {
+      if (ch == '\\') ++i;
+      else if (ch == '"') in_string = false;
+      ++i;
+      continue;
+    }
+    if (ch == '"') in_string = true;
+    if (ch == '{' || ch == '[') ++depth;
+    if (ch == '}' || ch == ']') --depth;
+    if (ch != ' ' && ch != '\n' && ch != '\t' && ch != '\r') {
+      ++i;
+      continue;
+    }
+    size_t j = out.find_first_not_of(" \n\t\r", i);
+    std::string run = out.substr(i, j - i);
+    if (run[0] == '\n') {
+      EXPECT_EQ(run.find_first_of("\n\r", 1), std::string::npos) << "two newlines in one gap: " << out;
+      EXPECT_LE(run.size() - 1, static_cast<size_t>(kMaxIndentPerLevel * (depth + 1))) << out;
+    } else {
+      EXPECT_EQ(run, " ") << out;
+    }
+    i = j;
+  }
+  EXPECT_LT(tokens, 200) << out;  // it ended by itself
+
+  auto compact = compile(kPerson, JsonWhitespace::kNone);
+  ASSERT_TRUE(compact.ok());
+  out = whitespace_loving_walk(*compact, vocab, 200, &tokens);
+  EXPECT_EQ(out.find_first_of(" \n\t\r"), std::string::npos) << out;
+  EXPECT_FALSE(json::parse(out, nullptr, false).is_discarded()) << out;
+  EXPECT_FALSE(accepts(*compact, R"({"name": "bo","age":3,"tags":["x"]})"));
+  EXPECT_TRUE(accepts(*compact, R"({"name":"bo","age":3,"tags":["x"]})"));
+  EXPECT_TRUE(accepts(g, "{\n  \"name\": \"bo\",\n  \"age\": 3,\n  \"tags\": [\n    \"x\"\n  ]\n}"));
+  EXPECT_FALSE(accepts(g, "{\n\n  \"name\": \"bo\",\"age\":3,\"tags\":[\"x\"]}"));
+  EXPECT_FALSE(accepts(g, "{\"name\":  \"bo\",\"age\":3,\"tags\":[\"x\"]}"));
+  EXPECT_FALSE(accepts(g, "{\"name\":\"bo\",\"age\":3,\"tags\":[\n  \n  \"x\"]}"));  // two gaps in one
+  EXPECT_TRUE(parse_json_whitespace("none").ok());
+  EXPECT_FALSE(parse_json_whitespace("lots").ok());
+}
+
 TEST(Grammar, CloneIsIndependent) {
   std::vector<std::string> vocab = {"<eos>", "{", "}", "\"", "a", ":", "1"};
   auto trie = std::make_shared<TokenTrie>(vocab, std::vector<bool>{true, false, false, false, false, false, false});

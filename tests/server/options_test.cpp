@@ -1,6 +1,9 @@
 // The serve option table: defaults, every value form, env fallbacks, errors naming the flag.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <map>
 
 #include "server/options.h"
@@ -81,7 +84,12 @@ TEST(Options, InvalidValuesNameTheFlag) {
       {{"--model", "m", "--max-num-seqs", "0"}, "--max-num-seqs"},
       {{"--model", "m", "--max-num-seqs"}, "--max-num-seqs"},
       {{"--model", "m", "--frobnicate"}, "--frobnicate"},
-      {{"--port", "1"}, "--model"},
+      {{"--model", "m", "--long-prefill-token-threshold", "-1"}, "--long-prefill-token-threshold"},
+      {{"--model", "m", "--max-num-partial-prefills", "0"}, "--max-num-partial-prefills"},
+      {{"--model", "m", "--request-timeout", "-2"}, "--request-timeout"},
+      {{"--model", "m", "--json-whitespace", "lots"}, "--json-whitespace"},
+      {{"--model", "m", "--speculative-config", R"({"method":"dspark","frob":1})"}, "frob"},
+      {{"--model", "m", "--prompt", "hi"}, "--prompt"},  // a `run` flag: not one of serve's
   };
   for (const auto& [args, flag] : bad) {
     auto o = parse(args);
@@ -91,9 +99,81 @@ TEST(Options, InvalidValuesNameTheFlag) {
 }
 
 TEST(Options, HelpListsEveryFlag) {
-  std::string h = serve_help();
-  for (const auto& s : serve_option_table()) EXPECT_NE(h.find(s.flag), std::string::npos) << s.flag;
+  for (Command cmd : {kServe, kRun, kLogits}) {
+    std::string h = command_help(cmd);
+    for (const auto& s : option_table())
+      EXPECT_EQ(h.find(std::string(s.flag) + " ") != std::string::npos, (s.commands & cmd) != 0) << s.flag << " " << cmd;
+  }
   EXPECT_EQ(parse({"--help"}).status().code(), StatusCode::kCancelled);
+}
+
+// First run: no --model serves the built-in model, under the name "builtin".
+TEST(Options, NoModelMeansTheBuiltinModel) {
+  auto o = parse({});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->model, builtin_model_dir());
+  EXPECT_EQ(o->engine.model_dir, builtin_model_dir());
+  EXPECT_EQ(o->served_model_names, std::vector<std::string>{"builtin"});
+}
+
+TEST(Options, NewFlags) {
+  auto o = parse({"--long-prefill-token-threshold", "512", "--max-num-partial-prefills", "2", "--request-timeout", "30",
+                  "--json-whitespace", "none"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->engine.long_prefill_token_threshold, 512);
+  EXPECT_EQ(o->engine.max_num_partial_prefills, 2);
+  EXPECT_DOUBLE_EQ(o->request_timeout_s, 30.0);
+  EXPECT_EQ(o->json_whitespace, json_grammar::JsonWhitespace::kNone);
+}
+
+// `run` and `logits` parse through the same table: shared flags, their own, and the same errors.
+TEST(Options, RunAndLogitsShareTheTable) {
+  auto env = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  auto r = parse_options(kRun, {"--prompt", "hi", "--max-tokens", "7", "--temperature", "0", "--chat",
+                                "--speculative-config", R"({"method":"mtp","num_speculative_tokens":2})", "--threads", "1"},
+                         env);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->run.prompt, "hi");
+  EXPECT_EQ(r->run.max_tokens, 7);
+  EXPECT_TRUE(r->run.chat);
+  EXPECT_EQ(r->engine.speculative.method, "dspark");
+  EXPECT_EQ(r->engine.speculative.num_speculative_tokens, 2);
+  EXPECT_EQ(r->engine.max_num_seqs, 1);
+  EXPECT_EQ(r->model, builtin_model_dir());
+  auto bad = parse_options(kRun, {"--max-tokens", "3"}, env);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--prompt is required"), std::string::npos);
+  bad = parse_options(kRun, {"--prompt", "x", "--speculative-config", R"({"method":"dspark","bogus":1})"}, env);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bogus"), std::string::npos);
+  bad = parse_options(kRun, {"--prompt", "x", "--port", "1"}, env);  // a serve flag
+  ASSERT_FALSE(bad.ok());
+  auto l = parse_options(kLogits, {"--model", "m", "--tokens-file", "t.json", "--out", "o.safetensors"}, env);
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  EXPECT_EQ(l->logits.out, "o.safetensors");
+  EXPECT_FALSE(parse_options(kLogits, {"--model", "m", "--out", "o"}, env).ok());
+}
+
+// The commands: `run` without --prompt says so (exit 2, not CLI11's 106); a missing model
+// directory is named as such.
+TEST(Options, CommandErrorsAreClear) {
+  auto sh = [](const std::string& cmd, std::string* out) {
+    std::string full = cmd + " 2>&1";
+    FILE* p = popen(full.c_str(), "r");
+    if (!p) return -1;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  std::string out;
+  EXPECT_EQ(sh(std::string(TANDEM_BINARY) + " run", &out), 2) << out;
+  EXPECT_NE(out.find("--prompt is required"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(sh(std::string(TANDEM_BINARY) + " run --model /nonexistent-tandem --prompt hi", &out), 1) << out;
+  EXPECT_NE(out.find("/nonexistent-tandem: no such directory"), std::string::npos) << out;
+  EXPECT_EQ(out.find("tokenizer"), std::string::npos) << out;
 }
 
 }  // namespace

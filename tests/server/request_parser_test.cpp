@@ -91,7 +91,13 @@ TEST(RequestParser, RandomAndMutatedBodiesNeverThrow) {
       R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}}})",
       R"({"prompt":[1,2,3],"max_tokens":5,"logprobs":3,"stop":["a","b"],"n":2})",
   };
-  const std::string alphabet = "{}[]\":,0123456789.-eEtrufalsn \\u\xff\x00abc";
+  // Split literals: "\x00abc" would be one hex escape (a, b, c are hex digits) and a NUL would end
+  // a plain C string; the s suffix keeps the NUL.
+  using namespace std::string_literals;
+  const std::string alphabet = "{}[]\":,0123456789.-eEtrufalsn \\u\xff" "\x00" "abc"s;
+  ASSERT_EQ(alphabet.size(), 37u);
+  ASSERT_EQ(alphabet[33], '\0');
+  ASSERT_EQ(alphabet.substr(34), "abc");
   int accepted = 0;
   for (int i = 0; i < 20000; ++i) {
     std::string s = seeds[i % seeds.size()];

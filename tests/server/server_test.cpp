@@ -602,6 +602,97 @@ TEST(Server, ClientDisconnectCancelsStream) {
   EXPECT_EQ(h.server->in_flight(), 0);
 }
 
+// A non-streaming request whose client goes away is cancelled within about a second (it used to
+// run to its end): the engine frees it and the server's in-flight count drops.
+TEST(Server, ClientDisconnectCancelsNonStreaming) {
+  EchoEngineOptions eo;
+  eo.step_delay_ms = 5;
+  ServerHarness h(eo);
+  int fd = raw_connect(h.port);
+  ASSERT_GE(fd, 0);
+  json body = chat("long");
+  body["ignore_eos"] = true;
+  body["max_tokens"] = 3000;  // ~15 s of steps
+  std::string b = body.dump();
+  std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                    std::to_string(b.size()) + "\r\n\r\n" + b;
+  ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  for (int i = 0; i < 1000 && h.engine->active_count() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(h.engine->active_count(), 1);
+  close(fd);
+  for (int i = 0; i < 400 && h.engine->active_count() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(h.engine->active_count(), 0) << "still running 2 s after the client left";
+  EXPECT_EQ(h.engine->cancelled_count(), 1);
+  for (int i = 0; i < 400 && h.server->in_flight() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(h.server->in_flight(), 0);
+}
+
+// Deadlines: the request's "request_timeout" or the server's --request-timeout ends a request
+// with finish_reason "timeout" (streamed or not), keeping what was generated.
+TEST(Server, RequestTimeoutEndsWithTimeoutFinishReason) {
+  EchoEngineOptions eo;
+  eo.step_delay_ms = 5;
+  ServerHarness h(eo);
+  auto c = h.client();
+  json body = chat("long");
+  body["ignore_eos"] = true;
+  body["max_tokens"] = 3000;
+  body["request_timeout"] = 0.2;
+  int status = 0;
+  json j = post_json(c, "/v1/chat/completions", body, &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "timeout") << j.dump();
+  EXPECT_GT(j["usage"]["completion_tokens"].get<int>(), 0);
+  EXPECT_LT(j["usage"]["completion_tokens"].get<int>(), 3000);
+  body["request_timeout"] = -1;
+  post_json(c, "/v1/chat/completions", body, &status);
+  EXPECT_EQ(status, 400);
+
+  ServerConfig cfg;
+  cfg.request_timeout_s = 0.2;
+  ServerHarness d(eo, cfg);
+  auto dc = d.client();
+  body.erase("request_timeout");
+  body["stream"] = true;
+  auto r = dc.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  bool saw_timeout = false;
+  for (const auto& data : sse_data(r->body)) {
+    if (data == "[DONE]") continue;
+    auto ch = json::parse(data);
+    if (!ch["choices"].empty() && ch["choices"][0]["finish_reason"] == "timeout") saw_timeout = true;
+  }
+  EXPECT_TRUE(saw_timeout) << r->body.substr(0, 400);
+}
+
+// An empty POST body gets a message saying so; other methods on a POST route get 405 (with
+// Allow), not 404; every rejection leaves a line in the log.
+TEST(Server, EmptyBodyWrongMethodAndRejectionLog) {
+  ServerHarness h;
+  auto c = h.client();
+  ::testing::internal::CaptureStderr();
+  auto r = c.Post("/v1/chat/completions", "", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  std::string msg = json::parse(r->body)["error"]["message"];
+  EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
+  r = c.Get("/v1/chat/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  EXPECT_TRUE(json::parse(r->body, nullptr, false).contains("error"));
+  r = c.Get("/v1/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  r = c.Post("/v1/chat/completions", R"({"messages":[{"role":"robot","content":"x"}]})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("rejected POST /v1/chat/completions"), std::string::npos) << log;
+  EXPECT_NE(log.find("rejected GET /v1/chat/completions"), std::string::npos) << log;
+  EXPECT_NE(log.find("messages[0].role"), std::string::npos) << log;
+}
+
 TEST(Server, MalformedHttpNeverCrashes) {
   ServerHarness h;
   const std::vector<std::string> junk = {
