@@ -81,6 +81,7 @@ class CudaRunner : public ModelRunner {
     // Decode and verify steps of up to --max-cudagraph-capture-size sequences replay CUDA graphs
     // (0 = always eager).
     o.max_graph_batch = std::min(max_graph_batch_, alloc.max_slots);
+    o.draft_tokens = config_.has_dspark() ? std::min(alloc.num_draft_tokens, config_.dspark_block_size) : 0;
     model_.reset();
     TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(dir_, o));
     allocs_at_start_ = kernels::cuda::alloc_stats().count;

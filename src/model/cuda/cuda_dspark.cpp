@@ -62,7 +62,7 @@ Status CudaModel::draft_insert_context(int slot, int64_t start_pos, std::span<co
 
 void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   const ModelConfig& c = cfg;
-  const int64_t K = c.dspark_block_size, D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
+  const int64_t K = draft_k, D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
   const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window, Rk = c.dspark_markov_rank;
   const int64_t N = B * K;
   uint8_t* hs = draft_host;
@@ -157,7 +157,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   if (B > m.max_draft_requests)
     return invalid_argument("draft_propose: {} requests, more than the {} this runner was sized for", B,
                             m.max_draft_requests);
-  const int64_t K = c.dspark_block_size, V = c.vocab_size;
+  const int64_t K = m.draft_k, V = c.vocab_size;
   for (const DraftQueryDev& r : requests) {
     if (r.slot < 0 || r.slot >= m.opt.max_slots) return invalid_argument("draft_propose: slot {} out of range", r.slot);
     if (r.anchor_token < 0 || r.anchor_token >= V)

@@ -103,6 +103,7 @@ struct CudaModel::Impl {
   int64_t max_rows = 0;        // rows of the scratch (max(step tokens, draft rows))
   int64_t max_logits_rows = 0;
   int max_draft_requests = 0;
+  int draft_k = 0;             // tokens per draft proposal (<= dspark_block_size)
   int64_t max_entries = 0;     // indexer score columns per row (max visible CSA entries)
   int64_t score_rows = 0;      // rows of the indexer score buffer (chunking)
 

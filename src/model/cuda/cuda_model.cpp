@@ -99,6 +99,7 @@ const ModelConfig& CudaModel::config() const { return impl_->cfg; }
 const LoadReport& CudaModel::load_report() const { return impl_->report; }
 bool CudaModel::has_draft() const { return impl_->w.has_draft; }
 int CudaModel::draft_block_size() const { return impl_->w.has_draft ? impl_->cfg.dspark_block_size : 0; }
+int CudaModel::draft_tokens() const { return impl_->w.has_draft ? impl_->draft_k : 0; }
 int64_t CudaModel::vocab_size() const { return impl_->cfg.vocab_size; }
 int64_t CudaModel::tap_dim() const {
   return impl_->cfg.has_dspark()
@@ -362,7 +363,11 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
                                                            const std::vector<const TensorView*>& tensors,
                                                            const CudaModelOptions& options) {
   TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
+  if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
+    return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
+                            config.dspark_block_size);
   auto impl = std::make_unique<Impl>();
+  impl->draft_k = options.draft_tokens > 0 ? options.draft_tokens : config.dspark_block_size;
   TANDEM_RETURN_IF_ERROR(impl->init(config, options));
   model::LoadCounts counts;
   auto weights = model::load_weights(config, tensors, options.model.load_draft, counts);

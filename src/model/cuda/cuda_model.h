@@ -31,6 +31,9 @@ struct CudaModelOptions {
   // CUDA graph captured on first use for (sequences padded to a power of two, tokens per sequence,
   // logits/taps mode, longest context rounded up to a power of two); 0 = always eager.
   int max_graph_batch = 0;
+  // Tokens each draft proposes (K; the engine's num_speculative_tokens); 0 = the whole draft block.
+  // A shorter block [anchor, noise x (K-1)] is what the draft attends over, as on the CPU.
+  int draft_tokens = 0;
 };
 
 // Device results of the last forward(): valid until the next forward().
@@ -56,7 +59,8 @@ class CudaModel {
   const ModelConfig& config() const;
   const LoadReport& load_report() const;
   bool has_draft() const;
-  int draft_block_size() const;
+  int draft_block_size() const;   // the checkpoint's block size (the largest K)
+  int draft_tokens() const;       // K drafted per proposal
   int64_t tap_dim() const;
   int64_t vocab_size() const;
   // Bytes of device memory held: weights, KV pool, slot states, scratch.
