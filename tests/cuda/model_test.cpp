@@ -638,7 +638,9 @@ void golden_case(const std::string& name, double max_rel, double mean_rel, doubl
     const TensorView* a = (*gpu)->find(t);
     const TensorView* b = (*cpu)->find(t);
     ASSERT_EQ(a == nullptr, b == nullptr) << t;
-    if (a) EXPECT_EQ(a->shape, b->shape) << t;
+    if (a) {
+      EXPECT_EQ(a->shape, b->shape) << t;
+    }
   }
   const TensorView* gl = (*gold)->find("logits");
   const TensorView* ml = (*gpu)->find("logits");
