@@ -392,6 +392,45 @@ TEST(CudaModel, GraphReplayEqualsEager) {
   EXPECT_LE(worst, 1e-6);
 }
 
+// Drafts replay a CUDA graph per request count: proposals equal the eager model's, also when the
+// anchors, positions and temperatures change between replays.
+TEST(CudaModel, DraftGraphReplayEqualsEager) {
+  SKIP_WITHOUT_GPU();
+  Pair& p = fp8_pair();
+  ASSERT_TRUE(p.gpu && p.gpu->has_draft());
+  CudaModelOptions co;
+  co.model = model_options();
+  co.max_graph_batch = 4;
+  auto g = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  CudaModel& gm = **g;
+  const int64_t td = gm.tap_dim();
+  auto toks = tokens(200, 55);
+  for (int s = 0; s < 2; ++s) {
+    std::vector<float> taps;
+    p.gpu->reset(s);
+    gm.reset(s);
+    p.gpu_run(s, toks, {}, &taps);
+    gm.reset(s);
+    run_chunks([&](const StepBatch& b, StepOutput& o) { return gm.forward(b, &o); }, p.cfg.vocab_size, s, toks, {},
+               &taps, td);
+    ASSERT_TRUE(p.gpu->draft_insert_context(s, 0, std::span<const float>(taps.data(), 190 * td)).ok());
+    ASSERT_TRUE(gm.draft_insert_context(s, 0, std::span<const float>(taps.data(), 190 * td)).ok());
+  }
+  for (int rep = 0; rep < 4; ++rep) {
+    std::vector<CudaModel::DraftQueryDev> qs = {{0, toks[190 + rep], 190, 0.0, 0},
+                                                {1, toks[191 - rep], 190, rep % 2 ? 0.7 : 0.0, 9}};
+    std::vector<DraftResult> want, got;
+    ASSERT_TRUE(p.gpu->draft_propose(qs, true, want).ok());
+    ASSERT_TRUE(gm.draft_propose(qs, true, got).ok());
+    for (size_t i = 0; i < qs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "rep " << rep << " request " << i;
+      EXPECT_EQ(got[i].confidence, want[i].confidence) << "rep " << rep << " request " << i;
+    }
+  }
+  EXPECT_GE(gm.graph_stats().replays, 3);
+}
+
 TEST(CudaModel, BadStepsAreErrorsAndChangeNothing) {
   SKIP_WITHOUT_GPU();
   Pair& p = fp8_pair();

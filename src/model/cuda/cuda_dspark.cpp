@@ -186,7 +186,32 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
     h_temp[b] = requests[b].temperature;
     h_seed[b] = requests[b].seed;
   }
-  m.launch_draft(B, want_probs);
+  // Drafts replay a CUDA graph per (requests, probabilities wanted) when graphs are on: the first
+  // draft of a shape runs eagerly, then the same launches are captured (they read the requests
+  // from the pinned staging area, so a replay drafts the current requests).
+  if (m.copt.max_graph_batch > 0) {
+    const std::pair<int64_t, bool> key{B, want_probs};
+    auto it = m.draft_graphs.find(key);
+    if (it != m.draft_graphs.end()) {
+      TANDEM_CUDA_CHECK(cudaGraphLaunch(it->second, m.stream));
+      ++m.gstats.replays;
+    } else {
+      m.launch_draft(B, want_probs);
+      cudaGraph_t g;
+      TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+      m.launch_draft(B, want_probs);
+      TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
+      cudaGraphExec_t ge;
+      TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+      TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+      m.draft_graphs.emplace(key, ge);
+      ++m.gstats.captures;
+      ++m.gstats.eager;
+    }
+  } else {
+    m.launch_draft(B, want_probs);
+    ++m.gstats.eager;
+  }
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_tok, m.d_tokens.get(), 4 * N, cudaMemcpyDeviceToHost, m.stream));
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_conf, m.d_conf.get(), 4 * N, cudaMemcpyDeviceToHost, m.stream));
   for (int64_t b = 0; b < B; ++b) {

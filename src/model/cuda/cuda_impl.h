@@ -154,6 +154,7 @@ struct CudaModel::Impl {
   // ---- CUDA graphs: key = (sequences, tokens per sequence, logits mode, taps, context bucket) ----
   using GraphKey = std::tuple<int, int, int, int, int64_t>;
   std::map<GraphKey, cudaGraphExec_t> graphs;
+  std::map<std::pair<int64_t, bool>, cudaGraphExec_t> draft_graphs;  // (requests, probabilities wanted)
   CudaModel::GraphStats gstats;
   int pad_slot = -1;            // the slot padding sequences run in (one past the engine's slots)
   int pad_block = -1;           // the pool block padding sequences write to

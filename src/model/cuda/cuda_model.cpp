@@ -87,6 +87,7 @@ size_t snapshot_bytes(const cuda_model::DeviceLayout& l) {
 CudaModel::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
   for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+  for (auto& [k, g] : draft_graphs) cudaGraphExecDestroy(g);
   if (plan_host) cudaFreeHost(plan_host);
   if (draft_host) cudaFreeHost(draft_host);
   if (stream) cudaStreamDestroy(stream);
