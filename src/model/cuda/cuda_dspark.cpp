@@ -245,56 +245,7 @@ Result<CudaModel::StepProfile> CudaModel::profile_draft(std::span<const DraftQue
   // One real proposal first: validates, stages the requests and warms every kernel.
   TANDEM_RETURN_IF_ERROR(draft_propose(requests, false, res));
   const int64_t B = static_cast<int64_t>(requests.size());
-  StepProfile prof;
-  cudaEvent_t e0, e1;
-  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
-  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> eager, graph;
-  for (int r = 0; r < reps + 2; ++r) {
-    TANDEM_CUDA_CHECK(cudaEventRecord(e0, m.stream));
-    m.launch_draft(B, false);
-    TANDEM_CUDA_CHECK(cudaEventRecord(e1, m.stream));
-    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 2) eager.push_back(ms * 1000.0);
-  }
-  cudaGraph_t g;
-  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-  m.launch_draft(B, false);
-  TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
-  size_t nn = 0;
-  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
-  std::vector<cudaGraphNode_t> nodes(nn);
-  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType t;
-    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
-    if (t == cudaGraphNodeTypeKernel) ++prof.kernels;
-    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++prof.copies;
-  }
-  cudaGraphExec_t ge;
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  for (int r = 0; r < reps + 2; ++r) {
-    TANDEM_CUDA_CHECK(cudaEventRecord(e0, m.stream));
-    TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, m.stream));
-    TANDEM_CUDA_CHECK(cudaEventRecord(e1, m.stream));
-    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 2) graph.push_back(ms * 1000.0);
-  }
-  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
-  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  prof.eager_us = median(eager);
-  prof.graph_us = median(graph);
-  return prof;
+  return cuda_model::time_eager_and_graph(m.stream, reps, [&m, B] { m.launch_draft(B, false); });
 }
 
 }  // namespace tandem

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -87,6 +88,10 @@ struct DeviceLayout {
   int64_t draft_slot_bytes = 0;  // DSpark context rings of one slot: [stages, W, rec.bytes]
 };
 DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool has_draft);
+
+// Runs `launch` (device work on `stream`) reps times eagerly and reps times as a replay of one
+// captured CUDA graph (two warm-up runs each); the graph's kernel and copy nodes and the medians.
+CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const std::function<void()>& launch);
 
 }  // namespace cuda_model
 

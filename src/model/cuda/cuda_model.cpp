@@ -77,6 +77,56 @@ DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool h
 }
 }  // namespace cuda_model
 
+namespace cuda_model {
+CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const std::function<void()>& launch) {
+  CudaModel::StepProfile prof;
+  cudaEvent_t e0, e1;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
+  auto timed = [&](const std::function<void()>& fn, std::vector<double>& out) {
+    for (int r = 0; r < reps + 2; ++r) {  // two warm-up runs
+      TANDEM_CUDA_CHECK(cudaEventRecord(e0, stream));
+      fn();
+      TANDEM_CUDA_CHECK(cudaEventRecord(e1, stream));
+      TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 2) out.push_back(ms * 1000.0);
+    }
+  };
+  std::vector<double> eager, graph;
+  timed(launch, eager);
+  cudaGraph_t g;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch();
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+  size_t nn = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
+  std::vector<cudaGraphNode_t> nodes(nn);
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeKernel) ++prof.kernels;
+    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++prof.copies;
+  }
+  cudaGraphExec_t ge;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  timed([&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, stream)); }, graph);
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  prof.eager_us = median(eager);
+  prof.graph_us = median(graph);
+  return prof;
+}
+}  // namespace cuda_model
+
 namespace {
 // Snapshot: [length int64][slot rings][draft context rings]
 size_t snapshot_bytes(const cuda_model::DeviceLayout& l) {
@@ -652,58 +702,8 @@ Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, i
   for (const SeqStep& q : batch.seqs)
     if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
       return invalid_argument("profile_step: a replayed step may add at most max_rollback + 1 tokens per sequence");
-  StepProfile prof;
-  // Eager: the same launches, timed with events.
-  cudaEvent_t e0, e1;
-  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
-  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> eager, graph;
-  for (int r = 0; r < reps + 2; ++r) {
-    TANDEM_CUDA_CHECK(cudaEventRecord(e0, m.stream));
-    m.launch();
-    TANDEM_CUDA_CHECK(cudaEventRecord(e1, m.stream));
-    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 2) eager.push_back(ms * 1000.0);
-  }
-  // Graph: capture the step once, count its nodes, time replays. Replaying the same step is
-  // idempotent (it rewrites the same ring rows and pool entries).
-  cudaGraph_t g;
-  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-  m.launch();
-  TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
-  size_t nn = 0;
-  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
-  std::vector<cudaGraphNode_t> nodes(nn);
-  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType t;
-    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
-    if (t == cudaGraphNodeTypeKernel) ++prof.kernels;
-    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++prof.copies;
-  }
-  cudaGraphExec_t ge;
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  for (int r = 0; r < reps + 2; ++r) {
-    TANDEM_CUDA_CHECK(cudaEventRecord(e0, m.stream));
-    TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, m.stream));
-    TANDEM_CUDA_CHECK(cudaEventRecord(e1, m.stream));
-    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 2) graph.push_back(ms * 1000.0);
-  }
-  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
-  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  prof.eager_us = median(eager);
-  prof.graph_us = median(graph);
+  // Replaying the same step is idempotent (it rewrites the same ring rows and pool entries).
+  const StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, [&m] { m.launch(); });
   // The outputs are those of the last graph replay.
   m.finish(host_out, nullptr);
   return prof;
