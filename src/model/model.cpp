@@ -191,7 +191,8 @@ Result<std::unique_ptr<DsV4Model>> DsV4Model::load(const std::string& dir, const
   return model;
 }
 
-Status DsV4Model::Impl::validate_step(const StepBatch& batch) const {
+Status validate_step_batch(const StepBatch& batch, const ModelConfig& cfg, const ModelOptions& opt,
+                           std::span<const int64_t> slot_len) {
   int64_t total = 0;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const SeqStep& q = batch.seqs[i];
@@ -207,6 +208,9 @@ Status DsV4Model::Impl::validate_step(const StepBatch& batch) const {
     for (int32_t t : q.tokens)
       if (t < 0 || t >= cfg.vocab_size)
         return invalid_argument("step seq {}: token id {} outside the vocabulary [0, {})", i, t, cfg.vocab_size);
+    if (q.start_pos + n > cfg.max_position_embeddings)
+      return invalid_argument("step seq {}: position {} beyond max_position_embeddings {}", i, q.start_pos + n,
+                              cfg.max_position_embeddings);
     const int64_t need = (q.start_pos + n + opt.block_size - 1) / opt.block_size;
     if (static_cast<int64_t>(q.block_table.size()) < need)
       return invalid_argument("step seq {}: block table has {} blocks, {} needed for {} positions", i,
@@ -221,6 +225,10 @@ Status DsV4Model::Impl::validate_step(const StepBatch& batch) const {
   if (total > opt.max_tokens_per_step)
     return invalid_argument("step has {} tokens, more than max_tokens_per_step {}", total, opt.max_tokens_per_step);
   return Status();
+}
+
+Status DsV4Model::Impl::validate_step(const StepBatch& batch) const {
+  return validate_step_batch(batch, cfg, opt, slot_len);
 }
 
 Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {

@@ -143,6 +143,13 @@ struct DraftResult {
   std::vector<float> probs;          // [K, vocab] when want_probs
 };
 
+// The checks every backend runs on a step before touching state (InvalidArgument names the
+// sequence and the field): slots in range and distinct, start_pos == the slot's length, token ids
+// in the vocabulary, positions within max_position_embeddings, block tables long enough and in
+// the pool, taps only with a draft, at most max_tokens_per_step tokens.
+Status validate_step_batch(const StepBatch& batch, const ModelConfig& cfg, const ModelOptions& opt,
+                           std::span<const int64_t> slot_len);
+
 struct LoadReport {
   int64_t target_tensors_loaded = 0;
   int64_t target_tensors_expected = 0;

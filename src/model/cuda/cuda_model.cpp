@@ -463,38 +463,12 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::string& dir, const
 }
 
 Status CudaModel::Impl::validate_step(const StepBatch& batch) const {
-  int64_t total = 0, lrows = 0;
-  if (static_cast<int64_t>(batch.seqs.size()) > opt.max_slots)
-    return invalid_argument("step has {} sequences, more than max_slots {}", batch.seqs.size(), opt.max_slots);
-  for (size_t i = 0; i < batch.seqs.size(); ++i) {
-    const SeqStep& q = batch.seqs[i];
-    if (q.slot < 0 || q.slot >= opt.max_slots)
-      return invalid_argument("step seq {}: slot {} outside [0, {})", i, q.slot, opt.max_slots);
-    for (size_t k = 0; k < i; ++k)
-      if (batch.seqs[k].slot == q.slot) return invalid_argument("step seq {}: slot {} appears twice in one step", i, q.slot);
-    if (q.start_pos != slot_len[q.slot])
-      return invalid_argument("step seq {}: start_pos {} != slot {} length {}", i, q.start_pos, q.slot, slot_len[q.slot]);
+  TANDEM_RETURN_IF_ERROR(validate_step_batch(batch, cfg, opt, std::span<const int64_t>(slot_len.data(), opt.max_slots)));
+  int64_t lrows = 0;
+  for (const SeqStep& q : batch.seqs) {
     const int64_t n = static_cast<int64_t>(q.tokens.size());
-    total += n;
     if (n > 0 && q.logits != LogitsMode::kNone) lrows += q.logits == LogitsMode::kAll ? n : 1;
-    for (int32_t t : q.tokens)
-      if (t < 0 || t >= cfg.vocab_size)
-        return invalid_argument("step seq {}: token id {} outside the vocabulary [0, {})", i, t, cfg.vocab_size);
-    if (q.start_pos + n > cfg.max_position_embeddings)
-      return invalid_argument("step seq {}: position {} beyond max_position_embeddings {}", i, q.start_pos + n,
-                              cfg.max_position_embeddings);
-    const int64_t need = (q.start_pos + n + opt.block_size - 1) / opt.block_size;
-    if (static_cast<int64_t>(q.block_table.size()) < need)
-      return invalid_argument("step seq {}: block table has {} blocks, {} needed for {} positions", i,
-                              q.block_table.size(), need, q.start_pos + n);
-    for (int64_t b = 0; b < need; ++b)
-      if (q.block_table[b] < 0 || q.block_table[b] >= opt.num_blocks)
-        return invalid_argument("step seq {}: block id {} outside the pool [0, {})", i, q.block_table[b], opt.num_blocks);
-    if (q.collect_taps && !cfg.has_dspark())
-      return invalid_argument("step seq {}: collect_taps needs a model with a DSpark draft", i);
   }
-  if (total > opt.max_tokens_per_step)
-    return invalid_argument("step has {} tokens, more than max_tokens_per_step {}", total, opt.max_tokens_per_step);
   if (lrows > max_logits_rows)
     return invalid_argument("step asks for {} logits rows, more than the {} this runner was sized for", lrows,
                             max_logits_rows);
