@@ -141,7 +141,10 @@ class EngineLoop : public std::enable_shared_from_this<EngineLoop> {
         inbox_.clear();
         cancels.swap(cancels_);
       }
-      for (auto& [req, live] : inbox) {
+      for (auto& entry : inbox) {
+        Request& req = entry.first;
+        // A named copy: clang 14 (the fuzz build) cannot capture a structured binding.
+        std::shared_ptr<Live> live = entry.second;
         std::string id = req.request_id;
         auto wrapped = [this, id, live](const RequestEvent& ev) {
           {
