@@ -1,0 +1,51 @@
+// --device selection without relying on a GPU: on a machine with no visible GPU (CI) `cuda` is a
+// clear start-up error naming the reason and `auto` falls back to the CPU runner; with a GPU the
+// CUDA runner is chosen. Also runs where the build has no CUDA runner at all.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/dsv4_runner.h"
+#include "engine/engine.h"
+
+namespace tandem {
+namespace {
+
+EngineConfig builtin(const std::string& device) {
+  EngineConfig c;
+  c.model_dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  c.device = device;
+  c.max_num_seqs = 1;
+  c.num_threads = 1;
+  c.kv_cache_memory = int64_t{64} << 20;
+  return c;
+}
+
+TEST(DeviceSelect, CudaWithoutAGpuIsAClearErrorAndAutoUsesTheCpu) {
+  if (cuda_runner_available()) GTEST_SKIP() << "a GPU is visible: tests/cuda covers --device cuda";
+  auto r = create_cuda_runner(builtin("cuda"));
+  ASSERT_FALSE(r.ok());
+  const std::string msg = r.status().message();
+  EXPECT_NE(msg.find("--device cuda"), std::string::npos) << msg;
+  EXPECT_TRUE(msg.find("no CUDA device") != std::string::npos || msg.find("no CUDA runner") != std::string::npos)
+      << msg;
+  auto e = Engine::create(builtin("cuda"));
+  ASSERT_FALSE(e.ok());
+  auto a = Engine::create(builtin("auto"));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ((*a)->model_info().device, "cpu");
+}
+
+TEST(DeviceSelect, UnknownDeviceAndGpuTensorParallelAreErrors) {
+  EngineConfig c = builtin("tpu");
+  EXPECT_FALSE(Engine::create(c).ok());
+  if (!cuda_runner_available()) GTEST_SKIP() << "no GPU: --device cuda with N > 1 is refused before that check";
+  c = builtin("cuda");
+  c.tensor_parallel_size = 2;
+  auto e = Engine::create(c);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("NCCL"), std::string::npos) << e.status().message();
+}
+
+}  // namespace
+}  // namespace tandem
