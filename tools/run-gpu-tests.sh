@@ -41,7 +41,7 @@ done
 
 echo "== bench-model on the built-in model"
 bench="$RESULTS/bench-model-$date-$tag.json"
-TANDEM_COMMIT=$commit "$BUILD/tandem" bench-model --model data/builtin --batches 1,2,4,8 --reps 50 --out "$bench" || rc=1
+TANDEM_COMMIT=$commit "$BUILD/tandem" bench-model --model data/builtin --batches 1,2,4,8 --reps 50 --prefill 8192 --out "$bench" || rc=1
 
 echo "== tandem serve --device cuda smoke test"
 port=${GPU_SMOKE_PORT:-18777}

@@ -4,6 +4,8 @@
 // table gives the kernels and copies per step and the median step times. JSON to --out.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -36,6 +38,7 @@ std::string today_utc() {
 struct BenchArgs {
   std::string model_dir, out, kv_dtype = "fp8", batches = "1,2,4,8";
   int context = 200, reps = 50;
+  int prefill = 0;  // tokens of one prompt to prefill in one step (0 = skip)
 };
 
 Status bench(const BenchArgs& a) {
@@ -61,10 +64,12 @@ Status bench(const BenchArgs& a) {
   CudaModelOptions o;
   o.model.max_slots = max_b;
   o.model.block_size = 256;
+  if (a.prefill < 0) return invalid_argument("--prefill must be >= 0");
   const int blocks_per_seq = (a.context + K + 2 + 255) / 256;
-  o.model.num_blocks = max_b * blocks_per_seq;
+  const int prefill_blocks = (a.prefill + 255) / 256;
+  o.model.num_blocks = std::max(max_b * blocks_per_seq, prefill_blocks);
   o.model.max_rollback = K + 1;
-  o.model.max_tokens_per_step = std::max(a.context, max_b * (K + 1));
+  o.model.max_tokens_per_step = std::max({a.context, max_b * (K + 1), a.prefill});
   TANDEM_ASSIGN_OR_RETURN(o.model.kv_dtype, parse_kv_dtype(a.kv_dtype));
   o.max_logits_rows = max_b * (K + 1);
   TANDEM_ASSIGN_OR_RETURN(auto model, CudaModel::load(a.model_dir, o));
@@ -134,6 +139,28 @@ Status bench(const BenchArgs& a) {
       record("draft", K, p);
     }
   }
+  if (a.prefill > 0) {
+    // One prompt of --prefill tokens in one step, from an empty slot, timed end to end (the plan
+    // upload, every layer, the last row's logits copied back), median of 3 after one warm-up.
+    std::vector<int32_t> prompt(a.prefill), table(prefill_blocks);
+    for (auto& t : prompt) t = next_tok();
+    for (int b = 0; b < prefill_blocks; ++b) table[b] = b;
+    std::vector<double> ms;
+    StepOutput out;
+    for (int r = 0; r < 4; ++r) {
+      model->reset(0);
+      StepBatch pb;
+      pb.seqs.push_back({0, 0, std::span<const int32_t>(prompt.data(), prompt.size()), table, LogitsMode::kLast, false});
+      const auto t0 = std::chrono::steady_clock::now();
+      TANDEM_RETURN_IF_ERROR(model->forward(pb, &out));
+      const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) ms.push_back(dt);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    std::printf("prefill  %6d tokens: %.1f ms (%.0f tok/s)\n", a.prefill, med, a.prefill / (med / 1000.0));
+    j["prefill"] = {{"tokens", a.prefill}, {"ms_median", med}, {"tokens_per_s", a.prefill / (med / 1000.0)}};
+  }
   const std::string path = a.out.empty() ? "bench-model-" + today_utc() + ".json" : a.out;
   std::ofstream(path) << j.dump(2) << "\n";
   std::printf("wrote %s\n", path.c_str());
@@ -151,6 +178,7 @@ int bench_model_main(int argc, char** argv) {
   app.add_option("--batches", a.batches, "comma-separated batch sizes (default 1,2,4,8)");
   app.add_option("--context", a.context, "tokens already in each sequence (default 200)");
   app.add_option("--reps", a.reps, "timed repetitions per shape (default 50)");
+  app.add_option("--prefill", a.prefill, "also time one prompt of this many tokens prefilled in one step (default 0: skip)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
