@@ -136,23 +136,9 @@ class CudaRunner : public ModelRunner {
   }
 
   Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
-    batch_.seqs.clear();
-    for (const RunnerSeq& r : batch) {
-      SeqStep s;
-      s.slot = r.slot;
-      s.start_pos = r.start_pos;
-      s.tokens = r.tokens;
-      s.block_table = r.block_table;
-      s.logits = r.all_logits ? LogitsMode::kAll : LogitsMode::kLast;
-      s.collect_taps = r.collect_taps && model_->has_draft();
-      batch_.seqs.push_back(s);
-    }
+    to_step_batch(batch, model_->has_draft(), batch_);
     TANDEM_RETURN_IF_ERROR(model_->forward(batch_, &step_out_));
-    std::swap(out.logits, step_out_.logits);
-    out.logits_row_offset.assign(step_out_.logits_row.begin(), step_out_.logits_row.end());
-    std::swap(out.taps, step_out_.taps);
-    out.taps_row_offset.assign(step_out_.taps_row.begin(), step_out_.taps_row.end());
-    out.tap_dim = model_->tap_dim();
+    to_runner_output(step_out_, model_->tap_dim(), out);
     return Status();
   }
 
@@ -188,16 +174,7 @@ class CudaRunner : public ModelRunner {
       sampled = sampled || q.temperature > 0;
     }
     TANDEM_RETURN_IF_ERROR(model_->draft_propose(queries_, sampled, results_));
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      DraftResult& r = results_[i];
-      DraftProposal& p = out[i];
-      p.tokens = r.tokens;
-      p.confidence.resize(r.confidence.size());
-      for (size_t k = 0; k < r.confidence.size(); ++k)
-        p.confidence[k] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(r.confidence[k]))));
-      if (reqs[i].temperature > 0) std::swap(p.q, r.probs);
-      else p.q.clear();
-    }
+    for (size_t i = 0; i < reqs.size(); ++i) to_draft_proposal(results_[i], reqs[i].temperature > 0, out[i]);
     return Status();
   }
 

@@ -112,23 +112,9 @@ class Dsv4Runner : public ModelRunner {
   }
 
   Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
-    batch_.seqs.clear();
-    for (const RunnerSeq& r : batch) {
-      SeqStep s;
-      s.slot = r.slot;
-      s.start_pos = r.start_pos;
-      s.tokens = r.tokens;
-      s.block_table = r.block_table;
-      s.logits = r.all_logits ? LogitsMode::kAll : LogitsMode::kLast;
-      s.collect_taps = r.collect_taps && model_->has_draft();
-      batch_.seqs.push_back(s);
-    }
+    to_step_batch(batch, model_->has_draft(), batch_);
     TANDEM_RETURN_IF_ERROR(model_->forward(batch_, step_out_));
-    std::swap(out.logits, step_out_.logits);
-    out.logits_row_offset.assign(step_out_.logits_row.begin(), step_out_.logits_row.end());
-    std::swap(out.taps, step_out_.taps);
-    out.taps_row_offset.assign(step_out_.taps_row.begin(), step_out_.taps_row.end());
-    out.tap_dim = model_->tap_dim();
+    to_runner_output(step_out_, model_->tap_dim(), out);
     return Status();
   }
 
@@ -166,7 +152,6 @@ class Dsv4Runner : public ModelRunner {
 
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
     out.resize(reqs.size());
-    const int64_t V = config_.vocab_size;
     // Greedy drafts go in one batched call; sampled drafts one call each, with an RNG keyed by
     // (seed, anchor position) so a request's drafts never depend on its batch neighbours.
     greedy_idx_.clear();
@@ -183,7 +168,7 @@ class Dsv4Runner : public ModelRunner {
       ds.num_tokens = num_draft_tokens_;
       std::mt19937_64 rng(0);
       TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, rng, results_));
-      for (size_t k = 0; k < greedy_idx_.size(); ++k) fill(results_[k], out[greedy_idx_[k]], false, V);
+      for (size_t k = 0; k < greedy_idx_.size(); ++k) to_draft_proposal(results_[k], false, out[greedy_idx_[k]]);
     }
     for (size_t i = 0; i < reqs.size(); ++i) {
       if (reqs[i].temperature <= 0) continue;
@@ -194,22 +179,12 @@ class Dsv4Runner : public ModelRunner {
       std::mt19937_64 rng(mix64(reqs[i].seed ^ mix64(static_cast<uint64_t>(reqs[i].position) + 0xD5A3)));
       model_reqs_.assign(1, {reqs[i].slot, reqs[i].anchor, reqs[i].position});
       TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, rng, results_));
-      fill(results_[0], out[i], true, V);
+      to_draft_proposal(results_[0], true, out[i]);
     }
     return Status();
   }
 
  private:
-  static void fill(DraftResult& r, DraftProposal& p, bool with_q, int64_t V) {
-    p.tokens = r.tokens;
-    p.confidence.resize(r.confidence.size());
-    for (size_t k = 0; k < r.confidence.size(); ++k)
-      p.confidence[k] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(r.confidence[k]))));
-    if (with_q) std::swap(p.q, r.probs);
-    else p.q.clear();
-    (void)V;
-  }
-
   // Resident set of this process (what the weights' touched pages and the state cost).
   static double resident_mib() {
     long pages = 0, resident = 0;
@@ -239,6 +214,37 @@ class Dsv4Runner : public ModelRunner {
 };
 
 }  // namespace
+
+void to_step_batch(std::span<const RunnerSeq> batch, bool has_draft, StepBatch& out) {
+  out.seqs.clear();  // no allocation once grown to the largest batch
+  for (const RunnerSeq& r : batch) {
+    SeqStep s;
+    s.slot = r.slot;
+    s.start_pos = r.start_pos;
+    s.tokens = r.tokens;
+    s.block_table = r.block_table;
+    s.logits = r.all_logits ? LogitsMode::kAll : LogitsMode::kLast;
+    s.collect_taps = r.collect_taps && has_draft;
+    out.seqs.push_back(s);
+  }
+}
+
+void to_runner_output(StepOutput& step, int64_t tap_dim, RunnerOutput& out) {
+  std::swap(out.logits, step.logits);
+  out.logits_row_offset.assign(step.logits_row.begin(), step.logits_row.end());
+  std::swap(out.taps, step.taps);
+  out.taps_row_offset.assign(step.taps_row.begin(), step.taps_row.end());
+  out.tap_dim = tap_dim;
+}
+
+void to_draft_proposal(DraftResult& r, bool with_q, DraftProposal& p) {
+  p.tokens = r.tokens;
+  p.confidence.resize(r.confidence.size());
+  for (size_t k = 0; k < r.confidence.size(); ++k)
+    p.confidence[k] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(r.confidence[k]))));
+  if (with_q) std::swap(p.q, r.probs);
+  else p.q.clear();
+}
 
 Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config, int tp_rank, int tp_size,
                                                         Comm* comm) {

@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "model/model.h"
 
 namespace tandem {
 
@@ -21,5 +22,12 @@ Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& conf
 // runner or no GPU is visible. cuda_runner_available(): built with it and a GPU is visible.
 Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config);
 bool cuda_runner_available();
+
+// What both model runners (CPU and CUDA) translate between the engine and the model: the step
+// batch in, the logits and taps out (buffers swapped, not copied), a draft's result as a proposal
+// (confidence = sigmoid of the head's raw projection; q only for sampled drafts).
+void to_step_batch(std::span<const RunnerSeq> batch, bool has_draft, StepBatch& out);
+void to_runner_output(StepOutput& step, int64_t tap_dim, RunnerOutput& out);
+void to_draft_proposal(DraftResult& r, bool with_q, DraftProposal& p);
 
 }  // namespace tandem

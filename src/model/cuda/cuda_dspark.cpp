@@ -42,10 +42,7 @@ Status CudaModel::draft_insert_context(int slot, int64_t start_pos, std::span<co
     m.linear(m.w.draft.main_proj, m.mh.get(), rn, m.main_x.get());
     m.norm_rows(m.main_x.get(), rn, D, m.w.draft.main_norm);
     // Positions pos0 + r0 + t for the RoPE of the context KV.
-    std::vector<int64_t> base{pos0 + r0};
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_req_pos.get(), base.data(), sizeof(int64_t), cudaMemcpyHostToDevice, m.stream));
-    cuda_model::block_positions(m.d_req_pos.get(), rn, static_cast<int>(rn), m.draft_pos.get(), m.stream);
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // `base` is pageable host memory
+    cuda_model::iota_positions(pos0 + r0, rn, m.draft_pos.get(), m.stream);
     for (int st = 0; st < c.num_draft_stages; ++st) {
       const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
       m.linear(a.wkv, m.main_x.get(), rn, m.kv.get());
@@ -56,13 +53,14 @@ Status CudaModel::draft_insert_context(int slot, int64_t start_pos, std::span<co
       cuda_model::ring_write(m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W), m.stream);
     }
   }
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  // No synchronization: the copies from the caller's (pageable) rows complete before
+  // cudaMemcpyAsync returns, and later work is ordered on the same stream.
   return Status();
 }
 
 void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   const ModelConfig& c = cfg;
-  const int64_t K = draft_k, D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
+  const int64_t K = draft_k, D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window, Rk = c.dspark_markov_rank;
   const int64_t N = B * K;
   uint8_t* hs = draft_host;
@@ -85,7 +83,6 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   cuda_model::embed_rows(w.embed.w, ids, N, static_cast<int>(hc), D, h.get(), stream);
   for (int st = 0; st < c.num_draft_stages; ++st) {
     const cuda_model::DBlock& b = w.draft.stages[st];
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(res.get(), h.get(), sizeof(float) * N * HD, cudaMemcpyDeviceToDevice, stream));
     hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
     norm_rows(x.get(), N, D, b.attn_norm);
     q_and_kv(b.attn, x.get(), N);
@@ -110,12 +107,11 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
     cuda_model::draft_attention(da, B, stream);
     rope_rows(rope_swa.get(), o.get(), pos, N, H, hd, true);
     output_proj(b.attn, o.get(), N, a.get());
-    hc_post(a.get(), res.get(), N, h.get());
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(res.get(), h.get(), sizeof(float) * N * HD, cudaMemcpyDeviceToDevice, stream));
+    hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
     hc_pre(h.get(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
     norm_rows(x.get(), N, D, b.ffn_norm);
     moe(b.ffn, x.get(), ids, N, a.get());
-    hc_post(a.get(), res.get(), N, h.get());
+    hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
   }
   const cuda_model::DDraft& dw = w.draft;
   head_logits(h.get(), N, w, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, dw.norm, head_y.get(),

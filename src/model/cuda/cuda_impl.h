@@ -132,7 +132,7 @@ struct CudaModel::Impl {
   cuda_model::StepMeta meta;    // pointers into plan_dev
 
   // ---- scratch (device, sized at start-up) ----
-  Buf<float> h, res, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, comp_rows, icomp_rows, entry, iq, iw,
+  Buf<float> h, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, comp_rows, icomp_rows, entry, iq, iw,
       idx_scores, gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
       main_x, base, bias, e_row, yn;
   Buf<uint8_t> kv_rec, entry_rec;

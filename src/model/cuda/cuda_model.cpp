@@ -260,7 +260,6 @@ void allocate_all(CudaModel::Impl& m) {
 
   auto f = [](CudaModel::Impl::Buf<float>& b, int64_t n) { b.reset(static_cast<size_t>(std::max<int64_t>(n, 1))); };
   f(m.h, N * HD);
-  f(m.res, N * HD);
   f(m.x, N * D);
   f(m.a, N * D);
   f(m.post, N * hc);

@@ -559,6 +559,11 @@ __global__ void block_positions_kernel(const int64_t* base, int64_t count, int p
   if (i < count) pos[i] = base[i / per] + i % per;
 }
 
+__global__ void iota_positions_kernel(int64_t start, int64_t count, int64_t* pos) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < count) pos[i] = start + i;
+}
+
 __global__ void draft_ids_kernel(const int32_t* anchor, int64_t B, int K, int32_t noise, int32_t* ids) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < B * K) ids[i] = (i % K == 0) ? anchor[i / K] : noise;
@@ -854,6 +859,12 @@ void scale_round(float* x, int64_t n, float scale, cudaStream_t s) {
 void block_positions(const int64_t* base, int64_t count, int per, int64_t* positions, cudaStream_t s) {
   if (count == 0) return;
   block_positions_kernel<<<ceil_div(count, 256), 256, 0, s>>>(base, count, per, positions);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+void iota_positions(int64_t start, int64_t count, int64_t* positions, cudaStream_t s) {
+  if (count == 0) return;
+  iota_positions_kernel<<<ceil_div(count, 256), 256, 0, s>>>(start, count, positions);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

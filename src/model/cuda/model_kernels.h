@@ -159,6 +159,8 @@ void scale_round(float* x, int64_t n, float scale, cudaStream_t s);
 // Mean over hc of nothing else: copies a [rows, cols] block with strides (device memcpy2D).
 // positions[i] = base[i / per] + i % per (draft block positions)
 void block_positions(const int64_t* base, int64_t count, int per, int64_t* positions, cudaStream_t s);
+// positions[i] = start + i
+void iota_positions(int64_t start, int64_t count, int64_t* positions, cudaStream_t s);
 // ids[b*K + t] = t == 0 ? anchor[b] : noise
 void draft_block_ids(const int32_t* anchor, int64_t B, int K, int32_t noise, int32_t* ids, cudaStream_t s);
 
