@@ -339,7 +339,18 @@ Result<nlohmann::json> run_benchmark(const BenchOptions& o, const std::function<
         d.concurrency = c;
         d.repeat = rep;
         d.max_tokens = max_tokens;
+        // The server is idle between runs, but it may publish the previous run's (or the warm-up's)
+        // last tokens a moment after their stream ended: take the baseline once two scrapes 100 ms
+        // apart agree, so none of that tail is counted in this run.
         auto before = metrics ? scrape(ep, co) : std::nullopt;
+        for (int settle = 0; before && settle < 20; ++settle) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          auto again = scrape(ep, co);
+          if (!again) break;
+          auto g = counter_deltas(*before, *again).generation_tokens;
+          before = again;
+          if (!g || std::llround(*g) == 0) break;
+        }
         const auto epoch = Clock::now();
         std::vector<std::vector<RequestRecord>> per_stream(c);
         std::vector<std::thread> threads;
