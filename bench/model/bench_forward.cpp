@@ -142,12 +142,11 @@ int main(int argc, char** argv) {
         return 1;
       DraftRequest req{0, toks[prefill_len], prefill_len};
       std::vector<DraftResult> res;
-      std::mt19937_64 r64(1);
       const int n = 16;
       std::vector<double> dds;
       for (int i = 0; i < n; ++i) {
         const double d0 = now_s();
-        if (!model.draft_propose(std::span<const DraftRequest>(&req, 1), DraftSampling(), r64, res).ok()) return 1;
+        if (!model.draft_propose(std::span<const DraftRequest>(&req, 1), DraftSampling(), res).ok()) return 1;
         dds.push_back(now_s() - d0);
       }
       const double dd = median(dds);

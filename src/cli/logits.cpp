@@ -55,11 +55,10 @@ TensorData f32_tensor(const std::string& name, std::vector<int64_t> shape, const
 // The two backends behind one loop: forward, context insert and a greedy single-request draft.
 struct CpuBackend {
   std::unique_ptr<DsV4Model> m;
-  std::mt19937_64 rng{0};
   Status forward(const StepBatch& b, StepOutput& out) { return m->forward(b, out); }
   Status draft(int32_t anchor, int64_t pos, std::vector<DraftResult>& res) {
     DraftRequest r{0, anchor, pos};
-    return m->draft_propose(std::span<const DraftRequest>(&r, 1), DraftSampling(), rng, res);
+    return m->draft_propose(std::span<const DraftRequest>(&r, 1), DraftSampling(), res);
   }
 };
 #ifdef TANDEM_HAVE_CUDA_RUNNER

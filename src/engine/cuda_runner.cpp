@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 
@@ -84,6 +85,14 @@ class CudaRunner : public ModelRunner {
     o.draft_tokens = config_.has_dspark() ? std::min(alloc.num_draft_tokens, config_.dspark_block_size) : 0;
     model_.reset();
     TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(dir_, o));
+    q_rows_.assign(static_cast<size_t>(alloc.max_slots), 0);
+    // Every decode/verify/draft shape the engine replays is captured now, not on a request's path.
+    const auto t0 = std::chrono::steady_clock::now();
+    const int graphs = model_->capture_graphs(/*taps=*/alloc.num_draft_tokens > 0);
+    if (graphs > 0)
+      TLOG_INFO("engine", "captured {} CUDA graphs (decode/verify x {} batch sizes, drafts) in {:.0f} ms", graphs,
+                o.max_graph_batch,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     allocs_at_start_ = kernels::cuda::alloc_stats().count;
     TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
               kv_dtype_name(o.model.kv_dtype), model_->load_report().summary());
@@ -104,7 +113,7 @@ class CudaRunner : public ModelRunner {
     for (const auto& op : audit_op_classes()) {
       std::string path;
       if (op == "all_reduce") path = "none (single rank)";
-      else if (op == "sampling") path = "host (the engine's sampler over logits copied from the device)";
+      else if (op == "sampling") path = "cuda:tandem-sample-rows (" + arch + ")";
       else if (op == "dspark_draft") path = has_draft() ? "cuda:tandem-draft (" + arch + ")" : "none (no draft)";
       else if (op == "gemm_fp8" || op == "moe_experts_mxfp4" || op == "lm_head")
         path = "cuda:tandem-gemv-fp32acc (" + arch + ")";
@@ -135,18 +144,40 @@ class CudaRunner : public ModelRunner {
     return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;
   }
 
-  Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
+  // The step runs on the device and its rows are sampled there: logits, taps and draft
+  // distributions stay on the GPU; token ids and logprobs come back.
+  Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override {
     to_step_batch(batch, model_->has_draft(), batch_);
-    TANDEM_RETURN_IF_ERROR(model_->forward(batch_, &step_out_));
-    to_runner_output(step_out_, model_->tap_dim(), out);
-    return Status();
+    TANDEM_RETURN_IF_ERROR(model_->forward(batch_, nullptr));
+    out.samples.clear();
+    if (!samples) return Status();
+    first_sampled_row(batch, model_->last_logits_rows(), first_row_);
+    rows_.assign(samples->rows.begin(), samples->rows.end());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const RunnerSeq& s = batch[i];
+      for (int j = 0; j < s.sample_rows; ++j) {
+        SampleRow& r = rows_.at(static_cast<size_t>(s.sample_begin + j));
+        r.logits_row = static_cast<int32_t>(first_row_[i] + j);
+        if (r.q_row < 0) continue;
+        if (r.q_row >= q_rows_[s.slot])
+          return make_error(StatusCode::kInternal, "sampling: slot {} has no stored draft distribution {}", s.slot,
+                            r.q_row);
+        r.q_row += s.slot * model_->draft_tokens();
+      }
+    }
+    out.samples.resize(rows_.size());
+    return model_->sample(rows_, samples->prompt_ids, samples->counts, samples->masks, samples->mask_words,
+                          out.samples);
   }
 
   void rollback(int slot, int64_t new_len) override {
     Status st = model_->rollback(slot, new_len);
     TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
   }
-  void reset(int slot) override { model_->reset(slot); }
+  void reset(int slot) override {
+    model_->reset(slot);
+    q_rows_[slot] = 0;
+  }
   void export_slot_state(int slot, std::span<uint8_t> out) const override {
     Status st = model_->export_slot_state(slot, out);
     TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
@@ -160,21 +191,21 @@ class CudaRunner : public ModelRunner {
     if (model_) return model_->draft_block_size();
     return config_.has_dspark() ? config_.dspark_block_size : 0;
   }
-  void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps, int64_t rows) override {
+  void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) override {
     if (!model_->has_draft() || rows <= 0) return;
-    Status st = model_->draft_insert_context(slot, start_pos, taps);
+    Status st = model_->draft_insert_context_from_step(slot, start_pos, batch_index, rows);
     if (!st.ok()) TLOG_WARN("engine", "draft context insert (slot {}, pos {}): {}", slot, start_pos, st.message());
   }
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
     out.resize(reqs.size());
     queries_.clear();
-    bool sampled = false;
-    for (const DraftQuery& q : reqs) {
-      queries_.push_back({q.slot, q.anchor, q.position, q.temperature, q.seed});
-      sampled = sampled || q.temperature > 0;
+    for (const DraftQuery& q : reqs) queries_.push_back({q.slot, q.anchor, q.position, q.temperature, q.seed});
+    // Sampled requests' q stay on the device, in the slot's rows of the draft store.
+    TANDEM_RETURN_IF_ERROR(model_->draft_propose(queries_, /*want_probs=*/false, results_));
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      to_draft_proposal(results_[i], reqs[i].temperature > 0, out[i]);
+      q_rows_[reqs[i].slot] = out[i].sampled ? static_cast<int>(out[i].tokens.size()) : 0;
     }
-    TANDEM_RETURN_IF_ERROR(model_->draft_propose(queries_, sampled, results_));
-    for (size_t i = 0; i < reqs.size(); ++i) to_draft_proposal(results_[i], reqs[i].temperature > 0, out[i]);
     return Status();
   }
 
@@ -187,7 +218,9 @@ class CudaRunner : public ModelRunner {
   int64_t allocs_at_start_ = 0;
   std::unique_ptr<CudaModel> model_;
   StepBatch batch_;
-  StepOutput step_out_;
+  std::vector<int64_t> first_row_;
+  std::vector<SampleRow> rows_;
+  std::vector<int> q_rows_;  // per slot: draft distributions stored on the device (0: none)
   std::vector<CudaModel::DraftQueryDev> queries_;
   std::vector<DraftResult> results_;
 };

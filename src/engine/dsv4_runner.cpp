@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <random>
 
 #include "common/check.h"
 #include "common/hash.h"
@@ -103,6 +102,7 @@ class Dsv4Runner : public ModelRunner {
     model_.reset();
     TANDEM_ASSIGN_OR_RETURN(model_, DsV4Model::load(dir_, o));
     slot_state_bytes_ = static_cast<int64_t>(model_->slot_state_bytes());
+    sampling_.init(config_.vocab_size, eos_token_id(), noise_token_id(), alloc.max_slots);
     TLOG_INFO("engine", "model loaded from {} (KV dtype {}): {}", dir_, kv_dtype_name(o.kv_dtype),
               model_->load_report().summary());
     if (tp_size_ > 1)
@@ -111,11 +111,13 @@ class Dsv4Runner : public ModelRunner {
     return Status();
   }
 
-  Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
+  Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override {
     to_step_batch(batch, model_->has_draft(), batch_);
     TANDEM_RETURN_IF_ERROR(model_->forward(batch_, step_out_));
-    to_runner_output(step_out_, model_->tap_dim(), out);
-    return Status();
+    out.samples.clear();
+    if (!samples) return Status();
+    first_sampled_row(batch, step_out_.logits_row, first_row_);
+    return sampling_.run(batch, *samples, first_row_, step_out_.logits.data(), out);
   }
 
   void rollback(int slot, int64_t new_len) override {
@@ -125,6 +127,7 @@ class Dsv4Runner : public ModelRunner {
   void reset(int slot) override {
     model_->reset(slot);
     if (model_->has_draft()) model_->draft_reset(slot);
+    sampling_.clear_q(slot);
   }
   void export_slot_state(int slot, std::span<uint8_t> out) const override {
     Status st = model_->export_slot_state(slot, out);
@@ -144,42 +147,40 @@ class Dsv4Runner : public ModelRunner {
     return config_.has_dspark() ? config_.dspark_block_size : 0;
   }
 
-  void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps, int64_t rows) override {
+  void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) override {
     if (!model_->has_draft() || rows <= 0) return;
-    Status st = model_->draft_insert_context(slot, start_pos, taps);
+    Status st = batch_index >= 0 && batch_index < static_cast<int>(step_out_.taps_row.size()) &&
+                        step_out_.taps_row[batch_index] >= 0
+                    ? model_->draft_insert_context(
+                          slot, start_pos,
+                          std::span<const float>(step_out_.taps.data() + step_out_.taps_row[batch_index] * model_->tap_dim(),
+                                                 static_cast<size_t>(rows * model_->tap_dim())))
+                    : invalid_argument("no taps for batch entry {} in the last step", batch_index);
     if (!st.ok()) TLOG_WARN("engine", "draft context insert (slot {}, pos {}): {}", slot, start_pos, st.message());
   }
 
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
+    // One batched call: greedy and sampled requests together (sampled draws are keyed by each
+    // request's seed and position, so batching changes nothing).
     out.resize(reqs.size());
-    // Greedy drafts go in one batched call; sampled drafts one call each, with an RNG keyed by
-    // (seed, anchor position) so a request's drafts never depend on its batch neighbours.
-    greedy_idx_.clear();
     model_reqs_.clear();
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      if (reqs[i].temperature > 0) continue;
-      greedy_idx_.push_back(i);
-      model_reqs_.push_back({reqs[i].slot, reqs[i].anchor, reqs[i].position});
+    bool sampled = false;
+    for (const DraftQuery& q : reqs) {
+      model_reqs_.push_back({q.slot, q.anchor, q.position, q.temperature, q.seed});
+      sampled = sampled || q.temperature > 0;
     }
-    if (!model_reqs_.empty()) {
-      DraftSampling ds;
-      ds.temperature = 0;
-      ds.want_probs = false;
-      ds.num_tokens = num_draft_tokens_;
-      std::mt19937_64 rng(0);
-      TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, rng, results_));
-      for (size_t k = 0; k < greedy_idx_.size(); ++k) to_draft_proposal(results_[k], false, out[greedy_idx_[k]]);
-    }
+    DraftSampling ds;
+    ds.want_probs = sampled;
+    ds.num_tokens = num_draft_tokens_;
+    TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, results_));
     for (size_t i = 0; i < reqs.size(); ++i) {
-      if (reqs[i].temperature <= 0) continue;
-      DraftSampling ds;
-      ds.temperature = reqs[i].temperature;
-      ds.want_probs = true;
-      ds.num_tokens = num_draft_tokens_;
-      std::mt19937_64 rng(mix64(reqs[i].seed ^ mix64(static_cast<uint64_t>(reqs[i].position) + 0xD5A3)));
-      model_reqs_.assign(1, {reqs[i].slot, reqs[i].anchor, reqs[i].position});
-      TANDEM_RETURN_IF_ERROR(model_->draft_propose(model_reqs_, ds, rng, results_));
-      to_draft_proposal(results_[0], true, out[i]);
+      to_draft_proposal(results_[i], reqs[i].temperature > 0, out[i]);
+      if (out[i].sampled) {
+        const int k = static_cast<int>(results_[i].tokens.size());
+        std::copy(results_[i].probs.begin(), results_[i].probs.end(), sampling_.store_q(reqs[i].slot, k));
+      } else {
+        sampling_.clear_q(reqs[i].slot);
+      }
     }
     return Status();
   }
@@ -208,12 +209,17 @@ class Dsv4Runner : public ModelRunner {
   std::unique_ptr<DsV4Model> model_;  // created by allocate()
   StepBatch batch_;
   StepOutput step_out_;
-  std::vector<size_t> greedy_idx_;
+  std::vector<int64_t> first_row_;
+  HostSampling sampling_;
   std::vector<DraftRequest> model_reqs_;
   std::vector<DraftResult> results_;
 };
 
 }  // namespace
+
+LogitsMode logits_mode(const RunnerSeq& r) {
+  return r.sample_rows == 0 ? LogitsMode::kNone : r.sample_rows == 1 ? LogitsMode::kLast : LogitsMode::kAll;
+}
 
 void to_step_batch(std::span<const RunnerSeq> batch, bool has_draft, StepBatch& out) {
   out.seqs.clear();  // no allocation once grown to the largest batch
@@ -223,27 +229,27 @@ void to_step_batch(std::span<const RunnerSeq> batch, bool has_draft, StepBatch& 
     s.start_pos = r.start_pos;
     s.tokens = r.tokens;
     s.block_table = r.block_table;
-    s.logits = r.all_logits ? LogitsMode::kAll : LogitsMode::kLast;
+    s.logits = logits_mode(r);
     s.collect_taps = r.collect_taps && has_draft;
     out.seqs.push_back(s);
   }
 }
 
-void to_runner_output(StepOutput& step, int64_t tap_dim, RunnerOutput& out) {
-  std::swap(out.logits, step.logits);
-  out.logits_row_offset.assign(step.logits_row.begin(), step.logits_row.end());
-  std::swap(out.taps, step.taps);
-  out.taps_row_offset.assign(step.taps_row.begin(), step.taps_row.end());
-  out.tap_dim = tap_dim;
+void first_sampled_row(std::span<const RunnerSeq> batch, std::span<const int64_t> logits_row, std::vector<int64_t>& out) {
+  out.clear();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const RunnerSeq& r = batch[i];
+    const int64_t rows = logits_mode(r) == LogitsMode::kAll ? static_cast<int64_t>(r.tokens.size()) : 1;
+    out.push_back(r.sample_rows == 0 ? -1 : logits_row[i] + rows - r.sample_rows);
+  }
 }
 
-void to_draft_proposal(DraftResult& r, bool with_q, DraftProposal& p) {
+void to_draft_proposal(const DraftResult& r, bool sampled, DraftProposal& p) {
   p.tokens = r.tokens;
   p.confidence.resize(r.confidence.size());
   for (size_t k = 0; k < r.confidence.size(); ++k)
     p.confidence[k] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(r.confidence[k]))));
-  if (with_q) std::swap(p.q, r.probs);
-  else p.q.clear();
+  p.sampled = sampled;
 }
 
 Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& config, int tp_rank, int tp_size,

@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/sampler.h"
 #include "model/model.h"
 
 namespace tandem {
@@ -24,10 +25,12 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
 bool cuda_runner_available();
 
 // What both model runners (CPU and CUDA) translate between the engine and the model: the step
-// batch in, the logits and taps out (buffers swapped, not copied), a draft's result as a proposal
-// (confidence = sigmoid of the head's raw projection; q only for sampled drafts).
+// batch in (logits for the rows that sample: none, the last, or all), where each sequence's first
+// sampled row sits in the step's logits (-1: none), a draft's result as a proposal (confidence =
+// sigmoid of the head's raw projection).
+LogitsMode logits_mode(const RunnerSeq& r);
 void to_step_batch(std::span<const RunnerSeq> batch, bool has_draft, StepBatch& out);
-void to_runner_output(StepOutput& step, int64_t tap_dim, RunnerOutput& out);
-void to_draft_proposal(DraftResult& r, bool with_q, DraftProposal& p);
+void first_sampled_row(std::span<const RunnerSeq> batch, std::span<const int64_t> logits_row, std::vector<int64_t>& out);
+void to_draft_proposal(const DraftResult& r, bool sampled, DraftProposal& p);
 
 }  // namespace tandem

@@ -32,6 +32,7 @@ struct EngineCore::Seq {
   bool has_draft = false;
   SpecRequestState spec;        // what the planner has learned about this request's drafts
   int num_verify = 0;           // drafts verified in this step
+  int sample_begin = -1;        // this step's first row in samples_ (-1: a prefill chunk)
   int64_t scheduled = 0;        // tokens in this step's forward
   uint64_t seed = 0;
   PenaltyState pen;
@@ -206,7 +207,8 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   const int64_t final_snapshot_bytes = config.enable_prefix_caching ? runner_->slot_state_bytes() : 0;
   kv_ = std::make_unique<KvBlockManager>(static_cast<int>(num_blocks), bs, config.enable_prefix_caching,
                                          final_snapshot_bytes, static_cast<int>(num_snapshots));
-  sampler_ = std::make_unique<Sampler>(runner_->vocab_size(), runner_->eos_token_id(), runner_->noise_token_id());
+  rows_builder_.vocab = runner_->vocab_size();
+  rows_builder_.eos = runner_->eos_token_id();
   for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
   step_tokens_.reserve(config.max_num_batched_tokens);
   batch_.reserve(config.max_num_seqs);
@@ -284,26 +286,33 @@ Status EngineCore::profile_costs() {
     r.block_table = tables[b];
     r.collect_taps = true;
     batch.assign(1, r);
-    st = runner_->forward(batch, out);
-    if (st.ok())
-      runner_->draft_insert_context(slots[b], 0, std::span<const float>(out.taps.data(), ctx * out.tap_dim), ctx);
+    st = runner_->forward(batch, nullptr, out);
+    if (st.ok()) runner_->draft_insert_context(slots[b], 0, ctx, 0);
   }
+  // Every timed row samples greedily over a draft, as a verify step does.
+  StepSamples samples;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  PenaltyState no_pen;
   std::vector<DraftQuery> dq;
   std::vector<DraftProposal> props;
   auto time_shape = [&](int b, int L, bool record) -> Status {
     batch.clear();
+    samples.clear();
     for (int i = 0; i < b; ++i) {
       RunnerSeq r;
       r.slot = slots[i];
       r.start_pos = ctx;
       r.tokens = std::span<const int32_t>(toks.data() + i * (ctx + K + 1) + ctx, static_cast<size_t>(1 + L));
       r.block_table = tables[i];
-      r.all_logits = L > 0;
+      r.sample_rows = 1 + L;
+      r.sample_begin = static_cast<int>(samples.rows.size());
       r.collect_taps = true;
+      rows_builder_.append(greedy, no_pen, nullptr, 0, ctx + 1, r.tokens.subspan(1), false, samples);
       batch.push_back(r);
     }
     auto t0 = Clock::now();
-    TANDEM_RETURN_IF_ERROR(runner_->forward(batch, out));
+    TANDEM_RETURN_IF_ERROR(runner_->forward(batch, &samples, out));
     if (record) planner_->observe_forward(b, static_cast<int64_t>(b) * (1 + L), seconds_since(t0));
     for (int i = 0; i < b; ++i) runner_->rollback(slots[i], ctx);
     return Status();
@@ -655,19 +664,27 @@ Status EngineCore::step() {
       step_tokens_.insert(step_tokens_.end(), s->draft.tokens.begin(), s->draft.tokens.begin() + s->num_verify);
     }
     size_t off = 0;
+    samples_.clear();
     for (Seq* s : scheduled_) {
       RunnerSeq r;
       r.slot = s->slot;
       r.start_pos = s->num_computed;
       r.tokens = std::span<const int32_t>(step_tokens_.data() + off, static_cast<size_t>(s->scheduled));
       r.block_table = s->block_table;
-      r.all_logits = s->num_verify > 0;
       r.collect_taps = spec_enabled();
+      s->sample_begin = -1;
+      if (s->num_computed + s->scheduled - s->num_verify == static_cast<int64_t>(s->tokens.size())) {  // not a chunk
+        r.sample_rows = 1 + s->num_verify;
+        r.sample_begin = s->sample_begin = static_cast<int>(samples_.rows.size());
+        rows_builder_.append(s->sp, s->pen, s->constraint.get(), s->seed, static_cast<int64_t>(s->tokens.size()),
+                             std::span<const int32_t>(s->draft.tokens.data(), static_cast<size_t>(s->num_verify)),
+                             s->draft.sampled, samples_);
+      }
       batch_.push_back(r);
       off += static_cast<size_t>(s->scheduled);
     }
     auto t0 = Clock::now();
-    Status st = runner_->forward(batch_, out_);
+    Status st = runner_->forward(batch_, &samples_, out_);
     double dt = seconds_since(t0);
     if (!st.ok()) {
       TLOG_ERROR("engine", "forward failed: {}", st.to_string());
@@ -733,56 +750,32 @@ Status EngineCore::step() {
 // ================================ outputs ================================
 
 void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, std::vector<DraftQuery>& drafts) {
-  const int64_t V = info_.vocab_size;
   const int64_t n = s.scheduled;
   const int ell = s.num_verify;
   const int64_t real = n - ell;
   const int64_t old = s.num_computed;
   s.num_computed = old + n;
-  const float* taps = nullptr;
-  if (spec_enabled()) taps = out.taps.data() + out.taps_row_offset[index] * out.tap_dim;
+  const bool taps = spec_enabled();
 
   if (s.prompt_len >= kLongPrefillTokens && old < s.prompt_len) log_long_prefill(s, old);
-  if (s.num_computed < static_cast<int64_t>(s.tokens.size())) {  // prefill chunk, nothing to sample
-    if (taps) runner_->draft_insert_context(s.slot, old, std::span<const float>(taps, n * out.tap_dim), n);
+  if (s.sample_begin < 0) {  // prefill chunk, nothing to sample
+    if (taps) runner_->draft_insert_context(s.slot, old, n, static_cast<int>(index));
     cache_blocks(s);
     return;
   }
 
-  const float* rows = out.logits.data() + out.logits_row_offset[index] * V;
-  const float* base = ell > 0 ? rows + (real - 1) * V : rows;
+  // The runner's sampler decided every row: row j < ell accepts draft j or replaces it (and the
+  // rest is dropped); the row after the last accepted draft gives one more token.
+  const SampleRowResult* res = out.samples.data() + s.sample_begin;
   RequestEvent ev;
   ev.request_id = s.id;
   FinishReason fin = FinishReason::kNone;
   int accepted = 0;
   for (int j = 0; j <= ell && fin == FinishReason::kNone; ++j) {
-    const float* row = base + j * V;
-    sampler_->prepare(row, s.sp, s.pen, s.constraint.get());
-    const int64_t pos = static_cast<int64_t>(s.tokens.size());  // position of the token chosen now
-    int32_t tok;
-    bool rejected = false;
-    if (j < ell) {
-      const int32_t x = s.draft.tokens[j];
-      std::span<const float> q;
-      if (!s.draft.q.empty()) q = std::span<const float>(s.draft.q.data() + static_cast<size_t>(j) * V, V);
-      bool acc;
-      if (sampler_->greedy()) {
-        acc = x == sampler_->argmax();
-      } else {
-        double px = sampler_->prob(x);
-        double qx = q.empty() ? 1.0 : static_cast<double>(q[x]);
-        acc = px > 0 && rng_uniform(s.seed, pos, RngStream::kAccept) * qx < px;  // u < min(1, p/q)
-      }
-      if (acc) {
-        tok = x;
-        ++accepted;
-      } else {
-        tok = sampler_->sample_residual(q, x, rng_uniform(s.seed, pos, RngStream::kResidual));
-        rejected = true;
-      }
-    } else {
-      tok = sampler_->sample(rng_uniform(s.seed, pos, RngStream::kSample));
-    }
+    const SampleRowResult& r = res[j];
+    const int32_t tok = r.token;
+    const bool took_draft = j < ell && r.accepted;
+    if (took_draft) ++accepted;
     // Commit the token.
     s.tokens.push_back(tok);
     ++s.usage.completion_tokens;
@@ -796,14 +789,16 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
     } else {
       ev.tokens.push_back(tok);
       if (s.sp.logprobs >= 0) {
-        ev.logprobs.emplace_back();
-        sampler_->logprobs(row, tok, s.sp.logprobs, ev.logprobs.back());
+        TokenLogprob& lp = ev.logprobs.emplace_back();
+        lp.token = tok;
+        lp.logprob = r.token_logprob;
+        for (int k = 0; k < r.num_top; ++k) lp.top.emplace_back(r.top_ids[k], r.top_logprobs[k]);
       }
       if (s.text->push(tok, ev.text)) fin = FinishReason::kStop;
       else if (s.output_len() >= s.sp.max_tokens) fin = FinishReason::kLength;
       else if (static_cast<int64_t>(s.tokens.size()) >= info_.max_model_len) fin = FinishReason::kLength;
     }
-    if (rejected) break;
+    if (!took_draft) break;
   }
 
   // Roll back the target cache past the rejected drafts.
@@ -829,7 +824,7 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
     return;
   }
   // Only rows whose target state is final (the real tokens and the accepted drafts) enter the draft.
-  if (taps) runner_->draft_insert_context(s.slot, old, std::span<const float>(taps, (keep - old) * out.tap_dim), keep - old);
+  if (taps) runner_->draft_insert_context(s.slot, old, keep - old, static_cast<int>(index));
   cache_blocks(s);
   emit_and_maybe_finish(s, ev, FinishReason::kNone);
   if (spec_enabled()) {

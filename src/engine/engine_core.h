@@ -115,7 +115,7 @@ class EngineCore {
   std::string kv_dtype_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KvBlockManager> kv_;
-  std::unique_ptr<Sampler> sampler_;
+  SampleRowsBuilder rows_builder_;
   std::unique_ptr<SpecPlanner> planner_;
   int num_spec_tokens_ = 0;
 
@@ -130,6 +130,7 @@ class EngineCore {
   std::vector<Seq*> scheduled_;
   std::vector<int32_t> step_tokens_;
   std::vector<RunnerSeq> batch_;
+  StepSamples samples_;
   RunnerOutput out_;
   std::vector<DraftQuery> draft_reqs_;
   std::vector<Seq*> draft_seqs_;

@@ -120,6 +120,7 @@ Status FakeModelRunner::allocate(const RunnerAllocation& alloc) {
   slots_.assign(alloc.max_slots, SlotState{});
   pool_.assign(static_cast<size_t>(alloc.num_blocks) * alloc.block_size, -1);
   scratch_.resize(config_.vocab_size);
+  sampling_.init(config_.vocab_size, eos_token_id(), noise_token_id(), alloc.max_slots);
   return Status();
 }
 
@@ -153,11 +154,14 @@ void FakeModelRunner::reference_logits(const std::vector<int32_t>& tokens, std::
   logits_from_acc(acc, logits.data());
 }
 
-Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, RunnerOutput& out) {
+Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) {
   ++forward_calls_;
   int64_t rows = 0, ntok = 0, tap_rows = 0;
   for (const auto& s : batch) {
-    rows += s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+    if (s.sample_rows < 0 || s.sample_rows > static_cast<int>(s.tokens.size()))
+      return make_error(StatusCode::kInternal, "fake model: {} sampled rows of {} tokens", s.sample_rows,
+                        s.tokens.size());
+    rows += s.sample_rows;
     tap_rows += s.collect_taps ? static_cast<int64_t>(s.tokens.size()) : 0;
     ntok += static_cast<int64_t>(s.tokens.size());
   }
@@ -165,11 +169,10 @@ Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, RunnerOutput& 
   if (ntok > alloc_.max_tokens_per_step)
     return make_error(StatusCode::kInternal, "fake model: {} tokens in a step > max {}", ntok,
                       alloc_.max_tokens_per_step);
-  out.logits.resize(static_cast<size_t>(rows * config_.vocab_size));
-  out.logits_row_offset.clear();
-  out.taps_row_offset.clear();
-  out.tap_dim = 2;
-  out.taps.resize(static_cast<size_t>(tap_rows * 2));
+  logits_.resize(static_cast<size_t>(rows * config_.vocab_size));
+  logits_first_row_.clear();
+  taps_first_row_.clear();
+  taps_.resize(static_cast<size_t>(tap_rows * 2));
   int64_t row = 0, trow = 0;
   const int bs = alloc_.block_size;
   for (const auto& s : batch) {
@@ -183,8 +186,8 @@ Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, RunnerOutput& 
     if (static_cast<int64_t>(s.block_table.size()) * bs < end)
       return make_error(StatusCode::kInternal, "fake model: slot {} block table covers {} < {}", s.slot,
                         s.block_table.size() * bs, end);
-    out.logits_row_offset.push_back(row);
-    out.taps_row_offset.push_back(trow);
+    logits_first_row_.push_back(row);
+    taps_first_row_.push_back(s.collect_taps ? trow : -1);
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       int64_t p = s.start_pos + static_cast<int64_t>(i);
       // Cross-check what the block table says was written at the two previous positions.
@@ -208,20 +211,22 @@ Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, RunnerOutput& 
       st.acc[p % kRing] = acc;
       st.token[p % kRing] = s.tokens[i];
       st.len = p + 1;
-      bool want = s.all_logits || i + 1 == s.tokens.size();
+      bool want = i + static_cast<size_t>(s.sample_rows) >= s.tokens.size();
       if (want) {
-        logits_from_acc(acc, out.logits.data() + row * config_.vocab_size);
+        logits_from_acc(acc, logits_.data() + row * config_.vocab_size);
         ++row;
       }
       if (s.collect_taps) {
-        out.taps[trow * 2] = static_cast<float>(s.tokens[i]);
-        out.taps[trow * 2 + 1] = static_cast<float>(p);
+        taps_[trow * 2] = static_cast<float>(s.tokens[i]);
+        taps_[trow * 2 + 1] = static_cast<float>(p);
         ++trow;
       }
     }
   }
   spin_us(config_.forward_fixed_us + config_.forward_per_token_us * static_cast<double>(ntok));
-  return Status();
+  out.samples.clear();
+  if (!samples) return Status();
+  return sampling_.run(batch, *samples, logits_first_row_, logits_.data(), out);
 }
 
 void FakeModelRunner::rollback(int slot, int64_t new_len) {
@@ -231,7 +236,10 @@ void FakeModelRunner::rollback(int slot, int64_t new_len) {
   st.draft_len = std::min(st.draft_len, new_len);
 }
 
-void FakeModelRunner::reset(int slot) { slots_[slot] = SlotState{}; }
+void FakeModelRunner::reset(int slot) {
+  slots_[slot] = SlotState{};
+  sampling_.clear_q(slot);
+}
 
 void FakeModelRunner::export_slot_state(int slot, std::span<uint8_t> out) const {
   TANDEM_CHECK(out.size() == sizeof(SlotState));
@@ -248,13 +256,14 @@ Status FakeModelRunner::import_slot_state(int slot, std::span<const uint8_t> in)
   return Status();
 }
 
-void FakeModelRunner::draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps,
-                                           int64_t rows) {
+void FakeModelRunner::draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) {
   SlotState& st = slots_[slot];
-  if (start_pos != st.draft_len || static_cast<int64_t>(taps.size()) != rows * 2) {
+  if (start_pos != st.draft_len || batch_index < 0 || batch_index >= static_cast<int>(taps_first_row_.size()) ||
+      taps_first_row_[batch_index] < 0) {
     ++draft_context_errors_;
     return;
   }
+  const float* taps = taps_.data() + taps_first_row_[batch_index] * 2;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t p = start_pos + r;
     bool in_ring = st.len - p <= kRing;  // older tokens are no longer in the history ring
@@ -281,8 +290,14 @@ Status FakeModelRunner::draft_propose(std::span<const DraftQuery> reqs, std::vec
     DraftProposal& d = out[i];
     d.tokens.assign(K, 0);
     d.confidence.assign(K, 0.f);
-    if (r.temperature > 0) d.q.assign(static_cast<size_t>(K) * V, 0.f);
-    else d.q.clear();
+    d.sampled = r.temperature > 0;
+    float* qs = nullptr;
+    if (d.sampled) {
+      qs = sampling_.store_q(r.slot, K);
+      std::fill(qs, qs + static_cast<int64_t>(K) * V, 0.f);
+    } else {
+      sampling_.clear_q(r.slot);
+    }
     uint64_t acc = acc_at(st, r.position - 1);
     int32_t prev = r.anchor;
     for (int k = 0; k < K; ++k) {
@@ -309,7 +324,7 @@ Status FakeModelRunner::draft_propose(std::span<const DraftQuery> reqs, std::vec
                                     r.temperature);
           if (v != V - 1) mx = std::max(mx, static_cast<double>(l[v]));
         }
-        float* q = d.q.data() + static_cast<size_t>(k) * V;
+        float* q = qs + static_cast<size_t>(k) * V;
         double sum = 0;
         for (int64_t v = 0; v < V - 1; ++v) {
           q[v] = static_cast<float>(std::exp(l[v] - mx));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/model_runner.h"
+#include "engine/sampler.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
@@ -57,21 +58,22 @@ class FakeModelRunner : public ModelRunner {
   int64_t kv_bytes_per_block(int block_size, const std::string& dtype) const override;
   int64_t slot_state_bytes() const override;
   Status allocate(const RunnerAllocation& alloc) override;
-  Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override;
+  Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override;
   void rollback(int slot, int64_t new_len) override;
   void reset(int slot) override;
   void export_slot_state(int slot, std::span<uint8_t> out) const override;
   Status import_slot_state(int slot, std::span<const uint8_t> in) override;
   bool has_draft() const override { return config_.has_draft; }
   int num_draft_tokens() const override { return config_.num_draft_tokens; }
-  void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps,
-                            int64_t rows) override;
+  void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) override;
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override;
 
   // ---- oracles for tests ----
   // Raw logits after the history `tokens` (predicting position tokens.size()).
   void reference_logits(const std::vector<int32_t>& tokens, std::vector<float>& logits) const;
   int64_t draft_context_errors() const { return draft_context_errors_; }
+  // The slot's last sampled proposal's q [K, vocab] as the runner keeps it (null when greedy).
+  const float* stored_q(int slot) const { return sampling_.q(slot); }
   int64_t forward_calls() const { return forward_calls_; }
   int64_t forward_tokens() const { return forward_tokens_; }
   const FakeModelConfig& config() const { return config_; }
@@ -94,6 +96,11 @@ class FakeModelRunner : public ModelRunner {
   std::vector<SlotState> slots_;
   std::vector<int32_t> pool_;      // [num_blocks * block_size] token written at each KV position
   std::vector<float> scratch_;
+  std::vector<float> logits_;              // the last forward's sampled rows
+  std::vector<int64_t> logits_first_row_;  // per batch entry
+  std::vector<float> taps_;                // the last forward's taps: (token, position) per row
+  std::vector<int64_t> taps_first_row_;    // per batch entry (-1: none)
+  HostSampling sampling_;
   int64_t draft_context_errors_ = 0;
   int64_t forward_calls_ = 0;
   int64_t forward_tokens_ = 0;

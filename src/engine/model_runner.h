@@ -1,7 +1,10 @@
 // ModelRunner: the engine's view of a model. Exactly what the scheduler, KV manager and DSpark
 // loop need from DsV4Model (per-slot state, paged compressed KV addressed by block tables, batched
-// forward, rollback, slot-state snapshots for prefix caching, DSpark draft). The engine is built
-// and tested against this interface; dsv4_runner.cpp adapts the real model, fake_model.h a toy one.
+// forward, rollback, slot-state snapshots for prefix caching, DSpark draft). Sampling is the
+// runner's: a step returns token ids (and requested logprobs), never logits, so a device runner
+// keeps logits, draft distributions and taps on its device. The engine is built and tested against
+// this interface; dsv4_runner.cpp adapts the CPU model, cuda_runner.cpp the CUDA one, fake_model.h
+// a toy one.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,7 @@
 
 #include "common/status.h"
 #include "engine/runtime_facts.h"
+#include "kernels/sampling.h"
 
 namespace tandem {
 
@@ -34,18 +38,35 @@ struct RunnerSeq {
   int64_t start_pos = 0;
   std::span<const int32_t> tokens;
   std::span<const int32_t> block_table;  // covers at least start_pos + tokens.size() positions
-  bool all_logits = false;               // logits for every new token (verify) or only the last
-  bool collect_taps = false;             // DSpark target taps for every new token
+  // The last sample_rows new tokens' rows yield tokens (0: a prefill chunk; 1: the next token; 1 + L:
+  // L drafts verified and the token after them). Their SampleRows are StepSamples::rows
+  // [sample_begin, sample_begin + sample_rows).
+  int sample_rows = 0;
+  int sample_begin = 0;
+  bool collect_taps = false;             // DSpark target taps for every new token (kept in the runner)
 };
 
+// The rows a step samples and the arrays they index (host arrays, built by the engine; see
+// kernels/sampling.h). The runner sets each row's logits_row, and maps q_row, which the engine
+// sets to the draft's index within the slot's last sampled proposal (or -1), to where it keeps
+// that proposal's distributions.
+struct StepSamples {
+  std::vector<SampleRow> rows;
+  std::vector<int32_t> prompt_ids;   // SampleRow::prompt_begin/count
+  std::vector<int32_t> counts;       // (token, count) pairs: SampleRow::counts_begin/count
+  std::vector<uint32_t> masks;       // [mask rows, mask_words]
+  int64_t mask_words = 0;
+  void clear() {
+    rows.clear();
+    prompt_ids.clear();
+    counts.clear();
+    masks.clear();
+  }
+};
+
+// What a step returns: one result per StepSamples row. Logits and taps stay in the runner.
 struct RunnerOutput {
-  // Row-major [rows, vocab]; seq i's rows start at logits_row_offset[i] (1 row or tokens.size()).
-  std::vector<float> logits;
-  std::vector<int64_t> logits_row_offset;
-  // Row-major [rows, tap_dim]; seq i's taps start at taps_row_offset[i] (only if collect_taps).
-  std::vector<float> taps;
-  std::vector<int64_t> taps_row_offset;
-  int64_t tap_dim = 0;
+  std::vector<SampleRowResult> samples;
 };
 
 // Draft proposals for one sequence.
@@ -54,12 +75,14 @@ struct DraftQuery {
   int32_t anchor = 0;      // last sampled token (not yet in the target cache)
   int64_t position = 0;    // position of the anchor
   double temperature = 0;  // 0 = greedy drafting (q one-hot)
-  uint64_t seed = 0;       // per-request stream; the draft keys its draws by (seed, position)
+  uint64_t seed = 0;       // per-request stream; the draft keys its draws by (seed, drafted position)
 };
 struct DraftProposal {
   std::vector<int32_t> tokens;      // K tokens for positions position+1 .. position+K
-  std::vector<float> q;             // [K, vocab] draft distributions; empty when greedy
   std::vector<float> confidence;    // K values in [0,1] (sigmoid of the head's raw projection)
+  // A sampled proposal's draft distributions q [K, vocab] stay in the runner, keyed by the slot,
+  // until the slot's next draft_propose or reset; verification reads them there (SampleRow::q_row).
+  bool sampled = false;
 };
 
 class ModelRunner {
@@ -81,8 +104,10 @@ class ModelRunner {
   virtual int64_t slot_state_bytes() const = 0;
   virtual Status allocate(const RunnerAllocation& alloc) = 0;
 
-  // Runs every sequence's new tokens; fills `out`. Errors are internal (shape/capacity bugs).
-  virtual Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) = 0;
+  // Runs every sequence's new tokens and samples the rows `samples` describes (null: compute the
+  // same logits, sample nothing: tensor-parallel worker ranks); fills `out`. Errors are internal
+  // (shape/capacity bugs).
+  virtual Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) = 0;
   // Drops state past new_len (only the last max_verify_tokens positions may be dropped).
   virtual void rollback(int slot, int64_t new_len) = 0;
   virtual void reset(int slot) = 0;
@@ -93,9 +118,9 @@ class ModelRunner {
   // ---- DSpark draft ----
   virtual bool has_draft() const = 0;
   virtual int num_draft_tokens() const = 0;  // the draft block size: the largest K it can draft
-  // Inserts target taps rows (from the last forward) for positions [start_pos, start_pos + rows).
-  virtual void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps,
-                                    int64_t rows) = 0;
+  // Inserts the first `rows` taps rows of the last forward's batch entry `batch_index` (its
+  // positions [start_pos, start_pos + rows)) into the slot's draft context.
+  virtual void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) = 0;
   virtual Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) = 0;
 
   // Not OK once the runner can no longer serve (a tensor-parallel rank was lost); callable from

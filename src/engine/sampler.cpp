@@ -1,25 +1,9 @@
-// Sampler: see sampler.h. Order of operations follows vLLM: penalties on logits, masks, greedy
-// argmax (temperature ~0), else temperature, top-k and top-p on logits/probs, then min-p.
+// SampleRowsBuilder and the host Sampler wrapper: see sampler.h.
 #include "engine/sampler.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
-
-#include "common/check.h"
-#include "common/hash.h"
 
 namespace tandem {
-
-namespace {
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr double kGreedyTemperature = 1e-5;
-}  // namespace
-
-double rng_uniform(uint64_t seed, int64_t position, RngStream stream) {
-  uint64_t h = mix64(mix64(mix64(seed) ^ static_cast<uint64_t>(position)) ^ static_cast<uint64_t>(stream));
-  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);
-}
 
 void PenaltyState::init(const SamplingParams& sp, std::span<const int32_t> prompt) {
   output_counts.clear();
@@ -31,171 +15,181 @@ void PenaltyState::init(const SamplingParams& sp, std::span<const int32_t> promp
   }
 }
 
+void SampleRowsBuilder::append(const SamplingParams& sp, const PenaltyState& pen, TokenConstraint* constraint,
+                               uint64_t seed, int64_t position, std::span<const int32_t> draft, bool draft_sampled,
+                               StepSamples& out) {
+  const int rows = static_cast<int>(draft.size()) + 1;
+  SampleRow base;
+  base.top_logprobs = sp.logprobs >= 0 ? std::min(sp.logprobs, kMaxTopLogprobs) : -1;
+  base.top_k = sp.top_k;
+  base.temperature = sp.temperature;
+  base.top_p = sp.top_p;
+  base.min_p = sp.min_p;
+  base.repetition_penalty = sp.repetition_penalty;
+  base.frequency_penalty = sp.frequency_penalty;
+  base.presence_penalty = sp.presence_penalty;
+  base.seed = seed;
+  // Penalties: the prompt once per sequence, the output counts per row (drafts before the row added).
+  const bool penalties = sp.repetition_penalty != 1.0 || sp.frequency_penalty != 0.0 || sp.presence_penalty != 0.0;
+  if (sp.repetition_penalty != 1.0) {
+    base.prompt_begin = static_cast<int32_t>(out.prompt_ids.size());
+    base.prompt_count = static_cast<int32_t>(pen.prompt_unique.size());
+    out.prompt_ids.insert(out.prompt_ids.end(), pen.prompt_unique.begin(), pen.prompt_unique.end());
+  }
+  if (penalties) {
+    base_.assign(pen.output_counts.begin(), pen.output_counts.end());
+    std::sort(base_.begin(), base_.end());  // a fixed order: the same rows for the same state
+  }
+  // Grammar: masks for every row from a copy advanced through the drafts.
+  std::unique_ptr<TokenConstraint> walk;
+  int mask_base = -1;
+  if (constraint) {
+    out.mask_words = (vocab + 31) / 32;
+    mask_base = static_cast<int>(out.masks.size() / std::max<int64_t>(out.mask_words, 1));
+    if (rows > 1) walk = constraint->clone();
+  }
+  bool forbidden = false;  // a draft the grammar forbids: later rows are never used
+  for (int j = 0; j < rows; ++j) {
+    SampleRow r = base;
+    r.draft = j < rows - 1 ? draft[j] : -1;
+    r.q_row = j < rows - 1 && draft_sampled ? j : -1;
+    r.position = position + j;
+    if (penalties) {
+      r.counts_begin = static_cast<int32_t>(out.counts.size() / 2);
+      extra_.clear();
+      for (int k = 0; k < j; ++k) ++extra_[draft[k]];
+      for (const auto& [t, c] : base_) {
+        auto it = extra_.find(t);
+        int32_t n = c;
+        if (it != extra_.end()) {
+          n += it->second;
+          extra_.erase(it);
+        }
+        out.counts.push_back(t);
+        out.counts.push_back(n);
+      }
+      for (int k = 0; k < j; ++k) {  // drafts not yet in the output, in draft order
+        auto it = extra_.find(draft[k]);
+        if (it == extra_.end()) continue;
+        out.counts.push_back(it->first);
+        out.counts.push_back(it->second);
+        extra_.erase(it);
+      }
+      r.counts_count = static_cast<int32_t>(out.counts.size() / 2) - r.counts_begin;
+    }
+    if (constraint) {
+      r.mask_row = mask_base + j;
+      TokenConstraint& c = j == 0 || !walk ? *constraint : *walk;
+      if (!forbidden) {
+        allowed_.assign(static_cast<size_t>(vocab), false);
+        c.allowed_tokens(allowed_);
+        if (!c.is_complete() && eos >= 0 && eos < vocab) allowed_[eos] = false;
+      }
+      const size_t at = out.masks.size();
+      out.masks.resize(at + static_cast<size_t>(out.mask_words), 0u);
+      for (int64_t v = 0; v < vocab; ++v)
+        if (allowed_[v]) out.masks[at + (v >> 5)] |= 1u << (v & 31);
+      if (j < rows - 1 && !forbidden) {
+        const int32_t d = draft[j];
+        if (d < 0 || d >= vocab || !allowed_[d]) forbidden = true;
+        else walk->accept_token(d);
+      }
+    }
+    out.rows.push_back(r);
+  }
+}
+
 Sampler::Sampler(int64_t vocab_size, int32_t eos_token_id, int32_t noise_token_id)
-    : vocab_(vocab_size), eos_(eos_token_id), noise_(noise_token_id) {
-  z_.resize(vocab_);
-  p_.resize(vocab_);
-  idx_.resize(vocab_);
-  resid_.resize(vocab_);
+    : vocab_(vocab_size), noise_(noise_token_id), rs_(vocab_size) {
+  builder_.vocab = vocab_size;
+  builder_.eos = eos_token_id;
 }
 
 void Sampler::prepare(const float* logits, const SamplingParams& sp, const PenaltyState& pen,
                       TokenConstraint* constraint) {
-  std::copy(logits, logits + vocab_, z_.begin());
-  // Penalties.
-  if (sp.repetition_penalty != 1.0) {
-    const float r = static_cast<float>(sp.repetition_penalty);
-    auto apply = [&](int32_t t) {
-      if (t < 0 || t >= vocab_) return;
-      z_[t] = z_[t] > 0 ? z_[t] / r : z_[t] * r;
-    };
-    for (int32_t t : pen.prompt_unique) apply(t);
-    for (const auto& [t, c] : pen.output_counts)
-      if (!std::binary_search(pen.prompt_unique.begin(), pen.prompt_unique.end(), t)) apply(t);
-  }
-  if (sp.frequency_penalty != 0.0 || sp.presence_penalty != 0.0) {
-    for (const auto& [t, c] : pen.output_counts) {
-      if (t < 0 || t >= vocab_) continue;
-      z_[t] -= static_cast<float>(sp.frequency_penalty * c + sp.presence_penalty * (c > 0 ? 1 : 0));
-    }
-  }
-  // Masks: the DSpark noise token is never emitted; the grammar decides the rest.
-  if (noise_ >= 0 && noise_ < vocab_) z_[noise_] = kNegInf;
-  if (constraint) {
-    allowed_.assign(vocab_, false);
-    constraint->allowed_tokens(allowed_);
-    if (!constraint->is_complete() && eos_ >= 0 && eos_ < vocab_) allowed_[eos_] = false;
-    bool any = false;
-    for (int64_t v = 0; v < vocab_; ++v) {
-      if (!allowed_[v]) z_[v] = kNegInf;
-      else any = any || z_[v] != kNegInf;
-    }
-    if (!any && eos_ >= 0 && eos_ < vocab_) z_[eos_] = 0.f;  // dead end: end the output
-  }
-  // Argmax (first maximum, so ties break towards the lower id).
-  int32_t best = -1;
-  for (int64_t v = 0; v < vocab_; ++v)
-    if (z_[v] != kNegInf && (best < 0 || z_[v] > z_[best])) best = static_cast<int32_t>(v);
-  if (best < 0) best = eos_ >= 0 ? eos_ : 0;
-  argmax_ = best;
-  greedy_ = sp.temperature < kGreedyTemperature;
-  if (greedy_) return;
-
-  const double inv_t = 1.0 / sp.temperature;
-  // top-k on logits: keep values >= the k-th largest.
-  float kth = kNegInf;
-  if (sp.top_k > 0 && sp.top_k < vocab_) {
-    int64_t n = 0;
-    for (int64_t v = 0; v < vocab_; ++v)
-      if (z_[v] != kNegInf) idx_[n++] = static_cast<int32_t>(v);
-    if (sp.top_k < n) {
-      std::nth_element(idx_.begin(), idx_.begin() + (sp.top_k - 1), idx_.begin() + n,
-                       [&](int32_t a, int32_t b) { return z_[a] > z_[b]; });
-      kth = z_[idx_[sp.top_k - 1]];
-    }
-  }
-  const double zmax = z_[argmax_];
-  double sum = 0;
-  for (int64_t v = 0; v < vocab_; ++v) {
-    double e = (z_[v] == kNegInf || z_[v] < kth) ? 0.0 : std::exp((z_[v] - zmax) * inv_t);
-    p_[v] = e;
-    sum += e;
-  }
-  for (int64_t v = 0; v < vocab_; ++v) p_[v] /= sum;
-  if (sp.top_p < 1.0) {
-    int64_t n = 0;
-    for (int64_t v = 0; v < vocab_; ++v)
-      if (p_[v] > 0) idx_[n++] = static_cast<int32_t>(v);
-    std::sort(idx_.begin(), idx_.begin() + n, [&](int32_t a, int32_t b) {
-      return p_[a] > p_[b] || (p_[a] == p_[b] && a < b);
-    });
-    double cum = 0;
-    int64_t keep = n;
-    for (int64_t i = 0; i < n; ++i) {
-      cum += p_[idx_[i]];
-      if (cum >= sp.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-    double kept = 0;
-    for (int64_t i = keep; i < n; ++i) p_[idx_[i]] = 0;
-    for (int64_t i = 0; i < keep; ++i) kept += p_[idx_[i]];
-    for (int64_t i = 0; i < keep; ++i) p_[idx_[i]] /= kept;
-  }
-  if (sp.min_p > 0.0) {
-    double pmax = 0;
-    for (int64_t v = 0; v < vocab_; ++v) pmax = std::max(pmax, p_[v]);
-    double cut = sp.min_p * pmax, kept = 0;
-    for (int64_t v = 0; v < vocab_; ++v) {
-      if (p_[v] < cut) p_[v] = 0;
-      kept += p_[v];
-    }
-    for (int64_t v = 0; v < vocab_; ++v) p_[v] /= kept;
-  }
-}
-
-double Sampler::prob(int32_t token) const {
-  if (token < 0 || token >= vocab_) return 0.0;
-  if (greedy_) return token == argmax_ ? 1.0 : 0.0;
-  return p_[token];
-}
-
-int32_t Sampler::sample(double u) const {
-  if (greedy_) return argmax_;
-  double cum = 0;
-  int32_t last = argmax_;
-  for (int64_t v = 0; v < vocab_; ++v) {
-    if (p_[v] <= 0) continue;
-    cum += p_[v];
-    last = static_cast<int32_t>(v);
-    if (u < cum) return last;
-  }
-  return last;
-}
-
-int32_t Sampler::sample_residual(std::span<const float> q, int32_t draft, double u) {
-  if (greedy_) return argmax_;
-  double sum = 0;
-  for (int64_t v = 0; v < vocab_; ++v) {
-    double qv = q.empty() ? (v == draft ? 1.0 : 0.0) : static_cast<double>(q[v]);
-    double r = p_[v] - qv;
-    resid_[v] = r > 0 ? r : 0;
-    sum += resid_[v];
-  }
-  if (!(sum > 1e-12)) return sample(u);
-  double target = u * sum, cum = 0;
-  int32_t last = argmax_;
-  for (int64_t v = 0; v < vocab_; ++v) {
-    if (resid_[v] <= 0) continue;
-    cum += resid_[v];
-    last = static_cast<int32_t>(v);
-    if (target < cum) return last;
-  }
-  return last;
+  rows_.clear();
+  builder_.append(sp, pen, constraint, 0, 0, {}, false, rows_);
+  SampleInputs in;
+  in.logits = logits;
+  in.masks = rows_.masks.data();
+  in.prompt_ids = rows_.prompt_ids.data();
+  in.counts = rows_.counts.data();
+  in.vocab = vocab_;
+  in.mask_words = rows_.mask_words;
+  in.eos = builder_.eos;
+  in.noise = noise_;
+  rs_.prepare(logits, rows_.rows[0], in);
 }
 
 void Sampler::logprobs(const float* logits, int32_t token, int n, TokenLogprob& out) {
-  // Raw model distribution, except that the noise token (never emitted) is left out.
-  double mx = -std::numeric_limits<double>::infinity();
-  for (int64_t v = 0; v < vocab_; ++v)
-    if (v != noise_) mx = std::max(mx, static_cast<double>(logits[v]));
-  double sum = 0;
-  for (int64_t v = 0; v < vocab_; ++v)
-    if (v != noise_) sum += std::exp(static_cast<double>(logits[v]) - mx);
-  const double lse = mx + std::log(sum);
+  SampleRowResult r;
+  row_logprobs(logits, vocab_, noise_, token, n, scratch_, r);
   out.token = token;
-  out.logprob = token >= 0 && token < vocab_ ? static_cast<float>(logits[token] - lse) : kNegInf;
+  out.logprob = r.token_logprob;
   out.top.clear();
-  if (n <= 0) return;
-  int64_t m = 0;
-  for (int64_t v = 0; v < vocab_; ++v)
-    if (v != noise_) idx_[m++] = static_cast<int32_t>(v);
-  n = static_cast<int>(std::min<int64_t>(n, m));
-  std::partial_sort(idx_.begin(), idx_.begin() + n, idx_.begin() + m, [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  for (int i = 0; i < n; ++i) out.top.emplace_back(idx_[i], static_cast<float>(logits[idx_[i]] - lse));
+  for (int i = 0; i < r.num_top; ++i) out.top.emplace_back(r.top_ids[i], r.top_logprobs[i]);
+}
+
+}  // namespace tandem
+
+namespace tandem {
+
+void HostSampling::init(int64_t vocab, int32_t eos, int32_t noise, int max_slots) {
+  vocab_ = vocab;
+  eos_ = eos;
+  noise_ = noise;
+  q_.assign(static_cast<size_t>(max_slots), {});
+  q_rows_.assign(static_cast<size_t>(max_slots), 0);
+  sampler_ = std::make_unique<RowSampler>(vocab);
+}
+
+float* HostSampling::store_q(int slot, int k) {
+  q_[slot].resize(static_cast<size_t>(k) * vocab_);
+  q_rows_[slot] = k;
+  return q_[slot].data();
+}
+
+void HostSampling::clear_q(int slot) { q_rows_[slot] = 0; }
+
+Status HostSampling::run(std::span<const RunnerSeq> batch, const StepSamples& samples,
+                         std::span<const int64_t> logits_first_row, const float* logits, RunnerOutput& out) {
+  rows_.assign(samples.rows.begin(), samples.rows.end());
+  int nq = 0;
+  for (const SampleRow& r : rows_)
+    if (r.q_row >= 0) ++nq;
+  qbuf_.resize(static_cast<size_t>(nq) * vocab_);
+  nq = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const RunnerSeq& s = batch[i];
+    if (s.sample_rows == 0) continue;
+    if (s.sample_begin < 0 || s.sample_begin + s.sample_rows > static_cast<int>(rows_.size()))
+      return make_error(StatusCode::kInternal, "sampling: seq {} rows [{}, +{}) outside the step's {} rows", i,
+                        s.sample_begin, s.sample_rows, rows_.size());
+    for (int j = 0; j < s.sample_rows; ++j) {
+      SampleRow& r = rows_[s.sample_begin + j];
+      r.logits_row = static_cast<int32_t>(logits_first_row[i] + j);
+      if (r.q_row < 0) continue;
+      if (r.q_row >= q_rows_[s.slot])
+        return make_error(StatusCode::kInternal, "sampling: slot {} has no stored draft distribution {}", s.slot,
+                          r.q_row);
+      std::copy_n(q_[s.slot].data() + static_cast<int64_t>(r.q_row) * vocab_, vocab_,
+                  qbuf_.data() + static_cast<int64_t>(nq) * vocab_);
+      r.q_row = nq++;
+    }
+  }
+  SampleInputs in;
+  in.logits = logits;
+  in.q = qbuf_.data();
+  in.masks = samples.masks.data();
+  in.prompt_ids = samples.prompt_ids.data();
+  in.counts = samples.counts.data();
+  in.vocab = vocab_;
+  in.mask_words = samples.mask_words;
+  in.eos = eos_;
+  in.noise = noise_;
+  out.samples.resize(rows_.size());
+  sample_rows_host(in, rows_, out.samples, *sampler_, scratch_);
+  return Status();
 }
 
 }  // namespace tandem

@@ -1,22 +1,20 @@
-// Sampler: turns one row of raw logits into the request's processed distribution p (noise-token
-// and grammar masks, repetition/frequency/presence penalties, temperature, top-k, top-p, min-p)
-// and draws from it with a counter-based RNG keyed by (seed, position, stream), so a request's
-// samples do not depend on batching or on what else runs. The same p feeds lossless speculative
-// verification (accept x with prob min(1, p(x)/q(x)), else resample from norm(max(0, p - q))).
+// The engine's side of sampling: it turns a request's sampling parameters, penalty state and
+// grammar into the SampleRows of a step (kernels/sampling.h), which the runner's sampler (the host
+// RowSampler or the CUDA op) runs next to the logits. Counter-based RNG keyed by (seed, position,
+// stream): a request's samples do not depend on batching or on what else runs.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "kernels/cpu/sampling.h"
 
 namespace tandem {
-
-// Independent random streams per (seed, position).
-enum class RngStream : uint64_t { kSample = 1, kAccept = 2, kResidual = 3 };
-double rng_uniform(uint64_t seed, int64_t position, RngStream stream);  // [0,1)
 
 // Per-request state the penalties read.
 struct PenaltyState {
@@ -26,38 +24,76 @@ struct PenaltyState {
   void add_output(int32_t token) { ++output_counts[token]; }
 };
 
+// Appends one sequence's rows to `out`: row j < draft.size() verifies draft[j], the last row draws
+// the token after the drafts. Row j's token sits at position + j; its penalties count the drafts
+// before it; its grammar mask comes from a copy of `constraint` advanced through those drafts (EOS
+// cleared while the grammar is incomplete; rows after a draft the grammar forbids are never used).
+// q_row = j when the proposal was sampled (the runner maps it to its stored q), else -1.
+struct SampleRowsBuilder {
+  int64_t vocab = 0;
+  int32_t eos = -1;
+  void append(const SamplingParams& sp, const PenaltyState& pen, TokenConstraint* constraint, uint64_t seed,
+              int64_t position, std::span<const int32_t> draft, bool draft_sampled, StepSamples& out);
+
+ private:
+  std::vector<bool> allowed_;
+  std::vector<std::pair<int32_t, int32_t>> base_;
+  std::unordered_map<int32_t, int32_t> extra_;
+};
+
+// One row at a time on the host, for tests and tools: the engine's row builder feeding the host
+// sampler (RowSampler), with the older per-request interface.
 class Sampler {
  public:
   Sampler(int64_t vocab_size, int32_t eos_token_id, int32_t noise_token_id);
-
-  // Builds p for one row. `constraint` may be null; `allow_eos` false masks EOS (grammar incomplete).
   void prepare(const float* logits, const SamplingParams& sp, const PenaltyState& pen,
                TokenConstraint* constraint);
-  bool greedy() const { return greedy_; }
-  int32_t argmax() const { return argmax_; }
-  // p(token) of the prepared distribution (one-hot at argmax when greedy).
-  double prob(int32_t token) const;
-  // Draws from p with a uniform u in [0,1).
-  int32_t sample(double u) const;
-  // Draws from norm(max(0, p - q)) where q is a full draft distribution, or one-hot at `draft` when
-  // q is empty; falls back to p when that mass is zero.
-  int32_t sample_residual(std::span<const float> q, int32_t draft, double u);
-  // Raw-model log-probabilities (log_softmax of the unprocessed logits) of `token` and the top n.
+  bool greedy() const { return rs_.greedy(); }
+  int32_t argmax() const { return rs_.argmax(); }
+  double prob(int32_t token) const { return rs_.prob(token); }
+  int32_t sample(double u) const { return rs_.sample(u); }
+  int32_t sample_residual(std::span<const float> q, int32_t draft, double u) {
+    return rs_.sample_residual(q.empty() ? nullptr : q.data(), draft, u);
+  }
+  // Raw-model log-probabilities of `token` and the top n.
   void logprobs(const float* logits, int32_t token, int n, TokenLogprob& out);
-
-  int64_t vocab_size() const { return vocab_; }
 
  private:
   int64_t vocab_;
-  int32_t eos_;
   int32_t noise_;
-  bool greedy_ = true;
-  int32_t argmax_ = 0;
-  std::vector<float> z_;      // processed logits
-  std::vector<double> p_;     // processed probabilities
-  std::vector<int32_t> idx_;  // scratch for top-k / top-p / logprobs
-  std::vector<bool> allowed_;
-  std::vector<double> resid_;
+  SampleRowsBuilder builder_;
+  StepSamples rows_;
+  RowSampler rs_;
+  std::vector<int32_t> scratch_;
+};
+
+}  // namespace tandem
+
+namespace tandem {
+
+// Sampling for runners whose logits are on the host (the CPU model, the fake model): keeps each
+// slot's sampled draft distributions and runs the host RowSampler over a step's rows.
+class HostSampling {
+ public:
+  void init(int64_t vocab, int32_t eos, int32_t noise, int max_slots);
+  // Storage for the slot's proposal distributions [k, vocab] (the previous proposal's are dropped).
+  float* store_q(int slot, int k);
+  void clear_q(int slot);
+  // The slot's stored distributions (null when its last proposal was greedy).
+  const float* q(int slot) const { return q_rows_[slot] > 0 ? q_[slot].data() : nullptr; }
+  // Samples `samples` for `batch`; logits_first_row[i]: the logits row of seq i's first sampled row.
+  Status run(std::span<const RunnerSeq> batch, const StepSamples& samples, std::span<const int64_t> logits_first_row,
+             const float* logits, RunnerOutput& out);
+
+ private:
+  int64_t vocab_ = 0;
+  int32_t eos_ = -1, noise_ = -1;
+  std::vector<std::vector<float>> q_;  // per slot [k, vocab]
+  std::vector<int> q_rows_;            // per slot: rows stored
+  std::vector<SampleRow> rows_;
+  std::vector<float> qbuf_;
+  std::unique_ptr<RowSampler> sampler_;
+  std::vector<int32_t> scratch_;
 };
 
 }  // namespace tandem

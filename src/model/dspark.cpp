@@ -91,7 +91,7 @@ void DsV4Model::Impl::project_draft_context(int slot, int64_t start_pos, const f
 }
 
 Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const DraftSampling& sampling,
-                                std::mt19937_64& rng, std::vector<DraftResult>& results) {
+                                std::vector<DraftResult>& results) {
   Impl& m = *impl_;
   const ModelConfig& c = m.cfg;
   if (!m.w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
@@ -171,8 +171,13 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
   m.head_gemm(yn.data(), N, base.data());  // the shared (vocab-parallel) LM head
   TANDEM_RETURN_IF_ERROR(m.take_comm_status());
 
-  // The Markov correction is sequential along each block, request after request (the RNG is
-  // consumed in that order, as when requests are drafted one at a time).
+  // The Markov correction is sequential along each block. Draws go through the host sampler
+  // (the same RowSampler as the target's rows), keyed by (seed, drafted position): a request's
+  // drafts never depend on its batch neighbours, and the CUDA draft keys its draws the same way.
+  if (!d.sampler) d.sampler = std::make_unique<RowSampler>(V);
+  RowSampler& rs = *d.sampler;
+  SampleInputs in;
+  in.vocab = V;
   for (int64_t ri = 0; ri < B; ++ri) {
     const DraftRequest& r = requests[ri];
     DraftResult& out = results[ri];
@@ -180,44 +185,24 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
     out.confidence.assign(K, 0.0f);
     out.logits.resize(K * V);
     if (sampling.want_probs) out.probs.resize(K * V);
+    SampleRow row;
+    row.temperature = r.temperature;
+    row.seed = r.seed;
     int32_t prev = r.anchor_token;
     for (int64_t i = 0; i < K; ++i) {
       dw.markov_w1.row(prev, e_row.data());
       const float* e = e_row.data();
       m.linear(dw.markov_w2, e, 1, bias.data(), false);
       float* z = &out.logits[i * V];
-      const int64_t row = ri * K + i;
-      for (int64_t v = 0; v < V; ++v) z[v] = base[row * V + v] + bias[v];
-      std::memcpy(feat.data(), &y[row * D], sizeof(float) * D);
+      const int64_t brow = ri * K + i;
+      for (int64_t v = 0; v < V; ++v) z[v] = base[brow * V + v] + bias[v];
+      std::memcpy(feat.data(), &y[brow * D], sizeof(float) * D);
       std::memcpy(feat.data() + D, e, sizeof(float) * R);
       out.confidence[i] = model::dot(feat.data(), dw.confidence.data(), D + R);
-      int32_t tok = 0;
-      if (sampling.temperature <= 0.0) {
-        tok = static_cast<int32_t>(std::max_element(z, z + V) - z);
-        if (sampling.want_probs) {
-          std::fill(&out.probs[i * V], &out.probs[i * V] + V, 0.0f);
-          out.probs[i * V + tok] = 1.0f;
-        }
-      } else {
-        const double T = sampling.temperature;
-        double mx = -INFINITY;
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, z[v] / T);
-        auto& p = sized(d.probs, V);
-        double sum = 0.0;
-        for (int64_t v = 0; v < V; ++v) sum += (p[v] = std::exp(z[v] / T - mx));
-        std::uniform_real_distribution<double> uni(0.0, sum);
-        double u = uni(rng), cum = 0.0;
-        tok = static_cast<int32_t>(V - 1);
-        for (int64_t v = 0; v < V; ++v) {
-          cum += p[v];
-          if (u < cum) {
-            tok = static_cast<int32_t>(v);
-            break;
-          }
-        }
-        if (sampling.want_probs)
-          for (int64_t v = 0; v < V; ++v) out.probs[i * V + v] = static_cast<float>(p[v] / sum);
-      }
+      row.position = r.anchor_pos + i + 1;
+      rs.prepare(z, row, in);
+      const int32_t tok = rs.sample(rng_uniform(r.seed, row.position, RngStream::kDraft));
+      if (sampling.want_probs) rs.probs(&out.probs[i * V]);
       out.tokens[i] = tok;
       prev = tok;
     }

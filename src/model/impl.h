@@ -10,6 +10,7 @@
 #include "io/safetensors.h"
 #include "kernels/ops.h"
 #include "model/math.h"
+#include "kernels/cpu/sampling.h"
 #include "model/model.h"
 #include "model/weights.h"
 
@@ -72,8 +73,8 @@ struct DsV4Model::Impl {
     std::vector<int32_t> ids;
     std::vector<float> h, res, x, a, post, comb, qr, q, kv, o, y, yn, base, bias, feat, e_row;
     std::vector<float> mh, main_x, ctx_kv;
-    std::vector<double> probs;
     std::vector<const float*> keys;
+    std::unique_ptr<RowSampler> sampler;  // the host sampler draws sampled drafts
   } ds;
 
   int threads() const { return opt.num_threads; }

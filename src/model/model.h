@@ -126,10 +126,13 @@ struct DraftRequest {
   int slot = 0;
   int32_t anchor_token = 0;
   int64_t anchor_pos = 0;       // P
+  // 0 = greedy (argmax of the Markov-corrected logits); else draws from softmax(z_i / T) with the
+  // host sampler (kernels/cpu/sampling.h), keyed by rng_uniform(seed, P + i + 1, kDraft).
+  double temperature = 0.0;
+  uint64_t seed = 0;
 };
 
 struct DraftSampling {
-  double temperature = 0.0;     // 0 = greedy (argmax of the Markov-corrected logits)
   bool want_probs = false;      // fill probs with q_i = softmax(z_i / T) (T=0: one-hot)
   // Tokens drafted per request: the block [anchor, noise x (K-1)] is cut to K rows, so a smaller
   // K costs proportionally less. 0 = the checkpoint's dspark_block_size.
@@ -207,7 +210,7 @@ class DsV4Model {
   Status draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows);
   void draft_reset(int slot);
   Status draft_propose(std::span<const DraftRequest> requests, const DraftSampling& sampling,
-                       std::mt19937_64& rng, std::vector<DraftResult>& results);
+                       std::vector<DraftResult>& results);
 
   struct Impl;
 

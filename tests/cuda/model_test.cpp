@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -23,6 +24,7 @@
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/sampling.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
@@ -514,10 +516,9 @@ TEST(CudaModel, DraftTapsAndProposalsMatchCpu) {
   const int64_t P = 179;
   ASSERT_TRUE(p.cpu->draft_insert_context(0, 0, std::span<const float>(ctaps.data(), P * td)).ok());
   ASSERT_TRUE(p.gpu->draft_insert_context(0, 0, std::span<const float>(gtaps.data(), P * td)).ok());
-  std::mt19937_64 rng(0);
   std::vector<DraftResult> cres, gres;
   DraftRequest cr{0, toks[P], P};
-  ASSERT_TRUE(p.cpu->draft_propose(std::span<const DraftRequest>(&cr, 1), DraftSampling(), rng, cres).ok());
+  ASSERT_TRUE(p.cpu->draft_propose(std::span<const DraftRequest>(&cr, 1), DraftSampling(), cres).ok());
   CudaModel::DraftQueryDev gq{0, toks[P], P, 0.0, 0};
   ASSERT_TRUE(p.gpu->draft_propose(std::span<const CudaModel::DraftQueryDev>(&gq, 1), false, gres, true).ok());
   ASSERT_EQ(gres[0].tokens.size(), static_cast<size_t>(K));
@@ -545,6 +546,126 @@ TEST(CudaModel, DraftTapsAndProposalsMatchCpu) {
     EXPECT_NEAR(sum, 1.0, 1e-3);
     EXPECT_GT(gres[1].probs[i * V + gres[1].tokens[i]], 0.0f);
   }
+}
+
+// The device sampler over a step's logits on the GPU against the host sampler over a host copy of
+// the same logits: every kind of row (greedy, temperature with top-k / top-p / min-p, penalties,
+// grammar masks, logprobs, verify rows with one-hot and with stored sampled-draft q).
+TEST(CudaModel, DeviceSamplingMatchesTheHostSamplerOnTheSameLogits) {
+  SKIP_WITHOUT_GPU();
+  Pair& p = fp8_pair();
+  ASSERT_TRUE(p.gpu);
+  const int64_t V = p.cfg.vocab_size, W = (V + 31) / 32;
+  auto toks = tokens(200, 21);
+  std::vector<float> taps;
+  p.gpu_run(0, toks, {}, &taps);  // slot 0: context for a sampled draft
+  const int64_t td = p.gpu->tap_dim();
+  p.gpu->draft_reset(0);
+  ASSERT_TRUE(p.gpu->draft_insert_context(0, 0, std::span<const float>(taps.data(), 150 * td)).ok());
+  std::vector<CudaModel::DraftQueryDev> dq = {{0, toks[150], 150, 0.9, 77}};
+  std::vector<DraftResult> dres;
+  ASSERT_TRUE(p.gpu->draft_propose(dq, /*want_probs=*/true, dres).ok());  // q stored for slot 0 + host copy
+  const int K = p.gpu->draft_tokens();
+  ASSERT_GE(K, 2);
+  // One step of 48 tokens in slot 1 with logits for every row, kept on the device and copied out.
+  p.gpu->reset(1);
+  auto table = table_for(1);
+  StepBatch b;
+  b.seqs.push_back({1, 0, std::span<const int32_t>(toks.data(), 48), table, LogitsMode::kAll, false});
+  StepOutput host;
+  ASSERT_TRUE(p.gpu->forward(b, &host).ok());
+  // Rows: 6 parameter sets x 8 logits rows, with a draft on every other row.
+  std::vector<SampleRow> rows;
+  std::vector<int32_t> prompt_ids = {3, 17, 40, 41, 99};
+  std::vector<int32_t> counts = {5, 2, 17, 1, 60, 3};
+  std::vector<uint32_t> masks(static_cast<size_t>(W), 0u);
+  for (int64_t v = 0; v < V; v += 3) masks[v >> 5] |= 1u << (v & 31);  // every third token allowed
+  for (int set = 0; set < 6; ++set) {
+    for (int r = 0; r < 8; ++r) {
+      SampleRow row;
+      row.logits_row = set * 8 + r;
+      row.seed = 1000 + set;
+      row.position = 500 + r;
+      row.top_logprobs = r % 3 == 0 ? 5 : (r % 3 == 1 ? 0 : -1);
+      switch (set) {
+        case 0: row.temperature = 0; break;
+        case 1: row.temperature = 0.8; break;
+        case 2: row.temperature = 1.0; row.top_k = 7; row.top_p = 0.9; break;
+        case 3: row.temperature = 0.7; row.min_p = 0.05; row.top_p = 0.5; break;
+        case 4:
+          row.temperature = r % 2 ? 0.9 : 0;
+          row.repetition_penalty = 1.3;
+          row.frequency_penalty = 0.4;
+          row.presence_penalty = 0.2;
+          row.prompt_begin = 0;
+          row.prompt_count = 5;
+          row.counts_begin = 0;
+          row.counts_count = 3;
+          break;
+        case 5: row.temperature = r % 2 ? 1.1 : 0; row.mask_row = 0; break;
+      }
+      if (r % 2 == 1) {
+        const int j = (r / 2) % K;
+        row.draft = (set == 1 || set == 2) ? dres[0].tokens[j] : static_cast<int32_t>((r * 37 + set) % V);
+        if (set == 1 || set == 2) row.q_row = j;  // slot 0's stored q row j
+      }
+      rows.push_back(row);
+    }
+  }
+  std::vector<SampleRowResult> dev(rows.size());
+  ASSERT_TRUE(p.gpu->sample(rows, prompt_ids, counts, masks, W, dev).ok());
+  // The host reference reads q from the host copy of the same proposal.
+  SampleInputs in;
+  in.logits = host.logits.data();
+  in.q = dres[0].probs.data();
+  in.masks = masks.data();
+  in.prompt_ids = prompt_ids.data();
+  in.counts = counts.data();
+  in.vocab = V;
+  in.mask_words = W;
+  in.eos = static_cast<int32_t>(p.cfg.eos_token_id);
+  in.noise = static_cast<int32_t>(p.cfg.dspark_noise_token_id);
+  std::vector<SampleRowResult> ref(rows.size());
+  RowSampler rs(V);
+  std::vector<int32_t> scratch;
+  sample_rows_host(in, rows, ref, rs, scratch);
+  int same = 0, sampled = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const bool greedy = rows[i].temperature < kGreedyTemperature;
+    if (greedy) {
+      EXPECT_EQ(dev[i].token, ref[i].token) << "greedy row " << i;
+      EXPECT_EQ(dev[i].accepted, ref[i].accepted) << "greedy row " << i;
+    } else {
+      ++sampled;
+      same += dev[i].token == ref[i].token && dev[i].accepted == ref[i].accepted;
+    }
+    if (rows[i].top_logprobs >= 0) {
+      if (dev[i].token == ref[i].token) {
+        EXPECT_NEAR(dev[i].token_logprob, ref[i].token_logprob, 1e-4) << i;
+      }
+      ASSERT_EQ(dev[i].num_top, ref[i].num_top) << i;
+      for (int k = 0; k < ref[i].num_top; ++k) {
+        EXPECT_EQ(dev[i].top_ids[k], ref[i].top_ids[k]) << i << " top " << k;
+        EXPECT_NEAR(dev[i].top_logprobs[k], ref[i].top_logprobs[k], 1e-4) << i << " top " << k;
+      }
+    }
+    if (rows[i].mask_row >= 0) {
+      EXPECT_EQ(dev[i].token % 3, 0) << "row " << i << " left the grammar mask";
+    }
+  }
+  std::printf("[cuda-sampling] %d/%d sampled rows draw the host's token (greedy rows all equal)\n", same, sampled);
+  EXPECT_GE(same, sampled - 1);  // a draw sitting on a CDF boundary may flip with the summation order
+  // Replaying the same rows gives the same results (no hidden state, deterministic).
+  std::vector<SampleRowResult> again(rows.size());
+  ASSERT_TRUE(p.gpu->sample(rows, prompt_ids, counts, masks, W, again).ok());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(again[i].token, dev[i].token);
+    EXPECT_EQ(again[i].accepted, dev[i].accepted);
+  }
+  // Bad rows are refused, not run.
+  std::vector<SampleRow> bad = {rows[0]};
+  bad[0].logits_row = 48;
+  EXPECT_FALSE(p.gpu->sample(bad, {}, {}, {}, W, std::span<SampleRowResult>(dev.data(), 1)).ok());
 }
 
 TEST(CudaModel, NoDeviceAllocationAfterStartup) {
@@ -706,10 +827,12 @@ TEST(CudaGolden, BuiltinThroughLogitsCli) {
 // ---- the engine on the GPU: speculative greedy == plain greedy (20 prompts x 200 tokens) ----
 struct Out {
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;
 };
 
 std::map<std::string, Out> run_engine(const EngineConfig& ec, const std::vector<std::vector<int32_t>>& prompts,
-                                      int max_tokens, EngineMetrics* metrics = nullptr) {
+                                      int max_tokens, EngineMetrics* metrics = nullptr,
+                                      const std::function<void(SamplingParams&, size_t)>& tweak = {}) {
   std::map<std::string, Out> outs;
   auto runner = create_cuda_runner(ec);
   EXPECT_TRUE(runner.ok()) << runner.status().to_string();
@@ -728,9 +851,11 @@ std::map<std::string, Out> run_engine(const EngineConfig& ec, const std::vector<
     r.sampling.temperature = 0;
     r.sampling.max_tokens = max_tokens;
     r.sampling.ignore_eos = true;
+    if (tweak) tweak(r.sampling, i);
     EXPECT_TRUE(core->add_request(std::move(r), [&outs](const RequestEvent& ev) {
                       Out& o = outs[ev.request_id];
                       o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+                      o.logprobs.insert(o.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
                     }).ok());
   }
   for (int i = 0; i < 200000 && core->has_work(); ++i) {
@@ -783,6 +908,66 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
     EXPECT_GT(m.spec_decode_num_draft_tokens_total, 0);
     EXPECT_EQ(m.device_allocations_after_start, 0) << "device allocations under load";
   }
+}
+
+// Sampled requests on the GPU (temperature, top-p, penalties, logprobs, sampled drafts verified
+// against the draft's q stored on the device): repeatable run to run (draws keyed by seed and
+// position), logprobs present and consistent, no device allocation under load.
+TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no data/builtin";
+  auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i)
+    prompts.push_back((*tok)->encode("<｜begin▁of▁sentence｜><｜User｜>Tell me about lists, take " + std::to_string(i) +
+                                     ".<｜Assistant｜></think>"));
+  EngineConfig ec;
+  ec.model_dir = dir;
+  ec.device = "cuda";
+  ec.max_num_seqs = 8;
+  ec.max_num_batched_tokens = 512;
+  ec.block_size = 256;
+  ec.max_model_len = 1024;
+  ec.speculative.method = "dspark";
+  ec.speculative.verify_mode = "fixed";
+  ec.speculative.draft_sample_method = "sample";
+  auto tweak = [](SamplingParams& sp, size_t i) {
+    sp.temperature = 0.8;
+    sp.top_p = 0.95;
+    sp.top_k = i % 2 ? 40 : 0;
+    sp.frequency_penalty = 0.3;
+    sp.repetition_penalty = i % 3 == 0 ? 1.1 : 1.0;
+    sp.seed = 900 + i;
+    sp.logprobs = 3;
+  };
+  EngineMetrics m1, m2;
+  auto a = run_engine(ec, prompts, 96, &m1, tweak);
+  auto b = run_engine(ec, prompts, 96, &m2, tweak);
+  int equal = 0;
+  for (const auto& [id, o] : a) {
+    EXPECT_EQ(o.tokens.size(), 96u) << id;
+    EXPECT_EQ(b[id].tokens, o.tokens) << id;
+    equal += b[id].tokens == o.tokens;
+    ASSERT_EQ(o.logprobs.size(), o.tokens.size()) << id;
+    for (size_t k = 0; k < o.logprobs.size(); ++k) {
+      const TokenLogprob& lp = o.logprobs[k];
+      EXPECT_EQ(lp.token, o.tokens[k]);
+      EXPECT_LE(lp.logprob, 0.0f);
+      ASSERT_EQ(lp.top.size(), 3u);
+      EXPECT_GE(lp.top[0].second, lp.top[1].second);
+      EXPECT_GE(lp.top[1].second, lp.top[2].second);
+      EXPECT_LE(lp.logprob, lp.top[0].second + 1e-5f);
+    }
+  }
+  std::printf("[cuda-engine] sampled: %d/8 outputs repeat exactly; drafts %lld, accepted %lld; device allocations "
+              "after start-up %lld\n",
+              equal, static_cast<long long>(m1.spec_decode_num_draft_tokens_total),
+              static_cast<long long>(m1.spec_decode_num_accepted_tokens_total),
+              static_cast<long long>(m1.device_allocations_after_start));
+  EXPECT_GT(m1.spec_decode_num_accepted_tokens_total, 0);
+  EXPECT_EQ(m1.device_allocations_after_start, 0);
 }
 
 }  // namespace

@@ -163,9 +163,9 @@ TEST_F(TinyCheckpoint, DraftDraftsKTokens) {
   seq.collect_taps = true;
   std::vector<RunnerSeq> batch = {seq};
   RunnerOutput out;
-  ASSERT_TRUE(r.forward(batch, out).ok());
+  ASSERT_TRUE(r.forward(batch, nullptr, out).ok());
   const int64_t n = static_cast<int64_t>(prompt.size());
-  r.draft_insert_context(0, 0, std::span<const float>(out.taps.data(), n * out.tap_dim), n);
+  r.draft_insert_context(0, 0, n, 0);
   std::vector<DraftQuery> q(1);
   q[0].slot = 0;
   q[0].anchor = prompt.back();
@@ -266,8 +266,8 @@ TEST_F(TinyCheckpoint, PrefixHitRestoresTheDraftContext) {
     s.tokens = std::span<const int32_t>(toks.data() + start, n);
     s.block_table = table;
     s.collect_taps = true;
-    ASSERT_TRUE(runner.forward(std::span<const RunnerSeq>(&s, 1), out).ok());
-    runner.draft_insert_context(slot, start, std::span<const float>(out.taps.data(), n * out.tap_dim), n);
+    ASSERT_TRUE(runner.forward(std::span<const RunnerSeq>(&s, 1), nullptr, out).ok());
+    runner.draft_insert_context(slot, start, n, 0);
   };
   auto propose = [&](int slot) {
     DraftQuery q;

@@ -159,9 +159,8 @@ class RecordingRunner : public FakeModelRunner {
     Status st = FakeModelRunner::draft_propose(reqs, out);
     const size_t V = static_cast<size_t>(vocab_size());
     for (size_t i = 0; st.ok() && i < reqs.size(); ++i)
-      if (out[i].q.size() >= V)
-        first.try_emplace({reqs[i].seed, reqs[i].position},
-                          Proposal{out[i].tokens[0], std::vector<float>(out[i].q.begin(), out[i].q.begin() + V)});
+      if (const float* q = out[i].sampled ? stored_q(reqs[i].slot) : nullptr)
+        first.try_emplace({reqs[i].seed, reqs[i].position}, Proposal{out[i].tokens[0], std::vector<float>(q, q + V)});
     return st;
   }
 };

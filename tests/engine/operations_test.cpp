@@ -116,7 +116,7 @@ TEST(MemoryPlan, DeviceAllocationCounterReachesTheMetrics) {
 class StallingRunner : public FakeModelRunner {
  public:
   explicit StallingRunner(FakeModelConfig c) : FakeModelRunner(c) {}
-  Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
+  Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override {
     {
       std::unique_lock<std::mutex> lk(mu);
       if (stall) {
@@ -124,7 +124,7 @@ class StallingRunner : public FakeModelRunner {
         cv.wait(lk, [&] { return !stall; });
       }
     }
-    return FakeModelRunner::forward(batch, out);
+    return FakeModelRunner::forward(batch, samples, out);
   }
   void release() {
     std::lock_guard<std::mutex> lk(mu);

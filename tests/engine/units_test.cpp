@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "engine/engine.h"
 #include "engine/fake_model.h"
@@ -272,6 +273,126 @@ TEST(Sampler, LogprobsAreRawAndSorted) {
   ASSERT_EQ(lp.top.size(), 2u);
   EXPECT_EQ(lp.top[0].first, 2);
   EXPECT_EQ(lp.top[1].first, 1);
+}
+
+// ---------------- SampleRowsBuilder (the rows a verify step hands the runner's sampler) ----------------
+
+// A grammar that allows exactly the sequence `seq`, then only EOS (complete at its end).
+class Sequence : public TokenConstraint {
+ public:
+  explicit Sequence(std::vector<int32_t> seq) : seq_(std::move(seq)) {}
+  void allowed_tokens(std::vector<bool>& allowed) override {
+    std::fill(allowed.begin(), allowed.end(), false);
+    if (at_ < seq_.size()) allowed[seq_[at_]] = true;
+    allowed[1] = true;  // EOS: the builder clears it while incomplete
+  }
+  void accept_token(int32_t) override { ++at_; }
+  bool is_complete() const override { return at_ >= seq_.size(); }
+  std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<Sequence>(*this); }
+
+ private:
+  std::vector<int32_t> seq_;
+  size_t at_ = 0;
+};
+
+bool mask_bit(const StepSamples& s, int row, int32_t v) {
+  return (s.masks[static_cast<size_t>(row) * s.mask_words + (v >> 5)] >> (v & 31)) & 1u;
+}
+
+TEST(SampleRowsBuilder, VerifyRowsCountDraftsBeforeThemAndKeyByPosition) {
+  SampleRowsBuilder b;
+  b.vocab = 40;
+  b.eos = 1;
+  SamplingParams sp;
+  sp.temperature = 0.7;
+  sp.frequency_penalty = 0.5;
+  sp.repetition_penalty = 1.3;
+  sp.logprobs = 3;
+  PenaltyState pen;
+  const std::vector<int32_t> prompt = {9, 3, 9};
+  pen.init(sp, prompt);
+  pen.add_output(7);
+  pen.add_output(7);
+  pen.add_output(5);
+  const std::vector<int32_t> draft = {7, 33};
+  StepSamples out;
+  b.append(sp, pen, nullptr, 42, 100, draft, /*draft_sampled=*/true, out);
+  ASSERT_EQ(out.rows.size(), 3u);
+  for (int j = 0; j < 3; ++j) {
+    const SampleRow& r = out.rows[j];
+    EXPECT_EQ(r.position, 100 + j);
+    EXPECT_EQ(r.seed, 42u);
+    EXPECT_EQ(r.draft, j < 2 ? draft[j] : -1);
+    EXPECT_EQ(r.q_row, j < 2 ? j : -1);
+    EXPECT_EQ(r.top_logprobs, 3);
+    EXPECT_EQ(r.mask_row, -1);
+    ASSERT_EQ(r.prompt_count, 2);  // unique prompt ids
+    EXPECT_EQ(out.prompt_ids[r.prompt_begin], 3);
+    EXPECT_EQ(out.prompt_ids[r.prompt_begin + 1], 9);
+    std::map<int32_t, int32_t> counts;
+    for (int k = 0; k < r.counts_count; ++k) {
+      const int32_t t = out.counts[2 * (r.counts_begin + k)], c = out.counts[2 * (r.counts_begin + k) + 1];
+      EXPECT_TRUE(counts.emplace(t, c).second) << "token " << t << " listed twice in row " << j;
+    }
+    // Row j counts the output so far plus the drafts before it.
+    std::map<int32_t, int32_t> want = {{7, 2}, {5, 1}};
+    for (int k = 0; k < j; ++k) ++want[draft[k]];
+    EXPECT_EQ(counts, want) << "row " << j;
+  }
+  // Greedy requests without penalties carry no arrays; greedy drafts have no q rows.
+  StepSamples plain;
+  SamplingParams g;
+  g.temperature = 0;
+  b.append(g, PenaltyState(), nullptr, 1, 5, draft, false, plain);
+  ASSERT_EQ(plain.rows.size(), 3u);
+  EXPECT_TRUE(plain.counts.empty());
+  EXPECT_TRUE(plain.prompt_ids.empty());
+  for (const SampleRow& r : plain.rows) EXPECT_EQ(r.q_row, -1);
+  EXPECT_EQ(plain.rows[0].top_logprobs, -1);
+}
+
+TEST(SampleRowsBuilder, GrammarMasksFollowTheDraftsAndStopAtAForbiddenOne) {
+  SampleRowsBuilder b;
+  b.vocab = 70;  // three mask words
+  b.eos = 1;
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sequence grammar({40, 66, 12});
+  StepSamples out;
+  b.append(sp, PenaltyState(), &grammar, 0, 0, std::vector<int32_t>{40, 66}, false, out);
+  ASSERT_EQ(out.rows.size(), 3u);
+  EXPECT_EQ(out.mask_words, 3);
+  EXPECT_TRUE(mask_bit(out, 0, 40));
+  EXPECT_FALSE(mask_bit(out, 0, 66));
+  EXPECT_FALSE(mask_bit(out, 0, 1));  // EOS cleared while incomplete
+  EXPECT_TRUE(mask_bit(out, 1, 66));
+  EXPECT_FALSE(mask_bit(out, 1, 40));
+  EXPECT_TRUE(mask_bit(out, 2, 12));
+  // The request's own constraint is untouched (the builder advanced a copy).
+  std::vector<bool> allowed(70);
+  grammar.allowed_tokens(allowed);
+  EXPECT_TRUE(allowed[40]);
+
+  // A draft the grammar forbids: its row rejects it (greedy over the mask), later rows are unused.
+  StepSamples bad;
+  b.append(sp, PenaltyState(), &grammar, 0, 0, std::vector<int32_t>{41, 66}, false, bad);
+  ASSERT_EQ(bad.rows.size(), 3u);
+  std::vector<float> logits(3 * 70, 0.f);
+  for (int r = 0; r < 3; ++r) logits[r * 70 + 41] = 9.f;  // the model wants the forbidden token
+  SampleInputs in;
+  in.logits = logits.data();
+  in.masks = bad.masks.data();
+  in.vocab = 70;
+  in.mask_words = bad.mask_words;
+  in.eos = 1;
+  std::vector<SampleRow> rows = bad.rows;
+  for (int r = 0; r < 3; ++r) rows[r].logits_row = r;
+  std::vector<SampleRowResult> res(3);
+  RowSampler rs(70);
+  std::vector<int32_t> scratch;
+  sample_rows_host(in, rows, res, rs, scratch);
+  EXPECT_EQ(res[0].accepted, 0);
+  EXPECT_EQ(res[0].token, 40);  // the only allowed token
 }
 
 // ---------------- TextStream ----------------

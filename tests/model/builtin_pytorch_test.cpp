@@ -201,7 +201,6 @@ TEST_P(BuiltinPytorch, GreedyLogitsAndDraftMatchTrainer) {
   m.draft_reset(0);
   int64_t context = 0, compared = 0, agree = 0;
   double conf_worst = 0.0;
-  std::mt19937_64 rng(0);
   DraftSampling greedy_draft;
   for (const auto& d : c["dspark"]) {
     const int64_t p = d["anchor_position"];
@@ -211,7 +210,7 @@ TEST_P(BuiltinPytorch, GreedyLogitsAndDraftMatchTrainer) {
     context = p;
     DraftRequest r{0, seq[p], p};
     std::vector<DraftResult> res;
-    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r, 1), greedy_draft, rng, res).ok());
+    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r, 1), greedy_draft, res).ok());
     ASSERT_EQ(res.size(), 1u);
     ASSERT_EQ(static_cast<int>(res[0].tokens.size()), K);
     const auto want = d["draft_argmax_ids"].get<std::vector<int32_t>>();

@@ -11,6 +11,7 @@
 
 #include "common/numeric.h"
 #include "io/safetensors.h"
+#include "kernels/sampling.h"
 #include "model/model.h"
 #include "model/run_helpers.h"
 #include "model/tiny_weights.h"
@@ -317,9 +318,8 @@ TEST(ModelDraft, TapsAndDraftConsistency) {
   std::vector<DraftRequest> reqs = {r0, r1};
   DraftSampling greedy;
   greedy.want_probs = true;
-  std::mt19937_64 rng(1);
   std::vector<DraftResult> res;
-  ASSERT_TRUE(m.draft_propose(reqs, greedy, rng, res).ok());
+  ASSERT_TRUE(m.draft_propose(reqs, greedy, res).ok());
   ASSERT_EQ(res.size(), 2u);
   ASSERT_EQ(res[0].tokens.size(), static_cast<size_t>(K));
   EXPECT_EQ(res[0].tokens, res[1].tokens);
@@ -333,14 +333,30 @@ TEST(ModelDraft, TapsAndDraftConsistency) {
   }
   // sampling: probabilities normalised, sampled tokens have positive probability
   DraftSampling samp;
-  samp.temperature = 1.0;
   samp.want_probs = true;
-  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r0, 1), samp, rng, res).ok());
+  DraftRequest rs = r0;
+  rs.temperature = 1.0;
+  rs.seed = 42;
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&rs, 1), samp, res).ok());
+  std::vector<DraftResult> again;
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&rs, 1), samp, again).ok());
+  EXPECT_EQ(res[0].tokens, again[0].tokens);  // draws keyed by (seed, position): repeatable
   for (int64_t i = 0; i < K; ++i) {
     double sum = 0.0;
     for (int64_t v = 0; v < V; ++v) sum += res[0].probs[i * V + v];
     EXPECT_NEAR(sum, 1.0, 1e-4);
     EXPECT_GT(res[0].probs[i * V + res[0].tokens[i]], 0.0f);
+    // the draw is the host sampler's inverse CDF over q with the draft stream's uniform
+    const double u = rng_uniform(rs.seed, rs.anchor_pos + i + 1, RngStream::kDraft);
+    double cum = 0.0;
+    int64_t want = -1;
+    for (int64_t v = 0; v < V && want < 0; ++v) {
+      cum += res[0].probs[i * V + v];
+      if (u < cum && res[0].probs[i * V + v] > 0) want = v;
+    }
+    if (want >= 0) {
+      EXPECT_EQ(res[0].tokens[i], want) << i;
+    }
   }
   // the draft context travels with the slot state
   std::vector<uint8_t> state(m.slot_state_bytes());
@@ -349,14 +365,14 @@ TEST(ModelDraft, TapsAndDraftConsistency) {
   ASSERT_TRUE(m.import_slot_state(3, state).ok());
   DraftRequest r3{3, 42, 200};
   std::vector<DraftResult> res3, res0;
-  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r3, 1), greedy, rng, res3).ok());
-  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r0, 1), greedy, rng, res0).ok());
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r3, 1), greedy, res3).ok());
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r0, 1), greedy, res0).ok());
   EXPECT_EQ(res3[0].tokens, res0[0].tokens);
   EXPECT_EQ(max_abs_diff(res3[0].logits, res0[0].logits), 0.0f);
   // a different anchor changes the draft
   DraftRequest r2{0, 43, 200};
   std::vector<DraftResult> res2;
-  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r2, 1), greedy, rng, res2).ok());
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r2, 1), greedy, res2).ok());
   EXPECT_GT(max_abs_diff(res2[0].logits, res0[0].logits), 0.0f);
 }
 
@@ -375,11 +391,10 @@ TEST(ModelDraft, BatchedProposalsEqualSingle) {
   }
   DraftSampling greedy;
   greedy.want_probs = true;
-  std::mt19937_64 rng(3);
   std::vector<DraftResult> together, alone;
-  ASSERT_TRUE(m.draft_propose(reqs, greedy, rng, together).ok());
+  ASSERT_TRUE(m.draft_propose(reqs, greedy, together).ok());
   for (size_t i = 0; i < reqs.size(); ++i) {
-    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&reqs[i], 1), greedy, rng, alone).ok());
+    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&reqs[i], 1), greedy, alone).ok());
     EXPECT_EQ(together[i].tokens, alone[0].tokens) << i;
     EXPECT_EQ(max_abs_diff(together[i].logits, alone[0].logits), 0.0f) << i;
     EXPECT_EQ(max_abs_diff(together[i].confidence, alone[0].confidence), 0.0f) << i;
@@ -403,7 +418,6 @@ TEST(ModelDraft, DeferredContextInsertsMatchWholeInsert) {
   m.reset(3);
   ASSERT_TRUE(m.draft_insert_context(0, 0, taps).ok());
   DraftSampling greedy;
-  std::mt19937_64 rng(1);
   std::vector<DraftResult> want, got;
   // slot 2: 1-3 rows at a time, proposals requested at several points along the way
   int64_t pos = 0, step = 0;
@@ -423,8 +437,8 @@ TEST(ModelDraft, DeferredContextInsertsMatchWholeInsert) {
   }
   for (int slot : {2, 3}) {
     DraftRequest a{0, 42, 200}, b{slot, 42, 200};
-    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&a, 1), greedy, rng, want).ok());
-    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&b, 1), greedy, rng, got).ok());
+    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&a, 1), greedy, want).ok());
+    ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&b, 1), greedy, got).ok());
     EXPECT_EQ(got[0].tokens, want[0].tokens) << "slot " << slot;
     EXPECT_EQ(max_abs_diff(got[0].logits, want[0].logits), 0.0f) << "slot " << slot;
     EXPECT_EQ(max_abs_diff(got[0].confidence, want[0].confidence), 0.0f) << "slot " << slot;
@@ -434,8 +448,8 @@ TEST(ModelDraft, DeferredContextInsertsMatchWholeInsert) {
   m.reset(2);
   ASSERT_TRUE(m.draft_insert_context(2, 0, taps).ok());
   DraftRequest b{2, 42, 200}, a{0, 42, 200};
-  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&a, 1), greedy, rng, want).ok());
-  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&b, 1), greedy, rng, got).ok());
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&a, 1), greedy, want).ok());
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&b, 1), greedy, got).ok());
   EXPECT_EQ(max_abs_diff(got[0].logits, want[0].logits), 0.0f);
   for (int slot : {0, 2, 3}) m.reset(slot);
 }

@@ -226,12 +226,11 @@ TEST_P(KvMode, SlotMoveAndDraftContextAreConsistent) {
   // draft proposals at position 256 from the imported slot == from slot 0 (context inserted whole)
   ASSERT_TRUE(m.draft_insert_context(0, 0, std::span<const float>(taps_whole.data(), 256 * m.tap_dim())).ok());
   DraftSampling greedy;
-  std::mt19937_64 rng(1);
   std::vector<DraftResult> a, c;
   DraftRequest r0{0, toks[256], 256}, r2{2, toks[256], 256};
   // slot 2 ran 24 more tokens without inserting their context: its window is the imported one
-  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r0, 1), greedy, rng, a).ok());
-  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r2, 1), greedy, rng, c).ok());
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r0, 1), greedy, a).ok());
+  ASSERT_TRUE(m.draft_propose(std::span<const DraftRequest>(&r2, 1), greedy, c).ok());
   EXPECT_EQ(a[0].tokens, c[0].tokens);
   EXPECT_EQ(max_abs_diff(a[0].logits, c[0].logits), 0.0f);
   EXPECT_EQ(max_abs_diff(a[0].confidence, c[0].confidence), 0.0f);

@@ -198,8 +198,7 @@ TEST_F(TensorParallel, DraftProposalsMatchOneRank) {
       ASSERT_TRUE(m.draft_insert_context(0, 0, std::span<const float>(taps.data(), (prompt.size() - 1) * td)).ok());
       std::vector<DraftRequest> reqs = {{0, prompt.back(), static_cast<int64_t>(prompt.size() - 1)}};
       std::vector<DraftResult> res;
-      std::mt19937_64 rng(1);
-      Status st = m.draft_propose(reqs, DraftSampling{}, rng, res);
+      Status st = m.draft_propose(reqs, DraftSampling{}, res);
       ASSERT_TRUE(st.ok()) << st.to_string();
       toks[r] = res[0].tokens;
       logits[r] = res[0].logits;

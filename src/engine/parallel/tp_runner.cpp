@@ -290,20 +290,20 @@ class TpHeadRunner : public ModelRunner {
     return Status();
   }
 
-  Status forward(std::span<const RunnerSeq> batch, RunnerOutput& out) override {
+  Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override {
     Writer w(plan_);
     w.put(Op::kForward);
     w.put<uint32_t>(static_cast<uint32_t>(batch.size()));
     for (const RunnerSeq& s : batch) {
       w.put(s.slot);
       w.put(s.start_pos);
-      w.put<uint8_t>(s.all_logits);
+      w.put(s.sample_rows);
       w.put<uint8_t>(s.collect_taps);
       w.put_span(s.tokens);
       w.put_span(s.block_table);
     }
     TANDEM_RETURN_IF_ERROR(send());
-    return inner_->forward(batch, out);
+    return inner_->forward(batch, samples, out);  // the head samples; the workers only compute
   }
 
   void rollback(int slot, int64_t new_len) override {
@@ -333,15 +333,16 @@ class TpHeadRunner : public ModelRunner {
 
   bool has_draft() const override { return inner_->has_draft(); }
   int num_draft_tokens() const override { return inner_->num_draft_tokens(); }
-  void draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps, int64_t rows) override {
+  // Every rank inserts its own taps of the last forward (the hidden states are replicated).
+  void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) override {
     Writer w(plan_);
     w.put(Op::kDraftInsert);
     w.put(slot);
     w.put(start_pos);
     w.put(rows);
-    w.put_span(taps);
+    w.put(batch_index);
     (void)send();
-    inner_->draft_insert_context(slot, start_pos, taps, rows);
+    inner_->draft_insert_context(slot, start_pos, rows, batch_index);
   }
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
     Writer w(plan_);
@@ -373,7 +374,6 @@ int worker_loop(Comm& comm, ModelRunner& runner) {
   std::vector<RunnerSeq> seqs;
   RunnerOutput out;
   std::vector<uint8_t> bytes;
-  std::vector<float> taps;
   std::vector<DraftQuery> queries;
   std::vector<DraftProposal> proposals;
   for (;;) {
@@ -413,7 +413,7 @@ int worker_loop(Comm& comm, ModelRunner& runner) {
         for (uint32_t i = 0; i < n; ++i) {
           seqs[i].slot = r.get<int>();
           seqs[i].start_pos = r.get<int64_t>();
-          seqs[i].all_logits = r.get<uint8_t>() != 0;
+          seqs[i].sample_rows = r.get<int>();
           seqs[i].collect_taps = r.get<uint8_t>() != 0;
           r.get_vec(toks[i]);
           r.get_vec(tables[i]);
@@ -421,7 +421,7 @@ int worker_loop(Comm& comm, ModelRunner& runner) {
           seqs[i].block_table = tables[i];
         }
         if (!r.ok()) break;
-        st = runner.forward(seqs, out);
+        st = runner.forward(seqs, nullptr, out);
         break;
       }
       case Op::kRollback: {
@@ -444,8 +444,8 @@ int worker_loop(Comm& comm, ModelRunner& runner) {
       case Op::kDraftInsert: {
         const int slot = r.get<int>();
         const int64_t start = r.get<int64_t>(), rows = r.get<int64_t>();
-        r.get_vec(taps);
-        if (r.ok()) runner.draft_insert_context(slot, start, taps, rows);
+        const int index = r.get<int>();
+        if (r.ok()) runner.draft_insert_context(slot, start, rows, index);
         break;
       }
       case Op::kDraftPropose:

@@ -13,27 +13,46 @@
 namespace tandem {
 
 Status CudaModel::draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows) {
+  const int64_t td = tap_dim();
+  if (impl_->w.has_draft && taps_rows.size() % td)
+    return invalid_argument("draft_insert_context: {} floats is not a multiple of tap_dim {}", taps_rows.size(), td);
+  return impl_->insert_draft_context(slot, start_pos, taps_rows.data(),
+                                     impl_->w.has_draft ? static_cast<int64_t>(taps_rows.size()) / td : 0,
+                                     cudaMemcpyHostToDevice);
+}
+
+Status CudaModel::draft_insert_context_from_step(int slot, int64_t start_pos, int seq, int64_t rows) {
   Impl& m = *impl_;
+  const size_t ns = m.step.batch ? m.step.batch->seqs.size() : 0;
+  if (seq < 0 || static_cast<size_t>(seq) >= ns || static_cast<size_t>(seq) >= m.step.taps_row.size() ||
+      m.step.taps_row[seq] < 0)
+    return invalid_argument("draft_insert_context: batch entry {} of the last step has no taps", seq);
+  if (rows < 0 || rows > static_cast<int64_t>(m.step.batch->seqs[seq].tokens.size()))
+    return invalid_argument("draft_insert_context: {} rows of a {}-token entry", rows,
+                            m.step.batch->seqs[seq].tokens.size());
+  return m.insert_draft_context(slot, start_pos, m.taps.get() + m.step.taps_row[seq] * tap_dim(), rows,
+                                cudaMemcpyDeviceToDevice);
+}
+
+Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const float* taps_rows, int64_t n,
+                                             cudaMemcpyKind kind) {
+  Impl& m = *this;
   const ModelConfig& c = m.cfg;
   if (!m.w.has_draft) return invalid_argument("draft_insert_context: the model has no DSpark draft");
   if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("draft_insert_context: slot {} out of range", slot);
   if (start_pos < 0) return invalid_argument("draft_insert_context: negative start_pos");
-  const int64_t td = tap_dim();
-  if (taps_rows.size() % td)
-    return invalid_argument("draft_insert_context: {} floats is not a multiple of tap_dim {}", taps_rows.size(), td);
-  int64_t n = static_cast<int64_t>(taps_rows.size()) / td;
+  const int64_t td = c.hidden_size * static_cast<int64_t>(c.dspark_target_layer_ids.size());
   if (n == 0) return Status();
   kernels::cuda::set_stream(m.stream);
   const int64_t D = c.hidden_size, hd = c.head_dim, W = c.sliding_window;
   // Only the last W positions can ever be read.
   const int64_t skip = n > W ? n - W : 0;
-  const float* rows = taps_rows.data() + skip * td;
+  const float* rows = taps_rows + skip * td;
   const int64_t pos0 = start_pos + skip;
   n -= skip;
   for (int64_t r0 = 0; r0 < n; r0 += m.opt.max_tokens_per_step) {
     const int64_t rn = std::min<int64_t>(m.opt.max_tokens_per_step, n - r0);
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.mh.get(), rows + r0 * td, sizeof(float) * rn * td, cudaMemcpyHostToDevice,
-                                      m.stream));
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.mh.get(), rows + r0 * td, sizeof(float) * rn * td, kind, m.stream));
     kernels::RoundBf16Params rb;
     rb.x = m.mh.get();
     rb.rows = rn;
@@ -53,8 +72,8 @@ Status CudaModel::draft_insert_context(int slot, int64_t start_pos, std::span<co
       cuda_model::ring_write(m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W), m.stream);
     }
   }
-  // No synchronization: the copies from the caller's (pageable) rows complete before
-  // cudaMemcpyAsync returns, and later work is ordered on the same stream.
+  // No synchronization: copies from the caller's (pageable) rows complete before cudaMemcpyAsync
+  // returns, device rows are read in stream order, and later work is ordered on the same stream.
   return Status();
 }
 
@@ -175,6 +194,11 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   auto* h_seed = reinterpret_cast<uint64_t*>(hs + 24 * B);
   auto* h_tok = reinterpret_cast<int32_t*>(hs + 32 * B);
   auto* h_conf = reinterpret_cast<float*>(hs + 32 * B + 4 * N);
+  // Sampled requests need q on the device (verification reads it from the slot's store).
+  bool any_sampled = false;
+  for (const DraftQueryDev& r : requests) any_sampled = any_sampled || r.temperature > 0;
+  const bool host_probs = want_probs;
+  want_probs = want_probs || any_sampled;
   for (int64_t b = 0; b < B; ++b) {
     h_slot[b] = requests[b].slot;
     h_prev[b] = requests[b].anchor_token;
@@ -208,6 +232,11 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
     m.launch_draft(B, want_probs);
     ++m.gstats.eager;
   }
+  for (int64_t b = 0; b < B; ++b)
+    if (requests[b].temperature > 0)
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.q_store.get() + static_cast<int64_t>(requests[b].slot) * K * V,
+                                        m.d_probs.get() + b * K * V, sizeof(float) * K * V, cudaMemcpyDeviceToDevice,
+                                        m.stream));
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_tok, m.d_tokens.get(), 4 * N, cudaMemcpyDeviceToHost, m.stream));
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_conf, m.d_conf.get(), 4 * N, cudaMemcpyDeviceToHost, m.stream));
   for (int64_t b = 0; b < B; ++b) {
@@ -218,7 +247,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(r.logits.data(), m.d_zlogits.get() + b * K * V, sizeof(float) * K * V,
                                         cudaMemcpyDeviceToHost, m.stream));
     }
-    if (want_probs) {
+    if (host_probs) {
       r.probs.resize(K * V);
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(r.probs.data(), m.d_probs.get() + b * K * V, sizeof(float) * K * V,
                                         cudaMemcpyDeviceToHost, m.stream));

@@ -146,6 +146,21 @@ struct CudaModel::Impl {
   Buf<float> d_conf, d_zlogits, d_probs;
   uint8_t* draft_host = nullptr;  // pinned staging for request arrays and results
   size_t draft_host_bytes = 0;
+  Buf<float> q_store;             // [max_slots, draft_k, V]: sampled drafts' q, by slot
+
+  // ---- sampling (cuda_sampling.cpp): fixed device buffers and their pinned staging ----
+  int sample_rows_cap = 0;        // rows per sampling launch
+  int64_t sample_ints_cap = 0;    // prompt ids + (token, count) ints per launch
+  int64_t mask_words = 0;         // (V + 31) / 32
+  Buf<SampleRow> d_srows;
+  Buf<SampleRowResult> d_sres;
+  Buf<uint32_t> d_smasks;
+  Buf<int32_t> d_sints;
+  Buf<uint8_t> d_sscratch;
+  uint8_t* sample_host = nullptr; // pinned: rows | results | masks | ints
+  void alloc_sampling();
+  // Draft context from n taps rows (host or device memory, per kind) at positions start_pos.. .
+  Status insert_draft_context(int slot, int64_t start_pos, const float* taps_rows, int64_t n, cudaMemcpyKind kind);
 
   // The step being run (prepare -> launch -> finish).
   struct Step {
@@ -172,6 +187,7 @@ struct CudaModel::Impl {
   bool graph_step(const StepBatch& batch);
   void launch();
   void finish(StepOutput* host_out, CudaStepView* view);
+  void capture(const GraphKey& key);  // eager launch, then capture and keep the step's graph
   // The draft's device work for B staged requests (draft_host): capturable.
   void launch_draft(int64_t B, bool want_probs);
 

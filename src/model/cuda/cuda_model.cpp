@@ -140,6 +140,7 @@ CudaModel::Impl::~Impl() {
   for (auto& [k, g] : draft_graphs) cudaGraphExecDestroy(g);
   if (plan_host) cudaFreeHost(plan_host);
   if (draft_host) cudaFreeHost(draft_host);
+  if (sample_host) cudaFreeHost(sample_host);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -322,7 +323,9 @@ void allocate_all(CudaModel::Impl& m) {
     f(m.d_probs, B * KB * V);
     m.draft_host_bytes = static_cast<size_t>(B) * (4 + 4 + 8 + 8 + 8) + static_cast<size_t>(B * KB) * (4 + 4);
     TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.draft_host), m.draft_host_bytes));
+    f(m.q_store, static_cast<int64_t>(o.max_slots) * KB * V);
   }
+  m.alloc_sampling();
 
   // The GEMM op quantizes its input into a per-device scratch: reserve it for the widest
   // act-quant linear and the most rows any call sees, so no step ever grows it.
@@ -635,19 +638,7 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, CudaStep
                            f.collect_taps ? 1 : 0, bound};
   auto it = m.graphs.find(key);
   if (it == m.graphs.end()) {
-    // First step of this shape: run it eagerly (kernel attributes and scratch are set up outside
-    // any capture), then capture the same launches for the next steps of this shape.
-    m.launch();
-    cudaGraph_t g;
-    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-    m.launch();
-    TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
-    cudaGraphExec_t ge;
-    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-    m.graphs.emplace(key, ge);
-    ++m.gstats.captures;
-    ++m.gstats.eager;
+    m.capture(key);  // a context bucket not captured at start-up: one eager step, then the graph
   } else {
     TANDEM_CUDA_CHECK(cudaGraphLaunch(it->second, m.stream));
     ++m.gstats.replays;
@@ -664,6 +655,82 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, CudaStep
   }
   m.finish(host_out, view);
   return Status();
+}
+
+// First step of a shape: run it eagerly (kernel attributes and scratch are set up outside any
+// capture), then capture the same launches for the next steps of this shape.
+void CudaModel::Impl::capture(const GraphKey& key) {
+  launch();
+  cudaGraph_t g;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch();
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+  cudaGraphExec_t ge;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+  graphs.emplace(key, ge);
+  ++gstats.captures;
+  ++gstats.eager;
+}
+
+int CudaModel::capture_graphs(bool taps) {
+  Impl& m = *impl_;
+  if (m.copt.max_graph_batch <= 0 || m.pad_slot < 0) return 0;
+  kernels::cuda::set_stream(m.stream);
+  const int64_t before = m.gstats.captures;
+  taps = taps && m.w.has_draft;
+  // Decode and verify steps: only padding sequences (the spare slot and block, position 0), so no
+  // engine slot changes; the first context bucket (later buckets capture on first use).
+  for (int b = 1; b <= m.copt.max_graph_batch; b *= 2) {
+    for (int n = 1; n <= m.opt.max_rollback + 1; ++n) {
+      const LogitsMode lm = n == 1 ? LogitsMode::kLast : LogitsMode::kAll;
+      m.padded.seqs.clear();
+      for (int i = 0; i < b; ++i)
+        m.padded.seqs.push_back({m.pad_slot, 0, std::span<const int32_t>(m.pad_tokens.data(), static_cast<size_t>(n)),
+                                 m.pad_table, lm, taps});
+      m.prepare_plan(m.padded, nullptr);
+      int64_t bound = 256;
+      while (bound < m.step.max_end) bound *= 2;
+      bound = std::min<int64_t>(bound, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));
+      m.step.end_bound = bound;
+      const Impl::GraphKey key{b, n, static_cast<int>(lm), taps ? 1 : 0, bound};
+      if (!m.graphs.count(key)) m.capture(key);
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+      m.slot_len[m.pad_slot] = 0;
+    }
+  }
+  // Drafts of 1..min(max_graph_batch, max_draft_requests) requests, with and without q: staged
+  // requests in slots 0.. at position 1 (a draft reads context and writes only its outputs).
+  if (m.w.has_draft) {
+    const int64_t bmax = std::min<int64_t>(m.copt.max_graph_batch, std::min<int64_t>(m.max_draft_requests, m.opt.max_slots));
+    for (int64_t B = 1; B <= bmax; ++B) {
+      uint8_t* hs = m.draft_host;
+      for (int64_t b = 0; b < B; ++b) {
+        reinterpret_cast<int32_t*>(hs)[b] = static_cast<int32_t>(b);
+        reinterpret_cast<int32_t*>(hs + 4 * B)[b] = 0;
+        reinterpret_cast<int64_t*>(hs + 8 * B)[b] = 1;
+        reinterpret_cast<double*>(hs + 16 * B)[b] = 0.0;
+        reinterpret_cast<uint64_t*>(hs + 24 * B)[b] = 0;
+      }
+      for (bool probs : {false, true}) {
+        const std::pair<int64_t, bool> key{B, probs};
+        if (m.draft_graphs.count(key)) continue;
+        m.launch_draft(B, probs);
+        cudaGraph_t g;
+        TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+        m.launch_draft(B, probs);
+        TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
+        cudaGraphExec_t ge;
+        TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+        TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+        m.draft_graphs.emplace(key, ge);
+        ++m.gstats.captures;
+        ++m.gstats.eager;
+      }
+    }
+  }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return static_cast<int>(m.gstats.captures - before);
 }
 
 CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }

@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "io/model_config.h"
+#include "kernels/sampling.h"
 #include "model/model.h"
 
 namespace tandem {
@@ -69,6 +70,10 @@ class CudaModel {
     int64_t replays = 0, captures = 0, eager = 0;
   };
   GraphStats graph_stats() const;
+  // Captures at start-up the graphs the engine's steps replay: decode and verify steps of
+  // 1, 2, 4 .. max_graph_batch sequences x 1 .. max_rollback + 1 tokens (first context bucket;
+  // taps when `taps`) and drafts of 1 .. max_graph_batch requests. Returns the graphs captured.
+  int capture_graphs(bool taps);
   struct Memory {
     int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0;
     int64_t total() const { return weights + pool + slot_state + draft_state + scratch; }
@@ -99,11 +104,16 @@ class CudaModel {
   size_t pool_block_bytes() const;
 
   Status draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows);
+  // The same from the last forward's taps on the device: the first `rows` taps rows of batch entry
+  // `seq` (which collected taps), at positions start_pos.. .
+  Status draft_insert_context_from_step(int slot, int64_t start_pos, int seq, int64_t rows);
   void draft_reset(int slot);
-  // Greedy (temperature 0) or sampled drafts, all requests in one batch; sampled draws use a
-  // counter-based RNG keyed by (seed, anchor position + i), so a request's drafts never depend on
-  // its batch neighbours. results[i].probs is filled when want_probs, results[i].logits (the
-  // Markov-corrected z, [K, vocab]) when want_logits.
+  // Greedy (temperature 0) or sampled drafts, all requests in one batch; sampled draws use the
+  // counter-based RNG keyed by (seed, drafted position) as the CPU draft does, so a request's drafts
+  // never depend on its batch neighbours. A sampled request's q [K, vocab] stays on the device in
+  // the slot's rows of the draft store (sample(): q_row = slot * draft_tokens() + j); host copies
+  // of q in results[i].probs when want_probs, of the Markov-corrected z in results[i].logits when
+  // want_logits.
   struct DraftQueryDev {
     int slot = 0;
     int32_t anchor_token = 0;
@@ -113,6 +123,15 @@ class CudaModel {
   };
   Status draft_propose(std::span<const DraftQueryDev> requests, bool want_probs, std::vector<DraftResult>& results,
                        bool want_logits = false);
+  // Samples rows of the last forward's logits on the device (kernels/sampling.h): row.logits_row
+  // indexes that step's logits, row.q_row the draft store. prompt_ids / counts / masks are the host
+  // arrays the rows index. Rows go through fixed pinned and device buffers sized at start-up (in
+  // chunks when one step's arrays exceed them); only results come back.
+  Status sample(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
+                std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
+                std::span<SampleRowResult> out);
+  // Rows of logits the last forward left on the device, and where each batch entry's start.
+  std::span<const int64_t> last_logits_rows() const;
   // profile_step for a greedy draft of `requests` (their context must be in place).
   Result<StepProfile> profile_draft(std::span<const DraftQueryDev> requests, int reps);
 

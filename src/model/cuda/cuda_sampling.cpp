@@ -1,0 +1,120 @@
+// Sampling on the device for CudaModel: the rows of a step (kernels/sampling.h) run by the CUDA
+// sampling op (kernels/cuda/sample_rows.h) over the logits the forward left on the device, with
+// the draft distributions of sampled proposals kept per slot on the device (q_store). Only the
+// rows' descriptors and the arrays they index go up, only token ids and logprobs come back.
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/sample_rows.h"
+#include "model/cuda/cuda_impl.h"
+
+namespace tandem {
+
+void CudaModel::Impl::alloc_sampling() {
+  const int64_t V = cfg.vocab_size;
+  sample_rows_cap = static_cast<int>(std::max<int64_t>(max_logits_rows, 1));
+  mask_words = (V + 31) / 32;
+  // One row's arrays are at most V unique prompt ids and V (token, count) pairs: room for that and
+  // more, so any row fits and most steps go in one launch.
+  sample_ints_cap = std::max<int64_t>(3 * V + 1024, int64_t{1} << 20);
+  d_srows.reset(static_cast<size_t>(sample_rows_cap));
+  d_sres.reset(static_cast<size_t>(sample_rows_cap));
+  d_smasks.reset(static_cast<size_t>(sample_rows_cap * mask_words));
+  d_sints.reset(static_cast<size_t>(sample_ints_cap));
+  d_sscratch.reset(std::max<size_t>(kernels::cuda::sample_rows_scratch_bytes(sample_rows_cap, V), 1));
+  const size_t bytes = static_cast<size_t>(sample_rows_cap) * (sizeof(SampleRow) + sizeof(SampleRowResult)) +
+                       static_cast<size_t>(sample_rows_cap * mask_words) * 4 + static_cast<size_t>(sample_ints_cap) * 4;
+  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host), bytes));
+}
+
+std::span<const int64_t> CudaModel::last_logits_rows() const {
+  const Impl& m = *impl_;
+  const size_t ns = m.step.batch ? m.step.batch->seqs.size() : 0;
+  return {m.step.logits_row.data(), std::min(ns, m.step.logits_row.size())};
+}
+
+Status CudaModel::sample(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
+                         std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
+                         std::span<SampleRowResult> out) {
+  Impl& m = *impl_;
+  const int64_t V = m.cfg.vocab_size;
+  if (out.size() < rows.size()) return invalid_argument("sample: {} results for {} rows", out.size(), rows.size());
+  if (!masks.empty() && mask_words != m.mask_words)
+    return invalid_argument("sample: masks of {} words per row, the vocabulary needs {}", mask_words, m.mask_words);
+  const int64_t qrows = m.w.has_draft ? static_cast<int64_t>(m.opt.max_slots) * m.draft_k : 0;
+  for (const SampleRow& r : rows) {
+    if (r.logits_row < 0 || r.logits_row >= m.step.lrows)
+      return invalid_argument("sample: logits row {} outside the last step's {} rows", r.logits_row, m.step.lrows);
+    if (r.draft >= V || r.q_row >= qrows || (r.q_row >= 0 && r.draft < 0))
+      return invalid_argument("sample: draft {} / q row {} out of range", r.draft, r.q_row);
+    if (r.mask_row >= 0 && (r.mask_row + 1) * mask_words > static_cast<int64_t>(masks.size()))
+      return invalid_argument("sample: mask row {} outside the {} masks", r.mask_row, masks.size() / std::max<int64_t>(mask_words, 1));
+    if (r.prompt_count < 0 || r.prompt_begin < 0 || r.prompt_begin + r.prompt_count > static_cast<int64_t>(prompt_ids.size()) ||
+        r.counts_count < 0 || r.counts_begin < 0 || 2 * (r.counts_begin + r.counts_count) > static_cast<int64_t>(counts.size()))
+      return invalid_argument("sample: a row's penalty arrays are out of range");
+    if (r.prompt_count + 2 * static_cast<int64_t>(r.counts_count) > m.sample_ints_cap)
+      return invalid_argument("sample: one row's penalty arrays ({} ints) exceed the {} the runner holds",
+                              r.prompt_count + 2 * static_cast<int64_t>(r.counts_count), m.sample_ints_cap);
+    if (r.top_logprobs > kMaxTopLogprobs) return invalid_argument("sample: top_logprobs {} > {}", r.top_logprobs, kMaxTopLogprobs);
+  }
+  kernels::cuda::set_stream(m.stream);
+  uint8_t* hs = m.sample_host;
+  auto* h_rows = reinterpret_cast<SampleRow*>(hs);
+  auto* h_res = reinterpret_cast<SampleRowResult*>(hs + m.sample_rows_cap * sizeof(SampleRow));
+  auto* h_masks = reinterpret_cast<uint32_t*>(hs + m.sample_rows_cap * (sizeof(SampleRow) + sizeof(SampleRowResult)));
+  auto* h_ints = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(h_masks) + m.sample_rows_cap * m.mask_words * 4);
+  SampleInputs in;
+  in.logits = m.logits.get();
+  in.q = m.w.has_draft ? m.q_store.get() : nullptr;
+  in.masks = m.d_smasks.get();
+  in.prompt_ids = m.d_sints.get();
+  in.counts = m.d_sints.get();
+  in.vocab = V;
+  in.mask_words = m.mask_words;
+  in.eos = static_cast<int32_t>(m.cfg.eos_token_id);
+  in.noise = m.cfg.has_dspark() ? static_cast<int32_t>(m.cfg.dspark_noise_token_id) : -1;
+  // Rows are packed into the staging area (each row's arrays copied next to it), in chunks that fit.
+  size_t i = 0;
+  while (i < rows.size()) {
+    int n = 0, nmask = 0;
+    int64_t nints = 0;
+    while (i + n < rows.size() && n < m.sample_rows_cap) {
+      const SampleRow& r = rows[i + n];
+      const int64_t need = r.prompt_count + 2 * static_cast<int64_t>(r.counts_count);
+      if (nints + need > m.sample_ints_cap) break;
+      SampleRow& h = h_rows[n];
+      h = r;
+      h.prompt_begin = static_cast<int32_t>(nints);
+      std::memcpy(h_ints + nints, prompt_ids.data() + r.prompt_begin, 4 * static_cast<size_t>(r.prompt_count));
+      nints += r.prompt_count;
+      if (nints % 2) ++nints;  // pairs start even: counts index pairs (2 * counts_begin)
+      h.counts_begin = static_cast<int32_t>(nints / 2);
+      std::memcpy(h_ints + nints, counts.data() + 2 * static_cast<int64_t>(r.counts_begin),
+                  8 * static_cast<size_t>(r.counts_count));
+      nints += 2 * static_cast<int64_t>(r.counts_count);
+      if (r.mask_row >= 0) {
+        std::memcpy(h_masks + nmask * m.mask_words, masks.data() + r.mask_row * mask_words, 4 * m.mask_words);
+        h.mask_row = nmask++;
+      }
+      ++n;
+    }
+    TANDEM_CHECK_MSG(n > 0, "sample: a row does not fit the staging area");
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_srows.get(), h_rows, sizeof(SampleRow) * n, cudaMemcpyHostToDevice, m.stream));
+    if (nmask)
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_smasks.get(), h_masks, 4 * static_cast<size_t>(nmask * m.mask_words),
+                                        cudaMemcpyHostToDevice, m.stream));
+    if (nints)
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_sints.get(), h_ints, 4 * static_cast<size_t>(nints), cudaMemcpyHostToDevice,
+                                        m.stream));
+    kernels::cuda::sample_rows_device(in, m.d_srows.get(), n, m.d_sscratch.get(), m.d_sres.get(), m.stream);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_res, m.d_sres.get(), sizeof(SampleRowResult) * n, cudaMemcpyDeviceToHost, m.stream));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    std::copy(h_res, h_res + n, out.begin() + static_cast<std::ptrdiff_t>(i));
+    i += static_cast<size_t>(n);
+  }
+  return Status();
+}
+
+}  // namespace tandem
