@@ -187,9 +187,17 @@ test('strict json_schema output validates with ajv', async () => {
     model: MODEL, max_tokens: 200, messages: [{ role: 'user', content: 'JSON please' }],
     response_format: { type: 'json_object' },
   });
-  const obj = JSON.parse(r.choices[0].message.content);
-  assert.equal(typeof obj, 'object');
-  assert.ok(!Array.isArray(obj));
+  // A finished object parses; one cut by max_tokens (a random-weight model may keep a string open
+  // for 200 tokens) must at least be an object's beginning.
+  const content = r.choices[0].message.content;
+  if (r.choices[0].finish_reason === 'stop') {
+    const obj = JSON.parse(content);
+    assert.equal(typeof obj, 'object');
+    assert.ok(!Array.isArray(obj));
+  } else {
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.ok(content.trimStart().startsWith('{'), content);
+  }
 });
 
 test('completions endpoint, plain and streamed', async () => {
