@@ -3,8 +3,8 @@
 // whether the row's draft token is accepted and which token the row draws otherwise, with raw
 // log-probabilities. Logits never leave the backend that produced them. One implementation per
 // backend, both following the order of operations below and the same counter-based RNG:
-//   host:   engine/sampler.cpp (Sampler, sample_rows_host)
-//   device: kernels/cuda/sampling.cu (sample_rows_device)
+//   host:   kernels/cpu/sampling.cpp (RowSampler, sample_rows_host)
+//   device: kernels/cuda/sample_rows.cu (sample_rows_device)
 //
 // Per row: z = logits row; penalties (repetition on prompt and output tokens, then frequency and
 // presence on output counts); the DSpark noise token and the grammar mask set to -inf (a grammar

@@ -9,6 +9,8 @@
 
 #include "common/check.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/sampling_device.cuh"
+#include "kernels/sampling.h"
 
 namespace tandem::cuda_model {
 
@@ -575,41 +577,24 @@ __global__ void markov_gather_kernel(WeightRef w1, const int32_t* prev, int64_t 
   for (int64_t d = threadIdx.x; d < rank; d += blockDim.x) e[b * rank + d] = w_at(w1, prev[b], d);
 }
 
-// splitmix64-based counter RNG: uniform in [0, 1) from (seed, position).
-__device__ __forceinline__ uint64_t mix64_dev(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// One block per request.
+// One block per request. The greedy token is the first maximum (NaN first, as torch.argmax); a
+// sampled token is an inverse-CDF draw over softmax(z / T) in id order with the uniform
+// rng_uniform(seed, position of the drafted token, kDraft), the key the CPU draft uses.
 __global__ void markov_step_kernel(MarkovStepArgs a, int64_t B) {
   __shared__ float s_red[32];
-  __shared__ double s_redd[32];
-  __shared__ int s_arg[32];
-  __shared__ float s_val[32];
+  __shared__ kernels::cuda::BlockReduceScratch s_scr;
   const int64_t b = blockIdx.x;
   if (b >= B) return;
   const int64_t row = b * a.K + a.i;
   const float* base = a.base + row * a.V;
   const float* bias = a.bias + b * a.V;
   float* z = a.logits + row * a.V;
-  // z, and the running argmax (first index on ties; NaN wins as in torch.argmax)
-  float best = -INFINITY;
-  int best_i = 0x7fffffff;
-  bool best_nan = false;
+  unsigned long long best = 0;
   for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x) {
     const float zv = base[v] + bias[v];
     z[v] = zv;
-    const bool nan = zv != zv;
-    if (best_i == 0x7fffffff || (nan && !best_nan) || (!best_nan && zv > best)) {
-      if (!(best_nan && nan)) {
-        best = zv;
-        best_i = static_cast<int>(v);
-        best_nan = nan;
-      }
-    }
+    const unsigned long long k = kernels::cuda::select_key(zv, static_cast<uint32_t>(v));
+    best = k > best ? k : best;
   }
   // confidence: dot([y, e], conf_w)
   float c = 0.0f;
@@ -618,65 +603,19 @@ __global__ void markov_step_kernel(MarkovStepArgs a, int64_t B) {
     c += f * a.conf_w[d];
   }
   c = block_sum(c, s_red);
-  // block argmax reduction: (nan first, then value, then lower index)
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-    const bool on = ov != ov;
-    const bool take = (on && !best_nan) || (on == best_nan && (on ? oi < best_i : (ov > best || (ov == best && oi < best_i))));
-    if (take) {
-      best = ov;
-      best_i = oi;
-      best_nan = on;
-    }
-  }
-  __syncthreads();
-  if (lane == 0) {
-    s_val[wid] = best;
-    s_arg[wid] = best_i;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float bv = s_val[0];
-    int bi = s_arg[0];
-    for (int w = 1; w < nw; ++w) {
-      const bool on = s_val[w] != s_val[w], bn = bv != bv;
-      const bool take = (on && !bn) || (on == bn && (on ? s_arg[w] < bi : (s_val[w] > bv || (s_val[w] == bv && s_arg[w] < bi))));
-      if (take) {
-        bv = s_val[w];
-        bi = s_arg[w];
-      }
-    }
-    s_arg[0] = bi;
-    s_val[0] = bv;
-  }
-  __syncthreads();
-  const int argmax = s_arg[0];
+  const int argmax = static_cast<int>(kernels::cuda::select_key_index(kernels::cuda::block_argmax_key(best, s_scr)));
   const double T = a.temperature ? a.temperature[b] : 0.0;
   int token = argmax;
   if (T > 0.0) {
-    // softmax(z / T) in double, then inverse-CDF sampling with one uniform keyed by (seed, pos).
-    const double mx = static_cast<double>(s_val[0]) / T;
-    double sum = 0.0;
-    for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x) sum += exp(static_cast<double>(z[v]) / T - mx);
-    sum = block_sum(sum, s_redd);
-    const uint64_t key = mix64_dev(a.seed[b] ^ mix64_dev(static_cast<uint64_t>(a.pos[b] + a.i) + 0xD5A3ull));
-    const double u = static_cast<double>(key >> 11) * (1.0 / 9007199254740992.0) * sum;
+    // softmax(z / T) in double; z is visible block-wide after the reductions' __syncthreads()
+    const double mx = static_cast<double>(z[argmax]) / T;
+    auto mass = [&](int64_t v) { return exp(static_cast<double>(z[v]) / T - mx); };
+    const kernels::cuda::ChunkScan cs = kernels::cuda::block_chunk_scan(a.V, mass, s_scr);
+    const double u = rng_uniform(a.seed[b], a.pos[b] + 1 + a.i, RngStream::kDraft);
+    const int64_t t = kernels::cuda::block_chunk_find(cs, mass, u * cs.total, s_scr);
+    token = t >= 0 ? static_cast<int>(t) : static_cast<int>(a.V - 1);
     if (a.probs)
-      for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x)
-        a.probs[row * a.V + v] = static_cast<float>(exp(static_cast<double>(z[v]) / T - mx) / sum);
-    if (threadIdx.x == 0) {
-      double cum = 0.0;
-      token = static_cast<int>(a.V - 1);
-      for (int64_t v = 0; v < a.V; ++v) {
-        cum += exp(static_cast<double>(z[v]) / T - mx);
-        if (u < cum) {
-          token = static_cast<int>(v);
-          break;
-        }
-      }
-    }
+      for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x) a.probs[row * a.V + v] = static_cast<float>(mass(v) / cs.total);
   } else if (a.probs) {
     for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x) a.probs[row * a.V + v] = v == argmax ? 1.0f : 0.0f;
   }

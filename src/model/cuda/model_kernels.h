@@ -166,8 +166,9 @@ void draft_block_ids(const int32_t* anchor, int64_t B, int K, int32_t noise, int
 
 // One Markov step of every request's draft block (position i): e = markov_w1.row(prev[b]) (dense),
 // then the caller runs bias = e @ markov_w2^T; this kernel: z = base[b*K+i] + bias[b]; conf[b*K+i] =
-// dot([y[b*K+i], e], conf_w); token = argmax z (greedy) or a sample of softmax(z/T) with a
-// counter-based RNG keyed by (seed[b], position P_b + i); prev[b] = token; q[b*K+i] = probs.
+// dot([y[b*K+i], e], conf_w); token = argmax z (greedy) or an inverse-CDF draw from softmax(z/T)
+// with rng_uniform(seed[b], P_b + 1 + i, RngStream::kDraft) (kernels/sampling.h: the drafted
+// token's position, the CPU draft's key); prev[b] = token; q[b*K+i] = probs.
 void markov_gather(const kernels::WeightRef& w1, const int32_t* prev, int64_t B, int64_t rank, float* e,
                    cudaStream_t s);
 struct MarkovStepArgs {

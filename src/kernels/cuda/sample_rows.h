@@ -1,0 +1,25 @@
+// The device implementation of the sampling op (kernels/sampling.h): one thread block per row turns
+// the row's logits into its processed distribution and decides the row's token exactly as the host
+// implementation (kernels/cpu/sampling.cpp) does, with the same counter-based RNG.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/sampling.h"
+
+namespace tandem::kernels::cuda {
+
+// Scratch bytes sample_rows_device needs for `max_rows` rows of `vocab` (allocate once at start-up):
+// per row the processed logits (float) and the unnormalised probabilities (double).
+size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab);
+
+// Runs `n` rows (`rows` and `out` are DEVICE arrays of n entries; `in`'s pointers are device
+// pointers; n <= the scratch's max_rows). Capturable in a CUDA graph: no allocation, no
+// synchronization, no host reads.
+void sample_rows_device(const SampleInputs& in, const SampleRow* rows, int n, void* scratch, SampleRowResult* out,
+                        cudaStream_t stream);
+
+}  // namespace tandem::kernels::cuda

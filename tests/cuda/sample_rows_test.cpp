@@ -1,0 +1,355 @@
+// The sampling op on the device (kernels/cuda/sample_rows.cu) against the host op
+// (kernels/cpu/sampling.cpp) on random batches at vocabulary size (129280) and small vocabularies:
+// greedy tokens, accept flags and top-logprob ids must be identical and logprobs within 1e-4; a
+// sampled token may differ only when its uniform sits on a CDF boundary that the two summation
+// orders put on different sides (counted and reported, at most 0.5% of the sampled rows).
+// Also: bit-identical reruns, draw frequencies against p, CUDA graph capture and replay.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "cuda/cuda_test_util.h"
+#include "cuda/sample_rows_cases.h"
+#include "kernels/cpu/sampling.h"
+#include "kernels/cuda/sample_rows.h"
+
+namespace tandem::kernels::cuda_testing {
+namespace {
+
+using sample_rows_cases::Batch;
+using sample_rows_cases::Builder;
+using sample_rows_cases::Comparison;
+using sample_rows_cases::Kind;
+using sample_rows_cases::mixed_batch;
+
+constexpr int64_t kVocab = 129280;
+
+// A batch's arrays, scratch and outputs on the device.
+struct DeviceBatch {
+  DeviceBuffer<float> logits, q;
+  DeviceBuffer<uint32_t> masks;
+  DeviceBuffer<int32_t> prompt, counts;
+  DeviceBuffer<SampleRow> rows;
+  DeviceBuffer<SampleRowResult> out;
+  DeviceBuffer<unsigned char> scratch;
+  SampleInputs in;
+  int n = 0;
+
+  explicit DeviceBatch(const Batch& b)
+      : logits(to_dev(b.logits)),
+        q(to_dev(b.q)),
+        masks(to_dev(b.masks)),
+        prompt(to_dev(b.prompt)),
+        counts(to_dev(b.counts)),
+        rows(to_dev(b.rows)),
+        out(b.rows.size()),
+        scratch(cuda::sample_rows_scratch_bytes(static_cast<int>(b.rows.size()), b.vocab)),
+        n(static_cast<int>(b.rows.size())) {
+    in = b.host_inputs();
+    in.logits = logits.get();
+    in.q = b.q.empty() ? nullptr : q.get();
+    in.masks = b.masks.empty() ? nullptr : masks.get();
+    in.prompt_ids = b.prompt.empty() ? nullptr : prompt.get();
+    in.counts = b.counts.empty() ? nullptr : counts.get();
+  }
+  void launch(cudaStream_t s) { cuda::sample_rows_device(in, rows.get(), n, scratch.get(), out.get(), s); }
+  // Poisons the outputs and the scratch (an unwritten field or a scratch value read before it is
+  // written shows up), runs, returns the results.
+  std::vector<SampleRowResult> run() {
+    poison(out);
+    poison(scratch);
+    launch(cuda::stream());
+    return to_host(out);
+  }
+};
+
+std::vector<SampleRowResult> run_host(const Batch& b) {
+  RowSampler s(b.vocab);
+  std::vector<int32_t> scratch;
+  std::vector<SampleRowResult> out(b.rows.size());
+  sample_rows_host(b.host_inputs(), b.rows, out, s, scratch);
+  return out;
+}
+
+bool same_bytes(const std::vector<SampleRowResult>& a, const std::vector<SampleRowResult>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(SampleRowResult)) == 0;
+}
+
+// Runs `b` on both sides and accumulates the comparison into `total`.
+void check_batch(const Batch& b, Comparison& total) {
+  DeviceBatch d(b);
+  const std::vector<SampleRowResult> got = d.run(), want = run_host(b);
+  const Comparison c = sample_rows_cases::compare(b, got, want);
+  if (c.first_bad_row >= 0) {
+    const int i = c.first_bad_row;
+    ADD_FAILURE() << "vocab " << b.vocab << " row " << i << " kind " << static_cast<int>(b.kinds[i]) << ": got token "
+                  << got[i].token << " accepted " << got[i].accepted << " num_top " << got[i].num_top << ", want token "
+                  << want[i].token << " accepted " << want[i].accepted << " num_top " << want[i].num_top;
+  }
+  total.rows += c.rows;
+  total.sampled_rows += c.sampled_rows;
+  total.token_mismatches += c.token_mismatches;
+  total.greedy_mismatches += c.greedy_mismatches;
+  total.accept_mismatches += c.accept_mismatches;
+  total.top_mismatches += c.top_mismatches;
+  total.worst_logprob_err = std::max(total.worst_logprob_err, c.worst_logprob_err);
+}
+
+void expect_matches(const Comparison& t, const char* what) {
+  std::printf("[sample_rows] %s: %d rows (%d sampled): %d sampled tokens differ from the host, worst logprob err %.3g\n",
+              what, t.rows, t.sampled_rows, t.token_mismatches, t.worst_logprob_err);
+  EXPECT_EQ(t.greedy_mismatches, 0);
+  EXPECT_EQ(t.accept_mismatches, 0);
+  EXPECT_EQ(t.top_mismatches, 0);
+  EXPECT_LE(t.worst_logprob_err, 1e-4);
+  EXPECT_LE(t.token_mismatches, std::max(1, t.sampled_rows / 200)) << "more than 0.5% of the sampled tokens differ";
+}
+
+TEST(CudaSampleRows, MatchesHostSmallVocabs) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  uint64_t seed = 11;
+  for (int64_t vocab : {8, 1000, 4096}) {
+    for (bool noise : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "vocab " << vocab << (noise ? " noise" : ""));
+      check_batch(mixed_batch(vocab, 600, seed++, noise), total);
+    }
+  }
+  expect_matches(total, "vocab 8/1000/4096");
+}
+
+TEST(CudaSampleRows, MatchesHostFullVocab) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  uint64_t seed = 101;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (bool noise : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "rep " << rep << (noise ? " noise" : ""));
+      check_batch(mixed_batch(kVocab, 64, seed++, noise), total);
+    }
+  }
+  expect_matches(total, "vocab 129280");
+}
+
+// Many rows of one kind: each kind on its own (thousands of (row, seed) cases in all).
+TEST(CudaSampleRows, MatchesHostPerKind) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  for (int k = 0; k < static_cast<int>(Kind::kCount); ++k) {
+    SCOPED_TRACE(testing::Message() << "kind " << k);
+    Builder bld(1000, 500 + k, k % 2 == 1);
+    for (int i = 0; i < 200; ++i) bld.add(static_cast<Kind>(k), 7000 + 1000 * k + i, i % 3 == 0 ? 5 : -1);
+    check_batch(bld.take(), total);
+  }
+  expect_matches(total, "per kind, vocab 1000");
+}
+
+TEST(CudaSampleRows, Deterministic) {
+  TANDEM_REQUIRE_GPU();
+  const Batch b = mixed_batch(kVocab, 64, 77, true);
+  DeviceBatch d(b);
+  const std::vector<SampleRowResult> first = d.run();
+  for (int rep = 0; rep < 3; ++rep) EXPECT_TRUE(same_bytes(d.run(), first)) << "run " << rep + 1 << " differs";
+  const Batch s = mixed_batch(1000, 600, 78, false);
+  DeviceBatch ds(s);
+  const std::vector<SampleRowResult> sfirst = ds.run();
+  EXPECT_TRUE(same_bytes(ds.run(), sfirst));
+}
+
+// Exact tie semantics at the top-p threshold: four equal maxima, top_p keeps two of them, which
+// must be the two lowest ids; and top-k keeps every logit equal to the k-th largest.
+TEST(CudaSampleRows, TiesAtThresholdsByLowerId) {
+  TANDEM_REQUIRE_GPU();
+  Batch b;
+  b.vocab = 8;
+  const std::vector<float> z = {0.5f, 2.0f, -1.0f, 2.0f, 2.0f, 1.0f, 2.0f, -0.5f};
+  const int kRows = 400;
+  for (int i = 0; i < kRows; ++i) {
+    b.logits.insert(b.logits.end(), z.begin(), z.end());
+    SampleRow r;
+    r.logits_row = i;
+    r.temperature = 1.0;
+    r.seed = 1234 + i;
+    r.position = i;
+    if (i % 2 == 0) {
+      r.top_p = 0.3;  // each maximum has p ~0.2: two of them reach 0.3
+    } else {
+      r.top_k = 2;  // the 2nd largest is 2.0: all four maxima stay
+    }
+    b.rows.push_back(r);
+    b.kinds.push_back(Kind::kTopP);
+  }
+  DeviceBatch d(b);
+  const std::vector<SampleRowResult> got = d.run(), want = run_host(b);
+  std::map<int, int> topp_tokens, topk_tokens;
+  for (int i = 0; i < kRows; ++i) {
+    EXPECT_EQ(got[i].token, want[i].token) << "row " << i;
+    (i % 2 == 0 ? topp_tokens : topk_tokens)[got[i].token]++;
+  }
+  EXPECT_EQ(topp_tokens.size(), 2u);
+  EXPECT_TRUE(topp_tokens.count(1) && topp_tokens.count(3));
+  EXPECT_EQ(topk_tokens.size(), 4u);
+  for (int t : {1, 3, 4, 6}) EXPECT_TRUE(topk_tokens.count(t)) << t;
+}
+
+// Draws over many seeds follow the host's p: each token's frequency within 5 sigma (+ 3/N) of
+// p, and a token with p == 0 is never drawn. Plain rows and residual draws (the draft rejected).
+TEST(CudaSampleRows, DrawFrequenciesFollowP) {
+  TANDEM_REQUIRE_GPU();
+  const int64_t V = 1000;
+  const int N = 16384;
+  Builder bld(V, 4242, false);
+  const std::vector<float> z = bld.random_logits(2.0f);
+  struct Cfg {
+    const char* name;
+    double temperature, top_p, min_p;
+    int top_k;
+    bool draft;
+  };
+  for (const Cfg& c : {Cfg{"temperature", 0.9, 1.0, 0.0, 0, false}, Cfg{"combined", 1.1, 0.9, 0.02, 100, false},
+                       Cfg{"residual after a one-hot draft", 1.0, 0.95, 0.0, 50, true}}) {
+    SCOPED_TRACE(c.name);
+    Batch b;
+    b.vocab = V;
+    b.eos = 2;
+    b.logits = z;
+    SampleRow r;
+    r.temperature = c.temperature;
+    r.top_p = c.top_p;
+    r.min_p = c.min_p;
+    r.top_k = c.top_k;
+    RowSampler host(V);
+    host.prepare(z.data(), r, b.host_inputs());
+    std::vector<double> p(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) p[v] = host.prob(static_cast<int32_t>(v));
+    if (c.draft) {
+      r.draft = host.argmax();  // rejected draws come from norm(max(0, p - onehot(draft)))
+      double s = 0;
+      p[r.draft] = 0;
+      for (double x : p) s += x;
+      for (double& x : p) x /= s;
+    }
+    for (int i = 0; i < N; ++i) {
+      r.seed = 99991ull * i + 17;
+      r.position = 1000 + i;
+      b.rows.push_back(r);
+      b.kinds.push_back(Kind::kCombined);
+    }
+    DeviceBatch d(b);
+    const std::vector<SampleRowResult> got = d.run();
+    std::vector<int> count(static_cast<size_t>(V), 0);
+    int n = 0;
+    for (const SampleRowResult& g : got) {
+      ASSERT_GE(g.token, 0);
+      ASSERT_LT(g.token, V);
+      if (c.draft && g.accepted) continue;
+      ++count[g.token];
+      ++n;
+    }
+    ASSERT_GT(n, N / 10);
+    double worst = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      if (p[v] == 0) {
+        EXPECT_EQ(count[v], 0) << "token " << v << " has p = 0";
+        continue;
+      }
+      const double f = static_cast<double>(count[v]) / n;
+      const double sigma = std::sqrt(p[v] * (1 - p[v]) / n);
+      if (p[v] * n >= 5) worst = std::max(worst, std::fabs(f - p[v]) / sigma);
+      EXPECT_LE(std::fabs(f - p[v]), 5 * sigma + 3.0 / n) << "token " << v << " p " << p[v] << " freq " << f;
+    }
+    std::printf("[sample_rows] %s: %d draws, worst |freq - p| = %.2f sigma (tokens with p * draws >= 5)\n", c.name, n,
+                worst);
+  }
+}
+
+// A grammar dead end emits EOS (greedy and sampled), whose logprob is the raw one; NaN logits
+// leave the argmax rule of the host (a NaN first element wins, a later NaN never does) and do not
+// crash a sampled row.
+TEST(CudaSampleRows, DeadEndAndNaN) {
+  TANDEM_REQUIRE_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Builder bld(64, 9, true);
+  for (int i = 0; i < 4; ++i) bld.add(Kind::kDeadEnd, 50 + i, 3);
+  Batch b = bld.take();
+  std::vector<float> zn = Builder(64, 10, false).random_logits(1.0f);
+  auto add_row = [&](std::vector<float> z, double temperature) {
+    SampleRow r;
+    r.logits_row = static_cast<int32_t>(b.rows.size());
+    r.temperature = temperature;
+    r.seed = 5;
+    b.logits.insert(b.logits.end(), z.begin(), z.end());
+    b.rows.push_back(r);
+    b.kinds.push_back(Kind::kGreedy);
+  };
+  std::vector<float> first_nan = zn, later_nan = zn;
+  first_nan[0] = nan;
+  later_nan[40] = nan;
+  add_row(first_nan, 0.0);
+  add_row(later_nan, 0.0);
+  DeviceBatch d(b);
+  const std::vector<SampleRowResult> got = d.run(), want = run_host(b);
+  for (size_t i = 0; i < b.rows.size(); ++i) {
+    EXPECT_EQ(got[i].token, want[i].token) << "row " << i;
+    if (i < 4) {
+      EXPECT_EQ(got[i].token, b.eos);
+      EXPECT_NEAR(got[i].token_logprob, want[i].token_logprob, 1e-4);
+    }
+  }
+  EXPECT_EQ(got[4].token, 0);
+  // sampled rows with NaN logits: no crash, a token in range
+  Batch s;
+  s.vocab = 64;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> z = zn;
+    z[static_cast<size_t>(7 * i + 3)] = nan;
+    s.logits.insert(s.logits.end(), z.begin(), z.end());
+    SampleRow r;
+    r.logits_row = i;
+    r.temperature = 1.0;
+    r.top_p = i == 1 ? 0.8 : 1.0;
+    r.top_k = i == 2 ? 10 : 0;
+    r.top_logprobs = 5;
+    r.seed = 3;
+    s.rows.push_back(r);
+    s.kinds.push_back(Kind::kCombined);
+  }
+  DeviceBatch ds(s);
+  for (const SampleRowResult& g : ds.run()) {
+    EXPECT_GE(g.token, 0);
+    EXPECT_LT(g.token, 64);
+  }
+}
+
+// The op is captured in a CUDA graph and replayed with the same results as an eager launch.
+TEST(CudaSampleRows, GraphReplayMatchesEager) {
+  TANDEM_REQUIRE_GPU();
+  const Batch b = mixed_batch(4096, 64, 314, true);
+  DeviceBatch d(b);
+  const std::vector<SampleRowResult> eager = d.run();
+  cudaStream_t s;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  d.launch(s);
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 2; ++rep) {
+    poison(d.out);
+    poison(d.scratch);
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+    EXPECT_TRUE(same_bytes(to_host(d.out), eager)) << "replay " << rep;
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda_testing
