@@ -57,9 +57,11 @@ void RowSampler::prepare(const float* logits, const SampleRow& row, const Sample
   int32_t best = -1;
   for (int64_t v = 0; v < vocab_; ++v)
     if (z_[v] != kNegInf && (best < 0 || z_[v] > z_[best])) best = static_cast<int32_t>(v);
-  if (best < 0) best = in.eos >= 0 ? in.eos : 0;
+  // No finite logit at all (no grammar dead-end rule applied): end the output, greedily.
+  const bool none = best < 0;
+  if (none) best = in.eos >= 0 && in.eos < vocab_ ? in.eos : 0;
   argmax_ = best;
-  greedy_ = row.temperature < kGreedyTemperature;
+  greedy_ = none || row.temperature < kGreedyTemperature;
   if (greedy_) return;
 
   const double inv_t = 1.0 / row.temperature;
@@ -181,8 +183,12 @@ void row_logprobs(const float* logits, int64_t vocab, int32_t noise, int32_t tok
   for (int64_t v = 0; v < vocab; ++v)
     if (v != noise) idx[m++] = static_cast<int32_t>(v);
   n = static_cast<int>(std::min<int64_t>(n, m));
+  // NaN logits order last (a strict weak order even then).
   std::partial_sort(idx.begin(), idx.begin() + n, idx.begin() + m, [&](int32_t x, int32_t y) {
-    return logits[x] > logits[y] || (logits[x] == logits[y] && x < y);
+    const bool nx = std::isnan(logits[x]), ny = std::isnan(logits[y]);
+    if (nx != ny) return ny;
+    if (!nx && logits[x] != logits[y]) return logits[x] > logits[y];
+    return x < y;
   });
   r.num_top = n;
   for (int i = 0; i < n; ++i) {
@@ -205,8 +211,8 @@ void sample_rows_host(const SampleInputs& in, std::span<const SampleRow> rows, s
       if (s.greedy()) {
         acc = row.draft == s.argmax();
       } else {
-        const double px = s.prob(row.draft);
-        const double qx = q ? static_cast<double>(q[row.draft]) : 1.0;
+        const double px = s.prob(row.draft);  // 0 outside the vocabulary: never accepted
+        const double qx = q && row.draft < in.vocab ? static_cast<double>(q[row.draft]) : 1.0;
         acc = px > 0 && rng_uniform(row.seed, row.position, RngStream::kAccept) * qx < px;  // u < min(1, p/q)
       }
       r.accepted = acc ? 1 : 0;

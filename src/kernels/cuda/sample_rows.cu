@@ -270,12 +270,12 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
   } else if (first != INT_MAX) {
     argmax = (first & 1) ? (first >> 1) : static_cast<int64_t>(select_key_index(best));
   } else {
-    argmax = in.eos >= 0 ? in.eos : 0;
+    argmax = in.eos >= 0 && in.eos < V ? in.eos : 0;  // no finite logit: end the output, greedily
   }
 
   int accepted = 0;
   int64_t token = argmax;
-  const bool greedy = row.temperature < kGreedyTemperature;
+  const bool greedy = nvalid == 0 || row.temperature < kGreedyTemperature;
   if (greedy) {
     accepted = row.draft >= 0 && row.draft == argmax ? 1 : 0;
   } else {
