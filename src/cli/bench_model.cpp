@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/sample_rows.h"
 #include "model/cuda/cuda_model.h"
 #endif
 
@@ -131,6 +132,37 @@ Status bench(const BenchArgs& a) {
       TANDEM_ASSIGN_OR_RETURN(auto p, model->profile_step(sb, a.reps, &out));
       record(n == 1 ? "decode" : "verify", n, p);
       for (int s = 0; s < B; ++s) TANDEM_RETURN_IF_ERROR(model->rollback(s, model->slot_length(s) - n));
+      if (n > 1) {
+        // The device sampler over this verify step's logits, as the engine calls it after every step
+        // (rows uploaded, sampled, results copied back, one synchronization): greedy verification
+        // of K drafts + the bonus row per sequence, and the same rows sampled with top-p.
+        for (bool greedy : {true, false}) {
+          std::vector<SampleRow> rows;
+          for (int s = 0; s < B; ++s)
+            for (int jr = 0; jr < n; ++jr) {
+              SampleRow r;
+              r.logits_row = s * n + jr;
+              r.draft = jr < n - 1 ? toks[s][a.context + jr + 1] : -1;
+              r.temperature = greedy ? 0.0 : 0.8;
+              r.top_p = greedy ? 1.0 : 0.9;
+              r.seed = static_cast<uint64_t>(s);
+              r.position = a.context + jr + 1;
+              rows.push_back(r);
+            }
+          std::vector<SampleRowResult> res(rows.size());
+          std::vector<double> us;
+          for (int r = 0; r < a.reps; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            TANDEM_RETURN_IF_ERROR(model->sample(rows, {}, {}, {}, 0, res));
+            us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+          }
+          std::sort(us.begin(), us.end());
+          const char* name = greedy ? "sample-greedy" : "sample-top-p";
+          std::printf("%-13s %3d %8d rows %27.1f us (wall, median)\n", name, B, static_cast<int>(rows.size()),
+                      us[us.size() / 2]);
+          j["rows"].push_back({{"step", name}, {"batch", B}, {"rows", rows.size()}, {"wall_us_median", us[us.size() / 2]}});
+        }
+      }
     }
     if (model->has_draft()) {
       std::vector<CudaModel::DraftQueryDev> qs;
@@ -138,6 +170,54 @@ Status bench(const BenchArgs& a) {
       TANDEM_ASSIGN_OR_RETURN(auto p, model->profile_draft(qs, a.reps));
       record("draft", K, p);
     }
+  }
+  {
+    // The sampling op alone at DeepSeek-V4-Flash's vocabulary (129280) on random logits: 8 sequences
+    // x 6 verify rows, greedy and top-p, kernel time per launch (device timer, median).
+    constexpr int64_t kV = 129280;
+    constexpr int kRows = 48;
+    std::vector<float> hl(static_cast<size_t>(kRows) * kV);
+    for (auto& v : hl) v = static_cast<float>(static_cast<int>(next_tok() % 2000) - 1000) / 100.0f;
+    kernels::cuda::DeviceBuffer<float> dl(hl.size());
+    kernels::cuda::DeviceBuffer<SampleRow> drows(kRows);
+    kernels::cuda::DeviceBuffer<SampleRowResult> dres(kRows);
+    kernels::cuda::DeviceBuffer<uint8_t> scratch(kernels::cuda::sample_rows_scratch_bytes(kRows, kV));
+    cudaMemcpy(dl.get(), hl.data(), hl.size() * sizeof(float), cudaMemcpyHostToDevice);
+    SampleInputs in;
+    in.logits = dl.get();
+    in.vocab = kV;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (bool greedy : {true, false}) {
+      std::vector<SampleRow> rows(kRows);
+      for (int r = 0; r < kRows; ++r) {
+        rows[r].logits_row = r;
+        rows[r].draft = r % 6 < 5 ? static_cast<int32_t>(next_tok()) : -1;
+        rows[r].temperature = greedy ? 0.0 : 0.8;
+        rows[r].top_p = greedy ? 1.0 : 0.9;
+        rows[r].seed = static_cast<uint64_t>(r);
+        rows[r].position = r;
+      }
+      cudaMemcpy(drows.get(), rows.data(), sizeof(SampleRow) * kRows, cudaMemcpyHostToDevice);
+      std::vector<double> us;
+      for (int r = 0; r < a.reps + 1; ++r) {
+        cudaEventRecord(e0, nullptr);
+        kernels::cuda::sample_rows_device(in, drows.get(), kRows, scratch.get(), dres.get(), nullptr);
+        cudaEventRecord(e1, nullptr);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (r > 0) us.push_back(ms * 1000.0);
+      }
+      std::sort(us.begin(), us.end());
+      const char* name = greedy ? "sample-greedy-129k" : "sample-top-p-129k";
+      std::printf("%-18s %8d rows %22.1f us (kernel, median)\n", name, kRows, us[us.size() / 2]);
+      j["rows"].push_back({{"step", name}, {"batch", 8}, {"rows", kRows}, {"vocab", kV},
+                           {"kernel_us_median", us[us.size() / 2]}});
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
   }
   if (a.prefill > 0) {
     // One prompt of --prefill tokens in one step, from an empty slot, timed end to end (the plan

@@ -90,8 +90,8 @@ class CudaRunner : public ModelRunner {
     const auto t0 = std::chrono::steady_clock::now();
     const int graphs = model_->capture_graphs(/*taps=*/alloc.num_draft_tokens > 0);
     if (graphs > 0)
-      TLOG_INFO("engine", "captured {} CUDA graphs (decode/verify x {} batch sizes, drafts) in {:.0f} ms", graphs,
-                o.max_graph_batch,
+      TLOG_INFO("engine", "captured {} CUDA graphs (decode and verify steps of up to {} sequences, drafts) in {:.0f} ms",
+                graphs, o.max_graph_batch,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     allocs_at_start_ = kernels::cuda::alloc_stats().count;
     TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
