@@ -318,6 +318,7 @@ struct Frame {
 
 using Stack = std::vector<Frame>;
 constexpr size_t kMaxStacks = 64;
+constexpr size_t kMaxKeyBytes = 256;  // object keys are at most this many bytes
 
 bool is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 constexpr uint8_t kWsNewline = 0x80;  // Frame::ws: the gap has had its newline
@@ -584,6 +585,9 @@ class Stepper {
           else if (c >= 0xF0 && c <= 0xF4) f.cont = 4;
           else return;
         }
+        // The key length limit holds the whole character: a lead byte needs room for its sequence,
+        // or the key would be stuck after it (no continuation fits, no quote may close it).
+        if (f.cont > 0 && c >= 0xC0 && f.key.size() + f.cont > kMaxKeyBytes) return;
         if (f.cont > 0) --f.cont;  // (counts the lead byte too, so 0 again after the last one)
         if (c == '"') {
           f.value_node = -1;
@@ -607,7 +611,7 @@ class Stepper {
         bool ok = n.additional >= 0;
         for (size_t i = 0; i < n.props.size() && !ok; ++i)
           ok = !(f.seen >> i & 1) && n.props[i].first.compare(0, next.size(), next) == 0;
-        if (!ok || next.size() > 256) return;
+        if (!ok || next.size() > kMaxKeyBytes) return;
         f.key = std::move(next);
         break;
       }

@@ -219,6 +219,72 @@ TEST(Grammar, MaskAgreesWithMatcherAndRandomWalksValidate) {
   EXPECT_GT(completed, 30);
 }
 
+// Byte-level vocabularies (every byte is a token, as in the built-in and official tokenizers) with
+// UTF-8 fragments: inside strings the mask must agree with the matcher on every token, including
+// continuation bytes, lead bytes and the lead-specific ranges (E0, ED, F0, F4), and EOS only when
+// the document is complete; a walk that picks high bytes often must never reach a dead matcher.
+TEST(Grammar, MaskAgreesWithMatcherOnEveryByte) {
+  std::vector<std::string> vocab = {"<eos>"};
+  for (int b = 1; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* t : {"{\"", "\":", "\"}", "\xe5\xb7\xa5\xe4\xbd", "\xb4\xed", "\xed\x9f", "\xed\xaf",
+                        "\xf0\x9f", "\x98\x80", "\xf4\x8f", "\xe0\xa0", "\xe0\x9f", "\xc3\xa9\xc3", "ab\xcf"})
+    vocab.push_back(t);
+  std::vector<bool> excluded(vocab.size(), false);
+  excluded[0] = true;
+  auto trie = std::make_shared<TokenTrie>(vocab, excluded);
+  std::mt19937 rng(7);
+  auto g = any_object();
+  int completed = 0;
+  for (int walk = 0; walk < 40; ++walk) {
+    JsonSchemaConstraint c(g, trie, 0);
+    std::string out;
+    std::vector<bool> allowed(vocab.size());
+    for (int step = 0; step < 200; ++step) {
+      c.allowed_tokens(allowed);
+      for (size_t id = 1; id < vocab.size(); ++id)
+        ASSERT_EQ(allowed[id], c.matcher().can_advance(vocab[id]))
+            << "token " << id << " after " << testing::PrintToString(out);
+      ASSERT_EQ(allowed[0], c.is_complete()) << testing::PrintToString(out);
+      ASSERT_FALSE(c.matcher().is_dead()) << testing::PrintToString(out);
+      if (allowed[0] && (rng() % 3 == 0 || step > 150)) break;
+      std::vector<int> cand;
+      std::vector<double> w;
+      for (size_t id = 1; id < vocab.size(); ++id)
+        if (allowed[id]) {
+          cand.push_back(static_cast<int>(id));
+          const unsigned char ch = static_cast<unsigned char>(vocab[id][0]);
+          w.push_back(ch >= 0x80 ? 4.0 : (ch == '"' || ch == '}' ? 6.0 : 1.0));
+        }
+      if (cand.empty()) break;
+      const int tok = cand[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
+      c.accept_token(tok);
+      out += vocab[tok];
+    }
+    completed += c.is_complete();
+  }
+  EXPECT_GT(completed, 10);
+}
+
+// A key may be at most 256 bytes: a multi-byte character must fit whole, else the key would be
+// stuck after its lead byte (found by the e2e suite against a random-weight model on the GPU).
+TEST(Grammar, LongKeysNeverStrandALeadByte) {
+  auto g = any_object();
+  for (size_t len : {253u, 254u, 255u, 256u}) {
+    Matcher m(g);
+    ASSERT_TRUE(m.advance("{\"" + std::string(len, 'k')));
+    const bool two = len + 2 <= 256, three = len + 3 <= 256;
+    EXPECT_EQ(m.can_advance("\xcf"), two) << len;
+    EXPECT_EQ(m.can_advance("\xcf\x8f"), two) << len;
+    EXPECT_EQ(m.can_advance("\xe5"), three) << len;
+    EXPECT_EQ(m.can_advance("a"), len < 256) << len;
+    EXPECT_TRUE(m.can_advance("\"")) << len;
+    if (two) {
+      ASSERT_TRUE(m.advance("\xcf"));
+      EXPECT_TRUE(m.can_advance("\x8f")) << "a lead byte accepted must have a continuation";
+    }
+  }
+}
+
 // Whether `out` ends inside a JSON string (an odd number of unescaped quotes).
 bool inside_string(const std::string& out) {
   bool in = false;
