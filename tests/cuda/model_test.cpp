@@ -868,18 +868,27 @@ std::map<std::string, Out> run_engine(const EngineConfig& ec, const std::vector<
   return outs;
 }
 
+// n chat prompts for the built-in model (text(i) is the user turn); empty without data/builtin.
+std::vector<std::vector<int32_t>> builtin_chat_prompts(int n, const std::function<std::string(int)>& text) {
+  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  std::vector<std::vector<int32_t>> prompts;
+  if (!fs::exists(dir + "/config.json")) return prompts;
+  auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  EXPECT_TRUE(tok.ok());
+  if (!tok.ok()) return prompts;
+  for (int i = 0; i < n; ++i)
+    prompts.push_back((*tok)->encode("<｜begin▁of▁sentence｜><｜User｜>" + text(i) + "<｜Assistant｜></think>"));
+  return prompts;
+}
+
 TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
   SKIP_WITHOUT_GPU();
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
-  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no data/builtin";
-  auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
-  ASSERT_TRUE(tok.ok());
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 20; ++i) {
-    const std::string text = i % 2 ? "Count from " + std::to_string(1 + 7 * i) + " to " + std::to_string(300 + i) + "."
-                                   : "Write a Python function number " + std::to_string(i) + " that sorts a list.";
-    prompts.push_back((*tok)->encode("<｜begin▁of▁sentence｜><｜User｜>" + text + "<｜Assistant｜></think>"));
-  }
+  const auto prompts = builtin_chat_prompts(20, [](int i) {
+    return i % 2 ? "Count from " + std::to_string(1 + 7 * i) + " to " + std::to_string(300 + i) + "."
+                 : "Write a Python function number " + std::to_string(i) + " that sorts a list.";
+  });
+  if (prompts.empty()) GTEST_SKIP() << "no data/builtin";
   for (int conc : {1, 8}) {
     EngineConfig plain;
     plain.model_dir = dir;
@@ -916,13 +925,9 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
 TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
   SKIP_WITHOUT_GPU();
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
-  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no data/builtin";
-  auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
-  ASSERT_TRUE(tok.ok());
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 8; ++i)
-    prompts.push_back((*tok)->encode("<｜begin▁of▁sentence｜><｜User｜>Tell me about lists, take " + std::to_string(i) +
-                                     ".<｜Assistant｜></think>"));
+  const auto prompts =
+      builtin_chat_prompts(8, [](int i) { return "Tell me about lists, take " + std::to_string(i) + "."; });
+  if (prompts.empty()) GTEST_SKIP() << "no data/builtin";
   EngineConfig ec;
   ec.model_dir = dir;
   ec.device = "cuda";

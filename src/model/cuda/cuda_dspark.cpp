@@ -216,17 +216,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
       TANDEM_CUDA_CHECK(cudaGraphLaunch(it->second, m.stream));
       ++m.gstats.replays;
     } else {
-      m.launch_draft(B, want_probs);
-      cudaGraph_t g;
-      TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-      m.launch_draft(B, want_probs);
-      TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
-      cudaGraphExec_t ge;
-      TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-      TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-      m.draft_graphs.emplace(key, ge);
-      ++m.gstats.captures;
-      ++m.gstats.eager;
+      m.capture_draft(B, want_probs);
     }
   } else {
     m.launch_draft(B, want_probs);

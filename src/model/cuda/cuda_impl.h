@@ -188,6 +188,23 @@ struct CudaModel::Impl {
   void launch();
   void finish(StepOutput* host_out, CudaStepView* view);
   void capture(const GraphKey& key);  // eager launch, then capture and keep the step's graph
+  void capture_draft(int64_t B, bool want_probs);  // the same for a draft of B staged requests
+  // Runs `launch` eagerly (kernel attributes and op scratch are set up outside any capture), then
+  // captures the same launches into an instantiated graph.
+  template <typename F>
+  cudaGraphExec_t capture_after_eager(F&& launch) {
+    launch();
+    cudaGraph_t g;
+    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    launch();
+    TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    cudaGraphExec_t ge;
+    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+    ++gstats.captures;
+    ++gstats.eager;
+    return ge;
+  }
   // The draft's device work for B staged requests (draft_host): capturable.
   void launch_draft(int64_t B, bool want_probs);
 

@@ -660,17 +660,12 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, CudaStep
 // First step of a shape: run it eagerly (kernel attributes and scratch are set up outside any
 // capture), then capture the same launches for the next steps of this shape.
 void CudaModel::Impl::capture(const GraphKey& key) {
-  launch();
-  cudaGraph_t g;
-  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  launch();
-  TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-  cudaGraphExec_t ge;
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-  graphs.emplace(key, ge);
-  ++gstats.captures;
-  ++gstats.eager;
+  graphs.emplace(key, capture_after_eager([this] { launch(); }));
+}
+
+void CudaModel::Impl::capture_draft(int64_t B, bool want_probs) {
+  draft_graphs.emplace(std::pair<int64_t, bool>{B, want_probs},
+                       capture_after_eager([this, B, want_probs] { launch_draft(B, want_probs); }));
 }
 
 int CudaModel::capture_graphs(bool taps) {
@@ -712,21 +707,8 @@ int CudaModel::capture_graphs(bool taps) {
         reinterpret_cast<double*>(hs + 16 * B)[b] = 0.0;
         reinterpret_cast<uint64_t*>(hs + 24 * B)[b] = 0;
       }
-      for (bool probs : {false, true}) {
-        const std::pair<int64_t, bool> key{B, probs};
-        if (m.draft_graphs.count(key)) continue;
-        m.launch_draft(B, probs);
-        cudaGraph_t g;
-        TANDEM_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-        m.launch_draft(B, probs);
-        TANDEM_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
-        cudaGraphExec_t ge;
-        TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-        TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-        m.draft_graphs.emplace(key, ge);
-        ++m.gstats.captures;
-        ++m.gstats.eager;
-      }
+      for (bool probs : {false, true})
+        if (!m.draft_graphs.count({B, probs})) m.capture_draft(B, probs);
     }
   }
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
