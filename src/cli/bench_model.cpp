@@ -182,13 +182,13 @@ Status bench(const BenchArgs& a) {
     kernels::cuda::DeviceBuffer<SampleRow> drows(kRows);
     kernels::cuda::DeviceBuffer<SampleRowResult> dres(kRows);
     kernels::cuda::DeviceBuffer<uint8_t> scratch(kernels::cuda::sample_rows_scratch_bytes(kRows, kV));
-    cudaMemcpy(dl.get(), hl.data(), hl.size() * sizeof(float), cudaMemcpyHostToDevice);
+    TANDEM_CUDA_CHECK(cudaMemcpy(dl.get(), hl.data(), hl.size() * sizeof(float), cudaMemcpyHostToDevice));
     SampleInputs in;
     in.logits = dl.get();
     in.vocab = kV;
     cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
+    TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
+    TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
     for (bool greedy : {true, false}) {
       std::vector<SampleRow> rows(kRows);
       for (int r = 0; r < kRows; ++r) {
@@ -199,15 +199,15 @@ Status bench(const BenchArgs& a) {
         rows[r].seed = static_cast<uint64_t>(r);
         rows[r].position = r;
       }
-      cudaMemcpy(drows.get(), rows.data(), sizeof(SampleRow) * kRows, cudaMemcpyHostToDevice);
+      TANDEM_CUDA_CHECK(cudaMemcpy(drows.get(), rows.data(), sizeof(SampleRow) * kRows, cudaMemcpyHostToDevice));
       std::vector<double> us;
       for (int r = 0; r < a.reps + 1; ++r) {
-        cudaEventRecord(e0, nullptr);
+        TANDEM_CUDA_CHECK(cudaEventRecord(e0, nullptr));
         kernels::cuda::sample_rows_device(in, drows.get(), kRows, scratch.get(), dres.get(), nullptr);
-        cudaEventRecord(e1, nullptr);
-        cudaEventSynchronize(e1);
+        TANDEM_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+        TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
         float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
+        TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         if (r > 0) us.push_back(ms * 1000.0);
       }
       std::sort(us.begin(), us.end());
@@ -216,8 +216,8 @@ Status bench(const BenchArgs& a) {
       j["rows"].push_back({{"step", name}, {"batch", 8}, {"rows", kRows}, {"vocab", kV},
                            {"kernel_us_median", us[us.size() / 2]}});
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
+    TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
   }
   if (a.prefill > 0) {
     // One prompt of --prefill tokens in one step, from an empty slot, timed end to end (the plan

@@ -148,20 +148,29 @@ class CudaRunner : public ModelRunner {
   // distributions stay on the GPU; token ids and logprobs come back.
   Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override {
     to_step_batch(batch, model_->has_draft(), batch_);
-    TANDEM_RETURN_IF_ERROR(model_->forward(batch_, nullptr));
+    // With rows to sample, the sampler's one synchronization finishes the step too.
+    const bool sampling = samples && !samples->rows.empty();
+    TANDEM_RETURN_IF_ERROR(model_->forward(batch_, nullptr, /*synchronize=*/!sampling));
     out.samples.clear();
-    if (!samples) return Status();
+    if (!sampling) return Status();
     first_sampled_row(batch, model_->last_logits_rows(), first_row_);
     rows_.assign(samples->rows.begin(), samples->rows.end());
     for (size_t i = 0; i < batch.size(); ++i) {
       const RunnerSeq& s = batch[i];
+      if (s.sample_rows > 0 && (s.sample_begin < 0 || s.sample_begin + s.sample_rows > static_cast<int>(rows_.size()))) {
+        model_->synchronize();
+        return make_error(StatusCode::kInternal, "sampling: seq {} rows [{}, +{}) outside the step's {} rows", i,
+                          s.sample_begin, s.sample_rows, rows_.size());
+      }
       for (int j = 0; j < s.sample_rows; ++j) {
-        SampleRow& r = rows_.at(static_cast<size_t>(s.sample_begin + j));
+        SampleRow& r = rows_[static_cast<size_t>(s.sample_begin + j)];
         r.logits_row = static_cast<int32_t>(first_row_[i] + j);
         if (r.q_row < 0) continue;
-        if (r.q_row >= q_rows_[s.slot])
+        if (r.q_row >= q_rows_[s.slot]) {
+          model_->synchronize();
           return make_error(StatusCode::kInternal, "sampling: slot {} has no stored draft distribution {}", s.slot,
                             r.q_row);
+        }
         r.q_row += s.slot * model_->draft_tokens();
       }
     }

@@ -99,41 +99,6 @@ void SampleRowsBuilder::append(const SamplingParams& sp, const PenaltyState& pen
   }
 }
 
-Sampler::Sampler(int64_t vocab_size, int32_t eos_token_id, int32_t noise_token_id)
-    : vocab_(vocab_size), noise_(noise_token_id), rs_(vocab_size) {
-  builder_.vocab = vocab_size;
-  builder_.eos = eos_token_id;
-}
-
-void Sampler::prepare(const float* logits, const SamplingParams& sp, const PenaltyState& pen,
-                      TokenConstraint* constraint) {
-  rows_.clear();
-  builder_.append(sp, pen, constraint, 0, 0, {}, false, rows_);
-  SampleInputs in;
-  in.logits = logits;
-  in.masks = rows_.masks.data();
-  in.prompt_ids = rows_.prompt_ids.data();
-  in.counts = rows_.counts.data();
-  in.vocab = vocab_;
-  in.mask_words = rows_.mask_words;
-  in.eos = builder_.eos;
-  in.noise = noise_;
-  rs_.prepare(logits, rows_.rows[0], in);
-}
-
-void Sampler::logprobs(const float* logits, int32_t token, int n, TokenLogprob& out) {
-  SampleRowResult r;
-  row_logprobs(logits, vocab_, noise_, token, n, scratch_, r);
-  out.token = token;
-  out.logprob = r.token_logprob;
-  out.top.clear();
-  for (int i = 0; i < r.num_top; ++i) out.top.emplace_back(r.top_ids[i], r.top_logprobs[i]);
-}
-
-}  // namespace tandem
-
-namespace tandem {
-
 void HostSampling::init(int64_t vocab, int32_t eos, int32_t noise, int max_slots) {
   vocab_ = vocab;
   eos_ = eos;

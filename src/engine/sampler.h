@@ -41,36 +41,6 @@ struct SampleRowsBuilder {
   std::unordered_map<int32_t, int32_t> extra_;
 };
 
-// One row at a time on the host, for tests and tools: the engine's row builder feeding the host
-// sampler (RowSampler), with the older per-request interface.
-class Sampler {
- public:
-  Sampler(int64_t vocab_size, int32_t eos_token_id, int32_t noise_token_id);
-  void prepare(const float* logits, const SamplingParams& sp, const PenaltyState& pen,
-               TokenConstraint* constraint);
-  bool greedy() const { return rs_.greedy(); }
-  int32_t argmax() const { return rs_.argmax(); }
-  double prob(int32_t token) const { return rs_.prob(token); }
-  int32_t sample(double u) const { return rs_.sample(u); }
-  int32_t sample_residual(std::span<const float> q, int32_t draft, double u) {
-    return rs_.sample_residual(q.empty() ? nullptr : q.data(), draft, u);
-  }
-  // Raw-model log-probabilities of `token` and the top n.
-  void logprobs(const float* logits, int32_t token, int n, TokenLogprob& out);
-
- private:
-  int64_t vocab_;
-  int32_t noise_;
-  SampleRowsBuilder builder_;
-  StepSamples rows_;
-  RowSampler rs_;
-  std::vector<int32_t> scratch_;
-};
-
-}  // namespace tandem
-
-namespace tandem {
-
 // Sampling for runners whose logits are on the host (the CPU model, the fake model): keeps each
 // slot's sampled draft distributions and runs the host RowSampler over a step's rows.
 class HostSampling {

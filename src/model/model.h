@@ -24,7 +24,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>

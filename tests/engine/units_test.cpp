@@ -144,6 +144,54 @@ TEST(KvBlockManager, NoCachingWhenDisabled) {
 }
 
 // ---------------- Sampler ----------------
+// One row at a time, as the engine hands it to a runner: the engine's row builder (request
+// parameters, penalty state, grammar) feeding the host sampler.
+class Sampler {
+ public:
+  Sampler(int64_t vocab_size, int32_t eos_token_id, int32_t noise_token_id)
+      : vocab_(vocab_size), noise_(noise_token_id), rs_(vocab_size) {
+    builder_.vocab = vocab_size;
+    builder_.eos = eos_token_id;
+  }
+  void prepare(const float* logits, const SamplingParams& sp, const PenaltyState& pen, TokenConstraint* constraint) {
+    rows_.clear();
+    builder_.append(sp, pen, constraint, 0, 0, {}, false, rows_);
+    SampleInputs in;
+    in.logits = logits;
+    in.masks = rows_.masks.data();
+    in.prompt_ids = rows_.prompt_ids.data();
+    in.counts = rows_.counts.data();
+    in.vocab = vocab_;
+    in.mask_words = rows_.mask_words;
+    in.eos = builder_.eos;
+    in.noise = noise_;
+    rs_.prepare(logits, rows_.rows[0], in);
+  }
+  bool greedy() const { return rs_.greedy(); }
+  int32_t argmax() const { return rs_.argmax(); }
+  double prob(int32_t token) const { return rs_.prob(token); }
+  int32_t sample(double u) const { return rs_.sample(u); }
+  int32_t sample_residual(std::span<const float> q, int32_t draft, double u) {
+    return rs_.sample_residual(q.empty() ? nullptr : q.data(), draft, u);
+  }
+  void logprobs(const float* logits, int32_t token, int n, TokenLogprob& out) {
+    SampleRowResult r;
+    row_logprobs(logits, vocab_, noise_, token, n, scratch_, r);
+    out.token = token;
+    out.logprob = r.token_logprob;
+    out.top.clear();
+    for (int i = 0; i < r.num_top; ++i) out.top.emplace_back(r.top_ids[i], r.top_logprobs[i]);
+  }
+
+ private:
+  int64_t vocab_;
+  int32_t noise_;
+  SampleRowsBuilder builder_;
+  StepSamples rows_;
+  RowSampler rs_;
+  std::vector<int32_t> scratch_;
+};
+
 TEST(Sampler, RngIsKeyedBySeedPositionStream) {
   double a = rng_uniform(1, 10, RngStream::kSample);
   EXPECT_EQ(a, rng_uniform(1, 10, RngStream::kSample));

@@ -7,17 +7,12 @@
 #include <map>
 
 #include "server/options.h"
+#include "server/parse_options.h"
 
 namespace tandem::server {
 namespace {
 
-Result<ServeOptions> parse(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
-  return parse_serve_options(args, [env](const std::string& k) -> std::optional<std::string> {
-    auto it = env.find(k);
-    if (it == env.end()) return std::nullopt;
-    return it->second;
-  });
-}
+using testing::parse;
 
 TEST(Options, DefaultsAndBasics) {
   auto o = parse({"--model", "/m/DeepSeek-V4-Flash/"});

@@ -5,17 +5,12 @@
 #include <map>
 
 #include "server/options.h"
+#include "server/parse_options.h"
 
 namespace tandem::server {
 namespace {
 
-Result<ServeOptions> parse(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
-  return parse_serve_options(args, [env](const std::string& k) -> std::optional<std::string> {
-    auto it = env.find(k);
-    if (it == env.end()) return std::nullopt;
-    return it->second;
-  });
-}
+using testing::parse;
 
 TEST(Profile, ProductionSetsTheR0b0tlabLane) {
   auto o = parse({"--model", "m", "--profile", "production"});

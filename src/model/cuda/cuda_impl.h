@@ -159,6 +159,12 @@ struct CudaModel::Impl {
   Buf<uint8_t> d_sscratch;
   uint8_t* sample_host = nullptr; // pinned: rows | results | masks | ints
   void alloc_sampling();
+  Status check_sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
+                           std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
+                           size_t out_size) const;
+  Status sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
+                     std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
+                     std::span<SampleRowResult> out);
   // Draft context from n taps rows (host or device memory, per kind) at positions start_pos.. .
   Status insert_draft_context(int slot, int64_t start_pos, const float* taps_rows, int64_t n, cudaMemcpyKind kind);
 
@@ -186,7 +192,7 @@ struct CudaModel::Impl {
   void prepare_plan(const StepBatch& batch, StepOutput* host_out);
   bool graph_step(const StepBatch& batch);
   void launch();
-  void finish(StepOutput* host_out, CudaStepView* view);
+  void finish(StepOutput* host_out, bool synchronize = true);
   void capture(const GraphKey& key);  // eager launch, then capture and keep the step's graph
   void capture_draft(int64_t B, bool want_probs);  // the same for a draft of B staged requests
   // Runs `launch` eagerly (kernel attributes and op scratch are set up outside any capture), then

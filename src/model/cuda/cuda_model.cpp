@@ -570,15 +570,9 @@ void CudaModel::Impl::launch() {
   }
 }
 
-void CudaModel::Impl::finish(StepOutput* host_out, CudaStepView* view) {
+void CudaModel::Impl::finish(StepOutput* host_out, bool synchronize) {
   const int64_t V = cfg.vocab_size;
   const int64_t td = cfg.has_dspark() ? cfg.hidden_size * static_cast<int64_t>(cfg.dspark_target_layer_ids.size()) : 0;
-  if (view) {
-    view->logits = logits.get();
-    view->num_logits_rows = step.lrows;
-    view->taps = taps.get();
-    view->num_taps_rows = step.trows;
-  }
   if (host_out && step.rows > 0) {
     if (host_out->logits.size() < static_cast<size_t>(step.lrows * V)) host_out->logits.resize(step.lrows * V);
     if (host_out->taps.size() < static_cast<size_t>(step.trows * td)) host_out->taps.resize(step.trows * td);
@@ -589,8 +583,9 @@ void CudaModel::Impl::finish(StepOutput* host_out, CudaStepView* view) {
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_out->taps.data(), taps.get(), sizeof(float) * step.trows * td,
                                         cudaMemcpyDeviceToHost, stream));
   }
-  // The plan's pinned staging is reused by the next step: finish before returning.
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // The plan's pinned staging is reused by the next step: finish before returning (or leave it to
+  // the caller's next synchronizing call, forward(..., synchronize = false)).
+  if (synchronize || host_out) TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (const SeqStep& q : step.batch->seqs) slot_len[q.slot] += static_cast<int64_t>(q.tokens.size());
   if (pad_slot >= 0) slot_len[pad_slot] = 0;  // padding sequences always start at position 0
 }
@@ -609,13 +604,13 @@ bool CudaModel::Impl::graph_step(const StepBatch& batch) {
   return true;
 }
 
-Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, CudaStepView* view) {
+Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool synchronize) {
   Impl& m = *impl_;
   kernels::cuda::set_stream(m.stream);
   if (!m.graph_step(batch)) {
     TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
     m.launch();
-    m.finish(host_out, view);
+    m.finish(host_out, synchronize);
     ++m.gstats.eager;
     return Status();
   }
@@ -653,7 +648,7 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, CudaStep
     host_out->num_logits_rows = m.step.lrows;
     host_out->num_taps_rows = m.step.trows;
   }
-  m.finish(host_out, view);
+  m.finish(host_out, synchronize);
   return Status();
 }
 
@@ -715,6 +710,8 @@ int CudaModel::capture_graphs(bool taps) {
   return static_cast<int>(m.gstats.captures - before);
 }
 
+void CudaModel::synchronize() { TANDEM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
 CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
 
 Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out) {
@@ -727,7 +724,7 @@ Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, i
   // Replaying the same step is idempotent (it rewrites the same ring rows and pool entries).
   const StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, [&m] { m.launch(); });
   // The outputs are those of the last graph replay.
-  m.finish(host_out, nullptr);
+  m.finish(host_out);
   return prof;
 }
 

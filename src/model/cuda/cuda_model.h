@@ -37,14 +37,6 @@ struct CudaModelOptions {
   int draft_tokens = 0;
 };
 
-// Device results of the last forward(): valid until the next forward().
-struct CudaStepView {
-  const float* logits = nullptr;   // [num_logits_rows, vocab] device
-  int64_t num_logits_rows = 0;
-  const float* taps = nullptr;     // [num_taps_rows, tap_dim] device
-  int64_t num_taps_rows = 0;
-};
-
 class CudaModel {
  public:
   static Result<std::unique_ptr<CudaModel>> load(const std::string& dir, const CudaModelOptions& options);
@@ -82,8 +74,12 @@ class CudaModel {
   std::string device_name() const;
 
   // Runs one step on the device. `host_out` (optional) receives host copies of the logits and taps
-  // in DsV4Model's StepOutput layout. Errors are InvalidArgument and change no slot.
-  Status forward(const StepBatch& batch, StepOutput* host_out, CudaStepView* view = nullptr);
+  // in DsV4Model's StepOutput layout. Errors are InvalidArgument and change no slot. With
+  // synchronize false (no host_out) the step is left running: the caller's next call that
+  // synchronizes (sample(), synchronize()) must come before the next forward, which reuses the
+  // step plan's pinned staging.
+  Status forward(const StepBatch& batch, StepOutput* host_out, bool synchronize = true);
+  void synchronize();
 
   // Benchmark/test aid: runs `batch` (at most max_rollback + 1 tokens per sequence) eagerly and as
   // a captured CUDA graph `reps` times each; the step's state effect is applied once. Reports the
@@ -126,7 +122,8 @@ class CudaModel {
   // Samples rows of the last forward's logits on the device (kernels/sampling.h): row.logits_row
   // indexes that step's logits, row.q_row the draft store. prompt_ids / counts / masks are the host
   // arrays the rows index. Rows go through fixed pinned and device buffers sized at start-up (in
-  // chunks when one step's arrays exceed them); only results come back.
+  // chunks when one step's arrays exceed them); only results come back. Synchronizes the stream
+  // (also when it refuses the rows).
   Status sample(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
                 std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
                 std::span<SampleRowResult> out);

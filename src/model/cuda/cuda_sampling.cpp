@@ -38,16 +38,27 @@ std::span<const int64_t> CudaModel::last_logits_rows() const {
 Status CudaModel::sample(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
                          std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
                          std::span<SampleRowResult> out) {
-  Impl& m = *impl_;
+  Status st = impl_->check_sample_rows(rows, prompt_ids, counts, masks, mask_words, out.size());
+  if (!st.ok()) {
+    synchronize();  // the step this call was to finish (forward(..., synchronize = false))
+    return st;
+  }
+  return impl_->sample_rows(rows, prompt_ids, counts, masks, mask_words, out);
+}
+
+Status CudaModel::Impl::check_sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
+                                          std::span<const int32_t> counts, std::span<const uint32_t> masks,
+                                          int64_t mask_words, size_t out_size) const {
+  const Impl& m = *this;
   const int64_t V = m.cfg.vocab_size;
-  if (out.size() < rows.size()) return invalid_argument("sample: {} results for {} rows", out.size(), rows.size());
+  if (out_size < rows.size()) return invalid_argument("sample: {} results for {} rows", out_size, rows.size());
   if (!masks.empty() && mask_words != m.mask_words)
     return invalid_argument("sample: masks of {} words per row, the vocabulary needs {}", mask_words, m.mask_words);
   const int64_t qrows = m.w.has_draft ? static_cast<int64_t>(m.opt.max_slots) * m.draft_k : 0;
   for (const SampleRow& r : rows) {
     if (r.logits_row < 0 || r.logits_row >= m.step.lrows)
       return invalid_argument("sample: logits row {} outside the last step's {} rows", r.logits_row, m.step.lrows);
-    if (r.draft >= V || r.q_row >= qrows || (r.q_row >= 0 && r.draft < 0))
+    if (r.draft >= V || r.draft < -1 || r.q_row >= qrows || (r.q_row >= 0 && r.draft < 0))
       return invalid_argument("sample: draft {} / q row {} out of range", r.draft, r.q_row);
     if (r.mask_row >= 0 && (r.mask_row + 1) * mask_words > static_cast<int64_t>(masks.size()))
       return invalid_argument("sample: mask row {} outside the {} masks", r.mask_row, masks.size() / std::max<int64_t>(mask_words, 1));
@@ -59,6 +70,14 @@ Status CudaModel::sample(std::span<const SampleRow> rows, std::span<const int32_
                               r.prompt_count + 2 * static_cast<int64_t>(r.counts_count), m.sample_ints_cap);
     if (r.top_logprobs > kMaxTopLogprobs) return invalid_argument("sample: top_logprobs {} > {}", r.top_logprobs, kMaxTopLogprobs);
   }
+  return Status();
+}
+
+Status CudaModel::Impl::sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
+                                    std::span<const int32_t> counts, std::span<const uint32_t> masks,
+                                    int64_t mask_words, std::span<SampleRowResult> out) {
+  Impl& m = *this;
+  const int64_t V = m.cfg.vocab_size;
   kernels::cuda::set_stream(m.stream);
   uint8_t* hs = m.sample_host;
   auto* h_rows = reinterpret_cast<SampleRow*>(hs);
@@ -76,6 +95,7 @@ Status CudaModel::sample(std::span<const SampleRow> rows, std::span<const int32_
   in.eos = static_cast<int32_t>(m.cfg.eos_token_id);
   in.noise = m.cfg.has_dspark() ? static_cast<int32_t>(m.cfg.dspark_noise_token_id) : -1;
   // Rows are packed into the staging area (each row's arrays copied next to it), in chunks that fit.
+  if (rows.empty()) TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   size_t i = 0;
   while (i < rows.size()) {
     int n = 0, nmask = 0;
