@@ -645,7 +645,7 @@ void DsV4Model::Impl::head_gemm(const float* y, int64_t n, float* out) {
   if (mine > 0) ops().gemm(p);
   grow(tp_gather, static_cast<size_t>(opt.tp_size * n * P));
   if (!comm_status.ok()) return;
-  comm_status = opt.comm->all_gather(tp_local.data(), sizeof(float) * n * P, tp_gather.data());
+  comm_status = opt.comm->all_gather(tp_local.data(), sizeof(float) * n * P, tp_gather.data(), nullptr);
   if (!comm_status.ok()) return;
   for (int r = 0; r < opt.tp_size; ++r) {
     const int64_t v0 = r * P, cnt = std::max<int64_t>(0, std::min(P, V - v0));

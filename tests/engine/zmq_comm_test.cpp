@@ -55,7 +55,7 @@ TEST(ZmqComm, CollectivesInRankOrder) {
     ASSERT_TRUE(c[r]->all_reduce_sum(red[r].data(), 2).ok());
     int32_t mine[2] = {r, 10 * r};
     gat[r].resize(2 * n);
-    ASSERT_TRUE(c[r]->all_gather(mine, sizeof mine, gat[r].data()).ok());
+    ASSERT_TRUE(c[r]->all_gather(mine, sizeof mine, gat[r].data(), nullptr).ok());
     bc[r] = r == 1 ? std::vector<uint8_t>{7, 8, 9} : std::vector<uint8_t>{};
     ASSERT_TRUE(c[r]->broadcast(bc[r], 1).ok());
     ASSERT_TRUE(c[r]->barrier(std::chrono::seconds(5)).ok());

@@ -244,8 +244,10 @@ struct SizeOnlyComm : Comm {
   explicit SizeOnlyComm(int n) : n_(n) {}
   int rank() const override { return 0; }
   int size() const override { return n_; }
-  Status all_reduce_sum(float*, size_t) override { return Status(StatusCode::kInternal, "unused"); }
-  Status all_gather(const void*, size_t, void*) override { return Status(StatusCode::kInternal, "unused"); }
+  std::string path() const override { return "size-only"; }
+  Status all_reduce_sum(void*, size_t, CommDtype, CommStream) override { return Status(StatusCode::kInternal, "unused"); }
+  Status all_gather(const void*, size_t, void*, CommStream) override { return Status(StatusCode::kInternal, "unused"); }
+  Status broadcast(void*, size_t, int, CommStream) override { return Status(StatusCode::kInternal, "unused"); }
   Status broadcast(std::vector<uint8_t>&, int) override { return Status(StatusCode::kInternal, "unused"); }
   Status barrier(std::chrono::milliseconds) override { return Status(StatusCode::kInternal, "unused"); }
   std::string failure() const override { return ""; }

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/numeric.h"
 #include "common/log.h"
 
 namespace tandem {
@@ -103,7 +104,23 @@ class ZmqComm : public Comm {
   int rank() const override { return o_.rank; }
   int size() const override { return o_.size; }
 
-  Status all_reduce_sum(float* data, size_t count) override {
+  std::string path() const override { return "zmq-rank-order"; }
+
+  // Rank 0 sums in rank order (rank 0 first) in fp32; bf16 elements are widened, summed and rounded
+  // back once, so every rank gets the same bits.
+  Status all_reduce_sum(void* data, size_t count, CommDtype dtype, CommStream) override {
+    if (dtype == CommDtype::kBf16) {
+      uint16_t* p = static_cast<uint16_t*>(data);
+      wide_.resize(count);
+      for (size_t i = 0; i < count; ++i) wide_[i] = num::bf16_to_f32(p[i]);
+      TANDEM_RETURN_IF_ERROR(all_reduce_f32(wide_.data(), count));
+      for (size_t i = 0; i < count; ++i) p[i] = num::f32_to_bf16(wide_[i]);
+      return Status();
+    }
+    return all_reduce_f32(static_cast<float*>(data), count);
+  }
+
+  Status all_reduce_f32(float* data, size_t count) {
     const size_t bytes = count * sizeof(float);
     if (o_.rank != 0) return exchange(Kind::kReduce, data, bytes, data, bytes);
     TANDEM_RETURN_IF_ERROR(collect(Kind::kReduce, bytes));
@@ -115,7 +132,7 @@ class ZmqComm : public Comm {
     return Status();
   }
 
-  Status all_gather(const void* in, size_t bytes, void* out) override {
+  Status all_gather(const void* in, size_t bytes, void* out, CommStream) override {
     const size_t total = bytes * o_.size;
     if (o_.rank != 0) return exchange(Kind::kGather, in, bytes, out, total);
     TANDEM_RETURN_IF_ERROR(collect(Kind::kGather, bytes));
@@ -129,6 +146,13 @@ class ZmqComm : public Comm {
   // Rank 0 is the hub: a root other than 0 first sends its bytes there.
   Status broadcast(std::vector<uint8_t>& bytes, int root) override {
     return broadcast_impl(bytes, root, o_.op_timeout_s);
+  }
+  Status broadcast(void* data, size_t bytes, int root, CommStream) override {
+    std::vector<uint8_t> b(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+    TANDEM_RETURN_IF_ERROR(broadcast_impl(b, root, o_.op_timeout_s));
+    if (b.size() != bytes) return make_error(StatusCode::kUnavailable, "broadcast: {} bytes arrived, {} expected", b.size(), bytes);
+    std::memcpy(data, b.data(), bytes);
+    return Status();
   }
 
   // timeout_s <= 0: a worker waiting for the head's next plan waits as long as the head idles.
@@ -446,6 +470,7 @@ class ZmqComm : public Comm {
   void* ctx_ = nullptr;
   void* data_ = nullptr;
   std::vector<std::vector<uint8_t>> bufs_;
+  std::vector<float> wide_;  // bf16 all-reduce staging
   std::vector<uint8_t> scratch_;
   std::thread hb_thread_;
   std::atomic<bool> stop_{false}, failed_{false}, welcomed_{false};
