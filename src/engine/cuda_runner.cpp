@@ -15,9 +15,12 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "io/catalog.h"
 #include "io/model_config.h"
+#include "io/official_configs.h"
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
+#include "model/shard_plan.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
@@ -26,12 +29,14 @@ namespace {
 
 class CudaRunner : public ModelRunner {
  public:
-  CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe, int max_graph_batch)
+  CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe, int max_graph_batch,
+             SyntheticOptions synthetic)
       : dir_(std::move(dir)),
         tokenizer_(std::move(tok)),
         config_(std::move(config)),
         probe_(probe),
-        max_graph_batch_(max_graph_batch) {}
+        max_graph_batch_(max_graph_batch),
+        synthetic_(std::move(synthetic)) {}
 
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_model_len() const override { return config_.max_position_embeddings; }
@@ -84,7 +89,11 @@ class CudaRunner : public ModelRunner {
     o.max_graph_batch = std::min(max_graph_batch_, alloc.max_slots);
     o.draft_tokens = config_.has_dspark() ? std::min(alloc.num_draft_tokens, config_.dspark_block_size) : 0;
     model_.reset();
-    TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(dir_, o));
+    if (synthetic_.name.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(dir_, o));
+    } else {
+      TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::synthetic(config_, o, synthetic_));
+    }
     q_rows_.assign(static_cast<size_t>(alloc.max_slots), 0);
     // Every decode/verify/draft shape the engine replays is captured now, not on a request's path.
     const auto t0 = std::chrono::steady_clock::now();
@@ -94,8 +103,9 @@ class CudaRunner : public ModelRunner {
                 graphs, o.max_graph_batch,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     allocs_at_start_ = kernels::cuda::alloc_stats().count;
-    TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
-              kv_dtype_name(o.model.kv_dtype), model_->load_report().summary());
+    TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(),
+              synthetic_.name.empty() ? dir_ : "synthetic " + synthetic_.name, kv_dtype_name(o.model.kv_dtype),
+              model_->load_report().summary());
     return Status();
   }
 
@@ -124,12 +134,23 @@ class CudaRunner : public ModelRunner {
     return f;
   }
   void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const override {
-    // Weights: the stored bytes of the checkpoint's shards, uploaded as they are.
-    int64_t wbytes = 0;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
-      if (e.path().extension() == ".safetensors") wbytes += static_cast<int64_t>(e.file_size(ec));
-    plan.add(kPoolWeights, device(), wbytes, "the shards' stored bytes (FP8/MXFP4 kept as stored)");
+    if (!synthetic_.name.empty()) {
+      // Synthetic: the stored bytes of the catalog tensors the rank holds (generated on the device).
+      int64_t wbytes = 0;
+      auto cat = build_catalog(config_);
+      if (cat.ok()) {
+        auto p = model::plan_shard(config_, *cat, {0, 1}, true);
+        if (p.ok()) wbytes = static_cast<int64_t>(p->held_bytes);
+      }
+      plan.add(kPoolWeights, device(), wbytes, "synthetic " + synthetic_.name + " (the catalog's stored bytes)");
+    } else {
+      // Weights: the stored bytes of the checkpoint's shards, uploaded as they are.
+      int64_t wbytes = 0;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
+        if (e.path().extension() == ".safetensors") wbytes += static_cast<int64_t>(e.file_size(ec));
+      plan.add(kPoolWeights, device(), wbytes, "the shards' stored bytes (FP8/MXFP4 kept as stored)");
+    }
     plan.add(kPoolKv, device(), int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype),
              "real bytes of the " + alloc.kv_cache_dtype + " records");
     plan.add(kPoolSlotState, device(), int64_t{alloc.max_slots} * slot_state_bytes());
@@ -224,6 +245,7 @@ class CudaRunner : public ModelRunner {
   ModelConfig config_;
   ModelOptions probe_;
   int max_graph_batch_ = 0;
+  SyntheticOptions synthetic_;  // name empty: the checkpoint in dir_
   int64_t allocs_at_start_ = 0;
   std::unique_ptr<CudaModel> model_;
   StepBatch batch_;
@@ -243,8 +265,10 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
   if (kernels::cuda::device_count() == 0)
     return make_error(StatusCode::kUnavailable, "--device cuda: no CUDA device is visible (driver missing or no GPU)");
   TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(dir + "/tokenizer.json"));
-  auto cfg = load_model_config(dir + "/config.json");
-  if (!cfg.ok()) return cfg.status().with_context("loading " + dir);
+  // --synthetic: the built-in official config; dir only supplies the tokenizer (ids it cannot
+  // decode become no text).
+  auto cfg = config.synthetic.empty() ? load_model_config(dir + "/config.json") : official_config(config.synthetic);
+  if (!cfg.ok()) return cfg.status().with_context("loading " + (config.synthetic.empty() ? dir : config.synthetic));
   ModelOptions probe;
   probe.max_slots = 1;
   probe.num_blocks = 1;
@@ -254,8 +278,11 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
   probe.load_draft = true;
   auto sizes = CudaModel::state_sizes(*cfg, probe);
   if (!sizes.ok()) return sizes.status().with_context("loading " + dir);
-  return std::unique_ptr<ModelRunner>(
-      new CudaRunner(dir, std::move(tok), std::move(cfg).value(), probe, config.max_cudagraph_capture_size));
+  SyntheticOptions synth;
+  synth.name = config.synthetic;
+  synth.seed = config.synthetic_seed;
+  return std::unique_ptr<ModelRunner>(new CudaRunner(dir, std::move(tok), std::move(cfg).value(), probe,
+                                                     config.max_cudagraph_capture_size, std::move(synth)));
 }
 
 }  // namespace tandem

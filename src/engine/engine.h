@@ -32,6 +32,10 @@ Result<SpeculativeConfig> parse_speculative_config(const std::string& json_text)
 
 struct EngineConfig {
   std::string model_dir;
+  // --synthetic NAME: the official config NAME (io/official_configs.h) with synthetic weights
+  // generated on the GPU (no checkpoint); model_dir then only supplies the tokenizer.
+  std::string synthetic;
+  uint64_t synthetic_seed = 1;
   std::string device = "auto";           // "auto" | "cpu" | "cuda"
   int max_num_seqs = 8;
   int max_num_batched_tokens = 2048;

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/check.h"
+#include "io/official_configs.h"
 
 #include <nlohmann/json.hpp>
 
@@ -64,6 +65,17 @@ std::vector<OptionSpec> build_table() {
                  o.engine.model_dir = v;
                  return Status();
                }});
+  t.push_back({"--synthetic", "TANDEM_SYNTHETIC", OptionType::kString, "(none)",
+               "run an official config with synthetic weights generated on the GPU, no checkpoint needed: "
+               "deepseek-v4-flash-0731 | deepseek-v4-flash-preview (the tokenizer comes from --model, default the "
+               "built-in model's)",
+               [](O& o, const std::string& v) -> Status {
+                 auto c = official_config(v);
+                 if (!c.ok()) return c.status();
+                 o.engine.synthetic = v;
+                 return Status();
+               },
+               nullptr, kServe | kRun});
   t.push_back({"--host", "TANDEM_HOST", OptionType::kString, "127.0.0.1", "address to listen on",
                [](O& o, const std::string& v) -> Status {
                  if (v.empty()) return invalid_argument("must not be empty");
@@ -544,7 +556,7 @@ Result<ServeOptions> parse_options(Command command, const std::vector<std::strin
   if (command == kLogits && o.logits.tokens_file.empty()) return invalid_argument("--tokens-file is required");
   if (command == kLogits && o.logits.out.empty()) return invalid_argument("--out is required");
   if (o.served_model_names.empty()) {
-    std::string m = o.model;
+    std::string m = o.engine.synthetic.empty() ? o.model : o.engine.synthetic;
     while (m.size() > 1 && m.back() == '/') m.pop_back();
     auto slash = m.find_last_of('/');
     o.served_model_names.push_back(slash == std::string::npos ? m : m.substr(slash + 1));

@@ -47,5 +47,25 @@ TEST(DeviceSelect, UnknownDeviceAndGpuTensorParallelAreErrors) {
   EXPECT_NE(e.status().message().find("NCCL"), std::string::npos) << e.status().message();
 }
 
+// --synthetic on the CPU: refused at once with the bytes rank 0 would hold (no allocation is
+// attempted); on a machine with less memory than that, also the bytes available.
+TEST(DeviceSelect, SyntheticFullSizeOnTheCpuIsRefusedWithTheBytes) {
+  for (int tp : {1, 2}) {
+    EngineConfig c = builtin("cpu");
+    c.synthetic = "deepseek-v4-flash-0731";
+    c.tensor_parallel_size = tp;
+    auto e = Engine::create(c);
+    ASSERT_FALSE(e.ok());
+    const std::string msg = e.status().message();
+    EXPECT_NE(msg.find("--synthetic deepseek-v4-flash-0731"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(tp == 1 ? "155.42 GiB" : "78.88 GiB"), std::string::npos) << msg;  // the plan's bytes
+    EXPECT_NE(msg.find("--device cuda"), std::string::npos) << msg;
+    if (e.status().code() == StatusCode::kResourceExhausted)
+      EXPECT_NE(msg.find("available"), std::string::npos) << msg;
+    else
+      EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented) << msg;
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -149,6 +149,26 @@ TEST(Options, RunAndLogitsShareTheTable) {
   EXPECT_FALSE(parse_options(kLogits, {"--model", "m", "--out", "o"}, env).ok());
 }
 
+TEST(Options, SyntheticNamesAnOfficialConfig) {
+  auto o = parse({"--synthetic", "deepseek-v4-flash-0731"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->engine.synthetic, "deepseek-v4-flash-0731");
+  EXPECT_EQ(o->served_model_names, std::vector<std::string>{"deepseek-v4-flash-0731"});
+  EXPECT_EQ(o->model, builtin_model_dir());  // the tokenizer's source
+  auto env = parse({}, {{"TANDEM_SYNTHETIC", "deepseek-v4-flash-preview"}});
+  ASSERT_TRUE(env.ok()) << env.status().message();
+  EXPECT_EQ(env->engine.synthetic, "deepseek-v4-flash-preview");
+  auto bad = parse({"--synthetic", "deepseek-v4-pro"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--synthetic"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("deepseek-v4-flash-0731"), std::string::npos) << bad.status().message();
+  auto none = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  auto run = parse_options(kRun, {"--prompt", "x", "--synthetic", "deepseek-v4-flash-0731"}, none);
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  EXPECT_FALSE(parse_options(kLogits, {"--tokens-file", "t", "--out", "o", "--synthetic", "deepseek-v4-flash-0731"}, none)
+                   .ok());
+}
+
 // The commands: `run` without --prompt says so (exit 2, not CLI11's 106); a missing model
 // directory is named as such.
 TEST(Options, CommandErrorsAreClear) {
