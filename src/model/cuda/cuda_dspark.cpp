@@ -5,12 +5,15 @@
 // that never leave the device until the K tokens, confidences and (when asked) q are copied out.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
 
 namespace tandem {
+
+using OpClass = CudaModel::OpClass;
 
 Status CudaModel::draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows) {
   const int64_t td = tap_dim();
@@ -79,8 +82,8 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
 
 void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   const ModelConfig& c = cfg;
-  const int64_t K = draft_k, D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
-  const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window, Rk = c.dspark_markov_rank;
+  const int64_t K = draft_k, D = c.hidden_size, V = c.vocab_size;
+  const int64_t hd = c.head_dim, W = c.sliding_window, Rk = c.dspark_markov_rank;
   const int64_t N = B * K;
   uint8_t* hs = draft_host;
   auto* h_slot = reinterpret_cast<int32_t*>(hs);
@@ -99,12 +102,15 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   cuda_model::draft_block_ids(d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id),
                               ids, stream);
   cuda_model::block_positions(d_req_pos.get(), N, static_cast<int>(K), pos, stream);
-  cuda_model::embed_rows(w.embed.w, ids, N, static_cast<int>(hc), D, h.get(), stream);
+  embed_tokens(ids, N);
   for (int st = 0; st < c.num_draft_stages; ++st) {
     const cuda_model::DBlock& b = w.draft.stages[st];
+    const int64_t H = b.attn.n_heads;  // this rank's heads (the stages shard like the target's blocks)
+    section(OpClass::kMhc);
     hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
     norm_rows(x.get(), N, D, b.attn_norm);
     q_and_kv(b.attn, x.get(), N);
+    section(OpClass::kAttention);
     rope_rows(rope_swa.get(), q.get(), pos, N, H, hd, false);
     rope_rows(rope_swa.get(), kv.get(), pos, N, 1, hd, false);
     cuda_model::kv_quantize(kv.get(), N, hd, lay.rec, kv_rec.get(), stream);
@@ -126,10 +132,12 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
     cuda_model::draft_attention(da, B, stream);
     rope_rows(rope_swa.get(), o.get(), pos, N, H, hd, true);
     output_proj(b.attn, o.get(), N, a.get());
+    section(OpClass::kMhc);
     hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
     hc_pre(h.get(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
     norm_rows(x.get(), N, D, b.ffn_norm);
     moe(b.ffn, x.get(), ids, N, a.get());
+    section(OpClass::kMhc);
     hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
   }
   const cuda_model::DDraft& dw = w.draft;
@@ -137,6 +145,7 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
                 base.get());
 
   // Markov correction: K sequential steps over all requests at once.
+  section(OpClass::kLmHead);
   cuda_model::MarkovStepArgs ms;
   ms.base = base.get();
   ms.bias = bias.get();
@@ -246,6 +255,8 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
     }
   }
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  // A failed collective leaves the group's state undefined: the caller drops the whole group.
+  TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));
   for (int64_t b = 0; b < B; ++b) {
     DraftResult& r = results[b];
     r.tokens.assign(h_tok + b * K, h_tok + (b + 1) * K);
@@ -254,13 +265,17 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   return Status();
 }
 
-Result<CudaModel::StepProfile> CudaModel::profile_draft(std::span<const DraftQueryDev> requests, int reps) {
+Result<CudaModel::StepProfile> CudaModel::profile_draft(std::span<const DraftQueryDev> requests, int reps,
+                                                       const ReplayHook& hook, int eager_reps) {
   Impl& m = *impl_;
   std::vector<DraftResult> res;
   // One real proposal first: validates, stages the requests and warms every kernel.
   TANDEM_RETURN_IF_ERROR(draft_propose(requests, false, res));
   const int64_t B = static_cast<int64_t>(requests.size());
-  return cuda_model::time_eager_and_graph(m.stream, reps, [&m, B] { m.launch_draft(B, false); });
+  StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, eager_reps < 0 ? reps : eager_reps,
+                                                      [&m, B] { m.launch_draft(B, false); }, hook, &m.marks);
+  TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));
+  return prof;
 }
 
 }  // namespace tandem

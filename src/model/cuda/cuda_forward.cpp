@@ -2,11 +2,15 @@
 // CPU oracle), over every row of the step at once. Generic math goes through kernels::Ops (the
 // CUDA backend); the paged-KV, compressor, indexer, attention and routed-expert pieces are the
 // runner's own kernels (model_kernels.cu), which read each row's sequence, position, slot and block
-// table from the step plan on the device.
+// table from the step plan on the device. Under tensor parallelism each rank runs its heads,
+// output groups, index heads, routed experts and vocabulary rows, and the collectives sit where
+// the CPU's are (attention output, routed MoE sum, indexer scores, embedding, LM head), through
+// the data-plane communicator (common/comm.h) on the model's stream.
 #include <algorithm>
 #include <cmath>
 
 #include "common/check.h"
+#include "common/comm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
 
@@ -16,8 +20,104 @@ using cuda_model::DAttn;
 using cuda_model::DComp;
 using cuda_model::DLinear;
 using cuda_model::DMoE;
+using OpClass = CudaModel::OpClass;
 
 kernels::Ops& CudaModel::Impl::ops() { return kernels::cuda::cuda_ops(); }
+
+// ---- tensor parallelism ----
+
+void CudaModel::Impl::all_reduce(float* xx, int64_t n) {
+  if (!comm_status.ok() || n == 0) return;
+  const OpClass prev = cur_class;
+  section(OpClass::kCollective);
+  comm_status = opt.comm->all_reduce_sum(xx, static_cast<size_t>(n), CommDtype::kF32, stream);
+  section(prev);
+}
+
+void CudaModel::Impl::all_reduce_bf16(float* xx, int64_t rows, int64_t cols) {
+  all_reduce(xx, rows * cols);
+  if (rows == 0) return;
+  kernels::RoundBf16Params rb;
+  rb.x = xx;
+  rb.rows = rows;
+  rb.cols = cols;
+  ops().round_bf16(rb);
+}
+
+void CudaModel::Impl::embed_tokens(const int32_t* ids, int64_t n) {
+  section(OpClass::kEmbed);
+  const int64_t D = cfg.hidden_size;
+  if (!tp()) {
+    cuda_model::embed_rows(w.embed.w, ids, n, cfg.hc_mult, D, 0, cfg.vocab_size, h.get(), stream);
+    return;
+  }
+  // Vocabulary-parallel: the rank owning a token's row contributes it, the others zeros; one
+  // all-reduce, then the row goes to every hc stream.
+  cuda_model::embed_rows(w.embed.w, ids, n, 1, D, w.vocab_begin, w.vocab_end, x.get(), stream);
+  all_reduce(x.get(), n * D);
+  cuda_model::replicate_hc(x.get(), n, cfg.hc_mult, D, h.get(), stream);
+}
+
+void CudaModel::Impl::head_gemm(const DLinear& head, const float* yn_rows, int64_t n, float* out) {
+  if (n == 0) return;
+  if (!tp()) {
+    linear(head, yn_rows, n, out, false);
+    return;
+  }
+  const int64_t V = cfg.vocab_size, P = (V + opt.tp_size - 1) / opt.tp_size, mine = w.vocab_end - w.vocab_begin;
+  // [n, mine] with row stride P (the last rank's share may be shorter: the rest of its rows is zero).
+  if (mine < P) TANDEM_CUDA_CHECK(cudaMemsetAsync(tp_local.get(), 0, sizeof(float) * n * P, stream));
+  if (mine > 0) {
+    kernels::GemmParams p;
+    p.x = yn_rows;
+    p.w = head.w;
+    p.y = tp_local.get();
+    p.m = n;
+    p.n = mine;
+    p.k = head.w.k;
+    p.ldy = P;
+    ops().gemm(p);
+  }
+  if (!comm_status.ok()) return;
+  const OpClass prev = cur_class;
+  section(OpClass::kCollective);
+  comm_status = opt.comm->all_gather(tp_local.get(), sizeof(float) * n * P, tp_gather.get(), stream);
+  section(prev);
+  // Every rank's [n, P] block into its vocabulary columns of [n, V].
+  for (int r = 0; r < opt.tp_size; ++r) {
+    const int64_t cnt = std::max<int64_t>(0, std::min(P, V - r * P));
+    if (cnt == 0) continue;
+    TANDEM_CUDA_CHECK(cudaMemcpy2DAsync(out + r * P, sizeof(float) * V, tp_gather.get() + r * n * P,
+                                        sizeof(float) * P, sizeof(float) * cnt, n, cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+// ---- op classes for the step profile (bench-model): counted only while a profiled step is captured ----
+
+void CudaModel::Impl::section(OpClass c) {
+  cur_class = c;
+  if (!marks) return;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaGraph_t g = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &st, nullptr, &g, nullptr, nullptr, nullptr));
+  if (st != cudaStreamCaptureStatusActive || !g) return;
+  size_t nn = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
+  std::vector<cudaGraphNode_t> nodes(nn);
+  if (nn) TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
+  CudaModel::ClassMark m;
+  m.cls = c;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeKernel) ++m.kernel_index;
+    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++m.copy_index;
+  }
+  if (!marks->empty() && marks->back().kernel_index == m.kernel_index && marks->back().copy_index == m.copy_index)
+    marks->back().cls = c;  // nothing launched since the last mark
+  else
+    marks->push_back(m);
+}
 
 void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out) {
   if (m == 0) return;
@@ -96,11 +196,14 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
   ops().hc_post(p);
 }
 
-// ---- MoE: routing on the device, routed experts per (token, expert) pair, shared expert, and
-// a combine in ascending expert order (the CPU's accumulation order).
-void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y) {
+// ---- MoE: routing on the device, this rank's routed experts per (token, expert) pair, the shared
+// expert, and a combine in ascending expert order (the CPU's accumulation order). Under tensor
+// parallelism the routed sum is a partial sum over this rank's experts: all-reduced in fp32, then
+// the (whole) shared expert is added, as the CPU does.
+void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y, int layer) {
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   const int K = cfg.num_experts_per_tok;
+  section(OpClass::kRouter);
   linear(m.gate, xx, n, gate_logits.get(), false);
   kernels::MoeGateParams g;
   g.logits = gate_logits.get();
@@ -114,7 +217,11 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   g.expert_ids = eids.get();
   g.weights = ew.get();
   ops().moe_gate(g);
+  if (recording_routes && layer >= 0)
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(route_rec.get() + static_cast<int64_t>(layer) * max_rows * K, eids.get(),
+                                      sizeof(int32_t) * n * K, cudaMemcpyDeviceToDevice, stream));
 
+  section(OpClass::kRoutedExperts);
   const float* up_in = xx;
   if (m.up_act_quant) {
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(xq.get(), xx, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
@@ -127,8 +234,9 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
     up_in = xq.get();
   }
   const int64_t pairs = n * K;
+  cuda_model::ExpertRange er{m.expert_begin, m.expert_end};
   cuda_model::moe_pairs_up(up_in, eids.get(), ew.get(), pairs, K, m.w1_all, m.w3_all, I, D,
-                           static_cast<float>(cfg.swiglu_limit), gact.get(), stream);
+                           static_cast<float>(cfg.swiglu_limit), er, gact.get(), stream);
   const float* down_in = gact.get();
   if (m.down_act_quant) {
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(gq.get(), gact.get(), sizeof(float) * pairs * I, cudaMemcpyDeviceToDevice, stream));
@@ -140,8 +248,9 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
     ops().act_quant_fp8(q);
     down_in = gq.get();
   }
-  cuda_model::moe_pairs_down(down_in, eids.get(), pairs, m.w2_all, I, D, pair_out.get(), stream);
+  cuda_model::moe_pairs_down(down_in, eids.get(), pairs, m.w2_all, I, D, er, pair_out.get(), stream);
 
+  section(OpClass::kSharedExperts);
   linear(m.sh_w1, xx, n, sh_g.get());
   linear(m.sh_w3, xx, n, sh_u.get());
   kernels::SwigluParams sw;
@@ -154,11 +263,19 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   sw.round_bf16 = true;
   ops().swiglu(sw);
   linear(m.sh_w2, sh_g.get(), n, sh_out.get());
-  cuda_model::moe_combine(pair_out.get(), eids.get(), sh_out.get(), n, K, D, y, stream);
+  section(OpClass::kRoutedExperts);
+  if (!tp()) {
+    cuda_model::moe_combine(pair_out.get(), eids.get(), sh_out.get(), n, K, D, er, y, stream);
+    return;
+  }
+  cuda_model::moe_combine(pair_out.get(), eids.get(), nullptr, n, K, D, er, y, stream);  // fp32 partial sum
+  all_reduce(y, n * D);
+  cuda_model::moe_add_shared(y, sh_out.get(), n * D, stream);
 }
 
 void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank;
+  section(OpClass::kDense);
+  const int64_t H = at.n_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank;
   linear(at.wq_a, xx, n, qr.get());
   norm_rows(qr.get(), n, ql, at.q_norm);
   linear(at.wq_b, qr.get(), n, q.get());
@@ -175,7 +292,8 @@ void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
 }
 
 void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* y) {
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, G = cfg.o_groups, R = cfg.o_lora_rank;
+  section(OpClass::kDense);
+  const int64_t H = at.n_heads, hd = cfg.head_dim, G = at.n_groups, R = cfg.o_lora_rank;
   const int64_t gin = H * hd / G;
   kernels::GemmParams p;
   p.x = oo;
@@ -192,11 +310,15 @@ void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* 
   p.w_batch_rows = R;
   p.round_bf16 = true;
   ops().gemm(p);
-  linear(at.wo_b, u.get(), n, y);
+  // Row-parallel under tensor parallelism: this rank's fp32 partial sums, all-reduced, then rounded.
+  linear(at.wo_b, u.get(), n, y, !tp());
+  if (tp()) all_reduce_bf16(y, n, cfg.hidden_size);
 }
 
 void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
                                      const float* xx, int64_t n) {
+  const OpClass prev = cur_class;
+  section(OpClass::kCompressor);
   const int64_t d = cw.head_dim, C = (cw.overlap ? 2 : 1) * d;
   linear(cw.wkv, xx, n, tmp_kv.get(), false);
   linear(cw.wgate, xx, n, tmp_gate.get(), false);
@@ -231,17 +353,19 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
   }
   cuda_model::store_entries(entry_rec.get(), rec_bytes, flag.get(), entry_pos.get(), meta, n, cw.ratio, pool.get(),
                             lay.block_bytes, pool_off, stream);
+  section(prev);
 }
 
 void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_t n, float* y) {
   const cuda_model::DBlock& b = w.layers[layer];
   const DAttn& at = b.attn;
   const cuda_model::LayerState& L = lay.layers[layer];
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim;
+  const int64_t H = at.n_heads, hd = cfg.head_dim;
   const int ratio = b.ratio;
   const float* rope = ratio ? rope_comp.get() : rope_swa.get();
 
   q_and_kv(at, x.get(), n);
+  section(OpClass::kAttention);
   rope_rows(rope, q.get(), meta.positions, n, H, hd, false);
   rope_rows(rope, kv.get(), meta.positions, n, 1, hd, false);
   cuda_model::kv_quantize(kv.get(), n, hd, lay.rec, kv_rec.get(), stream);
@@ -255,8 +379,10 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   const int64_t max_vis4 = step.end_bound / 4, max_vis_r = ratio ? step.end_bound / ratio : 0;
   (void)batch;
 
-  const int64_t IH = cfg.index_n_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
+  // This rank's index heads; the score scale counts all of them (the reference's n_heads ** -0.5).
+  const int64_t IH = at.n_idx_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
   const bool csa = ratio == 4 && at.has_indexer;
+  section(OpClass::kIndexer);
   if (at.has_indexer) {
     linear(at.idx_wq_b, qr.get(), n, iq.get());
     rope_rows(rope_comp.get(), iq.get(), meta.positions, n, IH, ihd, false);
@@ -275,8 +401,8 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
     fq.block = 32;
     ops().fp4_act_quant(fq);
     linear(at.idx_wproj, x.get(), n, iw.get());
-    const float wscale =
-        static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) / std::sqrt(static_cast<double>(IH)));
+    const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) /
+                                            std::sqrt(static_cast<double>(cfg.index_n_heads)));
     cuda_model::scale_round(iw.get(), n * IH, wscale, stream);
   }
   if (csa && max_vis4 > 0) {
@@ -292,6 +418,8 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
       cuda_model::indexer_scores_paged(iq.get() + r0 * IH * ihd, iw.get() + r0 * IH, mc, rows, static_cast<int>(IH),
                                        static_cast<int>(ihd), pool.get(), lay.block_bytes, L.pool_idx, lay.key,
                                        idx_scores.get(), ncols, visible.get() + r0, stream);
+      // Each rank summed its own heads (bf16); the reference all-reduces the bf16 scores.
+      if (tp()) all_reduce_bf16(idx_scores.get(), rows, ncols);
       kernels::TopkParams tk;
       tk.scores = idx_scores.get();
       tk.n_valid = visible.get() + r0;
@@ -305,6 +433,7 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
     }
   }
 
+  section(OpClass::kAttention);
   cuda_model::AttnArgs aa;
   aa.q = q.get();
   aa.step_kv = kv.get();
@@ -332,6 +461,7 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   output_proj(at, o.get(), n, y);
 
   // Commit this step's rows into the slot rings (after every read of the old rows).
+  section(OpClass::kAttention);
   cuda_model::ring_commit(kv_rec.get(), lay.rec.bytes, meta, n, slot_state.get(), lay.slot_bytes, L.win_off,
                           lay.win_ring, stream);
   if (ratio)
@@ -347,13 +477,16 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
 void CudaModel::Impl::block_forward(int layer, const StepBatch& batch, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
+  section(OpClass::kMhc);
   hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
   norm_rows(x.get(), n, D, b.attn_norm);
   attention_target(layer, batch, n, a.get());
+  section(OpClass::kMhc);
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
   hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
   norm_rows(x.get(), n, D, b.ffn_norm);
-  moe(b.ffn, x.get(), meta.tokens, n, a.get());
+  moe(b.ffn, x.get(), meta.tokens, n, a.get(), layer);
+  section(OpClass::kMhc);
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
 }
 
@@ -361,6 +494,7 @@ void CudaModel::Impl::head_logits(const float* hin, int64_t n, const cuda_model:
                                   const float* hc_scale, const float* hc_base, const float* norm, float* y_out,
                                   float* logits_out) {
   const int64_t D = cfg.hidden_size;
+  section(OpClass::kLmHead);
   kernels::HcHeadParams p;
   p.h = hin;
   p.fn = hc_fn;
@@ -376,7 +510,7 @@ void CudaModel::Impl::head_logits(const float* hin, int64_t n, const cuda_model:
   ops().hc_head(p);
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(yn.get(), y_out, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
   norm_rows(yn.get(), n, D, norm);
-  linear(ww.head, yn.get(), n, logits_out, false);
+  head_gemm(ww.head, yn.get(), n, logits_out);
 }
 
 }  // namespace tandem

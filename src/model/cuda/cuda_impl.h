@@ -35,6 +35,8 @@ struct DComp {
   const float* norm = nullptr;
 };
 struct DAttn {
+  // This rank's query heads, output groups and index heads (the config's counts / tp_size).
+  int64_t n_heads = 0, n_groups = 0, n_idx_heads = 0;
   DLinear wq_a, wq_b, wkv, wo_a, wo_b;
   const float *q_norm = nullptr, *kv_norm = nullptr, *attn_sink = nullptr;
   bool has_compressor = false, has_indexer = false;
@@ -47,7 +49,10 @@ struct DMoE {
   DLinear gate;
   const float* bias = nullptr;
   const int32_t* tid2eid = nullptr;
-  kernels::WeightRef w1_all, w2_all, w3_all;  // every routed expert, concatenated by rows
+  // This rank's routed experts [expert_begin, expert_end), concatenated by rows: expert e's rows
+  // start at (e - expert_begin) * rows of one expert.
+  int64_t expert_begin = 0, expert_end = 0;
+  kernels::WeightRef w1_all, w2_all, w3_all;
   bool up_act_quant = false, down_act_quant = false;
   DLinear sh_w1, sh_w2, sh_w3;
 };
@@ -68,6 +73,8 @@ struct DDraft {
   const float* confidence = nullptr;
 };
 struct DWeights {
+  // Vocabulary-parallel embedding and LM head: this rank's rows [vocab_begin, vocab_end).
+  int64_t vocab_begin = 0, vocab_end = 0;
   DLinear embed, head;
   const float *norm = nullptr, *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
   std::vector<DBlock> layers;
@@ -89,9 +96,13 @@ struct DeviceLayout {
 };
 DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool has_draft);
 
-// Runs `launch` (device work on `stream`) reps times eagerly and reps times as a replay of one
-// captured CUDA graph (two warm-up runs each); the graph's kernel and copy nodes and the medians.
-CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const std::function<void()>& launch);
+// Runs `launch` (device work on `stream`) eager_reps times eagerly and reps times as a replay of
+// one captured CUDA graph (two warm-up runs each); the graph's kernel and copy nodes, the medians
+// and every replay's time. `hook` (optional) is called once with a function replaying the graph.
+// `marks` (optional) is where the launches record their op classes while the graph is captured.
+CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int eager_reps,
+                                            const std::function<void()>& launch, const CudaModel::ReplayHook& hook,
+                                            std::vector<CudaModel::ClassMark>** marks);
 
 }  // namespace cuda_model
 
@@ -100,6 +111,7 @@ struct CudaModel::Impl {
   CudaModelOptions copt;
   ModelOptions opt;
   LoadReport report;
+  std::string origin;          // "DIR" or "synthetic NAME (seed S)", for logs
   cuda_model::DWeights w;
   cuda_model::DeviceLayout lay;
   cudaStream_t stream = nullptr;
@@ -138,6 +150,25 @@ struct CudaModel::Impl {
   Buf<uint8_t> kv_rec, entry_rec;
   Buf<int64_t> entry_pos, draft_pos;
   Buf<int32_t> flag, visible, topk, eids, draft_ids;
+  // ---- tensor parallelism (opt.tp_size > 1): the collectives of forward.cpp, on the device ----
+  Buf<float> tp_local, tp_gather;   // LM head: this rank's [rows, P] logits, every rank's [size, rows, P]
+  Status comm_status;               // the first collective failure of the step (reported by finish)
+  bool tp() const { return opt.tp_size > 1; }
+  // In place, stream-ordered: x[n] = sum over ranks (fp32); the _bf16 form then rounds to bf16 as
+  // the CPU's all_reduce_bf16 does.
+  void all_reduce(float* xx, int64_t n);
+  void all_reduce_bf16(float* xx, int64_t rows, int64_t cols);
+  // h rows (every hc stream) = embedding of ids: vocabulary-parallel under tensor parallelism.
+  void embed_tokens(const int32_t* ids, int64_t n);
+  // logits[n, V] = yn W_head^T (fp32): each rank its vocabulary rows, then gathered.
+  void head_gemm(const cuda_model::DLinear& head, const float* yn, int64_t n, float* logits_out);
+  // ---- measurement aids (bench-model): op classes of the launches and the routed experts ----
+  std::vector<CudaModel::ClassMark>* marks = nullptr;  // non-null while a profiled step is captured
+  CudaModel::OpClass cur_class = CudaModel::OpClass::kOther;
+  void section(CudaModel::OpClass c);
+  Buf<int32_t> route_rec;            // [num_layers, max_rows * topk] expert ids of a recorded step
+  bool recording_routes = false;
+  Buf<int32_t> fill_table;           // block ids of a synthetic context fill [max_blocks]
   // draft request arrays (device) + pinned staging
   Buf<int32_t> d_req_slot, d_prev, d_tokens;
   Buf<int64_t> d_req_pos;
@@ -158,7 +189,8 @@ struct CudaModel::Impl {
   Buf<int32_t> d_sints;
   Buf<uint8_t> d_sscratch;
   uint8_t* sample_host = nullptr; // pinned: rows | results | masks | ints
-  void alloc_sampling();
+  // Allocates the sampling buffers (measure: only returns the device bytes they need).
+  int64_t alloc_sampling(bool measure);
   Status check_sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
                            std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
                            size_t out_size) const;
@@ -226,7 +258,8 @@ struct CudaModel::Impl {
   void hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base, float* xo,
               float* posto, float* combo);
   void hc_post(const float* aa, const float* rr, int64_t n, float* hh);
-  void moe(const cuda_model::DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y);
+  // layer >= 0: a target layer (its expert ids are kept when a step's routing is recorded).
+  void moe(const cuda_model::DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y, int layer = -1);
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
@@ -237,5 +270,16 @@ struct CudaModel::Impl {
   void head_logits(const float* hin, int64_t n, const cuda_model::DWeights& ww, const float* hc_fn,
                    const float* hc_scale, const float* hc_base, const float* norm, float* y_out, float* logits_out);
 };
+
+namespace cuda_model {
+// Start-up pieces shared by the checkpoint (cuda_model.cpp) and synthetic (cuda_measure.cpp) paths.
+// The options and tensor-parallel group a model can start with (InvalidArgument naming the field).
+Status validate_start(const ModelConfig& config, const CudaModelOptions& options);
+// Allocates every buffer of m (sized from cfg, options, weight shapes and layout); measure: only
+// returns the device bytes they would take.
+int64_t allocate_all(CudaModel::Impl& m, bool measure);
+// kResourceExhausted with the bytes needed (by pool) and free when they do not fit the device.
+Status check_fits(const CudaModel::Impl& m, int64_t weight_bytes, int64_t buffer_bytes);
+}  // namespace cuda_model
 
 }  // namespace tandem

@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "common/check.h"
+#include "common/comm.h"
 #include "common/log.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -17,6 +20,8 @@
 #include "model/weights.h"
 
 namespace tandem {
+
+using OpClass = CudaModel::OpClass;
 
 namespace cuda_model {
 Status check_uploadable(const model::Weights& w);
@@ -78,13 +83,15 @@ DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool h
 }  // namespace cuda_model
 
 namespace cuda_model {
-CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const std::function<void()>& launch) {
+CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int eager_reps,
+                                            const std::function<void()>& launch, const CudaModel::ReplayHook& hook,
+                                            std::vector<CudaModel::ClassMark>** marks) {
   CudaModel::StepProfile prof;
   cudaEvent_t e0, e1;
   TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
   TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
-  auto timed = [&](const std::function<void()>& fn, std::vector<double>& out) {
-    for (int r = 0; r < reps + 2; ++r) {  // two warm-up runs
+  auto timed = [&](const std::function<void()>& fn, int n, std::vector<double>& out) {
+    for (int r = 0; r < n + 2; ++r) {  // two warm-up runs
       TANDEM_CUDA_CHECK(cudaEventRecord(e0, stream));
       fn();
       TANDEM_CUDA_CHECK(cudaEventRecord(e1, stream));
@@ -94,12 +101,14 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const
       if (r >= 2) out.push_back(ms * 1000.0);
     }
   };
-  std::vector<double> eager, graph;
-  timed(launch, eager);
+  std::vector<double> eager;
+  timed(launch, eager_reps, eager);
   cudaGraph_t g;
+  if (marks) *marks = &prof.marks;  // the launches record their op classes while captured
   TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   launch();
   TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+  if (marks) *marks = nullptr;
   size_t nn = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
   std::vector<cudaGraphNode_t> nodes(nn);
@@ -112,7 +121,14 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const
   }
   cudaGraphExec_t ge;
   TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  timed([&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, stream)); }, graph);
+  auto replay = [&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, stream)); };
+  timed(replay, reps, prof.graph_samples_us);
+  if (hook) {
+    hook([&] {
+      replay();
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    });
+  }
   TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
   TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
   TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
@@ -122,7 +138,7 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
   prof.eager_us = median(eager);
-  prof.graph_us = median(graph);
+  prof.graph_us = median(prof.graph_samples_us);
   return prof;
 }
 }  // namespace cuda_model
@@ -215,14 +231,22 @@ Status validate_cuda_options(const ModelOptions& o) {
   return Status();
 }
 
-// Every device buffer, sized once from the config and options.
-void allocate_all(CudaModel::Impl& m) {
+}  // namespace
+
+namespace cuda_model {
+
+// Every device buffer, sized once from the config, the options and the weights' shapes. measure:
+// nothing is allocated or written; returns the device bytes the buffers would take (start-up
+// compares them with the free memory before allocating anything).
+int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   const ModelConfig& c = m.cfg;
   const ModelOptions& o = m.opt;
-  const int64_t D = c.hidden_size, hc = c.hc_mult, HD = hc * D, H = c.num_attention_heads, hd = c.head_dim;
-  const int64_t ql = c.q_lora_rank, G = c.o_groups, R = c.o_lora_rank, E = c.n_routed_experts;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, HD = hc * D, hd = c.head_dim;
+  const int64_t ql = c.q_lora_rank, R = c.o_lora_rank, E = c.n_routed_experts;
   const int64_t I = c.moe_intermediate_size, K = c.num_experts_per_tok, V = c.vocab_size;
-  const int64_t IH = c.index_n_heads, ihd = c.index_head_dim, TK = c.index_topk;
+  const int64_t ihd = c.index_head_dim, TK = c.index_topk;
+  // This rank's query heads, output groups and index heads.
+  const int64_t H = c.num_attention_heads / o.tp_size, G = c.o_groups / o.tp_size, IH = c.index_n_heads / o.tp_size;
   const int64_t KB = m.w.has_draft ? c.dspark_block_size : 0;
   m.max_draft_requests = m.copt.max_draft_requests > 0 ? m.copt.max_draft_requests : o.max_slots;
   const int64_t T = o.max_tokens_per_step;
@@ -258,74 +282,92 @@ void allocate_all(CudaModel::Impl& m) {
   // Indexer scores: up to 256 MiB, at least one row.
   m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (m.max_entries * 4)}))
                          : 0;
+  m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
 
-  auto f = [](CudaModel::Impl::Buf<float>& b, int64_t n) { b.reset(static_cast<size_t>(std::max<int64_t>(n, 1))); };
-  f(m.h, N * HD);
-  f(m.x, N * D);
-  f(m.a, N * D);
-  f(m.post, N * hc);
-  f(m.comb, N * hc * hc);
-  f(m.qr, N * ql);
-  f(m.q, N * H * hd);
-  f(m.kv, N * hd);
-  f(m.o, N * H * hd);
-  f(m.u, N * G * R);
+  int64_t bytes = 0;
+  // Every buffer goes through `take` (at least one element); measure only adds up its bytes, in
+  // cudaMalloc's 512-byte granules.
+  auto take = [&](auto& b, int64_t n) {
+    using T0 = std::remove_reference_t<decltype(*b.get())>;
+    n = std::max<int64_t>(n, 1);
+    if (measure)
+      bytes += (n * static_cast<int64_t>(sizeof(T0)) + 511) / 512 * 512;
+    else
+      b.reset(static_cast<size_t>(n));
+  };
+  take(m.h, N * HD);
+  take(m.x, N * D);
+  take(m.a, N * D);
+  take(m.post, N * hc);
+  take(m.comb, N * hc * hc);
+  take(m.qr, N * ql);
+  take(m.q, N * H * hd);
+  take(m.kv, N * hd);
+  take(m.o, N * H * hd);
+  take(m.u, N * G * R);
   const int64_t C = std::max(max_comp_chans, max_icomp_chans);
-  f(m.tmp_kv, N * C);
-  f(m.tmp_gate, N * C);
-  f(m.comp_rows, N * 2 * max_comp_chans);
-  f(m.icomp_rows, N * 2 * max_icomp_chans);
-  f(m.entry, N * std::max(hd, ihd));
-  f(m.iq, any_idx ? N * IH * ihd : 1);
-  f(m.iw, any_idx ? N * IH : 1);
-  f(m.idx_scores, m.score_rows * m.max_entries);
-  f(m.gate_logits, N * E);
-  f(m.ew, N * K);
-  f(m.xq, N * D);
-  f(m.gact, N * K * I);
-  f(m.gq, N * K * I);
-  f(m.pair_out, N * K * D);
+  take(m.tmp_kv, N * C);
+  take(m.tmp_gate, N * C);
+  take(m.comp_rows, N * 2 * max_comp_chans);
+  take(m.icomp_rows, N * 2 * max_icomp_chans);
+  take(m.entry, N * std::max(hd, ihd));
+  take(m.iq, any_idx ? N * IH * ihd : 1);
+  take(m.iw, any_idx ? N * IH : 1);
+  take(m.idx_scores, m.score_rows * m.max_entries);
+  take(m.gate_logits, N * E);
+  take(m.ew, N * K);
+  take(m.xq, N * D);
+  take(m.gact, N * K * I);
+  take(m.gq, N * K * I);
+  take(m.pair_out, N * K * D);
   int64_t sh_i = I;
   for (const auto& b : m.w.layers) sh_i = std::max(sh_i, b.ffn.sh_w1.w.n);
-  f(m.sh_g, N * sh_i);
-  f(m.sh_u, N * sh_i);
-  f(m.sh_out, N * D);
-  f(m.head_in, m.max_logits_rows * HD);
-  f(m.head_y, N * D);
-  f(m.yn, N * D);
-  f(m.logits, m.max_logits_rows * V);
+  take(m.sh_g, N * sh_i);
+  take(m.sh_u, N * sh_i);
+  take(m.sh_out, N * D);
+  take(m.head_in, m.max_logits_rows * HD);
+  take(m.head_y, N * D);
+  take(m.yn, N * D);
+  take(m.logits, m.max_logits_rows * V);
+  if (o.tp_size > 1) {
+    const int64_t P = (V + o.tp_size - 1) / o.tp_size;
+    take(m.tp_local, m.max_logits_rows * P);
+    take(m.tp_gather, o.tp_size * m.max_logits_rows * P);
+  }
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
-  f(m.taps, N * std::max<int64_t>(td, 1));
-  f(m.mh, T * std::max<int64_t>(td, 1));
-  f(m.main_x, T * D);
-  m.kv_rec.reset(static_cast<size_t>(N * m.lay.rec.bytes));
-  m.entry_rec.reset(static_cast<size_t>(N * std::max(m.lay.rec.bytes, m.lay.key.bytes)));
-  m.entry_pos.reset(static_cast<size_t>(N));
-  m.flag.reset(static_cast<size_t>(N));
-  m.visible.reset(static_cast<size_t>(N));
-  m.topk.reset(static_cast<size_t>(std::max<int64_t>(N * TK, 1)));
-  m.eids.reset(static_cast<size_t>(N * K));
-  m.draft_pos.reset(static_cast<size_t>(std::max<int64_t>(N, 1)));
-  m.draft_ids.reset(static_cast<size_t>(std::max<int64_t>(N, 1)));
+  take(m.taps, N * std::max<int64_t>(td, 1));
+  take(m.mh, T * std::max<int64_t>(td, 1));
+  take(m.main_x, T * D);
+  take(m.kv_rec, N * m.lay.rec.bytes);
+  take(m.entry_rec, N * std::max(m.lay.rec.bytes, m.lay.key.bytes));
+  take(m.entry_pos, N);
+  take(m.flag, N);
+  take(m.visible, N);
+  take(m.topk, N * TK);
+  take(m.eids, N * K);
+  take(m.draft_pos, N);
+  take(m.draft_ids, N);
+  take(m.route_rec, static_cast<int64_t>(c.num_hidden_layers) * N * K);
+  take(m.fill_table, m.max_blocks);
   if (m.w.has_draft) {
     const int64_t B = m.max_draft_requests, Rk = c.dspark_markov_rank;
-    f(m.base, B * KB * V);
-    f(m.bias, B * V);
-    f(m.e_row, B * Rk);
-    m.d_req_slot.reset(B);
-    m.d_prev.reset(B);
-    m.d_tokens.reset(B * KB);
-    m.d_req_pos.reset(B);
-    m.d_temp.reset(B);
-    m.d_seed.reset(B);
-    f(m.d_conf, B * KB);
-    f(m.d_zlogits, B * KB * V);
-    f(m.d_probs, B * KB * V);
+    take(m.base, B * KB * V);
+    take(m.bias, B * V);
+    take(m.e_row, B * Rk);
+    take(m.d_req_slot, B);
+    take(m.d_prev, B);
+    take(m.d_tokens, B * KB);
+    take(m.d_req_pos, B);
+    take(m.d_temp, B);
+    take(m.d_seed, B);
+    take(m.d_conf, B * KB);
+    take(m.d_zlogits, B * KB * V);
+    take(m.d_probs, B * KB * V);
+    take(m.q_store, static_cast<int64_t>(o.max_slots) * KB * V);
     m.draft_host_bytes = static_cast<size_t>(B) * (4 + 4 + 8 + 8 + 8) + static_cast<size_t>(B * KB) * (4 + 4);
-    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.draft_host), m.draft_host_bytes));
-    f(m.q_store, static_cast<int64_t>(o.max_slots) * KB * V);
+    if (!measure) TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.draft_host), m.draft_host_bytes));
   }
-  m.alloc_sampling();
+  bytes += m.alloc_sampling(measure);
 
   // The GEMM op quantizes its input into a per-device scratch: reserve it for the widest
   // act-quant linear and the most rows any call sees, so no step ever grows it.
@@ -344,31 +386,44 @@ void allocate_all(CudaModel::Impl& m) {
   lk(m.w.head);
   lk(m.w.draft.main_proj);
   lk(m.w.draft.markov_w2);
-  kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, static_cast<size_t>(N * max_k) * sizeof(float));
+  const size_t gemm_x = static_cast<size_t>(N * max_k) * sizeof(float);
+  if (measure) {
+    bytes += static_cast<int64_t>(gemm_x > kernels::cuda::scratch_bytes(kernels::cuda::ScratchSlot::kGemmX) ? gemm_x : 0);
+  } else {
+    kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, gemm_x);
+  }
 
   // The step plan: one pinned host region mirrored on the device.
-  m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
   const int64_t S = std::max<int64_t>({o.max_slots, m.max_draft_requests, graph_seqs});
   auto& p = m.plan;
   size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t at = off;
-    off = (off + bytes + 15) / 16 * 16;
-    return at;
+  auto at = [&](size_t n) {
+    const size_t here = off;
+    off = (off + n + 15) / 16 * 16;
+    return here;
   };
-  p.tokens = take(4 * N);
-  p.positions = take(8 * N);
-  p.row_seq = take(4 * N);
-  p.seq_start = take(8 * S);
-  p.seq_row0 = take(4 * S);
-  p.seq_len = take(4 * S);
-  p.seq_slot = take(4 * S);
-  p.block_tables = take(4 * S * static_cast<size_t>(m.max_blocks));
-  p.head_src = take(4 * std::max<int64_t>(m.max_logits_rows, 1));
-  p.taps_dst = take(4 * N);
+  p.tokens = at(4 * N);
+  p.positions = at(8 * N);
+  p.row_seq = at(4 * N);
+  p.seq_start = at(8 * S);
+  p.seq_row0 = at(4 * S);
+  p.seq_len = at(4 * S);
+  p.seq_slot = at(4 * S);
+  p.block_tables = at(4 * S * static_cast<size_t>(m.max_blocks));
+  p.head_src = at(4 * std::max<int64_t>(m.max_logits_rows, 1));
+  p.taps_dst = at(4 * N);
   p.bytes = off;
+  take(m.plan_dev, static_cast<int64_t>(p.bytes));
+
+  // State.
+  const int64_t slots = o.max_slots + (m.pad_slot >= 0 ? 1 : 0);
+  const int64_t blocks = o.num_blocks + (m.pad_block >= 0 ? 1 : 0);
+  take(m.slot_state, slots * m.lay.slot_bytes);
+  take(m.pool, blocks * m.lay.block_bytes);
+  if (m.lay.draft_slot_bytes) take(m.draft_ctx, o.max_slots * m.lay.draft_slot_bytes);
+  if (measure) return bytes;
+
   TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.plan_host), p.bytes));
-  m.plan_dev.reset(p.bytes);
   uint8_t* dv = m.plan_dev.get();
   m.meta.tokens = reinterpret_cast<const int32_t*>(dv + p.tokens);
   m.meta.positions = reinterpret_cast<const int64_t*>(dv + p.positions);
@@ -380,13 +435,6 @@ void allocate_all(CudaModel::Impl& m) {
   m.meta.block_tables = reinterpret_cast<const int32_t*>(dv + p.block_tables);
   m.meta.max_blocks = m.max_blocks;
   m.meta.block_size = o.block_size;
-
-  // State.
-  const int64_t slots = o.max_slots + (m.pad_slot >= 0 ? 1 : 0);
-  const int64_t blocks = o.num_blocks + (m.pad_block >= 0 ? 1 : 0);
-  m.slot_state.reset(static_cast<size_t>(slots * m.lay.slot_bytes));
-  m.pool.reset(static_cast<size_t>(blocks * m.lay.block_bytes));
-  if (m.lay.draft_slot_bytes) m.draft_ctx.reset(static_cast<size_t>(o.max_slots * m.lay.draft_slot_bytes));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.slot_state.get(), 0, m.slot_state.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream));
   if (m.draft_ctx.get()) TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get(), 0, m.draft_ctx.bytes(), m.stream));
@@ -408,22 +456,56 @@ void allocate_all(CudaModel::Impl& m) {
   TANDEM_CUDA_CHECK(cudaMemcpy(m.rope_swa.get(), swa.freqs.data(), 4 * swa.freqs.size(), cudaMemcpyHostToDevice));
   TANDEM_CUDA_CHECK(cudaMemcpy(m.rope_comp.get(), comp.freqs.data(), 4 * comp.freqs.size(), cudaMemcpyHostToDevice));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return bytes;
 }
 
-}  // namespace
+}  // namespace cuda_model
 
-Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& config,
-                                                           const std::vector<const TensorView*>& tensors,
-                                                           const CudaModelOptions& options) {
+namespace cuda_model {
+
+Status validate_start(const ModelConfig& config, const CudaModelOptions& options) {
   TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
   if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
     return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
                             config.dspark_block_size);
+  TANDEM_RETURN_IF_ERROR(model::validate_config_for_cpu(config));
+  const ModelOptions& o = options.model;
+  TANDEM_RETURN_IF_ERROR(model::validate_shard(config, {o.tp_rank, o.tp_size}));
+  if (o.tp_size > 1 && !o.comm)
+    return invalid_argument("model options: tp_size {} needs a data-plane communicator", o.tp_size);
+  if (o.comm && (o.comm->size() != o.tp_size || o.comm->rank() != o.tp_rank))
+    return invalid_argument("model options: rank {} of {} but the communicator is rank {} of {}", o.tp_rank, o.tp_size,
+                            o.comm->rank(), o.comm->size());
+  return Status();
+}
+
+Status check_fits(const CudaModel::Impl& m, int64_t weight_bytes, int64_t buffer_bytes) {
+  size_t free_b = 0, total_b = 0;
+  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t need = weight_bytes + buffer_bytes;
+  if (need <= static_cast<int64_t>(free_b)) return Status();
+  const int64_t pool = static_cast<int64_t>(m.opt.num_blocks) * m.lay.block_bytes;
+  return make_error(StatusCode::kResourceExhausted,
+                    "tensor-parallel rank {} of {} needs {:.2f} GiB of device memory (weights {:.2f} GiB, KV pool {:.2f} "
+                    "GiB, slot state and scratch {:.2f} GiB), {:.2f} GiB are free on {} ({:.2f} GiB total)",
+                    m.opt.tp_rank, m.opt.tp_size, need / 1073741824.0, weight_bytes / 1073741824.0, pool / 1073741824.0,
+                    (buffer_bytes - pool) / 1073741824.0, free_b / 1073741824.0, m.device_name,
+                    total_b / 1073741824.0);
+}
+
+}  // namespace cuda_model
+
+Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& config,
+                                                           const std::vector<const TensorView*>& tensors,
+                                                           const CudaModelOptions& options) {
+  TANDEM_RETURN_IF_ERROR(cuda_model::validate_start(config, options));
   auto impl = std::make_unique<Impl>();
   impl->draft_k = options.draft_tokens > 0 ? options.draft_tokens : config.dspark_block_size;
   TANDEM_RETURN_IF_ERROR(impl->init(config, options));
   model::LoadCounts counts;
-  auto weights = model::load_weights(config, tensors, options.model.load_draft, counts);
+  // This rank's slices only (tp_size 1: everything).
+  auto weights = model::load_weights(config, tensors, options.model.load_draft, counts,
+                                     model::Shard{options.model.tp_rank, options.model.tp_size});
   if (!weights.ok()) return weights.status();
   TANDEM_RETURN_IF_ERROR(cuda_model::check_uploadable(*weights));
   impl->report.target_tensors_loaded = counts.target_loaded;
@@ -431,17 +513,18 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
   impl->report.draft_tensors_loaded = counts.draft_loaded;
   impl->report.draft_tensors_expected = counts.draft_expected;
   impl->report.skipped_tensors = counts.skipped;
+  impl->report.other_rank_tensors = counts.other_ranks;
   const size_t wbytes = cuda_model::upload_bytes(*weights);
-  size_t free_b = 0, total_b = 0;
-  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  if (wbytes > free_b)
-    return make_error(StatusCode::kResourceExhausted, "the weights need {:.2f} GiB of device memory, {:.2f} GiB are free on {}",
-                              wbytes / 1073741824.0, free_b / 1073741824.0, impl->device_name);
+  impl->report.weight_bytes = wbytes;
+  // Every buffer measured first (the upload's walk without an arena gives the shapes), so a model
+  // that does not fit is refused before anything is allocated.
+  impl->w = cuda_model::upload_weights(*weights, nullptr);
+  impl->lay = cuda_model::plan_layout(config, options.model, impl->w.has_draft);
+  TANDEM_RETURN_IF_ERROR(cuda_model::check_fits(*impl, static_cast<int64_t>(wbytes), cuda_model::allocate_all(*impl, true)));
   const int64_t before = kernels::cuda::alloc_stats().bytes;
   impl->weight_arena.reset(wbytes);
   impl->w = cuda_model::upload_weights(*weights, impl->weight_arena.get());
-  impl->lay = cuda_model::plan_layout(config, options.model, impl->w.has_draft);
-  allocate_all(*impl);
+  cuda_model::allocate_all(*impl, false);
   impl->own_bytes = kernels::cuda::alloc_stats().bytes - before;
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
@@ -456,11 +539,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::string& dir, const
   // The weights are copied to the device; the mapped shards are released when this returns.
   auto model = from_tensors(*config, views, options);
   if (!model.ok()) return model.status().with_context("loading " + dir);
-  const Memory mem = (*model)->memory();
-  TLOG_INFO("model", "{} on {}: {}; device memory: weights {:.1f} MiB, KV pool {:.1f} MiB, slot state {:.1f} MiB, "
-                     "draft state {:.1f} MiB, scratch {:.1f} MiB",
-            dir, (*model)->device_name(), (*model)->load_report().summary(), mem.weights / 1048576.0,
-            mem.pool / 1048576.0, mem.slot_state / 1048576.0, mem.draft_state / 1048576.0, mem.scratch / 1048576.0);
+  (*model)->impl_->origin = dir;
+  TLOG_INFO("model", "{} on {}: {}; {}", dir, (*model)->device_name(), (*model)->load_report().summary(),
+            (*model)->memory_summary());
   return model;
 }
 
@@ -547,16 +628,20 @@ void CudaModel::Impl::launch() {
   const ModelConfig& c = cfg;
   const int64_t D = c.hidden_size, HD = c.hc_mult * D;
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
+  section(OpClass::kOther);
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(plan_dev.get(), plan_host, plan.bytes, cudaMemcpyHostToDevice, stream));
-  cuda_model::embed_rows(w.embed.w, meta.tokens, total, c.hc_mult, D, h.get(), stream);
+  embed_tokens(meta.tokens, total);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     block_forward(l, *step.batch, total);
     for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti)
-      if (c.dspark_target_layer_ids[ti] == l && step.trows > 0)
+      if (c.dspark_target_layer_ids[ti] == l && step.trows > 0) {
+        section(OpClass::kOther);
         cuda_model::taps_mean(h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
                               c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D, stream);
+      }
   }
   if (step.lrows > 0) {
+    section(OpClass::kLmHead);
     kernels::RowsCopyParams g;
     g.src = h.get();
     g.dst = head_in.get();
@@ -612,7 +697,8 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool syn
     m.launch();
     m.finish(host_out, synchronize);
     ++m.gstats.eager;
-    return Status();
+    // A failed collective leaves the group's state undefined: the caller drops the whole group.
+    return std::exchange(m.comm_status, Status());
   }
   TANDEM_RETURN_IF_ERROR(m.validate_step(batch));
   const size_t ns = batch.seqs.size();
@@ -649,7 +735,7 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool syn
     host_out->num_taps_rows = m.step.trows;
   }
   m.finish(host_out, synchronize);
-  return Status();
+  return std::exchange(m.comm_status, Status());
 }
 
 // First step of a shape: run it eagerly (kernel attributes and scratch are set up outside any
@@ -714,17 +800,20 @@ void CudaModel::synchronize() { TANDEM_CUDA_CHECK(cudaStreamSynchronize(impl_->s
 
 CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
 
-Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out) {
+Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
+                                                      const ReplayHook& hook, int eager_reps) {
   Impl& m = *impl_;
   kernels::cuda::set_stream(m.stream);
-  TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
   for (const SeqStep& q : batch.seqs)
     if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
       return invalid_argument("profile_step: a replayed step may add at most max_rollback + 1 tokens per sequence");
+  TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
   // Replaying the same step is idempotent (it rewrites the same ring rows and pool entries).
-  const StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, [&m] { m.launch(); });
+  StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, eager_reps < 0 ? reps : eager_reps,
+                                                      [&m] { m.launch(); }, hook, &m.marks);
   // The outputs are those of the last graph replay.
   m.finish(host_out);
+  TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));
   return prof;
 }
 

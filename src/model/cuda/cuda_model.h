@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -22,6 +23,13 @@
 namespace tandem {
 
 struct TensorView;
+
+// Synthetic weights (src/model/cuda/synthetic_weights.cpp): every tensor of the config's catalog
+// that this rank binds, at its stored dtype and local shape, generated on the device from a seed.
+struct SyntheticOptions {
+  std::string name;       // what start-up logs call the model ("deepseek-v4-flash-0731")
+  uint64_t seed = 1;
+};
 
 struct CudaModelOptions {
   ModelOptions model;        // slots, pool, block size, step size, rollback, KV dtype, draft
@@ -43,6 +51,12 @@ class CudaModel {
   static Result<std::unique_ptr<CudaModel>> from_tensors(const ModelConfig& config,
                                                          const std::vector<const TensorView*>& tensors,
                                                          const CudaModelOptions& options);
+  // The model of `config` with synthetic weights generated directly in device memory (no host
+  // copy, no file). Before allocating anything, start-up compares the device bytes this rank needs
+  // (weights, KV pool, slot state, scratch) with the free device memory and refuses with both
+  // figures (kResourceExhausted) when they do not fit.
+  static Result<std::unique_ptr<CudaModel>> synthetic(const ModelConfig& config, const CudaModelOptions& options,
+                                                      const SyntheticOptions& synth);
   // Device memory per slot state and per pool block for a config + options (no weights needed).
   static Result<ModelStateSizes> state_sizes(const ModelConfig& config, const ModelOptions& options);
   ~CudaModel();
@@ -85,11 +99,30 @@ class CudaModel {
   // a captured CUDA graph `reps` times each; the step's state effect is applied once. Reports the
   // kernels and copies in the step's graph and the median step times; host_out receives the
   // graph replay's outputs.
+  // Op classes of a step's launches (bench-model's breakdown; set where the forward's sections begin).
+  enum class OpClass : uint8_t {
+    kEmbed, kMhc, kDense, kCompressor, kIndexer, kAttention, kRouter, kRoutedExperts, kSharedExperts, kLmHead,
+    kCollective, kOther, kCount
+  };
+  static const char* op_class_name(OpClass c);
+  // From the kernel_index-th kernel node (and copy_index-th copy node) of the step's graph on, the
+  // launches belong to `cls` (nodes counted in capture order, which is the execution order of the
+  // step's single-stream graph).
+  struct ClassMark {
+    int kernel_index = 0, copy_index = 0;
+    OpClass cls = OpClass::kOther;
+  };
   struct StepProfile {
     int kernels = 0, copies = 0;
-    double eager_us = 0, graph_us = 0;
+    double eager_us = 0, graph_us = 0;     // medians
+    std::vector<double> graph_samples_us;  // every timed graph replay
+    std::vector<ClassMark> marks;          // the graph's op classes
   };
-  Result<StepProfile> profile_step(const StepBatch& batch, int reps, StepOutput* host_out);
+  // Called once after the timing with a function that replays the step's graph once (a profiler
+  // wraps it, e.g. CUPTI activity records of one replay).
+  using ReplayHook = std::function<void(const std::function<void()>& replay)>;
+  Result<StepProfile> profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
+                                   const ReplayHook& hook = {}, int eager_reps = -1);
 
   int64_t slot_length(int slot) const;
   Status rollback(int slot, int64_t new_length);
@@ -130,7 +163,21 @@ class CudaModel {
   // Rows of logits the last forward left on the device, and where each batch entry's start.
   std::span<const int64_t> last_logits_rows() const;
   // profile_step for a greedy draft of `requests` (their context must be in place).
-  Result<StepProfile> profile_draft(std::span<const DraftQueryDev> requests, int reps);
+  Result<StepProfile> profile_draft(std::span<const DraftQueryDev> requests, int reps, const ReplayHook& hook = {},
+                                    int eager_reps = -1);
+
+  // ---- measurement aids (bench-model, tests) ----
+  // Fills `slot` as if `length` tokens had been run through it: random valid records in the pool
+  // blocks of `block_table` (every layer's compressed entries and indexer keys), the slot's window
+  // and compressor rings and its DSpark context (seeded), and sets its length; no forward runs.
+  Status fill_synthetic_context(int slot, int64_t length, std::span<const int32_t> block_table, uint64_t seed);
+  // Runs `batch` once eagerly (as forward, state applied) and returns the routed expert ids
+  // (global ids) of every target layer: [num_hidden_layers, rows, num_experts_per_tok].
+  Result<std::vector<int32_t>> routing_of_step(const StepBatch& batch);
+  int tp_rank() const;
+  int tp_size() const;
+  // "rank 0/2: weights 80.1 GiB, KV pool ..." (the start-up log line of every pool).
+  std::string memory_summary() const;
 
   struct Impl;
 

@@ -12,21 +12,26 @@
 
 namespace tandem {
 
-void CudaModel::Impl::alloc_sampling() {
+int64_t CudaModel::Impl::alloc_sampling(bool measure) {
   const int64_t V = cfg.vocab_size;
   sample_rows_cap = static_cast<int>(std::max<int64_t>(max_logits_rows, 1));
   mask_words = (V + 31) / 32;
   // One row's arrays are at most V unique prompt ids and V (token, count) pairs: room for that and
   // more, so any row fits and most steps go in one launch.
   sample_ints_cap = std::max<int64_t>(3 * V + 1024, int64_t{1} << 20);
+  const size_t scratch = std::max<size_t>(kernels::cuda::sample_rows_scratch_bytes(sample_rows_cap, V), 1);
+  if (measure)
+    return static_cast<int64_t>(sample_rows_cap * (sizeof(SampleRow) + sizeof(SampleRowResult)) +
+                                sample_rows_cap * mask_words * 4 + sample_ints_cap * 4 + scratch);
   d_srows.reset(static_cast<size_t>(sample_rows_cap));
   d_sres.reset(static_cast<size_t>(sample_rows_cap));
   d_smasks.reset(static_cast<size_t>(sample_rows_cap * mask_words));
   d_sints.reset(static_cast<size_t>(sample_ints_cap));
-  d_sscratch.reset(std::max<size_t>(kernels::cuda::sample_rows_scratch_bytes(sample_rows_cap, V), 1));
+  d_sscratch.reset(scratch);
   const size_t bytes = static_cast<size_t>(sample_rows_cap) * (sizeof(SampleRow) + sizeof(SampleRowResult)) +
                        static_cast<size_t>(sample_rows_cap * mask_words) * 4 + static_cast<size_t>(sample_ints_cap) * 4;
   TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host), bytes));
+  return 0;
 }
 
 std::span<const int64_t> CudaModel::last_logits_rows() const {

@@ -1,7 +1,8 @@
 // Uploads the bound checkpoint weights (model::Weights, views into the mapped shards) to the device
 // once, as stored: one arena allocation, every matrix keeping its format and scales, the small
-// vectors as fp32. Each layer's routed experts are concatenated by rows so one kernel can address
-// any expert (model_kernels.h, moe_pairs_*). Two passes over the same walk: measure, then copy.
+// vectors as fp32. Each layer's routed experts (this rank's, under tensor parallelism: the bound
+// Weights hold only the rank's slices) are concatenated by rows so one kernel can address any of
+// them (model_kernels.h, moe_pairs_*). Two passes over the same walk: measure, then copy.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -129,6 +130,9 @@ struct Uploader {
     d.hc_ffn_scale = vec(b.hc_ffn_scale);
     const model::AttentionW& a = b.attn;
     DAttn& da = d.attn;
+    da.n_heads = a.n_local_heads;
+    da.n_groups = a.n_local_groups;
+    da.n_idx_heads = a.has_indexer ? a.indexer.n_local_heads : 0;
     da.wq_a = lin(a.wq_a);
     da.wq_b = lin(a.wq_b);
     da.wkv = lin(a.wkv);
@@ -152,6 +156,8 @@ struct Uploader {
     if (!m.hash) dm.bias = vec(m.bias);
     if (m.hash)
       dm.tid2eid = static_cast<const int32_t*>(ar.put(m.tid2eid.data(), m.tid2eid.size() * sizeof(int32_t)));
+    dm.expert_begin = m.expert_begin;
+    dm.expert_end = m.expert_end;
     bool aq1 = false, aq2 = false, aq3 = false;
     dm.w1_all = experts(m.experts, 0, aq1);
     dm.w2_all = experts(m.experts, 1, aq2);
@@ -165,6 +171,8 @@ struct Uploader {
   }
   DWeights all(const model::Weights& w) {
     DWeights d;
+    d.vocab_begin = w.vocab_begin;
+    d.vocab_end = w.vocab_end;
     d.embed = lin(w.embed);
     if (w.head.w.data == w.embed.w.data) {
       d.head = d.embed;

@@ -69,12 +69,23 @@ __device__ __forceinline__ uint8_t* slot_base(uint8_t* state, int64_t slot_bytes
 }
 
 // ---------------------------------------------------------------- embedding
-__global__ void embed_kernel(WeightRef embed, const int32_t* ids, int64_t rows, int hc, int64_t dim, float* h) {
+__global__ void embed_kernel(WeightRef embed, const int32_t* ids, int64_t rows, int hc, int64_t dim,
+                             int64_t vocab_begin, int64_t vocab_end, float* h) {
   const int64_t r = blockIdx.x;
   if (r >= rows) return;
-  const int32_t id = ids[r];
+  const int64_t id = ids[r];
+  const bool mine = id >= vocab_begin && id < vocab_end;
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    const float v = w_at(embed, id, d);
+    const float v = mine ? w_at(embed, id - vocab_begin, d) : 0.0f;
+    for (int k = 0; k < hc; ++k) h[(r * hc + k) * dim + d] = v;
+  }
+}
+
+__global__ void replicate_hc_kernel(const float* x, int64_t rows, int hc, int64_t dim, float* h) {
+  const int64_t r = blockIdx.x;
+  if (r >= rows) return;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    const float v = x[r * dim + d];
     for (int k = 0; k < hc; ++k) h[(r * hc + k) * dim + d] = v;
   }
 }
@@ -474,16 +485,22 @@ __global__ void draft_attention_kernel(DraftAttnArgs a, int64_t B) {
 // ---------------------------------------------------------------- MoE
 // Block: one pair, 8 warps; each warp computes output columns n = warp, warp + 8, ...
 __global__ void moe_up_kernel(const float* xq, const int32_t* eids, const float* weights, int64_t pairs, int topk,
-                              WeightRef w1, WeightRef w3, int64_t inter, int64_t dim, float limit, float* gact) {
+                              WeightRef w1, WeightRef w3, int64_t inter, int64_t dim, float limit, ExpertRange held,
+                              float* gact) {
   extern __shared__ float sx[];
   const int64_t i = blockIdx.x;  // pairs can exceed gridDim.y's 65535
   if (i >= pairs) return;
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * nw * 4;
+  const int64_t ge = eids[i];
+  if (ge < held.begin || ge >= held.end) {  // another rank's expert
+    for (int64_t n = n0 + threadIdx.x; n < n0 + nw * 4 && n < inter; n += blockDim.x) gact[i * inter + n] = 0.0f;
+    return;
+  }
   const int64_t t = i / topk;
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) sx[k] = xq[t * dim + k];
   __syncthreads();
-  const int64_t e = eids[i];
-  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * nw * 4;
+  const int64_t e = ge - held.begin;
   for (int64_t n = n0 + warp; n < n0 + nw * 4 && n < inter; n += nw) {
     const float g = warp_row_dot(w1, e * inter + n, sx, dim);
     const float u = warp_row_dot(w3, e * inter + n, sx, dim);
@@ -501,15 +518,20 @@ __global__ void moe_up_kernel(const float* xq, const int32_t* eids, const float*
 }
 
 __global__ void moe_down_kernel(const float* gq, const int32_t* eids, int64_t pairs, WeightRef w2, int64_t inter,
-                                int64_t dim, float* out) {
+                                int64_t dim, ExpertRange held, float* out) {
   extern __shared__ float sx[];
   const int64_t i = blockIdx.x;
   if (i >= pairs) return;
-  for (int64_t k = threadIdx.x; k < inter; k += blockDim.x) sx[k] = gq[i * inter + k];
-  __syncthreads();
-  const int64_t e = eids[i];
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * nw * 4;
+  const int64_t ge = eids[i];
+  if (ge < held.begin || ge >= held.end) {  // another rank's expert
+    for (int64_t n = n0 + threadIdx.x; n < n0 + nw * 4 && n < dim; n += blockDim.x) out[i * dim + n] = 0.0f;
+    return;
+  }
+  for (int64_t k = threadIdx.x; k < inter; k += blockDim.x) sx[k] = gq[i * inter + k];
+  __syncthreads();
+  const int64_t e = ge - held.begin;
   for (int64_t n = n0 + warp; n < n0 + nw * 4 && n < dim; n += nw) {
     const float y = warp_row_dot(w2, e * dim + n, sx, inter);
     if ((threadIdx.x & 31) == 0) out[i * dim + n] = num::round_bf16(y);
@@ -517,7 +539,7 @@ __global__ void moe_down_kernel(const float* gq, const int32_t* eids, int64_t pa
 }
 
 __global__ void moe_combine_kernel(const float* pair_out, const int32_t* eids, const float* shared, int64_t tokens,
-                                   int topk, int64_t dim, float* y) {
+                                   int topk, int64_t dim, ExpertRange held, float* y) {
   const int64_t t = blockIdx.x;
   if (t >= tokens) return;
   int order[16];
@@ -534,9 +556,17 @@ __global__ void moe_combine_kernel(const float* pair_out, const int32_t* eids, c
   }
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
     float acc = 0.0f;
-    for (int k = 0; k < topk; ++k) acc += pair_out[(t * topk + order[k]) * dim + d];
-    y[t * dim + d] = num::round_bf16(acc + shared[t * dim + d]);
+    for (int k = 0; k < topk; ++k) {
+      const int32_t e = eids[t * topk + order[k]];
+      if (e >= held.begin && e < held.end) acc += pair_out[(t * topk + order[k]) * dim + d];
+    }
+    y[t * dim + d] = shared ? num::round_bf16(acc + shared[t * dim + d]) : acc;
   }
+}
+
+__global__ void moe_add_shared_kernel(float* y, const float* shared, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = num::round_bf16(y[i] + shared[i]);
 }
 
 // ---------------------------------------------------------------- small helpers
@@ -630,10 +660,16 @@ __global__ void markov_step_kernel(MarkovStepArgs a, int64_t B) {
 
 // ================================================================ launchers
 
-void embed_rows(const WeightRef& embed, const int32_t* ids, int64_t rows, int hc, int64_t dim, float* h,
-                cudaStream_t s) {
+void embed_rows(const WeightRef& embed, const int32_t* ids, int64_t rows, int hc, int64_t dim, int64_t vocab_begin,
+                int64_t vocab_end, float* h, cudaStream_t s) {
   if (rows == 0) return;
-  embed_kernel<<<static_cast<unsigned>(rows), 256, 0, s>>>(embed, ids, rows, hc, dim, h);
+  embed_kernel<<<static_cast<unsigned>(rows), 256, 0, s>>>(embed, ids, rows, hc, dim, vocab_begin, vocab_end, h);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+void replicate_hc(const float* x, int64_t rows, int hc, int64_t dim, float* h, cudaStream_t s) {
+  if (rows == 0) return;
+  replicate_hc_kernel<<<static_cast<unsigned>(rows), 256, 0, s>>>(x, rows, hc, dim, h);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
@@ -746,7 +782,7 @@ void draft_attention(const DraftAttnArgs& a, int64_t B, cudaStream_t s) {
 
 void moe_pairs_up(const float* xq, const int32_t* expert_ids, const float* weights, int64_t pairs, int topk,
                   const WeightRef& w1_all, const WeightRef& w3_all, int64_t inter, int64_t dim, float limit,
-                  float* gact, cudaStream_t s) {
+                  ExpertRange held, float* gact, cudaStream_t s) {
   if (pairs == 0) return;
   const int threads = 256, per_block = (threads / 32) * 4;
   static bool attr_set = false;
@@ -756,12 +792,12 @@ void moe_pairs_up(const float* xq, const int32_t* expert_ids, const float* weigh
   }
   dim3 grid(static_cast<unsigned>(pairs), ceil_div(inter, per_block));
   moe_up_kernel<<<grid, threads, sizeof(float) * dim, s>>>(xq, expert_ids, weights, pairs, topk, w1_all, w3_all,
-                                                           inter, dim, limit, gact);
+                                                           inter, dim, limit, held, gact);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void moe_pairs_down(const float* gq, const int32_t* expert_ids, int64_t pairs, const WeightRef& w2_all,
-                    int64_t inter, int64_t dim, float* out, cudaStream_t s) {
+                    int64_t inter, int64_t dim, ExpertRange held, float* out, cudaStream_t s) {
   if (pairs == 0) return;
   const int threads = 256, per_block = (threads / 32) * 4;
   static bool attr_set = false;
@@ -770,15 +806,22 @@ void moe_pairs_down(const float* gq, const int32_t* expert_ids, int64_t pairs, c
     attr_set = true;
   }
   dim3 grid(static_cast<unsigned>(pairs), ceil_div(dim, per_block));
-  moe_down_kernel<<<grid, threads, sizeof(float) * inter, s>>>(gq, expert_ids, pairs, w2_all, inter, dim, out);
+  moe_down_kernel<<<grid, threads, sizeof(float) * inter, s>>>(gq, expert_ids, pairs, w2_all, inter, dim, held, out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void moe_combine(const float* pair_out, const int32_t* expert_ids, const float* shared, int64_t tokens, int topk,
-                 int64_t dim, float* y, cudaStream_t s) {
+                 int64_t dim, ExpertRange held, float* y, cudaStream_t s) {
   if (tokens == 0) return;
   TANDEM_CHECK(topk <= 16);
-  moe_combine_kernel<<<static_cast<unsigned>(tokens), 256, 0, s>>>(pair_out, expert_ids, shared, tokens, topk, dim, y);
+  moe_combine_kernel<<<static_cast<unsigned>(tokens), 256, 0, s>>>(pair_out, expert_ids, shared, tokens, topk, dim,
+                                                                   held, y);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+void moe_add_shared(float* y, const float* shared, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  moe_add_shared_kernel<<<ceil_div(n, 256), 256, 0, s>>>(y, shared, n);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -40,8 +40,12 @@ struct LayerState {
   int64_t pool_idx = -1;   // indexer keys [bs/4, key.bytes]
 };
 
-void embed_rows(const kernels::WeightRef& embed, const int32_t* ids, int64_t rows, int hc, int64_t dim, float* h,
-                cudaStream_t s);
+// h[r][k][:] = embedding row ids[r] for every hc stream k (hc 1: h[r][:]). The weight holds the
+// vocabulary rows [vocab_begin, vocab_end) (a tensor-parallel rank's share): ids outside get zeros.
+void embed_rows(const kernels::WeightRef& embed, const int32_t* ids, int64_t rows, int hc, int64_t dim,
+                int64_t vocab_begin, int64_t vocab_end, float* h, cudaStream_t s);
+// h[r][k][:] = x[r][:] for every hc stream k.
+void replicate_hc(const float* x, int64_t rows, int hc, int64_t dim, float* h, cudaStream_t s);
 
 // x[rows, ldx]: the cache dtype's round trip on the NoPE dims (as the CPU's kv_nope), records of
 // every row written to rec[rows, l.bytes].
@@ -137,18 +141,25 @@ struct DraftAttnArgs {
 };
 void draft_attention(const DraftAttnArgs& a, int64_t B, cudaStream_t s);
 
-// Routed experts per (token, expert) pair: all experts of a layer live in one array (W1/W3 rows
-// [e*inter, (e+1)*inter), W2 rows [e*dim, (e+1)*dim)).
+// Routed experts per (token, expert) pair: the experts [begin, end) this rank holds live in one
+// array (expert e's W1/W3 rows [(e-begin)*inter, ...), W2 rows [(e-begin)*dim, ...)); pairs routed
+// to other ranks' experts contribute nothing here (their rows are written as zeros).
+struct ExpertRange {
+  int64_t begin = 0, end = 0;  // global expert ids held
+};
 // gact[i] = bf16(silu(min(x1,limit)) * clamp(x3) * weight[i]), x1/x3 = xq[i/topk] . W1/W3_e rows.
 void moe_pairs_up(const float* xq, const int32_t* expert_ids, const float* weights, int64_t pairs, int topk,
                   const kernels::WeightRef& w1_all, const kernels::WeightRef& w3_all, int64_t inter, int64_t dim,
-                  float limit, float* gact, cudaStream_t s);
+                  float limit, ExpertRange held, float* gact, cudaStream_t s);
 // out[i] = bf16(gq[i] . W2_e rows) [pairs, dim]
 void moe_pairs_down(const float* gq, const int32_t* expert_ids, int64_t pairs, const kernels::WeightRef& w2_all,
-                    int64_t inter, int64_t dim, float* out, cudaStream_t s);
-// y[t] = bf16(sum over the token's pairs in ascending expert id of out[pair] + shared[t])
+                    int64_t inter, int64_t dim, ExpertRange held, float* out, cudaStream_t s);
+// y[t] = bf16(sum over the token's held pairs in ascending expert id of out[pair] + shared[t]);
+// shared == null: y[t] = that sum in fp32, unrounded (a rank's partial sum before the all-reduce).
 void moe_combine(const float* pair_out, const int32_t* expert_ids, const float* shared, int64_t tokens, int topk,
-                 int64_t dim, float* y, cudaStream_t s);
+                 int64_t dim, ExpertRange held, float* y, cudaStream_t s);
+// y[i] = bf16(y[i] + shared[i]) (the reduced routed sum plus the shared expert).
+void moe_add_shared(float* y, const float* shared, int64_t n, cudaStream_t s);
 
 // taps[dst_row[t]][col_off + d] = bf16(mean_k h[t][k][d]) for rows with dst_row[t] >= 0.
 void taps_mean(const float* h, const int32_t* dst_row, int64_t rows, int hc, int64_t dim, float* taps, int64_t td,
