@@ -136,7 +136,7 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
     hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
     hc_pre(h.get(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
     norm_rows(x.get(), N, D, b.ffn_norm);
-    moe(b.ffn, x.get(), ids, N, a.get());
+    moe(b.ffn, x.get(), ids, N, a.get(), c.num_hidden_layers + st);  // draft stages after the target's layers
     section(OpClass::kMhc);
     hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
   }

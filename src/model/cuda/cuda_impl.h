@@ -166,7 +166,7 @@ struct CudaModel::Impl {
   std::vector<CudaModel::ClassMark>* marks = nullptr;  // non-null while a profiled step is captured
   CudaModel::OpClass cur_class = CudaModel::OpClass::kOther;
   void section(CudaModel::OpClass c);
-  Buf<int32_t> route_rec;            // [num_layers, max_rows * topk] expert ids of a recorded step
+  Buf<int32_t> route_rec;            // [layers + draft stages, max_rows * topk] expert ids of a recorded step
   bool recording_routes = false;
   Buf<int32_t> fill_table;           // block ids of a synthetic context fill [max_blocks]
   // draft request arrays (device) + pinned staging
@@ -258,7 +258,8 @@ struct CudaModel::Impl {
   void hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base, float* xo,
               float* posto, float* combo);
   void hc_post(const float* aa, const float* rr, int64_t n, float* hh);
-  // layer >= 0: a target layer (its expert ids are kept when a step's routing is recorded).
+  // layer >= 0: a target layer or (num_hidden_layers + s) draft stage s (its expert ids are kept
+  // when a step's routing is recorded).
   void moe(const cuda_model::DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y, int layer = -1);
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);

@@ -169,4 +169,25 @@ Result<std::vector<int32_t>> CudaModel::routing_of_step(const StepBatch& batch) 
   return ids;
 }
 
+Result<std::vector<int32_t>> CudaModel::routing_of_draft(std::span<const DraftQueryDev> requests) {
+  Impl& m = *impl_;
+  if (!m.w.has_draft) return invalid_argument("routing_of_draft: the model has no DSpark draft");
+  const int64_t B = static_cast<int64_t>(requests.size()), K = m.cfg.num_experts_per_tok, N = B * m.draft_k;
+  const int64_t L = m.cfg.num_hidden_layers, S = m.cfg.num_draft_stages;
+  std::vector<DraftResult> res;
+  const int graphs = m.copt.max_graph_batch;
+  m.copt.max_graph_batch = 0;  // eager: a replayed graph would not record
+  m.recording_routes = true;
+  Status st = draft_propose(requests, false, res);
+  m.recording_routes = false;
+  m.copt.max_graph_batch = graphs;
+  TANDEM_RETURN_IF_ERROR(st);
+  std::vector<int32_t> ids(static_cast<size_t>(S * N * K));
+  if (N)
+    TANDEM_CUDA_CHECK(cudaMemcpy2D(ids.data(), sizeof(int32_t) * N * K, m.route_rec.get() + L * m.max_rows * K,
+                                   sizeof(int32_t) * m.max_rows * K, sizeof(int32_t) * N * K, S,
+                                   cudaMemcpyDeviceToHost));
+  return ids;
+}
+
 }  // namespace tandem

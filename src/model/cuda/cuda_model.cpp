@@ -347,7 +347,7 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   take(m.eids, N * K);
   take(m.draft_pos, N);
   take(m.draft_ids, N);
-  take(m.route_rec, static_cast<int64_t>(c.num_hidden_layers) * N * K);
+  take(m.route_rec, static_cast<int64_t>(c.num_hidden_layers + (m.w.has_draft ? c.num_draft_stages : 0)) * N * K);
   take(m.fill_table, m.max_blocks);
   if (m.w.has_draft) {
     const int64_t B = m.max_draft_requests, Rk = c.dspark_markov_rank;

@@ -174,6 +174,8 @@ class CudaModel {
   // Runs `batch` once eagerly (as forward, state applied) and returns the routed expert ids
   // (global ids) of every target layer: [num_hidden_layers, rows, num_experts_per_tok].
   Result<std::vector<int32_t>> routing_of_step(const StepBatch& batch);
+  // The same for a greedy draft of `requests`: [num_draft_stages, B * draft_tokens(), topk].
+  Result<std::vector<int32_t>> routing_of_draft(std::span<const DraftQueryDev> requests);
   int tp_rank() const;
   int tp_size() const;
   // "rank 0/2: weights 80.1 GiB, KV pool ..." (the start-up log line of every pool).
