@@ -3,7 +3,8 @@
 # kernel against its CPU reference, the CUDA model against the CPU oracle, golden cases through
 # `tandem logits --device cuda`, speculative == plain greedy on the GPU, no allocation after
 # start-up), the step benchmark on the built-in model, and a `tandem serve --device cuda` smoke
-# test; writes bench/results/gpu-tests-<date>-<gpu>.json and bench/results/bench-model-<date>-<gpu>.json.
+# test; writes bench/results/gpu-tests-<date>-<gpu>.json and bench/results/bench-model-<date>-<gpu>.json
+# (TANDEM_FULLSIZE=1: also one rank of TP=2 of the full-size model with synthetic weights).
 # Usage: tools/run-gpu-tests.sh [BUILD_DIR] [RESULTS_DIR]
 set -uo pipefail
 BUILD=${1:-build}
@@ -41,7 +42,14 @@ done
 
 echo "== bench-model on the built-in model"
 bench="$RESULTS/bench-model-$date-$tag.json"
-TANDEM_COMMIT=$commit "$BUILD/tandem" bench-model --model data/builtin --batches 1,2,4,8 --reps 50 --prefill 8192 --out "$bench" || rc=1
+TANDEM_COMMIT=$commit "$BUILD/tandem" bench-model --model data/builtin --batches 1,2,4,8 --reps 50 --context 200 \
+  --long-contexts 4096 --prefill 8192 --ttft none --out "$bench" || rc=1
+if [[ -n "${TANDEM_FULLSIZE:-}" ]]; then
+  # One rank of TP=2 of the real model on one GPU (synthetic weights; about 3-4 minutes).
+  echo "== bench-model: synthetic deepseek-v4-flash-0731, rank 0 of TP=2"
+  TANDEM_COMMIT=$commit "$BUILD/tandem" bench-model --synthetic deepseek-v4-flash-0731 --tensor-parallel-size 2 \
+    --rank 0 --out "$RESULTS/bench-model-0731-tp2r0-$date-$tag.json" || rc=1
+fi
 
 echo "== tandem serve --device cuda smoke test"
 port=${GPU_SMOKE_PORT:-18777}

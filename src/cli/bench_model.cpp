@@ -265,6 +265,7 @@ Status bench(Args a) {
 template <typename T>
 Status parse_list(const std::string& text, const char* flag, T lo, T hi, std::vector<T>& out) {
   out.clear();
+  if (text == "none") return Status();
   std::stringstream ss(text);
   std::string tok;
   while (std::getline(ss, tok, ',')) {
@@ -307,8 +308,8 @@ int bench_model_main(int argc, char** argv) {
   app.add_option("--verify-tokens", a.verify_tokens, "tokens per sequence of the verify step (default 6)");
   app.add_option("--context", a.context, "context of the step sweep's sequences (default 4096)");
   app.add_option("--long-contexts", longs, "contexts of the batch-1 decode (default 4096,163840,1048576)");
-  app.add_option("--prefill", prefill, "prompt lengths for prefill throughput (default 8192,32768,131072)");
-  app.add_option("--ttft", ttft, "prompt lengths for time to first token (default 163840,1048576)");
+  app.add_option("--prefill", prefill, "prompt lengths for prefill throughput (default 8192,32768,131072; none: skip)");
+  app.add_option("--ttft", ttft, "prompt lengths for time to first token (default 163840,1048576; none: skip)");
   app.add_option("--prefill-chunk", a.prefill_chunk, "chunk of the prefill estimate (default 512)");
   app.add_option("--ttft-chunk", a.ttft_chunk, "chunk of the time-to-first-token estimate (default 256)");
   app.add_option("--prefill-samples", a.prefill_samples, "timed chunks per prompt (default 3)");

@@ -19,6 +19,7 @@
 #include "model/cuda/standin_comm.h"
 #include "model/cuda/standin_kernels.h"
 #include "model/cuda/synthetic_fill.h"
+#include "model/cuda/synthetic_weights.h"
 #include "model/shard_plan.h"
 
 namespace tandem {
@@ -39,6 +40,49 @@ std::vector<T> download(const kernels::cuda::DeviceBuffer<T>& d) {
   std::vector<T> h(d.size());
   TANDEM_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
   return h;
+}
+
+// The builder's layout pass (no device needed): every tensor of each rank's catalog slice is
+// generated exactly once, the structure has the rank's shapes, and the device bytes are the
+// catalog's stored bytes (vectors widened to fp32, expert tables narrowed to int32, aligned).
+TEST(SyntheticLayout, EveryCatalogTensorOfEveryRankIsGenerated) {
+  struct Case {
+    std::string name;
+    int tp;
+  };
+  for (const Case& k : std::vector<Case>{{"deepseek-v4-flash-0731", 1}, {"deepseek-v4-flash-0731", 2},
+                                         {"deepseek-v4-flash-0731", 8}, {"deepseek-v4-flash-preview", 2}}) {
+    auto cfg = official_config(k.name);
+    ASSERT_TRUE(cfg.ok());
+    auto cat = build_catalog(*cfg);
+    ASSERT_TRUE(cat.ok());
+    for (int r : {0, k.tp - 1}) {
+      auto plan = model::plan_shard(*cfg, *cat, {r, k.tp}, true);
+      ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+      auto b = cuda_model::build_synthetic_weights(*cfg, *plan, nullptr, 1, nullptr);
+      ASSERT_TRUE(b.ok()) << k.name << " TP=" << k.tp << ": " << b.status().to_string();
+      EXPECT_EQ(b->tensors, plan->held_tensors);
+      const double ratio = static_cast<double>(b->arena_bytes) / static_cast<double>(plan->held_bytes);
+      EXPECT_NEAR(ratio, 1.0, 0.01) << k.name << " TP=" << k.tp;
+      ASSERT_EQ(b->w.layers.size(), 43u);
+      const auto& l4 = b->w.layers[4];
+      EXPECT_EQ(l4.attn.n_heads, 64 / k.tp);
+      EXPECT_EQ(l4.attn.n_groups, 8 / k.tp);
+      EXPECT_EQ(l4.attn.n_idx_heads, 64 / k.tp);
+      EXPECT_EQ(l4.attn.wq_b.w.n, 64 / k.tp * 512);
+      EXPECT_EQ(l4.attn.wo_b.w.k, 8 / k.tp * 1024);
+      EXPECT_EQ(l4.ffn.expert_end - l4.ffn.expert_begin, 256 / k.tp);
+      EXPECT_EQ(l4.ffn.w1_all.n, 256 / k.tp * 2048);
+      EXPECT_EQ(l4.ffn.w1_all.format, kernels::WeightFormat::kMxfp4);
+      EXPECT_EQ(l4.attn.wo_a.w.format, kernels::WeightFormat::kFp8Block);  // kept as stored, no bf16 copy
+      EXPECT_FALSE(l4.attn.wo_a.act_quant);
+      EXPECT_EQ(b->w.vocab_end - b->w.vocab_begin, 129280 / k.tp);
+      EXPECT_EQ(b->w.has_draft, k.name == "deepseek-v4-flash-0731");
+      std::printf("[synthetic layout] %s TP=%d rank %d: %lld tensors, %.2f GB on the device (%.2f GB stored)\n",
+                  k.name.c_str(), k.tp, r, static_cast<long long>(b->tensors), b->arena_bytes / 1e9,
+                  plan->held_bytes / 1e9);
+    }
+  }
 }
 
 TEST(SyntheticFill, EveryKindEqualsItsHostFunction) {

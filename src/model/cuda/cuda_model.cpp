@@ -124,9 +124,16 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int e
   auto replay = [&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, stream)); };
   timed(replay, reps, prof.graph_samples_us);
   if (hook) {
+    // A fresh instantiation inside the hook: a profiler that starts recording there (CUPTI) sees a
+    // graph instantiated while it records, then one replay.
     hook([&] {
-      replay();
+      cudaGraphExec_t traced;
+      TANDEM_CUDA_CHECK(cudaGraphInstantiate(&traced, g, 0));
+      TANDEM_CUDA_CHECK(cudaGraphUpload(traced, stream));
       TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TANDEM_CUDA_CHECK(cudaGraphLaunch(traced, stream));
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TANDEM_CUDA_CHECK(cudaGraphExecDestroy(traced));
     });
   }
   TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));

@@ -118,8 +118,8 @@ class CudaModel {
     std::vector<double> graph_samples_us;  // every timed graph replay
     std::vector<ClassMark> marks;          // the graph's op classes
   };
-  // Called once after the timing with a function that replays the step's graph once (a profiler
-  // wraps it, e.g. CUPTI activity records of one replay).
+  // Called once after the timing with a function that instantiates the step's graph afresh and
+  // replays it once (a profiler wraps it, e.g. CUPTI activity records of one replay).
   using ReplayHook = std::function<void(const std::function<void()>& replay)>;
   Result<StepProfile> profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
                                    const ReplayHook& hook = {}, int eager_reps = -1);
