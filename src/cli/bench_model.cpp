@@ -134,7 +134,7 @@ Status bench(Args a) {
   Bench b;
   b.a = a;
   if (!a.synthetic.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(b.cfg, official_config(a.synthetic));
+    TANDEM_ASSIGN_OR_RETURN(b.cfg, synthetic_config(a.synthetic));
   } else {
     auto c = load_model_config(a.model_dir + "/config.json");
     if (!c.ok()) return c.status().with_context("loading " + a.model_dir);

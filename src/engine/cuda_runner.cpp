@@ -267,7 +267,7 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
   TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(dir + "/tokenizer.json"));
   // --synthetic: the built-in official config; dir only supplies the tokenizer (ids it cannot
   // decode become no text).
-  auto cfg = config.synthetic.empty() ? load_model_config(dir + "/config.json") : official_config(config.synthetic);
+  auto cfg = config.synthetic.empty() ? load_model_config(dir + "/config.json") : synthetic_config(config.synthetic);
   if (!cfg.ok()) return cfg.status().with_context("loading " + (config.synthetic.empty() ? dir : config.synthetic));
   ModelOptions probe;
   probe.max_slots = 1;

@@ -343,7 +343,7 @@ class EngineImpl : public Engine {
 // the bytes rank 0 would need on this host and what the host has (a full-size model never fits a
 // small machine; no allocation is attempted).
 Status refuse_synthetic_on_cpu(const EngineConfig& config) {
-  TANDEM_ASSIGN_OR_RETURN(ModelConfig c, official_config(config.synthetic));
+  TANDEM_ASSIGN_OR_RETURN(ModelConfig c, synthetic_config(config.synthetic));
   TANDEM_ASSIGN_OR_RETURN(Catalog cat, build_catalog(c));
   TANDEM_ASSIGN_OR_RETURN(model::ShardPlan plan,
                           model::plan_shard(c, cat, {0, config.tensor_parallel_size}, /*load_draft=*/true));

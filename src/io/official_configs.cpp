@@ -3,6 +3,8 @@
 // synthetic weights (src/model/cuda/synthetic_weights.cpp) and for planning a deployment.
 #include "io/official_configs.h"
 
+#include "io/tiny_checkpoint.h"
+
 namespace tandem {
 namespace {
 
@@ -23,6 +25,17 @@ Result<ModelConfig> official_config(const std::string& name) {
   if (name == "deepseek-v4-flash-0731") return parse_model_config(k0731);
   if (name == "deepseek-v4-flash-preview") return parse_model_config(kPreview);
   return invalid_argument("unknown model '{}' (built in: deepseek-v4-flash-0731, deepseek-v4-flash-preview)", name);
+}
+
+Result<ModelConfig> synthetic_config(const std::string& name) {
+  const std::string tiny = "tiny:";
+  if (name.rfind(tiny, 0) != 0) return official_config(name);
+  TinyVocab v;
+  v.vocab_size = 16384;
+  v.noise_token_id = 16000;
+  auto c = tiny_preset_config(name.substr(tiny.size()), v);
+  if (!c.ok()) return c.status().with_context("--synthetic " + name);
+  return c;
 }
 
 }  // namespace tandem

@@ -14,5 +14,9 @@ namespace tandem {
 const std::vector<std::string>& official_config_names();
 // The parsed config.json of a release; InvalidArgument naming the known names otherwise.
 Result<ModelConfig> official_config(const std::string& name);
+// What `--synthetic NAME` runs: an official config, or "tiny:<preset>" (a make-tiny preset's config,
+// io/tiny_checkpoint.h, with a 16,384-token vocabulary: more ids than the built-in tokenizer
+// decodes, so serving paths meet ids without text).
+Result<ModelConfig> synthetic_config(const std::string& name);
 
 }  // namespace tandem

@@ -67,10 +67,10 @@ std::vector<OptionSpec> build_table() {
                }});
   t.push_back({"--synthetic", "TANDEM_SYNTHETIC", OptionType::kString, "(none)",
                "run an official config with synthetic weights generated on the GPU, no checkpoint needed: "
-               "deepseek-v4-flash-0731 | deepseek-v4-flash-preview (the tokenizer comes from --model, default the "
-               "built-in model's)",
+               "deepseek-v4-flash-0731 | deepseek-v4-flash-preview | tiny:<make-tiny preset> (the tokenizer comes "
+               "from --model, default the built-in model's)",
                [](O& o, const std::string& v) -> Status {
-                 auto c = official_config(v);
+                 auto c = synthetic_config(v);
                  if (!c.ok()) return c.status();
                  o.engine.synthetic = v;
                  return Status();

@@ -8,9 +8,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <set>
 
+#include "engine/engine.h"
 #include "io/catalog.h"
 #include "io/official_configs.h"
 #include "io/tiny_checkpoint.h"
@@ -398,6 +401,62 @@ TEST(Synthetic, FullSizeRankOfEightRunsFinite) {
   std::vector<DraftResult> res;
   ASSERT_TRUE((*m)->draft_propose(qs, false, res).ok());
   EXPECT_EQ(res[0].tokens.size(), 5u);
+}
+
+// `--synthetic` through the engine on the GPU: a tiny preset whose vocabulary (16,384) is twice the
+// built-in tokenizer's, so generated ids the tokenizer cannot decode reach the text stream (they
+// become no text, never a crash), with and without DSpark.
+TEST(Synthetic, ServesThroughTheEngineWithIdsTheTokenizerCannotDecode) {
+  SKIP_WITHOUT_GPU();
+  for (bool dspark : {false, true}) {
+    EngineConfig c;
+    c.model_dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+    c.synthetic = "tiny:default";
+    c.device = "cuda";
+    c.max_num_seqs = 2;
+    c.max_num_batched_tokens = 256;
+    c.max_model_len = 2048;
+    c.kv_cache_memory = int64_t{64} << 20;
+    if (dspark) c.speculative.method = "dspark";
+    auto e = Engine::create(c);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_EQ((*e)->model_info().vocab_size, 16384);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> toks;
+    FinishReason fin = FinishReason::kNone;
+    std::string err;
+    Request r;
+    r.request_id = "synthetic";
+    for (int i = 0; i < 40; ++i) r.prompt_tokens.push_back(100 + 37 * i);
+    r.sampling.temperature = 1.0;
+    r.sampling.seed = 7;
+    r.sampling.max_tokens = 48;
+    r.sampling.ignore_eos = true;
+    ASSERT_TRUE((*e)->submit(std::move(r), [&](const RequestEvent& ev) {
+                       std::lock_guard<std::mutex> lock(mu);
+                       toks.insert(toks.end(), ev.tokens.begin(), ev.tokens.end());
+                       if (ev.finish != FinishReason::kNone) {
+                         fin = ev.finish;
+                         err = ev.error;
+                         cv.notify_all();
+                       }
+                     }).ok());
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return fin != FinishReason::kNone; }));
+    EXPECT_EQ(fin, FinishReason::kLength) << err;
+    EXPECT_EQ(toks.size(), 48u);
+    int64_t beyond = 0;
+    for (int32_t t : toks) {
+      EXPECT_TRUE(t >= 0 && t < 16384) << t;
+      beyond += t >= 8192;
+    }
+    std::printf("[synthetic engine] dspark %d: 48 tokens, %lld of them beyond the tokenizer's 8,192 ids\n", dspark ? 1 : 0,
+                static_cast<long long>(beyond));
+    EXPECT_TRUE((*e)->healthy());
+    lock.unlock();
+    (*e)->shutdown(5.0);
+  }
 }
 
 }  // namespace

@@ -162,6 +162,12 @@ TEST(Options, SyntheticNamesAnOfficialConfig) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("--synthetic"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("deepseek-v4-flash-0731"), std::string::npos) << bad.status().message();
+  auto tiny = parse({"--synthetic", "tiny:tp8"});
+  ASSERT_TRUE(tiny.ok()) << tiny.status().message();
+  EXPECT_EQ(tiny->engine.synthetic, "tiny:tp8");
+  auto bad_tiny = parse({"--synthetic", "tiny:huge"});
+  ASSERT_FALSE(bad_tiny.ok());
+  EXPECT_NE(bad_tiny.status().message().find("unknown preset"), std::string::npos) << bad_tiny.status().message();
   auto none = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
   auto run = parse_options(kRun, {"--prompt", "x", "--synthetic", "deepseek-v4-flash-0731"}, none);
   ASSERT_TRUE(run.ok()) << run.status().message();
