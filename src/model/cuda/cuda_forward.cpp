@@ -107,11 +107,16 @@ void CudaModel::Impl::section(OpClass c) {
   if (nn) TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
   CudaModel::ClassMark m;
   m.cls = c;
+  if (marks->empty()) mark_types.clear();  // a new capture
   for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType t;
-    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
-    if (t == cudaGraphNodeTypeKernel) ++m.kernel_index;
-    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++m.copy_index;
+    auto it = mark_types.find(node);
+    if (it == mark_types.end()) {
+      cudaGraphNodeType t;
+      TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+      it = mark_types.emplace(node, t).first;
+    }
+    if (it->second == cudaGraphNodeTypeKernel) ++m.kernel_index;
+    else if (it->second == cudaGraphNodeTypeMemcpy || it->second == cudaGraphNodeTypeMemset) ++m.copy_index;
   }
   if (!marks->empty() && marks->back().kernel_index == m.kernel_index && marks->back().copy_index == m.copy_index)
     marks->back().cls = c;  // nothing launched since the last mark

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/cuda_util.h"
@@ -165,6 +166,7 @@ struct CudaModel::Impl {
   // ---- measurement aids (bench-model): op classes of the launches and the routed experts ----
   std::vector<CudaModel::ClassMark>* marks = nullptr;  // non-null while a profiled step is captured
   CudaModel::OpClass cur_class = CudaModel::OpClass::kOther;
+  std::unordered_map<cudaGraphNode_t, cudaGraphNodeType> mark_types;  // node types seen in this capture
   void section(CudaModel::OpClass c);
   Buf<int32_t> route_rec;            // [layers + draft stages, max_rows * topk] expert ids of a recorded step
   bool recording_routes = false;

@@ -1,12 +1,14 @@
 // CudaModel with synthetic weights (start-up without a checkpoint: the per-rank plan, a memory
 // check before any allocation, generation on the device) and the measurement aids bench-model and
-// the tests use: a synthetic context written straight into the KV pool and slot state, the routed
+// the tests use: step profiles (eager and graph-replay times, a hook for a profiler, op-class
+// marks), a synthetic context written straight into the KV pool and slot state, the routed
 // experts of a step, the op-class names and the per-rank memory summary.
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "common/check.h"
+#include "common/comm.h"
 #include "common/log.h"
 #include "io/catalog.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -14,8 +16,142 @@
 #include "model/cuda/synthetic_fill.h"
 #include "model/cuda/synthetic_weights.h"
 #include "model/shard_plan.h"
+#include "model/weights.h"
 
 namespace tandem {
+
+namespace {
+
+Status validate_cuda_options(const ModelOptions& o) {
+  if (o.max_slots <= 0) return invalid_argument("model options: max_slots must be > 0");
+  if (o.block_size <= 0 || o.block_size % 128)
+    return invalid_argument("model options: block_size {} must be a positive multiple of 128", o.block_size);
+  if (o.num_blocks <= 0) return invalid_argument("model options: num_blocks must be > 0");
+  if (o.max_tokens_per_step <= 0) return invalid_argument("model options: max_tokens_per_step must be > 0");
+  if (o.max_rollback < 0) return invalid_argument("model options: max_rollback must be >= 0");
+  return Status();
+}
+
+}  // namespace
+
+namespace cuda_model {
+
+Status validate_start(const ModelConfig& config, const CudaModelOptions& options) {
+  TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
+  if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
+    return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
+                            config.dspark_block_size);
+  TANDEM_RETURN_IF_ERROR(model::validate_config_for_cpu(config));
+  const ModelOptions& o = options.model;
+  TANDEM_RETURN_IF_ERROR(model::validate_shard(config, {o.tp_rank, o.tp_size}));
+  if (o.tp_size > 1 && !o.comm)
+    return invalid_argument("model options: tp_size {} needs a data-plane communicator", o.tp_size);
+  if (o.comm && (o.comm->size() != o.tp_size || o.comm->rank() != o.tp_rank))
+    return invalid_argument("model options: rank {} of {} but the communicator is rank {} of {}", o.tp_rank, o.tp_size,
+                            o.comm->rank(), o.comm->size());
+  return Status();
+}
+
+Status check_fits(const CudaModel::Impl& m, int64_t weight_bytes, int64_t buffer_bytes) {
+  size_t free_b = 0, total_b = 0;
+  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t need = weight_bytes + buffer_bytes;
+  if (need <= static_cast<int64_t>(free_b)) return Status();
+  const int64_t pool = static_cast<int64_t>(m.opt.num_blocks) * m.lay.block_bytes;
+  return make_error(StatusCode::kResourceExhausted,
+                    "tensor-parallel rank {} of {} needs {:.2f} GiB of device memory (weights {:.2f} GiB, KV pool {:.2f} "
+                    "GiB, slot state and scratch {:.2f} GiB), {:.2f} GiB are free on {} ({:.2f} GiB total)",
+                    m.opt.tp_rank, m.opt.tp_size, need / 1073741824.0, weight_bytes / 1073741824.0, pool / 1073741824.0,
+                    (buffer_bytes - pool) / 1073741824.0, free_b / 1073741824.0, m.device_name,
+                    total_b / 1073741824.0);
+}
+
+}  // namespace cuda_model
+
+namespace cuda_model {
+CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int eager_reps,
+                                            const std::function<void()>& launch, const CudaModel::ReplayHook& hook,
+                                            std::vector<CudaModel::ClassMark>** marks) {
+  CudaModel::StepProfile prof;
+  cudaEvent_t e0, e1;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
+  auto timed = [&](const std::function<void()>& fn, int n, std::vector<double>& out) {
+    for (int r = 0; r < n + 2; ++r) {  // two warm-up runs
+      TANDEM_CUDA_CHECK(cudaEventRecord(e0, stream));
+      fn();
+      TANDEM_CUDA_CHECK(cudaEventRecord(e1, stream));
+      TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 2) out.push_back(ms * 1000.0);
+    }
+  };
+  std::vector<double> eager;
+  timed(launch, eager_reps, eager);
+  cudaGraph_t g;
+  if (marks) *marks = &prof.marks;  // the launches record their op classes while captured
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch();
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+  if (marks) *marks = nullptr;
+  size_t nn = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
+  std::vector<cudaGraphNode_t> nodes(nn);
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t == cudaGraphNodeTypeKernel) ++prof.kernels;
+    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++prof.copies;
+  }
+  cudaGraphExec_t ge;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  auto replay = [&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, stream)); };
+  timed(replay, reps, prof.graph_samples_us);
+  if (hook) {
+    // A fresh instantiation inside the hook: a profiler that starts recording there (CUPTI) sees a
+    // graph instantiated while it records, then one replay.
+    hook([&] {
+      cudaGraphExec_t traced;
+      TANDEM_CUDA_CHECK(cudaGraphInstantiate(&traced, g, 0));
+      TANDEM_CUDA_CHECK(cudaGraphUpload(traced, stream));
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TANDEM_CUDA_CHECK(cudaGraphLaunch(traced, stream));
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TANDEM_CUDA_CHECK(cudaGraphExecDestroy(traced));
+    });
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  prof.eager_us = median(eager);
+  prof.graph_us = median(prof.graph_samples_us);
+  return prof;
+}
+}  // namespace cuda_model
+
+Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
+                                                      const ReplayHook& hook, int eager_reps) {
+  Impl& m = *impl_;
+  kernels::cuda::set_stream(m.stream);
+  for (const SeqStep& q : batch.seqs)
+    if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
+      return invalid_argument("profile_step: a replayed step may add at most max_rollback + 1 tokens per sequence");
+  TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
+  // Replaying the same step is idempotent (it rewrites the same ring rows and pool entries).
+  StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, eager_reps < 0 ? reps : eager_reps,
+                                                      [&m] { m.launch(); }, hook, &m.marks);
+  // The outputs are those of the last graph replay.
+  m.finish(host_out);
+  TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));
+  return prof;
+}
 
 const char* CudaModel::op_class_name(OpClass c) {
   switch (c) {
