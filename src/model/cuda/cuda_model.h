@@ -95,10 +95,6 @@ class CudaModel {
   Status forward(const StepBatch& batch, StepOutput* host_out, bool synchronize = true);
   void synchronize();
 
-  // Benchmark/test aid: runs `batch` (at most max_rollback + 1 tokens per sequence) eagerly and as
-  // a captured CUDA graph `reps` times each; the step's state effect is applied once. Reports the
-  // kernels and copies in the step's graph and the median step times; host_out receives the
-  // graph replay's outputs.
   // Op classes of a step's launches (bench-model's breakdown; set where the forward's sections begin).
   enum class OpClass : uint8_t {
     kEmbed, kMhc, kDense, kCompressor, kIndexer, kAttention, kRouter, kRoutedExperts, kSharedExperts, kLmHead,
@@ -121,6 +117,10 @@ class CudaModel {
   // Called once after the timing with a function that instantiates the step's graph afresh and
   // replays it once (a profiler wraps it, e.g. CUPTI activity records of one replay).
   using ReplayHook = std::function<void(const std::function<void()>& replay)>;
+  // Benchmark/test aid: runs `batch` (at most max_rollback + 1 tokens per sequence) eagerly
+  // (eager_reps times; -1: reps) and as a captured CUDA graph reps times; the step's state effect
+  // is applied once. Reports the kernels and copies in the step's graph, the median step times,
+  // every replay's time and the op-class marks; host_out receives the graph replay's outputs.
   Result<StepProfile> profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
                                    const ReplayHook& hook = {}, int eager_reps = -1);
 
