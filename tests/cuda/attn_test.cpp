@@ -58,7 +58,7 @@ TEST(CudaCompressPool, MatchesCpu) {
     p.score = ds.get();
     p.ape = c.ape ? da.get() : nullptr;
     p.out = dout.get();
-    cuda::cuda_ops().compress_pool(p);
+    cuda::compress_pool(p, kStream);
     EXPECT_TRUE(close(to_host(dout), want, 4e-6, c.round ? 1.0 / 128 : 2e-6));
   }
 }
@@ -109,7 +109,7 @@ TEST(CudaIndexerScore, MatchesCpu) {
     p.w = dw.get();
     p.visible = dv.get();
     p.scores = dsc.get();
-    cuda::cuda_ops().indexer_score(p);
+    cuda::indexer_score(p, kStream);
     // Tolerance: bf16 flips of each term and of the total; fp32 order of the dots.
     std::vector<double> tol(want.size(), 0.0);
     for (int64_t t = 0; t < c.tokens; ++t)
@@ -193,7 +193,7 @@ TEST(CudaTopk, MatchesCpuExactly) {
     p.scores = ds.get();
     p.n_valid = c.n_valid ? dnv.get() : nullptr;
     p.out = dout.get();
-    cuda::cuda_ops().topk(p);
+    cuda::topk(p, kStream);
     EXPECT_TRUE(same_values(to_host(dout), want));
   }
 }
@@ -258,7 +258,7 @@ TEST(CudaSparseAttn, MatchesCpu) {
     p.idx = didx.get();
     p.sink = dsink.get();
     p.out = dout.get();
-    cuda::cuda_ops().sparse_attn(p);
+    cuda::sparse_attn(p, kStream);
     // Tolerance: relative to sum_i p_i |kv_i| (double reference probabilities) per output element.
     const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.dim));
     std::vector<double> tol(want.size(), 0.0);

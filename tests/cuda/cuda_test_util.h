@@ -45,8 +45,12 @@ inline const char* no_gpu_reason() {
     }                                                                                        \
   } while (0)
 
+// The op tests launch on the legacy default stream, passed explicitly like any other stream (every
+// launcher takes its stream); tests that capture graphs create their own.
+inline constexpr cudaStream_t kStream = nullptr;
+
 inline void sync() {
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   TANDEM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -66,7 +66,7 @@ TEST(CudaHcPre, MatchesCpu) {
     p.x = dx.get();
     p.post = dpost.get();
     p.comb = dcomb.get();
-    cuda::cuda_ops().hc_pre(p);
+    cuda::hc_pre(p, kStream);
     EXPECT_TRUE(close(to_host(dpost), post, 1e-7, 2e-5));
     EXPECT_TRUE(close(to_host(dcomb), comb, 1e-7, 1e-4));
     const std::vector<double> tol = collapse_tol(h, x, c.tokens, c.hc, c.dim, true);
@@ -103,7 +103,7 @@ TEST(CudaHcHead, MatchesCpu) {
     p.scale = dscale.get();
     p.base = dbase.get();
     p.y = dy.get();
-    cuda::cuda_ops().hc_head(p);
+    cuda::hc_head(p, kStream);
     const std::vector<double> tol = collapse_tol(h, y, tokens, hc, dim, round);
     EXPECT_TRUE(close(to_host(dy), y, 1e-30, 1.0, &tol)) << "tokens " << tokens << " dim " << dim;
   }
@@ -140,7 +140,7 @@ TEST(CudaHcPost, MatchesCpu) {
     p.post = dpost.get();
     p.comb = dcomb.get();
     p.out = alias ? dres.get() : dout.get();
-    cuda::cuda_ops().hc_post(p);
+    cuda::hc_post(p, kStream);
     // Bit-exact with the default CPU build; a -march=native CPU build may contract the CPU's
     // multiply-adds into FMAs, hence one bf16 step / a few fp32 ulps of slack.
     EXPECT_TRUE(close(to_host(alias ? dres : dout), want, 1e-6, round ? 1.0 / 128 : 1e-6))

@@ -37,7 +37,7 @@ void check_gate(MoeGateParams p, const std::vector<float>& logits, const std::ve
   p.tid2eid = table ? dtab.get() : nullptr;
   p.expert_ids = dids.get();
   p.weights = dw.get();
-  cuda::cuda_ops().moe_gate(p);
+  cuda::moe_gate(p, kStream);
   EXPECT_TRUE(same_values(to_host(dids), cpu.ids));
   EXPECT_TRUE(close(to_host(dw), cpu.w, 1e-7, 2e-6));
 }
@@ -127,7 +127,7 @@ TEST(CudaMoeGroup, MatchesCpuExactly) {
     p.offsets = doff.get();
     p.token_of = tokens ? dtok.get() : nullptr;
     p.slot_of = tokens ? dslot.get() : nullptr;
-    cuda::cuda_ops().moe_group(p);
+    cuda::moe_group(p, kStream);
     EXPECT_TRUE(same_values(to_host(doff), off));
     EXPECT_TRUE(same_values(to_host(dtok), tok));
     EXPECT_TRUE(same_values(to_host(dslot), slot));
@@ -179,7 +179,7 @@ TEST(CudaSwiglu, MatchesCpu) {
     p.up = du.get();
     p.row_weight = c.weight ? dw.get() : nullptr;
     p.out = c.alias == 1 ? dg.get() : c.alias == 2 ? du.get() : dout.get();
-    cuda::cuda_ops().swiglu(p);
+    cuda::swiglu(p, kStream);
     const std::vector<float> got = to_host(c.alias == 1 ? dg : c.alias == 2 ? du : dout);
     EXPECT_TRUE(close(got, want, 1e-30, c.round ? 1.0 / 128 : 1e-6));
   }
@@ -220,7 +220,7 @@ TEST(CudaRowsCopy, GatherAndScatterAddMatchCpuExactly) {
     p.src = ds.get();
     p.dst = dd.get();
     p.rows = dr.get();
-    cuda::cuda_ops().rows_copy(p);
+    cuda::rows_copy(p, kStream);
     EXPECT_TRUE(same_bits(to_host(dd), want));
   }
 }

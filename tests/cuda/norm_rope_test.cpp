@@ -62,7 +62,7 @@ TEST(CudaRmsNorm, MatchesCpu) {
     p.y = c.in_place ? dx.get() : dy.get();
     p.weight = c.weight == 1 ? dwt.get() : nullptr;
     p.weight_bf16 = c.weight == 2 ? dwb.get() : nullptr;
-    cuda::cuda_ops().rms_norm(p);
+    cuda::rms_norm(p, kStream);
     const std::vector<float> got = to_host(c.in_place ? dx : dy);
     if (c.mode == RmsNormMode::kBf16Chain) {
       EXPECT_TRUE(same_bits(got, want));
@@ -126,7 +126,7 @@ TEST(CudaRope, MatchesCpu) {
     p.x = dx.get();
     p.positions = dpos.get();
     p.inv_freq = dinv.get();
-    cuda::cuda_ops().rope(p);
+    cuda::rope(p, kStream);
     const std::vector<float> got = to_host(dx);
     // Pair magnitude |a| + |b| bounds the effect of a cos/sin ulp; untouched dims must be equal.
     std::vector<double> tol(size);
@@ -161,7 +161,7 @@ TEST(CudaHadamard, MatchesCpuBitExact) {
     cpu_ops().hadamard(p);
     DeviceBuffer<float> dx = to_dev(x);
     p.x = dx.get();
-    cuda::cuda_ops().hadamard(p);
+    cuda::hadamard(p, kStream);
     EXPECT_TRUE(same_bits(to_host(dx), want)) << "rows " << c.rows << " n " << c.n;
   }
 }

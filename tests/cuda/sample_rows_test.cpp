@@ -55,13 +55,13 @@ struct DeviceBatch {
     in.prompt_ids = b.prompt.empty() ? nullptr : prompt.get();
     in.counts = b.counts.empty() ? nullptr : counts.get();
   }
-  void launch(cudaStream_t s) { cuda::sample_rows_device(in, rows.get(), n, scratch.get(), out.get(), s); }
+  void launch(cudaStream_t s) { cuda::sample_rows_device({in, rows.get(), n, scratch.get(), out.get()}, s); }
   // Poisons the outputs and the scratch (an unwritten field or a scratch value read before it is
   // written shows up), runs, returns the results.
   std::vector<SampleRowResult> run() {
     poison(out);
     poison(scratch);
-    launch(cuda::stream());
+    launch(kStream);
     return to_host(out);
   }
 };

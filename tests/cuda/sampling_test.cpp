@@ -40,7 +40,7 @@ TEST(CudaSoftmax, MatchesCpu) {
     DeviceBuffer<float> dy = c.in_place ? DeviceBuffer<float>() : poisoned<float>(want.size());
     p.x = dx.get();
     p.y = c.in_place ? dx.get() : dy.get();
-    cuda::cuda_ops().softmax(p);
+    cuda::softmax(p, kStream);
     // log: |err| ~ ulp(log z) (atol); probabilities: a few ulps relative
     EXPECT_TRUE(close(to_host(c.in_place ? dx : dy), want, c.log ? 1e-5 : 1e-30, 2e-6));
   }
@@ -82,7 +82,7 @@ TEST(CudaArgmax, MatchesCpuExactly) {
     p.x = dx.get();
     p.out = dout.get();
     p.max_value = dmv.get();
-    cuda::cuda_ops().argmax(p);
+    cuda::argmax(p, kStream);
     EXPECT_TRUE(same_values(to_host(dout), out));
     EXPECT_TRUE(same_bits(to_host(dmv), mv));
   }

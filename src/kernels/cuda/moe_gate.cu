@@ -63,6 +63,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp) moe_gate_kernel(MoeGateP
 }  // namespace
 
 void moe_gate(const MoeGateParams& p, cudaStream_t s) {
+  validate(p);
   if (p.tokens == 0) return;
   TANDEM_CHECK_MSG(p.n_experts <= kMaxExperts && p.topk <= kMaxTopk, "moe_gate: at most 1024 experts, top-32");
   moe_gate_kernel<<<grid_for(p.tokens, kWarpsPerCta), kWarpsPerCta * kWarp, 0, s>>>(p);

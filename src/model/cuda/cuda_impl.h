@@ -214,7 +214,6 @@ struct CudaModel::Impl {
   // The draft's device work for B staged requests (draft_host): capturable.
   void launch_draft(int64_t B, bool want_probs);
 
-  kernels::Ops& ops();
   Status init(const ModelConfig& config, const CudaModelOptions& options);
   Status validate_step(const StepBatch& batch) const;
 

@@ -1,7 +1,7 @@
 // Uploads the bound checkpoint weights (model::Weights, views into the mapped shards) to the device
 // once, as stored: one arena allocation, every matrix keeping its format and scales, the small
 // vectors as fp32. Each layer's routed experts are concatenated by rows so one kernel can address
-// any expert (model_kernels.h, moe_pairs_*). Two passes over the same walk: measure, then copy.
+// any expert (moe.h, moe_pairs_*). Two passes over the same walk: measure, then copy.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
