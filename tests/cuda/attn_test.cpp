@@ -27,7 +27,7 @@ TEST(CudaCompressPool, MatchesCpu) {
                      C{4, 128, 9, 1, 32, 8, 260, 130, false, false},
                      C{128, 512, 1, 2, 128, 256, 0, 0, true, true},  // ratio 128, no overlap
                      C{2, 7, 3, 4, 6, 8, 9, 8, true, false}}) {
-    SCOPED_TRACE(testing::Message() << "ratio " << c.ratio << " d " << c.d << " entries " << c.first_entry << "+"
+    SCOPED_TRACE(::testing::Message() << "ratio " << c.ratio << " d " << c.d << " entries " << c.first_entry << "+"
                                     << c.num_entries);
     const bool overlap = c.ratio == 4;
     const int64_t coff = overlap ? 2 : 1;
@@ -80,7 +80,7 @@ TEST(CudaIndexerScore, MatchesCpu) {
   };
   uint64_t seed = 100;
   for (const IdxCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " entries "
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " entries "
                                     << c.entries);
     const int64_t ldk = c.ldk ? c.ldk : c.dim, lds = c.lds ? c.lds : c.entries;
     std::vector<float> q = randn(static_cast<size_t>(c.tokens * c.heads * c.dim), seed++, 1.0f, true);
@@ -153,7 +153,7 @@ TEST(CudaTopk, MatchesCpuExactly) {
   };
   uint64_t seed = 200;
   for (const TopkCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " n " << c.n << " k " << c.k << " ties " << c.ties);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " n " << c.n << " k " << c.k << " ties " << c.ties);
     const int64_t lds = c.lds ? c.lds : c.n, ldo = c.ldo ? c.ldo : c.k;
     std::vector<float> s = randn(static_cast<size_t>(c.rows * lds), seed++, 1.0f, true);
     for (auto& v : s) {
@@ -215,7 +215,7 @@ TEST(CudaSparseAttn, MatchesCpu) {
   };
   uint64_t seed = 300;
   for (const AttnCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " topk "
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " topk "
                                     << c.topk);
     const int64_t ldkv = c.ldkv ? c.ldkv : c.dim, ldi = c.ldi ? c.ldi : c.topk;
     const int64_t qts = c.qts ? c.qts : c.heads * c.dim, ots = c.ots ? c.ots : c.heads * c.dim;

@@ -111,7 +111,7 @@ struct GemmRun {
 // Runs one case on both backends (weights generated once per (format, wn, k, seed)).
 GemmRun run_case(const GemmCase& c, const HostWeight& w, const DeviceBuffer<uint8_t>& dw,
                  const DeviceBuffer<uint8_t>& dscale, uint64_t seed, bool check = true) {
-  SCOPED_TRACE(testing::Message() << fmt_name(c.f) << " m " << c.m << " n " << c.n << " k " << c.k << " batch "
+  SCOPED_TRACE(::testing::Message() << fmt_name(c.f) << " m " << c.m << " n " << c.n << " k " << c.k << " batch "
                                   << c.batch << (c.accumulate ? " acc" : "") << (c.round ? " bf16" : "")
                                   << (c.qblock ? " quantized x" : ""));
   const int64_t ldx = c.ldx ? c.ldx : c.k, ldy = c.ldy ? c.ldy : c.n;

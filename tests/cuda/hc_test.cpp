@@ -34,7 +34,7 @@ TEST(CudaHcPre, MatchesCpu) {
   uint64_t seed = 1;
   for (const C& c : {C{1, 4, 4096, 20}, C{3, 4, 4096, 20}, C{9, 4, 4096, 20}, C{5, 2, 100, 3}, C{2, 3, 64, 1},
                      C{2, 6, 64, 5}}) {  // hc 6: the one-thread Sinkhorn
-    SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " hc " << c.hc << " dim " << c.dim);
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " hc " << c.hc << " dim " << c.dim);
     const int nmix = (2 + c.hc) * c.hc;
     const int64_t HD = c.hc * c.dim;
     std::vector<float> h = randn(static_cast<size_t>(c.tokens * HD), seed++, 1.0f, true);

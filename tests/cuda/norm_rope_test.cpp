@@ -29,7 +29,7 @@ TEST(CudaRmsNorm, MatchesCpu) {
   };
   uint64_t seed = 1;
   for (const NormCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " dim " << c.dim << " mode " << static_cast<int>(c.mode)
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " dim " << c.dim << " mode " << static_cast<int>(c.mode)
                                     << " weight " << c.weight << (c.in_place ? " in place" : ""));
     const int64_t ldx = c.ldx ? c.ldx : c.dim, ldy = c.in_place ? ldx : (c.ldy ? c.ldy : c.dim);
     std::vector<float> x = randn(static_cast<size_t>(c.rows * ldx), seed++, 2.0f, true);
@@ -89,7 +89,7 @@ TEST(CudaRope, MatchesCpu) {
   };
   uint64_t seed = 50;
   for (const RopeCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " heads " << c.heads << (c.inverse ? " inverse" : ""));
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << (c.inverse ? " inverse" : ""));
     const int64_t hs = c.head_stride ? c.head_stride : c.rope_offset + c.rope_dim;
     const int64_t ts = c.token_stride ? c.token_stride : c.heads * hs;
     const size_t size = static_cast<size_t>((c.tokens - 1) * ts + c.heads * hs);

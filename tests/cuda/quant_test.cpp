@@ -42,7 +42,7 @@ TEST(CudaActQuant, Fp8MatchesCpuBitExact) {
   };
   uint64_t seed = 1;
   for (const QuantCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " cols " << c.cols << " block " << c.block);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " cols " << c.cols << " block " << c.block);
     for (bool specials : {false, true}) {
       std::vector<float> x = quant_input(c.rows, c.ldx, seed++, specials);
       std::vector<float> xc = x;
@@ -83,7 +83,7 @@ TEST(CudaActQuant, Fp4MatchesCpuBitExact) {
   };
   uint64_t seed = 100;
   for (const QuantCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " cols " << c.cols << " block " << c.block);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " cols " << c.cols << " block " << c.block);
     for (bool specials : {false, true}) {
       std::vector<float> x = quant_input(c.rows, c.ldx, seed++, specials);
       std::vector<float> xc = x;
