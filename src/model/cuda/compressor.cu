@@ -4,9 +4,14 @@
 #include <cuda_runtime.h>
 
 #include "common/numeric_core.h"
-#include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/device.cuh"
 
 namespace tandem::cuda_model {
+
+using kernels::cuda::add_rn;
+using kernels::cuda::div_rn;
+using kernels::cuda::mul_rn;
+
 namespace {
 
 __global__ void comp_rows_kernel(CompRowsArgs a) {
@@ -62,6 +67,8 @@ __global__ void compress_entries_kernel(CompressArgs a) {
     }
   }
   __syncthreads();
+  // kernels::cpu::compress_pool's operations in its order (candidates in list order, products and
+  // sums rounded one at a time: no FMA); only expf differs from the host's exp.
   const int64_t C = a.chans;
   for (int64_t ch = threadIdx.x; ch < a.d; ch += blockDim.x) {
     float mx = -INFINITY;
@@ -72,12 +79,12 @@ __global__ void compress_entries_kernel(CompressArgs a) {
     }
     float z = 0.0f;
     for (int c = 0; c < ncand; ++c)
-      if (s_rows[c]) z += expf(s_rows[c][C + s_choff[c] + ch] - mx);
+      if (s_rows[c]) z = add_rn(z, expf(s_rows[c][C + s_choff[c] + ch] - mx));
     float acc = 0.0f;
     for (int c = 0; c < ncand; ++c) {
       if (!s_rows[c]) continue;
       const float e = expf(s_rows[c][C + s_choff[c] + ch] - mx);
-      acc += s_rows[c][s_choff[c] + ch] * (e / z);
+      acc = add_rn(acc, mul_rn(s_rows[c][s_choff[c] + ch], div_rn(e, z)));
     }
     a.entry[t * a.d + ch] = num::round_bf16(acc);
   }

@@ -10,8 +10,9 @@
 
 namespace tandem::cuda_model {
 
-using kernels::cuda::block_sum;
+using kernels::cuda::add_rn;
 using kernels::cuda::ceil_div;
+using kernels::cuda::mul_rn;
 
 namespace {
 
@@ -50,7 +51,7 @@ __global__ void markov_gather_kernel(MarkovGatherArgs a) {
 // sampled token is an inverse-CDF draw over softmax(z / T) in id order with the uniform
 // rng_uniform(seed, position of the drafted token, kDraft), the key the CPU draft uses.
 __global__ void markov_step_kernel(MarkovStepArgs a) {
-  __shared__ float s_red[32];
+  __shared__ float s_conf[8];
   __shared__ kernels::cuda::BlockReduceScratch s_scr;
   const int64_t b = blockIdx.x;
   if (b >= a.B) return;
@@ -65,13 +66,17 @@ __global__ void markov_step_kernel(MarkovStepArgs a) {
     const unsigned long long k = kernels::cuda::select_key(zv, static_cast<uint32_t>(v));
     best = k > best ? k : best;
   }
-  // confidence: dot([y, e], conf_w)
-  float c = 0.0f;
-  for (int64_t d = threadIdx.x; d < a.dim + a.rank; d += blockDim.x) {
-    const float f = d < a.dim ? a.y[row * a.dim + d] : a.e[b * a.rank + (d - a.dim)];
-    c += f * a.conf_w[d];
+  // confidence: dot([y, e], conf_w) in model::dot's order (the CPU draft's): lane j of 8 sums the
+  // elements i = j mod 8 in order, products and sums rounded one at a time, then pairwise.
+  if (threadIdx.x < 8) {
+    float acc = 0.0f;
+    for (int64_t d = threadIdx.x; d < a.dim + a.rank; d += 8) {
+      const float f = d < a.dim ? a.y[row * a.dim + d] : a.e[b * a.rank + (d - a.dim)];
+      acc = add_rn(acc, mul_rn(f, a.conf_w[d]));
+    }
+    s_conf[threadIdx.x] = acc;
   }
-  c = block_sum(c, s_red);
+  __syncthreads();
   const int argmax = static_cast<int>(kernels::cuda::select_key_index(kernels::cuda::block_argmax_key(best, s_scr)));
   const double T = a.temperature ? a.temperature[b] : 0.0;
   int token = argmax;
@@ -89,9 +94,10 @@ __global__ void markov_step_kernel(MarkovStepArgs a) {
     for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x) a.probs[row * a.V + v] = v == argmax ? 1.0f : 0.0f;
   }
   if (threadIdx.x == 0) {
+    const float* r = s_conf;
     a.tokens[b * a.K + a.i] = token;
     a.prev[b] = token;
-    a.conf[b * a.K + a.i] = c;
+    a.conf[b * a.K + a.i] = add_rn(add_rn(add_rn(r[0], r[1]), add_rn(r[2], r[3])), add_rn(add_rn(r[4], r[5]), add_rn(r[6], r[7])));
   }
 }
 

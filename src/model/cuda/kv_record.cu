@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/device.cuh"
 
 namespace tandem::cuda_model {
 namespace {
@@ -110,9 +110,8 @@ __global__ void index_key_quantize_kernel(IndexKeyQuantizeArgs a) {
       const int d = 2 * b + i;
       const float sc = num::pow2_int(s_e[d / 32]);
       const float xv = xr[d];
-      float v = xv / sc;
-      v = fminf(fmaxf(v, -num::kE2m1Max), num::kE2m1Max);
-      nib[i] = num::f32_to_e2m1(v);
+      // std::clamp semantics (NaN passes through and encodes as +0), as the CPU's fp4_act_quant.
+      nib[i] = num::f32_to_e2m1(kernels::cuda::clamp_std(xv / sc, -num::kE2m1Max, num::kE2m1Max));
       dec[i] = num::is_nan_bits(xv) ? xv : num::e2m1_decode(nib[i]) * sc;
     }
     out[b] = static_cast<uint8_t>(nib[0] | (nib[1] << 4));
