@@ -368,17 +368,34 @@ bool moe_prefill_supported(const MoePrefillArgs& a, const MoePrefillScratch& s) 
          a.w1.k == a.dim && a.w2.k == a.inter;
 }
 
-void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBackend backend, cudaStream_t st) {
-  if (a.tokens == 0) return;
-  TANDEM_CHECK(moe_prefill_supported(a, s));
-  kc::tc_init();
-  init_attrs();
+namespace {
+bool use_wgmma(kc::TcBackend backend) {
   if (backend == kc::TcBackend::kAuto) backend = kc::tc_backend_for_device();
   const bool wg = backend == kc::TcBackend::kWgmma;
   if (wg) TANDEM_CHECK_MSG(kc::tc_backend_for_device() == kc::TcBackend::kWgmma, "wgmma needs an sm_90 device");
-  const int64_t P = a.tokens * a.topk;
+  return wg;
+}
+int64_t max_tiles_of(const MoePrefillArgs& a) {
+  return (a.tokens * a.topk + kMoeTileRows - 1) / kMoeTileRows + a.n_local;
+}
+GroupArgs group_args(const MoePrefillArgs& a, const MoePrefillScratch& s) {
+  GroupArgs g{};
+  g.slot_pair = s.pairs + s.max_pairs();
+  g.offsets = s.offsets;
+  g.tiles = s.tiles;
+  g.tile_count = s.tile_count;
+  g.topk = a.topk;
+  g.route_w = a.weights;
+  g.limit = a.limit;
+  return g;
+}
+}  // namespace
 
-  // 1. Sort the pairs by local expert (stable: ascending pair id within an expert), tile table.
+void moe_prefill_route(const MoePrefillArgs& a, const MoePrefillScratch& s, cudaStream_t st) {
+  if (a.tokens == 0) return;
+  TANDEM_CHECK(moe_prefill_supported(a, s));
+  const int64_t P = a.tokens * a.topk;
+  // Sort the pairs by local expert (stable: ascending pair id within an expert), then the tiles.
   route_keys_kernel<<<kc::ceil_div(P, 256), 256, 0, st>>>(a.expert_ids, P, a.expert_begin, a.n_local, s.keys,
                                                            s.pairs);
   TANDEM_CUDA_LAUNCH_CHECK();
@@ -386,13 +403,9 @@ void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBack
   TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.sort_temp, temp, s.keys, s.keys + s.max_pairs(), s.pairs,
                                                     s.pairs + s.max_pairs(), static_cast<int>(P), 0,
                                                     sort_bits(a.n_local), st));
-  const uint32_t* keys = s.keys + s.max_pairs();
-  const int32_t* slot_pair = s.pairs + s.max_pairs();
-  tiles_kernel<<<1, 1024, 0, st>>>(keys, P, a.n_local, s.offsets, s.tiles, s.tile_count);
+  tiles_kernel<<<1, 1024, 0, st>>>(s.keys + s.max_pairs(), P, a.n_local, s.offsets, s.tiles, s.tile_count);
   TANDEM_CUDA_LAUNCH_CHECK();
-
-  // 2. x quantized once per token (the reference's act_quant before w1/w3).
-  const int64_t xld = (a.tokens + 3) / 4 * 4;
+  // x quantized once per token (the reference's act_quant before w1/w3).
   kc::Fp8QuantArgs qx;
   qx.x = a.x;
   qx.ldx = a.dim;
@@ -400,23 +413,21 @@ void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBack
   qx.cols = a.dim;
   qx.codes = s.x_codes;
   qx.scales = s.x_scales;
-  qx.scale_ld = xld;
+  qx.scale_ld = (a.tokens + 3) / 4 * 4;
   kc::quantize_fp8_act(qx, st);
+}
 
-  // 3. up + SwiGLU -> act (bf16), rows = sorted slots.
-  const int64_t max_tiles = (P + kMoeTileRows - 1) / kMoeTileRows + a.n_local;
+void moe_prefill_up(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBackend backend, cudaStream_t st) {
+  if (a.tokens == 0) return;
+  TANDEM_CHECK(moe_prefill_supported(a, s));
+  kc::tc_init();
+  init_attrs();
+  const int64_t max_tiles = max_tiles_of(a);
   TANDEM_CHECK(max_tiles <= 65535);
-  GroupArgs g{};
-  g.slot_pair = slot_pair;
-  g.offsets = s.offsets;
-  g.tiles = s.tiles;
-  g.tile_count = s.tile_count;
-  g.topk = a.topk;
-  g.route_w = a.weights;
-  g.limit = a.limit;
+  GroupArgs g = group_args(a, s);
   g.a = s.x_codes;
   g.a_scale = s.x_scales;
-  g.a_scale_ld = xld;
+  g.a_scale_ld = (a.tokens + 3) / 4 * 4;
   g.b = static_cast<const uint8_t*>(a.w1.data);
   g.b_scale = a.w1.scale;
   g.b3 = static_cast<const uint8_t*>(a.w3.data);
@@ -424,10 +435,18 @@ void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBack
   g.k = a.dim;
   g.n = a.inter;
   g.act = s.act;
-  launch_group<true>(g, dim3(kc::ceil_div(a.inter, tc::kTileRows / 2), static_cast<unsigned>(max_tiles)), wg, st);
+  launch_group<true>(g, dim3(kc::ceil_div(a.inter, tc::kTileRows / 2), static_cast<unsigned>(max_tiles)),
+                     use_wgmma(backend), st);
+}
 
-  // 4. act quantized per 128 (the reference's act_quant before w2), local pairs only.
-  const int64_t ald = (P + 3) / 4 * 4;
+void moe_prefill_down(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBackend backend,
+                      cudaStream_t st) {
+  if (a.tokens == 0) return;
+  TANDEM_CHECK(moe_prefill_supported(a, s));
+  kc::tc_init();
+  init_attrs();
+  const int64_t P = a.tokens * a.topk, ald = (P + 3) / 4 * 4;
+  // act quantized per 128 (the reference's act_quant before w2), local pairs only.
   kc::Fp8QuantArgs qa;
   qa.xb = s.act;
   qa.ldx = a.inter;
@@ -438,20 +457,25 @@ void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBack
   qa.scales = s.act_scales;
   qa.scale_ld = ald;
   kc::quantize_fp8_act(qa, st);
-
-  // 5. down -> pair_out rows of the local pairs.
+  const int64_t max_tiles = max_tiles_of(a);
+  TANDEM_CHECK(max_tiles <= 65535);
+  GroupArgs g = group_args(a, s);
   g.a = s.act_codes;
   g.a_scale = s.act_scales;
   g.a_scale_ld = ald;
   g.b = static_cast<const uint8_t*>(a.w2.data);
   g.b_scale = a.w2.scale;
-  g.b3 = nullptr;
-  g.b3_scale = nullptr;
   g.k = a.inter;
   g.n = a.dim;
-  g.act = nullptr;
   g.pair_out = a.pair_out;
-  launch_group<false>(g, dim3(kc::ceil_div(a.dim, tc::kTileRows), static_cast<unsigned>(max_tiles)), wg, st);
+  launch_group<false>(g, dim3(kc::ceil_div(a.dim, tc::kTileRows), static_cast<unsigned>(max_tiles)),
+                      use_wgmma(backend), st);
+}
+
+void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBackend backend, cudaStream_t st) {
+  moe_prefill_route(a, s, st);
+  moe_prefill_up(a, s, backend, st);
+  moe_prefill_down(a, s, backend, st);
 }
 
 void moe_combine_local(const float* pair_out, const int32_t* expert_ids, const float* shared, int64_t tokens,

@@ -63,6 +63,13 @@ struct MoePrefillArgs {
 bool moe_prefill_supported(const MoePrefillArgs& a, const MoePrefillScratch& s);
 void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kernels::cuda::TcBackend backend,
                  cudaStream_t st);
+// The three stages moe_prefill runs, for benchmarks and tests: the routing sort, tile table and x
+// quantization; up + SwiGLU into s.act; act quantization + down into pair_out.
+void moe_prefill_route(const MoePrefillArgs& a, const MoePrefillScratch& s, cudaStream_t st);
+void moe_prefill_up(const MoePrefillArgs& a, const MoePrefillScratch& s, kernels::cuda::TcBackend backend,
+                    cudaStream_t st);
+void moe_prefill_down(const MoePrefillArgs& a, const MoePrefillScratch& s, kernels::cuda::TcBackend backend,
+                      cudaStream_t st);
 
 // y[t] = bf16(sum of pair_out[t * topk + j] over the token's pairs routed to local experts, in
 // ascending expert id, + shared[t]); with shared == null, y[t] = that fp32 sum unrounded (the
