@@ -218,7 +218,7 @@ Status bench(const Args& a) {
       sh.ldx = P;
       sh.ldy = P;
       sh.bf16_out = bf16_out;
-      if (!lt->prepare(sh, P, P).ok()) continue;
+      if (!lt->prepare(sh, P, P, false).ok()) continue;
       const double ms = time_ms(st, a.reps, [&] {
         lt->run(sh, P, wbuf.get(), xbuf.get(), ybuf.get(), nullptr, nullptr, st);
       });
@@ -233,7 +233,7 @@ Status bench(const Args& a) {
     sh.k = P;
     sh.ldx = P;
     sh.ldy = P;
-    if (lt->prepare(sh, P, P).ok()) {
+    if (lt->prepare(sh, P, P, false).ok()) {
       const double ms = time_ms(st, a.reps, [&] {
         lt->run(sh, P, wb16.get(), xb16.get(), ybuf.get(), nullptr, nullptr, st);
       });
@@ -262,7 +262,7 @@ Status bench(const Args& a) {
       lsh.x_batch_stride = s.k;
       lsh.y_batch_stride = s.n;
     }
-    const Status lst = lt->prepare(lsh, m_hi, m_lo);
+    const Status lst = lt->prepare(lsh, m_hi, m_lo, false);  // cuBLASLt at its best per size
     if (!lst.ok()) std::printf("%-10s cuBLASLt: %s\n", s.name, lst.to_string().c_str());
     for (int64_t m : tokens) {
       if (s.fp8) {

@@ -104,7 +104,7 @@ const LtGemm::Plan* LtGemm::find(const LtShape& s) const {
   return nullptr;
 }
 
-Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m) {
+Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m, bool one_algo) {
   if (find(s)) return Status();
   if (s.n <= 0 || s.k <= 0 || s.ldx < s.k || s.ldy < s.n || s.batch < 1 || min_m < 1 || max_m < min_m)
     return invalid_argument("cuBLASLt shape n {} k {} ldx {} ldy {} batch {}", s.n, s.k, s.ldx, s.ldy, s.batch);
@@ -115,6 +115,11 @@ Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m) {
   TANDEM_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = ws_.bytes();
   TANDEM_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  if (one_algo) {
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    TANDEM_LT_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof none));
+  }
   // Dummy (never dereferenced) scale pointers: the heuristics only see that they are set.
   const float* dummy = one_.get();
   auto heuristic = [&](int64_t m, cublasLtMatmulAlgo_t* algo) {
@@ -140,25 +145,58 @@ Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m) {
     return cublasLtMatmulAlgoCheck(lt(handle_), &d.op, &d.a, &d.b, &d.c, &d.d, &algo, &r) == CUBLAS_STATUS_SUCCESS &&
            r.workspaceSize <= ws;
   };
-  Status status;
-  int64_t lo = min_m, hi = 128;
-  while (hi < lo) hi *= 2;
-  for (;; hi *= 2) {
-    cublasLtMatmulAlgo_t algo;
-    bool ok = heuristic(hi, &algo) && check(lo, algo);
-    if (!ok) ok = heuristic(lo, &algo) && check(hi, algo);
-    if (!ok) {
-      status = make_error(StatusCode::kFailedPrecondition,
-                          "cuBLASLt has no algorithm for kind {} n {} k {} batch {} at {}..{} rows",
-                          static_cast<int>(s.kind), s.n, s.k, s.batch, lo, hi);
-      break;
-    }
-    Bucket b;
-    b.m_hi = hi;
-    std::memcpy(b.algo, &algo, sizeof algo);
-    plan.buckets.push_back(b);
+  // Bucket ends: 128, 256, ... up to the first >= max_m (the first bucket starts at min_m).
+  std::vector<int64_t> ends;
+  for (int64_t hi = 128;; hi *= 2) {
+    if (hi >= min_m) ends.push_back(hi);
     if (hi >= max_m) break;
-    lo = hi + 1;
+  }
+  Status status;
+  if (one_algo) {
+    // One algorithm, without split-K, for every row count: each output's summation order is then the
+    // kernel's K loop whatever m is, so a row's result does not depend on the rows around it.
+    cublasLtMatmulAlgo_t algo;
+    bool ok = heuristic(ends.back(), &algo);
+    if (ok) {
+      const int32_t one_split = 1;
+      const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+      ok = cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split,
+                                                sizeof one_split) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
+                                                sizeof no_reduction) == CUBLAS_STATUS_SUCCESS;
+    }
+    ok = ok && check(min_m, algo);
+    for (int64_t e : ends) ok = ok && check(e, algo);
+    if (ok) {
+      for (int64_t e : ends) {
+        Bucket bk;
+        bk.m_hi = e;
+        std::memcpy(bk.algo, &algo, sizeof algo);
+        plan.buckets.push_back(bk);
+      }
+    } else {
+      status = make_error(StatusCode::kFailedPrecondition,
+                          "cuBLASLt has no single split-K-free algorithm for kind {} n {} k {} batch {} at {}..{} rows",
+                          static_cast<int>(s.kind), s.n, s.k, s.batch, min_m, ends.back());
+    }
+  } else {
+    int64_t lo = min_m;
+    for (int64_t hi : ends) {
+      cublasLtMatmulAlgo_t algo;
+      bool ok = heuristic(hi, &algo) && check(lo, algo);
+      if (!ok) ok = heuristic(lo, &algo) && check(hi, algo);
+      if (!ok) {
+        status = make_error(StatusCode::kFailedPrecondition,
+                            "cuBLASLt has no algorithm for kind {} n {} k {} batch {} at {}..{} rows",
+                            static_cast<int>(s.kind), s.n, s.k, s.batch, lo, hi);
+        break;
+      }
+      Bucket bk;
+      bk.m_hi = hi;
+      std::memcpy(bk.algo, &algo, sizeof algo);
+      plan.buckets.push_back(bk);
+      lo = hi + 1;
+    }
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (!status.ok()) return status;

@@ -6,9 +6,9 @@
 // measures the device's FP8 peak with.
 //
 // y[m, n] (+)= x[m, k] . W[n, k]^T in cuBLASLt's column-major terms: A = W (transposed), B = x,
-// D = y^T, so row-major buffers need no copies. Algorithms are chosen for row-count buckets (powers
-// of two from 128) when a shape is prepared; run() builds its descriptors on the stack and
-// allocates nothing, so it may be captured in a CUDA graph.
+// D = y^T, so row-major buffers need no copies. Algorithms are chosen when a shape is prepared;
+// run() builds its descriptors on the stack and allocates nothing, so it may be captured in a CUDA
+// graph.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,10 +53,12 @@ class LtGemm {
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
-  // Chooses algorithms for `s` at every row-count bucket in [min_m, max_m] (start-up, host only):
-  // buckets end at 128, 256, 512, ... FailedPrecondition when cuBLASLt offers none (the caller
-  // keeps its own kernel).
-  Status prepare(const LtShape& s, int64_t max_m, int64_t min_m = 97);
+  // Chooses algorithms for `s` for row counts in [min_m, max_m] (start-up, host only). one_algo:
+  // one algorithm without split-K for every row count (a row's result then does not depend on the
+  // rows around it: the forward's choice); else the heuristic's best per bucket (ends 128, 256,
+  // 512, ...: the benchmark's). FailedPrecondition when cuBLASLt offers none (the caller keeps its
+  // own kernel).
+  Status prepare(const LtShape& s, int64_t max_m, int64_t min_m = 97, bool one_algo = true);
   // True when prepare(s) succeeded and m is within its buckets.
   bool ready(const LtShape& s, int64_t m) const;
   // Runs a prepared shape: w/x in the kind's types; w_scale/x_scale fp32 for kFp8Block (x_scale

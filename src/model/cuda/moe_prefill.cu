@@ -391,6 +391,11 @@ GroupArgs group_args(const MoePrefillArgs& a, const MoePrefillScratch& s) {
 }
 }  // namespace
 
+void moe_prefill_init() {
+  kc::tc_init();
+  init_attrs();
+}
+
 void moe_prefill_route(const MoePrefillArgs& a, const MoePrefillScratch& s, cudaStream_t st) {
   if (a.tokens == 0) return;
   TANDEM_CHECK(moe_prefill_supported(a, s));

@@ -61,6 +61,8 @@ struct MoePrefillArgs {
 // True when the grouped path can run these weights (MXFP4 whose 128-wide K blocks fit e4m3: see
 // mxfp4_blocks_fit_e4m3; dims multiples of 128; scratch large enough).
 bool moe_prefill_supported(const MoePrefillArgs& a, const MoePrefillScratch& s);
+// Sets the kernels' shared-memory limits (idempotent; at start-up, outside graph capture).
+void moe_prefill_init();
 void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kernels::cuda::TcBackend backend,
                  cudaStream_t st);
 // The three stages moe_prefill runs, for benchmarks and tests: the routing sort, tile table and x
