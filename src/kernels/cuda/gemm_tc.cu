@@ -136,15 +136,27 @@ __global__ void __launch_bounds__(tc::kThreads, 1) dense_kernel(DenseArgs a) {
   float acc[64];
   tc::mainloop<kWgmma, false, kStages>(smem, op, static_cast<int>(a.k / tc::kBK), acc);
 
+  // Columns n, n+1 of a row per pair of elements: one 8-byte store when both exist and y allows it.
+  const bool pairs = (a.ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 7) == 0;
 #pragma unroll
   for (int i = 0; i < 64; i += 2) {
     const int64_t r = m0 + tc::acc_row<kWgmma>(i), n = n0 + tc::acc_col<kWgmma>(i);
     if (r >= a.m) continue;
     float* yp = a.y + r * a.ldy + n;
+    float v0 = acc[i], v1 = acc[i + 1];
+    if (pairs && n + 1 < a.n) {
+      if (a.accumulate) {
+        const float2 old = *reinterpret_cast<const float2*>(yp);
+        v0 = add_rn(old.x, v0);
+        v1 = add_rn(old.y, v1);
+      }
+      *reinterpret_cast<float2*>(yp) = a.round ? make_float2(round_bf16(v0), round_bf16(v1)) : make_float2(v0, v1);
+      continue;
+    }
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       if (n + c >= a.n) continue;
-      float v = acc[i + c];
+      float v = c ? v1 : v0;
       if (a.accumulate) v = add_rn(yp[c], v);
       yp[c] = a.round ? round_bf16(v) : v;
     }
