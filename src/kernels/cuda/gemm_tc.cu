@@ -1,6 +1,7 @@
 // The dense block-scaled FP8 GEMM for prefill rows on the tensor cores (tc_gemm.cuh's main loop:
-// wgmma on sm_90a, mma.sync elsewhere), the activation quantization that feeds it, and the linear()
-// entry (quantize, then multiply) the CUDA forward calls for more than kTcMinRows rows.
+// wgmma on sm_90a, mma.sync elsewhere), the activation quantization that feeds it, the linear()
+// entry (quantize, then multiply) the CUDA forward calls for prefill rows, and the element-wise
+// conversions cuBLASLt's inputs need (fp32 -> bf16 activations, E8M0 -> fp32 scale grids).
 // CTA tile: 128 rows of x by 128 weight rows (= one weight scale block), K in blocks of 128.
 #include <mutex>
 

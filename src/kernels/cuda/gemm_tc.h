@@ -84,8 +84,8 @@ struct TcLinearScratch {
     return static_cast<size_t>((max_k / 128) * ((rows + 3) / 4 * 4));
   }
 };
-// True when gemm_fp8_linear can run `p` (FP8 weight, quantize_x_block 128 or 0 with e4m3-exact x,
-// k % 128 == 0, batch 1, rows within the scratch).
+// True when gemm_fp8_linear can run `p` (FP8 weight, quantize_x_block 128, k % 128 == 0, batch 1,
+// rows and k within the scratch, 16-byte aligned x rows and weight).
 bool fp8_linear_supported(const GemmParams& p, const TcLinearScratch& s);
 // GemmParams with an FP8 weight and quantize_x_block = 128 (the reference's linear()): quantize x,
 // then fp8_gemm_tc. Same contract as kernels::cuda::gemm, up to summation order (bound above).
