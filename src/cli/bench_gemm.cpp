@@ -278,7 +278,10 @@ Status bench(const Args& a) {
         g.k = s.k;
         g.round_bf16 = true;
         std::vector<kc::TcBackend> bes{be};
-        if (be == kc::TcBackend::kWgmma) bes.push_back(kc::TcBackend::kMmaSync);
+        if (be == kc::TcBackend::kWgmma) {
+          bes.push_back(kc::TcBackend::kWgmmaOverlap);
+          bes.push_back(kc::TcBackend::kMmaSync);
+        }
         for (kc::TcBackend b : bes) {
           const double ms = time_ms(st, a.reps, [&] { kc::fp8_gemm_tc(g, b, st); });
           add_row(s.name, std::string("tc-") + kc::tc_backend_name(b), m, s.n, s.k, 1, ms);

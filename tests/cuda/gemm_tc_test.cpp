@@ -25,7 +25,10 @@ using cuda::TcBackend;
 
 std::vector<TcBackend> backends() {
   std::vector<TcBackend> b{TcBackend::kMmaSync};
-  if (cuda::tc_backend_for_device() == TcBackend::kWgmma) b.push_back(TcBackend::kWgmma);
+  if (cuda::tc_backend_for_device() == TcBackend::kWgmma) {
+    b.push_back(TcBackend::kWgmma);
+    b.push_back(TcBackend::kWgmmaOverlap);
+  }
   return b;
 }
 

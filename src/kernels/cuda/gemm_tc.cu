@@ -114,7 +114,7 @@ __device__ __forceinline__ int rows_below(int64_t base, int r0, int64_t limit) {
   return n;
 }
 
-template <bool kWgmma, int kStages>
+template <bool kWgmma, int kStages, bool kOverlap = false>
 __global__ void __launch_bounds__(tc::kThreads, 1) dense_kernel(DenseArgs a) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = tc::align1024(smem_raw);
@@ -135,7 +135,12 @@ __global__ void __launch_bounds__(tc::kThreads, 1) dense_kernel(DenseArgs a) {
   op.wscale = a.w_scale + (n0 / 128) * a.w_scale_ld;
 
   float acc[64];
-  tc::mainloop<kWgmma, false, kStages>(smem, op, static_cast<int>(a.k / tc::kBK), acc);
+  if constexpr (kOverlap) {
+    static_assert(kWgmma, "the overlapped main loop is wgmma's");
+    tc::mainloop_overlap<kStages>(smem, op, static_cast<int>(a.k / tc::kBK), acc);
+  } else {
+    tc::mainloop<kWgmma, false, kStages>(smem, op, static_cast<int>(a.k / tc::kBK), acc);
+  }
 
   // Columns n, n+1 of a row per pair of elements: one 8-byte store when both exist and y allows it.
   const bool pairs = (a.ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 7) == 0;
@@ -164,10 +169,10 @@ __global__ void __launch_bounds__(tc::kThreads, 1) dense_kernel(DenseArgs a) {
   }
 }
 
-template <bool kWgmma, int kStages>
+template <bool kWgmma, int kStages, bool kOverlap = false>
 void set_dense_attr() {
-  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(dense_kernel<kWgmma, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         tc::Smem<false, kStages>::kAlloc));
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(dense_kernel<kWgmma, kStages, kOverlap>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, tc::Smem<false, kStages>::kAlloc));
 }
 
 int max_optin_smem() {
@@ -228,6 +233,7 @@ const char* tc_backend_name(TcBackend b) {
     case TcBackend::kAuto: return "auto";
     case TcBackend::kMmaSync: return "mma.sync";
     case TcBackend::kWgmma: return "wgmma";
+    case TcBackend::kWgmmaOverlap: return "wgmma-overlap";
   }
   return "?";
 }
@@ -239,6 +245,7 @@ void tc_init() {
     if (max_optin_smem() >= tc::Smem<false, 4>::kAlloc) {
       set_dense_attr<false, 4>();
       set_dense_attr<true, 4>();
+      set_dense_attr<true, 4, true>();
     }
   });
 }
@@ -283,9 +290,12 @@ void fp8_gemm_tc(const Fp8GemmArgs& g, TcBackend backend, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(nt), static_cast<unsigned>(mt));
   if (backend == TcBackend::kAuto) backend = tc_backend_for_device();
   const bool deep = max_optin_smem() >= tc::Smem<false, 4>::kAlloc;
-  const bool wg = backend == TcBackend::kWgmma;
+  const bool wg = backend == TcBackend::kWgmma || backend == TcBackend::kWgmmaOverlap;
   if (wg) TANDEM_CHECK_MSG(tc_backend_for_device() == TcBackend::kWgmma, "wgmma needs an sm_90 device");
-  if (deep) {
+  if (backend == TcBackend::kWgmmaOverlap) {
+    TANDEM_CHECK_MSG(deep, "the overlapped wgmma loop needs 4 pipeline stages");
+    dense_kernel<true, 4, true><<<grid, tc::kThreads, tc::Smem<false, 4>::kAlloc, s>>>(a);
+  } else if (deep) {
     if (wg) dense_kernel<true, 4><<<grid, tc::kThreads, tc::Smem<false, 4>::kAlloc, s>>>(a);
     else dense_kernel<false, 4><<<grid, tc::kThreads, tc::Smem<false, 4>::kAlloc, s>>>(a);
   } else {

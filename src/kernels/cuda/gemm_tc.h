@@ -32,6 +32,8 @@ enum class TcBackend : uint8_t {
   kAuto,      // wgmma on sm_90 (this build's sm_90a code), mma.sync elsewhere
   kMmaSync,   // mma.sync.m16n8k32 e4m3 (any sm_89+ device)
   kWgmma,     // wgmma.m64n128k32 e4m3 (sm_90a only)
+  kWgmmaOverlap,  // the same, the next K block's MMAs in flight during a promotion (dense FP8 only;
+                  // grouped experts run kWgmma)
 };
 // The back end kAuto resolves to on the current device.
 TcBackend tc_backend_for_device();

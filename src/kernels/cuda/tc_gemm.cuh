@@ -125,6 +125,12 @@ __device__ __forceinline__ void wgmma_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
+// All but the most recently committed group complete.
+__device__ __forceinline__ void wgmma_wait1() {
+#if TANDEM_TC_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#endif
+}
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous MMA.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
@@ -351,6 +357,82 @@ __device__ __forceinline__ void mainloop(uint8_t* smem, const Op& op, int nk, fl
       acc[i] = fmaf(part[i], ra * w0, acc[i]);
       acc[i + 1] = fmaf(part[i + 1], ra * w1, acc[i + 1]);
     }
+  }
+  cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------- overlapped main loop (wgmma)
+// The dense FP8 main loop with two partial accumulators: K block kb+1 is issued to the tensor
+// cores before block kb is promoted, so the promotion's fp32 work overlaps the next block's MMAs
+// (one more register array; K loop unrolled by two so both stay in registers). Same arithmetic and
+// result as mainloop<true, false, ...>. Needs kStages >= 3.
+template <int kStages, class Op>
+__device__ __forceinline__ void issue_block(uint8_t* smem, int kb, float (&part)[64]) {
+  using L = Smem<false, kStages>;
+  const int grp = (threadIdx.x >> 5) >> 2;
+  const int st = kb % kStages;
+  const uint32_t a0 = smem_u32(smem + L::kA + st * kTileBytes) + grp * 64 * 128;
+  const uint32_t b0 = smem_u32(smem + L::kB + st * kTileBytes);
+  fence_regs(part);
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) wgmma_m64n128k32(part, sw128_desc(a0 + 32 * s), sw128_desc(b0 + 32 * s), s);
+  wgmma_commit();
+}
+
+template <int kStages, class Op>
+__device__ __forceinline__ void overlap_step(uint8_t* smem, const Op& op, int kb, int nk, float (&cur)[64],
+                                             float (&nxt)[64], float (&acc)[64]) {
+  using L = Smem<false, kStages>;
+  if (kb + 1 < nk) {
+    cp_async_wait<kStages - 3>();  // this thread's copies of block kb+1 landed
+    fence_proxy_async();
+  }
+  // Block kb+1 visible to every thread; iteration kb-1 finished everywhere (its MMAs too), so the
+  // stage of block kb-1 may be refilled.
+  __syncthreads();
+  {
+    const int nx = kb + kStages - 1;
+    if (nx < nk) op.load(smem, nx % kStages, nx);
+    cp_async_commit();
+  }
+  const float bs = op.b_scale(kb);
+  if (kb + 1 < nk) {
+    issue_block<kStages, Op>(smem, kb + 1, nxt);
+    wgmma_wait1();  // block kb done, kb+1 in flight
+  } else {
+    wgmma_wait0();
+  }
+  fence_regs(cur);
+  const float* as = reinterpret_cast<const float*>(smem + L::kAScale + (kb % kStages) * kTileRows * 4);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = fmaf(cur[i], as[acc_row<true>(i)] * bs, acc[i]);
+}
+
+template <int kStages, class Op>
+__device__ __forceinline__ void mainloop_overlap(uint8_t* smem, const Op& op, int nk, float (&acc)[64]) {
+  static_assert(kStages >= 3, "the overlapped main loop keeps blocks kb and kb+1 resident");
+  float p0[64], p1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    acc[i] = 0.0f;
+    p0[i] = 0.0f;
+    p1[i] = 0.0f;
+  }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nk) op.load(smem, s, s);
+    cp_async_commit();
+  }
+  if (nk <= 0) return;
+  cp_async_wait<kStages - 2>();  // block 0
+  fence_proxy_async();
+  __syncthreads();
+  issue_block<kStages, Op>(smem, 0, p0);
+#pragma unroll 1
+  for (int kb = 0; kb < nk; kb += 2) {
+    overlap_step<kStages>(smem, op, kb, nk, p0, p1, acc);
+    if (kb + 1 < nk) overlap_step<kStages>(smem, op, kb + 1, nk, p1, p0, acc);
   }
   cp_async_wait<0>();
 }

@@ -371,7 +371,7 @@ bool moe_prefill_supported(const MoePrefillArgs& a, const MoePrefillScratch& s) 
 namespace {
 bool use_wgmma(kc::TcBackend backend) {
   if (backend == kc::TcBackend::kAuto) backend = kc::tc_backend_for_device();
-  const bool wg = backend == kc::TcBackend::kWgmma;
+  const bool wg = backend == kc::TcBackend::kWgmma || backend == kc::TcBackend::kWgmmaOverlap;
   if (wg) TANDEM_CHECK_MSG(kc::tc_backend_for_device() == kc::TcBackend::kWgmma, "wgmma needs an sm_90 device");
   return wg;
 }
