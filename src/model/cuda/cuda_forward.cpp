@@ -19,6 +19,7 @@ using cuda_model::DMoE;
 
 void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out) {
   if (m == 0) return;
+  if (linear_tc(l, xx, m, y, round_out)) return;  // prefill rows: tensor cores (cuda_prefill.cpp)
   kernels::GemmParams p;
   p.x = xx;
   p.w = l.w;
@@ -94,8 +95,9 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
   kernels::cuda::hc_post(p, stream);
 }
 
-// ---- MoE: routing on the device, routed experts per (token, expert) pair, shared expert, and
-// a combine in ascending expert order (the CPU's accumulation order).
+// ---- MoE: routing on the device, routed experts per (token, expert) pair (prefill rows: grouped by
+// expert on the tensor cores), shared expert, and a combine in ascending expert order (the CPU's
+// accumulation order).
 void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y) {
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   const int K = cfg.num_experts_per_tok;
@@ -113,33 +115,37 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   g.weights = ew.get();
   kernels::cuda::moe_gate(g, stream);
 
-  const float* up_in = xx;
-  if (m.up_act_quant) {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(xq.get(), xx, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
-    kernels::ActQuantFp8Params q;
-    q.x = xq.get();
-    q.rows = n;
-    q.cols = D;
-    q.block = 128;
-    kernels::cuda::act_quant_fp8(q, stream);
-    up_in = xq.get();
-  }
   const int64_t pairs = n * K;
-  cuda_model::moe_pairs_up({up_in, eids.get(), ew.get(), pairs, K, m.w1_all, m.w3_all, I, D,
-                            static_cast<float>(cfg.swiglu_limit), gact.get()},
-                           stream);
-  const float* down_in = gact.get();
-  if (m.down_act_quant) {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(gq.get(), gact.get(), sizeof(float) * pairs * I, cudaMemcpyDeviceToDevice, stream));
-    kernels::ActQuantFp8Params q;
-    q.x = gq.get();
-    q.rows = pairs;
-    q.cols = I;
-    q.block = 128;
-    kernels::cuda::act_quant_fp8(q, stream);
-    down_in = gq.get();
+  // Prefill rows: pairs grouped by expert on the tensor cores (cuda_prefill.cpp); else per pair.
+  const bool grouped = moe_routed_tc(m, xx, n);
+  if (!grouped) {
+    const float* up_in = xx;
+    if (m.up_act_quant) {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(xq.get(), xx, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
+      kernels::ActQuantFp8Params q;
+      q.x = xq.get();
+      q.rows = n;
+      q.cols = D;
+      q.block = 128;
+      kernels::cuda::act_quant_fp8(q, stream);
+      up_in = xq.get();
+    }
+    cuda_model::moe_pairs_up({up_in, eids.get(), ew.get(), pairs, K, m.w1_all, m.w3_all, I, D,
+                              static_cast<float>(cfg.swiglu_limit), gact.get()},
+                             stream);
+    const float* down_in = gact.get();
+    if (m.down_act_quant) {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(gq.get(), gact.get(), sizeof(float) * pairs * I, cudaMemcpyDeviceToDevice, stream));
+      kernels::ActQuantFp8Params q;
+      q.x = gq.get();
+      q.rows = pairs;
+      q.cols = I;
+      q.block = 128;
+      kernels::cuda::act_quant_fp8(q, stream);
+      down_in = gq.get();
+    }
+    cuda_model::moe_pairs_down({down_in, eids.get(), pairs, m.w2_all, I, D, pair_out.get()}, stream);
   }
-  cuda_model::moe_pairs_down({down_in, eids.get(), pairs, m.w2_all, I, D, pair_out.get()}, stream);
 
   linear(m.sh_w1, xx, n, sh_g.get());
   linear(m.sh_w3, xx, n, sh_u.get());
@@ -153,7 +159,11 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   sw.round_bf16 = true;
   kernels::cuda::swiglu(sw, stream);
   linear(m.sh_w2, sh_g.get(), n, sh_out.get());
-  cuda_model::moe_combine({pair_out.get(), eids.get(), sh_out.get(), n, K, D, y}, stream);
+  if (grouped)
+    cuda_model::moe_combine_local(pair_out.get(), eids.get(), sh_out.get(), n, K, D, m.expert_begin, m.n_local, y,
+                                  stream);
+  else
+    cuda_model::moe_combine({pair_out.get(), eids.get(), sh_out.get(), n, K, D, y}, stream);
 }
 
 void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
@@ -190,7 +200,7 @@ void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* 
   p.y_batch_stride = R;
   p.w_batch_rows = R;
   p.round_bf16 = true;
-  kernels::cuda::gemm(p, stream);
+  if (!gemm_bf16_tc(p)) kernels::cuda::gemm(p, stream);  // prefill rows: cuBLASLt (cuda_prefill.cpp)
   linear(at.wo_b, u.get(), n, y);
 }
 

@@ -344,6 +344,7 @@ void allocate_all(CudaModel::Impl& m) {
   lk(m.w.draft.main_proj);
   lk(m.w.draft.markov_w2);
   kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, static_cast<size_t>(N * max_k) * sizeof(float));
+  m.alloc_prefill();  // tensor-core scratch and cuBLASLt plans for steps of more than tc_min_rows rows
 
   // The step plan: one pinned host region mirrored on the device.
   m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
@@ -415,6 +416,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
                                                            const std::vector<const TensorView*>& tensors,
                                                            const CudaModelOptions& options) {
   TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
+  if (options.tc_min_rows < 0) return invalid_argument("tc_min_rows {} must be >= 0", options.tc_min_rows);
   if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
     return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
                             config.dspark_block_size);
