@@ -21,6 +21,7 @@ kernels::Ops& CudaModel::Impl::ops() { return kernels::cuda::cuda_ops(); }
 
 void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out) {
   if (m == 0) return;
+  if (dec_linear(l, xx, m, y, round_out)) return;  // decode-size kernels (cuda_decode.cpp)
   kernels::GemmParams p;
   p.x = xx;
   p.w = l.w;
@@ -99,6 +100,7 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
 // ---- MoE: routing on the device, routed experts per (token, expert) pair, shared expert, and
 // a combine in ascending expert order (the CPU's accumulation order).
 void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y) {
+  if (dec_moe(m, xx, tokens, n, y)) return;  // decode-size kernels (cuda_decode.cpp)
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   const int K = cfg.num_experts_per_tok;
   linear(m.gate, xx, n, gate_logits.get(), false);
@@ -158,6 +160,7 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
 }
 
 void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
+  if (dec_q_and_kv(at, xx, n)) return;  // decode-size kernels (cuda_decode.cpp)
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank;
   linear(at.wq_a, xx, n, qr.get());
   norm_rows(qr.get(), n, ql, at.q_norm);
@@ -175,6 +178,7 @@ void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
 }
 
 void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* y) {
+  if (dec_output_proj(at, oo, n, y)) return;  // decode-size kernels (cuda_decode.cpp)
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, G = cfg.o_groups, R = cfg.o_lora_rank;
   const int64_t gin = H * hd / G;
   kernels::GemmParams p;

@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/decode_path.h"
 #include "model/cuda/kv_record.h"
 #include "model/cuda/model_kernels.h"
 #include "model/math.h"
@@ -213,6 +214,16 @@ struct CudaModel::Impl {
   }
   // The draft's device work for B staged requests (draft_host): capturable.
   void launch_draft(int64_t B, bool want_probs);
+
+  // ---- decode-size kernels (cuda_decode.cpp): each returns false, launching nothing, when the
+  // weights do not suit them (the caller then runs the generic ops) ----
+  cuda_model::DecodePath dec;
+  void dec_allocate();
+  void dec_pack(const float* x, int64_t m, int64_t k, const float* norm_weight = nullptr, float* normed = nullptr);
+  bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out);
+  bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
+  bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);
+  bool dec_moe(const cuda_model::DMoE& m, const float* x, const int32_t* tokens, int64_t n, float* y);
 
   kernels::Ops& ops();
   Status init(const ModelConfig& config, const CudaModelOptions& options);

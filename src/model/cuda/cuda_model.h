@@ -35,6 +35,9 @@ struct CudaModelOptions {
   // Tokens each draft proposes (K; the engine's num_speculative_tokens); 0 = the whole draft block.
   // A shorter block [anchor, noise x (K-1)] is what the draft attends over, as on the CPU.
   int draft_tokens = 0;
+  // Decode-size projections and MoE on the tensor-core decode kernels (kernels/cuda/decode_gemm.h,
+  // model/cuda/moe_decode.h) where the weights suit them; false = the generic ops everywhere.
+  bool decode_kernels = true;
 };
 
 class CudaModel {
