@@ -4,8 +4,8 @@
 // chunk (up to 6 m16 tiles = 96 tokens): the weight tile is loaded once and multiplied with all
 // tokens, so DRAM sees each weight byte once per call. A CTA is `row_warps` x `k_split` warps:
 // warps of the same k unit share the activation through L1; the k_split partials meet in shared
-// memory and are added in unit order. Grid: x = 16-row tiles / row_warps (all segments' tiles in
-// a row), y = 96-token chunks.
+// memory and are added in unit order. Grid: x = 96-token chunks, y = 16-row tiles / row_warps (all
+// segments' tiles in a row).
 //
 // Per lane: weight row g of each n8 tile, 16 bytes per load (FP8: 16 k, bf16: 8 k), kept two to
 // four 128-k (FP8) / 64-k (bf16) stages ahead in registers; the first stages are loaded before the
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(MAXT) decode_gemm_kernel(const __grid_constant
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int kw = warp % a.k_split, rw = warp / a.k_split;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * a.row_warps + rw;
+  const int64_t tile = static_cast<int64_t>(blockIdx.y) * a.row_warps + rw;
   const bool tile_ok = tile < a.total_tiles;
   const int64_t tc = tile_ok ? tile : a.total_tiles - 1;
   int s = 0;
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(MAXT) decode_gemm_kernel(const __grid_constant
   pdl_trigger();
   pdl_wait();
 
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kDecodeRowsPerCall;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kDecodeRowsPerCall;
   const int64_t mt_left = (a.m - m0 + 15) / 16;
   const int mt_act = mt_left < MT ? static_cast<int>(mt_left) : MT;
   int64_t tok[MT][2];  // clamped token rows of this lane's A rows g and g+8
@@ -361,9 +361,11 @@ void launch_kind(const KernelArgs& ka, int64_t chunks, bool pdl, cudaStream_t s)
   TANDEM_CHECK(threads <= kMaxT);
   const size_t smem = static_cast<size_t>(ka.k_split - 1) * ka.row_warps * MT * kNT * 4 * 32 * sizeof(float);
   TANDEM_CHECK(smem <= static_cast<size_t>(kMaxSmem));
+  // Chunks of one row tile are consecutive blocks, so past 96 rows they run together and share the
+  // tile through L2.
   const int64_t blocks = (ka.total_tiles + ka.row_warps - 1) / ka.row_warps;
-  TANDEM_CHECK(blocks < (int64_t{1} << 31) && chunks <= 65535);
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(chunks));
+  TANDEM_CHECK(blocks <= 65535 && chunks < (int64_t{1} << 31));
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(blocks));
   if (pdl) {
     launch_pdl(kern, grid, dim3(threads), smem, s, ka);
   } else {

@@ -66,6 +66,25 @@ void CudaModel::Impl::dec_pack(const float* x, int64_t m, int64_t k, const float
   p.codes = dec.codes.get();
   p.scales = dec.scales.get();
   kc::decode_act_pack(p, stream);
+  dec.packed_x = nullptr;
+}
+
+void CudaModel::Impl::dec_norm_rows(float* xx, int64_t rows, int64_t dim, const float* weight) {
+  if (!dec.enabled || rows == 0 || dim % 128 || dim > dec.max_k || rows > dec.max_rows) {
+    dec.packed_x = nullptr;
+    norm_rows(xx, rows, dim, weight);
+    return;
+  }
+  dec_pack(xx, rows, dim, weight, xx);  // bit for bit norm_rows' output, plus the codes
+  dec.packed_x = xx;
+  dec.packed_rows = rows;
+}
+
+// Codes of x [n, k] in dec.codes: reuses dec_norm_rows' when they are x's, else packs.
+void CudaModel::Impl::dec_codes_of(const float* xx, int64_t n, int64_t k) {
+  const bool ready = dec.packed_x == xx && dec.packed_rows == n;
+  dec.packed_x = nullptr;
+  if (!ready) dec_pack(xx, n, k);
 }
 
 // One projection. FP8 weights with act_quant run on the packed codes (the pack replaces the GEMM
@@ -73,13 +92,18 @@ void CudaModel::Impl::dec_pack(const float* x, int64_t m, int64_t k, const float
 // (normed activations, the Markov rows).
 bool CudaModel::Impl::dec_linear(const DLinear& l, const float* x, int64_t m, float* y, bool round_out) {
   if (!dec.enabled || m == 0 || m > dec.max_rows) return false;
+  if (dec.done_linear == &l && dec.done_x == x && dec.done_y == y && dec.done_rows == m) {
+    dec.done_linear = nullptr;  // computed by dec_q_and_kv's grouped launch
+    return true;
+  }
   const bool codes = l.w.format == WeightFormat::kFp8Block && l.act_quant;
   const bool bf16 = l.w.format == WeightFormat::kBf16 && !l.act_quant;
+  if (!codes) dec.packed_x = nullptr;  // only the next FP8 consumer of x may use its codes
   if (!(codes || bf16) || !kc::decode_gemm_supports(l.w, codes)) return false;
   if (codes && l.w.k > dec.max_k) return false;
   kc::DecodeGemmArgs a;
   if (codes) {
-    dec_pack(x, m, l.w.k);
+    dec_codes_of(x, m, l.w.k);
     a.x_codes = dec.codes.get();
     a.x_scales = dec.scales.get();
   } else {
@@ -108,7 +132,7 @@ bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) 
   if (!fp8(at.wq_a) || !fp8(at.wkv) || !fp8(at.wq_b) || at.wq_a.w.k != D || at.wkv.w.k != D || ql % 128 ||
       at.wq_b.w.k != ql)
     return false;
-  dec_pack(xx, n, D);
+  dec_codes_of(xx, n, D);
   kc::DecodeGemmArgs a;
   a.x_codes = dec.codes.get();
   a.x_scales = dec.scales.get();
@@ -134,6 +158,19 @@ bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) 
   b.seg[0].w = at.wq_b.w;
   b.seg[0].y = q.get();
   b.seg[0].round_bf16 = true;
+  // The indexer's query projection reads the same normed qr: one launch, and attention_target's
+  // linear(idx_wq_b, qr -> iq) later finds it done.
+  dec.done_linear = nullptr;
+  if (at.has_indexer && fp8(at.idx_wq_b) && at.idx_wq_b.w.k == ql) {
+    b.num_segments = 2;
+    b.seg[1].w = at.idx_wq_b.w;
+    b.seg[1].y = iq.get();
+    b.seg[1].round_bf16 = true;
+    dec.done_linear = &at.idx_wq_b;
+    dec.done_x = qr.get();
+    dec.done_y = iq.get();
+    dec.done_rows = n;
+  }
   kc::decode_gemm(b, stream);
   kernels::RmsNormParams hn;
   hn.x = q.get();
@@ -204,7 +241,7 @@ bool CudaModel::Impl::dec_moe(const DMoE& m, const float* xx, const int32_t* tok
   a.buf = dec.moe;
   a.y = y;
   if (!cuda_model::moe_decode_supports(a)) return false;
-  dec_pack(xx, n, D);
+  dec_codes_of(xx, n, D);
   cuda_model::moe_decode(a, stream);
   return true;
 }

@@ -35,6 +35,7 @@ void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float
 }
 
 void CudaModel::Impl::norm_rows(float* xx, int64_t rows, int64_t dim, const float* weight) {
+  dec.packed_x = nullptr;  // rows are rewritten: no codes left by dec_norm_rows stay valid
   if (rows == 0) return;
   kernels::RmsNormParams p;
   p.x = xx;
@@ -66,6 +67,7 @@ void CudaModel::Impl::rope_rows(const float* inv_freq, float* xx, const int64_t*
 
 void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base,
                              float* xo, float* posto, float* combo) {
+  dec.packed_x = nullptr;  // xo is rewritten
   kernels::HcPreParams p;
   p.h = hh;
   p.fn = fn;
@@ -352,11 +354,11 @@ void CudaModel::Impl::block_forward(int layer, const StepBatch& batch, int64_t n
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), n, D, b.attn_norm);
+  dec_norm_rows(x.get(), n, D, b.attn_norm);  // norm_rows, + x's codes for the decode q/kv
   attention_target(layer, batch, n, a.get());
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
   hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), n, D, b.ffn_norm);
+  dec_norm_rows(x.get(), n, D, b.ffn_norm);  // norm_rows, + x's codes for the decode MoE
   moe(b.ffn, x.get(), meta.tokens, n, a.get());
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
 }

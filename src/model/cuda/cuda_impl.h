@@ -220,6 +220,9 @@ struct CudaModel::Impl {
   cuda_model::DecodePath dec;
   void dec_allocate();
   void dec_pack(const float* x, int64_t m, int64_t k, const float* norm_weight = nullptr, float* normed = nullptr);
+  // norm_rows(x) fused with x's quantization for the next q/kv or MoE (falls back to norm_rows).
+  void dec_norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
+  void dec_codes_of(const float* x, int64_t n, int64_t k);
   bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out);
   bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
   bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);

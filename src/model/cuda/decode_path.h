@@ -17,6 +17,16 @@ struct DecodePath {
   int64_t max_k = 0;              // widest act-quant input
   kernels::cuda::DeviceBuffer<uint8_t> codes;   // [max_rows, max_k] act_quant codes
   kernels::cuda::DeviceBuffer<uint8_t> scales;  // [max_rows, max_k / 128]
+  // The codes in `codes` are those of rows [0, packed_rows) of packed_x, left by dec_norm_rows for
+  // the next consumer (q/kv or the MoE), which clears it; any other pack clears it too.
+  const float* packed_x = nullptr;
+  int64_t packed_rows = 0;
+  // A projection already computed by a grouped launch (the indexer's wq_b with wq_b): the
+  // linear() call that asks for it with the same input and output returns at once.
+  const void* done_linear = nullptr;
+  const float* done_x = nullptr;
+  float* done_y = nullptr;
+  int64_t done_rows = 0;
   // MoE: steps of up to moe_max_tokens rows take moe_decode, longer ones the generic path.
   MoeDecodeDims moe_dims;
   int64_t moe_max_tokens = 0;
