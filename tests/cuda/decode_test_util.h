@@ -2,7 +2,7 @@
 // stored weights (FP8 128x128 blocks, MXFP4, bf16) on the host and the device, the FP8 activation
 // operand (the CPU act_quant op's codes, scales and values), float64 references with the sum of
 // |x_i w_i| that scales the error bound, and the bound checks:
-//   |y - y64| <= factor * sum_i |x_i w_i|, factor = (k/16 + k_split + 2) * 2^-21 (decode_gemm.h);
+//   |y - y64| <= factor * sum_i |x_i w_i|, factor = k/16 * 2^-19 + (k_split + 2) * 2^-24 (decode_gemm.h);
 //   with a bf16 output, y must be round(y64) or, where y64 lies within that bound of a rounding
 //   midpoint, its neighbour (bit_compare.h's correctly_rounded with an absolute slack).
 #pragma once
@@ -193,7 +193,7 @@ inline Ref64 ref_rows(const Ref64& r, int64_t i0, int64_t m) {
 }
 
 inline double decode_factor(int64_t k, int k_split) {
-  return (static_cast<double>(k) / 16.0 + k_split + 2) * std::ldexp(1.0, -21);
+  return static_cast<double>(k) / 16.0 * std::ldexp(1.0, -19) + (k_split + 2) * std::ldexp(1.0, -24);
 }
 
 // got: [m, ldy] rows, columns [0, n) compared with ref (+ acc0 when accumulating into acc0).

@@ -18,9 +18,12 @@
 // format, the launch's total rows and k; never from m); within a unit the tensor core accumulates
 // 16 k at a time in k order (FP8: in the current 128-k block's scale, the accumulator rescaled by
 // an exact power of two between blocks); the units' fp32 partials are then added in unit order.
-// Error bound (tests/cuda/decode_gemm_test.cpp): with S = k/16 accumulation steps and the tensor
-// core modelled as keeping at least 21 significant bits per step,
-// |y - y_exact| <= (S + k_split + 2) * 2^-21 * sum_i |x_i w_i|, before the optional bf16 rounding.
+// Error bound (tests/cuda/decode_gemm_test.cpp). Tensor-core model: a k16 step adds its 16 exact
+// products to the accumulator aligned to the largest term and truncated to fp32's 24 bits, no
+// guard bits: its error is below 16 * 2^-23 of the largest term, so below 2^-19 * sum_i |x_i w_i|
+// (the accumulator is bounded by the sum so far). With S = k/16 steps, exact power-of-two scaling
+// and k_split + 2 fp32 roundings after it:
+// |y - y_exact| <= (S * 2^-19 + (k_split + 2) * 2^-24) * sum_i |x_i w_i|, before the bf16 rounding.
 #pragma once
 
 #include <cuda_runtime_api.h>
