@@ -20,6 +20,7 @@ using cuda_model::DMoE;
 void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out) {
   if (m == 0) return;
   if (linear_tc(l, xx, m, y, round_out)) return;  // prefill rows: tensor cores (cuda_prefill.cpp)
+  if (dec_linear(l, xx, m, y, round_out)) return;  // decode-size kernels (cuda_decode.cpp)
   kernels::GemmParams p;
   p.x = xx;
   p.w = l.w;
@@ -33,6 +34,7 @@ void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float
 }
 
 void CudaModel::Impl::norm_rows(float* xx, int64_t rows, int64_t dim, const float* weight) {
+  dec.packed_x = nullptr;  // rows are rewritten: no codes left by dec_norm_rows stay valid
   if (rows == 0) return;
   kernels::RmsNormParams p;
   p.x = xx;
@@ -64,6 +66,7 @@ void CudaModel::Impl::rope_rows(const float* inv_freq, float* xx, const int64_t*
 
 void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base,
                              float* xo, float* posto, float* combo) {
+  dec.packed_x = nullptr;  // xo is rewritten
   kernels::HcPreParams p;
   p.h = hh;
   p.fn = fn;
@@ -99,6 +102,7 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
 // expert on the tensor cores), shared expert, and a combine in ascending expert order (the CPU's
 // accumulation order).
 void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y) {
+  if (dec_moe(m, xx, tokens, n, y)) return;  // decode-size kernels (cuda_decode.cpp)
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   const int K = cfg.num_experts_per_tok;
   linear(m.gate, xx, n, gate_logits.get(), false);
@@ -167,6 +171,7 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
 }
 
 void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
+  if (dec_q_and_kv(at, xx, n)) return;  // decode-size kernels (cuda_decode.cpp)
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank;
   linear(at.wq_a, xx, n, qr.get());
   norm_rows(qr.get(), n, ql, at.q_norm);
@@ -184,6 +189,7 @@ void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
 }
 
 void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* y) {
+  if (dec_output_proj(at, oo, n, y)) return;  // decode-size kernels (cuda_decode.cpp)
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, G = cfg.o_groups, R = cfg.o_lora_rank;
   const int64_t gin = H * hd / G;
   kernels::GemmParams p;
@@ -369,11 +375,11 @@ void CudaModel::Impl::block_forward(int layer, const StepBatch& batch, int64_t n
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), n, D, b.attn_norm);
+  dec_norm_rows(x.get(), n, D, b.attn_norm);  // norm_rows, + x's codes for the decode q/kv
   attention_target(layer, batch, n, a.get());
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
   hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), n, D, b.ffn_norm);
+  dec_norm_rows(x.get(), n, D, b.ffn_norm);  // norm_rows, + x's codes for the decode MoE
   moe(b.ffn, x.get(), meta.tokens, n, a.get());
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
 }

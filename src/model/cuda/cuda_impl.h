@@ -17,6 +17,7 @@
 #include "kernels/cuda/gemm_tc.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/decode_path.h"
 #include "model/cuda/kv_record.h"
 #include "model/cuda/model_kernels.h"
 #include "model/cuda/moe_prefill.h"
@@ -232,6 +233,19 @@ struct CudaModel::Impl {
   bool linear_tc(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out);
   bool gemm_bf16_tc(const kernels::GemmParams& p);
   bool moe_routed_tc(const cuda_model::DMoE& mo, const float* x, int64_t n);  // -> pair_out
+
+  // ---- decode-size kernels (cuda_decode.cpp): each returns false, launching nothing, when the
+  // weights do not suit them (the caller then runs the generic ops) ----
+  cuda_model::DecodePath dec;
+  void dec_allocate();
+  void dec_pack(const float* x, int64_t m, int64_t k, const float* norm_weight = nullptr, float* normed = nullptr);
+  // norm_rows(x) fused with x's quantization for the next q/kv or MoE (falls back to norm_rows).
+  void dec_norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
+  void dec_codes_of(const float* x, int64_t n, int64_t k);
+  bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out);
+  bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
+  bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);
+  bool dec_moe(const cuda_model::DMoE& m, const float* x, const int32_t* tokens, int64_t n, float* y);
 
   Status init(const ModelConfig& config, const CudaModelOptions& options);
   Status validate_step(const StepBatch& batch) const;

@@ -345,6 +345,7 @@ void allocate_all(CudaModel::Impl& m) {
   lk(m.w.draft.markov_w2);
   kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, static_cast<size_t>(N * max_k) * sizeof(float));
   m.alloc_prefill();  // tensor-core scratch and cuBLASLt plans for steps of more than tc_min_rows rows
+  m.dec_allocate();  // the decode kernels' activation operand and MoE scratch (cuda_decode.cpp)
 
   // The step plan: one pinned host region mirrored on the device.
   m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);

@@ -40,6 +40,9 @@ struct CudaModelOptions {
   // in another order. 0 = every step on the tensor cores; a huge value = never (tests that compare
   // steps of different sizes bit for bit pin one path).
   int64_t tc_min_rows = 96;
+  // Decode-size projections and MoE on the tensor-core decode kernels (kernels/cuda/decode_gemm.h,
+  // model/cuda/moe_decode.h) where the weights suit them; false = the generic ops everywhere.
+  bool decode_kernels = true;
 };
 
 class CudaModel {
