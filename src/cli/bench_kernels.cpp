@@ -446,14 +446,15 @@ void Bench::moe_layers() {
     q.cols = D;
     q.block = 128;
     kc::act_quant_fp8(q, s);
-    cuda_model::moe_pairs_up(xq.get(), eids.get(), ew.get(), m * K, K, L[l].w1->ref(0), L[l].w3->ref(0), I, D, 10.0f,
-                             gact.get(), s);
+    cuda_model::moe_pairs_up({xq.get(), eids.get(), ew.get(), m * K, K, L[l].w1->ref(0), L[l].w3->ref(0), I, D, 10.0f,
+                              gact.get()},
+                             s);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(gq.get(), gact.get(), sizeof(float) * m * K * I, cudaMemcpyDeviceToDevice, s));
     q.x = gq.get();
     q.rows = m * K;
     q.cols = I;
     kc::act_quant_fp8(q, s);
-    cuda_model::moe_pairs_down(gq.get(), eids.get(), m * K, L[l].w2->ref(0), I, D, pair_out.get(), s);
+    cuda_model::moe_pairs_down({gq.get(), eids.get(), m * K, L[l].w2->ref(0), I, D, pair_out.get()}, s);
     auto lin = [&](const WeightRef& w, const float* in, float* o) {
       kernels::GemmParams p;
       p.x = in;
@@ -478,7 +479,7 @@ void Bench::moe_layers() {
     sw.round_bf16 = true;
     kc::swiglu(sw, s);
     lin(L[l].s2->ref(0), sh_g.get(), sh_out.get());
-    cuda_model::moe_combine(pair_out.get(), eids.get(), sh_out.get(), m, K, D, out.get(), s);
+    cuda_model::moe_combine({pair_out.get(), eids.get(), sh_out.get(), m, K, D, out.get()}, s);
   };
   // Bytes of the new path's calls: the experts its routes activate, read from the route output.
   auto active_bytes = [&](int64_t m, int begin, int count) {
@@ -551,7 +552,6 @@ Status run(const std::string& out_path) {
     return make_error(StatusCode::kUnavailable, "this binary has no code for {}", kc::device_description(0));
   Bench b;
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&b.s, cudaStreamNonBlocking));
-  kc::set_stream(b.s);
   b.init();
   b.copy_bps = copy_bandwidth(b.s);
   std::printf("%s: device-to-device copy %.0f GB/s (read + write)\n\n", kc::device_description(0), b.copy_bps / 1e9);
@@ -603,7 +603,6 @@ Status run(const std::string& out_path) {
   j["targets"] = targets;
   std::ofstream(out_path) << j.dump(2) << "\n";
   std::printf("\nwrote %s\n", out_path.c_str());
-  kc::set_stream(nullptr);
   TANDEM_CUDA_CHECK(cudaStreamDestroy(b.s));
   return Status();
 }
