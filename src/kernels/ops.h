@@ -1,6 +1,7 @@
 // The op interface of the DeepSeek-V4 forward pass: one plain parameter struct per op (every pointer
-// carries its shape), a backend interface (`Ops`) that the CPU reference implements now and the CUDA
-// backend later, and the CPU entry points (`cpu::<op>`). The model is written against this file only.
+// carries its shape), a backend interface (`Ops`) that the CPU reference (src/kernels/cpu) and the
+// CUDA backend (src/kernels/cuda) implement, and the CPU entry points (`cpu::<op>`). The CPU model
+// is written against this file only; the CUDA model takes its generic math from it.
 //
 // Conventions (all ops):
 //  * Activations are fp32 arrays. Where the official reference keeps a tensor in bf16, the op that
