@@ -97,10 +97,11 @@ struct RunnerOutput {
 // (seed, drafted position)). One struct for the engine and both models.
 using DraftQuery = DraftRequest;
 struct DraftProposal {
-  std::vector<int32_t> tokens;      // K tokens for positions position+1 .. position+K
+  std::vector<int32_t> tokens;      // K tokens for positions anchor_pos+1 .. anchor_pos+K
   std::vector<float> confidence;    // K values in [0,1] (sigmoid of the head's raw projection)
   // A sampled proposal's draft distributions q [K, vocab] stay in the runner, keyed by the slot,
-  // until the slot's next draft_propose or reset; verification reads them there (SampleRow::q_row).
+  // until the slot's next draft_propose or reset (RunnerSeq::reset); verification reads them there
+  // (SampleRow::q_row).
   bool sampled = false;
 };
 
