@@ -83,7 +83,6 @@ struct DsV4Model::Impl {
 
   // Sets layout, win_ring, slot_floats, block_floats from cfg/opt (no weights needed).
   void plan_state();
-  static Status validate_options(const ModelOptions& opt);
   Status init_state();
   Status validate_step(const StepBatch& batch) const;
 

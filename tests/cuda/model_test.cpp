@@ -934,7 +934,7 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
     auto want = run_engine(plain, prompts, 200);
     EngineConfig spec = plain;
     spec.speculative.method = "dspark";
-    spec.speculative.verify_mode = "fixed";
+    spec.speculative.verify_mode = VerifyMode::kFixed;
     EngineMetrics m;
     auto got = run_engine(spec, prompts, 200, &m);
     int equal = 0;
@@ -970,8 +970,8 @@ TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
   ec.block_size = 256;
   ec.max_model_len = 1024;
   ec.speculative.method = "dspark";
-  ec.speculative.verify_mode = "fixed";
-  ec.speculative.draft_sample_method = "sample";
+  ec.speculative.verify_mode = VerifyMode::kFixed;
+  ec.speculative.draft_sample_method = DraftSampleMethod::kSample;
   auto tweak = [](SamplingParams& sp, size_t i) {
     sp.temperature = 0.8;
     sp.top_p = 0.95;

@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
 
   int accepted = 0;
   int64_t token = argmax;
-  const bool greedy = nvalid == 0 || row.temperature < kGreedyTemperature;
+  const bool greedy = nvalid == 0 || is_greedy(row.temperature);
   if (greedy) {
     accepted = row.draft >= 0 && row.draft == argmax ? 1 : 0;
   } else {

@@ -196,7 +196,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   auto* h_conf = reinterpret_cast<float*>(hs + 32 * B + 4 * N);
   // Sampled requests need q on the device (verification reads it from the slot's store).
   bool any_sampled = false;
-  for (const DraftQueryDev& r : requests) any_sampled = any_sampled || r.temperature > 0;
+  for (const DraftQueryDev& r : requests) any_sampled = any_sampled || !is_greedy(r.temperature);
   const bool host_probs = want_probs;
   want_probs = want_probs || any_sampled;
   for (int64_t b = 0; b < B; ++b) {
@@ -223,7 +223,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
     ++m.gstats.eager;
   }
   for (int64_t b = 0; b < B; ++b)
-    if (requests[b].temperature > 0)
+    if (!is_greedy(requests[b].temperature))
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.q_store.get() + static_cast<int64_t>(requests[b].slot) * K * V,
                                         m.d_probs.get() + b * K * V, sizeof(float) * K * V, cudaMemcpyDeviceToDevice,
                                         m.stream));

@@ -254,7 +254,7 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
       stream);
 }
 
-void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_t n, float* y) {
+void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const cuda_model::DBlock& b = w.layers[layer];
   const DAttn& at = b.attn;
   const cuda_model::LayerState& L = lay.layers[layer];
@@ -274,7 +274,6 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   // Visible compressed entries bound the indexer's columns and the attention's key list: from the
   // step's context bound (exact when eager, its power-of-two bucket when replaying a graph).
   const int64_t max_vis4 = step.end_bound / 4, max_vis_r = ratio ? step.end_bound / ratio : 0;
-  (void)batch;
 
   const int64_t IH = cfg.index_n_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
   const bool csa = ratio == 4 && at.has_indexer;
@@ -371,12 +370,12 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
                             stream);
 }
 
-void CudaModel::Impl::block_forward(int layer, const StepBatch& batch, int64_t n) {
+void CudaModel::Impl::block_forward(int layer, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
   dec_norm_rows(x.get(), n, D, b.attn_norm);  // norm_rows, + x's codes for the decode q/kv
-  attention_target(layer, batch, n, a.get());
+  attention_target(layer, n, a.get());
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
   hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
   dec_norm_rows(x.get(), n, D, b.ffn_norm);  // norm_rows, + x's codes for the decode MoE

@@ -262,10 +262,10 @@ struct CudaModel::Impl {
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
-  void attention_target(int layer, const StepBatch& batch, int64_t n, float* y);
+  void attention_target(int layer, int64_t n, float* y);
   void run_compressor(const cuda_model::DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
                       const float* xx, int64_t n);
-  void block_forward(int layer, const StepBatch& batch, int64_t n);
+  void block_forward(int layer, int64_t n);
   void head_logits(const float* hin, int64_t n, const cuda_model::DWeights& ww, const float* hc_fn,
                    const float* hc_scale, const float* hc_base, const float* norm, float* y_out, float* logits_out);
 };

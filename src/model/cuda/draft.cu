@@ -80,7 +80,7 @@ __global__ void markov_step_kernel(MarkovStepArgs a) {
   const int argmax = static_cast<int>(kernels::cuda::select_key_index(kernels::cuda::block_argmax_key(best, s_scr)));
   const double T = a.temperature ? a.temperature[b] : 0.0;
   int token = argmax;
-  if (T > 0.0) {
+  if (!is_greedy(T)) {
     // softmax(z / T) in double; z is visible block-wide after the reductions' __syncthreads()
     const double mx = static_cast<double>(z[argmax]) / T;
     auto mass = [&](int64_t v) { return exp(static_cast<double>(z[v]) / T - mx); };

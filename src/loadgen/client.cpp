@@ -1,14 +1,14 @@
 // cpp-httplib client for the serving benchmark: one connection per request (as concurrent clients
 // of a public endpoint behave), SSE timed as bytes arrive.
-#include "bench/client.h"
+#include "loadgen/client.h"
 
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
 
-#include "bench/sse.h"
+#include "loadgen/sse.h"
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 bool https_supported() {
 #ifdef CPPHTTPLIB_OPENSSL_SUPPORT
@@ -175,4 +175,4 @@ std::string check_token_counts(const RequestRecord& r, int max_tokens) {
   return "";
 }
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 std::string render_svg(const nlohmann::json& report);
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

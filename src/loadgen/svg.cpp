@@ -1,5 +1,5 @@
 // SVG chart of a `tandem bench` report (see svg.h).
-#include "bench/svg.h"
+#include "loadgen/svg.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <map>
 #include <vector>
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 namespace {
 
@@ -184,4 +184,4 @@ std::string render_svg(const nlohmann::json& report) {
   return o;
 }
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 // Incremental "text/event-stream" splitter: feed() any number of bytes; on_data receives the data
 // of every complete event (multi-line data joined by '\n'); comments and other fields are skipped.
@@ -40,4 +40,4 @@ struct ChatChunk {
 
 ChatChunk parse_chat_chunk(const std::string& data);
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

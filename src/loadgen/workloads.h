@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 enum class WorkloadKind { kCount, kDataclasses, kProse, kLongPrompt };
 
@@ -39,4 +39,4 @@ CountCheck check_count(const std::string& text, int last, const std::string& fin
 // "@dataclass" decorators in the text (the dataclasses workload asks for twenty).
 int count_dataclasses(const std::string& text);
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

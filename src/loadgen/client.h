@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 // "http://host:port[/prefix][/v1]" -> scheme://host:port and the path prefix (a trailing "/v1" is
 // dropped, so both spellings of an OpenAI base URL work). https:// needs httplib built with OpenSSL.
@@ -68,4 +68,4 @@ RequestRecord stream_chat(const Endpoint& ep, const ClientOptions& o, const Chat
 // detokenizer hold-back put several tokens in one chunk, so fewer chunks than tokens is fine).
 std::string check_token_counts(const RequestRecord& r, int max_tokens);
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

@@ -1,11 +1,11 @@
 // Prometheus text parsing and the counter-name table of the serving benchmark.
-#include "bench/prometheus.h"
+#include "loadgen/prometheus.h"
 
 #include <cstdlib>
 #include <string_view>
 #include <vector>
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 std::map<std::string, double> parse_prometheus(const std::string& text) {
   std::map<std::string, double> out;
@@ -100,4 +100,4 @@ nlohmann::json to_json(const ServerCounters& c) {
   return j;
 }
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

@@ -1,5 +1,5 @@
 // The serving benchmark's sweep and its reduction to the report JSON.
-#include "bench/runner.h"
+#include "loadgen/runner.h"
 
 #include <fmt/format.h>
 
@@ -13,11 +13,11 @@
 #include <random>
 #include <thread>
 
-#include "bench/prometheus.h"
-#include "bench/stats.h"
+#include "loadgen/prometheus.h"
+#include "loadgen/stats.h"
 #include "common/version.h"
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 Status validate(const BenchOptions& o) {
   if (o.model.empty()) return invalid_argument("--model: required (the name the server serves)");
@@ -442,4 +442,4 @@ Result<nlohmann::json> run_benchmark(const BenchOptions& o, const std::function<
   return report;
 }
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

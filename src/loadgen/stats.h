@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 // Linear interpolation between closest ranks; q in [0, 1]. NaN for an empty sample.
 double quantile(std::vector<double> v, double q);
@@ -16,4 +16,4 @@ nlohmann::json spread(const std::vector<double>& v);
 // {"n", "median", "p90", "p99", "min", "max"} or null when empty.
 nlohmann::json distribution(const std::vector<double>& v);
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

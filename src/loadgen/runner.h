@@ -9,11 +9,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/client.h"
-#include "bench/workloads.h"
+#include "loadgen/client.h"
+#include "loadgen/workloads.h"
 #include "common/status.h"
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 struct BenchOptions {
   std::string base_url, model, api_key;
@@ -57,4 +57,4 @@ nlohmann::json summarize_run(const RunData& d);
 // Per workload x concurrency: medians and spread over the repeats.
 nlohmann::json summarize_sweep(const nlohmann::json& runs);
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

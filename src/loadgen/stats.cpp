@@ -1,11 +1,11 @@
 // Order statistics of the serving benchmark.
-#include "bench/stats.h"
+#include "loadgen/stats.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
@@ -32,4 +32,4 @@ nlohmann::json distribution(const std::vector<double>& v) {
           {"p99", quantile(v, 0.99)}, {"min", *mn},                {"max", *mx}};
 }
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

@@ -1,12 +1,12 @@
 // Prompts and output checks of the serving benchmark's workloads.
-#include "bench/workloads.h"
+#include "loadgen/workloads.h"
 
 #include <cctype>
 #include <sstream>
 
 #include "common/hash.h"
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 const std::vector<Workload>& all_workloads() {
   // The prompts are the ones bench/engine/bench_seeds.cpp gives the engine directly, so the two
@@ -124,4 +124,4 @@ int count_dataclasses(const std::string& text) {
   return n;
 }
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

@@ -1,9 +1,9 @@
 // SSE splitting and chat.completion.chunk reading for the serving benchmark.
-#include "bench/sse.h"
+#include "loadgen/sse.h"
 
 #include <nlohmann/json.hpp>
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 void SseSplitter::feed(std::string_view bytes) {
   for (char c : bytes) {
@@ -89,4 +89,4 @@ ChatChunk parse_chat_chunk(const std::string& data) {
   return c;
 }
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

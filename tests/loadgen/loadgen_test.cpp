@@ -7,15 +7,15 @@
 #include <atomic>
 #include <thread>
 
-#include "bench/client.h"
-#include "bench/prometheus.h"
-#include "bench/runner.h"
-#include "bench/sse.h"
-#include "bench/stats.h"
-#include "bench/svg.h"
-#include "bench/workloads.h"
+#include "loadgen/client.h"
+#include "loadgen/prometheus.h"
+#include "loadgen/runner.h"
+#include "loadgen/sse.h"
+#include "loadgen/stats.h"
+#include "loadgen/svg.h"
+#include "loadgen/workloads.h"
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 namespace {
 
 using json = nlohmann::json;
@@ -387,4 +387,4 @@ TEST(BenchSvg, DrawsEverySeriesAndEscapesText) {
 }
 
 }  // namespace
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tandem::bench {
+namespace tandem::loadgen {
 
 // Sum over label sets of every sample, by metric name ("vllm:generation_tokens_total" -> value).
 // Lines that do not parse are skipped: a scrape is evidence, not input that can fail the run.
@@ -26,4 +26,4 @@ struct ServerCounters {
 ServerCounters counter_deltas(const std::map<std::string, double>& before, const std::map<std::string, double>& after);
 nlohmann::json to_json(const ServerCounters& c);
 
-}  // namespace tandem::bench
+}  // namespace tandem::loadgen
