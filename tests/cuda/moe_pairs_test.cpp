@@ -14,7 +14,6 @@
 //    are exact or far from a bf16 midpoint, which is almost every element).
 //  * moe_combine: bit for bit (the CPU's additions in the CPU's order).
 #include <cstdio>
-#include <string>
 
 #include "cuda/model_kernel_util.h"
 #include "model/cuda/moe.h"
@@ -93,14 +92,6 @@ std::vector<float> cpu_linear(const HostWeight& w, int64_t row0, int64_t rows, c
   p.quantize_x_block = 128;
   cpu::gemm(p);
   return y;
-}
-
-// Summation depth of the CPU gemm for one output: L vector lanes each summing k/L products in
-// order (FMA, or a product and an add), then the lanes summed in order (hsum) and the tail.
-double cpu_gemm_depth(int64_t k) {
-  const std::string isa = cpu::gemm_isa_name();
-  const double lanes = isa == "avx512" ? 16 : isa == "avx2" ? 8 : 4;
-  return k / lanes + lanes + 2;
 }
 
 // The values an fp32 evaluation of one SwiGLU output can come from: g and u, the bf16 roundings of
