@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -88,6 +89,32 @@ DeviceBuffer<T> poisoned(size_t n, int byte = 0xff) {
 template <typename T>
 void poison(DeviceBuffer<T>& d, int byte = 0xff) {
   if (d.size()) TANDEM_CUDA_CHECK(cudaMemset(d.get(), byte, d.bytes()));
+}
+
+// Median microseconds of launch() on kStream over `reps` runs after one warm-up: the op tests'
+// model-shape cases double as perf cases (printed as "[cuda perf] ...", never asserted; the
+// benchmarks own speed). launch() must be idempotent.
+template <typename F>
+double median_us(F&& launch, int reps = 20) {
+  cudaEvent_t e0, e1;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
+  launch();
+  sync();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(e0, kStream));
+    launch();
+    TANDEM_CUDA_CHECK(cudaEventRecord(e1, kStream));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms * 1000.0);
+  }
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 }  // namespace tandem::kernels::cuda_testing

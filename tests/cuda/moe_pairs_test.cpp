@@ -246,6 +246,14 @@ TEST(CudaMoePairs, UpAndDownMatchCpu) {
     for (size_t j = 0; j < got_down.size(); ++j) same_down += num::f32_bits(got_down[j]) == num::f32_bits(cpu_down[j]);
     std::printf("[cuda moe_pairs] up %zu of %zu, down %zu of %zu outputs bit-equal to the CPU's\n", same_up,
                 got_up.size(), same_down, got_down.size());
+    if (D == 4096) {
+      const MoePairsUpArgs ua{dxq.get(), deid.get(), dw.get(), pairs, c.topk, w1.ref(d1.get(), s1.get()),
+                              w3.ref(d3.get(), s3.get()), I, D, limit, dgact.get()};
+      const MoePairsDownArgs da{dgq.get(), deid.get(), pairs, w2.ref(d2.get(), s2.get()), I, D, dout.get()};
+      std::printf("[cuda perf] moe_pairs mxfp4 decode (%lld pairs, 4096 -> 2048 -> 4096): up %.1f us, down %.1f us\n",
+                  static_cast<long long>(pairs), median_us([&] { cuda_model::moe_pairs_up(ua, kStream); }),
+                  median_us([&] { cuda_model::moe_pairs_down(da, kStream); }));
+    }
   }
   TANDEM_REQUIRE_GPU();
 }
