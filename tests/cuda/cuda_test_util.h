@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -43,13 +42,6 @@ inline bool have_gpu() { return no_gpu_reason() == nullptr; }
     if (const char* tandem_why_ = ::tandem::kernels::cuda_testing::no_gpu_reason()) {        \
       GTEST_SKIP() << tandem_why_;                                                           \
     }                                                                                        \
-  } while (0)
-
-// A file a GPU test needs: on a GPU machine its absence is a failure (the run must not pass by
-// skipping), elsewhere the test skips before it gets here.
-#define TANDEM_REQUIRE_FILE(path)                                                               \
-  do {                                                                                          \
-    if (!std::filesystem::exists(path)) FAIL() << "missing file " << (path) << " (needed on the GPU run)"; \
   } while (0)
 
 // The op tests launch on the legacy default stream, passed explicitly like any other stream (every
