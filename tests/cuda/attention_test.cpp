@@ -255,6 +255,10 @@ TEST(CudaAttention, MatchesCpu) {
     a.rows = rows;
     cuda_model::attention(a, kStream);
     chk.check_gpu(to_host(dout), "attention");
+    if (H == 64)
+      std::printf("[cuda perf] attention %s, 64 heads x 512, window 128 + top-%d, %lld rows: %.1f us\n",
+                  kind_name(c.kind), c.topk, static_cast<long long>(rows),
+                  median_us([&] { cuda_model::attention(a, kStream); }));
   }
   TANDEM_REQUIRE_GPU();
 }

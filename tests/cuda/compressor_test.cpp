@@ -68,10 +68,7 @@ CompSetup make_setup(const CompCase& c, int64_t rows, uint64_t seed) {
   return s;
 }
 
-// float64 pooled value of entry j, channel ch, and the bound of an fp32 evaluation in the CPU's or
-// the kernel's order: per candidate exp (kExpRel) of an argument rounded once (u |s - m|), the sum
-// z of <= n positive terms (gamma(n)), the division and the product (2u), the sum of <= n products
-// (gamma(n)); a factor 1.25 covers the second-order terms.
+// float64 pooled value of entry j, channel ch, and its bound (pool_ref_values).
 template <class RowAt>
 void pool_ref(RowAt&& row_at, int64_t j, const CompSetup& s, int64_t ch, double* want, double* bound) {
   const int r = s.ratio;
@@ -88,26 +85,7 @@ void pool_ref(RowAt&& row_at, int64_t j, const CompSetup& s, int64_t ch, double*
     sc.push_back(row[s.C + off + ch]);
     kv.push_back(row[off + ch]);
   }
-  const double m = *std::max_element(sc.begin(), sc.end());
-  const double n = static_cast<double>(sc.size());
-  double z = 0, eps_max = 0;
-  std::vector<double> e(sc.size()), eps(sc.size());
-  for (size_t i = 0; i < sc.size(); ++i) {
-    e[i] = std::exp(sc[i] - m);
-    eps[i] = kExpRel + kU * std::fabs(sc[i] - m);
-    eps_max = std::max(eps_max, eps[i]);
-    z += e[i];
-  }
-  const double eps_z = eps_max + gamma_n(n);
-  double out = 0, b = 0, mag = 0;
-  for (size_t i = 0; i < sc.size(); ++i) {
-    const double w = e[i] / z;
-    out += kv[i] * w;
-    b += std::fabs(kv[i]) * w * (eps[i] + eps_z + 2 * kU);
-    mag += std::fabs(kv[i]) * w;
-  }
-  *want = out;
-  *bound = 1.25 * (b + gamma_n(n) * mag);
+  pool_ref_values(sc, kv, want, bound);
 }
 
 TEST(CudaCompressor, RowsEntriesAndStoresMatchCpu) {

@@ -7,7 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <filesystem>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -42,13 +42,6 @@ inline bool have_gpu() { return no_gpu_reason() == nullptr; }
     if (const char* tandem_why_ = ::tandem::kernels::cuda_testing::no_gpu_reason()) {        \
       GTEST_SKIP() << tandem_why_;                                                           \
     }                                                                                        \
-  } while (0)
-
-// A file a GPU test needs: on a GPU machine its absence is a failure (the run must not pass by
-// skipping), elsewhere the test skips before it gets here.
-#define TANDEM_REQUIRE_FILE(path)                                                               \
-  do {                                                                                          \
-    if (!std::filesystem::exists(path)) FAIL() << "missing file " << (path) << " (needed on the GPU run)"; \
   } while (0)
 
 // The op tests launch on the legacy default stream, passed explicitly like any other stream (every
@@ -88,6 +81,32 @@ DeviceBuffer<T> poisoned(size_t n, int byte = 0xff) {
 template <typename T>
 void poison(DeviceBuffer<T>& d, int byte = 0xff) {
   if (d.size()) TANDEM_CUDA_CHECK(cudaMemset(d.get(), byte, d.bytes()));
+}
+
+// Median microseconds of launch() on kStream over `reps` runs after one warm-up: the op tests'
+// model-shape cases double as perf cases (printed as "[cuda perf] ...", never asserted; the
+// benchmarks own speed). launch() must be idempotent.
+template <typename F>
+double median_us(F&& launch, int reps = 20) {
+  cudaEvent_t e0, e1;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
+  launch();
+  sync();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(e0, kStream));
+    launch();
+    TANDEM_CUDA_CHECK(cudaEventRecord(e1, kStream));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms * 1000.0);
+  }
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 }  // namespace tandem::kernels::cuda_testing

@@ -106,11 +106,15 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
     DeviceBuffer<uint8_t> dpool = to_dev(pool);
     auto dsc = poisoned<float>(want.size());
     auto dvis = poisoned<int32_t>(want_vis.size());
-    cuda_model::indexer_scores_paged(IndexerArgs{dq.get(), dw.get(), st.meta, rows, c.heads, c.dim, dpool.get(),
-                                                 block_bytes, pool_idx, kl, dsc.get(), n_cols, dvis.get()},
-                                     kStream);
+    const IndexerArgs ia{dq.get(), dw.get(), st.meta, rows, c.heads, c.dim, dpool.get(),
+                         block_bytes, pool_idx, kl, dsc.get(), n_cols, dvis.get()};
+    cuda_model::indexer_scores_paged(ia, kStream);
     EXPECT_TRUE(same_bits(to_host(dsc), want));
     EXPECT_TRUE(same_values(to_host(dvis), want_vis));
+    if (c.heads == 64)
+      std::printf("[cuda perf] indexer_scores_paged 64 x 128, %lld rows x %lld columns: %.1f us\n",
+                  static_cast<long long>(rows), static_cast<long long>(n_cols),
+                  median_us([&] { cuda_model::indexer_scores_paged(ia, kStream); }));
   }
   TANDEM_REQUIRE_GPU();
 }

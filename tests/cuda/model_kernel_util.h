@@ -172,55 +172,35 @@ struct DeviceStep {
   }
 };
 
-// ---- stated error bounds (float64) ----
-// u = 2^-24, the unit roundoff of fp32. A sum (or FMA chain) whose every term passes through at most
-// d roundings is within gamma(d) * sum |terms| of the exact sum (Higham, Accuracy and Stability of
-// Numerical Algorithms, 2nd ed., 3.1): the kernels' and the CPU's summation trees have known depths,
-// which each test states.
-constexpr double kU = 1.0 / 16777216.0;
-inline double gamma_n(double d) { return d * kU / (1.0 - d * kU); }
-// Relative error of one fp32 expf (CUDA's expf: 2 ulp; glibc's: < 1 ulp): 2 ulp of 2^-23 each.
-constexpr double kExpRel = 4.0 * kU;
+// (Stated error bounds: kU, gamma_n, kExpRel, sum_bound, bf16_range are bit_compare.h's.)
 
-// Exponent of the lowest set bit of a nonzero finite double.
-inline int lsb_exp(double v) {
-  uint64_t b;
-  std::memcpy(&b, &v, 8);
-  const int be = static_cast<int>((b >> 52) & 0x7ff);
-  uint64_t m = b & ((uint64_t{1} << 52) - 1);
-  if (be) m |= uint64_t{1} << 52;
-  return (be ? be : 1) - 1075 + __builtin_ctzll(m);
-}
-
-// Bound of an fp32 sum of n terms (each exact in double: products of few-bit values) through a
-// summation tree in which a term passes at most `depth` roundings: 0 when every partial sum in any
-// order is an fp32 value (all terms are multiples of 2^L and sum |terms| < 2^(L+24)), so the kernel
-// and the CPU get the exact sum whatever their orders; else gamma(depth) * sum |terms|.
-inline double sum_bound(const double* terms, int64_t n, double depth) {
-  int lo = 1 << 20;
-  double a = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (terms[i] == 0) continue;
-    lo = std::min(lo, lsb_exp(terms[i]));
-    a += std::fabs(terms[i]);
+// float64 gated pooling of one channel (kernels::CompressPoolParams): the softmax over the
+// candidates' scores sc (fp32 values, ape included) of their kv values, and the bound of an fp32
+// evaluation in candidate order: per candidate exp (kExpRel) of an argument rounded once
+// (u |s - m|), the sum z of <= n positive terms (gamma(n)), the division and the product (2u), the
+// sum of <= n products (gamma(n)); a factor 1.25 covers the second-order terms.
+inline void pool_ref_values(const std::vector<double>& sc, const std::vector<double>& kv, double* want,
+                            double* bound) {
+  const double m = *std::max_element(sc.begin(), sc.end());
+  const double n = static_cast<double>(sc.size());
+  double z = 0, eps_max = 0;
+  std::vector<double> e(sc.size()), eps(sc.size());
+  for (size_t i = 0; i < sc.size(); ++i) {
+    e[i] = std::exp(sc[i] - m);
+    eps[i] = kExpRel + kU * std::fabs(sc[i] - m);
+    eps_max = std::max(eps_max, eps[i]);
+    z += e[i];
   }
-  if (a == 0 || a < std::ldexp(1.0, lo + 24)) return 0.0;
-  return gamma_n(depth) * a;
-}
-
-// The smallest and the largest bf16 value an fp32 result within [lo, hi] can round to (round to
-// nearest even is monotone): equal, or neighbours when the interval straddles a rounding midpoint.
-inline std::pair<float, float> bf16_range(double lo, double hi) {
-  float flo = static_cast<float>(lo), fhi = static_cast<float>(hi);
-  if (static_cast<double>(flo) < lo) flo = std::nextafter(flo, INFINITY);
-  if (static_cast<double>(fhi) > hi) fhi = std::nextafter(fhi, -INFINITY);
-  if (flo > fhi) flo = fhi = static_cast<float>(0.5 * (lo + hi));
-  return {num::round_bf16(flo), num::round_bf16(fhi)};
-}
-// got is a bf16 value within half a bf16 ulp of y, plus `slack` (the fp32 error before the rounding).
-inline bool bf16_near(float got, double y, double slack) {
-  if (!representable(got, Stored::kBf16)) return false;
-  return std::fabs(static_cast<double>(got) - y) <= 0.5 * ulp_of(y, Stored::kBf16) + slack;
+  const double eps_z = eps_max + gamma_n(n);
+  double out = 0, b = 0, mag = 0;
+  for (size_t i = 0; i < sc.size(); ++i) {
+    const double w = e[i] / z;
+    out += kv[i] * w;
+    b += std::fabs(kv[i]) * w * (eps[i] + eps_z + 2 * kU);
+    mag += std::fabs(kv[i]) * w;
+  }
+  *want = out;
+  *bound = 1.25 * (b + gamma_n(n) * mag);
 }
 
 }  // namespace tandem::kernels::cuda_testing

@@ -781,7 +781,8 @@ TEST(CudaCheckpoint, EveryTinyPresetMatchesCpu) {
 TEST(CudaCheckpoint, BuiltinTrainedModelMatchesCpu) {
   SKIP_WITHOUT_GPU();
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
-  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no data/builtin";
+  // On a GPU machine a missing checkpoint fails the run (it must not pass by skipping).
+  if (!fs::exists(dir + "/config.json")) FAIL() << "missing " << dir << "/config.json (the built-in model)";
   compare_checkpoint(dir, "builtin", kAmplifying);
 }
 
@@ -922,7 +923,7 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
     return i % 2 ? "Count from " + std::to_string(1 + 7 * i) + " to " + std::to_string(300 + i) + "."
                  : "Write a Python function number " + std::to_string(i) + " that sorts a list.";
   });
-  if (prompts.empty()) GTEST_SKIP() << "no data/builtin";
+  if (prompts.empty()) FAIL() << "missing " << dir << "/config.json or tokenizer.json (the built-in model)";
   for (int conc : {1, 8}) {
     EngineConfig plain;
     plain.model_dir = dir;
@@ -961,7 +962,7 @@ TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
   const auto prompts =
       builtin_chat_prompts(8, [](int i) { return "Tell me about lists, take " + std::to_string(i) + "."; });
-  if (prompts.empty()) GTEST_SKIP() << "no data/builtin";
+  if (prompts.empty()) FAIL() << "missing " << dir << "/config.json or tokenizer.json (the built-in model)";
   EngineConfig ec;
   ec.model_dir = dir;
   ec.device = "cuda";

@@ -14,7 +14,6 @@
 //    are exact or far from a bf16 midpoint, which is almost every element).
 //  * moe_combine: bit for bit (the CPU's additions in the CPU's order).
 #include <cstdio>
-#include <string>
 
 #include "cuda/model_kernel_util.h"
 #include "model/cuda/moe.h"
@@ -93,14 +92,6 @@ std::vector<float> cpu_linear(const HostWeight& w, int64_t row0, int64_t rows, c
   p.quantize_x_block = 128;
   cpu::gemm(p);
   return y;
-}
-
-// Summation depth of the CPU gemm for one output: L vector lanes each summing k/L products in
-// order (FMA, or a product and an add), then the lanes summed in order (hsum) and the tail.
-double cpu_gemm_depth(int64_t k) {
-  const std::string isa = cpu::gemm_isa_name();
-  const double lanes = isa == "avx512" ? 16 : isa == "avx2" ? 8 : 4;
-  return k / lanes + lanes + 2;
 }
 
 // The values an fp32 evaluation of one SwiGLU output can come from: g and u, the bf16 roundings of
@@ -255,6 +246,14 @@ TEST(CudaMoePairs, UpAndDownMatchCpu) {
     for (size_t j = 0; j < got_down.size(); ++j) same_down += num::f32_bits(got_down[j]) == num::f32_bits(cpu_down[j]);
     std::printf("[cuda moe_pairs] up %zu of %zu, down %zu of %zu outputs bit-equal to the CPU's\n", same_up,
                 got_up.size(), same_down, got_down.size());
+    if (D == 4096) {
+      const MoePairsUpArgs ua{dxq.get(), deid.get(), dw.get(), pairs, c.topk, w1.ref(d1.get(), s1.get()),
+                              w3.ref(d3.get(), s3.get()), I, D, limit, dgact.get()};
+      const MoePairsDownArgs da{dgq.get(), deid.get(), pairs, w2.ref(d2.get(), s2.get()), I, D, dout.get()};
+      std::printf("[cuda perf] moe_pairs mxfp4 decode (%lld pairs, 4096 -> 2048 -> 4096): up %.1f us, down %.1f us\n",
+                  static_cast<long long>(pairs), median_us([&] { cuda_model::moe_pairs_up(ua, kStream); }),
+                  median_us([&] { cuda_model::moe_pairs_down(da, kStream); }));
+    }
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -15,7 +15,10 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "common/numeric_core.h"
 
 namespace tandem::kernels::testing {
 
@@ -62,6 +65,56 @@ inline bool same_special(double g, double w, std::string* why) {
     return false;
   }
   return true;
+}
+
+// ---- stated error bounds of fp32 arithmetic (for `within` and correctly_rounded's abs_slack) ----
+// u = 2^-24, the unit roundoff of fp32. A sum (or FMA chain) whose every term passes through at most
+// d roundings is within gamma(d) * sum |terms| of the exact sum (Higham, Accuracy and Stability of
+// Numerical Algorithms, 2nd ed., 3.1); tests state the depths of the code under test's trees.
+constexpr double kU = 1.0 / 16777216.0;
+inline double gamma_n(double d) { return d * kU / (1.0 - d * kU); }
+// Relative error of one fp32 expf (CUDA's expf: 2 ulp; glibc's: < 1 ulp): 2 ulp of 2^-23 each.
+constexpr double kExpRel = 4.0 * kU;
+
+// Exponent of the lowest set bit of a nonzero finite double.
+inline int lsb_exp(double v) {
+  uint64_t b;
+  std::memcpy(&b, &v, 8);
+  const int be = static_cast<int>((b >> 52) & 0x7ff);
+  uint64_t m = b & ((uint64_t{1} << 52) - 1);
+  if (be) m |= uint64_t{1} << 52;
+  return (be ? be : 1) - 1075 + __builtin_ctzll(m);
+}
+
+// Bound of an fp32 sum of n terms (each exact in double: products of few-bit values) through a
+// summation tree in which a term passes at most `depth` roundings: 0 when every partial sum in any
+// order is an fp32 value (all terms are multiples of 2^L and sum |terms| < 2^(L+24)), so the kernel
+// and the CPU get the exact sum whatever their orders; else gamma(depth) * sum |terms|.
+inline double sum_bound(const double* terms, int64_t n, double depth) {
+  int lo = 1 << 20;
+  double a = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (terms[i] == 0) continue;
+    lo = std::min(lo, lsb_exp(terms[i]));
+    a += std::fabs(terms[i]);
+  }
+  if (a == 0 || a < std::ldexp(1.0, lo + 24)) return 0.0;
+  return gamma_n(depth) * a;
+}
+
+// The smallest and the largest bf16 value an fp32 result within [lo, hi] can round to (round to
+// nearest even is monotone): equal, or neighbours when the interval straddles a rounding midpoint.
+inline std::pair<float, float> bf16_range(double lo, double hi) {
+  float flo = static_cast<float>(lo), fhi = static_cast<float>(hi);
+  if (static_cast<double>(flo) < lo) flo = std::nextafter(flo, INFINITY);
+  if (static_cast<double>(fhi) > hi) fhi = std::nextafter(fhi, -INFINITY);
+  if (flo > fhi) flo = fhi = static_cast<float>(0.5 * (lo + hi));
+  return {num::round_bf16(flo), num::round_bf16(fhi)};
+}
+// got is a bf16 value within half a bf16 ulp of y, plus `slack` (the fp32 error before the rounding).
+inline bool bf16_near(float got, double y, double slack) {
+  if (!representable(got, Stored::kBf16)) return false;
+  return std::fabs(static_cast<double>(got) - y) <= 0.5 * ulp_of(y, Stored::kBf16) + slack;
 }
 
 // Distance of two floats in fp32 ulps (steps of the ordered bit patterns; +0 and -0 are 0 apart).

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/numeric.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::testing {
 
@@ -55,6 +56,19 @@ inline float fast_uniform(uint64_t seed, uint64_t i) {
   return x;
 }
 
+// n values k / denom with k a nonzero integer in [-kmax, kmax]: few-bit inputs whose dot products
+// are exact in fp32 in any summation order (sum_bound checks it), so sums the code under test and
+// the CPU order differently still agree bit for bit.
+inline std::vector<float> grid_values(size_t n, uint64_t seed, int kmax, float denom) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    int k = static_cast<int>(mix64(seed * 1000003 + i) % (2 * kmax + 1)) - kmax;
+    if (k == 0) k = 1;
+    v[i] = static_cast<float>(k) / denom;
+  }
+  return v;
+}
+
 // n elements filled with `byte` (0xff: every float is NaN, every int -1): an output element the
 // code under test forgets to write fails the comparison.
 template <typename T>
@@ -62,6 +76,15 @@ std::vector<T> poisoned_host(size_t n, int byte = 0xff) {
   std::vector<T> h(n);
   if (n) std::memset(h.data(), byte, n * sizeof(T));
   return h;
+}
+
+// Summation depth of one output of the CPU gemm (kernels/cpu/gemm_tile.inc): L vector lanes (the
+// ISA's: 16, 8 or 4) each summing k/L products in order (FMA, or a product and an add), then the
+// lanes summed in order and the scalar tail. For bounds of the form gamma(depth) * sum |x w|.
+inline double cpu_gemm_depth(int64_t k) {
+  const std::string isa = cpu::gemm_isa_name();
+  const double lanes = isa == "avx512" ? 16 : isa == "avx2" ? 8 : 4;
+  return static_cast<double>(k) / lanes + lanes + 2;
 }
 
 inline double bf16d(double x) { return num::round_bf16(static_cast<float>(x)); }
