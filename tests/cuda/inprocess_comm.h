@@ -3,8 +3,8 @@
 //  - InProcessComm: the ranks meet at every collective; sums are fp32 in rank order, rank 0
 //    first, on the host (the data-plane contract's order); every collective's input and result is
 //    recorded. Device work is serialized by a baton: the group's mutex, which a rank holds while it
-//    runs (run_on_rank) and gives up only while waiting at a collective, because the CUDA ops share
-//    one process-wide stream setting and op scratch.
+//    runs (run_on_rank) and gives up only while waiting at a collective (its stream synchronized),
+//    because the ranks' models share the CUDA ops' per-device scratch.
 //  - ForcedComm: one rank alone whose collectives return the results another run recorded
 //    (teacher forcing), so each collective's input can be compared with that run's at the same
 //    point with the same upstream values.
@@ -96,8 +96,9 @@ inline void store(void* p, const std::vector<float>& v, CommDtype dt, bool devic
     }
   }
   if (device) {
-    TANDEM_CUDA_CHECK(cudaMemcpy(p, raw.data(), raw.size(), cudaMemcpyHostToDevice));
-    kernels::cuda::set_stream(s);  // another rank ran meanwhile: the ops' stream is this rank's again
+    // On the rank's (non-blocking) stream, complete before `raw` goes away.
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(p, raw.data(), raw.size(), cudaMemcpyHostToDevice, s));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
   } else if (!raw.empty()) {
     std::memcpy(p, raw.data(), raw.size());
   }

@@ -74,7 +74,9 @@ TEST(SyntheticLayout, EveryCatalogTensorOfEveryRankIsGenerated) {
       EXPECT_EQ(l4.attn.n_idx_heads, 64 / k.tp);
       EXPECT_EQ(l4.attn.wq_b.w.n, 64 / k.tp * 512);
       EXPECT_EQ(l4.attn.wo_b.w.k, 8 / k.tp * 1024);
-      EXPECT_EQ(l4.ffn.expert_end - l4.ffn.expert_begin, 256 / k.tp);
+      EXPECT_EQ(l4.ffn.n_local, 256 / k.tp);
+      EXPECT_EQ(l4.ffn.expert_begin, r * (256 / k.tp));
+      EXPECT_TRUE(l4.ffn.grouped);  // MXFP4 experts take the grouped prefill path, as a checkpoint's
       EXPECT_EQ(l4.ffn.w1_all.n, 256 / k.tp * 2048);
       EXPECT_EQ(l4.ffn.w1_all.format, kernels::WeightFormat::kMxfp4);
       EXPECT_EQ(l4.attn.wo_a.w.format, kernels::WeightFormat::kFp8Block);  // kept as stored, no bf16 copy

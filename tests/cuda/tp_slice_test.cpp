@@ -4,7 +4,9 @@
 //    (teacher forced: every collective returns the CPU group's result, so each comparison covers
 //    only the ops since the previous collective);
 //  - the sum over ranks equals one rank (TP=2 and TP=4 against TP=1 on the GPU, and against the
-//    CPU's TP=2), with every rank returning the same bits;
+//    CPU's TP=2), with every rank returning the same bits, on each of the forward's paths: the
+//    default (decode-size kernels for these steps), every step on the tensor cores (the prefill
+//    path: FP8 block-scaled GEMMs, cuBLASLt, grouped experts) and the generic ops alone;
 //  - each rank holds only its slice;
 //  - one rank alone on the stand-in (bench-model's mode) runs the same code.
 // Skips without a GPU.
@@ -119,7 +121,19 @@ GroupRun cpu_group(const Script& s, int n) {
   return out;
 }
 
-GroupRun gpu_group(const Script& s, int n) {
+// The forward's kernel paths (cuda_decode.cpp, cuda_prefill.cpp, the generic ops): each computes
+// the rank's partials and issues the same collectives.
+struct Path {
+  const char* name;
+  int64_t tc_min_rows;
+  bool decode_kernels;
+};
+constexpr Path kDefaultPath{"default path", 96, true};
+constexpr Path kPaths[] = {kDefaultPath,
+                           {"every step on the tensor cores", 0, true},
+                           {"generic ops only", int64_t{1} << 40, false}};
+
+GroupRun gpu_group(const Script& s, int n, const Path& path = kDefaultPath) {
   InProcessGroup g(n, /*device=*/true);
   std::vector<std::unique_ptr<InProcessComm>> comms;
   std::vector<std::unique_ptr<CudaModel>> models(n);
@@ -127,6 +141,8 @@ GroupRun gpu_group(const Script& s, int n) {
     comms.push_back(std::make_unique<InProcessComm>(g, r));
     CudaModelOptions o;
     o.model = options(r, n, n > 1 ? comms[r].get() : nullptr);
+    o.tc_min_rows = path.tc_min_rows;
+    o.decode_kernels = path.decode_kernels;
     auto m = CudaModel::load(tp8_dir(), o);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     if (!m.ok()) return {};
@@ -276,26 +292,31 @@ void expect_sharding_close(const std::vector<float>& a, const std::vector<float>
 TEST(CudaTensorParallel, SumOverRanksEqualsOneRank) {
   SKIP_WITHOUT_GPU();
   const Script s;
-  const GroupRun one = gpu_group(s, 1);
-  ASSERT_EQ(one.logits.size(), 1u);
   auto cfg = load_model_config(tp8_dir() + "/config.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
   const int64_t V = cfg->vocab_size;
-  for (int n : {2, 4}) {
-    const GroupRun g = gpu_group(s, n);
-    ASSERT_EQ(g.logits.size(), static_cast<size_t>(n));
-    for (int r = 1; r < n; ++r) EXPECT_TRUE(g.logits[r] == g.logits[0]) << "TP=" << n << ": rank " << r << " differs";
-    expect_sharding_close(g.logits[0], one.logits[0], V, "GPU TP=" + std::to_string(n) + " vs GPU TP=1");
-    if (n == 2) {
-      // GPU against CPU: the CUDA-vs-CPU limits of model_test.cpp for the make-tiny presets.
-      const GroupRun cpu = cpu_group(s, 2);
+  const GroupRun cpu = cpu_group(s, 2);
+  for (const Path& path : kPaths) {
+    SCOPED_TRACE(path.name);
+    const GroupRun one = gpu_group(s, 1, path);
+    ASSERT_EQ(one.logits.size(), 1u);
+    for (int n : {2, 4}) {
+      const GroupRun g = gpu_group(s, n, path);
+      ASSERT_EQ(g.logits.size(), static_cast<size_t>(n));
+      for (int r = 1; r < n; ++r) EXPECT_TRUE(g.logits[r] == g.logits[0]) << "TP=" << n << ": rank " << r << " differs";
+      expect_sharding_close(g.logits[0], one.logits[0], V,
+                            std::string(path.name) + ": GPU TP=" + std::to_string(n) + " vs GPU TP=1");
+      if (n != 2) continue;
+      // The same collectives in the same order, of the same sizes, as the CPU ranks, on every path.
+      ASSERT_EQ(g.calls[0].size(), cpu.calls[0].size());
+      for (size_t i = 0; i < g.calls[0].size(); ++i) EXPECT_EQ(g.calls[0][i].input.size(), cpu.calls[0][i].input.size());
+      if (&path != &kPaths[0]) continue;
+      // GPU against CPU on the default path: the CUDA-vs-CPU limits of model_test.cpp for the
+      // make-tiny presets.
       const Agreement c = agreement(g.logits[0], cpu.logits[0], V, "GPU TP=2 vs CPU TP=2");
       EXPECT_LE(c.max_row_rel, 0.06);
       EXPECT_LE(c.mean_row_rel, 0.03);
       EXPECT_GE(c.top1, 0.90);
-      // The same collectives in the same order, of the same sizes, as the CPU ranks.
-      ASSERT_EQ(g.calls[0].size(), cpu.calls[0].size());
-      for (size_t i = 0; i < g.calls[0].size(); ++i) EXPECT_EQ(g.calls[0][i].input.size(), cpu.calls[0][i].input.size());
     }
   }
 }

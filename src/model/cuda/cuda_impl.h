@@ -8,15 +8,20 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/gemm_tc.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/decode_path.h"
 #include "model/cuda/kv_record.h"
 #include "model/cuda/model_kernels.h"
+#include "model/cuda/moe_prefill.h"
 #include "model/math.h"
 
 namespace tandem {
@@ -50,12 +55,13 @@ struct DMoE {
   DLinear gate;
   const float* bias = nullptr;
   const int32_t* tid2eid = nullptr;
-  // This rank's routed experts [expert_begin, expert_end), concatenated by rows: expert e's rows
-  // start at (e - expert_begin) * rows of one expert.
-  int64_t expert_begin = 0, expert_end = 0;
+  // This rank's routed experts [expert_begin, expert_begin + n_local) (every expert on one rank),
+  // concatenated by rows: expert e's rows start at (e - expert_begin) * rows of one expert.
+  int expert_begin = 0, n_local = 0;
   kernels::WeightRef w1_all, w2_all, w3_all;
   bool up_act_quant = false, down_act_quant = false;
   DLinear sh_w1, sh_w2, sh_w3;
+  bool grouped = false;               // MXFP4 experts the grouped prefill path can run (moe_prefill.h)
 };
 struct DBlock {
   int ratio = 0;
@@ -248,12 +254,40 @@ struct CudaModel::Impl {
   // The draft's device work for B staged requests (draft_host): capturable.
   void launch_draft(int64_t B, bool want_probs);
 
-  kernels::Ops& ops();
+  // ---- prefill on the tensor cores (cuda_prefill.cpp): steps of more than copt.tc_min_rows rows ----
+  std::unique_ptr<kernels::cuda::LtGemm> lt;   // bf16 linears' cuBLASLt plans (start-up)
+  Buf<uint8_t> tc_codes, moe_scratch;
+  Buf<float> tc_scales;
+  Buf<uint16_t> tc_bf16;                       // bf16 copy of a bf16-weight linear's input
+  kernels::cuda::TcLinearScratch tc;
+  cuda_model::MoePrefillScratch moe_tc;
+  // At start-up, after the step scratch (measure: allocates nothing, returns the device bytes).
+  int64_t alloc_prefill(bool measure);
+  // Each returns false when the shape has no tensor-core path (the caller runs the GEMV kernels).
+  bool linear_tc(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy = 0);
+  bool gemm_bf16_tc(const kernels::GemmParams& p);
+  bool moe_routed_tc(const cuda_model::DMoE& mo, const float* x, int64_t n);  // -> pair_out
+
+  // ---- decode-size kernels (cuda_decode.cpp): each returns false, launching nothing, when the
+  // weights do not suit them (the caller then runs the generic ops) ----
+  cuda_model::DecodePath dec;
+  int64_t dec_allocate(bool measure);  // measure: allocates nothing, returns the device bytes
+  void dec_pack(const float* x, int64_t m, int64_t k, const float* norm_weight = nullptr, float* normed = nullptr);
+  // norm_rows(x) fused with x's quantization for the next q/kv or MoE (falls back to norm_rows).
+  void dec_norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
+  void dec_codes_of(const float* x, int64_t n, int64_t k);
+  bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy = 0);
+  bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
+  bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);
+  bool dec_moe(const cuda_model::DMoE& m, const float* x, const int32_t* tokens, int64_t n, float* y, int layer);
+
   Status init(const ModelConfig& config, const CudaModelOptions& options);
   Status validate_step(const StepBatch& batch) const;
 
   // ---- layer pieces (cuda_forward.cpp) ----
-  void linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out = true);
+  // y [m, ldy] (0: the weight's rows) = x W^T on the path the weight and row count pick.
+  void linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out = true,
+              int64_t ldy = 0);
   void norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
   void rope_rows(const float* inv_freq, float* x, const int64_t* positions, int64_t tokens, int64_t heads,
                  int64_t head_stride, bool inverse);
@@ -266,10 +300,15 @@ struct CudaModel::Impl {
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
-  void attention_target(int layer, const StepBatch& batch, int64_t n, float* y);
+  // y = u . wo_b^T: bf16 on one rank; under tensor parallelism fp32 partials, all-reduced, rounded.
+  void wo_b(const cuda_model::DAttn& at, int64_t n, float* y);
+  // Under tensor parallelism: y (this rank's fp32 routed sum, [n, hidden]) all-reduced, then
+  // y = bf16(y + shared).
+  void moe_reduce_shared(float* y, const float* shared, int64_t n);
+  void attention_target(int layer, int64_t n, float* y);
   void run_compressor(const cuda_model::DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
                       const float* xx, int64_t n);
-  void block_forward(int layer, const StepBatch& batch, int64_t n);
+  void block_forward(int layer, int64_t n);
   void head_logits(const float* hin, int64_t n, const cuda_model::DWeights& ww, const float* hc_fn,
                    const float* hc_scale, const float* hc_base, const float* norm, float* y_out, float* logits_out);
 };

@@ -16,32 +16,20 @@
 #include "model/cuda/synthetic_fill.h"
 #include "model/cuda/synthetic_weights.h"
 #include "model/shard_plan.h"
+#include "model/slot_state.h"
 #include "model/weights.h"
 
 namespace tandem {
 
-namespace {
-
-Status validate_cuda_options(const ModelOptions& o) {
-  if (o.max_slots <= 0) return invalid_argument("model options: max_slots must be > 0");
-  if (o.block_size <= 0 || o.block_size % 128)
-    return invalid_argument("model options: block_size {} must be a positive multiple of 128", o.block_size);
-  if (o.num_blocks <= 0) return invalid_argument("model options: num_blocks must be > 0");
-  if (o.max_tokens_per_step <= 0) return invalid_argument("model options: max_tokens_per_step must be > 0");
-  if (o.max_rollback < 0) return invalid_argument("model options: max_rollback must be >= 0");
-  return Status();
-}
-
-}  // namespace
-
 namespace cuda_model {
 
 Status validate_start(const ModelConfig& config, const CudaModelOptions& options) {
-  TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
+  TANDEM_RETURN_IF_ERROR(model::validate_state_options(options.model));
+  if (options.tc_min_rows < 0) return invalid_argument("tc_min_rows {} must be >= 0", options.tc_min_rows);
   if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
     return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
                             config.dspark_block_size);
-  TANDEM_RETURN_IF_ERROR(model::validate_config_for_cpu(config));
+  TANDEM_RETURN_IF_ERROR(model::validate_config(config));
   const ModelOptions& o = options.model;
   TANDEM_RETURN_IF_ERROR(model::validate_shard(config, {o.tp_rank, o.tp_size}));
   if (o.tp_size > 1 && !o.comm)
@@ -139,7 +127,6 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int e
 Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
                                                       const ReplayHook& hook, int eager_reps) {
   Impl& m = *impl_;
-  kernels::cuda::set_stream(m.stream);
   for (const SeqStep& q : batch.seqs)
     if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
       return invalid_argument("profile_step: a replayed step may add at most max_rollback + 1 tokens per sequence");
@@ -237,7 +224,6 @@ Status CudaModel::fill_synthetic_context(int slot, int64_t length, std::span<con
     if (block_table[b] < 0 || block_table[b] >= m.opt.num_blocks)
       return invalid_argument("fill_synthetic_context: block id {} outside the pool [0, {})", block_table[b],
                               m.opt.num_blocks);
-  kernels::cuda::set_stream(m.stream);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // fill_table may still be read by an earlier fill
   if (nblocks)
     TANDEM_CUDA_CHECK(cudaMemcpy(m.fill_table.get(), block_table.data(), sizeof(int32_t) * nblocks,
@@ -288,7 +274,6 @@ Status CudaModel::fill_synthetic_context(int slot, int64_t length, std::span<con
 
 Result<std::vector<int32_t>> CudaModel::routing_of_step(const StepBatch& batch) {
   Impl& m = *impl_;
-  kernels::cuda::set_stream(m.stream);
   TANDEM_RETURN_IF_ERROR(m.prepare(batch, nullptr));
   const int64_t rows = m.step.rows, K = m.cfg.num_experts_per_tok, L = m.cfg.num_hidden_layers;
   m.recording_routes = true;

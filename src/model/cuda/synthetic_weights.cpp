@@ -299,14 +299,19 @@ class Builder {
       m.bias = vec(p + "ffn.gate.bias", 0.0f, 0.01f);
     }
     const int64_t per = c_.n_routed_experts / n;
-    m.expert_begin = r * per;
-    m.expert_end = m.expert_begin + per;
+    m.expert_begin = static_cast<int>(r * per);
+    m.n_local = static_cast<int>(per);
     bool aq1 = false, aq2 = false, aq3 = false;
-    m.w1_all = experts(p, "w1", m.expert_begin, m.expert_end, aq1);
-    m.w2_all = experts(p, "w2", m.expert_begin, m.expert_end, aq2);
-    m.w3_all = experts(p, "w3", m.expert_begin, m.expert_end, aq3);
+    m.w1_all = experts(p, "w1", m.expert_begin, m.expert_begin + per, aq1);
+    m.w2_all = experts(p, "w2", m.expert_begin, m.expert_begin + per, aq2);
+    m.w3_all = experts(p, "w3", m.expert_begin, m.expert_begin + per, aq3);
     m.up_act_quant = aq1;
     m.down_act_quant = aq2;
+    // The grouped prefill path (moe_prefill.h) as a checkpoint's MXFP4 experts take it: the fill's
+    // E8M0 scales span one binade (Fill::kE8M0), well inside the 11 mxfp4_blocks_fit_e4m3 allows.
+    m.grouped = aq1 && aq2 && aq3 && m.w1_all.format == WeightFormat::kMxfp4 &&
+                m.w2_all.format == WeightFormat::kMxfp4 && m.w3_all.format == WeightFormat::kMxfp4 &&
+                c_.hidden_size % 128 == 0 && c_.moe_intermediate_size % 128 == 0;
     m.sh_w1 = lin(p + "ffn.shared_experts.w1");
     m.sh_w2 = lin(p + "ffn.shared_experts.w2");
     m.sh_w3 = lin(p + "ffn.shared_experts.w3");
