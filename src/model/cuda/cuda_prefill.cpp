@@ -84,6 +84,9 @@ int64_t CudaModel::Impl::alloc_prefill(bool measure) {
     kernels::GemmParams p;
     p.n = l->w.n;
     p.k = l->w.k;
+    // A tensor-parallel rank's LM head writes its vocabulary rows at a stride of ceil(V / ranks)
+    // (head_gemm in cuda_forward.cpp).
+    if (l == &w.head && opt.tp_size > 1) p.ldy = (cfg.vocab_size + opt.tp_size - 1) / opt.tp_size;
     if (l->w.format == kernels::WeightFormat::kFp8Block && l->act_quant && l->w.k % 128 == 0) {
       max_k8 = std::max(max_k8, l->w.k);
     } else if (l->w.format == kernels::WeightFormat::kBf16 && !l->act_quant) {
