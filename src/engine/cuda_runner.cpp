@@ -26,12 +26,14 @@ namespace {
 
 class CudaRunner : public ModelRunner {
  public:
-  CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe, int max_graph_batch)
+  CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe, int max_graph_batch,
+             int device)
       : dir_(std::move(dir)),
         tokenizer_(std::move(tok)),
         config_(std::move(config)),
         probe_(probe),
-        max_graph_batch_(max_graph_batch) {}
+        max_graph_batch_(max_graph_batch),
+        device_(device) {}
 
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_model_len() const override { return config_.max_position_embeddings; }
@@ -39,7 +41,7 @@ class CudaRunner : public ModelRunner {
   int32_t noise_token_id() const override {
     return config_.has_dspark() ? static_cast<int32_t>(config_.dspark_noise_token_id) : -1;
   }
-  std::string device() const override { return "cuda:0"; }
+  std::string device() const override { return "cuda:" + std::to_string(device_); }
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
 
   Status check_kv_cache_dtype(const std::string& dtype) const override {
@@ -74,6 +76,10 @@ class CudaRunner : public ModelRunner {
     o.model.max_tokens_per_step = alloc.max_tokens_per_step;
     o.model.max_rollback = std::max(alloc.max_verify_tokens, 1);
     o.model.load_draft = true;
+    o.model.tp_rank = probe_.tp_rank;  // a tensor-parallel rank binds its shard (probe_ carries the group)
+    o.model.tp_size = probe_.tp_size;
+    o.model.comm = probe_.comm;
+    o.device = device_;
     TANDEM_ASSIGN_OR_RETURN(o.model.kv_dtype,
                             parse_kv_dtype(alloc.kv_cache_dtype.empty() ? "fp8" : alloc.kv_cache_dtype));
     // Logits rows of one step: the last row of each sequence, or K+1 verify rows of each.
@@ -103,9 +109,9 @@ class CudaRunner : public ModelRunner {
   DeviceFacts device_facts() const override {
     DeviceFacts f;
     f.device = device();
-    f.name = kernels::cuda::device_description(0);
+    f.name = kernels::cuda::device_description(device_);
     cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, 0) == cudaSuccess)
+    if (cudaGetDeviceProperties(&p, device_) == cudaSuccess)
       f.compute_capability = std::to_string(p.major) + "." + std::to_string(p.minor);
     else
       cudaGetLastError();
@@ -224,6 +230,7 @@ class CudaRunner : public ModelRunner {
   ModelConfig config_;
   ModelOptions probe_;
   int max_graph_batch_ = 0;
+  int device_ = 0;  // CUDA ordinal
   int64_t allocs_at_start_ = 0;
   std::unique_ptr<CudaModel> model_;
   StepBatch batch_;
@@ -238,10 +245,14 @@ class CudaRunner : public ModelRunner {
 
 bool cuda_runner_available() { return kernels::cuda::device_count() > 0; }
 
-Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config) {
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config, int tp_rank, int tp_size,
+                                                        DataComm* comm, int device) {
   const std::string& dir = config.model_dir;
   if (kernels::cuda::device_count() == 0)
     return make_error(StatusCode::kUnavailable, "--device cuda: no CUDA device is visible (driver missing or no GPU)");
+  if (device < 0 || device >= kernels::cuda::device_count())
+    return invalid_argument("--device cuda: device {} does not exist ({} visible)", device,
+                            kernels::cuda::device_count());
   TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(dir + "/tokenizer.json"));
   auto cfg = load_model_config(dir + "/config.json");
   if (!cfg.ok()) return cfg.status().with_context("loading " + dir);
@@ -252,10 +263,13 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
   probe.max_tokens_per_step = 8;
   probe.max_rollback = config.speculative.method.empty() ? 1 : config.speculative.num_speculative_tokens + 1;
   probe.load_draft = true;
+  probe.tp_rank = tp_rank;
+  probe.tp_size = tp_size;
+  probe.comm = comm;
   auto sizes = CudaModel::state_sizes(*cfg, probe);
   if (!sizes.ok()) return sizes.status().with_context("loading " + dir);
   return std::unique_ptr<ModelRunner>(
-      new CudaRunner(dir, std::move(tok), std::move(cfg).value(), probe, config.max_cudagraph_capture_size));
+      new CudaRunner(dir, std::move(tok), std::move(cfg).value(), probe, config.max_cudagraph_capture_size, device));
 }
 
 }  // namespace tandem
@@ -264,7 +278,7 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
 
 namespace tandem {
 bool cuda_runner_available() { return false; }
-Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig&) {
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig&, int, int, DataComm*, int) {
   return make_error(StatusCode::kUnimplemented,
                     "--device cuda: this build has no CUDA runner (the CUDA toolkit was not found at build time)");
 }

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "common/check.h"
+#include "common/comm.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "io/model_config.h"

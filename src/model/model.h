@@ -34,7 +34,7 @@
 namespace tandem {
 
 class Checkpoint;
-class Comm;
+class DataComm;
 struct TensorView;
 
 // How the cached KV values are stored (the engine's --kv-cache-dtype, canonical names). The CPU
@@ -69,12 +69,14 @@ struct ModelOptions {
   KvDtype kv_dtype = KvDtype::kFp8;  // fp8 = the reference's numerics (golden tests)
   // Tensor parallelism: this model is rank tp_rank of tp_size and binds only its slices (heads,
   // output groups, index heads, routed experts, vocabulary rows; see model/weights.h); `comm`
-  // carries the collectives and must outlive the model (required when tp_size > 1). Every rank
-  // must make the same calls in the same order: forward, draft_insert_context (projection is
-  // local, but keep them in step), draft_propose. Every rank returns the full logits.
+  // carries the collectives (the data plane of src/common/comm.h: the CPU model passes host
+  // pointers, the CUDA model device pointers and its stream) and must outlive the model (required
+  // when tp_size > 1). Every rank must make the same calls in the same order: forward,
+  // draft_insert_context (projection is local, but keep them in step), draft_propose. Every rank
+  // returns the full logits.
   int tp_rank = 0;
   int tp_size = 1;
-  Comm* comm = nullptr;
+  DataComm* comm = nullptr;
 };
 
 // The model's fixed memory for a config + options, without weights (what load() with the same

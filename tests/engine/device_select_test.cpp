@@ -36,15 +36,26 @@ TEST(DeviceSelect, CudaWithoutAGpuIsAClearErrorAndAutoUsesTheCpu) {
   EXPECT_EQ((*a)->model_info().device, "cpu");
 }
 
-TEST(DeviceSelect, UnknownDeviceAndGpuTensorParallelAreErrors) {
+TEST(DeviceSelect, UnknownDeviceIsAnError) {
   EngineConfig c = builtin("tpu");
-  EXPECT_FALSE(Engine::create(c).ok());
-  if (!cuda_runner_available()) GTEST_SKIP() << "no GPU: --device cuda with N > 1 is refused before that check";
-  c = builtin("cuda");
-  c.tensor_parallel_size = 2;
   auto e = Engine::create(c);
   ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.status().message().find("NCCL"), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("--device 'tpu'"), std::string::npos) << e.status().message();
+}
+
+// Tensor parallelism on a GPU runs through the same rank processes as on the CPU (tests/cuda
+// covers it); without a GPU --device cuda is refused before any worker starts.
+TEST(DeviceSelect, GpuTensorParallelWithoutAGpuIsAClearError) {
+  if (cuda_runner_available()) GTEST_SKIP() << "a GPU is visible: tests/cuda covers tensor parallelism on it";
+  EngineConfig c = builtin("cuda");
+  c.tensor_parallel_size = 2;
+  c.master_port = 18640;
+  c.worker_binary = TANDEM_BINARY;
+  auto e = Engine::create(c);
+  ASSERT_FALSE(e.ok());
+  const std::string msg = e.status().message();
+  EXPECT_TRUE(msg.find("no CUDA device") != std::string::npos || msg.find("no CUDA runner") != std::string::npos)
+      << msg;
 }
 
 }  // namespace

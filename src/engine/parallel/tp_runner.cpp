@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "engine/dsv4_runner.h"
+#include "engine/parallel/device_tp.h"
 #include "engine/parallel/zmq_comm.h"
 #include "io/safetensors.h"
 #include "io/sha256.h"
@@ -464,6 +465,21 @@ int worker_loop(Comm& comm, ModelRunner& runner) {
   }
 }
 
+// "auto" becomes what this host has, so that every rank gets a concrete device from its
+// arguments (the fingerprint refuses a rank on another device).
+EngineConfig with_device(const EngineConfig& c) {
+  EngineConfig r = c;
+  if (r.device == "auto") r.device = cuda_runner_available() ? "cuda" : "cpu";
+  return r;
+}
+
+// One rank's runner: the CPU model over ZeroMQ, or the CUDA model over the device data plane
+// (device_tp.h). Collective: every rank calls it right after its control plane connected.
+Result<std::unique_ptr<ModelRunner>> create_rank_runner(const EngineConfig& c, int rank, Comm& comm) {
+  if (c.device == "cuda") return create_cuda_rank_runner(c, rank, comm);
+  return create_dsv4_runner(c, rank, c.tensor_parallel_size, &comm);
+}
+
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -511,6 +527,13 @@ std::vector<std::string> worker_args(const EngineConfig& c, int rank) {
                                 std::to_string(c.max_num_batched_tokens), "--block-size", std::to_string(c.block_size),
                                 "--kv-cache-dtype", c.kv_cache_dtype, "--device", c.device, "--distributed-timeout",
                                 fmt::format("{}", c.distributed_timeout_s)};
+  if (c.device == "cuda") {
+    for (const std::string& f : {std::string("--tp-collectives"), c.tp_collectives, std::string("--tp-peer-max-bytes"),
+                                 std::to_string(c.tp_peer_max_bytes)})
+      a.push_back(f);
+    if (!c.nccl_library.empty()) a.insert(a.end(), {"--nccl-library", c.nccl_library});
+    if (c.tp_share_gpus) a.push_back("--tp-share-gpus");
+  }
   if (!c.speculative.method.empty()) {
     a.push_back("--speculative-config");
     a.push_back(fmt::format(R"({{"method":"{}","num_speculative_tokens":{}}})", c.speculative.method,
@@ -562,6 +585,10 @@ Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const En
   fp.emplace_back("flag.max_num_batched_tokens", std::to_string(c.max_num_batched_tokens));
   fp.emplace_back("flag.block_size", std::to_string(c.block_size));
   fp.emplace_back("flag.kv_cache_dtype", c.kv_cache_dtype);
+  fp.emplace_back("flag.device", c.device);
+  if (c.device == "cuda")
+    fp.emplace_back("flag.tp_collectives", fmt::format("{} peer<={} share_gpus={}", c.tp_collectives,
+                                                       c.tp_peer_max_bytes, c.tp_share_gpus ? "on" : "off"));
   fp.emplace_back("flag.speculative", c.speculative.method.empty()
                                           ? std::string("off")
                                           : fmt::format("{} k={}", c.speculative.method,
@@ -569,9 +596,12 @@ Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const En
   return fp;
 }
 
-Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& c) {
+Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& config) {
+  const EngineConfig c = with_device(config);
   TANDEM_RETURN_IF_ERROR(validate_layout(c));
   if (c.node_rank != 0) return invalid_argument("--node-rank {}: only node 0 serves", c.node_rank);
+  // On GPUs: this node has a GPU for each of its ranks (checked before any worker starts).
+  if (c.device == "cuda") TANDEM_RETURN_IF_ERROR(tp_device_for_rank(c, c.tensor_parallel_size / c.nnodes - 1).status());
   TANDEM_ASSIGN_OR_RETURN(auto fp, tp_fingerprint(c));
   auto procs = std::make_unique<WorkerProcesses>();
   const int per_node = c.tensor_parallel_size / c.nnodes;
@@ -587,13 +617,14 @@ Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& c
   Comm* cp = comm->get();
   procs->stop_watch();
   procs->watch([cp](const std::string& why) { cp->fail(why); });
-  auto inner = create_dsv4_runner(c, 0, c.tensor_parallel_size, cp);
+  auto inner = create_rank_runner(c, 0, *cp);
   if (!inner.ok()) return inner.status();
   TLOG_INFO("tp", "all {} ranks connected and matching", c.tensor_parallel_size);
   return std::unique_ptr<ModelRunner>(new TpHeadRunner(std::move(procs), std::move(*comm), std::move(*inner)));
 }
 
-int run_tp_worker_process(const EngineConfig& c, int rank) {
+int run_tp_worker_process(const EngineConfig& config, int rank) {
+  const EngineConfig c = with_device(config);
   Status st = validate_layout(c);
   if (st.ok() && (rank < 1 || rank >= c.tensor_parallel_size))
     st = invalid_argument("--rank {} must be in [1, --tensor-parallel-size {})", rank, c.tensor_parallel_size);
@@ -607,7 +638,7 @@ int run_tp_worker_process(const EngineConfig& c, int rank) {
     TLOG_ERROR("tp", "rank {}: {}", rank, comm.status().message());
     return 1;
   }
-  auto runner = create_dsv4_runner(c, rank, c.tensor_parallel_size, comm->get());
+  auto runner = create_rank_runner(c, rank, **comm);
   if (!runner.ok()) {
     TLOG_ERROR("tp", "rank {}: {}", rank, runner.status().message());
     (*comm)->fail(runner.status().message());
@@ -620,7 +651,8 @@ int run_tp_worker_process(const EngineConfig& c, int rank) {
   return code;
 }
 
-int run_tp_node(const EngineConfig& c, const std::function<bool()>& stop_requested) {
+int run_tp_node(const EngineConfig& config, const std::function<bool()>& stop_requested) {
+  const EngineConfig c = with_device(config);
   Status st = validate_layout(c);
   if (!st.ok()) {
     TLOG_ERROR("tp", "{}", st.message());

@@ -188,6 +188,12 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
   cfg = config;
   copt = options;
   opt = options.model;
+  // Until this model binds a shard (ModelOptions tp_rank/tp_size/comm, as the CPU model does), a
+  // rank of a tensor-parallel group would compute the whole model and skip the collectives.
+  if (opt.tp_size > 1)
+    return make_error(StatusCode::kUnimplemented,
+                      "tensor parallelism on the GPU: this CUDA model is not sharded yet (tp_size {} refused)",
+                      opt.tp_size);
   const int ndev = kernels::cuda::device_count();
   if (ndev == 0) return make_error(StatusCode::kUnavailable, "no CUDA device is visible (driver missing or no GPU)");
   if (copt.device < 0 || copt.device >= ndev)
