@@ -159,8 +159,8 @@ Result<int> tp_device_for_rank(const EngineConfig& c, int rank) {
       rank, local, per_node, ndev, ndev == 1 ? " is" : "s are", ndev, ndev == 1 ? "" : "s");
 }
 
-Result<std::unique_ptr<ModelRunner>> create_cuda_rank_runner(const EngineConfig& c, int rank, Comm& control) {
-  TANDEM_ASSIGN_OR_RETURN(const int device, tp_device_for_rank(c, rank));
+Result<std::unique_ptr<DeviceComm>> create_rank_device_comm(const EngineConfig& c, int rank, int device,
+                                                            ControlComm& control) {
   DeviceCommOptions o;
   o.rank = rank;
   o.size = c.tensor_parallel_size;
@@ -174,6 +174,13 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_rank_runner(const EngineConfig&
   o.step_timeout_s = c.distributed_timeout_s;
   auto comm = create_device_comm(o, &control);
   if (!comm.ok()) return comm.status().with_context(fmt::format("rank {}: device collectives", rank));
+  return std::move(comm).value();
+}
+
+Result<std::unique_ptr<ModelRunner>> create_cuda_rank_runner(const EngineConfig& c, int rank, Comm& control) {
+  TANDEM_ASSIGN_OR_RETURN(const int device, tp_device_for_rank(c, rank));
+  auto comm = create_rank_device_comm(c, rank, device, control);
+  if (!comm.ok()) return comm.status();
   TLOG_INFO("tp", "rank {} on GPU {}: collectives {}", rank, device, (*comm)->path());
   DataComm* dc = comm->get();
   auto inner = create_cuda_runner(c, rank, c.tensor_parallel_size, dc, device);

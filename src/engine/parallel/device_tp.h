@@ -21,6 +21,16 @@ namespace tandem {
 // This rank's CUDA device ordinal, or an error naming the flags when its node has too few GPUs.
 Result<int> tp_device_for_rank(const EngineConfig& config, int rank);
 
+#ifdef TANDEM_HAVE_CUDA_RUNNER
+class DeviceComm;
+// The rank's device data plane over `control` (collective), on GPU `device` (tp_device_for_rank),
+// with the options the flags give (--tp-collectives, --tp-peer-max-bytes, --nccl-library,
+// --tp-share-gpus; --distributed-timeout bounds start-up and a step). For commands that drive a
+// model directly (`tandem logits`); runners get theirs from create_cuda_rank_runner.
+Result<std::unique_ptr<DeviceComm>> create_rank_device_comm(const EngineConfig& config, int rank, int device,
+                                                            ControlComm& control);
+#endif
+
 // The ModelRunner of rank `rank` on its GPU (collective: every rank of the group calls it at the
 // same point, after its control plane connected): the device data plane over `control`, then a
 // CUDA runner of the rank's shard (ModelOptions tp_rank/tp_size/comm), wrapped so that every call

@@ -653,6 +653,10 @@ int run_tp_worker_process(const EngineConfig& config, int rank) {
 
 int run_tp_node(const EngineConfig& config, const std::function<bool()>& stop_requested) {
   const EngineConfig c = with_device(config);
+  return run_tp_node_ranks(c, [&c](int r) { return worker_args(c, r); }, stop_requested);
+}
+
+int run_tp_node_ranks(const EngineConfig& c, const TpRankArgs& args_for, const std::function<bool()>& stop_requested) {
   Status st = validate_layout(c);
   if (!st.ok()) {
     TLOG_ERROR("tp", "{}", st.message());
@@ -661,7 +665,7 @@ int run_tp_node(const EngineConfig& config, const std::function<bool()>& stop_re
   WorkerProcesses procs;
   const int per_node = c.tensor_parallel_size / c.nnodes;
   for (int r = c.node_rank * per_node; r < (c.node_rank + 1) * per_node; ++r) {
-    st = procs.spawn(worker_args(c, r), r);
+    st = procs.spawn(args_for(r), r);
     if (!st.ok()) {
       TLOG_ERROR("tp", "{}", st.message());
       return 1;
@@ -670,6 +674,46 @@ int run_tp_node(const EngineConfig& config, const std::function<bool()>& stop_re
   TLOG_INFO("tp", "node {} of {}: ranks {}..{} started; head at {}:{}", c.node_rank, c.nnodes, c.node_rank * per_node,
             (c.node_rank + 1) * per_node - 1, c.master_addr, c.master_port);
   return procs.wait_all(stop_requested);
+}
+
+// ---- same-program groups (tandem logits) ----
+
+std::string tp_worker_binary(const EngineConfig& c) { return c.worker_binary.empty() ? self_exe() : c.worker_binary; }
+
+TpGroup::TpGroup(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<Comm> comm)
+    : procs_(std::move(procs)), comm_(std::move(comm)) {}
+
+TpGroup::~TpGroup() {
+  if (procs_) {
+    procs_->expect_exit();
+    procs_->stop(10.0);  // they finish the same calls as this rank
+  }
+  comm_.reset();
+}
+
+Result<std::unique_ptr<TpGroup>> join_tp_group(const EngineConfig& c, int rank, const TpRankArgs& args_for) {
+  TANDEM_RETURN_IF_ERROR(validate_layout(c));
+  if (rank < 0 || rank >= c.tensor_parallel_size)
+    return invalid_argument("rank {} outside --tensor-parallel-size {}", rank, c.tensor_parallel_size);
+  if (c.device == "cuda") TANDEM_RETURN_IF_ERROR(tp_device_for_rank(c, c.tensor_parallel_size / c.nnodes - 1).status());
+  TANDEM_ASSIGN_OR_RETURN(auto fp, tp_fingerprint(c));
+  std::unique_ptr<WorkerProcesses> procs;
+  ZmqCommOptions o = comm_options(c, rank, std::move(fp));
+  if (rank == 0) {
+    procs = std::make_unique<WorkerProcesses>();
+    for (int r = 1; r < c.tensor_parallel_size / c.nnodes; ++r) TANDEM_RETURN_IF_ERROR(procs->spawn(args_for(r), r));
+    procs->watch(nullptr);
+    WorkerProcesses* pp = procs.get();
+    o.abort_check = [pp] { return pp->first_exit(); };
+  }
+  auto comm = create_zmq_comm(o);
+  if (!comm.ok()) return comm.status();
+  if (procs) {
+    Comm* cp = comm->get();
+    procs->stop_watch();
+    procs->watch([cp](const std::string& why) { cp->fail(why); });
+  }
+  return std::make_unique<TpGroup>(std::move(procs), std::move(comm).value());
 }
 
 }  // namespace tandem
