@@ -117,8 +117,8 @@ Result<std::string> tokens_text(const std::string& path, int rank, TpGroup* grou
   return text;
 }
 
-Status run_logits(const EngineConfig& config, const std::string& tokens_file, const std::string& out_path,
-                  const std::vector<std::string>& args, int tp_rank) {
+Status run_logits(const EngineConfig& config, const std::string& tokens_file, const std::string& out,
+                  bool every_rank, const std::vector<std::string>& args, int tp_rank) {
   EngineConfig c = config;
   // auto (the default): the GPU when this build has the CUDA runner and a GPU is visible.
   if (c.device == "auto") c.device = cuda_runner_available() ? "cuda" : "cpu";
@@ -156,7 +156,9 @@ Status run_logits(const EngineConfig& config, const std::string& tokens_file, co
   opt.num_threads = c.num_threads;
   opt.tp_rank = rank;
   opt.tp_size = tp;
-  const bool write = rank == 0;
+  // Rank 0 writes the output; with --tp-write-every-rank the others write OUT.rankR too.
+  const bool write = rank == 0 || every_rank;
+  const std::string out_path = rank == 0 ? out : out + ".rank" + std::to_string(rank);
   if (c.device == "cuda") {
 #ifdef TANDEM_HAVE_CUDA_RUNNER
     int device = 0;
@@ -307,7 +309,7 @@ int logits_main(int argc, char** argv) {
         },
         [] { return false; });
   }
-  Status st = run_logits(e, opts->logits.tokens_file, opts->logits.out, args, tp_rank);
+  Status st = run_logits(e, opts->logits.tokens_file, opts->logits.out, opts->logits.every_rank, args, tp_rank);
   if (!st.ok()) {
     std::fprintf(stderr, "tandem logits%s: %s\n", tp_rank > 0 ? fmt::format(" (rank {})", tp_rank).c_str() : "",
                  st.to_string().c_str());

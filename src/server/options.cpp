@@ -366,6 +366,14 @@ std::vector<OptionSpec> build_table() {
                  o.logits.out = v;
                  return Status();
                }, nullptr, kLogits});
+  t.push_back({"--tp-write-every-rank", "", OptionType::kBool, "off",
+               "tensor parallelism: every rank R > 0 also writes OUT.rankR (its own full logits, for cross-rank checks)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_bool(v);
+                 if (!r.ok()) return r.status();
+                 o.logits.every_rank = *r;
+                 return Status();
+               }, nullptr, kLogits});
   // Options every command shares (the engine's model and sizing).
   for (auto& spec : t) {
     const std::string f = spec.flag;
