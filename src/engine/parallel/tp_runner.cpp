@@ -359,6 +359,16 @@ class TpHeadRunner : public ModelRunner {
     return Status(StatusCode::kUnavailable, "tensor parallel group failed: " + f);
   }
 
+  // Rank 0's facts and memory, from its own runner; on the CPU its all-reduce is the ZeroMQ star.
+  DeviceFacts device_facts() const override {
+    DeviceFacts f = inner_->device_facts();
+    for (KernelPath& k : f.kernels)
+      if (k.op_class == "all_reduce" && k.path.rfind("none", 0) == 0) k.path = "cpu:" + comm_->path();
+    return f;
+  }
+  void plan_memory(const RunnerAllocation& a, MemoryPlan& plan) const override { inner_->plan_memory(a, plan); }
+  int64_t device_allocations_after_start() const override { return inner_->device_allocations_after_start(); }
+
  private:
   Status send() { return comm_->broadcast(plan_, 0); }
 
