@@ -38,6 +38,7 @@ std::string make_tiny(const std::string& preset, int seed) {
 EngineConfig config(const std::string& dir, int tp, int port) {
   EngineConfig ec;
   ec.model_dir = dir;
+  ec.device = "cpu";  // the CPU's ranks (tests/cuda/tp_cuda_test.cpp covers GPUs)
   ec.max_num_seqs = 2;
   ec.max_num_batched_tokens = 256;
   ec.block_size = 128;
@@ -208,8 +209,8 @@ TEST_F(TpEngine, MismatchedWorkerIsRefusedNamingTheDifference) {
   ASSERT_GE(node1, 0);
   if (node1 == 0) {
     const std::string p = std::to_string(port);
-    execl(TANDEM_BINARY, TANDEM_BINARY, "serve", "--model", other.c_str(), "--tensor-parallel-size", "2", "--nnodes",
-          "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", p.c_str(), "--threads", "1",
+    execl(TANDEM_BINARY, TANDEM_BINARY, "serve", "--model", other.c_str(), "--device", "cpu", "--tensor-parallel-size",
+          "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", p.c_str(), "--threads", "1",
           "--distributed-timeout", "30", static_cast<char*>(nullptr));
     _exit(127);
   }
