@@ -77,6 +77,7 @@ inline DeviceCommOptions rank_options(const RankEnv& e) {
   o.device = ndev > 0 ? e.rank % ndev : 0;
   o.shared_gpus = ndev < e.size;
   o.paths = e.paths;
+  o.nccl_library = env_or("TANDEM_NCCL_LIBRARY", "");  // as --nccl-library would (else the loader's search)
   return o;
 }
 
