@@ -122,7 +122,7 @@ class CudaRunner : public ModelRunner {
       else if (op == "sampling") path = "cuda:tandem-sample-rows (" + arch + ")";
       else if (op == "dspark_draft") path = has_draft() ? "cuda:tandem-draft (" + arch + ")" : "none (no draft)";
       else if (op == "gemm_fp8" || op == "moe_experts_mxfp4" || op == "lm_head")
-        path = "cuda:tandem-gemv-fp32acc (" + arch + ")";
+        path = "cuda:tandem-decode-mma-f32acc (" + arch + ")";  // kernels/cuda/decode_gemm.h, moe_decode.h
       else path = "cuda:tandem (" + arch + ")";
       f.kernels.push_back({op, path});
     }

@@ -289,11 +289,7 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
         for (int64_t t = 0; t < static_cast<int64_t>(q.tokens.size()); ++t) {
           const float* hr = h + (rows[i] + t) * HD;
           float* dst = out.taps.data() + (out.taps_row[i] + t) * td + static_cast<int64_t>(ti) * D;
-          for (int64_t d = 0; d < D; ++d) {
-            float acc = 0.0f;
-            for (int k = 0; k < c.hc_mult; ++k) acc += hr[k * D + d];
-            dst[d] = num::round_bf16(acc / static_cast<float>(c.hc_mult));
-          }
+          model::taps_mean(hr, c.hc_mult, D, dst);
         }
       }
     }

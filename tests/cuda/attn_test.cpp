@@ -27,7 +27,7 @@ TEST(CudaCompressPool, MatchesCpu) {
                      C{4, 128, 9, 1, 32, 8, 260, 130, false, false},
                      C{128, 512, 1, 2, 128, 256, 0, 0, true, true},  // ratio 128, no overlap
                      C{2, 7, 3, 4, 6, 8, 9, 8, true, false}}) {
-    SCOPED_TRACE(testing::Message() << "ratio " << c.ratio << " d " << c.d << " entries " << c.first_entry << "+"
+    SCOPED_TRACE(::testing::Message() << "ratio " << c.ratio << " d " << c.d << " entries " << c.first_entry << "+"
                                     << c.num_entries);
     const bool overlap = c.ratio == 4;
     const int64_t coff = overlap ? 2 : 1;
@@ -58,7 +58,7 @@ TEST(CudaCompressPool, MatchesCpu) {
     p.score = ds.get();
     p.ape = c.ape ? da.get() : nullptr;
     p.out = dout.get();
-    cuda::cuda_ops().compress_pool(p);
+    cuda::compress_pool(p, kStream);
     EXPECT_TRUE(close(to_host(dout), want, 4e-6, c.round ? 1.0 / 128 : 2e-6));
   }
 }
@@ -80,7 +80,7 @@ TEST(CudaIndexerScore, MatchesCpu) {
   };
   uint64_t seed = 100;
   for (const IdxCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " entries "
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " entries "
                                     << c.entries);
     const int64_t ldk = c.ldk ? c.ldk : c.dim, lds = c.lds ? c.lds : c.entries;
     std::vector<float> q = randn(static_cast<size_t>(c.tokens * c.heads * c.dim), seed++, 1.0f, true);
@@ -109,7 +109,7 @@ TEST(CudaIndexerScore, MatchesCpu) {
     p.w = dw.get();
     p.visible = dv.get();
     p.scores = dsc.get();
-    cuda::cuda_ops().indexer_score(p);
+    cuda::indexer_score(p, kStream);
     // Tolerance: bf16 flips of each term and of the total; fp32 order of the dots.
     std::vector<double> tol(want.size(), 0.0);
     for (int64_t t = 0; t < c.tokens; ++t)
@@ -153,7 +153,7 @@ TEST(CudaTopk, MatchesCpuExactly) {
   };
   uint64_t seed = 200;
   for (const TopkCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " n " << c.n << " k " << c.k << " ties " << c.ties);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " n " << c.n << " k " << c.k << " ties " << c.ties);
     const int64_t lds = c.lds ? c.lds : c.n, ldo = c.ldo ? c.ldo : c.k;
     std::vector<float> s = randn(static_cast<size_t>(c.rows * lds), seed++, 1.0f, true);
     for (auto& v : s) {
@@ -193,7 +193,7 @@ TEST(CudaTopk, MatchesCpuExactly) {
     p.scores = ds.get();
     p.n_valid = c.n_valid ? dnv.get() : nullptr;
     p.out = dout.get();
-    cuda::cuda_ops().topk(p);
+    cuda::topk(p, kStream);
     EXPECT_TRUE(same_values(to_host(dout), want));
   }
 }
@@ -215,7 +215,7 @@ TEST(CudaSparseAttn, MatchesCpu) {
   };
   uint64_t seed = 300;
   for (const AttnCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " topk "
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " topk "
                                     << c.topk);
     const int64_t ldkv = c.ldkv ? c.ldkv : c.dim, ldi = c.ldi ? c.ldi : c.topk;
     const int64_t qts = c.qts ? c.qts : c.heads * c.dim, ots = c.ots ? c.ots : c.heads * c.dim;
@@ -258,7 +258,7 @@ TEST(CudaSparseAttn, MatchesCpu) {
     p.idx = didx.get();
     p.sink = dsink.get();
     p.out = dout.get();
-    cuda::cuda_ops().sparse_attn(p);
+    cuda::sparse_attn(p, kStream);
     // Tolerance: relative to sum_i p_i |kv_i| (double reference probabilities) per output element.
     const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.dim));
     std::vector<double> tol(want.size(), 0.0);

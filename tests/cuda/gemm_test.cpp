@@ -111,7 +111,7 @@ struct GemmRun {
 // Runs one case on both backends (weights generated once per (format, wn, k, seed)).
 GemmRun run_case(const GemmCase& c, const HostWeight& w, const DeviceBuffer<uint8_t>& dw,
                  const DeviceBuffer<uint8_t>& dscale, uint64_t seed, bool check = true) {
-  SCOPED_TRACE(testing::Message() << fmt_name(c.f) << " m " << c.m << " n " << c.n << " k " << c.k << " batch "
+  SCOPED_TRACE(::testing::Message() << fmt_name(c.f) << " m " << c.m << " n " << c.n << " k " << c.k << " batch "
                                   << c.batch << (c.accumulate ? " acc" : "") << (c.round ? " bf16" : "")
                                   << (c.qblock ? " quantized x" : ""));
   const int64_t ldx = c.ldx ? c.ldx : c.k, ldy = c.ldy ? c.ldy : c.n;
@@ -146,7 +146,7 @@ GemmRun run_case(const GemmCase& c, const HostWeight& w, const DeviceBuffer<uint
   g.x = dx.get();
   g.y = dy.get();
   g.w = w.ref(dw.get(), dscale.size() ? dscale.get() : nullptr);
-  cuda::cuda_ops().gemm(g);
+  cuda::gemm(g, kStream);
   r.got = to_host(dy);
   EXPECT_TRUE(same_bits(to_host(dx), x)) << "x must be left unchanged";
   if (!check) return r;
@@ -282,7 +282,7 @@ TEST(CudaGemm, RowsAreIndependentOfM) {
       g.n = n;
       g.k = k;
       g.ldx = ldx;
-      cuda::cuda_ops().gemm(g);
+      cuda::gemm(g, kStream);
       const std::vector<float> ref = to_host(all);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t rows : {int64_t{1}, int64_t{3}}) {
@@ -292,7 +292,7 @@ TEST(CudaGemm, RowsAreIndependentOfM) {
           h.x = dx.get() + i * ldx;
           h.y = part.get();
           h.m = rows;
-          cuda::cuda_ops().gemm(h);
+          cuda::gemm(h, kStream);
           const std::vector<float> got = to_host(part);
           const std::vector<float> want(ref.begin() + i * n, ref.begin() + (i + rows) * n);
           EXPECT_TRUE(same_bits(got, want)) << fmt_name(f) << " k " << k << " row " << i << " of " << rows;

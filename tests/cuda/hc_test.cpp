@@ -34,7 +34,7 @@ TEST(CudaHcPre, MatchesCpu) {
   uint64_t seed = 1;
   for (const C& c : {C{1, 4, 4096, 20}, C{3, 4, 4096, 20}, C{9, 4, 4096, 20}, C{5, 2, 100, 3}, C{2, 3, 64, 1},
                      C{2, 6, 64, 5}}) {  // hc 6: the one-thread Sinkhorn
-    SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " hc " << c.hc << " dim " << c.dim);
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " hc " << c.hc << " dim " << c.dim);
     const int nmix = (2 + c.hc) * c.hc;
     const int64_t HD = c.hc * c.dim;
     std::vector<float> h = randn(static_cast<size_t>(c.tokens * HD), seed++, 1.0f, true);
@@ -66,7 +66,7 @@ TEST(CudaHcPre, MatchesCpu) {
     p.x = dx.get();
     p.post = dpost.get();
     p.comb = dcomb.get();
-    cuda::cuda_ops().hc_pre(p);
+    cuda::hc_pre(p, kStream);
     EXPECT_TRUE(close(to_host(dpost), post, 1e-7, 2e-5));
     EXPECT_TRUE(close(to_host(dcomb), comb, 1e-7, 1e-4));
     const std::vector<double> tol = collapse_tol(h, x, c.tokens, c.hc, c.dim, true);
@@ -103,7 +103,7 @@ TEST(CudaHcHead, MatchesCpu) {
     p.scale = dscale.get();
     p.base = dbase.get();
     p.y = dy.get();
-    cuda::cuda_ops().hc_head(p);
+    cuda::hc_head(p, kStream);
     const std::vector<double> tol = collapse_tol(h, y, tokens, hc, dim, round);
     EXPECT_TRUE(close(to_host(dy), y, 1e-30, 1.0, &tol)) << "tokens " << tokens << " dim " << dim;
   }
@@ -140,7 +140,7 @@ TEST(CudaHcPost, MatchesCpu) {
     p.post = dpost.get();
     p.comb = dcomb.get();
     p.out = alias ? dres.get() : dout.get();
-    cuda::cuda_ops().hc_post(p);
+    cuda::hc_post(p, kStream);
     // Bit-exact with the default CPU build; a -march=native CPU build may contract the CPU's
     // multiply-adds into FMAs, hence one bf16 step / a few fp32 ulps of slack.
     EXPECT_TRUE(close(to_host(alias ? dres : dout), want, 1e-6, round ? 1.0 / 128 : 1e-6))

@@ -37,7 +37,7 @@ void check_gate(MoeGateParams p, const std::vector<float>& logits, const std::ve
   p.tid2eid = table ? dtab.get() : nullptr;
   p.expert_ids = dids.get();
   p.weights = dw.get();
-  cuda::cuda_ops().moe_gate(p);
+  cuda::moe_gate(p, kStream);
   EXPECT_TRUE(same_values(to_host(dids), cpu.ids));
   EXPECT_TRUE(close(to_host(dw), cpu.w, 1e-7, 2e-6));
 }
@@ -47,7 +47,7 @@ TEST(CudaMoeGate, ScoreLayersMatchCpu) {
   uint64_t seed = 1;
   for (auto [tokens, E, K] : {std::tuple<int64_t, int, int>{1, 256, 6}, {7, 256, 6}, {64, 256, 6}, {5, 300, 8},
                               {3, 7, 7}, {2, 1024, 32}}) {
-    SCOPED_TRACE(testing::Message() << "tokens " << tokens << " experts " << E << " top " << K);
+    SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " experts " << E << " top " << K);
     std::vector<float> logits = randn(static_cast<size_t>(tokens * E), seed++, 3.0f, false);
     if (tokens >= 7) {
       logits[1 * E + 5] = 25.0f;  // softplus threshold branch
@@ -99,7 +99,7 @@ TEST(CudaMoeGroup, MatchesCpuExactly) {
   for (auto [tokens, K, E, distinct] :
        {std::tuple<int64_t, int, int, bool>{1, 6, 256, true}, {5, 6, 256, true}, {300, 6, 256, true},
         {4096, 6, 256, true}, {333, 6, 256, false}, {50, 3, 7, false}, {40, 2, 8192, false}, {0, 6, 256, true}}) {
-    SCOPED_TRACE(testing::Message() << "tokens " << tokens << " top " << K << " experts " << E);
+    SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " top " << K << " experts " << E);
     std::vector<int32_t> eid(static_cast<size_t>(tokens * K));
     for (int64_t t = 0; t < tokens; ++t) {
       for (int i = 0; i < K; ++i) {
@@ -127,7 +127,7 @@ TEST(CudaMoeGroup, MatchesCpuExactly) {
     p.offsets = doff.get();
     p.token_of = tokens ? dtok.get() : nullptr;
     p.slot_of = tokens ? dslot.get() : nullptr;
-    cuda::cuda_ops().moe_group(p);
+    cuda::moe_group(p, kStream);
     EXPECT_TRUE(same_values(to_host(doff), off));
     EXPECT_TRUE(same_values(to_host(dtok), tok));
     EXPECT_TRUE(same_values(to_host(dslot), slot));
@@ -146,7 +146,7 @@ TEST(CudaSwiglu, MatchesCpu) {
   for (const C& c : {C{7, 2048, 0, 0, 0, 10.0f, true, true, 0}, C{1, 2048, 4096, 4096, 0, 10.0f, true, true, 0},
                      C{9, 4096, 0, 0, 0, 10.0f, false, false, 1}, C{3, 100, 103, 105, 101, 0.0f, true, false, 0},
                      C{5, 64, 0, 0, 0, 7.0f, true, true, 2}}) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " cols " << c.cols << " alias " << c.alias);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " cols " << c.cols << " alias " << c.alias);
     const int64_t ldg = c.ldg ? c.ldg : c.cols, ldu = c.ldu ? c.ldu : c.cols;
     const int64_t ldo = c.alias == 1 ? ldg : c.alias == 2 ? ldu : (c.ldo ? c.ldo : c.cols);
     std::vector<float> g = randn(static_cast<size_t>(c.rows * ldg), seed++, 8.0f, true);
@@ -179,7 +179,7 @@ TEST(CudaSwiglu, MatchesCpu) {
     p.up = du.get();
     p.row_weight = c.weight ? dw.get() : nullptr;
     p.out = c.alias == 1 ? dg.get() : c.alias == 2 ? du.get() : dout.get();
-    cuda::cuda_ops().swiglu(p);
+    cuda::swiglu(p, kStream);
     const std::vector<float> got = to_host(c.alias == 1 ? dg : c.alias == 2 ? du : dout);
     EXPECT_TRUE(close(got, want, 1e-30, c.round ? 1.0 / 128 : 1e-6));
   }
@@ -196,7 +196,7 @@ TEST(CudaRowsCopy, GatherAndScatterAddMatchCpuExactly) {
                      C{37, 4096, 0, 0, 37, 10, false},   // repeated rows
                      C{24576, 64, 0, 70, 24576, 4096, false},  // prefill-sized scatter, 6 per row
                      C{13, 33, 35, 34, 40, 13, true}, C{19, 5, 0, 0, 19, 3, false}}) {
-    SCOPED_TRACE(testing::Message() << "count " << c.count << " cols " << c.cols << (c.gather ? " gather" : " scatter"));
+    SCOPED_TRACE(::testing::Message() << "count " << c.count << " cols " << c.cols << (c.gather ? " gather" : " scatter"));
     const int64_t lds = c.lds ? c.lds : c.cols, ldd = c.ldd ? c.ldd : c.cols;
     std::vector<float> src = randn(static_cast<size_t>(c.src_rows * lds), seed++, 1.0f, false);
     std::vector<int32_t> rows(static_cast<size_t>(c.count));
@@ -220,7 +220,7 @@ TEST(CudaRowsCopy, GatherAndScatterAddMatchCpuExactly) {
     p.src = ds.get();
     p.dst = dd.get();
     p.rows = dr.get();
-    cuda::cuda_ops().rows_copy(p);
+    cuda::rows_copy(p, kStream);
     EXPECT_TRUE(same_bits(to_host(dd), want));
   }
 }

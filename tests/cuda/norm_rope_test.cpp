@@ -29,7 +29,7 @@ TEST(CudaRmsNorm, MatchesCpu) {
   };
   uint64_t seed = 1;
   for (const NormCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " dim " << c.dim << " mode " << static_cast<int>(c.mode)
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " dim " << c.dim << " mode " << static_cast<int>(c.mode)
                                     << " weight " << c.weight << (c.in_place ? " in place" : ""));
     const int64_t ldx = c.ldx ? c.ldx : c.dim, ldy = c.in_place ? ldx : (c.ldy ? c.ldy : c.dim);
     std::vector<float> x = randn(static_cast<size_t>(c.rows * ldx), seed++, 2.0f, true);
@@ -62,7 +62,7 @@ TEST(CudaRmsNorm, MatchesCpu) {
     p.y = c.in_place ? dx.get() : dy.get();
     p.weight = c.weight == 1 ? dwt.get() : nullptr;
     p.weight_bf16 = c.weight == 2 ? dwb.get() : nullptr;
-    cuda::cuda_ops().rms_norm(p);
+    cuda::rms_norm(p, kStream);
     const std::vector<float> got = to_host(c.in_place ? dx : dy);
     if (c.mode == RmsNormMode::kBf16Chain) {
       EXPECT_TRUE(same_bits(got, want));
@@ -89,7 +89,7 @@ TEST(CudaRope, MatchesCpu) {
   };
   uint64_t seed = 50;
   for (const RopeCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "tokens " << c.tokens << " heads " << c.heads << (c.inverse ? " inverse" : ""));
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << (c.inverse ? " inverse" : ""));
     const int64_t hs = c.head_stride ? c.head_stride : c.rope_offset + c.rope_dim;
     const int64_t ts = c.token_stride ? c.token_stride : c.heads * hs;
     const size_t size = static_cast<size_t>((c.tokens - 1) * ts + c.heads * hs);
@@ -126,7 +126,7 @@ TEST(CudaRope, MatchesCpu) {
     p.x = dx.get();
     p.positions = dpos.get();
     p.inv_freq = dinv.get();
-    cuda::cuda_ops().rope(p);
+    cuda::rope(p, kStream);
     const std::vector<float> got = to_host(dx);
     // Pair magnitude |a| + |b| bounds the effect of a cos/sin ulp; untouched dims must be equal.
     std::vector<double> tol(size);
@@ -161,7 +161,7 @@ TEST(CudaHadamard, MatchesCpuBitExact) {
     cpu_ops().hadamard(p);
     DeviceBuffer<float> dx = to_dev(x);
     p.x = dx.get();
-    cuda::cuda_ops().hadamard(p);
+    cuda::hadamard(p, kStream);
     EXPECT_TRUE(same_bits(to_host(dx), want)) << "rows " << c.rows << " n " << c.n;
   }
 }

@@ -55,13 +55,13 @@ struct DeviceBatch {
     in.prompt_ids = b.prompt.empty() ? nullptr : prompt.get();
     in.counts = b.counts.empty() ? nullptr : counts.get();
   }
-  void launch(cudaStream_t s) { cuda::sample_rows_device(in, rows.get(), n, scratch.get(), out.get(), s); }
+  void launch(cudaStream_t s) { cuda::sample_rows_device({in, rows.get(), n, scratch.get(), out.get()}, s); }
   // Poisons the outputs and the scratch (an unwritten field or a scratch value read before it is
   // written shows up), runs, returns the results.
   std::vector<SampleRowResult> run() {
     poison(out);
     poison(scratch);
-    launch(cuda::stream());
+    launch(kStream);
     return to_host(out);
   }
 };
@@ -114,7 +114,7 @@ TEST(CudaSampleRows, MatchesHostSmallVocabs) {
   uint64_t seed = 11;
   for (int64_t vocab : {8, 1000, 4096}) {
     for (bool noise : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "vocab " << vocab << (noise ? " noise" : ""));
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << (noise ? " noise" : ""));
       check_batch(mixed_batch(vocab, 600, seed++, noise), total);
     }
   }
@@ -127,7 +127,7 @@ TEST(CudaSampleRows, MatchesHostFullVocab) {
   uint64_t seed = 101;
   for (int rep = 0; rep < 2; ++rep) {
     for (bool noise : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "rep " << rep << (noise ? " noise" : ""));
+      SCOPED_TRACE(::testing::Message() << "rep " << rep << (noise ? " noise" : ""));
       check_batch(mixed_batch(kVocab, 64, seed++, noise), total);
     }
   }
@@ -139,7 +139,7 @@ TEST(CudaSampleRows, MatchesHostPerKind) {
   TANDEM_REQUIRE_GPU();
   Comparison total;
   for (int k = 0; k < static_cast<int>(Kind::kCount); ++k) {
-    SCOPED_TRACE(testing::Message() << "kind " << k);
+    SCOPED_TRACE(::testing::Message() << "kind " << k);
     Builder bld(1000, 500 + k, k % 2 == 1);
     for (int i = 0; i < 200; ++i) bld.add(static_cast<Kind>(k), 7000 + 1000 * k + i, i % 3 == 0 ? 5 : -1);
     check_batch(bld.take(), total);

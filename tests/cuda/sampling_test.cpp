@@ -20,7 +20,7 @@ TEST(CudaSoftmax, MatchesCpu) {
   for (const C& c : {C{3, kVocab, 0, 0, 1.0f, false, false}, C{3, kVocab, 0, 0, 0.7f, true, false},
                      C{2, kVocab, kVocab + 4, 0, 1.3f, false, true}, C{5, 7, 9, 8, 1.0f, true, false},
                      C{4, 1000, 0, 0, 0.25f, false, false}}) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " n " << c.n << (c.log ? " log" : ""));
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " n " << c.n << (c.log ? " log" : ""));
     const int64_t ldx = c.ldx ? c.ldx : c.n, ldy = c.in_place ? ldx : (c.ldy ? c.ldy : c.n);
     std::vector<float> x = randn(static_cast<size_t>(c.rows * ldx), seed++, 4.0f, false);
     x[1] = -std::numeric_limits<float>::infinity();
@@ -40,7 +40,7 @@ TEST(CudaSoftmax, MatchesCpu) {
     DeviceBuffer<float> dy = c.in_place ? DeviceBuffer<float>() : poisoned<float>(want.size());
     p.x = dx.get();
     p.y = c.in_place ? dx.get() : dy.get();
-    cuda::cuda_ops().softmax(p);
+    cuda::softmax(p, kStream);
     // log: |err| ~ ulp(log z) (atol); probabilities: a few ulps relative
     EXPECT_TRUE(close(to_host(c.in_place ? dx : dy), want, c.log ? 1e-5 : 1e-30, 2e-6));
   }
@@ -50,7 +50,7 @@ TEST(CudaArgmax, MatchesCpuExactly) {
   TANDEM_REQUIRE_GPU();
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   for (auto [rows, n, ldx] : {std::tuple<int64_t, int64_t, int64_t>{8, kVocab, 0}, {6, 7, 9}, {3, 1, 0}, {2, 5000, 5001}}) {
-    SCOPED_TRACE(testing::Message() << "rows " << rows << " n " << n);
+    SCOPED_TRACE(::testing::Message() << "rows " << rows << " n " << n);
     const int64_t ld = ldx ? ldx : n;
     std::vector<float> x = randn(static_cast<size_t>(rows * ld), rows * 13 + n, 3.0f, true);  // bf16: many ties
     if (n >= 7 && rows >= 6) {
@@ -82,7 +82,7 @@ TEST(CudaArgmax, MatchesCpuExactly) {
     p.x = dx.get();
     p.out = dout.get();
     p.max_value = dmv.get();
-    cuda::cuda_ops().argmax(p);
+    cuda::argmax(p, kStream);
     EXPECT_TRUE(same_values(to_host(dout), out));
     EXPECT_TRUE(same_bits(to_host(dmv), mv));
   }

@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, con
 }  // namespace
 
 void hc_pre(const HcPreParams& p, cudaStream_t s) {
+  validate(p);
   if (p.tokens == 0) return;
   TANDEM_CHECK(p.hc <= kMaxHc);
   TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_pre: too many tokens");

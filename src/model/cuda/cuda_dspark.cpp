@@ -43,7 +43,6 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
   if (start_pos < 0) return invalid_argument("draft_insert_context: negative start_pos");
   const int64_t td = c.hidden_size * static_cast<int64_t>(c.dspark_target_layer_ids.size());
   if (n == 0) return Status();
-  kernels::cuda::set_stream(m.stream);
   const int64_t D = c.hidden_size, hd = c.head_dim, W = c.sliding_window;
   // Only the last W positions can ever be read.
   const int64_t skip = n > W ? n - W : 0;
@@ -57,19 +56,19 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
     rb.x = m.mh.get();
     rb.rows = rn;
     rb.cols = td;
-    m.ops().round_bf16(rb);
+    kernels::cuda::round_bf16(rb, m.stream);
     m.linear(m.w.draft.main_proj, m.mh.get(), rn, m.main_x.get());
     m.norm_rows(m.main_x.get(), rn, D, m.w.draft.main_norm);
     // Positions pos0 + r0 + t for the RoPE of the context KV.
-    cuda_model::iota_positions(pos0 + r0, rn, m.draft_pos.get(), m.stream);
+    cuda_model::iota_positions({pos0 + r0, rn, m.draft_pos.get()}, m.stream);
     for (int st = 0; st < c.num_draft_stages; ++st) {
       const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
       m.linear(a.wkv, m.main_x.get(), rn, m.kv.get());
       m.norm_rows(m.kv.get(), rn, hd, a.kv_norm);
       m.rope_rows(m.rope_swa.get(), m.kv.get(), m.draft_pos.get(), rn, 1, hd, false);
-      cuda_model::kv_quantize(m.kv.get(), rn, hd, m.lay.rec, m.kv_rec.get(), m.stream);
+      cuda_model::kv_quantize({m.kv.get(), rn, hd, m.lay.rec, m.kv_rec.get()}, m.stream);
       uint8_t* ring = m.draft_ctx.get() + slot * m.lay.draft_slot_bytes + st * W * m.lay.rec.bytes;
-      cuda_model::ring_write(m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W), m.stream);
+      cuda_model::ring_write({m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W)}, m.stream);
     }
   }
   // No synchronization: copies from the caller's (pageable) rows complete before cudaMemcpyAsync
@@ -96,10 +95,10 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
 
   int32_t* ids = draft_ids.get();
   int64_t* pos = draft_pos.get();
-  cuda_model::draft_block_ids(d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id),
-                              ids, stream);
-  cuda_model::block_positions(d_req_pos.get(), N, static_cast<int>(K), pos, stream);
-  cuda_model::embed_rows(w.embed.w, ids, N, static_cast<int>(hc), D, h.get(), stream);
+  cuda_model::draft_block_ids({d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id), ids},
+                              stream);
+  cuda_model::block_positions({d_req_pos.get(), N, static_cast<int>(K), pos}, stream);
+  cuda_model::embed_rows({w.embed.w, ids, N, static_cast<int>(hc), D, h.get()}, stream);
   for (int st = 0; st < c.num_draft_stages; ++st) {
     const cuda_model::DBlock& b = w.draft.stages[st];
     hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
@@ -107,7 +106,7 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
     q_and_kv(b.attn, x.get(), N);
     rope_rows(rope_swa.get(), q.get(), pos, N, H, hd, false);
     rope_rows(rope_swa.get(), kv.get(), pos, N, 1, hd, false);
-    cuda_model::kv_quantize(kv.get(), N, hd, lay.rec, kv_rec.get(), stream);
+    cuda_model::kv_quantize({kv.get(), N, hd, lay.rec, kv_rec.get()}, stream);
     cuda_model::DraftAttnArgs da;
     da.q = q.get();
     da.block_kv = kv.get();
@@ -123,7 +122,8 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
     da.hd = static_cast<int>(hd);
     da.rec = lay.rec;
     da.out = o.get();
-    cuda_model::draft_attention(da, B, stream);
+    da.B = B;
+    cuda_model::draft_attention(da, stream);
     rope_rows(rope_swa.get(), o.get(), pos, N, H, hd, true);
     output_proj(b.attn, o.get(), N, a.get());
     hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
@@ -155,11 +155,12 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   ms.conf = d_conf.get();
   ms.logits = d_zlogits.get();
   ms.probs = want_probs ? d_probs.get() : nullptr;
+  ms.B = B;
   for (int64_t i = 0; i < K; ++i) {
-    cuda_model::markov_gather(dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get(), stream);
+    cuda_model::markov_gather({dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get()}, stream);
     linear(dw.markov_w2, e_row.get(), B, bias.get(), false);
     ms.i = static_cast<int>(i);
-    cuda_model::markov_step(ms, B, stream);
+    cuda_model::markov_step(ms, stream);
   }
 }
 
@@ -182,7 +183,6 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   results.resize(requests.size());
   if (B == 0) return Status();
 
-  kernels::cuda::set_stream(m.stream);
   const int64_t N = B * K;
 
   // Request arrays through the pinned staging area: slots, anchors (as prev), positions, T, seeds.

@@ -8,14 +8,19 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/gemm_tc.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/decode_path.h"
 #include "model/cuda/kv_record.h"
 #include "model/cuda/model_kernels.h"
+#include "model/cuda/moe_prefill.h"
 #include "model/math.h"
 
 namespace tandem {
@@ -50,6 +55,8 @@ struct DMoE {
   kernels::WeightRef w1_all, w2_all, w3_all;  // every routed expert, concatenated by rows
   bool up_act_quant = false, down_act_quant = false;
   DLinear sh_w1, sh_w2, sh_w3;
+  int expert_begin = 0, n_local = 0;  // this rank's experts [expert_begin, expert_begin + n_local)
+  bool grouped = false;               // MXFP4 experts the grouped prefill path can run (moe_prefill.h)
 };
 struct DBlock {
   int ratio = 0;
@@ -214,7 +221,32 @@ struct CudaModel::Impl {
   // The draft's device work for B staged requests (draft_host): capturable.
   void launch_draft(int64_t B, bool want_probs);
 
-  kernels::Ops& ops();
+  // ---- prefill on the tensor cores (cuda_prefill.cpp): steps of more than copt.tc_min_rows rows ----
+  std::unique_ptr<kernels::cuda::LtGemm> lt;   // bf16 linears' cuBLASLt plans (start-up)
+  Buf<uint8_t> tc_codes, moe_scratch;
+  Buf<float> tc_scales;
+  Buf<uint16_t> tc_bf16;                       // bf16 copy of a bf16-weight linear's input
+  kernels::cuda::TcLinearScratch tc;
+  cuda_model::MoePrefillScratch moe_tc;
+  void alloc_prefill();                        // at start-up, after the step scratch
+  // Each returns false when the shape has no tensor-core path (the caller runs the GEMV kernels).
+  bool linear_tc(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out);
+  bool gemm_bf16_tc(const kernels::GemmParams& p);
+  bool moe_routed_tc(const cuda_model::DMoE& mo, const float* x, int64_t n);  // -> pair_out
+
+  // ---- decode-size kernels (cuda_decode.cpp): each returns false, launching nothing, when the
+  // weights do not suit them (the caller then runs the generic ops) ----
+  cuda_model::DecodePath dec;
+  void dec_allocate();
+  void dec_pack(const float* x, int64_t m, int64_t k, const float* norm_weight = nullptr, float* normed = nullptr);
+  // norm_rows(x) fused with x's quantization for the next q/kv or MoE (falls back to norm_rows).
+  void dec_norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
+  void dec_codes_of(const float* x, int64_t n, int64_t k);
+  bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out);
+  bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
+  bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);
+  bool dec_moe(const cuda_model::DMoE& m, const float* x, const int32_t* tokens, int64_t n, float* y);
+
   Status init(const ModelConfig& config, const CudaModelOptions& options);
   Status validate_step(const StepBatch& batch) const;
 

@@ -205,7 +205,6 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
                                "-DTANDEM_CUDA_ARCH=all or the GPU's architecture",
                                device_name, TANDEM_CUDA_ARCHS);
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  kernels::cuda::set_stream(stream);
   return Status();
 }
 
@@ -351,6 +350,8 @@ void allocate_all(CudaModel::Impl& m) {
   lk(m.w.draft.main_proj);
   lk(m.w.draft.markov_w2);
   kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, static_cast<size_t>(N * max_k) * sizeof(float));
+  m.alloc_prefill();  // tensor-core scratch and cuBLASLt plans for steps of more than tc_min_rows rows
+  m.dec_allocate();  // the decode kernels' activation operand and MoE scratch (cuda_decode.cpp)
 
   // The step plan: one pinned host region mirrored on the device.
   m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
@@ -422,6 +423,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
                                                            const std::vector<const TensorView*>& tensors,
                                                            const CudaModelOptions& options) {
   TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
+  if (options.tc_min_rows < 0) return invalid_argument("tc_min_rows {} must be >= 0", options.tc_min_rows);
   if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
     return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
                             config.dspark_block_size);
@@ -554,13 +556,14 @@ void CudaModel::Impl::launch() {
   const int64_t D = c.hidden_size, HD = c.hc_mult * D;
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(plan_dev.get(), plan_host, plan.bytes, cudaMemcpyHostToDevice, stream));
-  cuda_model::embed_rows(w.embed.w, meta.tokens, total, c.hc_mult, D, h.get(), stream);
+  cuda_model::embed_rows({w.embed.w, meta.tokens, total, c.hc_mult, D, h.get()}, stream);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     block_forward(l, *step.batch, total);
     for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti)
       if (c.dspark_target_layer_ids[ti] == l && step.trows > 0)
-        cuda_model::taps_mean(h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
-                              c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D, stream);
+        cuda_model::taps_mean({h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
+                               c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D},
+                              stream);
   }
   if (step.lrows > 0) {
     kernels::RowsCopyParams g;
@@ -570,7 +573,7 @@ void CudaModel::Impl::launch() {
     g.count = step.lrows;
     g.cols = HD;
     g.gather = true;
-    ops().rows_copy(g);
+    kernels::cuda::rows_copy(g, stream);
     head_logits(head_in.get(), step.lrows, w, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, w.norm, head_y.get(),
                 logits.get());
   }
@@ -612,7 +615,6 @@ bool CudaModel::Impl::graph_step(const StepBatch& batch) {
 
 Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool synchronize) {
   Impl& m = *impl_;
-  kernels::cuda::set_stream(m.stream);
   if (!m.graph_step(batch)) {
     TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
     m.launch();
@@ -672,7 +674,6 @@ void CudaModel::Impl::capture_draft(int64_t B, bool want_probs) {
 int CudaModel::capture_graphs(bool taps) {
   Impl& m = *impl_;
   if (m.copt.max_graph_batch <= 0 || m.pad_slot < 0) return 0;
-  kernels::cuda::set_stream(m.stream);
   const int64_t before = m.gstats.captures;
   taps = taps && m.w.has_draft;
   // Decode and verify steps: only padding sequences (the spare slot and block, position 0), so no
@@ -722,7 +723,6 @@ CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
 
 Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out) {
   Impl& m = *impl_;
-  kernels::cuda::set_stream(m.stream);
   TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
   for (const SeqStep& q : batch.seqs)
     if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
