@@ -22,6 +22,7 @@ for b in tandem test_cuda; do
   [[ -x "$BUILD/$b" ]] || { echo "gpu-tp-tests: $BUILD/$b is missing" >&2; exit 2; }
 done
 export NCCL_NVLS_ENABLE=0
+export TANDEM_GPU_TP_TESTS=1  # registers test_cuda's TpCuda suite (it needs the sharded CUDA model)
 mkdir -p "$RESULTS"
 date=$(date -u +%Y-%m-%d)
 commit=${TANDEM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}

@@ -81,6 +81,23 @@ inline DeviceCommOptions rank_options(const RankEnv& e) {
   return o;
 }
 
+// The gtest a rank process runs, registered only inside a rank process (the parent sets
+// TANDEM_DEVCOMM_RANK): the binary's ordinary run neither lists nor skips it.
+class RankProcessTest : public ::testing::Test {
+ public:
+  explicit RankProcessTest(void (*body)()) : body_(body) {}
+  void TestBody() override { body_(); }
+
+ private:
+  void (*body_)();
+};
+inline bool register_rank_process_test(const char* name, void (*body)()) {
+  if (rank_env().rank < 0) return false;
+  ::testing::RegisterTest("DeviceCommRankProcess", name, nullptr, nullptr, __FILE__, __LINE__,
+                          [body]() -> ::testing::Test* { return new RankProcessTest(body); });
+  return true;
+}
+
 inline int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();

@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "common/numeric_core.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::devcomm {
 namespace {
@@ -109,9 +110,7 @@ __device__ __forceinline__ void sum_unit(const PeerArgs& a, size_t half, size_t 
 
 template <int U>
 __global__ void __launch_bounds__(kPeerThreads) peer_kernel(const PeerArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // a PDL producer's writes are visible first
-#endif
+  kernels::cuda::pdl_wait();  // launched the ordinary way this is a no-op; under PDL, the producer's writes first
   __shared__ uint64_t s_epoch;
   __shared__ volatile int s_skip;
   const int b = blockIdx.x;
