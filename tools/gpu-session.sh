@@ -3,7 +3,10 @@
 # unpacks the build carried by tools/gpu-pack.sh and runs the stages named on the command line, each
 # with its own time limit, writing logs and JSON under $OUT. Stages: tests (test_cuda as one process,
 # optional gtest filter in TEST_FILTER), kernels (tandem bench-kernels), gemm (tandem bench-gemm),
-# builtin (bench-model on the built-in model), and any stage script tools/gpu-stage-<name>.sh.
+# builtin (bench-model on the built-in model), fullsize (bench-model: rank 0 of TP=2 of
+# deepseek-v4-flash-0731 with synthetic weights, alone on this GPU), tp (tools/gpu-tp-tests.sh:
+# the device collectives and TP=2/4 through CUDA with the ranks sharing this GPU, serve with TP=2
+# and a lost worker), and any stage script tools/gpu-stage-<name>.sh.
 # Usage: tools/gpu-session.sh STAGE...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +41,10 @@ for s in "$@"; do
     kernels) stage kernels 150 build-cuda/tandem bench-kernels --out "$OUT/bench-kernels.json" ;;
     gemm) stage gemm 150 build-cuda/tandem bench-gemm --out "$OUT/bench-gemm.json" ;;
     builtin) stage builtin 200 build-cuda/tandem bench-model --model data/builtin --batches 1,2,4,8 --reps 50 \
-               --prefill 8192 --out "$OUT/bench-model-builtin.json" ;;
+               --context 200 --long-contexts 4096 --prefill 8192 --ttft none --out "$OUT/bench-model-builtin.json" ;;
+    fullsize) stage fullsize 330 build-cuda/tandem bench-model --synthetic deepseek-v4-flash-0731 \
+                --tensor-parallel-size 2 --rank 0 --max-seconds 240 --out "$OUT/bench-model-0731-tp2r0.json" ;;
+    tp) stage tp "${TP_LIMIT:-540}" tools/gpu-tp-tests.sh build-cuda "$OUT" ;;
     *) if [[ -x tools/gpu-stage-$s.sh ]]; then stage "$s" "${STAGE_LIMIT:-300}" tools/gpu-stage-$s.sh "$OUT"
        else summary+=("$s: no such stage"); fi ;;
   esac

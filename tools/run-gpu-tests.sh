@@ -2,7 +2,9 @@
 # `make test-gpu`: on a machine with an NVIDIA GPU, runs the CUDA test binary as one process (tests/cuda: every
 # kernel against its CPU reference, the CUDA model against the CPU oracle, golden cases through
 # `tandem logits --device cuda`, speculative == plain greedy on the GPU, no allocation after
-# start-up), the step benchmark on the built-in model, and a `tandem serve --device cuda` smoke
+# start-up, tensor parallelism with the ranks sharing the GPU: the sharded model, the device
+# collectives, TP=2/4 through CUDA; NCCL from LD_LIBRARY_PATH, TANDEM_NCCL_LIBRARY or a Python
+# wheel, docs/OPERATIONS.md §9), the step benchmark on the built-in model, and a `tandem serve --device cuda` smoke
 # test; writes bench/results/gpu-tests-<date>-<gpu>.json and bench/results/bench-model-<date>-<gpu>.json
 # (TANDEM_FULLSIZE=1: also one rank of TP=2 of the full-size model with synthetic weights).
 # Usage: tools/run-gpu-tests.sh [BUILD_DIR] [RESULTS_DIR]

@@ -28,14 +28,27 @@ namespace {
 
 class CudaRunner : public SlotRunner<CudaModel> {
  public:
-  CudaRunner(RunnerCheckpoint ck, int max_graph_batch, SyntheticOptions synthetic)
-      : SlotRunner(std::move(ck), "CUDA runner"), max_graph_batch_(max_graph_batch), synthetic_(std::move(synthetic)) {}
+  // tp_rank / tp_size / comm: this rank's place in a tensor-parallel group and its device data
+  // plane; device: the CUDA ordinal it runs on.
+  CudaRunner(RunnerCheckpoint ck, int max_graph_batch, SyntheticOptions synthetic, int tp_rank, int tp_size,
+             DataComm* comm, int device)
+      : SlotRunner(std::move(ck), "CUDA runner"),
+        max_graph_batch_(max_graph_batch),
+        synthetic_(std::move(synthetic)),
+        tp_rank_(tp_rank),
+        tp_size_(tp_size),
+        comm_(comm),
+        device_(device) {}
 
-  std::string device() const override { return "cuda:0"; }
+  std::string device() const override { return "cuda:" + std::to_string(device_); }
 
   Status allocate(const RunnerAllocation& alloc) override {
     CudaModelOptions o;
     TANDEM_ASSIGN_OR_RETURN(o.model, model_options_for(alloc));
+    o.model.tp_rank = tp_rank_;  // a tensor-parallel rank binds its shard
+    o.model.tp_size = tp_size_;
+    o.model.comm = comm_;
+    o.device = device_;
     // Logits rows of one step: the last row of each sequence, or K+1 verify rows of each.
     o.max_logits_rows = std::max(alloc.max_slots * std::max(alloc.max_verify_tokens, 1),
                                  std::min(alloc.max_tokens_per_step, alloc.max_slots * 8));
@@ -69,9 +82,9 @@ class CudaRunner : public SlotRunner<CudaModel> {
   DeviceFacts device_facts() const override {
     DeviceFacts f;
     f.device = device();
-    f.name = kernels::cuda::device_description(0);
+    f.name = kernels::cuda::device_description(device_);
     cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, 0) == cudaSuccess)
+    if (cudaGetDeviceProperties(&p, device_) == cudaSuccess)
       f.compute_capability = std::to_string(p.major) + "." + std::to_string(p.minor);
     else
       cudaGetLastError();
@@ -90,15 +103,18 @@ class CudaRunner : public SlotRunner<CudaModel> {
     return f;
   }
   void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const override {
-    if (!synthetic_.name.empty()) {
-      // Synthetic: the stored bytes of the catalog tensors the rank holds (generated on the device).
+    if (!synthetic_.name.empty() || tp_size_ > 1) {
+      // Synthetic weights, or a tensor-parallel rank: the stored bytes of the catalog tensors this
+      // rank holds (generated on the device, or its slices of the checkpoint's).
       int64_t wbytes = 0;
       auto cat = build_catalog(ck_.config);
       if (cat.ok()) {
-        auto p = model::plan_shard(ck_.config, *cat, {0, 1}, true);
+        auto p = model::plan_shard(ck_.config, *cat, {tp_rank_, tp_size_}, true);
         if (p.ok()) wbytes = static_cast<int64_t>(p->held_bytes);
       }
-      plan.add(kPoolWeights, device(), wbytes, "synthetic " + synthetic_.name + " (the catalog's stored bytes)");
+      plan.add(kPoolWeights, device(), wbytes,
+               fmt::format("{} rank {} of {}: its catalog tensors' stored bytes",
+                           synthetic_.name.empty() ? ck_.dir : "synthetic " + synthetic_.name, tp_rank_, tp_size_));
     } else {
       // Weights: the stored bytes of the checkpoint's shards, uploaded as they are.
       int64_t wbytes = 0;
@@ -177,6 +193,9 @@ class CudaRunner : public SlotRunner<CudaModel> {
  private:
   int max_graph_batch_ = 0;
   SyntheticOptions synthetic_;  // name empty: the checkpoint in ck_.dir
+  int tp_rank_ = 0, tp_size_ = 1;
+  DataComm* comm_ = nullptr;    // the device data plane (tp_size > 1), owned by the caller
+  int device_ = 0;              // CUDA ordinal
   int64_t allocs_at_start_ = 0;
   StepBatch batch_;
   std::vector<int64_t> first_row_;
@@ -189,17 +208,21 @@ class CudaRunner : public SlotRunner<CudaModel> {
 
 bool cuda_runner_available() { return kernels::cuda::device_count() > 0; }
 
-Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config) {
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config, int tp_rank, int tp_size,
+                                                        DataComm* comm, int device) {
   if (kernels::cuda::device_count() == 0)
     return make_error(StatusCode::kUnavailable, "--device cuda: no CUDA device is visible (driver missing or no GPU)");
+  if (device < 0 || device >= kernels::cuda::device_count())
+    return invalid_argument("--device cuda: device {} does not exist ({} visible)", device,
+                            kernels::cuda::device_count());
   // --synthetic: the built-in official config (open_runner_checkpoint); the model directory only
   // supplies the tokenizer (ids it cannot decode become no text).
   TANDEM_ASSIGN_OR_RETURN(RunnerCheckpoint ck, open_runner_checkpoint(config, &CudaModel::state_sizes));
   SyntheticOptions synth;
   synth.name = config.synthetic;
   synth.seed = config.synthetic_seed;
-  return std::unique_ptr<ModelRunner>(
-      new CudaRunner(std::move(ck), config.max_cudagraph_capture_size, std::move(synth)));
+  return std::unique_ptr<ModelRunner>(new CudaRunner(std::move(ck), config.max_cudagraph_capture_size,
+                                                     std::move(synth), tp_rank, tp_size, comm, device));
 }
 
 }  // namespace tandem
@@ -208,7 +231,7 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
 
 namespace tandem {
 bool cuda_runner_available() { return false; }
-Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig&) {
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig&, int, int, DataComm*, int) {
   return make_error(StatusCode::kUnimplemented,
                     "--device cuda: this build has no CUDA runner (the CUDA toolkit was not found at build time)");
 }

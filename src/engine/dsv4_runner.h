@@ -22,7 +22,11 @@ Result<std::unique_ptr<ModelRunner>> create_dsv4_runner(const EngineConfig& conf
 
 // The device-resident runner (src/engine/cuda_runner.cpp); an error when the build has no CUDA
 // runner or no GPU is visible. cuda_runner_available(): built with it and a GPU is visible.
-Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config);
+// tp_rank / tp_size / comm: as for create_dsv4_runner, with the device data plane
+// (src/model/cuda/device_comm.h); device: the CUDA ordinal this rank runs on (the caller keeps it
+// current on every thread that calls the runner: src/engine/parallel/device_tp.h).
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config, int tp_rank = 0, int tp_size = 1,
+                                                        DataComm* comm = nullptr, int device = 0);
 bool cuda_runner_available();
 
 }  // namespace tandem

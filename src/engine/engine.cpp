@@ -389,15 +389,16 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     // auto: the GPU when this build has the CUDA runner and a GPU is visible, else the CPU.
     const bool cuda = config.device == "cuda" || (config.device == "auto" && cuda_runner_available());
     if (!config.synthetic.empty() && !cuda) return refuse_synthetic_on_cpu(config);
-    if (cuda && config.tensor_parallel_size > 1)
+    if (!config.synthetic.empty() && config.tensor_parallel_size > 1)
       return make_error(StatusCode::kUnimplemented,
-                        "--tensor-parallel-size {} on the GPU needs the NCCL backend, which is not built yet "
-                        "(tensor parallelism runs on the CPU: --device cpu)",
-                        config.tensor_parallel_size);
-    if (cuda) {
+                        "--synthetic {} with --tensor-parallel-size {}: the worker ranks cannot generate synthetic "
+                        "weights yet (one rank of a group is measured with tandem bench-model --synthetic NAME "
+                        "--tensor-parallel-size N --rank R)",
+                        config.synthetic, config.tensor_parallel_size);
+    if (config.tensor_parallel_size > 1) {
+      TANDEM_ASSIGN_OR_RETURN(runner, create_tp_head_runner(config));  // on the CPU or the GPUs
+    } else if (cuda) {
       TANDEM_ASSIGN_OR_RETURN(runner, create_cuda_runner(config));
-    } else if (config.tensor_parallel_size > 1) {
-      TANDEM_ASSIGN_OR_RETURN(runner, create_tp_head_runner(config));
     } else {
       TANDEM_ASSIGN_OR_RETURN(runner, create_dsv4_runner(config));
     }

@@ -74,6 +74,14 @@ struct EngineConfig {
   int master_port = 29500;
   double distributed_timeout_s = 120.0;  // the head waits this long for every rank to connect
   std::string worker_binary;             // the `tandem` binary workers run; "" = this executable
+  // Tensor parallelism on GPUs (src/engine/parallel/device_tp.h): each rank on its own GPU (its
+  // local rank is its CUDA ordinal); the paths that carry the collectives (auto | nccl | peer |
+  // symmetric, src/model/cuda/device_comm.h), the largest message of the peer-memory path, where
+  // NCCL is ("" = the loader's search), and, for tests only, ranks sharing GPUs.
+  std::string tp_collectives = "auto";
+  int64_t tp_peer_max_bytes = int64_t{1} << 20;
+  std::string nccl_library;
+  bool tp_share_gpus = false;
   int max_cudagraph_capture_size = 8;
   int num_threads = 0;                   // CPU threads, 0 = all cores
   SpeculativeConfig speculative;

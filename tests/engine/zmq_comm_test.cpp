@@ -122,6 +122,19 @@ TEST(ZmqComm, Bf16AllReduceSumsWidenedInRankOrderAndRoundsOnce) {
   }
 }
 
+// A barrier's ranks reach rank 0 in any order (here the last rank first): TP=4 start-up.
+TEST(ZmqComm, BarrierTakesRanksInAnyOrder) {
+  const int n = 4;
+  auto c = group(n, 18576);
+  ASSERT_TRUE(c[3]);
+  std::vector<Status> st(n);
+  on_all(n, [&](int r) {
+    if (r > 0) std::this_thread::sleep_for(std::chrono::milliseconds(60 * (n - r)));
+    st[r] = c[r]->barrier(std::chrono::seconds(5));
+  });
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].ok()) << r << ": " << st[r].message();
+}
+
 TEST(ZmqComm, MismatchedFingerprintIsRefusedNamingTheKey) {
   Status head, worker;
   std::thread t0([&] { head = create_zmq_comm(opts(0, 2, 18564)).status(); });

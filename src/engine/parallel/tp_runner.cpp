@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "engine/dsv4_runner.h"
+#include "engine/parallel/device_tp.h"
 #include "engine/parallel/zmq_comm.h"
 #include "io/safetensors.h"
 #include "io/sha256.h"
@@ -258,9 +259,13 @@ struct WireCommit {
 
 class TpHeadRunner : public ModelRunner {
  public:
+  // data_path: what carries a CPU rank's collectives (DataComm::path()), for the audit.
   TpHeadRunner(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<ControlComm> control,
-               std::unique_ptr<ModelRunner> inner)
-      : procs_(std::move(procs)), control_(std::move(control)), inner_(std::move(inner)) {}
+               std::unique_ptr<ModelRunner> inner, std::string data_path = "")
+      : procs_(std::move(procs)),
+        control_(std::move(control)),
+        inner_(std::move(inner)),
+        data_path_(std::move(data_path)) {}
 
   ~TpHeadRunner() override {
     // Tell the workers to exit; then give the local ones a moment before killing them.
@@ -342,6 +347,18 @@ class TpHeadRunner : public ModelRunner {
     return Status(StatusCode::kUnavailable, "tensor parallel group failed: " + f);
   }
 
+  // Rank 0's facts and memory, from its own runner; on the CPU its all-reduce is the ZeroMQ star
+  // (a GPU rank's runner reports its device collectives itself).
+  DeviceFacts device_facts() const override {
+    DeviceFacts f = inner_->device_facts();
+    for (KernelPath& k : f.kernels)
+      if (k.op_class == "all_reduce" && k.path.rfind("none", 0) == 0 && !data_path_.empty())
+        k.path = "cpu:" + data_path_;
+    return f;
+  }
+  void plan_memory(const RunnerAllocation& a, MemoryPlan& plan) const override { inner_->plan_memory(a, plan); }
+  int64_t device_allocations_after_start() const override { return inner_->device_allocations_after_start(); }
+
  private:
   // A plan: the op, then the commits the workers have not applied yet.
   Writer begin_plan(Op op) {
@@ -359,6 +376,7 @@ class TpHeadRunner : public ModelRunner {
   std::unique_ptr<ModelRunner> inner_;
   std::vector<uint8_t> plan_;
   std::vector<WireCommit> pending_;
+  std::string data_path_;
 };
 
 // Applies plans to `runner` until a shutdown plan (0) or a failure (1).
@@ -450,6 +468,21 @@ int worker_loop(ControlComm& comm, ModelRunner& runner) {
   }
 }
 
+// "auto" becomes what this host has, so that every rank gets a concrete device from its
+// arguments (the fingerprint refuses a rank on another device).
+EngineConfig with_device(const EngineConfig& c) {
+  EngineConfig r = c;
+  if (r.device == "auto") r.device = cuda_runner_available() ? "cuda" : "cpu";
+  return r;
+}
+
+// One rank's runner: the CPU model over ZeroMQ, or the CUDA model over the device data plane
+// (device_tp.h). Collective: every rank calls it right after its control plane connected.
+Result<std::unique_ptr<ModelRunner>> create_rank_runner(const EngineConfig& c, int rank, Comm& comm) {
+  if (c.device == "cuda") return create_cuda_rank_runner(c, rank, comm);
+  return create_dsv4_runner(c, rank, c.tensor_parallel_size, &comm);
+}
+
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -497,6 +530,13 @@ std::vector<std::string> worker_args(const EngineConfig& c, int rank) {
                                 std::to_string(c.max_num_batched_tokens), "--block-size", std::to_string(c.block_size),
                                 "--kv-cache-dtype", c.kv_cache_dtype, "--device", c.device, "--distributed-timeout",
                                 fmt::format("{}", c.distributed_timeout_s)};
+  if (c.device == "cuda") {
+    for (const std::string& f : {std::string("--tp-collectives"), c.tp_collectives, std::string("--tp-peer-max-bytes"),
+                                 std::to_string(c.tp_peer_max_bytes)})
+      a.push_back(f);
+    if (!c.nccl_library.empty()) a.insert(a.end(), {"--nccl-library", c.nccl_library});
+    if (c.tp_share_gpus) a.push_back("--tp-share-gpus");
+  }
   if (!c.speculative.method.empty()) {
     a.push_back("--speculative-config");
     a.push_back(fmt::format(R"({{"method":"{}","num_speculative_tokens":{}}})", c.speculative.method,
@@ -548,6 +588,10 @@ Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const En
   fp.emplace_back("flag.max_num_batched_tokens", std::to_string(c.max_num_batched_tokens));
   fp.emplace_back("flag.block_size", std::to_string(c.block_size));
   fp.emplace_back("flag.kv_cache_dtype", c.kv_cache_dtype);
+  fp.emplace_back("flag.device", c.device);
+  if (c.device == "cuda")
+    fp.emplace_back("flag.tp_collectives", fmt::format("{} peer<={} share_gpus={}", c.tp_collectives,
+                                                       c.tp_peer_max_bytes, c.tp_share_gpus ? "on" : "off"));
   fp.emplace_back("flag.speculative", c.speculative.method.empty()
                                           ? std::string("off")
                                           : fmt::format("{} k={}", c.speculative.method,
@@ -555,9 +599,12 @@ Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const En
   return fp;
 }
 
-Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& c) {
+Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& config) {
+  const EngineConfig c = with_device(config);
   TANDEM_RETURN_IF_ERROR(validate_layout(c));
   if (c.node_rank != 0) return invalid_argument("--node-rank {}: only node 0 serves", c.node_rank);
+  // On GPUs: this node has a GPU for each of its ranks (checked before any worker starts).
+  if (c.device == "cuda") TANDEM_RETURN_IF_ERROR(tp_device_for_rank(c, c.tensor_parallel_size / c.nnodes - 1).status());
   TANDEM_ASSIGN_OR_RETURN(auto fp, tp_fingerprint(c));
   auto procs = std::make_unique<WorkerProcesses>();
   const int per_node = c.tensor_parallel_size / c.nnodes;
@@ -574,11 +621,14 @@ Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& c
   procs->stop_watch();
   procs->watch([cp](const std::string& why) { cp->fail(why); });
   // One communicator, two planes: the runner's plans on its control plane, the model's
-  // activations' collectives on its data plane.
-  auto inner = create_dsv4_runner(c, 0, c.tensor_parallel_size, cp);
+  // activations' collectives on its data plane (the CPU model's: this communicator; a GPU rank's:
+  // its device data plane, device_tp.h).
+  auto inner = create_rank_runner(c, 0, *cp);
   if (!inner.ok()) return inner.status();
   TLOG_INFO("tp", "all {} ranks connected and matching", c.tensor_parallel_size);
-  return std::unique_ptr<ModelRunner>(new TpHeadRunner(std::move(procs), std::move(*comm), std::move(*inner)));
+  const std::string data_path = cp->path();
+  return std::unique_ptr<ModelRunner>(
+      new TpHeadRunner(std::move(procs), std::move(*comm), std::move(*inner), data_path));
 }
 
 std::unique_ptr<ModelRunner> make_tp_head_runner(std::unique_ptr<ControlComm> control,
@@ -588,7 +638,8 @@ std::unique_ptr<ModelRunner> make_tp_head_runner(std::unique_ptr<ControlComm> co
 
 int tp_worker_loop(ControlComm& control, ModelRunner& runner) { return worker_loop(control, runner); }
 
-int run_tp_worker_process(const EngineConfig& c, int rank) {
+int run_tp_worker_process(const EngineConfig& config, int rank) {
+  const EngineConfig c = with_device(config);
   Status st = validate_layout(c);
   if (st.ok() && (rank < 1 || rank >= c.tensor_parallel_size))
     st = invalid_argument("--rank {} must be in [1, --tensor-parallel-size {})", rank, c.tensor_parallel_size);
@@ -602,7 +653,7 @@ int run_tp_worker_process(const EngineConfig& c, int rank) {
     TLOG_ERROR("tp", "rank {}: {}", rank, comm.status().message());
     return 1;
   }
-  auto runner = create_dsv4_runner(c, rank, c.tensor_parallel_size, comm->get());
+  auto runner = create_rank_runner(c, rank, **comm);
   if (!runner.ok()) {
     TLOG_ERROR("tp", "rank {}: {}", rank, runner.status().message());
     (*comm)->fail(runner.status().message());
@@ -615,7 +666,12 @@ int run_tp_worker_process(const EngineConfig& c, int rank) {
   return code;
 }
 
-int run_tp_node(const EngineConfig& c, const std::function<bool()>& stop_requested) {
+int run_tp_node(const EngineConfig& config, const std::function<bool()>& stop_requested) {
+  const EngineConfig c = with_device(config);
+  return run_tp_node_ranks(c, [&c](int r) { return worker_args(c, r); }, stop_requested);
+}
+
+int run_tp_node_ranks(const EngineConfig& c, const TpRankArgs& args_for, const std::function<bool()>& stop_requested) {
   Status st = validate_layout(c);
   if (!st.ok()) {
     TLOG_ERROR("tp", "{}", st.message());
@@ -624,7 +680,7 @@ int run_tp_node(const EngineConfig& c, const std::function<bool()>& stop_request
   WorkerProcesses procs;
   const int per_node = c.tensor_parallel_size / c.nnodes;
   for (int r = c.node_rank * per_node; r < (c.node_rank + 1) * per_node; ++r) {
-    st = procs.spawn(worker_args(c, r), r);
+    st = procs.spawn(args_for(r), r);
     if (!st.ok()) {
       TLOG_ERROR("tp", "{}", st.message());
       return 1;
@@ -633,6 +689,46 @@ int run_tp_node(const EngineConfig& c, const std::function<bool()>& stop_request
   TLOG_INFO("tp", "node {} of {}: ranks {}..{} started; head at {}:{}", c.node_rank, c.nnodes, c.node_rank * per_node,
             (c.node_rank + 1) * per_node - 1, c.master_addr, c.master_port);
   return procs.wait_all(stop_requested);
+}
+
+// ---- same-program groups (tandem logits) ----
+
+std::string tp_worker_binary(const EngineConfig& c) { return c.worker_binary.empty() ? self_exe() : c.worker_binary; }
+
+TpGroup::TpGroup(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<Comm> comm)
+    : procs_(std::move(procs)), comm_(std::move(comm)) {}
+
+TpGroup::~TpGroup() {
+  if (procs_) {
+    procs_->expect_exit();
+    procs_->stop(10.0);  // they finish the same calls as this rank
+  }
+  comm_.reset();
+}
+
+Result<std::unique_ptr<TpGroup>> join_tp_group(const EngineConfig& c, int rank, const TpRankArgs& args_for) {
+  TANDEM_RETURN_IF_ERROR(validate_layout(c));
+  if (rank < 0 || rank >= c.tensor_parallel_size)
+    return invalid_argument("rank {} outside --tensor-parallel-size {}", rank, c.tensor_parallel_size);
+  if (c.device == "cuda") TANDEM_RETURN_IF_ERROR(tp_device_for_rank(c, c.tensor_parallel_size / c.nnodes - 1).status());
+  TANDEM_ASSIGN_OR_RETURN(auto fp, tp_fingerprint(c));
+  std::unique_ptr<WorkerProcesses> procs;
+  ZmqCommOptions o = comm_options(c, rank, std::move(fp));
+  if (rank == 0) {
+    procs = std::make_unique<WorkerProcesses>();
+    for (int r = 1; r < c.tensor_parallel_size / c.nnodes; ++r) TANDEM_RETURN_IF_ERROR(procs->spawn(args_for(r), r));
+    procs->watch(nullptr);
+    WorkerProcesses* pp = procs.get();
+    o.abort_check = [pp] { return pp->first_exit(); };
+  }
+  auto comm = create_zmq_comm(o);
+  if (!comm.ok()) return comm.status();
+  if (procs) {
+    Comm* cp = comm->get();
+    procs->stop_watch();
+    procs->watch([cp](const std::string& why) { cp->fail(why); });
+  }
+  return std::make_unique<TpGroup>(std::move(procs), std::move(comm).value());
 }
 
 }  // namespace tandem

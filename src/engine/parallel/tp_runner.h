@@ -40,6 +40,35 @@ std::unique_ptr<ModelRunner> make_tp_head_runner(std::unique_ptr<ControlComm> co
                                                  std::unique_ptr<ModelRunner> local);
 int tp_worker_loop(ControlComm& control, ModelRunner& runner);
 
+// ---- commands whose ranks all run the same program (`tandem logits`) ----
+// There are no step plans: every rank reads the same inputs (rank 0 broadcasts them over comm())
+// and makes the same model calls, whose collectives keep the ranks in step.
+using TpRankArgs = std::function<std::vector<std::string>(int rank)>;  // a rank's command line
+
+class TpGroup {
+ public:
+  TpGroup(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<Comm> comm);
+  // Rank 0 gives the ranks it started a moment to finish, then ends them.
+  ~TpGroup();
+  Comm& comm() { return *comm_; }
+
+ private:
+  std::unique_ptr<WorkerProcesses> procs_;
+  std::unique_ptr<Comm> comm_;
+};
+
+// The `tandem` binary ranks run: --worker-binary's, else this executable.
+std::string tp_worker_binary(const EngineConfig& config);
+
+// Joins the group as `rank` (with "auto" already resolved in config.device): rank 0 first starts
+// the other ranks of its node as args_for(rank). Same layout checks, fingerprint comparison and
+// failure on a lost rank as serve's.
+Result<std::unique_ptr<TpGroup>> join_tp_group(const EngineConfig& config, int rank, const TpRankArgs& args_for);
+
+// A node other than 0: starts this node's ranks as args_for(rank) and waits for them; returns the
+// exit code (non-zero if any failed). run_tp_node is this with `tandem tp-worker` ranks.
+int run_tp_node_ranks(const EngineConfig& config, const TpRankArgs& args_for, const std::function<bool()>& stop_requested);
+
 // What every rank must agree on (build, checkpoint revision and structure, flags), as key/value
 // pairs compared at start-up.
 Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const EngineConfig& config);
