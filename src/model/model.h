@@ -33,6 +33,7 @@
 
 namespace tandem {
 
+struct CpuModelTestAccess;
 class Checkpoint;
 class Comm;
 struct TensorView;
@@ -214,6 +215,7 @@ class DsV4Model {
   struct Impl;
 
  private:
+  friend struct CpuModelTestAccess;  // test-only hooks (model/model_testing.h)
   explicit DsV4Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
