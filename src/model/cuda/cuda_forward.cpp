@@ -345,12 +345,22 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
 }
 
 void CudaModel::Impl::block_forward(int layer, const StepBatch& batch, int64_t n) {
+  attention_half(layer, batch, n);
+  ffn_half(layer, n);
+}
+
+void CudaModel::Impl::attention_half(int layer, const StepBatch& batch, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
   norm_rows(x.get(), n, D, b.attn_norm);
   attention_target(layer, batch, n, a.get());
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
+}
+
+void CudaModel::Impl::ffn_half(int layer, int64_t n) {
+  const cuda_model::DBlock& b = w.layers[layer];
+  const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
   norm_rows(x.get(), n, D, b.ffn_norm);
   moe(b.ffn, x.get(), meta.tokens, n, a.get());

@@ -211,8 +211,14 @@ struct CudaModel::Impl {
     ++gstats.eager;
     return ge;
   }
-  // The draft's device work for B staged requests (draft_host): capturable.
+  // The draft's device work for B staged requests (draft_host): capturable. Its pieces (run apart by
+  // the test hooks): the request arrays' upload and the blocks' embedding into h, each stage's two
+  // halves over h, and the heads with the Markov steps.
   void launch_draft(int64_t B, bool want_probs);
+  void draft_inputs(int64_t B);
+  void draft_stage_attention(int stage, int64_t B);
+  void draft_stage_ffn(int stage, int64_t B);
+  void draft_heads(int64_t B, bool want_probs);
 
   kernels::Ops& ops();
   Status init(const ModelConfig& config, const CudaModelOptions& options);
@@ -234,6 +240,10 @@ struct CudaModel::Impl {
   void run_compressor(const cuda_model::DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
                       const float* xx, int64_t n);
   void block_forward(int layer, const StepBatch& batch, int64_t n);
+  // The layer's two halves over h (block_forward runs both; the test hooks of
+  // cuda_model_testing.h run them apart): mHC + attention with its state, and mHC + MoE.
+  void attention_half(int layer, const StepBatch& batch, int64_t n);
+  void ffn_half(int layer, int64_t n);
   void head_logits(const float* hin, int64_t n, const cuda_model::DWeights& ww, const float* hc_fn,
                    const float* hc_scale, const float* hc_base, const float* norm, float* y_out, float* logits_out);
 };

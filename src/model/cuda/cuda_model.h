@@ -21,6 +21,7 @@
 
 namespace tandem {
 
+struct CudaModelTestAccess;
 struct TensorView;
 
 struct CudaModelOptions {
@@ -135,6 +136,7 @@ class CudaModel {
   struct Impl;
 
  private:
+  friend struct CudaModelTestAccess;  // test-only hooks (model/cuda/cuda_model_testing.h)
   explicit CudaModel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
