@@ -24,6 +24,16 @@ namespace tandem {
 
 namespace {
 
+// The device's free memory (cudaMemGetInfo), -1 when it cannot be read.
+int64_t device_free_bytes() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(free_b);
+}
+
 class CudaRunner : public ModelRunner {
  public:
   CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe, int max_graph_batch)
@@ -94,6 +104,8 @@ class CudaRunner : public ModelRunner {
                 graphs, o.max_graph_batch,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     allocs_at_start_ = kernels::cuda::alloc_stats().count;
+    graphs_at_start_ = model_->graph_stats().instantiations;
+    free_at_start_ = device_free_bytes();
     TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
               kv_dtype_name(o.model.kv_dtype), model_->load_report().summary());
     return Status();
@@ -142,6 +154,14 @@ class CudaRunner : public ModelRunner {
   }
   int64_t device_allocations_after_start() const override {
     return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;
+  }
+  int64_t device_graphs_after_start() const override {
+    return model_ ? model_->graph_stats().instantiations - graphs_at_start_ : -1;
+  }
+  int64_t device_bytes_taken_after_start() const override {
+    if (!model_ || free_at_start_ < 0) return 0;
+    const int64_t now = device_free_bytes();
+    return now < 0 ? 0 : free_at_start_ - now;
   }
 
   // The step runs on the device and its rows are sampled there: logits, taps and draft
@@ -225,6 +245,8 @@ class CudaRunner : public ModelRunner {
   ModelOptions probe_;
   int max_graph_batch_ = 0;
   int64_t allocs_at_start_ = 0;
+  int64_t graphs_at_start_ = 0;
+  int64_t free_at_start_ = -1;  // cudaMemGetInfo's free bytes when allocate() returned
   std::unique_ptr<CudaModel> model_;
   StepBatch batch_;
   std::vector<int64_t> first_row_;

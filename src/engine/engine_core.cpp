@@ -954,6 +954,8 @@ EngineMetrics EngineCore::metrics(bool drain_latencies) {
   }
   for (const Seq* s : waiting_) m_.prefill_tokens_pending += s->prompt_len;
   m_.device_allocations_after_start = runner_->device_allocations_after_start();
+  m_.device_graphs_after_start = runner_->device_graphs_after_start();
+  m_.device_bytes_taken_after_start = runner_->device_bytes_taken_after_start();
   m_.num_requests_running = static_cast<int64_t>(running_.size());
   m_.num_requests_waiting = static_cast<int64_t>(waiting_.size());
   m_.kv_blocks_total = kv_->num_blocks();

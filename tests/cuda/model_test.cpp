@@ -676,6 +676,14 @@ TEST(CudaModel, DeviceSamplingMatchesTheHostSamplerOnTheSameLogits) {
   EXPECT_FALSE(p.gpu->sample(bad, {}, {}, {}, W, std::span<SampleRowResult>(dev.data(), 1)).ok());
 }
 
+// The driver's view of device memory: cudaMemGetInfo's free bytes (every allocation counts, not
+// only DeviceBuffer's: the runtime's, graph instantiation, lazily loaded kernel modules).
+int64_t free_device_bytes() {
+  size_t free_b = 0, total_b = 0;
+  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(free_b);
+}
+
 TEST(CudaModel, NoDeviceAllocationAfterStartup) {
   SKIP_WITHOUT_GPU();
   Pair& p = fp8_pair();
@@ -684,7 +692,9 @@ TEST(CudaModel, NoDeviceAllocationAfterStartup) {
   p.gpu_run(0, toks, {100, 1});  // warm: every kernel and op workspace used once
   std::vector<float> taps;
   p.gpu_run(1, toks, {}, &taps);
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   const auto before = kernels::cuda::alloc_stats();
+  const int64_t free_before = free_device_bytes();
   for (int rep = 0; rep < 3; ++rep) {
     p.gpu_run(0, toks, {64, 1, 6});
     p.gpu->draft_reset(0);
@@ -693,14 +703,124 @@ TEST(CudaModel, NoDeviceAllocationAfterStartup) {
     std::vector<DraftResult> res;
     ASSERT_TRUE(p.gpu->draft_propose(qs, true, res).ok());
   }
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   const auto after = kernels::cuda::alloc_stats();
+  const int64_t free_after = free_device_bytes();
+  std::printf("[cuda] eager steps and drafts after warm-up: DeviceBuffer allocations %lld (%lld bytes), device free "
+              "memory change %lld bytes\n",
+              static_cast<long long>(after.count - before.count), static_cast<long long>(after.bytes - before.bytes),
+              static_cast<long long>(free_after - free_before));
   EXPECT_EQ(after.count, before.count) << "device allocations on the step path";
   EXPECT_EQ(after.bytes, before.bytes);
+  EXPECT_EQ(free_after, free_before) << "cudaMemGetInfo's free memory moved on the step path (a raw allocation)";
   const auto mem = p.gpu->memory();
   std::printf("[cuda] tiny model device memory: weights %.2f MiB, pool %.2f MiB, slots %.2f MiB, draft %.2f MiB, "
               "scratch %.2f MiB\n",
               mem.weights / 1048576.0, mem.pool / 1048576.0, mem.slot_state / 1048576.0, mem.draft_state / 1048576.0,
               mem.scratch / 1048576.0);
+}
+
+// With CUDA graphs, as the engine serves: the graphs of every decode / verify / draft shape are
+// captured at start-up (capture_graphs); a load of eager prefills, graph-replayed decode and verify
+// steps of three sequences (padded to four) within the first context bucket, draft-context inserts
+// from the steps' taps, greedy and sampled drafts and device sampling then must not allocate
+// (DeviceBuffer), take device memory (cudaMemGetInfo) or instantiate a graph: neither on the first
+// pass after start-up (first-use effects: a kernel module loaded lazily, a shape not captured) nor
+// on later passes (a per-step allocation).
+TEST(CudaModel, NothingAllocatesOrInstantiatesUnderLoadAfterGraphStartup) {
+  SKIP_WITHOUT_GPU();
+  Pair& p = fp8_pair();
+  ASSERT_TRUE(p.gpu && p.gpu->has_draft());
+  CudaModelOptions co;
+  co.model = model_options();
+  co.max_graph_batch = 4;
+  auto g = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  CudaModel& gm = **g;
+  const int captured = gm.capture_graphs(/*taps=*/true);
+  EXPECT_GT(captured, 0);
+  const int64_t V = p.cfg.vocab_size, W = (V + 31) / 32;
+  std::vector<std::vector<int32_t>> seqs = {tokens(200, 61), tokens(200, 62), tokens(200, 63)};
+  std::vector<std::vector<int32_t>> tables = {table_for(0), table_for(1), table_for(2)};
+  auto load = [&](int rep) {
+    StepBatch b;
+    for (int s = 0; s < 3; ++s) {
+      gm.reset(s);
+      b.seqs.push_back({s, 0, std::span<const int32_t>(seqs[s].data(), 100 + 5 * s), tables[s], LogitsMode::kLast, true});
+    }
+    ASSERT_TRUE(gm.forward(b, nullptr).ok());  // eager prefill
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(gm.draft_insert_context_from_step(s, 0, s, 100 + 5 * s).ok());
+    for (int step = 0; step < 16; ++step) {
+      const int n = step % 4 == 3 ? 6 : 1;  // decode steps and verify steps of 6: graph replays
+      StepBatch d;
+      for (int s = 0; s < 3; ++s) {
+        const int64_t pos = gm.slot_length(s);
+        d.seqs.push_back({s, pos, std::span<const int32_t>(seqs[s].data() + pos, n), tables[s],
+                          n == 1 ? LogitsMode::kLast : LogitsMode::kAll, true});
+      }
+      ASSERT_TRUE(gm.forward(d, nullptr, /*synchronize=*/false).ok());
+      std::vector<SampleRow> rows(3);
+      for (int s = 0; s < 3; ++s) {
+        rows[s].logits_row = s * (n == 1 ? 1 : n);
+        rows[s].temperature = s == 0 ? 0.0 : 0.8;
+        rows[s].top_p = s == 2 ? 0.9 : 1.0;
+        rows[s].top_logprobs = s == 1 ? 3 : -1;
+        rows[s].seed = 7 + rep;
+        rows[s].position = d.seqs[s].start_pos + n;
+      }
+      std::vector<SampleRowResult> res(3);
+      ASSERT_TRUE(gm.sample(rows, {}, {}, {}, W, res).ok());
+      for (int s = 0; s < 3; ++s)
+        ASSERT_TRUE(gm.draft_insert_context_from_step(s, d.seqs[s].start_pos, s, n).ok());
+      if (step % 4 == 1) {
+        std::vector<CudaModel::DraftQueryDev> qs;
+        for (int s = 0; s < 3; ++s) {
+          const int64_t P = gm.slot_length(s);
+          qs.push_back({s, seqs[s][P], P, s == 1 ? 0.9 : 0.0, 11});
+        }
+        std::vector<DraftResult> dr;
+        ASSERT_TRUE(gm.draft_propose(qs, /*want_probs=*/false, dr).ok());
+      }
+    }
+  };
+  struct Snap {
+    int64_t allocs, alloc_bytes, free_bytes, instantiations;
+  };
+  auto snap = [&] {
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto a = kernels::cuda::alloc_stats();
+    return Snap{a.count, a.bytes, free_device_bytes(), gm.graph_stats().instantiations};
+  };
+  const Snap s0 = snap();
+  load(0);
+  if (HasFatalFailure()) return;
+  const Snap s1 = snap();
+  for (int rep = 1; rep <= 3; ++rep) {
+    load(rep);
+    if (HasFatalFailure()) return;
+  }
+  const Snap s2 = snap();
+  const auto gs = gm.graph_stats();
+  const char* loading = std::getenv("CUDA_MODULE_LOADING");
+  std::printf("[cuda] graphs: %d captured at start-up (%lld instantiated in all), %lld replays, %lld eager launches; "
+              "CUDA_MODULE_LOADING=%s\n",
+              captured, static_cast<long long>(s0.instantiations), static_cast<long long>(gs.replays),
+              static_cast<long long>(gs.eager), loading ? loading : "(unset: lazy since CUDA 12.2)");
+  for (const auto& [what, a, b] : {std::tuple<const char*, Snap, Snap>{"first load after start-up", s0, s1},
+                                   {"three more loads", s1, s2}}) {
+    std::printf("[cuda] %s: DeviceBuffer allocations %lld (%lld bytes), device free memory change %lld bytes, graphs "
+                "instantiated %lld\n",
+                what, static_cast<long long>(b.allocs - a.allocs), static_cast<long long>(b.alloc_bytes - a.alloc_bytes),
+                static_cast<long long>(b.free_bytes - a.free_bytes),
+                static_cast<long long>(b.instantiations - a.instantiations));
+    EXPECT_EQ(b.allocs, a.allocs) << what << ": DeviceBuffer allocations";
+    EXPECT_EQ(b.free_bytes, a.free_bytes)
+        << what << ": cudaMemGetInfo's free memory moved (a raw runtime allocation, a graph, a kernel module loaded "
+                   "lazily on first use, or a grown stack/printf heap)";
+    EXPECT_EQ(b.instantiations, a.instantiations)
+        << what << ": CUDA graphs instantiated under load (a step shape or context bucket not captured at start-up)";
+  }
+  EXPECT_GT(gs.replays, 40);
 }
 
 // ---- checkpoints on disk: every make-tiny preset and the built-in trained model ----
@@ -880,6 +1000,25 @@ struct Out {
   std::vector<TokenLogprob> logprobs;
 };
 
+// The engine's "nothing allocates after start-up" counters of a run (metrics taken at its end).
+std::string after_start(const EngineMetrics& m) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "after start-up: device allocations %lld, graphs instantiated %lld, device memory taken %lld bytes",
+                static_cast<long long>(m.device_allocations_after_start),
+                static_cast<long long>(m.device_graphs_after_start),
+                static_cast<long long>(m.device_bytes_taken_after_start));
+  return buf;
+}
+void expect_nothing_after_start(const EngineMetrics& m, const std::string& what) {
+  EXPECT_EQ(m.device_allocations_after_start, 0) << what << ": DeviceBuffer allocations under load";
+  EXPECT_EQ(m.device_graphs_after_start, 0)
+      << what << ": CUDA graphs instantiated under load (a step shape or context bucket not captured at start-up)";
+  EXPECT_EQ(m.device_bytes_taken_after_start, 0)
+      << what << ": cudaMemGetInfo's free memory dropped under load (a raw runtime allocation, a graph, a kernel "
+                 "module loaded lazily on first use, or a grown stack/printf heap)";
+}
+
 std::map<std::string, Out> run_engine(const EngineConfig& ec, const std::vector<std::vector<int32_t>>& prompts,
                                       int max_tokens, EngineMetrics* metrics = nullptr,
                                       const std::function<void(SamplingParams&, size_t)>& tweak = {}) {
@@ -960,12 +1099,11 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
       equal += got[id].tokens == o.tokens;
     }
     std::printf("[cuda-engine] concurrency %d: %d/20 speculative outputs equal plain greedy; drafts %lld, accepted %lld; "
-                "device allocations after start-up %lld\n",
+                "%s\n",
                 conc, equal, static_cast<long long>(m.spec_decode_num_draft_tokens_total),
-                static_cast<long long>(m.spec_decode_num_accepted_tokens_total),
-                static_cast<long long>(m.device_allocations_after_start));
+                static_cast<long long>(m.spec_decode_num_accepted_tokens_total), after_start(m).c_str());
     EXPECT_GT(m.spec_decode_num_draft_tokens_total, 0);
-    EXPECT_EQ(m.device_allocations_after_start, 0) << "device allocations under load";
+    expect_nothing_after_start(m, "speculative greedy, concurrency " + std::to_string(conc));
   }
 }
 
@@ -1016,13 +1154,12 @@ TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
       EXPECT_LE(lp.logprob, lp.top[0].second + 1e-5f);
     }
   }
-  std::printf("[cuda-engine] sampled: %d/8 outputs repeat exactly; drafts %lld, accepted %lld; device allocations "
-              "after start-up %lld\n",
-              equal, static_cast<long long>(m1.spec_decode_num_draft_tokens_total),
-              static_cast<long long>(m1.spec_decode_num_accepted_tokens_total),
-              static_cast<long long>(m1.device_allocations_after_start));
+  std::printf("[cuda-engine] sampled: %d/8 outputs repeat exactly; drafts %lld, accepted %lld; %s\n", equal,
+              static_cast<long long>(m1.spec_decode_num_draft_tokens_total),
+              static_cast<long long>(m1.spec_decode_num_accepted_tokens_total), after_start(m1).c_str());
   EXPECT_GT(m1.spec_decode_num_accepted_tokens_total, 0);
-  EXPECT_EQ(m1.device_allocations_after_start, 0);
+  expect_nothing_after_start(m1, "sampled speculative");
+  expect_nothing_after_start(m2, "sampled speculative, second run");
 }
 
 }  // namespace

@@ -283,6 +283,7 @@ Result<CudaModel::StepProfile> CudaModel::profile_draft(std::span<const DraftQue
   // One real proposal first: validates, stages the requests and warms every kernel.
   TANDEM_RETURN_IF_ERROR(draft_propose(requests, false, res));
   const int64_t B = static_cast<int64_t>(requests.size());
+  ++m.gstats.instantiations;  // the timing graph
   return cuda_model::time_eager_and_graph(m.stream, reps, [&m, B] { m.launch_draft(B, false); });
 }
 

@@ -208,6 +208,7 @@ struct CudaModel::Impl {
     TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
     TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
     ++gstats.captures;
+    ++gstats.instantiations;
     ++gstats.eager;
     return ge;
   }

@@ -723,6 +723,7 @@ Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, i
       return invalid_argument("profile_step: a replayed step may add at most max_rollback + 1 tokens per sequence");
   // Replaying the same step is idempotent (it rewrites the same ring rows and pool entries).
   const StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, [&m] { m.launch(); });
+  ++m.gstats.instantiations;  // the timing graph
   // The outputs are those of the last graph replay.
   m.finish(host_out);
   return prof;
