@@ -353,6 +353,11 @@ __device__ __forceinline__ float key_elem(uint64_t kp, const KvRecordLayout& l, 
   return kv_record_get(reinterpret_cast<const uint8_t*>(kp), l, d);
 }
 
+// The score scale exactly as the CPU's attend: 1.0f / std::sqrt(float(hd)), a correctly rounded
+// square root and division (rsqrtf is an approximation that can differ in the last bit, which
+// shifts every score of every row the same way).
+__device__ __forceinline__ float attn_scale(int hd) { return __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(hd))); }
+
 // Scores of the listed keys for head h of query qh, then the sink-normalised weighted sum, written
 // (bf16-rounded) to out[hd]. s_keys/s_p in shared memory, nk keys. blockDim.x threads.
 __device__ void attend_keys(const float* qh, const uint64_t* s_keys, float* s_p, int nk, const KvRecordLayout& l,
@@ -441,7 +446,7 @@ __global__ void attention_kernel(AttnArgs a, StepMeta m, int64_t rows) {
   for (int d = threadIdx.x; d < a.hd; d += blockDim.x) s_q[d] = qh[d];
   __syncthreads();
   const int nk = nwin + ncomp;
-  attend_keys(s_q, s_keys, s_p, nk, a.rec, a.hd, rsqrtf(static_cast<float>(a.hd)), a.sink[h],
+  attend_keys(s_q, s_keys, s_p, nk, a.rec, a.hd, attn_scale(a.hd), a.sink[h],
               a.out + (t * a.heads + h) * a.hd, s_red);
 }
 
@@ -467,7 +472,7 @@ __global__ void draft_attention_kernel(DraftAttnArgs a, int64_t B) {
   const float* qh = a.q + (r * a.heads + h) * a.hd;
   for (int d = threadIdx.x; d < a.hd; d += blockDim.x) s_q[d] = qh[d];
   __syncthreads();
-  attend_keys(s_q, s_keys, s_p, nctx + a.K, a.rec, a.hd, rsqrtf(static_cast<float>(a.hd)), a.sink[h],
+  attend_keys(s_q, s_keys, s_p, nctx + a.K, a.rec, a.hd, attn_scale(a.hd), a.sink[h],
               a.out + (r * a.heads + h) * a.hd, s_red);
 }
 
