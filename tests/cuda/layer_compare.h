@@ -36,6 +36,8 @@ namespace tandem::layer_compare {
 //    a fraction of one input ulp: 2^-8 of the row's largest |value| at most, 2^-12 on average.
 //  * records (KV records, FP4 indexer keys): at most 1/16 of the records a step writes may differ
 //    (a wrong position, scale or layout changes all of them).
+// The residual streams' floors are raised to the largest spread the CPU shows on any layer of the
+// same kind of half in the same step (Spread below: a flip's measured reach in this model).
 // Discrete selections are judged row by row instead (see Selection below).
 constexpr double kSpreadFactor = 2.0;
 constexpr double kFlipMaxRel = 1.0 / 64;
@@ -93,9 +95,26 @@ inline Residual residual(const float* got, const float* want, int64_t rows, int6
 struct RowLimit {
   double max_rel = 0, mean_rel = 0, differ_frac = -1;  // differ_frac < 0: not limited
 };
-inline RowLimit bf16_row_limit(const Residual& spread) {
-  return {std::max(kSpreadFactor * spread.max_rel, kFlipMaxRel), std::max(kSpreadFactor * spread.mean_rel, kFlipMeanRel),
-          std::max(kSpreadFactor * spread.differ_frac(), kFlipDifferFrac)};
+// The largest CPU spread over one kind of half (attention or FFN) of every layer of a step: how far
+// one rounding flip travels through a half of this model, measured. It is also a floor for each
+// half of that kind, at factor 1: a half whose own GEMMs happen not to flip on the CPU still has
+// non-GEMM reductions that may flip on the device, with the same reach.
+struct Spread {
+  double max_rel = 0, mean_rel = 0, differ_frac = 0;
+};
+inline Spread worst_spread(const std::vector<Residual>& v) {
+  Spread w;
+  for (const Residual& r : v) {
+    w.max_rel = std::max(w.max_rel, r.max_rel);
+    w.mean_rel = std::max(w.mean_rel, r.mean_rel);
+    w.differ_frac = std::max(w.differ_frac, r.differ_frac());
+  }
+  return w;
+}
+inline RowLimit bf16_row_limit(const Residual& spread, const Spread& model = {}) {
+  return {std::max({kSpreadFactor * spread.max_rel, model.max_rel, kFlipMaxRel}),
+          std::max({kSpreadFactor * spread.mean_rel, model.mean_rel, kFlipMeanRel}),
+          std::max({kSpreadFactor * spread.differ_frac(), model.differ_frac, kFlipDifferFrac})};
 }
 inline RowLimit fp32_row_limit(const Residual& spread) {
   return {std::max(kSpreadFactor * spread.max_rel, kFp32MaxRel), std::max(kSpreadFactor * spread.mean_rel, kFp32MeanRel),

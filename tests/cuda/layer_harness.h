@@ -439,6 +439,24 @@ inline void run_step(Subject& s, const StepSpec& spec, const std::vector<std::ve
   for (auto& m : slot_mask) m.assign(static_cast<size_t>(s.lay.slot_bytes), 0);
   std::vector<uint8_t> pool_mask(g_pool.size(), 0);
 
+  // ---- the CPU's own spread of every half first: the largest of each kind is a floor for all ----
+  std::vector<Selection> spr_idx(static_cast<size_t>(L)), spr_route(static_cast<size_t>(L));
+  std::vector<Residual> spr_attn(static_cast<size_t>(L)), spr_ffn(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) {
+    std::vector<uint8_t> skip(static_cast<size_t>(rows), 0);
+    if (single && !cpu.idx_topk[l].empty()) {
+      spr_idx[l] = indexer_selection(s, spec.seqs[0], spr.idx_topk[l], spr.idx_scores[l], cpu.idx_topk[l],
+                                     cpu.idx_scores[l]);
+      skip = spr_idx[l].row_differs;
+    }
+    spr_attn[l] = layer_compare::residual(spr.mid[l].data(), cpu.mid[l].data(), rows, HD, &skip);
+    spr_route[l] = routing_selection(s, rows, mt::cpu_gate_bias(*s.cpu, l), spr.experts[l], spr.gate[l],
+                                     cpu.experts[l], cpu.gate[l]);
+    spr_ffn[l] = layer_compare::residual(spr.out[l].data(), cpu.out[l].data(), rows, HD, &spr_route[l].row_differs);
+  }
+  const layer_compare::Spread attn_floor = layer_compare::worst_spread(spr_attn);
+  const layer_compare::Spread ffn_floor = layer_compare::worst_spread(spr_ffn);
+
   // ---- per layer ----
   for (int l = 0; l < L; ++l) {
     const std::string tag = at + " | L" + std::to_string(l) + " " + layer_kind(s, l);
@@ -446,14 +464,12 @@ inline void run_step(Subject& s, const StepSpec& spec, const std::vector<std::ve
     const mt::CudaLayerState& g = s.lay.layers[static_cast<size_t>(l)];
     // Attention half: the indexer's selection first (rows where it legitimately differs are left
     // out of the residual), its scores, then the residual streams.
-    std::vector<uint8_t> skip_attn(static_cast<size_t>(rows), 0), skip_attn_spr(static_cast<size_t>(rows), 0);
+    std::vector<uint8_t> skip_attn(static_cast<size_t>(rows), 0);
     if (single && !cpu.idx_topk[l].empty()) {
       const SeqSpec& q = spec.seqs[0];
       const Selection sel = indexer_selection(s, q, gtopk[l], gscores[l], cpu.idx_topk[l], cpu.idx_scores[l]);
-      const Selection ssel = indexer_selection(s, q, spr.idx_topk[l], spr.idx_scores[l], cpu.idx_topk[l], cpu.idx_scores[l]);
-      layer_compare::check_selection(s.rep, tag + " | indexer-topk", sel, ssel);
+      layer_compare::check_selection(s.rep, tag + " | indexer-topk", sel, spr_idx[l]);
       skip_attn = sel.row_differs;
-      skip_attn_spr = ssel.row_differs;
       const int64_t cols = (q.start + q.n) / 4;
       if (have_scores[l]) {
         const Residual r = layer_compare::residual(gscores[l].data(), cpu.idx_scores[l].data(), rows, cols);
@@ -465,14 +481,13 @@ inline void run_step(Subject& s, const StepSpec& spec, const std::vector<std::ve
     }
     {
       const Residual r = layer_compare::residual(gmid[l].data(), cpu.mid[l].data(), rows, HD, &skip_attn);
-      const Residual sp = layer_compare::residual(spr.mid[l].data(), cpu.mid[l].data(), rows, HD, &skip_attn_spr);
-      layer_compare::check_rows(s.rep, tag + " | attn-half", r, sp, layer_compare::bf16_row_limit(sp));
+      layer_compare::check_rows(s.rep, tag + " | attn-half", r, spr_attn[l],
+                                layer_compare::bf16_row_limit(spr_attn[l], attn_floor));
     }
     // FFN half: routing (explained rows left out), gate logits, residual streams.
     const std::vector<float> bias = mt::cpu_gate_bias(*s.cpu, l);
     const Selection rsel = routing_selection(s, rows, bias, gexp[l], ggate[l], cpu.experts[l], cpu.gate[l]);
-    const Selection rspr = routing_selection(s, rows, bias, spr.experts[l], spr.gate[l], cpu.experts[l], cpu.gate[l]);
-    layer_compare::check_selection(s.rep, tag + " | moe-routing", rsel, rspr);
+    layer_compare::check_selection(s.rep, tag + " | moe-routing", rsel, spr_route[l]);
     {
       const Residual r = layer_compare::residual(ggate[l].data(), cpu.gate[l].data(), rows, E);
       const Residual sp = layer_compare::residual(spr.gate[l].data(), cpu.gate[l].data(), rows, E);
@@ -480,8 +495,8 @@ inline void run_step(Subject& s, const StepSpec& spec, const std::vector<std::ve
     }
     {
       const Residual r = layer_compare::residual(gout[l].data(), cpu.out[l].data(), rows, HD, &rsel.row_differs);
-      const Residual sp = layer_compare::residual(spr.out[l].data(), cpu.out[l].data(), rows, HD, &rspr.row_differs);
-      layer_compare::check_rows(s.rep, tag + " | ffn-half", r, sp, layer_compare::bf16_row_limit(sp));
+      layer_compare::check_rows(s.rep, tag + " | ffn-half", r, spr_ffn[l],
+                                layer_compare::bf16_row_limit(spr_ffn[l], ffn_floor));
     }
 
     // State the layer wrote: the window records of the step's positions, the compressor rows, the
@@ -702,6 +717,18 @@ inline void run_draft(Subject& s) {
   kernels::cpu::set_gemm_isa(kernels::cpu::Isa::kAuto);
   ASSERT_TRUE(pst.ok());
 
+  // The CPU's spread of every stage half first: the largest of each kind is a floor for all.
+  std::vector<Selection> spr_route(static_cast<size_t>(S));
+  std::vector<Residual> spr_attn(static_cast<size_t>(S)), spr_ffn(static_cast<size_t>(S));
+  for (int st = 0; st < S; ++st) {
+    spr_attn[st] = layer_compare::residual(pmid[st].data(), mid[st].data(), N, HD);
+    spr_route[st] = routing_selection(s, N, mt::cpu_gate_bias(*s.cpu, st, /*draft=*/true), pex[st], pgate[st], ex[st],
+                                      gate[st]);
+    spr_ffn[st] = layer_compare::residual(pout[st].data(), hout[st].data(), N, HD, &spr_route[st].row_differs);
+  }
+  const layer_compare::Spread attn_floor = layer_compare::worst_spread(spr_attn);
+  const layer_compare::Spread ffn_floor = layer_compare::worst_spread(spr_ffn);
+
   ASSERT_TRUE(s.dev->draft_begin(dq).ok());
   for (int st = 0; st < S; ++st) {
     const std::string tag = at + " | S" + std::to_string(st);
@@ -716,13 +743,12 @@ inline void run_draft(Subject& s) {
     s.dev->last_routing(N, gg, ge);
     {
       const Residual r = layer_compare::residual(gm.data(), mid[st].data(), N, HD);
-      const Residual sp = layer_compare::residual(pmid[st].data(), mid[st].data(), N, HD);
-      layer_compare::check_rows(s.rep, tag + " | attn-half", r, sp, layer_compare::bf16_row_limit(sp));
+      layer_compare::check_rows(s.rep, tag + " | attn-half", r, spr_attn[st],
+                                layer_compare::bf16_row_limit(spr_attn[st], attn_floor));
     }
     const std::vector<float> bias = mt::cpu_gate_bias(*s.cpu, st, /*draft=*/true);
     const Selection rsel = routing_selection(s, N, bias, ge, gg, ex[st], gate[st]);
-    const Selection rspr = routing_selection(s, N, bias, pex[st], pgate[st], ex[st], gate[st]);
-    layer_compare::check_selection(s.rep, tag + " | moe-routing", rsel, rspr);
+    layer_compare::check_selection(s.rep, tag + " | moe-routing", rsel, spr_route[st]);
     {
       const Residual r = layer_compare::residual(gg.data(), gate[st].data(), N, E);
       const Residual sp = layer_compare::residual(pgate[st].data(), gate[st].data(), N, E);
@@ -730,8 +756,8 @@ inline void run_draft(Subject& s) {
     }
     {
       const Residual r = layer_compare::residual(go.data(), hout[st].data(), N, HD, &rsel.row_differs);
-      const Residual sp = layer_compare::residual(pout[st].data(), hout[st].data(), N, HD, &rspr.row_differs);
-      layer_compare::check_rows(s.rep, tag + " | ffn-half", r, sp, layer_compare::bf16_row_limit(sp));
+      layer_compare::check_rows(s.rep, tag + " | ffn-half", r, spr_ffn[st],
+                                layer_compare::bf16_row_limit(spr_ffn[st], ffn_floor));
     }
   }
   // Heads from the CPU's last stage output: the Markov-corrected logits and confidences of every

@@ -8,7 +8,9 @@
 // Limits (derived in layer_compare.h): each piece at most twice the CPU's own spread of that piece
 // (the same teacher-forced half-layer with the CPU's GEMM instruction set changed), but not below
 // the size of one rounding flip: residual streams max rel 2^-6 per row, mean rel 2^-9, at most 1/64
-// of the elements not bit-identical; fp32 rows (compressor rows, gate logits, logits) 2^-8 / 2^-12;
+// of the elements not bit-identical, or the largest CPU spread of that kind of half on any layer of
+// the step where that is more (a flip's measured reach in the model); fp32 rows (compressor rows,
+// gate logits, logits) 2^-8 / 2^-12;
 // at most 1/16 of the records a step writes. An indexer top-k or MoE routing may differ only on a
 // row where the CPU's own choice was within twice the measured score change (a near tie); the
 // uploaded state must decode to the CPU's values and every byte the step does not write must stay.
