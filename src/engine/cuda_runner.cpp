@@ -25,7 +25,7 @@ namespace tandem {
 namespace {
 
 // The device's free memory (cudaMemGetInfo), -1 when it cannot be read.
-int64_t device_free_bytes() {
+int64_t free_device_memory() {
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
     cudaGetLastError();
@@ -104,8 +104,6 @@ class CudaRunner : public ModelRunner {
                 graphs, o.max_graph_batch,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     allocs_at_start_ = kernels::cuda::alloc_stats().count;
-    graphs_at_start_ = model_->graph_stats().instantiations;
-    free_at_start_ = device_free_bytes();
     TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
               kv_dtype_name(o.model.kv_dtype), model_->load_report().summary());
     return Status();
@@ -155,14 +153,8 @@ class CudaRunner : public ModelRunner {
   int64_t device_allocations_after_start() const override {
     return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;
   }
-  int64_t device_graphs_after_start() const override {
-    return model_ ? model_->graph_stats().instantiations - graphs_at_start_ : -1;
-  }
-  int64_t device_bytes_taken_after_start() const override {
-    if (!model_ || free_at_start_ < 0) return 0;
-    const int64_t now = device_free_bytes();
-    return now < 0 ? 0 : free_at_start_ - now;
-  }
+  int64_t device_graph_instantiations() const override { return model_ ? model_->graph_stats().instantiations : -1; }
+  int64_t device_free_bytes() const override { return model_ ? free_device_memory() : -1; }
 
   // The step runs on the device and its rows are sampled there: logits, taps and draft
   // distributions stay on the GPU; token ids and logprobs come back.
@@ -245,8 +237,6 @@ class CudaRunner : public ModelRunner {
   ModelOptions probe_;
   int max_graph_batch_ = 0;
   int64_t allocs_at_start_ = 0;
-  int64_t graphs_at_start_ = 0;
-  int64_t free_at_start_ = -1;  // cudaMemGetInfo's free bytes when allocate() returned
   std::unique_ptr<CudaModel> model_;
   StepBatch batch_;
   std::vector<int64_t> first_row_;
