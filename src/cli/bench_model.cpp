@@ -203,7 +203,7 @@ Status bench(const BenchArgs& a) {
       std::vector<double> us;
       for (int r = 0; r < a.reps + 1; ++r) {
         TANDEM_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-        kernels::cuda::sample_rows_device(in, drows.get(), kRows, scratch.get(), dres.get(), nullptr);
+        kernels::cuda::sample_rows_device({in, drows.get(), kRows, scratch.get(), dres.get()}, nullptr);
         TANDEM_CUDA_CHECK(cudaEventRecord(e1, nullptr));
         TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
         float ms = 0;

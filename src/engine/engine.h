@@ -18,17 +18,31 @@
 namespace tandem {
 
 // ---- configuration (filled from flags; names follow vLLM) ----
+// How many drafts a request verifies each step. kFixed: K; kThreshold: while the draft's confidence
+// is >= confidence_threshold; kAuto: chosen per step and request from confidences and measured
+// batch-shape costs.
+enum class VerifyMode : uint8_t { kFixed, kThreshold, kAuto };
+// How the draft picks its tokens: kGreedy (argmax, q one-hot) or kSample (at the request's
+// temperature; verification is then lossless rejection sampling against q).
+enum class DraftSampleMethod : uint8_t { kGreedy, kSample };
 struct SpeculativeConfig {
   std::string method;              // "" (off) | "dspark"
   int num_speculative_tokens = 5;  // K
-  // "fixed": verify K each step; "threshold": verify while confidence >= threshold;
-  // "auto": choose per step and request from confidences and measured batch-shape costs.
-  std::string verify_mode = "auto";
+  VerifyMode verify_mode = VerifyMode::kAuto;
   double confidence_threshold = 0.5;
-  std::string draft_sample_method = "greedy";  // "greedy" | "sample"
+  DraftSampleMethod draft_sample_method = DraftSampleMethod::kGreedy;
+  bool enabled() const { return !method.empty(); }
+  // K + 1 (1 without speculation): the most tokens one sequence's step runs through verification,
+  // and so the most a slot rolls back in one step. The one place K + 1 is computed.
+  int max_verify_tokens() const { return enabled() ? num_speculative_tokens + 1 : 1; }
 };
-// Parses vLLM's --speculative-config JSON ('{"method":"dspark","num_speculative_tokens":5}').
+// Parses vLLM's --speculative-config JSON ('{"method":"dspark","num_speculative_tokens":5}'); the
+// string values become the enums here, once.
 Result<SpeculativeConfig> parse_speculative_config(const std::string& json_text);
+// "fixed" | "threshold" | "auto" and back (InvalidArgument names the value).
+Result<VerifyMode> parse_verify_mode(const std::string& name);
+const char* verify_mode_name(VerifyMode mode);
+const char* draft_sample_method_name(DraftSampleMethod method);
 
 struct EngineConfig {
   std::string model_dir;

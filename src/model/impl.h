@@ -84,7 +84,6 @@ struct DsV4Model::Impl {
 
   // Sets layout, win_ring, slot_floats, block_floats from cfg/opt (no weights needed).
   void plan_state();
-  static Status validate_options(const ModelOptions& opt);
   Status init_state();
   Status validate_step(const StepBatch& batch) const;
 
@@ -106,6 +105,10 @@ struct DsV4Model::Impl {
   void hadamard_rows(float* x, int64_t rows, int64_t dim);            // rotate_activation
   // Applies opt.num_threads to the (process-wide) CPU op thread count; called at every entry point.
   void use_threads() { kernels::cpu::set_num_threads(opt.num_threads); }
+  model::HcShape hc_shape() const {
+    return {cfg.hc_mult, cfg.hidden_size, static_cast<float>(cfg.rms_norm_eps), static_cast<float>(cfg.hc_eps),
+            cfg.hc_sinkhorn_iters};
+  }
   void hc_pre(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
               const std::vector<float>& base, float* x, float* post, float* comb);
   void hc_post(const float* a, const float* res, const float* post, const float* comb, int64_t n, float* h);

@@ -20,7 +20,7 @@ using cuda_model::KvRecordKind;
 using cuda_model::KvRecordLayout;
 using layer_harness::Subject;
 
-// One KV record as kv_quantize (model_kernels.cu) writes it.
+// One KV record as kv_quantize (kv_record.cu) writes it.
 void host_kv_record(const float* x, const KvRecordLayout& l, uint8_t* rec) {
   std::memset(rec, 0, static_cast<size_t>(l.bytes));
   auto put_bf16 = [&](int off, float v) {

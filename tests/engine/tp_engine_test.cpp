@@ -130,17 +130,31 @@ std::vector<std::vector<int32_t>> generate(const EngineConfig& ec, int max_token
   return {a->r.tokens, b->r.tokens};
 }
 
+// DSpark with K drafts per step, verify_mode fixed.
+EngineConfig speculative(EngineConfig ec, int k) {
+  ec.speculative.method = "dspark";
+  ec.speculative.num_speculative_tokens = k;
+  ec.speculative.verify_mode = VerifyMode::kFixed;
+  return ec;
+}
+
 TEST_F(TpEngine, GreedyAndSpeculativeGreedyEqualOneProcess) {
   const auto ref = generate(config(*dir_, 1, 0), 20);
   ASSERT_EQ(ref.size(), 2u);
   const auto tp2 = generate(config(*dir_, 2, 18580), 20);
   EXPECT_EQ(tp2, ref) << "TP=2 greedy differs from TP=1";
-  EngineConfig spec = config(*dir_, 2, 18582);
-  spec.speculative.method = "dspark";
-  spec.speculative.num_speculative_tokens = 5;
-  spec.speculative.verify_mode = "fixed";
-  const auto tp2_spec = generate(spec, 20);
+  const auto tp2_spec = generate(speculative(config(*dir_, 2, 18582), 5), 20);
   EXPECT_EQ(tp2_spec, ref) << "TP=2 speculative greedy differs from TP=1 greedy";
+  EXPECT_TRUE(worker_pids().empty()) << "workers left running after shutdown";
+}
+
+// K below the checkpoint's draft block (3 of tp8's 5): every rank drafts K tokens, so the draft's
+// collectives agree in size (the allocate plan carries K), and the output is TP=1's greedy output.
+TEST_F(TpEngine, SpeculativeWithKBelowTheDraftBlockEqualsOneProcess) {
+  const auto ref = generate(config(*dir_, 1, 0), 16);
+  ASSERT_EQ(ref.size(), 2u);
+  const auto tp2_spec = generate(speculative(config(*dir_, 2, 18648), 3), 16);
+  EXPECT_EQ(tp2_spec, ref) << "TP=2 speculative greedy (K=3 of a 5-token block) differs from TP=1 greedy";
   EXPECT_TRUE(worker_pids().empty()) << "workers left running after shutdown";
 }
 

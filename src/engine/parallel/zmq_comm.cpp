@@ -492,7 +492,7 @@ Result<std::unique_ptr<Comm>> create_zmq_comm(const ZmqCommOptions& options) {
   return std::unique_ptr<Comm>(std::move(c));
 }
 
-Status zmq_wait_broadcast(Comm& comm, std::vector<uint8_t>& bytes) {
+Status zmq_wait_broadcast(ControlComm& comm, std::vector<uint8_t>& bytes) {
   auto* z = dynamic_cast<ZmqComm*>(&comm);
   if (!z) return comm.broadcast(bytes, 0);
   return z->broadcast_impl(bytes, 0, 0.0);

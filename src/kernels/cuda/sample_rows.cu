@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
 
   int accepted = 0;
   int64_t token = argmax;
-  const bool greedy = nvalid == 0 || row.temperature < kGreedyTemperature;
+  const bool greedy = nvalid == 0 || is_greedy(row.temperature);
   if (greedy) {
     accepted = row.draft >= 0 && row.draft == argmax ? 1 : 0;
   } else {
@@ -458,14 +458,13 @@ size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab) {
   return static_cast<size_t>(max_rows < 0 ? 0 : max_rows) * (align256(v * sizeof(float)) + align256(v * sizeof(double)));
 }
 
-void sample_rows_device(const SampleInputs& in, const SampleRow* rows, int n, void* scratch, SampleRowResult* out,
-                        cudaStream_t stream) {
-  if (n <= 0) return;
-  const size_t v = static_cast<size_t>(in.vocab);
+void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  const size_t v = static_cast<size_t>(a.in.vocab);
   const size_t z_bytes = align256(v * sizeof(float));
   const size_t row_bytes = z_bytes + align256(v * sizeof(double));
-  sample_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-      in, rows, n, static_cast<unsigned char*>(scratch), row_bytes, z_bytes, out);
+  sample_rows_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(
+      a.in, a.rows, a.n, static_cast<unsigned char*>(a.scratch), row_bytes, z_bytes, a.out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -43,7 +43,6 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
   if (start_pos < 0) return invalid_argument("draft_insert_context: negative start_pos");
   const int64_t td = c.hidden_size * static_cast<int64_t>(c.dspark_target_layer_ids.size());
   if (n == 0) return Status();
-  kernels::cuda::set_stream(m.stream);
   const int64_t D = c.hidden_size, hd = c.head_dim, W = c.sliding_window;
   // Only the last W positions can ever be read.
   const int64_t skip = n > W ? n - W : 0;
@@ -57,19 +56,19 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
     rb.x = m.mh.get();
     rb.rows = rn;
     rb.cols = td;
-    m.ops().round_bf16(rb);
+    kernels::cuda::round_bf16(rb, m.stream);
     m.linear(m.w.draft.main_proj, m.mh.get(), rn, m.main_x.get());
     m.norm_rows(m.main_x.get(), rn, D, m.w.draft.main_norm);
     // Positions pos0 + r0 + t for the RoPE of the context KV.
-    cuda_model::iota_positions(pos0 + r0, rn, m.draft_pos.get(), m.stream);
+    cuda_model::iota_positions({pos0 + r0, rn, m.draft_pos.get()}, m.stream);
     for (int st = 0; st < c.num_draft_stages; ++st) {
       const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
       m.linear(a.wkv, m.main_x.get(), rn, m.kv.get());
       m.norm_rows(m.kv.get(), rn, hd, a.kv_norm);
       m.rope_rows(m.rope_swa.get(), m.kv.get(), m.draft_pos.get(), rn, 1, hd, false);
-      cuda_model::kv_quantize(m.kv.get(), rn, hd, m.lay.rec, m.kv_rec.get(), m.stream);
+      cuda_model::kv_quantize({m.kv.get(), rn, hd, m.lay.rec, m.kv_rec.get()}, m.stream);
       uint8_t* ring = m.draft_ctx.get() + slot * m.lay.draft_slot_bytes + st * W * m.lay.rec.bytes;
-      cuda_model::ring_write(m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W), m.stream);
+      cuda_model::ring_write({m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W)}, m.stream);
     }
   }
   // No synchronization: copies from the caller's (pageable) rows complete before cudaMemcpyAsync
@@ -102,10 +101,10 @@ void CudaModel::Impl::draft_inputs(int64_t B) {
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_temp.get(), h_temp, 8 * B, cudaMemcpyHostToDevice, stream));
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_seed.get(), h_seed, 8 * B, cudaMemcpyHostToDevice, stream));
 
-  cuda_model::draft_block_ids(d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id),
-                              draft_ids.get(), stream);
-  cuda_model::block_positions(d_req_pos.get(), N, static_cast<int>(K), draft_pos.get(), stream);
-  cuda_model::embed_rows(w.embed.w, draft_ids.get(), N, static_cast<int>(hc), D, h.get(), stream);
+  cuda_model::draft_block_ids(
+      {d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id), draft_ids.get()}, stream);
+  cuda_model::block_positions({d_req_pos.get(), N, static_cast<int>(K), draft_pos.get()}, stream);
+  cuda_model::embed_rows({w.embed.w, draft_ids.get(), N, static_cast<int>(hc), D, h.get()}, stream);
 }
 
 void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
@@ -120,7 +119,7 @@ void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
   q_and_kv(b.attn, x.get(), N);
   rope_rows(rope_swa.get(), q.get(), pos, N, H, hd, false);
   rope_rows(rope_swa.get(), kv.get(), pos, N, 1, hd, false);
-  cuda_model::kv_quantize(kv.get(), N, hd, lay.rec, kv_rec.get(), stream);
+  cuda_model::kv_quantize({kv.get(), N, hd, lay.rec, kv_rec.get()}, stream);
   cuda_model::DraftAttnArgs da;
   da.q = q.get();
   da.block_kv = kv.get();
@@ -136,7 +135,8 @@ void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
   da.hd = static_cast<int>(hd);
   da.rec = lay.rec;
   da.out = o.get();
-  cuda_model::draft_attention(da, B, stream);
+  da.B = B;
+  cuda_model::draft_attention(da, stream);
   rope_rows(rope_swa.get(), o.get(), pos, N, H, hd, true);
   output_proj(b.attn, o.get(), N, a.get());
   hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
@@ -178,11 +178,12 @@ void CudaModel::Impl::draft_heads(int64_t B, bool want_probs) {
   ms.conf = d_conf.get();
   ms.logits = d_zlogits.get();
   ms.probs = want_probs ? d_probs.get() : nullptr;
+  ms.B = B;
   for (int64_t i = 0; i < K; ++i) {
-    cuda_model::markov_gather(dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get(), stream);
+    cuda_model::markov_gather({dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get()}, stream);
     linear(dw.markov_w2, e_row.get(), B, bias.get(), false);
     ms.i = static_cast<int>(i);
-    cuda_model::markov_step(ms, B, stream);
+    cuda_model::markov_step(ms, stream);
   }
 }
 
@@ -205,7 +206,6 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   results.resize(requests.size());
   if (B == 0) return Status();
 
-  kernels::cuda::set_stream(m.stream);
   const int64_t N = B * K;
 
   // Request arrays through the pinned staging area: slots, anchors (as prev), positions, T, seeds.
@@ -219,7 +219,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   auto* h_conf = reinterpret_cast<float*>(hs + 32 * B + 4 * N);
   // Sampled requests need q on the device (verification reads it from the slot's store).
   bool any_sampled = false;
-  for (const DraftQueryDev& r : requests) any_sampled = any_sampled || r.temperature > 0;
+  for (const DraftQueryDev& r : requests) any_sampled = any_sampled || !is_greedy(r.temperature);
   const bool host_probs = want_probs;
   want_probs = want_probs || any_sampled;
   for (int64_t b = 0; b < B; ++b) {
@@ -246,7 +246,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
     ++m.gstats.eager;
   }
   for (int64_t b = 0; b < B; ++b)
-    if (requests[b].temperature > 0)
+    if (!is_greedy(requests[b].temperature))
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.q_store.get() + static_cast<int64_t>(requests[b].slot) * K * V,
                                         m.d_probs.get() + b * K * V, sizeof(float) * K * V, cudaMemcpyDeviceToDevice,
                                         m.stream));

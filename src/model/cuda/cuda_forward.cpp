@@ -1,8 +1,8 @@
 // The target forward pass on the device: the same layer structure as src/model/forward.cpp (the
-// CPU oracle), over every row of the step at once. Generic math goes through kernels::Ops (the
-// CUDA backend); the paged-KV, compressor, indexer, attention and routed-expert pieces are the
-// runner's own kernels (model_kernels.cu), which read each row's sequence, position, slot and block
-// table from the step plan on the device.
+// CPU oracle), over every row of the step at once. Generic math goes through the launchers of
+// src/kernels/cuda (cuda_ops.h) on the model's stream; the paged-KV, compressor, indexer, attention
+// and routed-expert pieces are the runner's own kernels (model_kernels.h: one .cu per concern),
+// which read each row's sequence, position, slot and block table from the step plan on the device.
 #include <algorithm>
 #include <cmath>
 
@@ -17,10 +17,10 @@ using cuda_model::DComp;
 using cuda_model::DLinear;
 using cuda_model::DMoE;
 
-kernels::Ops& CudaModel::Impl::ops() { return kernels::cuda::cuda_ops(); }
-
 void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out) {
   if (m == 0) return;
+  if (linear_tc(l, xx, m, y, round_out)) return;  // prefill rows: tensor cores (cuda_prefill.cpp)
+  if (dec_linear(l, xx, m, y, round_out)) return;  // decode-size kernels (cuda_decode.cpp)
   kernels::GemmParams p;
   p.x = xx;
   p.w = l.w;
@@ -30,10 +30,11 @@ void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float
   p.k = l.w.k;
   p.round_bf16 = round_out;
   p.quantize_x_block = l.act_quant ? 128 : 0;
-  ops().gemm(p);
+  kernels::cuda::gemm(p, stream);
 }
 
 void CudaModel::Impl::norm_rows(float* xx, int64_t rows, int64_t dim, const float* weight) {
+  dec.packed_x = nullptr;  // rows are rewritten: no codes left by dec_norm_rows stay valid
   if (rows == 0) return;
   kernels::RmsNormParams p;
   p.x = xx;
@@ -43,7 +44,7 @@ void CudaModel::Impl::norm_rows(float* xx, int64_t rows, int64_t dim, const floa
   p.dim = dim;
   p.eps = static_cast<float>(cfg.rms_norm_eps);
   p.round_bf16 = true;
-  ops().rms_norm(p);
+  kernels::cuda::rms_norm(p, stream);
 }
 
 void CudaModel::Impl::rope_rows(const float* inv_freq, float* xx, const int64_t* positions, int64_t tokens,
@@ -60,11 +61,12 @@ void CudaModel::Impl::rope_rows(const float* inv_freq, float* xx, const int64_t*
   p.rope_dim = cfg.qk_rope_head_dim;
   p.inverse = inverse;
   p.round_bf16 = true;
-  ops().rope(p);
+  kernels::cuda::rope(p, stream);
 }
 
 void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base,
                              float* xo, float* posto, float* combo) {
+  dec.packed_x = nullptr;  // xo is rewritten
   kernels::HcPreParams p;
   p.h = hh;
   p.fn = fn;
@@ -79,7 +81,7 @@ void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const 
   p.x = xo;
   p.post = posto;
   p.comb = combo;
-  ops().hc_pre(p);
+  kernels::cuda::hc_pre(p, stream);
 }
 
 void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float* hh) {
@@ -93,12 +95,18 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
   p.hc = cfg.hc_mult;
   p.dim = cfg.hidden_size;
   p.round_bf16 = true;
-  ops().hc_post(p);
+  kernels::cuda::hc_post(p, stream);
 }
 
-// ---- MoE: routing on the device, routed experts per (token, expert) pair, shared expert, and
-// a combine in ascending expert order (the CPU's accumulation order).
+// ---- MoE: routing on the device, routed experts per (token, expert) pair (prefill rows: grouped by
+// expert on the tensor cores), shared expert, and a combine in ascending expert order (the CPU's
+// accumulation order).
 void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y) {
+  if (dec_moe(m, xx, tokens, n, y)) {  // decode-size kernels (cuda_decode.cpp)
+    last_routing = {dec.moe.gate_logits, dec.moe.expert_ids};
+    return;
+  }
+  last_routing = {gate_logits.get(), eids.get()};
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   const int K = cfg.num_experts_per_tok;
   linear(m.gate, xx, n, gate_logits.get(), false);
@@ -113,34 +121,39 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   g.route_scale = static_cast<float>(cfg.routed_scaling_factor);
   g.expert_ids = eids.get();
   g.weights = ew.get();
-  ops().moe_gate(g);
+  kernels::cuda::moe_gate(g, stream);
 
-  const float* up_in = xx;
-  if (m.up_act_quant) {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(xq.get(), xx, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
-    kernels::ActQuantFp8Params q;
-    q.x = xq.get();
-    q.rows = n;
-    q.cols = D;
-    q.block = 128;
-    ops().act_quant_fp8(q);
-    up_in = xq.get();
-  }
   const int64_t pairs = n * K;
-  cuda_model::moe_pairs_up(up_in, eids.get(), ew.get(), pairs, K, m.w1_all, m.w3_all, I, D,
-                           static_cast<float>(cfg.swiglu_limit), gact.get(), stream);
-  const float* down_in = gact.get();
-  if (m.down_act_quant) {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(gq.get(), gact.get(), sizeof(float) * pairs * I, cudaMemcpyDeviceToDevice, stream));
-    kernels::ActQuantFp8Params q;
-    q.x = gq.get();
-    q.rows = pairs;
-    q.cols = I;
-    q.block = 128;
-    ops().act_quant_fp8(q);
-    down_in = gq.get();
+  // Prefill rows: pairs grouped by expert on the tensor cores (cuda_prefill.cpp); else per pair.
+  const bool grouped = moe_routed_tc(m, xx, n);
+  if (!grouped) {
+    const float* up_in = xx;
+    if (m.up_act_quant) {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(xq.get(), xx, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
+      kernels::ActQuantFp8Params q;
+      q.x = xq.get();
+      q.rows = n;
+      q.cols = D;
+      q.block = 128;
+      kernels::cuda::act_quant_fp8(q, stream);
+      up_in = xq.get();
+    }
+    cuda_model::moe_pairs_up({up_in, eids.get(), ew.get(), pairs, K, m.w1_all, m.w3_all, I, D,
+                              static_cast<float>(cfg.swiglu_limit), gact.get()},
+                             stream);
+    const float* down_in = gact.get();
+    if (m.down_act_quant) {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(gq.get(), gact.get(), sizeof(float) * pairs * I, cudaMemcpyDeviceToDevice, stream));
+      kernels::ActQuantFp8Params q;
+      q.x = gq.get();
+      q.rows = pairs;
+      q.cols = I;
+      q.block = 128;
+      kernels::cuda::act_quant_fp8(q, stream);
+      down_in = gq.get();
+    }
+    cuda_model::moe_pairs_down({down_in, eids.get(), pairs, m.w2_all, I, D, pair_out.get()}, stream);
   }
-  cuda_model::moe_pairs_down(down_in, eids.get(), pairs, m.w2_all, I, D, pair_out.get(), stream);
 
   linear(m.sh_w1, xx, n, sh_g.get());
   linear(m.sh_w3, xx, n, sh_u.get());
@@ -152,12 +165,17 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   sw.cols = m.sh_w1.w.n;
   sw.limit = static_cast<float>(cfg.swiglu_limit);
   sw.round_bf16 = true;
-  ops().swiglu(sw);
+  kernels::cuda::swiglu(sw, stream);
   linear(m.sh_w2, sh_g.get(), n, sh_out.get());
-  cuda_model::moe_combine(pair_out.get(), eids.get(), sh_out.get(), n, K, D, y, stream);
+  if (grouped)
+    cuda_model::moe_combine_local(pair_out.get(), eids.get(), sh_out.get(), n, K, D, m.expert_begin, m.n_local, y,
+                                  stream);
+  else
+    cuda_model::moe_combine({pair_out.get(), eids.get(), sh_out.get(), n, K, D, y}, stream);
 }
 
 void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
+  if (dec_q_and_kv(at, xx, n)) return;  // decode-size kernels (cuda_decode.cpp)
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank;
   linear(at.wq_a, xx, n, qr.get());
   norm_rows(qr.get(), n, ql, at.q_norm);
@@ -169,12 +187,13 @@ void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
   hn.dim = hd;
   hn.eps = static_cast<float>(cfg.rms_norm_eps);
   hn.mode = kernels::RmsNormMode::kBf16Chain;
-  ops().rms_norm(hn);
+  kernels::cuda::rms_norm(hn, stream);
   linear(at.wkv, xx, n, kv.get());
   norm_rows(kv.get(), n, hd, at.kv_norm);
 }
 
 void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* y) {
+  if (dec_output_proj(at, oo, n, y)) return;  // decode-size kernels (cuda_decode.cpp)
   const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, G = cfg.o_groups, R = cfg.o_lora_rank;
   const int64_t gin = H * hd / G;
   kernels::GemmParams p;
@@ -191,7 +210,7 @@ void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* 
   p.y_batch_stride = R;
   p.w_batch_rows = R;
   p.round_bf16 = true;
-  ops().gemm(p);
+  if (!gemm_bf16_tc(p)) kernels::cuda::gemm(p, stream);  // prefill rows: cuBLASLt (cuda_prefill.cpp)
   linear(at.wo_b, u.get(), n, y);
 }
 
@@ -200,7 +219,7 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
   const int64_t d = cw.head_dim, C = (cw.overlap ? 2 : 1) * d;
   linear(cw.wkv, xx, n, tmp_kv.get(), false);
   linear(cw.wgate, xx, n, tmp_gate.get(), false);
-  cuda_model::comp_rows_build(tmp_kv.get(), tmp_gate.get(), cw.ape, meta, n, C, cw.ratio, rows_buf, stream);
+  cuda_model::comp_rows_build({tmp_kv.get(), tmp_gate.get(), cw.ape, meta, n, C, cw.ratio, rows_buf}, stream);
   cuda_model::CompressArgs ca;
   ca.step_rows = rows_buf;
   ca.slot_state = slot_state.get();
@@ -211,7 +230,12 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
   ca.ratio = cw.ratio;
   ca.d = d;
   ca.overlap = cw.overlap;
-  cuda_model::compress_entries(ca, meta, n, entry.get(), entry_pos.get(), flag.get(), stream);
+  ca.m = meta;
+  ca.rows = n;
+  ca.entry = entry.get();
+  ca.entry_pos = entry_pos.get();
+  ca.flag = flag.get();
+  cuda_model::compress_entries(ca, stream);
   norm_rows(entry.get(), n, d, cw.norm);
   rope_rows(rope_comp.get(), entry.get(), entry_pos.get(), n, 1, d, false);
   int64_t rec_bytes;
@@ -222,18 +246,19 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
     hp.n = d;
     hp.ldx = d;
     hp.round_bf16 = true;
-    ops().hadamard(hp);
-    cuda_model::index_key_quantize(entry.get(), n, lay.key, entry_rec.get(), stream);
+    kernels::cuda::hadamard(hp, stream);
+    cuda_model::index_key_quantize({entry.get(), n, lay.key, entry_rec.get()}, stream);
     rec_bytes = lay.key.bytes;
   } else {
-    cuda_model::kv_quantize(entry.get(), n, d, lay.rec, entry_rec.get(), stream);
+    cuda_model::kv_quantize({entry.get(), n, d, lay.rec, entry_rec.get()}, stream);
     rec_bytes = lay.rec.bytes;
   }
-  cuda_model::store_entries(entry_rec.get(), rec_bytes, flag.get(), entry_pos.get(), meta, n, cw.ratio, pool.get(),
-                            lay.block_bytes, pool_off, stream);
+  cuda_model::store_entries(
+      {entry_rec.get(), rec_bytes, flag.get(), entry_pos.get(), meta, n, cw.ratio, pool.get(), lay.block_bytes, pool_off},
+      stream);
 }
 
-void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_t n, float* y) {
+void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const cuda_model::DBlock& b = w.layers[layer];
   const DAttn& at = b.attn;
   const cuda_model::LayerState& L = lay.layers[layer];
@@ -244,7 +269,7 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   q_and_kv(at, x.get(), n);
   rope_rows(rope, q.get(), meta.positions, n, H, hd, false);
   rope_rows(rope, kv.get(), meta.positions, n, 1, hd, false);
-  cuda_model::kv_quantize(kv.get(), n, hd, lay.rec, kv_rec.get(), stream);
+  cuda_model::kv_quantize({kv.get(), n, hd, lay.rec, kv_rec.get()}, stream);
 
   if (ratio) run_compressor(at.comp, L.comp_off, lay.comp_ring[layer], comp_rows.get(), L.pool_main, x.get(), n);
   if (at.has_indexer)
@@ -253,7 +278,6 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   // Visible compressed entries bound the indexer's columns and the attention's key list: from the
   // step's context bound (exact when eager, its power-of-two bucket when replaying a graph).
   const int64_t max_vis4 = step.end_bound / 4, max_vis_r = ratio ? step.end_bound / ratio : 0;
-  (void)batch;
 
   const int64_t IH = cfg.index_n_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
   const bool csa = ratio == 4 && at.has_indexer;
@@ -266,18 +290,18 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
     hp.n = ihd;
     hp.ldx = ihd;
     hp.round_bf16 = true;
-    ops().hadamard(hp);
+    kernels::cuda::hadamard(hp, stream);
     kernels::Fp4ActQuantParams fq;
     fq.x = iq.get();
     fq.rows = n * IH;
     fq.cols = ihd;
     fq.ldx = ihd;
     fq.block = 32;
-    ops().fp4_act_quant(fq);
+    kernels::cuda::fp4_act_quant(fq, stream);
     linear(at.idx_wproj, x.get(), n, iw.get());
     const float wscale =
         static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) / std::sqrt(static_cast<double>(IH)));
-    cuda_model::scale_round(iw.get(), n * IH, wscale, stream);
+    cuda_model::scale_round({iw.get(), n * IH, wscale}, stream);
   }
   if (csa && max_vis4 > 0) {
     const int64_t ncols = max_vis4;
@@ -289,9 +313,10 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
       mc.tokens += r0;
       mc.positions += r0;
       mc.row_seq += r0;
-      cuda_model::indexer_scores_paged(iq.get() + r0 * IH * ihd, iw.get() + r0 * IH, mc, rows, static_cast<int>(IH),
-                                       static_cast<int>(ihd), pool.get(), lay.block_bytes, L.pool_idx, lay.key,
-                                       idx_scores.get(), ncols, visible.get() + r0, stream);
+      cuda_model::indexer_scores_paged({iq.get() + r0 * IH * ihd, iw.get() + r0 * IH, mc, rows, static_cast<int>(IH),
+                                        static_cast<int>(ihd), pool.get(), lay.block_bytes, L.pool_idx, lay.key,
+                                        idx_scores.get(), ncols, visible.get() + r0},
+                                       stream);
       kernels::TopkParams tk;
       tk.scores = idx_scores.get();
       tk.n_valid = visible.get() + r0;
@@ -301,7 +326,7 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
       tk.k = TK;
       tk.out = topk.get() + r0 * TK;
       tk.ldo = TK;
-      ops().topk(tk);
+      kernels::cuda::topk(tk, stream);
     }
   }
 
@@ -327,34 +352,39 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   aa.max_keys = cfg.sliding_window + static_cast<int>(csa ? TK : (ratio ? max_vis_r : 0));
   aa.out = o.get();
   if (csa && max_vis4 == 0) aa.topk_k = 0;
-  cuda_model::attention(aa, meta, n, stream);
+  aa.m = meta;
+  aa.rows = n;
+  cuda_model::attention(aa, stream);
   rope_rows(rope, o.get(), meta.positions, n, H, hd, true);
   output_proj(at, o.get(), n, y);
 
   // Commit this step's rows into the slot rings (after every read of the old rows).
-  cuda_model::ring_commit(kv_rec.get(), lay.rec.bytes, meta, n, slot_state.get(), lay.slot_bytes, L.win_off,
-                          lay.win_ring, stream);
+  cuda_model::ring_commit({kv_rec.get(), lay.rec.bytes, meta, n, slot_state.get(), lay.slot_bytes, L.win_off,
+                           lay.win_ring},
+                          stream);
   if (ratio)
-    cuda_model::ring_commit(reinterpret_cast<const uint8_t*>(comp_rows.get()),
-                            static_cast<int64_t>(sizeof(float)) * 2 * lay.comp_chans[layer], meta, n, slot_state.get(),
-                            lay.slot_bytes, L.comp_off, lay.comp_ring[layer], stream);
+    cuda_model::ring_commit({reinterpret_cast<const uint8_t*>(comp_rows.get()),
+                             static_cast<int64_t>(sizeof(float)) * 2 * lay.comp_chans[layer], meta, n, slot_state.get(),
+                             lay.slot_bytes, L.comp_off, lay.comp_ring[layer]},
+                            stream);
   if (at.has_indexer)
-    cuda_model::ring_commit(reinterpret_cast<const uint8_t*>(icomp_rows.get()),
-                            static_cast<int64_t>(sizeof(float)) * 2 * lay.icomp_chans[layer], meta, n,
-                            slot_state.get(), lay.slot_bytes, L.icomp_off, lay.icomp_ring[layer], stream);
+    cuda_model::ring_commit({reinterpret_cast<const uint8_t*>(icomp_rows.get()),
+                             static_cast<int64_t>(sizeof(float)) * 2 * lay.icomp_chans[layer], meta, n,
+                             slot_state.get(), lay.slot_bytes, L.icomp_off, lay.icomp_ring[layer]},
+                            stream);
 }
 
-void CudaModel::Impl::block_forward(int layer, const StepBatch& batch, int64_t n) {
-  attention_half(layer, batch, n);
+void CudaModel::Impl::block_forward(int layer, int64_t n) {
+  attention_half(layer, n);
   ffn_half(layer, n);
 }
 
-void CudaModel::Impl::attention_half(int layer, const StepBatch& batch, int64_t n) {
+void CudaModel::Impl::attention_half(int layer, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), n, D, b.attn_norm);
-  attention_target(layer, batch, n, a.get());
+  dec_norm_rows(x.get(), n, D, b.attn_norm);  // norm_rows, + x's codes for the decode q/kv
+  attention_target(layer, n, a.get());
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
 }
 
@@ -362,7 +392,7 @@ void CudaModel::Impl::ffn_half(int layer, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), n, D, b.ffn_norm);
+  dec_norm_rows(x.get(), n, D, b.ffn_norm);  // norm_rows, + x's codes for the decode MoE
   moe(b.ffn, x.get(), meta.tokens, n, a.get());
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
 }
@@ -383,7 +413,7 @@ void CudaModel::Impl::head_logits(const float* hin, int64_t n, const cuda_model:
   p.hc_eps = static_cast<float>(cfg.hc_eps);
   p.y = y_out;
   p.round_bf16 = true;
-  ops().hc_head(p);
+  kernels::cuda::hc_head(p, stream);
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(yn.get(), y_out, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
   norm_rows(yn.get(), n, D, norm);
   linear(ww.head, yn.get(), n, logits_out, false);

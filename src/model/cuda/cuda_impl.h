@@ -8,14 +8,19 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/gemm_tc.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/decode_path.h"
 #include "model/cuda/kv_record.h"
 #include "model/cuda/model_kernels.h"
+#include "model/cuda/moe_prefill.h"
 #include "model/math.h"
 
 namespace tandem {
@@ -50,6 +55,8 @@ struct DMoE {
   kernels::WeightRef w1_all, w2_all, w3_all;  // every routed expert, concatenated by rows
   bool up_act_quant = false, down_act_quant = false;
   DLinear sh_w1, sh_w2, sh_w3;
+  int expert_begin = 0, n_local = 0;  // this rank's experts [expert_begin, expert_begin + n_local)
+  bool grouped = false;               // MXFP4 experts the grouped prefill path can run (moe_prefill.h)
 };
 struct DBlock {
   int ratio = 0;
@@ -221,7 +228,32 @@ struct CudaModel::Impl {
   void draft_stage_ffn(int stage, int64_t B);
   void draft_heads(int64_t B, bool want_probs);
 
-  kernels::Ops& ops();
+  // ---- prefill on the tensor cores (cuda_prefill.cpp): steps of more than copt.tc_min_rows rows ----
+  std::unique_ptr<kernels::cuda::LtGemm> lt;   // bf16 linears' cuBLASLt plans (start-up)
+  Buf<uint8_t> tc_codes, moe_scratch;
+  Buf<float> tc_scales;
+  Buf<uint16_t> tc_bf16;                       // bf16 copy of a bf16-weight linear's input
+  kernels::cuda::TcLinearScratch tc;
+  cuda_model::MoePrefillScratch moe_tc;
+  void alloc_prefill();                        // at start-up, after the step scratch
+  // Each returns false when the shape has no tensor-core path (the caller runs the GEMV kernels).
+  bool linear_tc(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out);
+  bool gemm_bf16_tc(const kernels::GemmParams& p);
+  bool moe_routed_tc(const cuda_model::DMoE& mo, const float* x, int64_t n);  // -> pair_out
+
+  // ---- decode-size kernels (cuda_decode.cpp): each returns false, launching nothing, when the
+  // weights do not suit them (the caller then runs the generic ops) ----
+  cuda_model::DecodePath dec;
+  void dec_allocate();
+  void dec_pack(const float* x, int64_t m, int64_t k, const float* norm_weight = nullptr, float* normed = nullptr);
+  // norm_rows(x) fused with x's quantization for the next q/kv or MoE (falls back to norm_rows).
+  void dec_norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
+  void dec_codes_of(const float* x, int64_t n, int64_t k);
+  bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out);
+  bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
+  bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);
+  bool dec_moe(const cuda_model::DMoE& m, const float* x, const int32_t* tokens, int64_t n, float* y);
+
   Status init(const ModelConfig& config, const CudaModelOptions& options);
   Status validate_step(const StepBatch& batch) const;
 
@@ -234,16 +266,23 @@ struct CudaModel::Impl {
               float* posto, float* combo);
   void hc_post(const float* aa, const float* rr, int64_t n, float* hh);
   void moe(const cuda_model::DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y);
+  // Where the last moe() left its gate logits [n, n_routed_experts] and global expert ids [n, topk]:
+  // the generic path's buffers or the decode MoE's (host bookkeeping for the layer-by-layer test
+  // hooks of cuda_model_testing.h; nothing on the device reads it).
+  struct {
+    const float* gate_logits = nullptr;
+    const int32_t* expert_ids = nullptr;
+  } last_routing;
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
-  void attention_target(int layer, const StepBatch& batch, int64_t n, float* y);
+  void attention_target(int layer, int64_t n, float* y);
   void run_compressor(const cuda_model::DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
                       const float* xx, int64_t n);
-  void block_forward(int layer, const StepBatch& batch, int64_t n);
+  void block_forward(int layer, int64_t n);
   // The layer's two halves over h (block_forward runs both; the test hooks of
   // cuda_model_testing.h run them apart): mHC + attention with its state, and mHC + MoE.
-  void attention_half(int layer, const StepBatch& batch, int64_t n);
+  void attention_half(int layer, int64_t n);
   void ffn_half(int layer, int64_t n);
   void head_logits(const float* hin, int64_t n, const cuda_model::DWeights& ww, const float* hc_fn,
                    const float* hc_scale, const float* hc_base, const float* norm, float* y_out, float* logits_out);

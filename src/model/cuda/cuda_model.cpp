@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
+#include "model/slot_state.h"
 #include "model/weights.h"
 
 namespace tandem {
@@ -128,9 +129,14 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const
 }  // namespace cuda_model
 
 namespace {
-// Snapshot: [length int64][slot rings][draft context rings]
-size_t snapshot_bytes(const cuda_model::DeviceLayout& l) {
-  return sizeof(int64_t) + static_cast<size_t>(l.slot_bytes + l.draft_slot_bytes);
+// Snapshot: [length int64][slot rings][draft context rings] (model/slot_state.h).
+model::SnapshotFormat snapshot_format(const cuda_model::DeviceLayout& l) {
+  return {static_cast<size_t>(l.slot_bytes), static_cast<size_t>(l.draft_slot_bytes)};
+}
+// The engine's slots' lengths (the padding slot of graph steps follows them).
+std::span<int64_t> engine_slots(CudaModel::Impl& m) { return {m.slot_len.data(), static_cast<size_t>(m.opt.max_slots)}; }
+std::span<const int64_t> engine_slots(const CudaModel::Impl& m) {
+  return {m.slot_len.data(), static_cast<size_t>(m.opt.max_slots)};
 }
 }  // namespace
 
@@ -159,7 +165,7 @@ int64_t CudaModel::tap_dim() const {
              : 0;
 }
 std::string CudaModel::device_name() const { return impl_->device_name; }
-size_t CudaModel::slot_state_bytes() const { return snapshot_bytes(impl_->lay); }
+size_t CudaModel::slot_state_bytes() const { return snapshot_format(impl_->lay).bytes(); }
 size_t CudaModel::pool_block_bytes() const { return static_cast<size_t>(impl_->lay.block_bytes); }
 
 CudaModel::Memory CudaModel::memory() const {
@@ -174,12 +180,11 @@ CudaModel::Memory CudaModel::memory() const {
 }
 
 Result<ModelStateSizes> CudaModel::state_sizes(const ModelConfig& config, const ModelOptions& options) {
-  TANDEM_RETURN_IF_ERROR(model::validate_config_for_cpu(config));
-  if (options.block_size <= 0 || options.block_size % 128)
-    return invalid_argument("block_size {} must be a positive multiple of 128", options.block_size);
+  TANDEM_RETURN_IF_ERROR(model::validate_config(config));
+  TANDEM_RETURN_IF_ERROR(model::validate_state_options(options));
   const auto lay = cuda_model::plan_layout(config, options, config.has_dspark() && options.load_draft);
   ModelStateSizes s;
-  s.slot_state_bytes = snapshot_bytes(lay);
+  s.slot_state_bytes = snapshot_format(lay).bytes();
   s.pool_block_bytes = static_cast<size_t>(lay.block_bytes);
   return s;
 }
@@ -199,21 +204,12 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
                                "-DTANDEM_CUDA_ARCH=all or the GPU's architecture",
                                device_name, TANDEM_CUDA_ARCHS);
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  kernels::cuda::set_stream(stream);
   return Status();
 }
 
 namespace {
 
-Status validate_cuda_options(const ModelOptions& o) {
-  if (o.max_slots <= 0) return invalid_argument("model options: max_slots must be > 0");
-  if (o.block_size <= 0 || o.block_size % 128)
-    return invalid_argument("model options: block_size {} must be a positive multiple of 128", o.block_size);
-  if (o.num_blocks <= 0) return invalid_argument("model options: num_blocks must be > 0");
-  if (o.max_tokens_per_step <= 0) return invalid_argument("model options: max_tokens_per_step must be > 0");
-  if (o.max_rollback < 0) return invalid_argument("model options: max_rollback must be >= 0");
-  return Status();
-}
+Status validate_cuda_options(const ModelOptions& o) { return model::validate_state_options(o); }
 
 // Every device buffer, sized once from the config and options.
 void allocate_all(CudaModel::Impl& m) {
@@ -345,6 +341,8 @@ void allocate_all(CudaModel::Impl& m) {
   lk(m.w.draft.main_proj);
   lk(m.w.draft.markov_w2);
   kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, static_cast<size_t>(N * max_k) * sizeof(float));
+  m.alloc_prefill();  // tensor-core scratch and cuBLASLt plans for steps of more than tc_min_rows rows
+  m.dec_allocate();  // the decode kernels' activation operand and MoE scratch (cuda_decode.cpp)
 
   // The step plan: one pinned host region mirrored on the device.
   m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
@@ -416,6 +414,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
                                                            const std::vector<const TensorView*>& tensors,
                                                            const CudaModelOptions& options) {
   TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
+  if (options.tc_min_rows < 0) return invalid_argument("tc_min_rows {} must be >= 0", options.tc_min_rows);
   if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
     return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
                             config.dspark_block_size);
@@ -548,13 +547,14 @@ void CudaModel::Impl::launch() {
   const int64_t D = c.hidden_size, HD = c.hc_mult * D;
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(plan_dev.get(), plan_host, plan.bytes, cudaMemcpyHostToDevice, stream));
-  cuda_model::embed_rows(w.embed.w, meta.tokens, total, c.hc_mult, D, h.get(), stream);
+  cuda_model::embed_rows({w.embed.w, meta.tokens, total, c.hc_mult, D, h.get()}, stream);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    block_forward(l, *step.batch, total);
+    block_forward(l, total);
     for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti)
       if (c.dspark_target_layer_ids[ti] == l && step.trows > 0)
-        cuda_model::taps_mean(h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
-                              c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D, stream);
+        cuda_model::taps_mean({h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
+                               c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D},
+                              stream);
   }
   if (step.lrows > 0) {
     kernels::RowsCopyParams g;
@@ -564,7 +564,7 @@ void CudaModel::Impl::launch() {
     g.count = step.lrows;
     g.cols = HD;
     g.gather = true;
-    ops().rows_copy(g);
+    kernels::cuda::rows_copy(g, stream);
     head_logits(head_in.get(), step.lrows, w, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, w.norm, head_y.get(),
                 logits.get());
   }
@@ -606,7 +606,6 @@ bool CudaModel::Impl::graph_step(const StepBatch& batch) {
 
 Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool synchronize) {
   Impl& m = *impl_;
-  kernels::cuda::set_stream(m.stream);
   if (!m.graph_step(batch)) {
     TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
     m.launch();
@@ -666,7 +665,6 @@ void CudaModel::Impl::capture_draft(int64_t B, bool want_probs) {
 int CudaModel::capture_graphs(bool taps) {
   Impl& m = *impl_;
   if (m.copt.max_graph_batch <= 0 || m.pad_slot < 0) return 0;
-  kernels::cuda::set_stream(m.stream);
   const int64_t before = m.gstats.captures;
   taps = taps && m.w.has_draft;
   // Decode and verify steps: only padding sequences (the spare slot and block, position 0), so no
@@ -716,7 +714,6 @@ CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
 
 Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out) {
   Impl& m = *impl_;
-  kernels::cuda::set_stream(m.stream);
   TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
   for (const SeqStep& q : batch.seqs)
     if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
@@ -729,20 +726,10 @@ Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, i
   return prof;
 }
 
-int64_t CudaModel::slot_length(int slot) const {
-  TANDEM_CHECK(slot >= 0 && slot < impl_->opt.max_slots);
-  return impl_->slot_len[slot];
-}
+int64_t CudaModel::slot_length(int slot) const { return model::slot_length(engine_slots(*impl_), slot); }
 
 Status CudaModel::rollback(int slot, int64_t new_length) {
-  Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("rollback: slot {} out of range", slot);
-  const int64_t len = m.slot_len[slot];
-  if (new_length > len || new_length < 0 || len - new_length > m.opt.max_rollback)
-    return invalid_argument("rollback: slot {} length {} cannot roll back to {} (max_rollback {})", slot, len,
-                            new_length, m.opt.max_rollback);
-  m.slot_len[slot] = new_length;
-  return Status();
+  return model::rollback_slot(engine_slots(*impl_), impl_->opt.max_rollback, slot, new_length);
 }
 
 void CudaModel::reset(int slot) {
@@ -761,36 +748,26 @@ void CudaModel::draft_reset(int slot) {
 
 Status CudaModel::export_slot_state(int slot, std::span<uint8_t> out) const {
   const Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("export_slot_state: slot {} out of range", slot);
-  if (out.size() != slot_state_bytes())
-    return invalid_argument("export_slot_state: buffer has {} bytes, {} needed", out.size(), slot_state_bytes());
-  std::memcpy(out.data(), &m.slot_len[slot], sizeof(int64_t));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(out.data() + sizeof(int64_t), m.slot_state.get() + slot * m.lay.slot_bytes,
-                                    static_cast<size_t>(m.lay.slot_bytes), cudaMemcpyDeviceToHost, m.stream));
-  if (m.lay.draft_slot_bytes)
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(out.data() + sizeof(int64_t) + m.lay.slot_bytes,
-                                      m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
-                                      static_cast<size_t>(m.lay.draft_slot_bytes), cudaMemcpyDeviceToHost, m.stream));
+  TANDEM_ASSIGN_OR_RETURN(model::SnapshotOut parts, model::begin_export(engine_slots(m), snapshot_format(m.lay), slot, out));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(parts.state.data(), m.slot_state.get() + slot * m.lay.slot_bytes,
+                                    parts.state.size(), cudaMemcpyDeviceToHost, m.stream));
+  if (!parts.draft.empty())
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(parts.draft.data(), m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
+                                      parts.draft.size(), cudaMemcpyDeviceToHost, m.stream));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return Status();
 }
 
 Status CudaModel::import_slot_state(int slot, std::span<const uint8_t> in) {
   Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("import_slot_state: slot {} out of range", slot);
-  if (in.size() != slot_state_bytes())
-    return invalid_argument("import_slot_state: buffer has {} bytes, {} expected", in.size(), slot_state_bytes());
-  int64_t len;
-  std::memcpy(&len, in.data(), sizeof(int64_t));
-  if (len < 0) return invalid_argument("import_slot_state: negative length {}", len);
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.slot_state.get() + slot * m.lay.slot_bytes, in.data() + sizeof(int64_t),
-                                    static_cast<size_t>(m.lay.slot_bytes), cudaMemcpyHostToDevice, m.stream));
-  if (m.lay.draft_slot_bytes)
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
-                                      in.data() + sizeof(int64_t) + m.lay.slot_bytes,
-                                      static_cast<size_t>(m.lay.draft_slot_bytes), cudaMemcpyHostToDevice, m.stream));
+  TANDEM_ASSIGN_OR_RETURN(model::SnapshotIn parts, model::read_snapshot(engine_slots(m), snapshot_format(m.lay), slot, in));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.slot_state.get() + slot * m.lay.slot_bytes, parts.state.data(),
+                                    parts.state.size(), cudaMemcpyHostToDevice, m.stream));
+  if (!parts.draft.empty())
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes, parts.draft.data(),
+                                      parts.draft.size(), cudaMemcpyHostToDevice, m.stream));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  m.slot_len[slot] = len;
+  m.slot_len[slot] = parts.length;
   return Status();
 }
 

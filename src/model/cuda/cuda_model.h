@@ -36,6 +36,14 @@ struct CudaModelOptions {
   // Tokens each draft proposes (K; the engine's num_speculative_tokens); 0 = the whole draft block.
   // A shorter block [anchor, noise x (K-1)] is what the draft attends over, as on the CPU.
   int draft_tokens = 0;
+  // Steps with more rows than this run their GEMMs on the tensor cores (prefill: FP8 block-scaled,
+  // bf16 through cuBLASLt, routed experts grouped by expert); others on the GEMV kernels, which sum
+  // in another order. 0 = every step on the tensor cores; a huge value = never (tests that compare
+  // steps of different sizes bit for bit pin one path).
+  int64_t tc_min_rows = 96;
+  // Decode-size projections and MoE on the tensor-core decode kernels (kernels/cuda/decode_gemm.h,
+  // model/cuda/moe_decode.h) where the weights suit them; false = the generic ops everywhere.
+  bool decode_kernels = true;
 };
 
 class CudaModel {
@@ -107,19 +115,13 @@ class CudaModel {
   // `seq` (which collected taps), at positions start_pos.. .
   Status draft_insert_context_from_step(int slot, int64_t start_pos, int seq, int64_t rows);
   void draft_reset(int slot);
-  // Greedy (temperature 0) or sampled drafts, all requests in one batch; sampled draws use the
-  // counter-based RNG keyed by (seed, drafted position) as the CPU draft does, so a request's drafts
-  // never depend on its batch neighbours. A sampled request's q [K, vocab] stays on the device in
-  // the slot's rows of the draft store (sample(): q_row = slot * draft_tokens() + j); host copies
-  // of q in results[i].probs when want_probs, of the Markov-corrected z in results[i].logits when
-  // want_logits.
-  struct DraftQueryDev {
-    int slot = 0;
-    int32_t anchor_token = 0;
-    int64_t anchor_pos = 0;
-    double temperature = 0.0;
-    uint64_t seed = 0;
-  };
+  // Greedy (is_greedy(temperature), kernels/sampling.h) or sampled drafts, all requests in one
+  // batch; sampled draws use the counter-based RNG keyed by (seed, drafted position) as the CPU
+  // draft does, so a request's drafts never depend on its batch neighbours. A sampled request's
+  // q [K, vocab] stays on the device in the slot's rows of the draft store (sample(): q_row =
+  // slot * draft_tokens() + j); host copies of q in results[i].probs when want_probs, of the
+  // Markov-corrected z in results[i].logits when want_logits.
+  using DraftQueryDev = DraftRequest;  // model/draft_request.h
   Status draft_propose(std::span<const DraftQueryDev> requests, bool want_probs, std::vector<DraftResult>& results,
                        bool want_logits = false);
   // Samples rows of the last forward's logits on the device (kernels/sampling.h): row.logits_row

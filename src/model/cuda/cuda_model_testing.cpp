@@ -22,11 +22,7 @@ namespace model_testing {
 
 namespace {
 using Impl = CudaModel::Impl;
-Impl& im_of(CudaModel& m) {
-  Impl& im = CudaModelTestAccess::impl(m);
-  kernels::cuda::set_stream(im.stream);
-  return im;
-}
+Impl& im_of(CudaModel& m) { return CudaModelTestAccess::impl(m); }
 void to_device(Impl& im, void* dst, const void* src, size_t bytes) {
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, im.stream));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(im.stream));
@@ -143,7 +139,7 @@ void cuda_encode_kv(CudaModel& m, const float* rows, int64_t n, std::vector<uint
   kernels::cuda::DeviceBuffer<float> x(static_cast<size_t>(n * hd));
   kernels::cuda::DeviceBuffer<uint8_t> rec(static_cast<size_t>(n * rb));
   to_device(im, x.get(), rows, sizeof(float) * n * hd);
-  cuda_model::kv_quantize(x.get(), n, hd, im.lay.rec, rec.get(), im.stream);
+  cuda_model::kv_quantize({x.get(), n, hd, im.lay.rec, rec.get()}, im.stream);
   to_host(im, out.data(), rec.get(), out.size());
 }
 
@@ -155,7 +151,7 @@ void cuda_encode_index_keys(CudaModel& m, const float* rows, int64_t n, std::vec
   kernels::cuda::DeviceBuffer<float> x(static_cast<size_t>(n * dim));
   kernels::cuda::DeviceBuffer<uint8_t> rec(static_cast<size_t>(n * kb));
   to_device(im, x.get(), rows, sizeof(float) * n * dim);
-  cuda_model::index_key_quantize(x.get(), n, im.lay.key, rec.get(), im.stream);
+  cuda_model::index_key_quantize({x.get(), n, im.lay.key, rec.get()}, im.stream);
   to_host(im, out.data(), rec.get(), out.size());
 }
 
@@ -184,7 +180,7 @@ void cuda_get_h(CudaModel& m, float* h, int64_t rows) {
 void cuda_attention_half(CudaModel& m, int layer, const StepBatch& batch) {
   Impl& im = im_of(m);
   TANDEM_CHECK(im.step.batch == &batch && layer >= 0 && layer < im.cfg.num_hidden_layers);
-  im.attention_half(layer, batch, im.step.rows);
+  im.attention_half(layer, im.step.rows);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(im.stream));
 }
 
@@ -237,8 +233,9 @@ void cuda_last_routing(CudaModel& m, int64_t rows, std::vector<float>& gate_logi
   TANDEM_CHECK(rows <= im.max_rows);
   gate_logits.resize(static_cast<size_t>(rows * E));
   experts.resize(static_cast<size_t>(rows * K));
-  to_host(im, gate_logits.data(), im.gate_logits.get(), sizeof(float) * rows * E);
-  to_host(im, experts.data(), im.eids.get(), sizeof(int32_t) * rows * K);
+  TANDEM_CHECK(im.last_routing.gate_logits && im.last_routing.expert_ids);  // after an MoE
+  to_host(im, gate_logits.data(), im.last_routing.gate_logits, sizeof(float) * rows * E);
+  to_host(im, experts.data(), im.last_routing.expert_ids, sizeof(int32_t) * rows * K);
 }
 
 Status cuda_draft_begin(CudaModel& m, std::span<const CudaModel::DraftQueryDev> requests) {

@@ -78,7 +78,6 @@ Status CudaModel::Impl::sample_rows(std::span<const SampleRow> rows, std::span<c
                                     int64_t mask_words, std::span<SampleRowResult> out) {
   Impl& m = *this;
   const int64_t V = m.cfg.vocab_size;
-  kernels::cuda::set_stream(m.stream);
   uint8_t* hs = m.sample_host;
   auto* h_rows = reinterpret_cast<SampleRow*>(hs);
   auto* h_res = reinterpret_cast<SampleRowResult*>(hs + m.sample_rows_cap * sizeof(SampleRow));
@@ -128,7 +127,7 @@ Status CudaModel::Impl::sample_rows(std::span<const SampleRow> rows, std::span<c
     if (nints)
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_sints.get(), h_ints, 4 * static_cast<size_t>(nints), cudaMemcpyHostToDevice,
                                         m.stream));
-    kernels::cuda::sample_rows_device(in, m.d_srows.get(), n, m.d_sscratch.get(), m.d_sres.get(), m.stream);
+    kernels::cuda::sample_rows_device({in, m.d_srows.get(), n, m.d_sscratch.get(), m.d_sres.get()}, m.stream);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_res, m.d_sres.get(), sizeof(SampleRowResult) * n, cudaMemcpyDeviceToHost, m.stream));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     std::copy(h_res, h_res + n, out.begin() + static_cast<std::ptrdiff_t>(i));

@@ -1,13 +1,14 @@
 // Uploads the bound checkpoint weights (model::Weights, views into the mapped shards) to the device
 // once, as stored: one arena allocation, every matrix keeping its format and scales, the small
 // vectors as fp32. Each layer's routed experts are concatenated by rows so one kernel can address
-// any expert (model_kernels.h, moe_pairs_*). Two passes over the same walk: measure, then copy.
+// any expert (moe.h, moe_pairs_*). Two passes over the same walk: measure, then copy.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
 
 #include "common/check.h"
 #include "model/cuda/cuda_impl.h"
+#include "model/cuda/moe_prefill.h"
 #include "model/weights.h"
 
 namespace tandem::cuda_model {
@@ -18,6 +19,7 @@ class Arena {
  public:
   explicit Arena(uint8_t* base) : base_(base) {}
   size_t used() const { return used_; }
+  bool measuring() const { return base_ == nullptr; }
 
   // Copies `bytes` from host `src` into the arena; returns the device address (null while measuring).
   void* put(const void* src, size_t bytes) {
@@ -66,6 +68,19 @@ size_t scale_bytes(const kernels::WeightRef& w) {
     case kernels::WeightFormat::kMxfp4: return static_cast<size_t>(w.n * (w.k / 32));
     default: return 0;
   }
+}
+
+// The grouped prefill path (moe_prefill.h) runs MXFP4 experts with act_quant inputs whose every
+// 128-wide K block fits e4m3 after one power of two (checked on the host copy of every expert's
+// scales, while uploading; the measuring pass skips it).
+bool grouped_ok(const model::MoEW& m, bool aq1, bool aq2, bool aq3) {
+  if (m.experts.empty() || !aq1 || !aq2 || !aq3) return false;
+  for (const model::ExpertW& e : m.experts)
+    for (const model::LinearW* l : {&e.w1, &e.w2, &e.w3}) {
+      if (l->w.format != kernels::WeightFormat::kMxfp4 || l->w.k % 128 || l->w.n % 128 || !l->w.scale) return false;
+      if (!mxfp4_blocks_fit_e4m3(l->w.scale, l->w.n, l->w.k)) return false;
+    }
+  return true;
 }
 
 struct Uploader {
@@ -158,6 +173,9 @@ struct Uploader {
     dm.w3_all = experts(m.experts, 2, aq3);
     dm.up_act_quant = aq1;
     dm.down_act_quant = aq2;
+    dm.expert_begin = static_cast<int>(m.expert_begin);
+    dm.n_local = static_cast<int>(m.experts.size());
+    dm.grouped = !ar.measuring() && grouped_ok(m, aq1, aq2, aq3);
     dm.sh_w1 = lin(m.shared.w1);
     dm.sh_w2 = lin(m.shared.w2);
     dm.sh_w3 = lin(m.shared.w3);

@@ -1,0 +1,366 @@
+// The dense block-scaled FP8 GEMM for prefill rows on the tensor cores (tc_gemm.cuh's main loop:
+// wgmma on sm_90a, mma.sync elsewhere), the activation quantization that feeds it, the linear()
+// entry (quantize, then multiply) the CUDA forward calls for prefill rows, and the element-wise
+// conversions cuBLASLt's inputs need (fp32 -> bf16 activations, E8M0 -> fp32 scale grids).
+// CTA tile: 128 rows of x by 128 weight rows (= one weight scale block), K in blocks of 128.
+#include <mutex>
+
+#include "common/check.h"
+#include "kernels/cuda/device.cuh"
+#include "kernels/cuda/gemm_tc.h"
+#include "kernels/cuda/tc_gemm.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+// ---------------------------------------------------------------- activation quantization
+// One warp per (row, 128-column block): 4 elements per lane, the warp's max is the block's amax.
+constexpr int kQuantWarps = 8;
+
+__global__ void __launch_bounds__(kQuantWarps * 32) quant_kernel(Fp8QuantArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nb = a.cols / 128;
+  const int64_t rows = a.rows_limit ? min(a.rows, static_cast<int64_t>(*a.rows_limit)) : a.rows;
+  const int64_t total = rows * nb;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kQuantWarps;
+  for (int64_t gw = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5); gw < total; gw += warps) {
+    const int64_t r = gw / nb, b = gw % nb;
+    float v[4];
+    if (a.xb) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(a.xb + r * a.ldx + b * 128 + lane * 4);
+      v[0] = __uint_as_float(raw.x << 16);
+      v[1] = __uint_as_float(raw.x & 0xffff0000u);
+      v[2] = __uint_as_float(raw.y << 16);
+      v[3] = __uint_as_float(raw.y & 0xffff0000u);
+    } else {
+      const float4 f = *reinterpret_cast<const float4*>(a.x + r * a.ldx + b * 128 + lane * 4);
+      v[0] = f.x;
+      v[1] = f.y;
+      v[2] = f.z;
+      v[3] = f.w;
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float m = fabsf(v[i]);
+      amax = m > amax ? m : amax;  // NaN compares false: ignored, as the CPU op
+    }
+    amax = warp_max(amax);
+    const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
+    const float s = num::pow2_int(e);
+    uint32_t word = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float q = clamp_std(div_rn(v[i], s), -num::kE4m3Max, num::kE4m3Max);
+      word |= static_cast<uint32_t>(num::f32_to_e4m3(is_nan(v[i]) ? v[i] : q)) << (8 * i);
+    }
+    *reinterpret_cast<uint32_t*>(a.codes + r * a.ldc + b * 128 + lane * 4) = word;
+    if (lane == 0) a.scales[a.scale_rows_major ? r * nb + b : b * a.scale_ld + r] = s;
+  }
+}
+
+// ---------------------------------------------------------------- dense FP8 GEMM
+struct DenseArgs {
+  const uint8_t* a;        // [m, k]
+  const float* a_scale;    // [k/128, a_scale_ld]
+  int64_t a_scale_ld;
+  const uint8_t* w;        // [n, k]
+  const uint8_t* w_scale;  // [ceil(n/128), w_scale_ld]
+  int64_t w_scale_ld;
+  float* y;
+  int64_t ldy, m, n, k;
+  bool accumulate, round;
+};
+
+// Operand source of one CTA tile (tc::mainloop's Op): 16-byte chunk c of tile rows r0 + 32 i
+// (i < 4) of A and of W, valid for i < na / nw (rows past m or n are zero-filled), and, for
+// threads < 128, the scale of A row threadIdx.x.
+template <int kStages>
+struct DenseOp {
+  using L = tc::Smem<false, kStages>;
+  const uint8_t* abase;    // A row r0 of the tile
+  const uint8_t* wbase;    // W row r0 of the tile
+  int64_t k;
+  int na, nw;
+  const float* ascale;     // this thread's A row scale (k block 0)
+  int64_t ascale_ld;
+  bool ascale_valid;
+  const uint8_t* wscale;   // the tile's weight scale row (k block 0)
+  int r0, c;
+
+  __device__ void load(uint8_t* smem, int stage, int kb) const {
+    const uint32_t sa = tc::smem_u32(smem + L::kA + stage * tc::kTileBytes);
+    const uint32_t sb = tc::smem_u32(smem + L::kB + stage * tc::kTileBytes);
+    const int64_t off = static_cast<int64_t>(kb) * tc::kBK + c * 16;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t d = tc::swz(r0 + 32 * i, c);
+      tc::cp_async16(sa + d, abase + (i < na ? 32 * i * k + off : 0), i < na);
+      tc::cp_async16(sb + d, wbase + (i < nw ? 32 * i * k + off : 0), i < nw);
+    }
+    if (threadIdx.x < tc::kTileRows) {
+      const uint32_t ss = tc::smem_u32(smem + L::kAScale + stage * tc::kTileRows * 4) + threadIdx.x * 4;
+      tc::cp_async4(ss, ascale + (ascale_valid ? kb * ascale_ld : 0), ascale_valid);
+    }
+  }
+  __device__ float b_scale(int kb) const { return num::e8m0_to_f32(__ldg(wscale + kb)); }
+};
+
+// Rows r0 + 32 i (i < 4) below `limit`, counted from the tile's first row `base`.
+__device__ __forceinline__ int rows_below(int64_t base, int r0, int64_t limit) {
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) n += base + r0 + 32 * i < limit ? 1 : 0;
+  return n;
+}
+
+template <bool kWgmma, int kStages, bool kOverlap = false>
+__global__ void __launch_bounds__(tc::kThreads, 1) dense_kernel(DenseArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = tc::align1024(smem_raw);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * tc::kTileRows;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * tc::kTileRows;
+  DenseOp<kStages> op;
+  op.r0 = threadIdx.x >> 3;
+  op.c = threadIdx.x & 7;
+  op.k = a.k;
+  op.na = rows_below(m0, op.r0, a.m);
+  op.nw = rows_below(n0, op.r0, a.n);
+  op.abase = a.a + (op.na > 0 ? (m0 + op.r0) * a.k : 0);
+  op.wbase = a.w + (op.nw > 0 ? (n0 + op.r0) * a.k : 0);
+  const int64_t sr = m0 + threadIdx.x;
+  op.ascale_valid = threadIdx.x < tc::kTileRows && sr < a.m;
+  op.ascale = a.a_scale + (op.ascale_valid ? sr : 0);
+  op.ascale_ld = a.a_scale_ld;
+  op.wscale = a.w_scale + (n0 / 128) * a.w_scale_ld;
+
+  float acc[64];
+  if constexpr (kOverlap) {
+    static_assert(kWgmma, "the overlapped main loop is wgmma's");
+    tc::mainloop_overlap<kStages>(smem, op, static_cast<int>(a.k / tc::kBK), acc);
+  } else {
+    tc::mainloop<kWgmma, false, kStages>(smem, op, static_cast<int>(a.k / tc::kBK), acc);
+  }
+
+  // Columns n, n+1 of a row per pair of elements: one 8-byte store when both exist and y allows it.
+  const bool pairs = (a.ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 7) == 0;
+#pragma unroll
+  for (int i = 0; i < 64; i += 2) {
+    const int64_t r = m0 + tc::acc_row<kWgmma>(i), n = n0 + tc::acc_col<kWgmma>(i);
+    if (r >= a.m) continue;
+    float* yp = a.y + r * a.ldy + n;
+    float v0 = acc[i], v1 = acc[i + 1];
+    if (pairs && n + 1 < a.n) {
+      if (a.accumulate) {
+        const float2 old = *reinterpret_cast<const float2*>(yp);
+        v0 = add_rn(old.x, v0);
+        v1 = add_rn(old.y, v1);
+      }
+      *reinterpret_cast<float2*>(yp) = a.round ? make_float2(round_bf16(v0), round_bf16(v1)) : make_float2(v0, v1);
+      continue;
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      if (n + c >= a.n) continue;
+      float v = c ? v1 : v0;
+      if (a.accumulate) v = add_rn(yp[c], v);
+      yp[c] = a.round ? round_bf16(v) : v;
+    }
+  }
+}
+
+template <bool kWgmma, int kStages, bool kOverlap = false>
+void set_dense_attr() {
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(dense_kernel<kWgmma, kStages, kOverlap>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, tc::Smem<false, kStages>::kAlloc));
+}
+
+int max_optin_smem() {
+  int dev = 0, v = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return v;
+}
+
+std::once_flag g_init_once;
+
+// ---------------------------------------------------------------- conversions for cuBLASLt
+__global__ void f32_to_bf16_kernel(const float* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+                                   int64_t ldd) {
+  const int64_t total = rows * cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t r = i / cols, c = i % cols;
+    dst[r * ldd + c] = num::f32_to_bf16(src[r * lds + c]);
+  }
+}
+// Four columns per thread (cols % 4 == 0, 16-byte aligned rows).
+__global__ void f32_to_bf16_vec_kernel(const float* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+                                       int64_t ldd) {
+  const int64_t q = cols / 4, total = rows * q;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t r = i / q, c = (i % q) * 4;
+    const float4 v = *reinterpret_cast<const float4*>(src + r * lds + c);
+    uint2 o;
+    o.x = num::f32_to_bf16(v.x) | (static_cast<uint32_t>(num::f32_to_bf16(v.y)) << 16);
+    o.y = num::f32_to_bf16(v.z) | (static_cast<uint32_t>(num::f32_to_bf16(v.w)) << 16);
+    *reinterpret_cast<uint2*>(dst + r * ldd + c) = o;
+  }
+}
+
+__global__ void e8m0_grid_kernel(const uint8_t* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                                 int64_t ldd) {
+  const int64_t total = rows * cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t r = i / cols, c = i % cols;
+    dst[r * ldd + c] = num::e8m0_to_f32(src[r * lds + c]);
+  }
+}
+
+}  // namespace
+
+TcBackend tc_backend_for_device() {
+  int dev = 0, major = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major == 9 ? TcBackend::kWgmma : TcBackend::kMmaSync;
+}
+
+const char* tc_backend_name(TcBackend b) {
+  switch (b) {
+    case TcBackend::kAuto: return "auto";
+    case TcBackend::kMmaSync: return "mma.sync";
+    case TcBackend::kWgmma: return "wgmma";
+    case TcBackend::kWgmmaOverlap: return "wgmma-overlap";
+  }
+  return "?";
+}
+
+void tc_init() {
+  std::call_once(g_init_once, [] {
+    set_dense_attr<false, 2>();
+    set_dense_attr<true, 2>();
+    if (max_optin_smem() >= tc::Smem<false, 4>::kAlloc) {
+      set_dense_attr<false, 4>();
+      set_dense_attr<true, 4>();
+      set_dense_attr<true, 4, true>();
+    }
+  });
+}
+
+void quantize_fp8_act(const Fp8QuantArgs& a, cudaStream_t s) {
+  if (a.rows == 0 || a.cols == 0) return;
+  TANDEM_CHECK(a.cols % 128 == 0);
+  Fp8QuantArgs q = a;
+  if (q.ldc == 0) q.ldc = q.cols;
+  if (q.scale_ld == 0) q.scale_ld = q.rows;
+  if (q.ldx == 0) q.ldx = q.cols;
+  TANDEM_CHECK(q.scale_ld >= q.rows && q.ldc % 4 == 0 && q.ldx % 4 == 0);
+  const uintptr_t xp = reinterpret_cast<uintptr_t>(q.xb ? static_cast<const void*>(q.xb) : q.x);
+  TANDEM_CHECK((xp & (q.xb ? 7 : 15)) == 0);
+  TANDEM_CHECK((reinterpret_cast<uintptr_t>(q.codes) & 3) == 0);
+  quant_kernel<<<grid_for(q.rows * (q.cols / 128), kQuantWarps), kQuantWarps * 32, 0, s>>>(q);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+void fp8_gemm_tc(const Fp8GemmArgs& g, TcBackend backend, cudaStream_t s) {
+  if (g.m == 0 || g.n == 0) return;
+  TANDEM_CHECK(g.k > 0 && g.k % 128 == 0);
+  TANDEM_CHECK((reinterpret_cast<uintptr_t>(g.a) & 15) == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0);
+  TANDEM_CHECK((reinterpret_cast<uintptr_t>(g.a_scale) & 3) == 0 && g.a_scale_ld >= g.m);
+  tc_init();
+  DenseArgs a{};
+  a.a = g.a;
+  a.a_scale = g.a_scale;
+  a.a_scale_ld = g.a_scale_ld;
+  a.w = g.w;
+  a.w_scale = g.w_scale;
+  a.w_scale_ld = g.w_scale_ld > 0 ? g.w_scale_ld : g.k / 128;
+  a.y = g.y;
+  a.ldy = g.ldy > 0 ? g.ldy : g.n;
+  a.m = g.m;
+  a.n = g.n;
+  a.k = g.k;
+  a.accumulate = g.accumulate;
+  a.round = g.round_bf16;
+  const int64_t mt = (g.m + tc::kTileRows - 1) / tc::kTileRows, nt = (g.n + tc::kTileRows - 1) / tc::kTileRows;
+  TANDEM_CHECK_MSG(mt <= 65535 && nt < (int64_t{1} << 31), "fp8_gemm_tc: problem too large for one launch");
+  const dim3 grid(static_cast<unsigned>(nt), static_cast<unsigned>(mt));
+  if (backend == TcBackend::kAuto) backend = tc_backend_for_device();
+  const bool deep = max_optin_smem() >= tc::Smem<false, 4>::kAlloc;
+  const bool wg = backend == TcBackend::kWgmma || backend == TcBackend::kWgmmaOverlap;
+  if (wg) TANDEM_CHECK_MSG(tc_backend_for_device() == TcBackend::kWgmma, "wgmma needs an sm_90 device");
+  if (backend == TcBackend::kWgmmaOverlap) {
+    TANDEM_CHECK_MSG(deep, "the overlapped wgmma loop needs 4 pipeline stages");
+    dense_kernel<true, 4, true><<<grid, tc::kThreads, tc::Smem<false, 4>::kAlloc, s>>>(a);
+  } else if (deep) {
+    if (wg) dense_kernel<true, 4><<<grid, tc::kThreads, tc::Smem<false, 4>::kAlloc, s>>>(a);
+    else dense_kernel<false, 4><<<grid, tc::kThreads, tc::Smem<false, 4>::kAlloc, s>>>(a);
+  } else {
+    if (wg) dense_kernel<true, 2><<<grid, tc::kThreads, tc::Smem<false, 2>::kAlloc, s>>>(a);
+    else dense_kernel<false, 2><<<grid, tc::kThreads, tc::Smem<false, 2>::kAlloc, s>>>(a);
+  }
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+bool fp8_linear_supported(const GemmParams& p, const TcLinearScratch& s) {
+  return p.w.format == WeightFormat::kFp8Block && p.quantize_x_block == 128 && p.k % 128 == 0 && p.batch == 1 &&
+         p.m <= s.rows && p.k <= s.max_k && s.codes && s.scales && p.w.k == p.k &&
+         (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && (p.ldx == 0 || p.ldx % 4 == 0) &&
+         (reinterpret_cast<uintptr_t>(p.w.data) & 15) == 0;
+}
+
+void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st) {
+  if (p.m == 0 || p.n == 0) return;
+  TANDEM_CHECK(fp8_linear_supported(p, s));
+  const int64_t sld = (p.m + 3) / 4 * 4;
+  Fp8QuantArgs q;
+  q.x = p.x;
+  q.ldx = p.ldx > 0 ? p.ldx : p.k;
+  q.rows = p.m;
+  q.cols = p.k;
+  q.codes = s.codes;
+  q.ldc = p.k;
+  q.scales = s.scales;
+  q.scale_ld = sld;
+  quantize_fp8_act(q, st);
+  Fp8GemmArgs g;
+  g.a = s.codes;
+  g.a_scale = s.scales;
+  g.a_scale_ld = sld;
+  g.w = static_cast<const uint8_t*>(p.w.data);
+  g.w_scale = p.w.scale;
+  g.w_scale_ld = p.w.scale_ld;
+  g.y = p.y;
+  g.ldy = p.ldy;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.accumulate = p.accumulate;
+  g.round_bf16 = p.round_bf16;
+  fp8_gemm_tc(g, backend, st);
+}
+
+void f32_to_bf16_rows(const float* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldd,
+                      cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  const bool vec = cols % 4 == 0 && lds % 4 == 0 && ldd % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(dst) & 7) == 0;
+  if (vec) {
+    f32_to_bf16_vec_kernel<<<grid_for(rows * cols / 4, 256 * 4), 256, 0, s>>>(src, lds, rows, cols, dst, ldd);
+  } else {
+    f32_to_bf16_kernel<<<grid_for(rows * cols, 256 * 4), 256, 0, s>>>(src, lds, rows, cols, dst, ldd);
+  }
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+void e8m0_grid_to_f32(const uint8_t* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd,
+                      cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  e8m0_grid_kernel<<<grid_for(rows * cols, 256), 256, 0, s>>>(src, lds, rows, cols, dst, ldd);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tandem::kernels::cuda
