@@ -351,6 +351,9 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   if (csa && max_vis4 == 0) aa.topk_k = 0;
   aa.m = meta;
   aa.rows = n;
+  aa.partial = attn_partial.get();
+  aa.partial_slots = attn_partial_slots;
+  aa.sm_count = sm_count;
   cuda_model::attention(aa, stream);
   rope_rows(rope, o.get(), meta.positions, n, H, hd, true);
   output_proj(at, o.get(), n, y);
