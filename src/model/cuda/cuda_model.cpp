@@ -255,8 +255,10 @@ void allocate_all(CudaModel::Impl& m) {
     any_idx = any_idx || m.lay.icomp_chans[l] > 0;
   }
   m.max_entries = std::max<int64_t>(1, c.max_position_embeddings / 4);
-  // Indexer scores: up to 256 MiB, at least one row.
-  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (m.max_entries * 4)}))
+  // Indexer scores (bf16): up to 256 MiB, at least one row of the longest context; the top-k's
+  // per-slice work for as many rows (up to 64 MiB). A step's rows run in chunks that fit both.
+  const int64_t max_lds = (m.max_entries + 7) / 8 * 8;
+  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (max_lds * 2)}))
                          : 0;
 
   auto f = [](CudaModel::Impl::Buf<float>& b, int64_t n) { b.reset(static_cast<size_t>(std::max<int64_t>(n, 1))); };
@@ -278,7 +280,11 @@ void allocate_all(CudaModel::Impl& m) {
   f(m.entry, N * std::max(hd, ihd));
   f(m.iq, any_idx ? N * IH * ihd : 1);
   f(m.iw, any_idx ? N * IH : 1);
-  f(m.idx_scores, m.score_rows * m.max_entries);
+  m.idx_scores.reset(static_cast<size_t>(std::max<int64_t>(1, m.score_rows * max_lds)));
+  m.topk_counters.reset(cuda_model::topk_counters_bytes(any_idx ? std::min<int64_t>(N, 65535) : 1));
+  m.topk_work.reset(std::min<size_t>(cuda_model::topk_work_bytes(std::max<int64_t>(m.score_rows, 1), m.max_entries),
+                                     size_t{64} << 20));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(m.topk_counters.get(), 0, m.topk_counters.bytes(), m.stream));
   f(m.gate_logits, N * E);
   f(m.ew, N * K);
   f(m.xq, N * D);
