@@ -58,9 +58,10 @@ void fill_records(uint8_t* dst, int64_t n, bool index_keys, const KvRecordLayout
   }
 }
 
-// The state of kCopies x B sequences decoding at position L - 1 (one row each).
+// The state of `copies` x B sequences, each running rows_per_seq rows at positions
+// [L - rows_per_seq, L): decode (one row each) or a prefill chunk.
 struct State {
-  int64_t L = 0, B = 0, nb = 0;  // positions, sequences per copy, pool blocks per sequence
+  int64_t L = 0, B = 0, Rq = 1, copies = kCopies, nb = 0;  // positions, sequences and rows per copy, pool blocks per sequence
   KvRecordLayout rec = KvRecordLayout::make(cuda_model::KvRecordKind::kFp8, kHd, kRope);
   cuda_model::IndexKeyLayout key = cuda_model::IndexKeyLayout::make(kIdxDim);
   int64_t slot_bytes = 0, hca_block = 0, csa_block = 0, idx_block = 0, csa_pool_blocks = 0;
@@ -71,8 +72,10 @@ struct State {
   kc::DeviceBuffer<uint16_t> scores;
   int64_t partial_slots = 0, lds = 0;
 
-  State(int64_t positions_, int64_t seqs, cudaStream_t s, kc::DeviceBuffer<float>& tmp) : L(positions_), B(seqs) {
-    const int64_t S = kCopies * B;
+  State(int64_t positions_, int64_t seqs, int64_t rows_per_seq, int64_t copies_, cudaStream_t s,
+        kc::DeviceBuffer<float>& tmp)
+      : L(positions_), B(seqs), Rq(rows_per_seq), copies(copies_) {
+    const int64_t S = copies * B, N = S * Rq;  // sequences, rows
     nb = (L + kBs - 1) / kBs;
     slot_bytes = (kWinRing * rec.bytes + 15) / 16 * 16;
     hca_block = (kBs / 128) * rec.bytes;
@@ -99,16 +102,21 @@ struct State {
     tab_hca = upload(th, s);
     tab_csa = upload(tc, s);
     tab_idx = upload(ti, s);
-    // the step plan of each copy: B sequences, one row each at position L - 1
-    std::vector<int64_t> pos(static_cast<size_t>(S), L - 1);
-    std::vector<int32_t> rs(static_cast<size_t>(S)), r0(rs.size()), len(rs.size(), 1), slot(rs.size()), tok(rs.size(), 0);
+    // the step plan of each copy: B sequences of Rq rows at positions [L - Rq, L) (row-indexed
+    // arrays per row, sequence-indexed per sequence, both copy-major)
+    std::vector<int64_t> pos(static_cast<size_t>(N)), start(static_cast<size_t>(S), L - Rq);
+    std::vector<int32_t> rs(static_cast<size_t>(N)), tok(rs.size(), 0), r0(static_cast<size_t>(S)),
+        len(r0.size(), static_cast<int32_t>(Rq)), slot(r0.size());
+    for (int64_t i = 0; i < N; ++i) {
+      pos[i] = L - Rq + i % Rq;
+      rs[i] = static_cast<int32_t>((i / Rq) % B);
+    }
     for (int64_t i = 0; i < S; ++i) {
-      rs[i] = static_cast<int32_t>(i % B);
-      r0[i] = static_cast<int32_t>(i % B);
+      r0[i] = static_cast<int32_t>((i % B) * Rq);
       slot[i] = static_cast<int32_t>(i);
     }
     positions = upload(pos, s);
-    seq_start = upload(pos, s);
+    seq_start = upload(start, s);
     row_seq = upload(rs, s);
     seq_row0 = upload(r0, s);
     seq_len = upload(len, s);
@@ -116,8 +124,8 @@ struct State {
     tokens = upload(tok, s);
     // the attention's own top-512 lists: ascending, spread over the visible entries
     const int64_t vis = L / 4;
-    std::vector<int32_t> idl(static_cast<size_t>(S * kTopk));
-    for (int64_t i = 0; i < S; ++i)
+    std::vector<int32_t> idl(static_cast<size_t>(N * kTopk));
+    for (int64_t i = 0; i < N; ++i)
       for (int64_t j = 0; j < kTopk; ++j) {
         const int64_t stride = std::max<int64_t>(1, vis / kTopk);
         idl[i * kTopk + j] = static_cast<int32_t>(
@@ -125,39 +133,41 @@ struct State {
       }
     ids = upload(idl, s);
     // queries (bf16 values), this step's KV rows and the index queries (FP4 round trips), weights
-    q.reset(static_cast<size_t>(S * kHeads * kHd));
+    q.reset(static_cast<size_t>(N * kHeads * kHd));
     kc::random_fill(q.get(), q.size(), kc::RandomFill::kF32Bf16, 5000, s, 2.0f);
-    step_kv.reset(static_cast<size_t>(S * kHd));
+    step_kv.reset(static_cast<size_t>(N * kHd));
     kc::random_fill(step_kv.get(), step_kv.size(), kc::RandomFill::kF32Bf16, 5001, s, 2.0f);
-    dummy.reset(static_cast<size_t>(S * kIdxHeads * std::max(rec.bytes, key.bytes)));
-    cuda_model::kv_quantize({step_kv.get(), S, kHd, rec, dummy.get()}, s);
+    dummy.reset(static_cast<size_t>(N * kIdxHeads * std::max(rec.bytes, key.bytes)));
+    cuda_model::kv_quantize({step_kv.get(), N, kHd, rec, dummy.get()}, s);
     sink.reset(kHeads);
     kc::random_fill(sink.get(), sink.size(), kc::RandomFill::kF32Bf16, 5002, s, 1.0f);
-    iq.reset(static_cast<size_t>(S * kIdxHeads * kIdxDim));
+    iq.reset(static_cast<size_t>(N * kIdxHeads * kIdxDim));
     kc::random_fill(iq.get(), iq.size(), kc::RandomFill::kF32Bf16, 5003, s, 2.0f);
-    cuda_model::index_key_quantize({iq.get(), S * kIdxHeads, key, dummy.get()}, s);
-    iw.reset(static_cast<size_t>(S * kIdxHeads));
+    cuda_model::index_key_quantize({iq.get(), N * kIdxHeads, key, dummy.get()}, s);
+    iw.reset(static_cast<size_t>(N * kIdxHeads));
     kc::random_fill(iw.get(), iw.size(), kc::RandomFill::kF32Bf16, 5004, s, 0.05f);
-    // scratch: split-K partials for every (row, chunk), scores, top-k state and output
-    partial_slots = B * ((kWindow + L / 128 + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk);
-    partial.reset(static_cast<size_t>(cuda_model::attn_partial_floats(kHeads, kHd, partial_slots)));
-    out.reset(static_cast<size_t>(B * kHeads * kHd));
+    // scratch: split-K partials for every (row, chunk) of a decode step, scores, top-k state, output
+    const int64_t R = B * Rq;  // rows of one copy
+    partial_slots = Rq == 1 ? R * ((kWindow + L / 128 + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk) : 0;
+    if (partial_slots) partial.reset(static_cast<size_t>(cuda_model::attn_partial_floats(kHeads, kHd, partial_slots)));
+    out.reset(static_cast<size_t>(R * kHeads * kHd));
     lds = (vis + 7) / 8 * 8;
-    scores.reset(static_cast<size_t>(B * lds));
-    visible.reset(static_cast<size_t>(B));
-    top.reset(static_cast<size_t>(B * kTopk));
-    counters.reset(cuda_model::topk_counters_bytes(B));
-    work.reset(cuda_model::topk_work_bytes(B, vis));
+    scores.reset(static_cast<size_t>(R * lds));
+    visible.reset(static_cast<size_t>(R));
+    top.reset(static_cast<size_t>(R * kTopk));
+    counters.reset(cuda_model::topk_counters_bytes(R));
+    work.reset(cuda_model::topk_work_bytes(R, vis));
     TANDEM_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, counters.bytes(), s));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
+  int64_t rows() const { return B * Rq; }
   cuda_model::StepMeta meta(int c, const int32_t* tables) const {
     cuda_model::StepMeta m;
-    const int64_t o = c * B;
-    m.tokens = tokens.get() + o;
-    m.positions = positions.get() + o;
-    m.row_seq = row_seq.get() + o;
+    const int64_t o = c * B, orow = c * rows();
+    m.tokens = tokens.get() + orow;
+    m.positions = positions.get() + orow;
+    m.row_seq = row_seq.get() + orow;
     m.seq_start = seq_start.get() + o;
     m.seq_row0 = seq_row0.get() + o;
     m.seq_len = seq_len.get() + o;
@@ -170,8 +180,8 @@ struct State {
   // ratio 0 (window), 4 (CSA: the given top-k lists) or 128 (HCA)
   cuda_model::AttnArgs attn(int c, int ratio, const int32_t* topk, int64_t topk_ld) const {
     cuda_model::AttnArgs a;
-    a.q = q.get() + c * B * kHeads * kHd;
-    a.step_kv = step_kv.get() + c * B * kHd;
+    a.q = q.get() + c * rows() * kHeads * kHd;
+    a.step_kv = step_kv.get() + c * rows() * kHd;
     a.slot_state = slots.get();
     a.slot_bytes = slot_bytes;
     a.win_off = 0;
@@ -191,17 +201,17 @@ struct State {
     a.max_keys = kWindow + (ratio == 4 ? kTopk : ratio ? static_cast<int>(L / ratio) : 0);
     a.out = out.get();
     a.m = meta(c, ratio == 4 ? tab_csa.get() : tab_hca.get());
-    a.rows = B;
+    a.rows = rows();
     a.partial = partial.get();
     a.partial_slots = partial_slots;
     return a;
   }
   cuda_model::IndexerArgs indexer(int c, bool hist) const {
     cuda_model::IndexerArgs a;
-    a.q = iq.get() + c * B * kIdxHeads * kIdxDim;
-    a.w = iw.get() + c * B * kIdxHeads;
+    a.q = iq.get() + c * rows() * kIdxHeads * kIdxDim;
+    a.w = iw.get() + c * rows() * kIdxHeads;
     a.m = meta(c, tab_idx.get());
-    a.rows = B;
+    a.rows = rows();
     a.heads = kIdxHeads;
     a.dim = kIdxDim;
     a.pool = idx_pool.get();
@@ -216,7 +226,7 @@ struct State {
     return a;
   }
   cuda_model::TopkState topk_state() const {
-    return cuda_model::topk_state(counters.get(), B, work.get(), work.bytes());
+    return cuda_model::topk_state(counters.get(), rows(), work.get(), work.bytes());
   }
   cuda_model::IndexerTopkArgs topk(bool hist_ready) const {
     cuda_model::IndexerTopkArgs a;
@@ -224,7 +234,7 @@ struct State {
     a.lds = lds;
     a.n_cols = L / 4;
     a.visible = visible.get();
-    a.rows = B;
+    a.rows = rows();
     a.k = kTopk;
     a.out = top.get();
     a.ldo = kTopk;
@@ -265,13 +275,13 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
   for (int64_t L : {int64_t{4096}, int64_t{163840}, int64_t{1} << 20}) {
     for (int64_t B : {int64_t{1}, int64_t{8}}) {
       if (L > 163840 && B > 1) continue;
-      State st(L, B, s, tmp);
+      State st(L, B, 1, kCopies, s, tmp);
       const int64_t rb = st.rec.bytes, vis = L / 4;
       auto attn_row = [&](const char* name, int ratio) {
         const int64_t keys = kWindow + (ratio == 4 ? kTopk : ratio ? L / ratio : 0);
         const char* mode = cuda_model::attention_splits(st.attn(0, ratio, st.ids.get(), kTopk)) ? "split" : "fold";
         const double us = time_calls(s, [&](int i) {
-          cuda_model::attention(st.attn(i % kCopies, ratio, st.ids.get() + (i % kCopies) * B * kTopk, kTopk), s);
+          cuda_model::attention(st.attn(i % kCopies, ratio, st.ids.get() + (i % kCopies) * st.rows() * kTopk, kTopk), s);
         });
         tb.row(name, L, B, keys, mode, us, B * (keys * rb + qo));
       };
@@ -294,6 +304,36 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
              idx_bytes + B * ((kWindow + kTopk) * rb + qo));
     }
   }
+  // Prefill: a chunk of 512 rows of one sequence ending at L (two copies: the chunk's rows share
+  // the sequence's keys through the L2 as a real chunk does).
+  constexpr int64_t kChunkRows = 512;
+  for (int64_t L : {int64_t{4096}, int64_t{163840}, int64_t{1} << 20}) {
+    State st(L, 1, kChunkRows, 2, s, tmp);
+    const int64_t rb = st.rec.bytes, vis = L / 4;
+    tb.row("prefill 512: attention HCA", L, kChunkRows, kWindow + L / 128, "fold", time_calls(s, [&](int i) {
+             cuda_model::attention(st.attn(i % 2, 128, nullptr, kTopk), s);
+           }),
+           kChunkRows * ((kWindow + L / 128) * rb + qo));
+    tb.row("prefill 512: CSA layer", L, kChunkRows, vis, "fold", time_calls(s, [&](int i) {
+             cuda_model::indexer_scores_paged(st.indexer(i % 2, true), s);
+             cuda_model::indexer_topk(st.topk(true), s);
+             cuda_model::attention(st.attn(i % 2, 4, st.top.get(), kTopk), s);
+           }),
+           kChunkRows * (vis * (st.key.bytes + 2.0) + (kWindow + kTopk) * rb + qo));
+  }
+  // A prompt of L tokens in 512-row chunks: per chunk 21 CSA and 20 HCA layers whose cost grows
+  // about linearly with the chunk's position (trapezoid between the 4K chunk and the last one).
+  auto prefill_s = [&](int64_t L) {
+    const double csa = 0.5 * (tb.us("prefill 512: CSA layer", 4096, kChunkRows) + tb.us("prefill 512: CSA layer", L, kChunkRows));
+    const double hca =
+        0.5 * (tb.us("prefill 512: attention HCA", 4096, kChunkRows) + tb.us("prefill 512: attention HCA", L, kChunkRows));
+    return static_cast<double>(L) / kChunkRows * (21 * csa + 20 * hca) * 1e-6;
+  };
+  const double p160 = prefill_s(163840), p1m = prefill_s(int64_t{1} << 20);
+  std::printf("prefill, attention + indexer + top-k of every layer: about %.1f s for 160K tokens, %.1f s for 1M "
+              "(time to first token: <= 6 s at 160K with the GEMMs; aim <= 60 s at 1M)\n",
+              p160, p1m);
+
   // What a batch-1 decode step at long context adds over 4K: 21 CSA and 20 HCA layers.
   auto extra = [&](int64_t L) {
     return 21 * (tb.us("CSA layer: indexer+top-k+attn", L, 1) - tb.us("CSA layer: indexer+top-k+attn", 4096, 1)) +
@@ -306,6 +346,7 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
   nlohmann::json j;
   j["rows"] = tb.rows;
   j["extra_us_over_4k_per_step"] = {{"160K", e160}, {"1M", e1m}};
+  j["prefill_attention_indexer_s"] = {{"160K", p160}, {"1M", p1m}};
   j["targets"] = nlohmann::json::array(
       {{{"target", "decode at 160K <= 1.15x the 4K step: long-context kernels add <= 270 us (at a 1.8 ms step)"},
         {"estimate_us", e160},

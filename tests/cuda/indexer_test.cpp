@@ -7,7 +7,8 @@
 // binades (checked for every dot of the case); the bf16 roundings that follow and the head sum in
 // ascending order are then the same operations on the same values. Several sequences per step
 // (prefill from 0, decode late in a context, a row with nothing visible yet), the -inf columns past
-// visibility, 64, 32 (one rank of TP=2) and 5 heads. The forward's top-k after it (the indexer's
+// visibility, 64, 32 (one rank of TP=2) and 5 heads, one row per block and four (spans of one
+// sequence sharing the key tiles). The forward's top-k after it (the indexer's
 // histogram as pass 1) against kernels::cpu::topk on the CPU's scores. Also the weights'
 // scale_round against model::scale_round_bf16.
 #include <cstdio>
@@ -166,6 +167,21 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
       for (int64_t e = 0; e < n_cols; ++e) got[t * n_cols + e] = num::bf16_to_f32(got_bits[t * lds + e]);
     EXPECT_TRUE(same_bits(got, want));
     EXPECT_TRUE(same_values(to_host(dvis), want_vis));
+    // rows of one sequence sharing the key tiles (4 per block: groups that straddle sequences run
+    // in spans): the same bits
+    {
+      auto dsc4 = poisoned<uint16_t>(static_cast<size_t>(rows * lds));
+      IndexerArgs i4 = ia;
+      i4.scores = dsc4.get();
+      i4.hist = nullptr;
+      i4.rows_per_block = 4;
+      cuda_model::indexer_scores_paged(i4, kStream);
+      const std::vector<uint16_t> bits4 = to_host(dsc4);
+      std::vector<float> got4(want.size());
+      for (int64_t t = 0; t < rows; ++t)
+        for (int64_t e = 0; e < n_cols; ++e) got4[t * n_cols + e] = num::bf16_to_f32(bits4[t * lds + e]);
+      EXPECT_TRUE(same_bits(got4, want)) << "4 rows per block";
+    }
     // the forward's top-k, pass 1 from the indexer
     auto dtop = poisoned<int32_t>(static_cast<size_t>(rows * (TK + 3)));
     cuda_model::IndexerTopkArgs ta;

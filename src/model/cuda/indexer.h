@@ -21,6 +21,7 @@ namespace tandem::cuda_model {
 // keys are FP4 values (e2m1 x power-of-two block scales, exact in bf16), so a dot equals the CPU's
 // whenever the CPU's is exact (block scales within 9 binades of each other); heads, dim: see
 // indexer_supports.
+// Consecutive rows of one sequence (prefill chunks) share the decoded key tiles of a block.
 // With `hist` the kernel also counts, per row, the visible scores by the top byte of their order key
 // (indexer_topk.h), the first pass of the top-k selection.
 struct IndexerArgs {
@@ -40,6 +41,8 @@ struct IndexerArgs {
   int32_t* visible = nullptr;        // [rows] out
   uint32_t* hist = nullptr;          // optional [rows, 256], zero before: top-byte counts added
   int sm_count = 0;                  // multiprocessors (0: the current device's)
+  int rows_per_block = 0;            // rows of one sequence sharing a block's key tiles, 1..4 (0: by the
+                                     // step's size); changes no result, only how often keys are decoded
 };
 void indexer_scores_paged(const IndexerArgs& a, cudaStream_t s);
 bool indexer_supports(int heads, int dim);
