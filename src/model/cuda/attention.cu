@@ -173,10 +173,11 @@ __device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t codes, int i, float s
 // The piece as 8 bf16 values: the values kv_record_get decodes (exact products, exact in bf16).
 __device__ __forceinline__ uint4 piece_bf16(const RawPiece& r) {
   switch (r.mode) {
-    case 1: {
-      const float4 x = *reinterpret_cast<const float4*>(&r.w0), y = *reinterpret_cast<const float4*>(&r.w1);
-      return make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
-    }
+    case 1:
+      return make_uint4(bf16x2(__uint_as_float(r.w0.x), __uint_as_float(r.w0.y)),
+                        bf16x2(__uint_as_float(r.w0.z), __uint_as_float(r.w0.w)),
+                        bf16x2(__uint_as_float(r.w1.x), __uint_as_float(r.w1.y)),
+                        bf16x2(__uint_as_float(r.w1.z), __uint_as_float(r.w1.w)));
     case 2:
       return r.w0;
     case 3:
