@@ -23,12 +23,12 @@ namespace tandem::layer_compare {
 // the ISA switch varies only the GEMMs while the CUDA layer also sums the non-GEMM reductions in
 // another fp32 order (mHC mixes, attention scores and softmax denominators, compressor pooling,
 // the confidence head; the runner's kernels in src/model/cuda use FMA where the CPU rounds the
-// product), computes expf with CUDA's libm, and runs its GEMMs on the tensor cores (the decode
-// GEMV and the prefill GEMMs truncate each k16 step to 24 bits: at most k/16 * 2^-19 of
-// sum |x w|, docs/PERFORMANCE.md). Those differences are a few fp32 ulps of the terms' magnitude;
-// they reach a layer's output only where a value sits next to a bf16 (or FP8/FP4) rounding
-// boundary and rounds the other way. The floors are that mechanism's size, fixed before any GPU
-// result:
+// product), computes expf with CUDA's libm, and runs its GEMMs and the attention's dots on the
+// tensor cores (the decode GEMV, the prefill GEMMs and the flash-decode attention truncate each
+// k16 step to 24 bits: at most k/16 * 2^-19 of sum |x w|, docs/PERFORMANCE.md). Those
+// differences are a few fp32 ulps of the terms' magnitude; they reach a layer's output only where
+// a value sits next to a bf16 (or FP8/FP4) rounding boundary and rounds the other way. The floors
+// are that mechanism's size, fixed before any GPU result:
 //  * residual streams (bf16 values, hc_post rounds every element): a flipped bf16 rounding moves
 //    an element by one bf16 ulp, at most 2^-7 of the row's largest |value|; two such ulps per row
 //    (kFlipMaxRel = 2^-6), a quarter of one on average over rows (kFlipMeanRel = 2^-9: flips are

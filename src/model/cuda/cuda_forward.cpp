@@ -304,29 +304,53 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
     cuda_model::scale_round({iw.get(), n * IH, wscale}, stream);
   }
   if (csa && max_vis4 > 0) {
-    const int64_t ncols = max_vis4;
+    // Scores and top-k in chunks of rows that the score buffer and the top-k's work hold. (Under
+    // tensor parallelism the bf16 scores are summed over ranks before the top-k: then the indexer
+    // must not count pass 1 (hist = null) and the top-k counts it (hist_ready = false).)
+    const int64_t ncols = max_vis4, lds = (max_vis4 + 7) / 8 * 8;
     TANDEM_CHECK(ncols <= max_entries);
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(score_rows, (score_rows * max_entries) / ncols));
+    const cuda_model::TopkState tst = cuda_model::topk_state(
+        topk_counters.get(), static_cast<int64_t>(std::min<size_t>(max_rows, 65535)), topk_work.get(), topk_work.bytes());
+    int64_t chunk = std::min<int64_t>({n, int64_t{65535}, tst.max_rows, static_cast<int64_t>(idx_scores.size()) / lds});
+    while (chunk > 1 && cuda_model::topk_work_bytes(chunk, ncols) > tst.work_bytes) chunk = chunk * 7 / 8;
+    TANDEM_CHECK(chunk >= 1);
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t rows = std::min(chunk, n - r0);
       cuda_model::StepMeta mc = meta;
       mc.tokens += r0;
       mc.positions += r0;
       mc.row_seq += r0;
-      cuda_model::indexer_scores_paged({iq.get() + r0 * IH * ihd, iw.get() + r0 * IH, mc, rows, static_cast<int>(IH),
-                                        static_cast<int>(ihd), pool.get(), lay.block_bytes, L.pool_idx, lay.key,
-                                        idx_scores.get(), ncols, visible.get() + r0},
-                                       stream);
-      kernels::TopkParams tk;
-      tk.scores = idx_scores.get();
-      tk.n_valid = visible.get() + r0;
-      tk.rows = rows;
-      tk.n = ncols;
-      tk.lds = ncols;
-      tk.k = TK;
-      tk.out = topk.get() + r0 * TK;
-      tk.ldo = TK;
-      kernels::cuda::topk(tk, stream);
+      cuda_model::IndexerArgs ia;
+      ia.q = iq.get() + r0 * IH * ihd;
+      ia.w = iw.get() + r0 * IH;
+      ia.m = mc;
+      ia.rows = rows;
+      ia.heads = static_cast<int>(IH);
+      ia.dim = static_cast<int>(ihd);
+      ia.pool = pool.get();
+      ia.block_bytes = lay.block_bytes;
+      ia.pool_idx = L.pool_idx;
+      ia.key = lay.key;
+      ia.scores = idx_scores.get();
+      ia.n_cols = ncols;
+      ia.lds = lds;
+      ia.visible = visible.get() + r0;
+      ia.hist = tst.hist1;
+      ia.sm_count = sm_count;
+      cuda_model::indexer_scores_paged(ia, stream);
+      cuda_model::IndexerTopkArgs ta;
+      ta.scores = idx_scores.get();
+      ta.lds = lds;
+      ta.n_cols = ncols;
+      ta.visible = visible.get() + r0;
+      ta.rows = rows;
+      ta.k = static_cast<int>(TK);
+      ta.out = topk.get() + r0 * TK;
+      ta.ldo = TK;
+      ta.state = tst;
+      ta.hist_ready = true;
+      cuda_model::indexer_topk(ta, stream);
+      last_indexer = {r0, rows, lds, ncols};
     }
   }
 
@@ -354,6 +378,9 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   if (csa && max_vis4 == 0) aa.topk_k = 0;
   aa.m = meta;
   aa.rows = n;
+  aa.partial = attn_partial.get();
+  aa.partial_slots = attn_partial_slots;
+  aa.sm_count = sm_count;
   cuda_model::attention(aa, stream);
   rope_rows(rope, o.get(), meta.positions, n, H, hd, true);
   output_proj(at, o.get(), n, y);

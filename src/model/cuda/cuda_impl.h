@@ -118,6 +118,7 @@ struct CudaModel::Impl {
   int draft_k = 0;             // tokens per draft proposal (<= dspark_block_size)
   int64_t max_entries = 0;     // indexer score columns per row (max visible CSA entries)
   int64_t score_rows = 0;      // rows of the indexer score buffer (chunking)
+  int sm_count = 0;            // multiprocessors of the device
 
   template <typename T>
   using Buf = kernels::cuda::DeviceBuffer<T>;
@@ -140,9 +141,13 @@ struct CudaModel::Impl {
 
   // ---- scratch (device, sized at start-up) ----
   Buf<float> h, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, comp_rows, icomp_rows, entry, iq, iw,
-      idx_scores, gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
+      gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
       main_x, base, bias, e_row, yn;
   Buf<uint8_t> kv_rec, entry_rec;
+  Buf<float> attn_partial;         // split-K attention: attn_partial_slots (row, chunk) partials
+  int64_t attn_partial_slots = 0;
+  Buf<uint16_t> idx_scores;        // indexer scores (bf16) of a chunk of rows
+  Buf<uint8_t> topk_counters, topk_work;  // the indexer top-k's state (indexer_topk.h)
   Buf<int64_t> entry_pos, draft_pos;
   Buf<int32_t> flag, visible, topk, eids, draft_ids;
   // draft request arrays (device) + pinned staging
@@ -273,6 +278,11 @@ struct CudaModel::Impl {
     const float* gate_logits = nullptr;
     const int32_t* expert_ids = nullptr;
   } last_routing;
+  // The last CSA layer's last chunk of indexer rows [r0, r0 + rows) left in idx_scores ([rows, lds]
+  // bf16 bits, cols valid columns): host bookkeeping for the same test hooks.
+  struct {
+    int64_t r0 = 0, rows = 0, lds = 0, cols = 0;
+  } last_indexer;
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);

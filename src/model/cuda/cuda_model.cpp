@@ -203,6 +203,7 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
     return make_error(StatusCode::kFailedPrecondition, "this build has no kernels for {} (built for sm_{}); rebuild with "
                                "-DTANDEM_CUDA_ARCH=all or the GPU's architecture",
                                device_name, TANDEM_CUDA_ARCHS);
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, copt.device));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   return Status();
 }
@@ -251,8 +252,10 @@ void allocate_all(CudaModel::Impl& m) {
     any_idx = any_idx || m.lay.icomp_chans[l] > 0;
   }
   m.max_entries = std::max<int64_t>(1, c.max_position_embeddings / 4);
-  // Indexer scores: up to 256 MiB, at least one row.
-  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (m.max_entries * 4)}))
+  // Indexer scores (bf16): up to 256 MiB, at least one row of the longest context; the top-k's
+  // per-slice work for as many rows (up to 64 MiB). A step's rows run in chunks that fit both.
+  const int64_t max_lds = (m.max_entries + 7) / 8 * 8;
+  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (max_lds * 2)}))
                          : 0;
 
   auto f = [](CudaModel::Impl::Buf<float>& b, int64_t n) { b.reset(static_cast<size_t>(std::max<int64_t>(n, 1))); };
@@ -274,7 +277,11 @@ void allocate_all(CudaModel::Impl& m) {
   f(m.entry, N * std::max(hd, ihd));
   f(m.iq, any_idx ? N * IH * ihd : 1);
   f(m.iw, any_idx ? N * IH : 1);
-  f(m.idx_scores, m.score_rows * m.max_entries);
+  m.idx_scores.reset(static_cast<size_t>(std::max<int64_t>(1, m.score_rows * max_lds)));
+  m.topk_counters.reset(cuda_model::topk_counters_bytes(any_idx ? std::min<int64_t>(N, 65535) : 1));
+  m.topk_work.reset(std::min<size_t>(cuda_model::topk_work_bytes(std::max<int64_t>(m.score_rows, 1), m.max_entries),
+                                     size_t{64} << 20));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(m.topk_counters.get(), 0, m.topk_counters.bytes(), m.stream));
   f(m.gate_logits, N * E);
   f(m.ew, N * K);
   f(m.xq, N * D);
@@ -294,6 +301,17 @@ void allocate_all(CudaModel::Impl& m) {
   f(m.taps, N * std::max<int64_t>(td, 1));
   f(m.mh, T * std::max<int64_t>(td, 1));
   f(m.main_x, T * D);
+  // Split-K attention partials: every (row, chunk) of a decode-size step at the longest context,
+  // up to 2048 (about 135 MB at 32 heads of 512); longer steps fold per row (attention.h).
+  int64_t max_keys = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int r = c.compress_ratios[l];
+    const bool csa = r == 4 && m.w.layers[l].attn.has_indexer;
+    max_keys = std::max<int64_t>(max_keys, c.sliding_window + (csa ? TK : r ? c.max_position_embeddings / r : 0));
+  }
+  const int64_t max_chunks = (max_keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk;
+  m.attn_partial_slots = std::min<int64_t>(std::min<int64_t>(N, 96) * max_chunks, 2048);
+  f(m.attn_partial, cuda_model::attn_partial_floats(static_cast<int>(H), static_cast<int>(hd), m.attn_partial_slots));
   m.kv_rec.reset(static_cast<size_t>(N * m.lay.rec.bytes));
   m.entry_rec.reset(static_cast<size_t>(N * std::max(m.lay.rec.bytes, m.lay.key.bytes)));
   m.entry_pos.reset(static_cast<size_t>(N));
@@ -415,6 +433,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
                                                            const CudaModelOptions& options) {
   TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
   if (options.tc_min_rows < 0) return invalid_argument("tc_min_rows {} must be >= 0", options.tc_min_rows);
+  if (!cuda_model::attention_supports_head_dim(static_cast<int>(config.head_dim)))
+    return invalid_argument("head_dim {}: the CUDA attention supports 128, 256 and 512", config.head_dim);
   if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
     return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
                             config.dspark_block_size);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/numeric.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
 
@@ -216,14 +217,16 @@ bool cuda_last_indexer(CudaModel& m, int64_t rows, int64_t cols, std::vector<flo
   topk.resize(static_cast<size_t>(rows * TK));
   to_host(im, topk.data(), im.topk.get(), sizeof(int32_t) * rows * TK);
   scores.clear();
-  // attention_target's chunking: the score buffer holds the last chunk of rows.
-  const int64_t ncols = im.step.end_bound / 4;
-  TANDEM_CHECK(cols == ncols);
-  if (ncols <= 0) return false;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(im.score_rows, (im.score_rows * im.max_entries) / ncols));
-  if (rows > chunk) return false;
-  scores.resize(static_cast<size_t>(rows * ncols));
-  to_host(im, scores.data(), im.idx_scores.get(), sizeof(float) * rows * ncols);
+  // The score buffer holds attention_target's last chunk of rows: comparable when that chunk was
+  // the whole step (bf16 bits, row stride lds).
+  const auto& li = im.last_indexer;
+  TANDEM_CHECK(cols == im.step.end_bound / 4 && li.cols == cols);
+  if (cols <= 0 || li.r0 != 0 || li.rows != rows) return false;
+  std::vector<uint16_t> bits(static_cast<size_t>(rows * li.lds));
+  to_host(im, bits.data(), im.idx_scores.get(), sizeof(uint16_t) * rows * li.lds);
+  scores.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) scores[r * cols + c] = num::bf16_to_f32(bits[r * li.lds + c]);
   return true;
 }
 
