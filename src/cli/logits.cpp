@@ -7,6 +7,7 @@
 // node's other ranks (`tandem logits <same flags> --tp-rank R`), reads the tokens file and sends
 // it to them, and alone writes the output; on other nodes `tandem logits --nnodes N --node-rank R
 // <same flags>` starts that node's ranks.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -103,10 +104,10 @@ Result<std::string> tokens_text(const std::string& path, int rank, TpGroup* grou
     }
   }
   if (group) {
-    std::vector<uint8_t> msg;
-    msg.push_back(err.empty() ? 1 : 0);
     const std::string& body = err.empty() ? text : err;
-    msg.insert(msg.end(), body.begin(), body.end());
+    std::vector<uint8_t> msg(1 + body.size());
+    msg[0] = err.empty() ? 1 : 0;
+    std::copy(body.begin(), body.end(), msg.begin() + 1);
     TANDEM_RETURN_IF_ERROR(group->comm().broadcast(msg, 0));
     if (msg.empty()) return make_error(StatusCode::kDataLoss, "rank 0 sent no tokens file");
     const std::string got(msg.begin() + 1, msg.end());

@@ -26,6 +26,16 @@ namespace tandem {
 
 namespace {
 
+// The device's free memory (cudaMemGetInfo), -1 when it cannot be read.
+int64_t free_device_memory() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(free_b);
+}
+
 class CudaRunner : public SlotRunner<CudaModel> {
  public:
   // tp_rank / tp_size / comm: this rank's place in a tensor-parallel group and its device data
@@ -136,6 +146,8 @@ class CudaRunner : public SlotRunner<CudaModel> {
   int64_t device_allocations_after_start() const override {
     return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;
   }
+  int64_t device_graph_instantiations() const override { return model_ ? model_->graph_stats().instantiations : -1; }
+  int64_t device_free_bytes() const override { return model_ ? free_device_memory() : -1; }
 
   // The step runs on the device and its rows are sampled there: logits, taps and draft
   // distributions stay on the GPU; token ids and logprobs come back.

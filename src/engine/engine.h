@@ -180,6 +180,10 @@ struct EngineMetrics {
   // Device allocations the runner made after start-up (must stay 0 under any load); -1 when the
   // runner does not count them (the CPU runners).
   int64_t device_allocations_after_start = -1;
+  // CUDA graphs the runner instantiated after start-up (must stay 0; -1 when not counted), and the
+  // device memory taken since start-up as cudaMemGetInfo sees it (must stay 0; 0 when not measured).
+  int64_t device_graphs_after_start = -1;
+  int64_t device_bytes_taken_after_start = 0;
   // Latency samples since the last call (drained by take_metrics()).
   std::vector<double> ttft_s, itl_s, e2e_s;
 };

@@ -235,6 +235,9 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
                 options_.profile_budget_s);
     TANDEM_RETURN_IF_ERROR(profile_costs().with_context("profiling batch shapes for the speculative planner"));
   }
+  // Start-up is over: from here on nothing may instantiate a graph or take device memory.
+  graphs_at_start_ = runner_->device_graph_instantiations();
+  free_at_start_ = runner_->device_free_bytes();
   if (options_.log_startup)
     TLOG_INFO("engine",
               "KV cache: {} blocks x {} tokens = {} tokens capacity ({} KV, {} bytes/block) + {} slot snapshots x {} "
@@ -960,6 +963,9 @@ EngineMetrics EngineCore::metrics(bool drain_latencies) {
   }
   for (const Seq* s : waiting_) m_.prefill_tokens_pending += s->prompt_len;
   m_.device_allocations_after_start = runner_->device_allocations_after_start();
+  const int64_t graphs = runner_->device_graph_instantiations(), free_now = runner_->device_free_bytes();
+  m_.device_graphs_after_start = graphs >= 0 && graphs_at_start_ >= 0 ? graphs - graphs_at_start_ : -1;
+  m_.device_bytes_taken_after_start = free_now >= 0 && free_at_start_ >= 0 ? free_at_start_ - free_now : 0;
   m_.num_requests_running = static_cast<int64_t>(running_.size());
   m_.num_requests_waiting = static_cast<int64_t>(waiting_.size());
   m_.kv_blocks_total = kv_->num_blocks();

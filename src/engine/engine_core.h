@@ -117,6 +117,9 @@ class EngineCore {
   ModelInfo info_;
   std::string kv_dtype_;
   std::unique_ptr<ModelRunner> runner_;
+  // The runner's graph instantiations and free device memory when start-up was over (-1: not
+  // counted); metrics report how far they moved since.
+  int64_t graphs_at_start_ = -1, free_at_start_ = -1;
   std::unique_ptr<KvBlockManager> kv_;
   SampleRowsBuilder rows_builder_;
   std::unique_ptr<SpecPlanner> planner_;

@@ -152,6 +152,13 @@ class ModelRunner {
   virtual void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const;
   // Device allocations made after allocate() returned (must stay 0 under load); -1 = not counted.
   virtual int64_t device_allocations_after_start() const { return -1; }
+  // CUDA graphs this runner has instantiated so far (each takes device memory); -1 = not counted.
+  // And the device's free memory now, as the driver sees every allocation (cudaMemGetInfo: raw
+  // runtime allocations, graphs, lazily loaded kernels, a grown stack); -1 = not measured. The
+  // engine reads both when its start-up is over (graphs captured, the planner's shapes profiled)
+  // and reports how far they moved since (must be 0 under load).
+  virtual int64_t device_graph_instantiations() const { return -1; }
+  virtual int64_t device_free_bytes() const { return -1; }
 };
 
 // "model name" of /proc/cpuinfo (or "unknown CPU").

@@ -450,6 +450,11 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
 
 void DsV4Model::Impl::block_forward_step(int layer, const StepBatch& batch, const int64_t* rows, int64_t n,
                                          float* h) {
+  attention_half(layer, batch, rows, n, h);
+  ffn_half(layer, n, h);
+}
+
+void DsV4Model::Impl::attention_half(int layer, const StepBatch& batch, const int64_t* rows, int64_t n, float* h) {
   const model::BlockW& b = w.layers[layer];
   const int hc = cfg.hc_mult;
   const int64_t D = cfg.hidden_size, HD = hc * D;
@@ -471,6 +476,17 @@ void DsV4Model::Impl::block_forward_step(int layer, const StepBatch& batch, cons
   }
   if (tp()) all_reduce_bf16(s.a.data(), n * D);  // wo_b is row-parallel
   hc_post(s.a.data(), s.res.data(), s.post.data(), s.comb.data(), n, h);
+}
+
+void DsV4Model::Impl::ffn_half(int layer, int64_t n, float* h) {
+  const model::BlockW& b = w.layers[layer];
+  const int hc = cfg.hc_mult;
+  const int64_t D = cfg.hidden_size, HD = hc * D;
+  grow(s.res, static_cast<size_t>(n * HD));
+  grow(s.x, static_cast<size_t>(n * D));
+  grow(s.a, static_cast<size_t>(n * D));
+  grow(s.post, static_cast<size_t>(n * hc));
+  grow(s.comb, static_cast<size_t>(n * hc * hc));
 
   std::memcpy(s.res.data(), h, sizeof(float) * n * HD);
   hc_pre(h, n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, s.x.data(), s.post.data(), s.comb.data());

@@ -251,24 +251,10 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
   // Layer-outer over the whole step: every row of every sequence goes through the row-wise parts
   // (mHC, norms, MoE, LM head) together, so weights are read once per step rather than once per
   // sequence; attention runs per sequence. Each row's math is the same as in any other grouping.
-  auto& rows = m.s.step_rows;
-  rows.resize(ns);  // no allocation once grown to the largest batch
-  int64_t total = 0;
-  for (size_t i = 0; i < ns; ++i) {
-    rows[i] = total;
-    total += static_cast<int64_t>(batch.seqs[i].tokens.size());
-  }
+  const int64_t total = m.begin_step(batch);
   if (total == 0) return Status();
-  if (m.s.h.size() < static_cast<size_t>(total * HD)) m.s.h.resize(total * HD);
-  if (m.s.step_tokens.size() < static_cast<size_t>(total)) m.s.step_tokens.resize(total);
+  const auto& rows = m.s.step_rows;
   float* h = m.s.h.data();
-  for (size_t i = 0; i < ns; ++i) {
-    const SeqStep& q = batch.seqs[i];
-    for (size_t t = 0; t < q.tokens.size(); ++t) m.s.step_tokens[rows[i] + static_cast<int64_t>(t)] = q.tokens[t];
-  }
-  m.embed_rows(m.s.step_tokens.data(), total, h, HD);
-  for (int64_t r = 0; r < total; ++r)
-    for (int k = 1; k < c.hc_mult; ++k) std::memcpy(h + r * HD + k * D, h + r * HD, sizeof(float) * D);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     m.block_forward_step(l, batch, rows.data(), total, h);
     for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti) {
@@ -298,8 +284,36 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
     m.logits_rows(m.s.head_in.data(), lrows, out.logits.data());
   }
   TANDEM_RETURN_IF_ERROR(m.take_comm_status());  // a lost rank: the group is gone, the state undefined
-  for (size_t i = 0; i < ns; ++i) m.slot_len[batch.seqs[i].slot] += static_cast<int64_t>(batch.seqs[i].tokens.size());
+  m.end_step(batch);
   return Status();
+}
+
+int64_t DsV4Model::Impl::begin_step(const StepBatch& batch) {
+  const int64_t D = cfg.hidden_size, HD = cfg.hc_mult * D;
+  const size_t ns = batch.seqs.size();
+  auto& rows = s.step_rows;
+  rows.resize(ns);  // no allocation once grown to the largest batch
+  int64_t total = 0;
+  for (size_t i = 0; i < ns; ++i) {
+    rows[i] = total;
+    total += static_cast<int64_t>(batch.seqs[i].tokens.size());
+  }
+  if (total == 0) return 0;
+  if (s.h.size() < static_cast<size_t>(total * HD)) s.h.resize(total * HD);
+  if (s.step_tokens.size() < static_cast<size_t>(total)) s.step_tokens.resize(total);
+  float* h = s.h.data();
+  for (size_t i = 0; i < ns; ++i) {
+    const SeqStep& q = batch.seqs[i];
+    for (size_t t = 0; t < q.tokens.size(); ++t) s.step_tokens[rows[i] + static_cast<int64_t>(t)] = q.tokens[t];
+  }
+  embed_rows(s.step_tokens.data(), total, h, HD);
+  for (int64_t r = 0; r < total; ++r)
+    for (int k = 1; k < cfg.hc_mult; ++k) std::memcpy(h + r * HD + k * D, h + r * HD, sizeof(float) * D);
+  return total;
+}
+
+void DsV4Model::Impl::end_step(const StepBatch& batch) {
+  for (const SeqStep& q : batch.seqs) slot_len[q.slot] += static_cast<int64_t>(q.tokens.size());
 }
 
 int64_t DsV4Model::slot_length(int slot) const { return model::slot_length(impl_->slot_len, slot); }

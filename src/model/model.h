@@ -34,6 +34,7 @@
 
 namespace tandem {
 
+struct CpuModelTestAccess;
 class Checkpoint;
 class DataComm;
 struct TensorView;
@@ -208,6 +209,7 @@ class DsV4Model {
   struct Impl;
 
  private:
+  friend struct CpuModelTestAccess;  // test-only hooks (model/model_testing.h)
   explicit DsV4Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

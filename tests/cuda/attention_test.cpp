@@ -1,13 +1,16 @@
-// Attention with the sink as the forward calls it (src/model/cuda/attention.cu) against the CPU
-// forward's attention (model::attend over the key list DsV4Model::Impl::attention_target /
-// draft_propose build): the sliding window from this step's rows and the slot's ring of KV records,
-// plus the compressed entries (ratio 128: every visible one; ratio 4: the indexer's top-k list, which
-// the CPU walks in position order and the kernel in list order), for fp8, nvfp4 and bf16 records;
-// and DSpark's draft attention (context ring + the whole block). The output is bf16 of a softmax
-// with exp, whose summation order the kernel does not share with the CPU: each element must be
-// correctly rounded against a float64 reference within a stated bound of the fp32 arithmetic (see
-// attend_ref), the CPU's output is held to the same reference with its own depths, and the count
-// of outputs bit-equal to the CPU's is printed.
+// Attention with the sink as the forward calls it against the CPU forward's attention
+// (model::attend over the key list DsV4Model::Impl::attention_target / draft_propose build): the
+// target's MQA attention (src/model/cuda/attention.cu) over the sliding window from this step's rows
+// and the slot's ring of KV records, plus the compressed entries (ratio 128: every visible one, up
+// to a context of a million positions; ratio 4: the indexer's top-k list, which the CPU walks in
+// position order and the kernel in list order), for fp8, nvfp4 and bf16 records, head dims 512 and
+// 128, head counts that do and do not fill the 16-head tiles; and DSpark's draft attention
+// (attention_draft.cu: context ring + the whole block). The output is bf16 of a softmax with exp,
+// whose summation order and maxima the kernels do not share with the CPU: each element must be
+// correctly rounded against a float64 reference within a stated bound of the kernel's arithmetic
+// (see attend_ref), the CPU's output is held to the same reference with its own depths, and the
+// count of outputs bit-equal to the CPU's is printed. The target kernel's two launch shapes (split
+// over chunks + fold kernel, and one folding block per row) must agree bit for bit.
 #include <cstdio>
 #include <map>
 
@@ -21,35 +24,51 @@ namespace {
 using cuda_model::AttnArgs;
 using cuda_model::DraftAttnArgs;
 
-// Rounding depths of an fp32 evaluation of attend: ds = roundings a score's product passes through
-// in its dot (plus the product's own), scale_rel = relative error of fl(1/sqrt(hd)) times the score,
-// dz / dn = depths of the sum of probabilities and of the weighted sum of values.
+// Error model of an fp32 evaluation of attend: ds = roundings a score's dot passes through (in units
+// of u, relative to sum |q k|), scale_rel = relative error of the score scale times the score,
+// dz / dn = depths of the sum of probabilities and of the weighted sum of values (relative to the
+// sums of |terms|), exp_factors = further exp() factors (each with its own rounding) every
+// probability is multiplied by on its way to the output.
 struct AttnDepths {
-  double ds, scale_rel, dz, dn;
+  double ds, scale_rel, dz, dn, exp_factors;
 };
-// The kernel: a lane's FMA chain of hd/32 terms and a 5-level shuffle tree; rsqrtf (2 ulp) and the
-// scale product; z = per-thread sums of <= nk/256 terms, 5-level warp and block trees, the sink;
-// the values: one FMA chain over the keys in order.
-AttnDepths gpu_depths(int64_t hd, size_t nk) {
-  return {hd / 32.0 + 6, 5 * kU, std::ceil(nk / 256.0) + 11, static_cast<double>(nk) + 1};
+// The draft kernel (one block per (row, head)): a lane's FMA chain of hd/32 terms and a 5-level
+// shuffle tree; 1/sqrt in two correct roundings (attn_scale, as the CPU) and the scale product;
+// z = per-thread sums of <= nk/256 terms, 5-level warp and block trees, the sink; the values: one
+// FMA chain over the keys in order.
+AttnDepths draft_gpu_depths(int64_t hd, size_t nk) {
+  return {hd / 32.0 + 6, 3 * kU, std::ceil(nk / 256.0) + 11, static_cast<double>(nk) + 1, 0};
+}
+// The target kernel (attention.h): tensor-core dots of hd/16 k16 steps (each within 2^-19 = 32u of
+// the sum of |terms| so far: the tensor core aligns a step's products to the largest and truncates
+// to 24 bits) in two accumulators, their sum and the scale product; the scale fl(1/fl(sqrt(hd)))
+// (3u); per chunk of 64 keys z_c in a tree of depth 11 and O_c in 4 k16 steps x 3 planes of exact
+// bf16 terms (12 x 32u); the fold adds 2 roundings per chunk to both, the sink's addition and the
+// division 1 each; every probability passes through exp(s - m_c), beta_c and up to one alpha per
+// later chunk.
+AttnDepths mqa_gpu_depths(int64_t hd, size_t nk) {
+  const double nch = std::ceil(static_cast<double>(nk) / cuda_model::kAttnChunk);
+  return {hd / 16.0 * 32 + 2, 3 * kU, 11 + 2 * nch + 2, 12 * 32 + 2 * nch + 2, nch + 1};
 }
 // The CPU (model::attend): model::dot = 8 lanes of hd/8 products summed in order, then a pairwise
 // tree of 3; 1/sqrt in two roundings and the product; z and the values summed in key order.
 AttnDepths cpu_depths(int64_t hd, size_t nk) {
-  return {hd / 8.0 + 4, 3 * kU, static_cast<double>(nk) + 1, static_cast<double>(nk) + 1};
+  return {hd / 8.0 + 4, 3 * kU, static_cast<double>(nk) + 1, static_cast<double>(nk) + 1, 0};
 }
 
 // float64 attention of one head (q[hd] over keys[i][hd], sink) and, per output element, the bound
 // of an fp32 evaluation with depths dp: a score is off by at most E_i = gamma(ds) * sum_d |q k_i| /
-// sqrt(hd) + scale_rel |s_i|; the max by the largest E; exp's argument by both plus its own rounding,
-// then exp itself (kExpRel): p_i relative error rho_i; z relative error max rho + gamma(dz); the
-// value sum sum_i p_i |k_i| (rho_i + gamma(dn)); the division u. A factor 1.25 covers second order.
+// sqrt(hd) + scale_rel |s_i|; a max by the largest E; exp's argument by both plus its own rounding,
+// then exp itself (kExpRel), and each further exp factor by its own rounding and that of its
+// argument (a difference of two maxima, below the score range): p_i relative error rho_i; z
+// relative error max rho + gamma(dz); the value sum sum_i p_i |k_i| (rho_i + gamma(dn)); the
+// division u. A factor 1.25 covers second order.
 void attend_ref(const float* q, int64_t hd, const std::vector<const float*>& keys, float sink, const AttnDepths& dp,
                 double* want, double* bound) {
   const size_t nk = keys.size();
   const double c = 1.0 / std::sqrt(static_cast<double>(hd));
   std::vector<double> s(nk), err(nk), p(nk), rho(nk);
-  double m = -INFINITY, emax = 0;
+  double m = -INFINITY, lo = INFINITY, emax = 0;
   for (size_t i = 0; i < nk; ++i) {
     double dot = 0, a = 0;
     for (int64_t d = 0; d < hd; ++d) {
@@ -60,24 +79,28 @@ void attend_ref(const float* q, int64_t hd, const std::vector<const float*>& key
     s[i] = dot * c;
     err[i] = gamma_n(dp.ds) * a * c + dp.scale_rel * std::fabs(s[i]);
     m = std::max(m, s[i]);
+    lo = std::min(lo, s[i]);
     emax = std::max(emax, err[i]);
   }
   if (nk == 0) {
     for (int64_t d = 0; d < hd; ++d) want[d] = bound[d] = 0;
     return;
   }
+  // each further factor: exp of a difference of maxima (|.| <= m - lo + 2 emax), rounded once
+  const double fe = kU * (m - lo + 2 * emax);
+  const double extra = dp.exp_factors * (std::expm1(fe) + kExpRel * (1 + std::expm1(fe)));
   double z = 0, rho_max = 0;
   for (size_t i = 0; i < nk; ++i) {
     const double x = s[i] - m;
     const double e = err[i] + emax + kU * (std::fabs(x) + err[i] + emax);
-    rho[i] = std::expm1(e) + kExpRel * (1 + std::expm1(e));
+    rho[i] = std::expm1(e) + kExpRel * (1 + std::expm1(e)) + extra;
     p[i] = std::exp(x);
     z += p[i];
     rho_max = std::max(rho_max, rho[i]);
   }
   const double xs = sink - m;
   const double es = emax + kU * (std::fabs(xs) + emax);
-  rho_max = std::max(rho_max, std::expm1(es) + kExpRel * (1 + std::expm1(es)));
+  rho_max = std::max(rho_max, std::expm1(es) + kExpRel * (1 + std::expm1(es)) + extra);
   z += std::exp(xs);
   const double rho_z = rho_max + gamma_n(dp.dz);
   for (int64_t d = 0; d < hd; ++d) {
@@ -91,28 +114,74 @@ void attend_ref(const float* q, int64_t hd, const std::vector<const float*>& key
   }
 }
 
-// Checks the kernel's output (when there is one) and the CPU's against the reference of every
-// (row, head): the same comparator, each with its own depths.
+// The target kernel's arithmetic on the CPU in fp32 (rounding to nearest where the tensor cores
+// truncate): chunks of 64 keys in the kernel's order, the chunk max, exp, the sums, the fold and the
+// sink. Held to the kernel's bound, it checks that the bound covers the chunked algorithm itself.
+void emulate_chunked(const float* q, int64_t hd, const std::vector<const float*>& keys, float sink, float* out) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t nk = keys.size();
+  std::vector<float> o(hd, 0.0f), oc(hd);
+  float m = -INFINITY, z = 0.0f;
+  for (size_t c0 = 0; c0 < nk; c0 += cuda_model::kAttnChunk) {
+    const size_t c1 = std::min(nk, c0 + cuda_model::kAttnChunk);
+    std::vector<float> s(c1 - c0);
+    float mc = -INFINITY;
+    for (size_t i = c0; i < c1; ++i) {
+      float acc = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) acc += q[d] * keys[i][d];
+      s[i - c0] = acc * scale;
+      mc = std::max(mc, s[i - c0]);
+    }
+    float zc = 0.0f;
+    std::fill(oc.begin(), oc.end(), 0.0f);
+    for (size_t i = c0; i < c1; ++i) {
+      const float p = std::exp(s[i - c0] - mc);
+      zc += p;
+      for (int64_t d = 0; d < hd; ++d) oc[d] += p * keys[i][d];
+    }
+    const float mn = std::max(m, mc);
+    const float al = m == mn ? 1.0f : std::exp(m - mn), be = mc == mn ? 1.0f : std::exp(mc - mn);
+    z = z * al + zc * be;
+    for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * al + oc[d] * be;
+    m = mn;
+  }
+  const float zt = z + std::exp(sink - m);
+  for (int64_t d = 0; d < hd; ++d) out[d] = num::round_bf16(o[d] / zt);
+}
+
+// Checks the kernel's output (when there is one), the CPU's and (target kernel) the emulation of the
+// kernel's arithmetic against the reference of every (row, head): the same comparator, each with
+// its own depths.
 struct AttnCheck {
+  bool target = true;  // the target kernel (mqa_gpu_depths, emulated) or the draft kernel
   std::vector<double> ref, gpu_bound, cpu_bound;
-  std::vector<float> cpu;
-  void add(const float* q, int64_t heads, int64_t hd, const std::vector<const float*>& keys, const float* sink) {
+  std::vector<float> cpu, emu;
+  // keys: the CPU's order; kernel_keys: the kernel's (the same keys, the top-k list in list order).
+  void add(const float* q, int64_t heads, int64_t hd, const std::vector<const float*>& keys, const float* sink,
+           const std::vector<const float*>* kernel_keys = nullptr) {
     const size_t o = ref.size();
     ref.resize(o + heads * hd);
     gpu_bound.resize(o + heads * hd);
     cpu_bound.resize(o + heads * hd);
     cpu.resize(o + heads * hd);
+    emu.resize(o + heads * hd);
     std::vector<float> scratch(keys.size() + 1);
     model::attend(q, heads, hd, keys.data(), keys.size(), sink, cpu.data() + o, scratch.data());
     std::vector<double> dummy(hd);
+    const AttnDepths gd = target ? mqa_gpu_depths(hd, keys.size()) : draft_gpu_depths(hd, keys.size());
     for (int64_t h = 0; h < heads; ++h) {
-      attend_ref(q + h * hd, hd, keys, sink[h], gpu_depths(hd, keys.size()), &ref[o + h * hd], &gpu_bound[o + h * hd]);
+      attend_ref(q + h * hd, hd, keys, sink[h], gd, &ref[o + h * hd], &gpu_bound[o + h * hd]);
       attend_ref(q + h * hd, hd, keys, sink[h], cpu_depths(hd, keys.size()), dummy.data(), &cpu_bound[o + h * hd]);
+      if (target) emulate_chunked(q + h * hd, hd, kernel_keys ? *kernel_keys : keys, sink[h], &emu[o + h * hd]);
     }
   }
   void check_cpu() const {
     EXPECT_TRUE(correctly_rounded(cpu.data(), ref.data(), ref.size(), Stored::kBf16, 0.0, cpu_bound.data()))
         << "the CPU's attention (model::attend)";
+    if (target) {
+      EXPECT_TRUE(correctly_rounded(emu.data(), ref.data(), ref.size(), Stored::kBf16, 0.0, gpu_bound.data()))
+          << "the target kernel's arithmetic emulated in fp32";
+    }
   }
   void check_gpu(const std::vector<float>& got, const char* what) const {
     ASSERT_EQ(got.size(), ref.size());
@@ -139,6 +208,12 @@ TEST(CudaAttention, MatchesCpu) {
   cases.push_back({KvRecordKind::kBf16, 4, 8, 512, 64, {{0, 1000, 2, {}}, {1, 20, 3, {}}, {2, 0, 3, {}}}});
   cases.push_back({KvRecordKind::kFp8, 4, 4, 512, 16, {{2, 61, 4, {}}, {0, 3, 1, {}}}});
   cases.push_back({KvRecordKind::kFp8, 4, 64, 512, 512, {{0, 4000, 2, {}}, {1, 50, 1, {}}}});  // the model's shape
+  cases.push_back({KvRecordKind::kFp8, 4, 32, 512, 512, {{1, 2500, 1, {}}}});  // one rank of TP=2
+  // A million positions: 8125 entries + the window = 129 chunks (more than one fold group of 128),
+  // 20 heads (a partial second head tile).
+  cases.push_back({KvRecordKind::kFp8, 128, 20, 512, 0, {{0, 1040000, 2, {}}}});
+  cases.push_back({KvRecordKind::kFp8, 4, 6, 128, 32, {{0, 500, 3, {}}, {1, 0, 5, {}}}});  // the tiny models
+  cases.push_back({KvRecordKind::kNvfp4, 128, 4, 128, 0, {{2, 300, 2, {}}}});
   uint64_t seed = 1;
   for (TargetCase& c : cases) {
     const KvRecordLayout l = KvRecordLayout::make(c.kind, c.hd, 64);
@@ -149,8 +224,8 @@ TEST(CudaAttention, MatchesCpu) {
     }
     DeviceStep st(c.seqs, bs);
     const int64_t rows = st.rows, H = c.heads, hd = c.hd;
-    SCOPED_TRACE(::testing::Message() << kind_name(c.kind) << " ratio " << c.ratio << " heads " << H << " top-k "
-                                      << c.topk << " rows " << rows);
+    SCOPED_TRACE(::testing::Message() << kind_name(c.kind) << " ratio " << c.ratio << " heads " << H << " hd " << hd
+                                      << " top-k " << c.topk << " rows " << rows);
     // Slot rings: the window records of every position before each sequence's step.
     const int64_t win_off = 64, slot_bytes = win_off + win_ring * l.bytes + 32;
     std::vector<uint8_t> slots(static_cast<size_t>(3 * slot_bytes), 0xab);
@@ -212,15 +287,18 @@ TEST(CudaAttention, MatchesCpu) {
       for (int64_t wp = std::max<int64_t>(0, p - W + 1); wp <= p; ++wp)
         keys.push_back(wp >= sp.start ? step_kv.data() + (st.seq_row0[s] + wp - sp.start) * hd
                                       : ring_val.at({sp.slot, wp}).data());
+      std::vector<const float*> kernel_keys = keys;
       if (c.ratio == 4) {
         const int64_t vis = (p + 1) / 4, k = std::min<int64_t>(c.topk, vis);
         std::vector<int32_t> sel(topk.begin() + t * topk_ld, topk.begin() + t * topk_ld + k);
+        for (int32_t j : sel) kernel_keys.push_back(entry_val.at({static_cast<size_t>(s), j}).data());
         std::sort(sel.begin(), sel.end());  // the CPU walks the selection in position order
         for (int32_t j : sel) keys.push_back(entry_val.at({static_cast<size_t>(s), j}).data());
       } else if (c.ratio) {
         for (int64_t j = 0; j < (p + 1) / c.ratio; ++j) keys.push_back(entry_val.at({static_cast<size_t>(s), j}).data());
+        kernel_keys = keys;
       }
-      chk.add(q.data() + t * H * hd, H, hd, keys, sink.data());
+      chk.add(q.data() + t * H * hd, H, hd, keys, sink.data(), &kernel_keys);
     }
     chk.check_cpu();
     if (!have_gpu()) continue;
@@ -229,7 +307,6 @@ TEST(CudaAttention, MatchesCpu) {
     DeviceBuffer<float> dq = to_dev(q), dkv = to_dev(step_kv), dsink = to_dev(sink);
     DeviceBuffer<uint8_t> dslots = to_dev(slots), dpool = to_dev(pool);
     DeviceBuffer<int32_t> dtopk = to_dev(topk);
-    auto dout = poisoned<float>(static_cast<size_t>(rows * H * hd));
     AttnArgs a;
     a.q = dq.get();
     a.step_kv = dkv.get();
@@ -250,11 +327,28 @@ TEST(CudaAttention, MatchesCpu) {
     a.hd = c.hd;
     a.rec = l;
     a.max_keys = W + (c.ratio == 4 ? c.topk : max_vis);
-    a.out = dout.get();
     a.m = st.meta;
     a.rows = rows;
+    // Split over chunks (every (row, chunk) has a slot; sm_count so large that splitting pays) ...
+    const int64_t nchunks = (a.max_keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk;
+    auto partial = poisoned<float>(static_cast<size_t>(cuda_model::attn_partial_floats(c.heads, c.hd, rows * nchunks)));
+    auto out_split = poisoned<float>(static_cast<size_t>(rows * H * hd));
+    a.partial = partial.get();
+    a.partial_slots = rows * nchunks;
+    a.sm_count = 1 << 20;
+    a.out = out_split.get();
+    EXPECT_TRUE(cuda_model::attention_splits(a));
     cuda_model::attention(a, kStream);
-    chk.check_gpu(to_host(dout), "attention");
+    // ... and one folding block per (row, 16 heads).
+    auto out_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
+    a.partial = nullptr;
+    a.partial_slots = 0;
+    a.out = out_fold.get();
+    EXPECT_FALSE(cuda_model::attention_splits(a));
+    cuda_model::attention(a, kStream);
+    const std::vector<float> got = to_host(out_split);
+    chk.check_gpu(got, "attention");
+    EXPECT_TRUE(same_bits(to_host(out_fold), got)) << "folding blocks vs split over chunks";
     if (H == 64)
       std::printf("[cuda perf] attention %s, 64 heads x 512, window 128 + top-%d, %lld rows: %.1f us\n",
                   kind_name(c.kind), c.topk, static_cast<long long>(rows),
@@ -294,6 +388,7 @@ TEST(CudaDraftAttention, MatchesCpu) {
     seed += 100;
     // CPU: draft_propose's key list (context ring, then the whole block), model::attend per row.
     AttnCheck chk;
+    chk.target = false;
     for (int64_t b = 0; b < B; ++b) {
       std::vector<const float*> keys;
       for (int64_t p = std::max<int64_t>(0, P[b] - W); p < P[b]; ++p) keys.push_back(ctx_val.at({slot[b], p}).data());

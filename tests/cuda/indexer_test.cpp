@@ -1,16 +1,21 @@
-// The lightning indexer as the forward calls it (src/model/cuda/indexer.cu: scores over the paged
-// FP4 key records of each row's sequence) against the CPU forward's indexer (kernels::cpu::
-// indexer_score over the sequence's keys, visible = (pos+1)/4), bit for bit: queries and keys are
-// FP4 round trips (e2m1 x power-of-two block scales), so every product has at most 4 significant
-// bits and every q.k dot is exact in fp32 in any summation order whenever the block scales of one
-// dot span fewer than 9 binades (checked for every dot of the case); the bf16 roundings that follow
-// and the head sum in ascending order are then the same operations on the same values. Several
-// sequences per step (prefill from 0, decode late in a context, a row with nothing visible yet),
-// the -inf columns past visibility. Also the weights' scale_round against model::scale_round_bf16.
+// The lightning indexer as the forward calls it (src/model/cuda/indexer.cu: tensor-core scores over
+// the paged FP4 key records of each row's sequence) against the CPU forward's indexer
+// (kernels::cpu::indexer_score over the sequence's keys, visible = (pos+1)/4), bit for bit: queries
+// and keys are FP4 round trips (e2m1 x power-of-two block scales), so every product has at most 4
+// significant bits and every q.k dot is exact in fp32 in any summation order (and through the
+// tensor cores' truncating accumulation) whenever the block scales of one dot span fewer than 9
+// binades (checked for every dot of the case); the bf16 roundings that follow and the head sum in
+// ascending order are then the same operations on the same values. Several sequences per step
+// (prefill from 0, decode late in a context, a row with nothing visible yet), the -inf columns past
+// visibility, 64, 32 (one rank of TP=2) and 5 heads, one row per block and four (spans of one
+// sequence sharing the key tiles). The forward's top-k after it (the indexer's
+// histogram as pass 1) against kernels::cpu::topk on the CPU's scores. Also the weights'
+// scale_round against model::scale_round_bf16.
 #include <cstdio>
 
 #include "cuda/model_kernel_util.h"
 #include "model/cuda/indexer.h"
+#include "model/cuda/indexer_topk.h"
 #include "model/math.h"
 
 namespace tandem::kernels::cuda_testing {
@@ -34,6 +39,14 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
   std::vector<C> cases;
   cases.push_back({64, 128, 256, {{0, 0, 9, {3}}, {1, 400, 3, {1, 0}}, {2, 1000, 1, {4, 2, 5, 6}}}});
   cases.push_back({5, 64, 16, {{0, 0, 2, {0}}, {1, 61, 6, {7, 1, 6, 2}}, {2, 30, 4, {3, 4}}}});
+  {
+    // one rank of TP=2 (32 heads), 10,000 positions: 2,500 entries (20 tiles of 128, top-512 of them)
+    C c{32, 128, 256, {{0, 9990, 3, {}}, {1, 3000, 1, {}}}};
+    int32_t nb = 0;
+    for (SeqPlan& q : c.seqs)
+      for (int64_t b = 0; b * 256 < q.start + q.len; ++b) q.blocks.push_back(nb++);
+    cases.push_back(c);
+  }
   uint64_t seed = 7;
   for (const C& c : cases) {
     DeviceStep st(c.seqs, c.bs);
@@ -99,22 +112,106 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
         }
     }
     ASSERT_EQ(inexact, 0) << "the case must keep every q.k dot exact in fp32 (block scales within 9 binades)";
+    // The CPU's top-k of its scores (kernels::cpu::topk), as the ids the device returns: ascending.
+    const int TK = 512;
+    std::vector<int32_t> want_top(static_cast<size_t>(rows * TK), -1);
+    {
+      std::vector<int32_t> top(static_cast<size_t>(rows * TK));
+      TopkParams tk;
+      tk.scores = want.data();
+      tk.n_valid = want_vis.data();
+      tk.rows = rows;
+      tk.n = n_cols;
+      tk.k = TK;
+      tk.out = top.data();
+      cpu::topk(tk);
+      for (int64_t t = 0; t < rows; ++t) {
+        const int64_t kk = std::min<int64_t>(TK, want_vis[t]);
+        std::vector<int32_t> sel(top.begin() + t * TK, top.begin() + t * TK + kk);
+        std::sort(sel.begin(), sel.end());
+        std::copy(sel.begin(), sel.end(), want_top.begin() + t * TK);
+      }
+    }
     if (!have_gpu()) continue;
 
     st.upload();
     DeviceBuffer<float> dq = to_dev(qv), dw = to_dev(w);
     DeviceBuffer<uint8_t> dpool = to_dev(pool);
-    auto dsc = poisoned<float>(want.size());
+    const int64_t lds = (n_cols + 7) / 8 * 8 + 8;
+    auto dsc = poisoned<uint16_t>(static_cast<size_t>(rows * lds));
     auto dvis = poisoned<int32_t>(want_vis.size());
-    const IndexerArgs ia{dq.get(), dw.get(), st.meta, rows, c.heads, c.dim, dpool.get(),
-                         block_bytes, pool_idx, kl, dsc.get(), n_cols, dvis.get()};
+    DeviceBuffer<uint8_t> counters(cuda_model::topk_counters_bytes(rows));
+    TANDEM_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+    DeviceBuffer<uint8_t> work(cuda_model::topk_work_bytes(rows, n_cols));
+    const cuda_model::TopkState tst = cuda_model::topk_state(counters.get(), rows, work.get(), work.bytes());
+    IndexerArgs ia;
+    ia.q = dq.get();
+    ia.w = dw.get();
+    ia.m = st.meta;
+    ia.rows = rows;
+    ia.heads = c.heads;
+    ia.dim = c.dim;
+    ia.pool = dpool.get();
+    ia.block_bytes = block_bytes;
+    ia.pool_idx = pool_idx;
+    ia.key = kl;
+    ia.scores = dsc.get();
+    ia.n_cols = n_cols;
+    ia.lds = lds;
+    ia.visible = dvis.get();
+    ia.hist = tst.hist1;
     cuda_model::indexer_scores_paged(ia, kStream);
-    EXPECT_TRUE(same_bits(to_host(dsc), want));
+    const std::vector<uint16_t> got_bits = to_host(dsc);
+    std::vector<float> got(want.size());
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t e = 0; e < n_cols; ++e) got[t * n_cols + e] = num::bf16_to_f32(got_bits[t * lds + e]);
+    EXPECT_TRUE(same_bits(got, want));
     EXPECT_TRUE(same_values(to_host(dvis), want_vis));
-    if (c.heads == 64)
+    if (c.heads == 64) {
+      IndexerArgs ip = ia;
+      ip.hist = nullptr;
       std::printf("[cuda perf] indexer_scores_paged 64 x 128, %lld rows x %lld columns: %.1f us\n",
                   static_cast<long long>(rows), static_cast<long long>(n_cols),
-                  median_us([&] { cuda_model::indexer_scores_paged(ia, kStream); }));
+                  median_us([&] { cuda_model::indexer_scores_paged(ip, kStream); }));
+    }
+    // rows of one sequence sharing the key tiles (4 per block: groups that straddle sequences run
+    // in spans): the same bits
+    {
+      auto dsc4 = poisoned<uint16_t>(static_cast<size_t>(rows * lds));
+      IndexerArgs i4 = ia;
+      i4.scores = dsc4.get();
+      i4.hist = nullptr;
+      i4.rows_per_block = 4;
+      cuda_model::indexer_scores_paged(i4, kStream);
+      const std::vector<uint16_t> bits4 = to_host(dsc4);
+      std::vector<float> got4(want.size());
+      for (int64_t t = 0; t < rows; ++t)
+        for (int64_t e = 0; e < n_cols; ++e) got4[t * n_cols + e] = num::bf16_to_f32(bits4[t * lds + e]);
+      EXPECT_TRUE(same_bits(got4, want)) << "4 rows per block";
+    }
+    // the forward's top-k, pass 1 from the indexer
+    auto dtop = poisoned<int32_t>(static_cast<size_t>(rows * (TK + 3)));
+    cuda_model::IndexerTopkArgs ta;
+    ta.scores = dsc.get();
+    ta.lds = lds;
+    ta.n_cols = n_cols;
+    ta.visible = dvis.get();
+    ta.rows = rows;
+    ta.k = TK;
+    ta.out = dtop.get();
+    ta.ldo = TK + 3;
+    ta.state = tst;
+    ta.hist_ready = true;
+    cuda_model::indexer_topk(ta, kStream);
+    const std::vector<int32_t> top_all = to_host(dtop);
+    std::vector<int32_t> got_top(static_cast<size_t>(rows * TK));
+    for (int64_t t = 0; t < rows; ++t)
+      std::copy(top_all.begin() + t * (TK + 3), top_all.begin() + t * (TK + 3) + TK, got_top.begin() + t * TK);
+    EXPECT_TRUE(same_values(got_top, want_top, TK)) << "top-k after the indexer";
+    // the counters are left zero for the next call
+    std::vector<uint8_t> left(counters.bytes());
+    TANDEM_CUDA_CHECK(cudaMemcpy(left.data(), counters.get(), left.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::count(left.begin(), left.end(), 0), static_cast<std::ptrdiff_t>(left.size()));
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,7 @@
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
 #include "model/model.h"
+#include "model/golden_compare.h"
 #include "model/run_helpers.h"
 #include "model/tiny_weights.h"
 #include "text/tokenizer.h"
@@ -49,109 +51,113 @@ using testing::tokens;
       GTEST_SKIP() << "this build has no kernels for " << kernels::cuda::device_description(0); \
   } while (0)
 
-// Per-row comparison as the golden tests do: max |a-b| / max |b| per row (max and mean over rows)
-// and top-1 agreement.
-struct Stats {
-  double max_rel = 0, mean_rel = 0, top1 = 0, max_abs = 0;
-  int64_t rows = 0;
-  bool nan_mismatch = false;
-};
-Stats compare(const float* a, const float* b, int64_t rows, int64_t V) {
-  Stats s;
-  int64_t agree = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    double mx = 0, mb = 0;
-    int64_t ia = 0, ib = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const float x = a[r * V + v], y = b[r * V + v];
-      if (std::isnan(x) != std::isnan(y)) s.nan_mismatch = true;
-      mx = std::max(mx, std::fabs(static_cast<double>(x) - y));
-      mb = std::max(mb, std::fabs(static_cast<double>(y)));
-      if (x > a[r * V + ia]) ia = v;
-      if (y > b[r * V + ib]) ib = v;
-    }
-    s.max_abs = std::max(s.max_abs, mx);
-    const double rel = mx / std::max(mb, 1e-6);
-    s.max_rel = std::max(s.max_rel, rel);
-    s.mean_rel += rel;
-    agree += ia == ib;
-  }
-  s.rows = rows;
-  s.mean_rel /= std::max<int64_t>(rows, 1);
-  s.top1 = static_cast<double>(agree) / std::max<int64_t>(rows, 1);
-  return s;
-}
+using golden::Stats;
+Stats compare(const float* a, const float* b, int64_t rows, int64_t V) { return golden::compare(a, b, rows, V); }
 Stats compare(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
   EXPECT_EQ(a.size(), b.size());
   return compare(a.data(), b.data(), static_cast<int64_t>(std::min(a.size(), b.size())) / V, V);
 }
 
-// Tolerances of GPU vs CPU. The two backends round to bf16 and FP8 at the same points but sum in
-// different orders, so a rounding flip can cascade through the layers as it does between the
-// official reference's own prefill and decode paths (the golden tests' spread). How far a cascade
-// goes depends on the model: the well-conditioned make-tiny presets keep GPU vs CPU within the
-// golden default preset's limits (max rel 0.06, mean rel 0.03; measured on an H200: max rel
-// <= 0.033, mean <= 0.021), while the in-memory test model and the trained built-in model amplify a
-// flip much more: there the CPU oracle against itself with only its GEMM instruction set changed
-// already reaches max rel 0.235 / 0.376, mean rel 0.026, top-1 0.973 (measured in this test, printed
-// beside every comparison). Their limits are the built-in golden case's (max rel 0.4, mean rel
-// 0.05) or twice the measured CPU spread when that is larger. Top-1 agreement must stay >= 0.90 for
-// every model (a wrong op drops it far lower); systematic errors are also caught by the leading
-// rows that must agree to 1e-3, and by the exact GPU-internal checks (chunked == whole, rollback,
-// graph replay == eager, bit for bit).
+// Limits of GPU vs CPU, derived as the CPU golden tests derive theirs (tests/model/golden_compare.h):
+// twice the official reference's own prefill-vs-decode spread recorded in the golden of the model's
+// class (max rel per row; top-1 disagreements up to the 99% Poisson quantile at twice the
+// reference's rate) and the leading rows that must agree to 1e-3 (a formula error shows there
+// first). Both backends round to bf16/FP8 at the same points and differ only in how they
+// accumulate in fp32 (summation order; on the GPU the tensor cores' truncated k16 steps), the
+// mechanism that separates the reference's two paths, so they get the same factor.
+// Classes: the make-tiny presets and the in-memory test model are random tiny models like the
+// default-s1 golden's checkpoint; the trained built-in model has its own golden. The mean relative
+// error is printed, not limited (the record holds no mean spread), as in the golden tests.
+// A class whose own CPU oracle spreads further than the reference (the CPU against itself with
+// only its GEMM instruction set changed, measured in the same test on the same tokens) gets twice
+// that measured spread instead; the comparison line prints which limit applied and why.
+// Leading exact rows: at least kMinExactPrefix, the built-in golden's (the smaller of the two
+// goldens' minimums); rows 0..3 cover the window path and the first CSA entry (visible at row 3).
+// The golden cases themselves keep their own minimums (15 and 4). The 0.4 / 0.05 / 0.90 floors
+// of earlier versions are gone: a class that exceeds these limits on the GPU is a finding for the
+// teacher-forced layer comparison (test_cuda --gtest_filter='CudaLayers.*'), which says which
+// layer and piece the gap comes from.
+constexpr int64_t kMinExactPrefix = 4;
+
 struct Limits {
-  double max_rel = 0.06, mean_rel = 0.03, min_top1 = 0.90;
-  Stats spread;
+  std::string klass;        // the golden the limits are derived from
+  golden::Limits gl;        // kSpreadFactor x the reference's own spread
+  int64_t min_exact_prefix = kMinExactPrefix;
+  Stats cpu_spread;         // the CPU against itself, GEMM ISA changed (when measured)
   bool measured = false;
+  double max_rel() const {
+    return std::max(gl.max_rel, measured ? golden::kSpreadFactor * cpu_spread.max_rel : 0.0);
+  }
+  double disagree_rate() const {
+    return std::max(gl.disagree_rate, measured ? golden::kSpreadFactor * (1.0 - cpu_spread.top1) : 0.0);
+  }
+  std::string why() const {
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "golden %s: 2 x reference spread = max rel %.3g, top-1 disagreement rate %.3g",
+                  klass.c_str(), gl.max_rel, gl.disagree_rate);
+    std::string w = buf;
+    if (measured) {
+      std::snprintf(buf, sizeof buf, "; cpu spread (GEMM ISA changed): max rel %.3g, top-1 %.4f%s", cpu_spread.max_rel,
+                    cpu_spread.top1,
+                    golden::kSpreadFactor * cpu_spread.max_rel > gl.max_rel ? " -> 2 x cpu spread applies" : "");
+      w += buf;
+    }
+    return w;
+  }
 };
-constexpr Limits kConditioned{0.06, 0.03, 0.90, {}, false};    // make-tiny presets
-constexpr Limits kAmplifying{0.4, 0.05, 0.90, {}, false};       // in-memory test model, built-in model
-Limits limits_from(const Stats& spread, const Limits& floor = kAmplifying) {
-  Limits l = floor;
-  l.spread = spread;
+Limits class_limits(const std::string& golden_name) {
+  Limits l;
+  l.klass = golden_name;
+  nlohmann::json info;
+  EXPECT_TRUE(golden::load_info(golden_name, &info));
+  EXPECT_TRUE(golden::limits_from_spread(info, &l.gl)) << golden_name;
+  return l;
+}
+Limits tiny_class() { return class_limits("default-s1"); }    // make-tiny presets, the in-memory model
+Limits builtin_class() { return class_limits("builtin"); }    // the trained built-in model
+Limits with_spread(Limits l, const Stats& spread) {
+  l.cpu_spread = spread;
   l.measured = true;
-  l.max_rel = std::max(l.max_rel, 2 * spread.max_rel);
-  l.mean_rel = std::max(l.mean_rel, 2 * spread.mean_rel);
-  l.min_top1 = std::min(l.min_top1, 1.0 - 2 * (1.0 - spread.top1));
   return l;
 }
 // The oracle's own spread for `run` (a CPU run of the same tokens): baseline GEMM ISA vs default.
 template <typename Run>
-Limits cpu_spread(Run&& run, int64_t V, const Limits& floor = kAmplifying) {
-  if (!kernels::cpu::set_gemm_isa(kernels::cpu::Isa::kBaseline)) return floor;
+Limits cpu_spread(Run&& run, int64_t V, const Limits& klass) {
+  if (!kernels::cpu::set_gemm_isa(kernels::cpu::Isa::kBaseline)) return klass;
   std::vector<float> base = run();
   kernels::cpu::set_gemm_isa(kernels::cpu::Isa::kAuto);
   std::vector<float> fast = run();
-  return limits_from(compare(base, fast, V), floor);
+  return with_spread(klass, compare(base, fast, V));
 }
 
-// Rows before the first one that differs by more than 1e-3 relative (a systematic error shows at row 0).
-int64_t exact_prefix(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  int64_t n = 0;
-  const int64_t rows = static_cast<int64_t>(std::min(a.size(), b.size())) / V;
-  while (n < rows && compare(a.data() + n * V, b.data() + n * V, 1, V).max_rel <= 1e-3) ++n;
-  return n;
-}
-
-void expect_close(const char* what, const Stats& s, const Limits& l) {
-  std::printf("[cuda-vs-cpu] %-44s rows %4lld  max rel %.3g  mean rel %.3g  max abs %.3g  top-1 %.4f", what,
-              static_cast<long long>(s.rows), s.max_rel, s.mean_rel, s.max_abs, s.top1);
-  if (l.measured)
-    std::printf("  (cpu spread: max rel %.3g, mean rel %.3g, top-1 %.4f)", l.spread.max_rel, l.spread.mean_rel,
-                l.spread.top1);
-  std::printf("\n");
+// got vs want over whole runs of logits rows starting at position 0 (exact leading rows checked);
+// from_start = false for rows that do not start at position 0.
+void expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want, int64_t V,
+                  const Limits& l, bool from_start = true) {
+  const Stats s = compare(got, want, V);
+  const int64_t max_dis = golden::disagree_limit(l.disagree_rate(), s.rows);
+  const int64_t prefix = golden::exact_prefix(got.data(), want.data(), s.rows, V);
+  std::printf("[cuda-vs-cpu] %-44s rows %4lld  max rel %.3g (limit %.3g)  mean rel %.3g  max abs %.3g  top-1 "
+              "disagreements %lld (limit %lld)  leading rows within 1e-3 %lld (min %lld)  | %s\n",
+              what, static_cast<long long>(s.rows), s.max_rel, l.max_rel(), s.mean_rel, s.max_abs,
+              static_cast<long long>(s.disagree), static_cast<long long>(max_dis), static_cast<long long>(prefix),
+              static_cast<long long>(from_start ? l.min_exact_prefix : 0), l.why().c_str());
+  const char* hint = " (over the golden-derived limit: see the [cuda-layer] lines of CudaLayers.* for the layer "
+                     "and piece the gap comes from)";
   EXPECT_FALSE(s.nan_mismatch) << what;
-  EXPECT_LE(s.max_rel, l.max_rel) << what;
-  EXPECT_LE(s.mean_rel, l.mean_rel) << what;
-  EXPECT_GE(s.top1, l.min_top1) << what;
+  EXPECT_LE(s.max_rel, l.max_rel()) << what << hint;
+  EXPECT_LE(s.disagree, max_dis) << what << hint;
+  if (from_start) {
+    EXPECT_GE(prefix, std::min(l.min_exact_prefix, s.rows)) << what << hint;
+  }
 }
-void expect_close(const char* what, const Stats& s, double max_rel = 0.06, double mean_rel = 0.03,
-                  double min_top1 = 0.90) {
-  Limits l;
-  l.max_rel = max_rel;
-  l.mean_rel = mean_rel;
-  l.min_top1 = min_top1;
-  expect_close(what, s, l);
+
+// Rows that are not logits (DSpark taps as rows of tap_dim): the max rel limit only.
+void expect_close_rows(const char* what, const Stats& s, const Limits& l) {
+  std::printf("[cuda-vs-cpu] %-44s rows %4lld  max rel %.3g (limit %.3g)  mean rel %.3g  max abs %.3g  | %s\n", what,
+              static_cast<long long>(s.rows), s.max_rel, l.max_rel(), s.mean_rel, s.max_abs, l.why().c_str());
+  EXPECT_FALSE(s.nan_mismatch) << what;
+  EXPECT_LE(s.max_rel, l.max_rel()) << what;
 }
 
 ModelOptions model_options(KvDtype dtype = KvDtype::kFp8) {
@@ -215,7 +221,7 @@ struct Pair {
                       chunks, taps, cpu->tap_dim());
   }
   Limits spread(const std::vector<int32_t>& t) {
-    return cpu_spread([&] { return cpu_run(0, t, {}); }, cfg.vocab_size);
+    return cpu_spread([&] { return cpu_run(0, t, {}); }, cfg.vocab_size, tiny_class());
   }
   std::vector<float> gpu_run(int slot, const std::vector<int32_t>& t, const std::vector<int>& chunks,
                              std::vector<float>* taps = nullptr) {
@@ -250,25 +256,20 @@ TEST(CudaModel, PrefillChunkedDecodeVerifyMatchCpu) {
   const Limits lim = p.spread(toks);
   auto want = p.cpu_run(0, toks, {});
   auto whole = p.gpu_run(0, toks, {});
-  expect_close("whole prefill (300)", compare(whole, want, V), lim);
-  const int64_t prefix = exact_prefix(whole, want, V);
-  std::printf("[cuda-vs-cpu] leading rows within 1e-3 relative: %lld\n", static_cast<long long>(prefix));
-  EXPECT_GE(prefix, 1);
+  expect_close("whole prefill (300)", whole, want, V, lim);
   auto chunked = p.gpu_run(1, toks, {37, 1, 64, 5, 128});
-  expect_close("chunked prefill 37,1,64,5,128...", compare(chunked, want, V), lim);
+  expect_close("chunked prefill 37,1,64,5,128...", chunked, want, V, lim);
   std::vector<int> decode_chunks(1, 250);
   decode_chunks.push_back(1);  // 250 then one token at a time
   auto decoded = p.gpu_run(2, toks, decode_chunks);
-  expect_close("prefill 250 + 50 decode steps", compare(decoded, want, V), lim);
+  expect_close("prefill 250 + 50 decode steps", decoded, want, V, lim);
   auto verify = p.gpu_run(3, toks, {200, 6});
-  expect_close("prefill 200 + verify steps of 6", compare(verify, want, V), lim);
+  expect_close("prefill 200 + verify steps of 6", verify, want, V, lim);
   // Path invariance on the device itself. Steps of more than kTcMinRows (96) rows run their GEMMs on
   // the tensor cores, fewer on the GEMV kernels: the two sum in different orders, so chunks that mix
   // the paths agree within the GPU-vs-CPU limits, and chunks that all take one path agree bit for bit
   // (every row is computed with the same arithmetic whatever the rest of the step).
-  const Stats mixed = compare(chunked, whole, V);
-  std::printf("[cuda] chunked (mixed paths) vs whole on the GPU: max abs %.3g\n", mixed.max_abs);
-  expect_close("chunked (mixed paths) vs whole on the GPU", mixed, lim);
+  expect_close("chunked (mixed paths) vs whole on the GPU", chunked, whole, V, lim);
   auto chunked_tc = p.gpu_run(1, toks, {100, 200});
   const Stats self = compare(chunked_tc, whole, V);
   std::printf("[cuda] chunked 100,200 vs whole on the GPU: max abs %.3g\n", self.max_abs);
@@ -499,8 +500,8 @@ TEST(CudaModel, EachKvDtypeInRealBytesMatchesCpu) {
     const Limits lim = p.spread(toks);
     auto want = p.cpu_run(0, toks, {200, 1});
     auto got = p.gpu_run(0, toks, {200, 1});
-    expect_close((std::string("kv dtype ") + kv_dtype_name(d) + ", prefill 200 + 80 decode").c_str(),
-                 compare(got, want, p.cfg.vocab_size), lim);
+    expect_close((std::string("kv dtype ") + kv_dtype_name(d) + ", prefill 200 + 80 decode").c_str(), got, want,
+                 p.cfg.vocab_size, lim);
   }
   // Real bytes: one 256-token pool block of the tiny model (3 ratio-4 layers with 64 entries and
   // 64 indexer keys, 2 ratio-128 layers with 2 entries; head_dim 128, rope 64).
@@ -524,7 +525,7 @@ TEST(CudaModel, WithoutDraftMatchesCpu) {
   EXPECT_FALSE(p.gpu->has_draft());
   auto toks = tokens(160, 4);
   const Limits lim = p.spread(toks);
-  expect_close("no-draft config, chunks of 50", compare(p.gpu_run(0, toks, {50}), p.cpu_run(0, toks, {50}), p.cfg.vocab_size),
+  expect_close("no-draft config, chunks of 50", p.gpu_run(0, toks, {50}), p.cpu_run(0, toks, {50}), p.cfg.vocab_size,
                lim);
 }
 
@@ -536,15 +537,15 @@ TEST(CudaModel, DraftTapsAndProposalsMatchCpu) {
   auto toks = tokens(180, 77);
   std::vector<float> ctaps, gtaps, btaps;
   // Taps spread of the oracle itself (baseline GEMM ISA vs default), as for the logits.
-  Limits lim = kAmplifying;
+  Limits tlim = tiny_class();
   if (kernels::cpu::set_gemm_isa(kernels::cpu::Isa::kBaseline)) {
     p.cpu_run(0, toks, {}, &btaps);
     kernels::cpu::set_gemm_isa(kernels::cpu::Isa::kAuto);
   }
   p.cpu_run(0, toks, {}, &ctaps);
-  if (!btaps.empty()) lim = limits_from(compare(btaps, ctaps, td));
+  if (!btaps.empty()) tlim = with_spread(tlim, compare(btaps, ctaps, td));
   p.gpu_run(0, toks, {}, &gtaps);
-  expect_close("DSpark taps (as rows of tap_dim)", compare(gtaps, ctaps, td), lim);
+  expect_close_rows("DSpark taps (as rows of tap_dim)", compare(gtaps, ctaps, td), tlim);
   p.cpu->draft_reset(0);
   p.gpu->draft_reset(0);
   const int64_t P = 179;
@@ -557,18 +558,24 @@ TEST(CudaModel, DraftTapsAndProposalsMatchCpu) {
   ASSERT_TRUE(p.gpu->draft_propose(std::span<const CudaModel::DraftQueryDev>(&gq, 1), false, gres, true).ok());
   ASSERT_EQ(gres[0].tokens.size(), static_cast<size_t>(K));
   const std::vector<int32_t> alone = gres[0].tokens;
-  // The Markov chain feeds each drafted token into the next position: compare the first position's
-  // logits always, the rest while the tokens agree.
-  int64_t same = 0;
-  while (same < K && gres[0].tokens[same] == cres[0].tokens[same]) ++same;
-  expect_close("draft logits (positions with the same prefix)",
-               compare(gres[0].logits.data(), cres[0].logits.data(), std::max<int64_t>(same, 1), V), 0.1, 0.05, 0.8);
-  double conf = 0;
-  for (int64_t i = 0; i < std::max<int64_t>(same, 1); ++i)
-    conf = std::max(conf, std::fabs(static_cast<double>(gres[0].confidence[i]) - cres[0].confidence[i]));
-  std::printf("[cuda-vs-cpu] draft: %lld/%lld tokens agree, confidence max abs %.3g\n", static_cast<long long>(same),
-              static_cast<long long>(K), conf);
-  EXPECT_LE(conf, 0.2);
+  // As the golden tests compare drafts: position k is conditioned on the draft's own tokens
+  // 0..k-1, so positions are compared while those agree (position 0 always), with the limits of
+  // the target logits of the same tokens.
+  const Limits dlim = p.spread(std::vector<int32_t>(toks.begin(), toks.begin() + P));
+  const golden::DraftStats d = golden::compare_draft(gres[0].logits, gres[0].tokens, gres[0].confidence, cres[0].logits,
+                                                     cres[0].tokens, cres[0].confidence, 1, K, V, 0);
+  const int64_t max_dis = golden::disagree_limit(dlim.disagree_rate(), d.compared);
+  std::printf("[cuda-vs-cpu] draft logits: %lld of %lld positions compared (same tokens before them), max rel %.3g "
+              "(limit %.3g), mean rel %.3g, top-1 disagreements %lld (limit %lld); confidence max abs / max |conf| "
+              "%.3g (limit %.3g) | %s\n",
+              static_cast<long long>(d.compared), static_cast<long long>(K), d.s.max_rel, dlim.max_rel(), d.s.mean_rel,
+              static_cast<long long>(d.s.disagree), static_cast<long long>(max_dis), d.conf_rel, dlim.max_rel(),
+              dlim.why().c_str());
+  EXPECT_GE(d.compared, 1);
+  EXPECT_FALSE(d.s.nan_mismatch);
+  EXPECT_LE(d.s.max_rel, dlim.max_rel());
+  EXPECT_LE(d.s.disagree, max_dis);
+  EXPECT_LE(d.conf_rel, dlim.max_rel());
   // A batch of requests drafts each as if alone; sampled drafts return normalised q rows.
   std::vector<CudaModel::DraftQueryDev> qs = {{0, toks[P], P, 0.0, 0}, {0, toks[P], P, 0.8, 42}};
   ASSERT_TRUE(p.gpu->draft_propose(qs, true, gres).ok());
@@ -702,6 +709,14 @@ TEST(CudaModel, DeviceSamplingMatchesTheHostSamplerOnTheSameLogits) {
   EXPECT_FALSE(p.gpu->sample(bad, {}, {}, {}, W, std::span<SampleRowResult>(dev.data(), 1)).ok());
 }
 
+// The driver's view of device memory: cudaMemGetInfo's free bytes (every allocation counts, not
+// only DeviceBuffer's: the runtime's, graph instantiation, lazily loaded kernel modules).
+int64_t free_device_bytes() {
+  size_t free_b = 0, total_b = 0;
+  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(free_b);
+}
+
 TEST(CudaModel, NoDeviceAllocationAfterStartup) {
   SKIP_WITHOUT_GPU();
   Pair& p = fp8_pair();
@@ -710,7 +725,9 @@ TEST(CudaModel, NoDeviceAllocationAfterStartup) {
   p.gpu_run(0, toks, {100, 1});  // warm: every kernel and op workspace used once
   std::vector<float> taps;
   p.gpu_run(1, toks, {}, &taps);
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   const auto before = kernels::cuda::alloc_stats();
+  const int64_t free_before = free_device_bytes();
   for (int rep = 0; rep < 3; ++rep) {
     p.gpu_run(0, toks, {64, 1, 6});
     p.gpu->draft_reset(0);
@@ -719,14 +736,124 @@ TEST(CudaModel, NoDeviceAllocationAfterStartup) {
     std::vector<DraftResult> res;
     ASSERT_TRUE(p.gpu->draft_propose(qs, true, res).ok());
   }
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   const auto after = kernels::cuda::alloc_stats();
+  const int64_t free_after = free_device_bytes();
+  std::printf("[cuda] eager steps and drafts after warm-up: DeviceBuffer allocations %lld (%lld bytes), device free "
+              "memory change %lld bytes\n",
+              static_cast<long long>(after.count - before.count), static_cast<long long>(after.bytes - before.bytes),
+              static_cast<long long>(free_after - free_before));
   EXPECT_EQ(after.count, before.count) << "device allocations on the step path";
   EXPECT_EQ(after.bytes, before.bytes);
+  EXPECT_EQ(free_after, free_before) << "cudaMemGetInfo's free memory moved on the step path (a raw allocation)";
   const auto mem = p.gpu->memory();
   std::printf("[cuda] tiny model device memory: weights %.2f MiB, pool %.2f MiB, slots %.2f MiB, draft %.2f MiB, "
               "scratch %.2f MiB\n",
               mem.weights / 1048576.0, mem.pool / 1048576.0, mem.slot_state / 1048576.0, mem.draft_state / 1048576.0,
               mem.scratch / 1048576.0);
+}
+
+// With CUDA graphs, as the engine serves: the graphs of every decode / verify / draft shape are
+// captured at start-up (capture_graphs); a load of eager prefills, graph-replayed decode and verify
+// steps of three sequences (padded to four) within the first context bucket, draft-context inserts
+// from the steps' taps, greedy and sampled drafts and device sampling then must not allocate
+// (DeviceBuffer), take device memory (cudaMemGetInfo) or instantiate a graph: neither on the first
+// pass after start-up (first-use effects: a kernel module loaded lazily, a shape not captured) nor
+// on later passes (a per-step allocation).
+TEST(CudaModel, NothingAllocatesOrInstantiatesUnderLoadAfterGraphStartup) {
+  SKIP_WITHOUT_GPU();
+  Pair& p = fp8_pair();
+  ASSERT_TRUE(p.gpu && p.gpu->has_draft());
+  CudaModelOptions co;
+  co.model = model_options();
+  co.max_graph_batch = 4;
+  auto g = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  CudaModel& gm = **g;
+  const int captured = gm.capture_graphs(/*taps=*/true);
+  EXPECT_GT(captured, 0);
+  const int64_t V = p.cfg.vocab_size, W = (V + 31) / 32;
+  std::vector<std::vector<int32_t>> seqs = {tokens(200, 61), tokens(200, 62), tokens(200, 63)};
+  std::vector<std::vector<int32_t>> tables = {table_for(0), table_for(1), table_for(2)};
+  auto load = [&](int rep) {
+    StepBatch b;
+    for (int s = 0; s < 3; ++s) {
+      gm.reset(s);
+      b.seqs.push_back({s, 0, std::span<const int32_t>(seqs[s].data(), 100 + 5 * s), tables[s], LogitsMode::kLast, true});
+    }
+    ASSERT_TRUE(gm.forward(b, nullptr).ok());  // eager prefill
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(gm.draft_insert_context_from_step(s, 0, s, 100 + 5 * s).ok());
+    for (int step = 0; step < 16; ++step) {
+      const int n = step % 4 == 3 ? 6 : 1;  // decode steps and verify steps of 6: graph replays
+      StepBatch d;
+      for (int s = 0; s < 3; ++s) {
+        const int64_t pos = gm.slot_length(s);
+        d.seqs.push_back({s, pos, std::span<const int32_t>(seqs[s].data() + pos, n), tables[s],
+                          n == 1 ? LogitsMode::kLast : LogitsMode::kAll, true});
+      }
+      ASSERT_TRUE(gm.forward(d, nullptr, /*synchronize=*/false).ok());
+      std::vector<SampleRow> rows(3);
+      for (int s = 0; s < 3; ++s) {
+        rows[s].logits_row = s * (n == 1 ? 1 : n);
+        rows[s].temperature = s == 0 ? 0.0 : 0.8;
+        rows[s].top_p = s == 2 ? 0.9 : 1.0;
+        rows[s].top_logprobs = s == 1 ? 3 : -1;
+        rows[s].seed = 7 + rep;
+        rows[s].position = d.seqs[s].start_pos + n;
+      }
+      std::vector<SampleRowResult> res(3);
+      ASSERT_TRUE(gm.sample(rows, {}, {}, {}, W, res).ok());
+      for (int s = 0; s < 3; ++s)
+        ASSERT_TRUE(gm.draft_insert_context_from_step(s, d.seqs[s].start_pos, s, n).ok());
+      if (step % 4 == 1) {
+        std::vector<CudaModel::DraftQueryDev> qs;
+        for (int s = 0; s < 3; ++s) {
+          const int64_t P = gm.slot_length(s);
+          qs.push_back({s, seqs[s][P], P, s == 1 ? 0.9 : 0.0, 11});
+        }
+        std::vector<DraftResult> dr;
+        ASSERT_TRUE(gm.draft_propose(qs, /*want_probs=*/false, dr).ok());
+      }
+    }
+  };
+  struct Snap {
+    int64_t allocs, alloc_bytes, free_bytes, instantiations;
+  };
+  auto snap = [&] {
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto a = kernels::cuda::alloc_stats();
+    return Snap{a.count, a.bytes, free_device_bytes(), gm.graph_stats().instantiations};
+  };
+  const Snap s0 = snap();
+  load(0);
+  if (HasFatalFailure()) return;
+  const Snap s1 = snap();
+  for (int rep = 1; rep <= 3; ++rep) {
+    load(rep);
+    if (HasFatalFailure()) return;
+  }
+  const Snap s2 = snap();
+  const auto gs = gm.graph_stats();
+  const char* loading = std::getenv("CUDA_MODULE_LOADING");
+  std::printf("[cuda] graphs: %d captured at start-up (%lld instantiated in all), %lld replays, %lld eager launches; "
+              "CUDA_MODULE_LOADING=%s\n",
+              captured, static_cast<long long>(s0.instantiations), static_cast<long long>(gs.replays),
+              static_cast<long long>(gs.eager), loading ? loading : "(unset: lazy since CUDA 12.2)");
+  for (const auto& [what, a, b] : {std::tuple<const char*, Snap, Snap>{"first load after start-up", s0, s1},
+                                   {"three more loads", s1, s2}}) {
+    std::printf("[cuda] %s: DeviceBuffer allocations %lld (%lld bytes), device free memory change %lld bytes, graphs "
+                "instantiated %lld\n",
+                what, static_cast<long long>(b.allocs - a.allocs), static_cast<long long>(b.alloc_bytes - a.alloc_bytes),
+                static_cast<long long>(b.free_bytes - a.free_bytes),
+                static_cast<long long>(b.instantiations - a.instantiations));
+    EXPECT_EQ(b.allocs, a.allocs) << what << ": DeviceBuffer allocations";
+    EXPECT_EQ(b.free_bytes, a.free_bytes)
+        << what << ": cudaMemGetInfo's free memory moved (a raw runtime allocation, a graph, a kernel module loaded "
+                   "lazily on first use, or a grown stack/printf heap)";
+    EXPECT_EQ(b.instantiations, a.instantiations)
+        << what << ": CUDA graphs instantiated under load (a step shape or context bucket not captured at start-up)";
+  }
+  EXPECT_GT(gs.replays, 40);
 }
 
 // ---- checkpoints on disk: every make-tiny preset and the built-in trained model ----
@@ -740,7 +867,7 @@ std::string run_cmd(const std::string& cmd) {
   return rc == 0 ? std::string() : "command failed: " + cmd + "\n" + ss.str();
 }
 
-void compare_checkpoint(const std::string& dir, const char* label, const Limits& floor) {
+void compare_checkpoint(const std::string& dir, const char* label, const Limits& klass) {
   for (KvDtype d : {KvDtype::kFp8, KvDtype::kNvfp4}) {
     ModelOptions o = model_options(d);
     o.max_slots = 1;
@@ -758,12 +885,11 @@ void compare_checkpoint(const std::string& dir, const char* label, const Limits&
       return run_chunks([&](const StepBatch& b, StepOutput& out) { return (*cpu)->forward(b, out); }, V, 0, toks,
                         {200, 1});
     };
-    const Limits lim = cpu_spread(cpu_run, V, floor);
+    const Limits lim = cpu_spread(cpu_run, V, klass);
     auto want = cpu_run();
     auto got = run_chunks([&](const StepBatch& b, StepOutput& out) { return (*gpu)->forward(b, &out); }, V, 0, toks,
                           {200, 1});
-    expect_close((std::string(label) + ", kv " + kv_dtype_name(d) + ", 200 + 70 decode").c_str(),
-                 compare(got, want, V), lim);
+    expect_close((std::string(label) + ", kv " + kv_dtype_name(d) + ", 200 + 70 decode").c_str(), got, want, V, lim);
   }
 }
 
@@ -773,7 +899,7 @@ TEST(CudaCheckpoint, EveryTinyPresetMatchesCpu) {
   for (const char* preset : {"default", "small", "preview"}) {
     const fs::path dir = tmp / preset;
     ASSERT_EQ(run_cmd(std::string(TANDEM_BINARY) + " make-tiny " + dir.string() + " --preset " + preset + " --seed 4"), "");
-    compare_checkpoint(dir.string(), (std::string("preset ") + preset).c_str(), kConditioned);
+    compare_checkpoint(dir.string(), (std::string("preset ") + preset).c_str(), tiny_class());
   }
   fs::remove_all(tmp);
 }
@@ -783,33 +909,19 @@ TEST(CudaCheckpoint, BuiltinTrainedModelMatchesCpu) {
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
   // On a GPU machine a missing checkpoint fails the run (it must not pass by skipping).
   if (!fs::exists(dir + "/config.json")) FAIL() << "missing " << dir << "/config.json (the built-in model)";
-  compare_checkpoint(dir, "builtin", kAmplifying);
+  compare_checkpoint(dir, "builtin", builtin_class());
 }
 
 // ---- `tandem logits --device cuda` on the golden cases: the same file format, compared with the
-// official reference's logits (data/golden) and with `--device cpu` ----
-std::vector<float> as_float(const TensorView& t) {
-  std::vector<float> out(t.numel());
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (t.dtype == DType::kF32) {
-      std::memcpy(&out[i], t.data + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, t.data + 2 * i, 2);
-      out[i] = t.dtype == DType::kF16 ? num::f16_to_f32(h) : num::bf16_to_f32(h);
-    }
-  }
-  return out;
-}
-
-void golden_case(const std::string& name, double max_rel, double mean_rel, double min_top1) {
+// official reference's logits (data/golden) and with `--device cpu`, with the CPU golden test's
+// limits (golden_compare.h): twice the reference's own spread for max rel and top-1 disagreements,
+// the case's exact leading rows, the draft compared while its earlier tokens agree ----
+void golden_case(const std::string& name, int64_t min_exact_prefix) {
   const fs::path root = TANDEM_SOURCE_DIR;
-  std::ifstream jf(root / "data/golden" / (name + ".json"));
-  ASSERT_TRUE(jf) << name;
-  std::stringstream ss;
-  ss << jf.rdbuf();
-  auto info = nlohmann::json::parse(ss.str(), nullptr, false);
-  ASSERT_FALSE(info.is_discarded());
+  nlohmann::json info;
+  ASSERT_TRUE(golden::load_info(name, &info));
+  golden::Limits lim;
+  ASSERT_TRUE(golden::limits_from_spread(info, &lim)) << name;
   const fs::path tmp = fs::temp_directory_path() / ("tandem_cuda_golden_" + name + "_" + std::to_string(getpid()));
   fs::create_directories(tmp);
   fs::path model_dir = root / "data/builtin";
@@ -819,6 +931,7 @@ void golden_case(const std::string& name, double max_rel, double mean_rel, doubl
                       info["preset"].get<std::string>() + " --seed " + std::to_string(info["seed"].get<int>())),
               "");
   }
+  ASSERT_TRUE(golden::checkpoint_matches(info, model_dir)) << name;
   std::ofstream(tmp / "tokens.json") << nlohmann::json({{"prompt", info["prompt"]}, {"decode", info["decode"]}}).dump();
   for (const char* dev : {"cuda", "cpu"})
     ASSERT_EQ(run_cmd(std::string(TANDEM_BINARY) + " logits --device " + dev + " --model " + model_dir.string() +
@@ -832,31 +945,87 @@ void golden_case(const std::string& name, double max_rel, double mean_rel, doubl
   for (const char* t : {"logits", "draft_logits", "draft_confidence", "draft_tokens"}) {
     const TensorView* a = (*gpu)->find(t);
     const TensorView* b = (*cpu)->find(t);
-    ASSERT_EQ(a == nullptr, b == nullptr) << t;
-    if (a) {
-      EXPECT_EQ(a->shape, b->shape) << t;
-    }
+    ASSERT_TRUE(a && b) << t << " missing from a logits file";
+    EXPECT_EQ(a->shape, b->shape) << t;
   }
   const TensorView* gl = (*gold)->find("logits");
   const TensorView* ml = (*gpu)->find("logits");
   const TensorView* cl = (*cpu)->find("logits");
   ASSERT_TRUE(gl && ml && cl);
   ASSERT_EQ(gl->shape, ml->shape);
-  const int64_t V = gl->shape[1];
-  auto g = as_float(*gl), m = as_float(*ml), c = as_float(*cl);
-  expect_close(("golden " + name + ": cuda vs official reference").c_str(), compare(m, g, V), max_rel, mean_rel, min_top1);
-  expect_close(("golden " + name + ": cuda vs cpu").c_str(), compare(m, c, V), max_rel, mean_rel, min_top1);
+  ASSERT_EQ(cl->shape, ml->shape);
+  const int64_t rows = gl->shape[0], V = gl->shape[1];
+  const auto g = golden::as_float(*gl), m = golden::as_float(*ml), c = golden::as_float(*cl);
+  const auto& self = info["reference_self_consistency"];
+  const int64_t max_dis = golden::disagree_limit(lim.disagree_rate, rows);
+  std::printf("[cuda-golden %s] reference vs itself (prefill vs decode path): max rel %.4g, top-1 %.4f; limits: max rel "
+              "%.4g, top-1 disagreements %lld of %lld rows, leading rows within 1e-3 >= %lld\n",
+              name.c_str(), self["max_rel_to_row_max"].get<double>(), self["top1_agreement"].get<double>(), lim.max_rel,
+              static_cast<long long>(max_dis), static_cast<long long>(rows), static_cast<long long>(min_exact_prefix));
+  for (const auto& [what, want] : {std::pair<const char*, const std::vector<float>*>{"cuda vs official reference", &g},
+                                   {"cuda vs cpu", &c}}) {
+    const Stats s = compare(m.data(), want->data(), rows, V);
+    const int64_t prefix = golden::exact_prefix(m.data(), want->data(), rows, V);
+    std::printf("[cuda-golden %s] %s: max abs %.4g, max rel %.4g (limit %.4g), mean rel %.4g, top-1 disagreements %lld "
+                "(limit %lld), leading rows within 1e-3 %lld (min %lld)\n",
+                name.c_str(), what, s.max_abs, s.max_rel, lim.max_rel, s.mean_rel, static_cast<long long>(s.disagree),
+                static_cast<long long>(max_dis), static_cast<long long>(prefix),
+                static_cast<long long>(min_exact_prefix));
+    EXPECT_FALSE(s.nan_mismatch) << what;
+    EXPECT_LE(s.max_rel, lim.max_rel) << what;
+    EXPECT_LE(s.disagree, max_dis) << what;
+    EXPECT_GE(prefix, min_exact_prefix) << what;
+  }
+  // The draft: golden step i = our step i + 1 (the reference cannot draft right after its
+  // prefill); cuda and cpu files have the same steps.
+  const TensorView* gdl = (*gold)->find("draft_logits");
+  const TensorView* gdt = (*gold)->find("draft_tokens");
+  const TensorView* gdc = (*gold)->find("draft_confidence");
+  ASSERT_TRUE(gdl && gdt && gdc) << "the golden's draft tensors are missing";
+  const int64_t steps = gdl->shape[0], K = gdl->shape[1];
+  auto tok = [](const TensorView& t) {
+    std::vector<int32_t> v(t.numel());
+    std::memcpy(v.data(), t.data, v.size() * 4);
+    return v;
+  };
+  struct Side {
+    std::vector<float> logits, conf;
+    std::vector<int32_t> tokens;
+  };
+  auto side = [&](SafetensorsFile& f) {
+    return Side{golden::as_float(*f.find("draft_logits")), golden::as_float(*f.find("draft_confidence")),
+                tok(*f.find("draft_tokens"))};
+  };
+  const Side gs{golden::as_float(*gdl), golden::as_float(*gdc), tok(*gdt)};
+  const Side ms = side(**gpu), cs = side(**cpu);
+  ASSERT_EQ((*gpu)->find("draft_logits")->shape[0], steps + 1);
+  for (const auto& [what, ref, ref_steps, shift] :
+       {std::tuple<const char*, const Side*, int64_t, int64_t>{"draft, cuda vs official reference", &gs, steps, 1},
+        {"draft, cuda vs cpu", &cs, steps + 1, 0}}) {
+    const golden::DraftStats d =
+        golden::compare_draft(ms.logits, ms.tokens, ms.conf, ref->logits, ref->tokens, ref->conf, ref_steps, K, V, shift);
+    const int64_t dmax = golden::disagree_limit(lim.disagree_rate, d.compared);
+    std::printf("[cuda-golden %s] %s: %lld of %lld rows compared (same tokens before them), max rel %.4g (limit %.4g), "
+                "mean rel %.4g, top-1 disagreements %lld (limit %lld); confidence max abs / max |conf| %.4g (limit %.4g)\n",
+                name.c_str(), what, static_cast<long long>(d.compared), static_cast<long long>(d.total), d.s.max_rel,
+                lim.max_rel, d.s.mean_rel, static_cast<long long>(d.s.disagree), static_cast<long long>(dmax),
+                d.conf_rel, lim.max_rel);
+    EXPECT_GE(d.compared, ref_steps) << what << ": every step's first position is conditioned on the same tokens";
+    EXPECT_LE(d.s.max_rel, lim.max_rel) << what;
+    EXPECT_LE(d.conf_rel, lim.max_rel) << what;
+    EXPECT_LE(d.s.disagree, dmax) << what;
+  }
   fs::remove_all(tmp);
 }
 
 TEST(CudaGolden, DefaultPresetThroughLogitsCli) {
   SKIP_WITHOUT_GPU();
-  golden_case("default-s1", 0.06, 0.03, 0.90);
+  golden_case("default-s1", 15);  // the CPU golden's minimum (first compressed entries at row 3)
 }
 
 TEST(CudaGolden, BuiltinThroughLogitsCli) {
   SKIP_WITHOUT_GPU();
-  golden_case("builtin", 0.4, 0.05, 0.90);
+  golden_case("builtin", 4);  // the CPU golden's minimum
 }
 
 // ---- the engine on the GPU: speculative greedy == plain greedy (20 prompts x 200 tokens) ----
@@ -864,6 +1033,25 @@ struct Out {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprob> logprobs;
 };
+
+// The engine's "nothing allocates after start-up" counters of a run (metrics taken at its end).
+std::string after_start(const EngineMetrics& m) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "after start-up: device allocations %lld, graphs instantiated %lld, device memory taken %lld bytes",
+                static_cast<long long>(m.device_allocations_after_start),
+                static_cast<long long>(m.device_graphs_after_start),
+                static_cast<long long>(m.device_bytes_taken_after_start));
+  return buf;
+}
+void expect_nothing_after_start(const EngineMetrics& m, const std::string& what) {
+  EXPECT_EQ(m.device_allocations_after_start, 0) << what << ": DeviceBuffer allocations under load";
+  EXPECT_EQ(m.device_graphs_after_start, 0)
+      << what << ": CUDA graphs instantiated under load (a step shape or context bucket not captured at start-up)";
+  EXPECT_EQ(m.device_bytes_taken_after_start, 0)
+      << what << ": cudaMemGetInfo's free memory dropped under load (a raw runtime allocation, a graph, a kernel "
+                 "module loaded lazily on first use, or a grown stack/printf heap)";
+}
 
 std::map<std::string, Out> run_engine(const EngineConfig& ec, const std::vector<std::vector<int32_t>>& prompts,
                                       int max_tokens, EngineMetrics* metrics = nullptr,
@@ -945,12 +1133,11 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
       equal += got[id].tokens == o.tokens;
     }
     std::printf("[cuda-engine] concurrency %d: %d/20 speculative outputs equal plain greedy; drafts %lld, accepted %lld; "
-                "device allocations after start-up %lld\n",
+                "%s\n",
                 conc, equal, static_cast<long long>(m.spec_decode_num_draft_tokens_total),
-                static_cast<long long>(m.spec_decode_num_accepted_tokens_total),
-                static_cast<long long>(m.device_allocations_after_start));
+                static_cast<long long>(m.spec_decode_num_accepted_tokens_total), after_start(m).c_str());
     EXPECT_GT(m.spec_decode_num_draft_tokens_total, 0);
-    EXPECT_EQ(m.device_allocations_after_start, 0) << "device allocations under load";
+    expect_nothing_after_start(m, "speculative greedy, concurrency " + std::to_string(conc));
   }
 }
 
@@ -1001,13 +1188,12 @@ TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
       EXPECT_LE(lp.logprob, lp.top[0].second + 1e-5f);
     }
   }
-  std::printf("[cuda-engine] sampled: %d/8 outputs repeat exactly; drafts %lld, accepted %lld; device allocations "
-              "after start-up %lld\n",
-              equal, static_cast<long long>(m1.spec_decode_num_draft_tokens_total),
-              static_cast<long long>(m1.spec_decode_num_accepted_tokens_total),
-              static_cast<long long>(m1.device_allocations_after_start));
+  std::printf("[cuda-engine] sampled: %d/8 outputs repeat exactly; drafts %lld, accepted %lld; %s\n", equal,
+              static_cast<long long>(m1.spec_decode_num_draft_tokens_total),
+              static_cast<long long>(m1.spec_decode_num_accepted_tokens_total), after_start(m1).c_str());
   EXPECT_GT(m1.spec_decode_num_accepted_tokens_total, 0);
-  EXPECT_EQ(m1.device_allocations_after_start, 0);
+  expect_nothing_after_start(m1, "sampled speculative");
+  expect_nothing_after_start(m2, "sampled speculative, second run");
 }
 
 }  // namespace

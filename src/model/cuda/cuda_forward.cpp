@@ -25,11 +25,13 @@ using OpClass = CudaModel::OpClass;
 
 // ---- tensor parallelism ----
 
-void CudaModel::Impl::all_reduce(float* xx, int64_t n) {
+void CudaModel::Impl::all_reduce(float* xx, int64_t n) { all_reduce_raw(xx, n, CommDtype::kF32); }
+
+void CudaModel::Impl::all_reduce_raw(void* xx, int64_t n, CommDtype dtype) {
   if (!comm_status.ok() || n == 0) return;
   const OpClass prev = cur_class;
   section(OpClass::kCollective);
-  comm_status = opt.comm->all_reduce_sum(xx, static_cast<size_t>(n), CommDtype::kF32, stream);
+  comm_status = opt.comm->all_reduce_sum(xx, static_cast<size_t>(n), dtype, stream);
   section(prev);
 }
 
@@ -205,7 +207,11 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
 // is a partial sum over this rank's experts: all-reduced in fp32, then the (whole) shared expert is
 // added, as the CPU does.
 void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y, int layer) {
-  if (dec_moe(m, xx, tokens, n, y, layer)) return;  // decode-size kernels (cuda_decode.cpp)
+  if (dec_moe(m, xx, tokens, n, y, layer)) {  // decode-size kernels (cuda_decode.cpp)
+    last_routing = {dec.moe.gate_logits, dec.moe.expert_ids};
+    return;
+  }
+  last_routing = {gate_logits.get(), eids.get()};
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   const int K = cfg.num_experts_per_tok;
   section(OpClass::kRouter);
@@ -441,31 +447,56 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
     cuda_model::scale_round({iw.get(), n * IH, wscale}, stream);
   }
   if (csa && max_vis4 > 0) {
-    const int64_t ncols = max_vis4;
+    // Scores and top-k in chunks of rows that the score buffer and the top-k's work hold. (Under
+    // tensor parallelism the bf16 scores are summed over ranks before the top-k: then the indexer
+    // must not count pass 1 (hist = null) and the top-k counts it (hist_ready = false).)
+    const int64_t ncols = max_vis4, lds = (max_vis4 + 7) / 8 * 8;
     TANDEM_CHECK(ncols <= max_entries);
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(score_rows, (score_rows * max_entries) / ncols));
+    const cuda_model::TopkState tst = cuda_model::topk_state(
+        topk_counters.get(), static_cast<int64_t>(std::min<size_t>(max_rows, 65535)), topk_work.get(), topk_work.bytes());
+    int64_t chunk = std::min<int64_t>({n, int64_t{65535}, tst.max_rows, static_cast<int64_t>(idx_scores.size()) / lds});
+    while (chunk > 1 && cuda_model::topk_work_bytes(chunk, ncols) > tst.work_bytes) chunk = chunk * 7 / 8;
+    TANDEM_CHECK(chunk >= 1);
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t rows = std::min(chunk, n - r0);
       cuda_model::StepMeta mc = meta;
       mc.tokens += r0;
       mc.positions += r0;
       mc.row_seq += r0;
-      cuda_model::indexer_scores_paged({iq.get() + r0 * IH * ihd, iw.get() + r0 * IH, mc, rows, static_cast<int>(IH),
-                                        static_cast<int>(ihd), pool.get(), lay.block_bytes, L.pool_idx, lay.key,
-                                        idx_scores.get(), ncols, visible.get() + r0},
-                                       stream);
-      // Each rank summed its own heads (bf16); the reference all-reduces the bf16 scores.
-      if (tp()) all_reduce_bf16(idx_scores.get(), rows, ncols);
-      kernels::TopkParams tk;
-      tk.scores = idx_scores.get();
-      tk.n_valid = visible.get() + r0;
-      tk.rows = rows;
-      tk.n = ncols;
-      tk.lds = ncols;
-      tk.k = TK;
-      tk.out = topk.get() + r0 * TK;
-      tk.ldo = TK;
-      kernels::cuda::topk(tk, stream);
+      cuda_model::IndexerArgs ia;
+      ia.q = iq.get() + r0 * IH * ihd;
+      ia.w = iw.get() + r0 * IH;
+      ia.m = mc;
+      ia.rows = rows;
+      ia.heads = static_cast<int>(IH);
+      ia.dim = static_cast<int>(ihd);
+      ia.pool = pool.get();
+      ia.block_bytes = lay.block_bytes;
+      ia.pool_idx = L.pool_idx;
+      ia.key = lay.key;
+      ia.scores = idx_scores.get();
+      ia.n_cols = ncols;
+      ia.lds = lds;
+      ia.visible = visible.get() + r0;
+      ia.hist = tp() ? nullptr : tst.hist1;
+      ia.sm_count = sm_count;
+      cuda_model::indexer_scores_paged(ia, stream);
+      // Each rank summed its own heads (bf16); the reference all-reduces the bf16 scores (summed in
+      // fp32 in rank order, rounded once: CommDtype::kBf16). The padding columns past n_cols ride along.
+      if (tp()) all_reduce_raw(idx_scores.get(), rows * lds, CommDtype::kBf16);
+      cuda_model::IndexerTopkArgs ta;
+      ta.scores = idx_scores.get();
+      ta.lds = lds;
+      ta.n_cols = ncols;
+      ta.visible = visible.get() + r0;
+      ta.rows = rows;
+      ta.k = static_cast<int>(TK);
+      ta.out = topk.get() + r0 * TK;
+      ta.ldo = TK;
+      ta.state = tst;
+      ta.hist_ready = !tp();
+      cuda_model::indexer_topk(ta, stream);
+      last_indexer = {r0, rows, lds, ncols};
     }
   }
 
@@ -494,6 +525,9 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   if (csa && max_vis4 == 0) aa.topk_k = 0;
   aa.m = meta;
   aa.rows = n;
+  aa.partial = attn_partial.get();
+  aa.partial_slots = attn_partial_slots;
+  aa.sm_count = sm_count;
   cuda_model::attention(aa, stream);
   rope_rows(rope, o.get(), meta.positions, n, H, hd, true);
   output_proj(at, o.get(), n, y);
@@ -516,6 +550,11 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
 }
 
 void CudaModel::Impl::block_forward(int layer, int64_t n) {
+  attention_half(layer, n);
+  ffn_half(layer, n);
+}
+
+void CudaModel::Impl::attention_half(int layer, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
   section(OpClass::kMhc);
@@ -524,6 +563,11 @@ void CudaModel::Impl::block_forward(int layer, int64_t n) {
   attention_target(layer, n, a.get());
   section(OpClass::kMhc);
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
+}
+
+void CudaModel::Impl::ffn_half(int layer, int64_t n) {
+  const cuda_model::DBlock& b = w.layers[layer];
+  const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
   dec_norm_rows(x.get(), n, D, b.ffn_norm);  // norm_rows, + x's codes for the decode MoE
   moe(b.ffn, x.get(), meta.tokens, n, a.get(), layer);

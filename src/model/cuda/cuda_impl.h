@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/comm.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
@@ -130,6 +131,7 @@ struct CudaModel::Impl {
   int draft_k = 0;             // tokens per draft proposal (<= dspark_block_size)
   int64_t max_entries = 0;     // indexer score columns per row (max visible CSA entries)
   int64_t score_rows = 0;      // rows of the indexer score buffer (chunking)
+  int sm_count = 0;            // multiprocessors of the device
 
   template <typename T>
   using Buf = kernels::cuda::DeviceBuffer<T>;
@@ -152,9 +154,13 @@ struct CudaModel::Impl {
 
   // ---- scratch (device, sized at start-up) ----
   Buf<float> h, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, comp_rows, icomp_rows, entry, iq, iw,
-      idx_scores, gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
+      gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
       main_x, base, bias, e_row, yn;
   Buf<uint8_t> kv_rec, entry_rec;
+  Buf<float> attn_partial;         // split-K attention: attn_partial_slots (row, chunk) partials
+  int64_t attn_partial_slots = 0;
+  Buf<uint16_t> idx_scores;        // indexer scores (bf16) of a chunk of rows
+  Buf<uint8_t> topk_counters, topk_work;  // the indexer top-k's state (indexer_topk.h)
   Buf<int64_t> entry_pos, draft_pos;
   Buf<int32_t> flag, visible, topk, eids, draft_ids;
   // ---- tensor parallelism (opt.tp_size > 1): the collectives of forward.cpp, on the device ----
@@ -164,6 +170,7 @@ struct CudaModel::Impl {
   // In place, stream-ordered: x[n] = sum over ranks (fp32); the _bf16 form then rounds to bf16 as
   // the CPU's all_reduce_bf16 does.
   void all_reduce(float* xx, int64_t n);
+  void all_reduce_raw(void* xx, int64_t n, CommDtype dtype);  // n elements of dtype, summed as comm.h says
   void all_reduce_bf16(float* xx, int64_t rows, int64_t cols);
   // h rows (every hc stream) = embedding of ids: vocabulary-parallel under tensor parallelism.
   void embed_tokens(const int32_t* ids, int64_t n);
@@ -248,11 +255,18 @@ struct CudaModel::Impl {
     TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
     TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
     ++gstats.captures;
+    ++gstats.instantiations;
     ++gstats.eager;
     return ge;
   }
-  // The draft's device work for B staged requests (draft_host): capturable.
+  // The draft's device work for B staged requests (draft_host): capturable. Its pieces (run apart by
+  // the test hooks): the request arrays' upload and the blocks' embedding into h, each stage's two
+  // halves over h, and the heads with the Markov steps.
   void launch_draft(int64_t B, bool want_probs);
+  void draft_inputs(int64_t B);
+  void draft_stage_attention(int stage, int64_t B);
+  void draft_stage_ffn(int stage, int64_t B);
+  void draft_heads(int64_t B, bool want_probs);
 
   // ---- prefill on the tensor cores (cuda_prefill.cpp): steps of more than copt.tc_min_rows rows ----
   std::unique_ptr<kernels::cuda::LtGemm> lt;   // bf16 linears' cuBLASLt plans (start-up)
@@ -297,6 +311,18 @@ struct CudaModel::Impl {
   // layer >= 0: a target layer or (num_hidden_layers + s) draft stage s (its expert ids are kept
   // when a step's routing is recorded).
   void moe(const cuda_model::DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y, int layer = -1);
+  // Where the last moe() left its gate logits [n, n_routed_experts] and global expert ids [n, topk]:
+  // the generic path's buffers or the decode MoE's (host bookkeeping for the layer-by-layer test
+  // hooks of cuda_model_testing.h; nothing on the device reads it).
+  struct {
+    const float* gate_logits = nullptr;
+    const int32_t* expert_ids = nullptr;
+  } last_routing;
+  // The last CSA layer's last chunk of indexer rows [r0, r0 + rows) left in idx_scores ([rows, lds]
+  // bf16 bits, cols valid columns): host bookkeeping for the same test hooks.
+  struct {
+    int64_t r0 = 0, rows = 0, lds = 0, cols = 0;
+  } last_indexer;
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
@@ -309,6 +335,10 @@ struct CudaModel::Impl {
   void run_compressor(const cuda_model::DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
                       const float* xx, int64_t n);
   void block_forward(int layer, int64_t n);
+  // The layer's two halves over h (block_forward runs both; the test hooks of
+  // cuda_model_testing.h run them apart): mHC + attention with its state, and mHC + MoE.
+  void attention_half(int layer, int64_t n);
+  void ffn_half(int layer, int64_t n);
   void head_logits(const float* hin, int64_t n, const cuda_model::DWeights& ww, const float* hc_fn,
                    const float* hc_scale, const float* hc_base, const float* norm, float* y_out, float* logits_out);
 };

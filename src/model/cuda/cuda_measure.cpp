@@ -26,6 +26,8 @@ namespace cuda_model {
 Status validate_start(const ModelConfig& config, const CudaModelOptions& options) {
   TANDEM_RETURN_IF_ERROR(model::validate_state_options(options.model));
   if (options.tc_min_rows < 0) return invalid_argument("tc_min_rows {} must be >= 0", options.tc_min_rows);
+  if (!attention_supports_head_dim(static_cast<int>(config.head_dim)))
+    return invalid_argument("head_dim {}: the CUDA attention supports 128, 256 and 512", config.head_dim);
   if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
     return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
                             config.dspark_block_size);
@@ -134,6 +136,7 @@ Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, i
   // Replaying the same step is idempotent (it rewrites the same ring rows and pool entries).
   StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, eager_reps < 0 ? reps : eager_reps,
                                                       [&m] { m.launch(); }, hook, &m.marks);
+  m.gstats.instantiations += hook ? 2 : 1;  // the timing graph (and the profiler's)
   // The outputs are those of the last graph replay.
   m.finish(host_out);
   TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));

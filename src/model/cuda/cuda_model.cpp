@@ -159,6 +159,7 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
     return make_error(StatusCode::kFailedPrecondition, "this build has no kernels for {} (built for sm_{}); rebuild with "
                                "-DTANDEM_CUDA_ARCH=all or the GPU's architecture",
                                device_name, TANDEM_CUDA_ARCHS);
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, copt.device));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   return Status();
 }
@@ -209,8 +210,10 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
     any_idx = any_idx || m.lay.icomp_chans[l] > 0;
   }
   m.max_entries = std::max<int64_t>(1, c.max_position_embeddings / 4);
-  // Indexer scores: up to 256 MiB, at least one row.
-  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (m.max_entries * 4)}))
+  // Indexer scores (bf16): up to 256 MiB, at least one row of the longest context; the top-k's
+  // per-slice work for as many rows (up to 64 MiB). A step's rows run in chunks that fit both.
+  const int64_t max_lds = (m.max_entries + 7) / 8 * 8;
+  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (max_lds * 2)}))
                          : 0;
   m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
 
@@ -243,7 +246,10 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   take(m.entry, N * std::max(hd, ihd));
   take(m.iq, any_idx ? N * IH * ihd : 1);
   take(m.iw, any_idx ? N * IH : 1);
-  take(m.idx_scores, m.score_rows * m.max_entries);
+  take(m.idx_scores, m.score_rows * max_lds);
+  take(m.topk_counters, static_cast<int64_t>(cuda_model::topk_counters_bytes(any_idx ? std::min<int64_t>(N, 65535) : 1)));
+  take(m.topk_work, static_cast<int64_t>(std::min<size_t>(
+                        cuda_model::topk_work_bytes(std::max<int64_t>(m.score_rows, 1), m.max_entries), size_t{64} << 20)));
   take(m.gate_logits, N * E);
   take(m.ew, N * K);
   take(m.xq, N * D);
@@ -268,6 +274,18 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   take(m.taps, N * std::max<int64_t>(td, 1));
   take(m.mh, T * std::max<int64_t>(td, 1));
   take(m.main_x, T * D);
+  // Split-K attention partials: every (row, chunk) of a decode-size step at the longest context,
+  // up to 2048 (about 135 MB at 32 heads of 512); longer steps fold per row (attention.h). Under
+  // tensor parallelism, of this rank's heads.
+  int64_t max_keys = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int r = c.compress_ratios[l];
+    const bool csa = r == 4 && m.w.layers[l].attn.has_indexer;
+    max_keys = std::max<int64_t>(max_keys, c.sliding_window + (csa ? TK : r ? c.max_position_embeddings / r : 0));
+  }
+  const int64_t max_chunks = (max_keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk;
+  m.attn_partial_slots = std::min<int64_t>(std::min<int64_t>(N, 96) * max_chunks, 2048);
+  take(m.attn_partial, cuda_model::attn_partial_floats(static_cast<int>(H), static_cast<int>(hd), m.attn_partial_slots));
   take(m.kv_rec, N * m.lay.rec.bytes);
   take(m.entry_rec, N * std::max(m.lay.rec.bytes, m.lay.key.bytes));
   take(m.entry_pos, N);
@@ -369,6 +387,8 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   m.meta.block_tables = reinterpret_cast<const int32_t*>(dv + p.block_tables);
   m.meta.max_blocks = m.max_blocks;
   m.meta.block_size = o.block_size;
+  // The indexer top-k's counters start at zero (every call leaves them zero again).
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(m.topk_counters.get(), 0, m.topk_counters.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.slot_state.get(), 0, m.slot_state.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream));
   if (m.draft_ctx.get()) TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get(), 0, m.draft_ctx.bytes(), m.stream));

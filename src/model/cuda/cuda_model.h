@@ -22,6 +22,7 @@
 
 namespace tandem {
 
+struct CudaModelTestAccess;
 struct TensorView;
 
 // Synthetic weights (src/model/cuda/synthetic_weights.cpp): every tensor of the config's catalog
@@ -78,16 +79,18 @@ class CudaModel {
   int draft_tokens() const;       // K drafted per proposal
   int64_t tap_dim() const;
   int64_t vocab_size() const;
-  // Bytes of device memory held: weights, KV pool, slot states, scratch.
-  // Graph replays and captures so far (tests, metrics).
+  // Graph replays and captures so far (tests, metrics). instantiations counts every
+  // cudaGraphInstantiate of this model (captures, and profile_step / profile_draft's timing
+  // graphs): each takes device memory, so after start-up it must not move under load.
   struct GraphStats {
-    int64_t replays = 0, captures = 0, eager = 0;
+    int64_t replays = 0, captures = 0, eager = 0, instantiations = 0;
   };
   GraphStats graph_stats() const;
   // Captures at start-up the graphs the engine's steps replay: decode and verify steps of
   // 1, 2, 4 .. max_graph_batch sequences x 1 .. max_rollback + 1 tokens (first context bucket;
   // taps when `taps`) and drafts of 1 .. max_graph_batch requests. Returns the graphs captured.
   int capture_graphs(bool taps);
+  // Bytes of device memory held: weights, KV pool, slot states, scratch.
   struct Memory {
     int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0;
     int64_t total() const { return weights + pool + slot_state + draft_state + scratch; }
@@ -186,6 +189,7 @@ class CudaModel {
   struct Impl;
 
  private:
+  friend struct CudaModelTestAccess;  // test-only hooks (model/cuda/cuda_model_testing.h)
   explicit CudaModel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
