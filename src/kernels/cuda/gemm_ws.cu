@@ -123,6 +123,7 @@ __device__ __forceinline__ void ws_consume(const WsDenseParams& p, uint8_t* smem
         const float sa0 = __ldg(as0 + kb * p.a_scale_ld), sa1 = __ldg(as1 + kb * p.a_scale_ld);
         const float sb = num::e8m0_to_f32(__ldg(wsc + kb));
         ws::mbar_wait(&full[ring.stage], ring.phase);
+        __syncwarp();  // lanes may leave the wait loop apart: reconverge before the .aligned wgmma
         const uint32_t a0 = tc::smem_u32(smem + L::kA + ring.stage * L::kATile) + g * 64 * 128;
         const uint32_t b0 = tc::smem_u32(smem + L::kB + ring.stage * L::kBTile);
         tc::fence_regs(part);
@@ -144,6 +145,7 @@ __device__ __forceinline__ void ws_consume(const WsDenseParams& p, uint8_t* smem
       int prev = 0;
       for (int kb = 0; kb < p.nk; ++kb) {
         ws::mbar_wait(&full[ring.stage], ring.phase);
+        __syncwarp();  // lanes may leave the wait loop apart: reconverge before the .aligned wgmma
         const uint32_t a0 = tc::smem_u32(smem + L::kA + ring.stage * L::kATile) + g * 64 * 128;
         const uint32_t b0 = tc::smem_u32(smem + L::kB + ring.stage * L::kBTile);
         tc::fence_regs(acc);

@@ -190,6 +190,7 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
       const float sa0 = __ldg(as0 + kb * p.a_scale_ld), sa1 = __ldg(as1 + kb * p.a_scale_ld);
       ws::mbar_wait(&full_ld[ring.stage], ring.phase);
       ws::mbar_wait(&full_b[ring.stage], ring.phase);
+      __syncwarp();  // lanes may leave the wait loops apart: reconverge before the .aligned wgmma
       const uint32_t a0 = tc::smem_u32(smem + L::kA + ring.stage * L::kTile) + g * 64 * 128;
       const uint32_t b0 = tc::smem_u32(smem + L::kB + ring.stage * L::kTile);
       tc::fence_regs(part);
