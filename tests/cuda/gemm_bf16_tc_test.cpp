@@ -239,7 +239,8 @@ TEST(CudaBf16GemmTc, LinearMatchesCpu) {
         for (int64_t j = 0; j < l.n; ++j) {
           double s = 0, sa = 0;
           for (int64_t i = 0; i < l.k; ++i) {
-            const double pr = static_cast<double>(x[r * ldx + b * l.k + i]) * num::bf16_to_f32(wb[(b * l.n + j) * l.k + i]);
+            const double pr =
+                static_cast<double>(x[r * ldx + b * l.k + i]) * num::bf16_to_f32(wb[(b * l.n + j) * l.k + i]);
             s += pr;
             sa += std::fabs(pr);
           }

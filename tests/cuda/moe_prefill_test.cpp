@@ -369,7 +369,8 @@ struct MoeDev {
     r.k = k;
     return r;
   }
-  cuda_model::MoePrefillArgs args(const float* x, const int32_t* eids, const float* ew, int64_t T, float* pair_out) const {
+  cuda_model::MoePrefillArgs args(const float* x, const int32_t* eids, const float* ew, int64_t T,
+                                  float* pair_out) const {
     cuda_model::MoePrefillArgs a;
     a.x = x;
     a.expert_ids = eids;

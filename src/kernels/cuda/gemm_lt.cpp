@@ -206,9 +206,10 @@ Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m, bool one_
         plan.buckets.push_back(bk);
       }
     } else {
-      status = make_error(StatusCode::kFailedPrecondition,
-                          "cuBLASLt has no single split-K-free algorithm for kind {} n {} k {} batch {} at {}..{} rows: {}",
-                          static_cast<int>(s.kind), s.n, s.k, s.batch, plan.min_m, ends.back(), failed);
+      status = make_error(
+          StatusCode::kFailedPrecondition,
+          "cuBLASLt has no single split-K-free algorithm for kind {} n {} k {} batch {} at {}..{} rows: {}",
+          static_cast<int>(s.kind), s.n, s.k, s.batch, plan.min_m, ends.back(), failed);
     }
   } else {
     int64_t lo = plan.min_m;

@@ -325,7 +325,8 @@ void moe_group_ws(const MoeWsArgs& a, cudaStream_t st) {
   TANDEM_CHECK(a.k % 128 == 0 && a.n % 128 == 0 && a.b.format == kernels::WeightFormat::kMxfp4 &&
                a.b.k == a.k && a.b.n == a.n_local * a.n);
   TANDEM_CHECK(!a.up || (a.b3.format == kernels::WeightFormat::kMxfp4 && a.b3.n == a.b.n && a.b3.k == a.k));
-  TANDEM_CHECK((reinterpret_cast<uintptr_t>(a.b.scale) & 3) == 0 && (!a.up || (reinterpret_cast<uintptr_t>(a.b3.scale) & 3) == 0));
+  TANDEM_CHECK((reinterpret_cast<uintptr_t>(a.b.scale) & 3) == 0 &&
+               (!a.up || (reinterpret_cast<uintptr_t>(a.b3.scale) & 3) == 0));
   TANDEM_CHECK(a.up ? a.act != nullptr : (a.pair_out != nullptr && (reinterpret_cast<uintptr_t>(a.pair_out) & 7) == 0));
   kc::TmaTile2d ta;
   ta.base = a.a;
