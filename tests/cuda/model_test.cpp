@@ -251,9 +251,14 @@ TEST(CudaModel, PrefillChunkedDecodeVerifyMatchCpu) {
   auto want = p.cpu_run(0, toks, {});
   auto whole = p.gpu_run(0, toks, {});
   expect_close("whole prefill (300)", compare(whole, want, V), lim);
+  // A systematic error shows at row 0 already. That needs GEMMs as accurate as fp32: the whole
+  // prefill above runs on the tensor cores, where Hopper's FP8 wgmma keeps about 14 bits while
+  // summing a K block (bound: kernels/cuda/gemm_tc.h), so row 0 is checked on the GEMV path.
   const int64_t prefix = exact_prefix(whole, want, V);
-  std::printf("[cuda-vs-cpu] leading rows within 1e-3 relative: %lld\n", static_cast<long long>(prefix));
-  EXPECT_GE(prefix, 1);
+  const int64_t prefix_gemv = exact_prefix(gemv_only_pair().gpu_run(0, toks, {}), want, V);
+  std::printf("[cuda-vs-cpu] leading rows within 1e-3 relative: %lld on the GEMV path, %lld on the tensor cores\n",
+              static_cast<long long>(prefix_gemv), static_cast<long long>(prefix));
+  EXPECT_GE(prefix_gemv, 1);
   auto chunked = p.gpu_run(1, toks, {37, 1, 64, 5, 128});
   expect_close("chunked prefill 37,1,64,5,128...", compare(chunked, want, V), lim);
   std::vector<int> decode_chunks(1, 250);
