@@ -58,11 +58,14 @@ struct Smem {
   static constexpr int kAlloc = kBytes + 1024;  // slack to align the dynamic base to 1024 bytes
 };
 
-__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~static_cast<uintptr_t>(1023));
-}
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// The dynamic shared-memory base rounded up to 1024 bytes by pointer arithmetic on the __shared__
+// array (not through an integer), so the compiler still knows every derived pointer is shared
+// memory and emits ld/st.shared rather than generic accesses.
+__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
+  return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
 }
 // Byte offset of 16-byte chunk c of tile row r in the swizzled layout.
 __device__ __forceinline__ uint32_t swz(int r, int c) {
