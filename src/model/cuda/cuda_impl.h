@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_util.h"
-#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
@@ -234,10 +233,11 @@ struct CudaModel::Impl {
   void draft_heads(int64_t B, bool want_probs);
 
   // ---- prefill on the tensor cores (cuda_prefill.cpp): steps of more than copt.tc_min_rows rows ----
-  std::unique_ptr<kernels::cuda::LtGemm> lt;   // bf16 linears' cuBLASLt plans (start-up)
   Buf<uint8_t> tc_codes, moe_scratch;
   Buf<float> tc_scales;
   Buf<uint16_t> tc_bf16;                       // bf16 copy of a bf16-weight linear's input
+  std::vector<Buf<uint16_t>> tc_bf16_copies;   // bf16 copies of FP8 wo_a weights (exact)
+  std::map<const void*, kernels::WeightRef> tc_bf16_weights;  // FP8 weight data -> its bf16 copy
   kernels::cuda::TcLinearScratch tc;
   cuda_model::MoePrefillScratch moe_tc;
   void alloc_prefill();                        // at start-up, after the step scratch

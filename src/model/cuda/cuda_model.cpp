@@ -359,7 +359,7 @@ void allocate_all(CudaModel::Impl& m) {
   lk(m.w.draft.main_proj);
   lk(m.w.draft.markov_w2);
   kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, static_cast<size_t>(N * max_k) * sizeof(float));
-  m.alloc_prefill();  // tensor-core scratch and cuBLASLt plans for steps of more than tc_min_rows rows
+  m.alloc_prefill();  // tensor-core scratch (and wo_a bf16 copies) for steps of more than tc_min_rows rows
   m.dec_allocate();  // the decode kernels' activation operand and MoE scratch (cuda_decode.cpp)
 
   // The step plan: one pinned host region mirrored on the device.
