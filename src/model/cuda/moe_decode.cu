@@ -50,9 +50,12 @@ constexpr int kRows = 16;                  // output columns (weight rows) per w
 constexpr int kChunk = 32;                 // job rows per item (2 m16 tiles)
 constexpr int kMaxTopk = 16;
 constexpr int kMaxUnits = 4;
-constexpr int kSlotBytes = 2048;           // one warp's stage of one matrix: FP8 128 k x 16 rows
-constexpr int kMxRowStride = 80;           // MXFP4 stage row (128 k = 64 bytes) + 16 bytes padding
-constexpr int kMxScaleOff = kRows * kMxRowStride;  // then 16 rows x 4 scale bytes (4 groups)
+// One warp's ring slot, one matrix's stage: FP8 128 k x 16 rows (2 KB, lane-private pieces), or
+// MXFP4 256 k (or 128 k when a unit is not a multiple of 256) x 16 rows (up to 2 KB, rows of 16-byte
+// chunks XOR-swizzled so that the per-lane quarter-group reads hit 32 distinct banks) followed by
+// the 16 rows' E8M0 scales (8 bytes a row).
+constexpr int kMxDataBytes = 2048;
+constexpr int kSlotBytes = kMxDataBytes + kRows * 8;
 constexpr int kMaxRing = 6;
 constexpr int kMinRing = 2;
 constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
@@ -79,6 +82,14 @@ int units_of(int64_t k) {
 
 __device__ __forceinline__ uint32_t word4(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
+// Byte offset of 16-byte chunk c (a 32-value group) of row r in an MXFP4 stage with `cpr` chunks
+// per row (8 for 256 k, 4 for 128 k). Lanes (g, t) read chunk j of rows nt * 8 + g at t * 4: the
+// swizzle spreads the 8 rows g over distinct bank groups.
+__device__ __forceinline__ int mx_chunk(int r, int c, int cpr) {
+  const int phys = cpr == 8 ? (c ^ (r & 7)) : (c ^ ((r >> 1) & 3));
+  return r * cpr * 16 + phys * 16;
+}
+
 // ---------------------------------------------------------------- 1. gate + route
 struct RouteArgs {
   kernels::MoeGateParams gate;   // logits, bias / tid2eid, ids, weights
@@ -88,6 +99,7 @@ struct RouteArgs {
   int32_t* pair_token;
   float* pair_weight;
   int32_t* token_pair;
+  int32_t* combine_order;
 };
 
 size_t route_smem(int n_experts, int expert_count) {
@@ -148,16 +160,25 @@ __device__ void route_block(const RouteArgs& a, uint8_t* smem_raw) {
   // Placement. The order of an expert's pairs is whatever the atomics give: no result depends on
   // it (a token's expert output is independent of the other tokens, and the combine walks each
   // token's experts in id order through token_pair).
+  // The combine's order: a token's pairs by ascending expert id, ties (a hash table repeating an
+  // expert) by slot, as a stable sort: the ranks are a permutation of the token's slots.
   for (int64_t p = threadIdx.x; p < P; p += nthreads) {
-    const int e = a.gate.expert_ids[p] - a.expert_begin;
+    const int id = a.gate.expert_ids[p], e = id - a.expert_begin;
+    const int k = static_cast<int>(p % K);
+    int pos = -1;
     if (e >= 0 && e < EL) {
-      const int pos = act_off[slot_of[e]] + atomicAdd(&cursor[e], 1);
+      pos = act_off[slot_of[e]] + atomicAdd(&cursor[e], 1);
       a.pair_token[pos] = static_cast<int32_t>(p / K);
       a.pair_weight[pos] = a.gate.weights[p];
-      a.token_pair[p] = pos;
-    } else {
-      a.token_pair[p] = -1;
     }
+    a.token_pair[p] = pos;
+    const int64_t t0 = p / K * K;
+    int rank = 0;
+    for (int q = 0; q < K; ++q) {
+      const int iq = a.gate.expert_ids[t0 + q];
+      rank += iq < id || (iq == id && q < k);
+    }
+    a.combine_order[t0 + rank] = pos;
   }
 }
 
@@ -205,6 +226,7 @@ struct ExpertArgs {
   float* shared_out;          // down: [tokens, n]
   float limit;
   int units, tpi, ring;       // k units per matrix, tiles per item, ring stages per warp
+  int mx_k;                   // k of an MXFP4 stage: 256, or 128 when a unit is not a multiple of 256
   int64_t ipc;                // items per job-chunk (tiles / tpi)
   int64_t chunks_shared;      // 32-row chunks of the shared job (0 without it)
   int64_t chunks_max;         // chunk dimension of the quantization counters
@@ -213,8 +235,7 @@ struct ExpertArgs {
   uint8_t* act_scales;
   int32_t* qcnt;              // [(1 + max_active) * chunks_max * (n / 128)]
   // down: combine (last item of each 16-column tile)
-  const int32_t* token_pair;  // [tokens, topk]
-  const int32_t* expert_ids;  // [tokens, topk]
+  const int32_t* combine_order;  // [tokens, topk] pairs by ascending expert id, -1: another rank's
   int topk;
   float* y;                   // [tokens, n]
   int routed_only;
@@ -245,7 +266,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   uint8_t* ring = smem + static_cast<size_t>(warp) * S * kSlotBytes;
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(kWarps) * S * kSlotBytes);
   const int64_t ku = a.k / U;
-  const int nst = static_cast<int>(ku / 128);  // 128-k stages per unit (FP8 and MXFP4 alike)
+  const int nst_fp8 = static_cast<int>(ku / 128), nst_mx = static_cast<int>(ku / a.mx_k);  // stages per unit
+  const int cpr = a.mx_k / 32;  // MXFP4 chunks (groups) per stage row
   int64_t total = 0;
   bool routed_known = false;
 
@@ -256,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     if (!routed_known) {  // before the wait: only the shared expert's items are known
       c.ok = jc < a.chunks_shared;
       c.job = 0;
-      c.nst = nst;
+      c.nst = nst_fp8;
       return;
     }
     c.ok = w < total;
@@ -268,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       else hi = mid;
     }
     c.job = lo;
-    c.nst = nst;
+    c.nst = a.has_shared && lo == 0 ? nst_fp8 : nst_mx;
   };
   auto next = [&](Cur& c) {
     if (++c.st == c.nst) locate(c, c.w + gridDim.x);
@@ -312,17 +334,17 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       }
     } else {
       const WeightRef& w = mm == 0 ? a.r0 : a.r1;
-      const int64_t rowb = a.k / 2;
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        const int i = p * 32 + lane, r = i >> 2, c16 = i & 3;
-        const uint8_t* src = static_cast<const uint8_t*>(w.data) + (x.wrow0 + row0 + r) * rowb + unit * ku / 2 +
-                             static_cast<int64_t>(c.st) * 64 + c16 * 16;
-        mma::cp_async16(slot + r * kMxRowStride + c16 * 16, src);
+      const int64_t rowb = a.k / 2, srow = a.k / 32;
+      const uint8_t* base = static_cast<const uint8_t*>(w.data) + (x.wrow0 + row0) * rowb + unit * ku / 2 +
+                            static_cast<int64_t>(c.st) * (a.mx_k / 2);
+      for (int i = lane; i < kRows * cpr; i += 32) {  // 2 or 4 chunks per lane
+        const int r = i / cpr, ch = i % cpr;
+        mma::cp_async16(slot + mx_chunk(r, ch, cpr), base + r * rowb + ch * 16);
       }
       if (lane < kRows) {
-        const uint8_t* src = w.scale + (x.wrow0 + row0 + lane) * (a.k / 32) + unit * ku / 32 + c.st * 4;
-        mma::cp_async4(slot + kMxScaleOff + lane * 4, src);
+        const uint8_t* src = w.scale + (x.wrow0 + row0 + lane) * srow + unit * ku / 32 + c.st * cpr;
+        if (cpr == 8) mma::cp_async8(slot + kMxDataBytes + lane * 8, src);
+        else mma::cp_async4(slot + kMxDataBytes + lane * 8, src);
       }
     }
   };
@@ -494,57 +516,61 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         }
       }
     } else {
-      // ---- MXFP4 routed expert: 4 groups of 32 k, one weight scale per mma ----
-      const int64_t kb = kb0 + st;
-      float ftok[MT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          ftok[mt][hh] =
-              mt < mt_act ? mma::exp2i(static_cast<int>(a.a_scales[static_cast<int64_t>(arow[mt][hh]) * ld_as + kb]) - 127)
-                          : 0.0f;
-      uint32_t sc[2][2];  // E8M0 of the 4 groups, C columns 2t and 2t + 1 of each n8 tile
+      // ---- MXFP4 routed expert: groups of 32 k, one weight scale per mma ----
+      uint2 sc[2][2];  // E8M0 of the stage's groups, C columns 2t and 2t + 1 of each n8 tile
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int q = 0; q < 2; ++q) sc[nt][q] = mma::lds32(slot + kMxScaleOff + (nt * 8 + 2 * t + q) * 4);
+        for (int q = 0; q < 2; ++q) sc[nt][q] = mma::lds64(slot + kMxDataBytes + (nt * 8 + 2 * t + q) * 8);
+      for (int sb = 0; sb < cpr / 4; ++sb) {  // 128-k blocks of the stage: one activation scale each
+        const int64_t kb = kb0 + (static_cast<int64_t>(st) * a.mx_k + sb * 128) / 128;
+        float ftok[MT][2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t bf[2][4];
-        float frow[2][2];
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          uint32_t lo, hi;
-          mma::e2m1x8_to_e4m3x8(mma::lds32(slot + (nt * 8 + g) * kMxRowStride + j * 16 + t * 4), lo, hi);
-          bf[nt][0] = mma::e4m3x2_to_f16x2(lo);
-          bf[nt][1] = mma::e4m3x2_to_f16x2(lo >> 16);
-          bf[nt][2] = mma::e4m3x2_to_f16x2(hi);
-          bf[nt][3] = mma::e4m3x2_to_f16x2(hi >> 16);
+          for (int hh = 0; hh < 2; ++hh)
+            ftok[mt][hh] = mt < mt_act ? mma::exp2i(static_cast<int>(
+                                             a.a_scales[static_cast<int64_t>(arow[mt][hh]) * ld_as + kb]) - 127)
+                                       : 0.0f;
 #pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            const int ew = (sc[nt][q] >> (8 * j)) & 0xff;  // weight values carry 2^-6
-            frow[nt][q] = ew == 255 ? __int_as_float(0x7fc00000) : mma::exp2i(ew - 127 + 6);
-          }
-        }
-        const int64_t kl = unit * ku + static_cast<int64_t>(st) * 128 + j * 32 + t * 8;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          if (mt >= mt_act) break;
-          const uint2 c0 = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[mt][0]) * a.k + kl);
-          const uint2 c1 = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[mt][1]) * a.k + kl);
-          const uint32_t a0[4] = {mma::e4m3x2_to_f16x2(c0.x), mma::e4m3x2_to_f16x2(c1.x),
-                                  mma::e4m3x2_to_f16x2(c0.x >> 16), mma::e4m3x2_to_f16x2(c1.x >> 16)};
-          const uint32_t a1[4] = {mma::e4m3x2_to_f16x2(c0.y), mma::e4m3x2_to_f16x2(c1.y),
-                                  mma::e4m3x2_to_f16x2(c0.y >> 16), mma::e4m3x2_to_f16x2(c1.y >> 16)};
+        for (int j = 0; j < 4; ++j) {
+          const int jj = sb * 4 + j;  // group within the stage
+          uint32_t bf[2][4];
+          float frow[2][2];
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
-            float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma::mma_f16(blk, a0, bf[nt][0], bf[nt][1]);
-            mma::mma_f16(blk, a1, bf[nt][2], bf[nt][3]);
+            uint32_t lo, hi;
+            mma::e2m1x8_to_e4m3x8(mma::lds32(slot + mx_chunk(nt * 8 + g, jj, cpr) + t * 4), lo, hi);
+            bf[nt][0] = mma::e4m3x2_to_f16x2(lo);
+            bf[nt][1] = mma::e4m3x2_to_f16x2(lo >> 16);
+            bf[nt][2] = mma::e4m3x2_to_f16x2(hi);
+            bf[nt][3] = mma::e4m3x2_to_f16x2(hi >> 16);
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-              acc[mt][nt][i] = fmaf(blk[i], frow[nt][i & 1] * ftok[mt][i >> 1], acc[mt][nt][i]);
+            for (int q = 0; q < 2; ++q) {
+              const uint32_t word = jj < 4 ? sc[nt][q].x : sc[nt][q].y;
+              const int ew = (word >> (8 * (jj & 3))) & 0xff;  // weight values carry 2^-6
+              frow[nt][q] = ew == 255 ? __int_as_float(0x7fc00000) : mma::exp2i(ew - 127 + 6);
+            }
+          }
+          const int64_t kl = unit * ku + static_cast<int64_t>(st) * a.mx_k + jj * 32 + t * 8;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if (mt >= mt_act) break;
+            const uint2 c0 = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[mt][0]) * a.k + kl);
+            const uint2 c1 = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[mt][1]) * a.k + kl);
+            const uint32_t a0[4] = {mma::e4m3x2_to_f16x2(c0.x), mma::e4m3x2_to_f16x2(c1.x),
+                                    mma::e4m3x2_to_f16x2(c0.x >> 16), mma::e4m3x2_to_f16x2(c1.x >> 16)};
+            const uint32_t a1[4] = {mma::e4m3x2_to_f16x2(c0.y), mma::e4m3x2_to_f16x2(c1.y),
+                                    mma::e4m3x2_to_f16x2(c0.y >> 16), mma::e4m3x2_to_f16x2(c1.y >> 16)};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma::mma_f16(blk, a0, bf[nt][0], bf[nt][1]);
+              mma::mma_f16(blk, a1, bf[nt][2], bf[nt][3]);
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                acc[mt][nt][i] = fmaf(blk[i], frow[nt][i & 1] * ftok[mt][i >> 1], acc[mt][nt][i]);
+            }
           }
         }
       }
@@ -687,22 +713,18 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               const int64_t tt = t0 + (lane >> 4);
               const int64_t col = row0 + (lane & 15);
               if (tt >= a.tokens) continue;
-              int order[kMaxTopk];
-              for (int q = 0; q < K; ++q) order[q] = q;
-              for (int q = 1; q < K; ++q) {  // ascending expert id (distinct within a token)
-                const int v = order[q];
-                int b = q - 1;
-                while (b >= 0 && a.expert_ids[tt * K + order[b]] > a.expert_ids[tt * K + v]) {
-                  order[b + 1] = order[b];
-                  --b;
-                }
-                order[b + 1] = v;
-              }
+              // The token's routed outputs in ascending expert id (the routing's combine order),
+              // loads first, then the adds in order; then the shared expert.
+              int32_t pos[kMaxTopk];
+              float val[kMaxTopk];
+#pragma unroll
+              for (int q = 0; q < kMaxTopk; ++q) pos[q] = q < K ? a.combine_order[tt * K + q] : -1;
+#pragma unroll
+              for (int q = 0; q < kMaxTopk; ++q) val[q] = pos[q] >= 0 ? mma::ld_cg(a.out + pos[q] * a.ldo + col) : 0.0f;
               float sum = 0.0f;
-              for (int q = 0; q < K; ++q) {
-                const int32_t pos = a.token_pair[tt * K + order[q]];
-                if (pos >= 0) sum = kc::add_rn(sum, mma::ld_cg(a.out + pos * a.ldo + col));
-              }
+#pragma unroll
+              for (int q = 0; q < kMaxTopk; ++q)
+                if (pos[q] >= 0) sum = kc::add_rn(sum, val[q]);
               a.y[tt * a.ldo + col] =
                   a.routed_only ? sum : kc::round_bf16(kc::add_rn(sum, mma::ld_cg(a.shared_out + tt * a.ldo + col)));
             }
@@ -770,6 +792,7 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
   ea.shared_out = a.buf.shared_out;
   ea.limit = a.swiglu_limit;
   ea.units = units_of(ea.k);
+  ea.mx_k = (ea.k / ea.units) % 256 == 0 ? 256 : 128;
   const int nm = UP ? 2 : 1;
   ea.tpi = kWarps / (nm * ea.units);
   ea.ipc = ea.n / kRows / ea.tpi;
@@ -778,8 +801,7 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
   ea.act_codes = a.buf.act_codes;
   ea.act_scales = a.buf.act_scales;
   ea.qcnt = a.buf.counters + quant0_of(d);
-  ea.token_pair = a.buf.token_pair;
-  ea.expert_ids = a.buf.expert_ids;
+  ea.combine_order = a.buf.combine_order;
   ea.topk = d.topk;
   ea.y = a.y;
   ea.routed_only = a.routed_only;
@@ -807,7 +829,7 @@ bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p
 
 bool mxfp4_ok(const WeightRef& w, int64_t n, int64_t k) {
   return w.format == WeightFormat::kMxfp4 && w.data && w.scale && w.k == k && w.n >= n && k % 128 == 0 &&
-         aligned(w.data, 16) && aligned(w.scale, 4);
+         aligned(w.data, 16) && aligned(w.scale, 8);
 }
 bool fp8_ok(const WeightRef& w, int64_t n, int64_t k) {
   return w.format == WeightFormat::kFp8Block && w.data && w.scale && w.k == k && w.n == n && k % 128 == 0 &&
@@ -827,6 +849,7 @@ size_t moe_decode_data_bytes(const MoeDecodeDims& d) {
   b += align256(sizeof(int32_t) * P);                   // pair_token
   b += align256(sizeof(float) * P);                     // pair_weight
   b += align256(sizeof(int32_t) * P);                   // token_pair
+  b += align256(sizeof(int32_t) * P);                   // combine_order
   b += align256(sizeof(float) * R * I);                 // act
   b += align256(static_cast<size_t>(R * I));            // act_codes
   b += align256(static_cast<size_t>(R * (I / 128)));    // act_scales
@@ -856,6 +879,7 @@ MoeDecodeBuffers moe_decode_carve(const MoeDecodeDims& d, void* base) {
   b.pair_token = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * P));
   b.pair_weight = reinterpret_cast<float*>(take(sizeof(float) * P));
   b.token_pair = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * P));
+  b.combine_order = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * P));
   b.act = reinterpret_cast<float*>(take(sizeof(float) * R * I));
   b.act_codes = take(static_cast<size_t>(R * I));
   b.act_scales = take(static_cast<size_t>(R * (I / 128)));
@@ -926,6 +950,7 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   ra.pair_token = a.buf.pair_token;
   ra.pair_weight = a.buf.pair_weight;
   ra.token_pair = a.buf.token_pair;
+  ra.combine_order = a.buf.combine_order;
   ga.ticket = a.buf.counters;
   const size_t smem = std::max(p.smem, route_smem(d.n_experts, a.expert_count));
   const dim3 grid(static_cast<unsigned>(p.grid));

@@ -34,6 +34,7 @@ struct MoeDecodeBuffers {
   int32_t* pair_token = nullptr;   // [T * topk] token of each pair, grouped by active expert
   float* pair_weight = nullptr;    // [T * topk]
   int32_t* token_pair = nullptr;   // [T, topk] pair of (token, slot), -1 for another rank's expert
+  int32_t* combine_order = nullptr;  // [T, topk] a token's pairs in ascending expert id (-1 as above)
   float* act = nullptr;            // [T * topk + T, inter] SwiGLU outputs: pairs, then shared rows
   uint8_t* act_codes = nullptr;    // [T * topk + T, inter] act_quant codes of `act`
   uint8_t* act_scales = nullptr;   // [T * topk + T, inter / 128]
