@@ -85,42 +85,39 @@ struct KernelArgs {
   Seg seg[kMaxDecodeSegments];
 };
 
-// Where a warp's weight stream is: item-chunk index w (>= total: done), stage st of its unit.
+// Where a warp's weight stream is: item-chunk index w (>= total: done), stage st of its unit, and
+// the item's segment, chunk and this warp's tile (unclamped) and unit (decoded once per item).
 struct Cursor {
   int64_t w;
-  int st, s, nst;
+  int st, s, nst, tile, unit;
+  int64_t chunk;
 };
 __device__ __forceinline__ void seek(const KernelArgs& a, Cursor& c, int64_t w) {
   c.w = w;
   c.st = 0;
   if (w >= a.total) return;
   const int64_t gi = w / a.chunks;
+  c.chunk = w - gi * a.chunks;
   int s = 0;
   while (s + 1 < a.num_segments && gi >= a.seg[s + 1].item0) ++s;
   c.s = s;
-  c.nst = a.seg[s].nst;
+  const Seg& sg = a.seg[s];
+  c.nst = sg.nst;
+  const int warp = threadIdx.x >> 5;
+  c.tile = static_cast<int>((gi - sg.item0) * sg.tpi) + warp / sg.units;
+  c.unit = warp % sg.units;
 }
 __device__ __forceinline__ void advance(const KernelArgs& a, Cursor& c) {
   if (++c.st == c.nst) seek(a, c, c.w + gridDim.x);
-}
-
-// This warp's tile (unclamped) and unit within item-chunk w of segment s.
-__device__ __forceinline__ void task_of(const KernelArgs& a, const Cursor& c, int warp, int& tile, int& unit) {
-  const Seg& sg = a.seg[c.s];
-  const int64_t gi = c.w / a.chunks;
-  tile = static_cast<int>((gi - sg.item0) * sg.tpi) + warp / sg.units;
-  unit = warp % sg.units;
 }
 
 template <Kind KIND>
 __device__ __forceinline__ void load_stage(const KernelArgs& a, const Cursor& c, uint8_t* slot, int warp, int lane) {
   using T = Traits<KIND>;
   const Seg& sg = a.seg[c.s];
-  int tile, unit;
-  task_of(a, c, warp, tile, unit);
-  tile = min(tile, sg.tiles - 1);
+  const int tile = min(c.tile, sg.tiles - 1);
   const int64_t rowb = a.k * T::kElemBytes;
-  const int64_t koff = unit * (rowb / sg.units) + static_cast<int64_t>(c.st) * 128;
+  const int64_t koff = c.unit * (rowb / sg.units) + static_cast<int64_t>(c.st) * 128;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
@@ -190,10 +187,11 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
   while (cons.w < a.total) {
     const Seg& sg = a.seg[cons.s];
     if (cons.st == 0) {
-      task_of(a, cons, warp, tile, unit);
+      tile = cons.tile;
+      unit = cons.unit;
       const int tc = min(tile, sg.tiles - 1);
       const int64_t ku = a.k / sg.units;
-      m0 = (cons.w % a.chunks) * kDecodeRowsPerCall;
+      m0 = cons.chunk * kDecodeRowsPerCall;
       const int64_t mt_left = (a.m - m0 + 15) / 16;
       mt_act = mt_left < MT ? static_cast<int>(mt_left) : MT;
 #pragma unroll

@@ -245,10 +245,17 @@ struct ExpertArgs {
 // Where a warp's weight stream is: item w (>= total: done), stage st, the item's job (0 = shared
 // when present) and stages per unit. `ok` false: past the end, or (before the grid-dependency
 // wait) an item whose job the routing has not decided yet.
+// An item's matrix, chunk and this warp's tile (decoded once per item).
+struct Ctx {
+  bool shared;
+  int32_t chunk, tile, off, nrows;  // off: the routed job's first pair; nrows: rows in the chunk
+  int32_t expert;                   // the routed job's local expert
+};
 struct Cur {
   int64_t w;
   int st, job, nst;
   bool ok;
+  Ctx x;
 };
 
 template <bool UP, int MT>
@@ -271,6 +278,25 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   int64_t total = 0;
   bool routed_known = false;
 
+  auto context = [&](const Cur& c) {
+    Ctx x;
+    const int64_t jc = c.w / a.ipc;
+    x.shared = a.has_shared && c.job == 0;
+    x.chunk = static_cast<int32_t>(jc - (routed_known ? s_pre[c.job] : 0));
+    x.tile = static_cast<int32_t>((c.w - jc * a.ipc) * a.tpi + tl);
+    x.off = 0;
+    x.expert = 0;
+    int64_t rows = a.tokens;
+    if (!x.shared) {
+      const int r = c.job - a.has_shared;
+      x.expert = a.active[1 + r];
+      x.off = a.active[1 + a.max_active + r];
+      rows = a.active[1 + a.max_active + r + 1] - x.off;
+    }
+    const int64_t left = rows - static_cast<int64_t>(x.chunk) * kChunk;
+    x.nrows = static_cast<int32_t>(left < kChunk ? left : kChunk);
+    return x;
+  };
   auto locate = [&](Cur& c, int64_t w) {
     c.w = w;
     c.st = 0;
@@ -279,6 +305,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       c.ok = jc < a.chunks_shared;
       c.job = 0;
       c.nst = nst_fp8;
+      if (c.ok) c.x = context(c);
       return;
     }
     c.ok = w < total;
@@ -291,38 +318,14 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     }
     c.job = lo;
     c.nst = a.has_shared && lo == 0 ? nst_fp8 : nst_mx;
+    c.x = context(c);
   };
   auto next = [&](Cur& c) {
     if (++c.st == c.nst) locate(c, c.w + gridDim.x);
   };
-  // The item's matrix, chunk and tile for this warp.
-  struct Ctx {
-    bool shared;
-    int64_t chunk, tile, off, nrows;  // off: the routed job's first pair; nrows: rows in the chunk
-    int64_t wrow0;                    // the routed expert's first weight row
-  };
-  auto context = [&](const Cur& c) {
-    Ctx x;
-    const int64_t jc = c.w / a.ipc;
-    x.shared = a.has_shared && c.job == 0;
-    x.chunk = jc - (routed_known ? s_pre[c.job] : 0);
-    x.tile = (c.w % a.ipc) * a.tpi + tl;
-    x.off = 0;
-    x.wrow0 = 0;
-    int64_t rows = a.tokens;
-    if (!x.shared) {
-      const int r = c.job - a.has_shared;
-      const int le = a.active[1 + r];
-      x.off = a.active[1 + a.max_active + r];
-      rows = a.active[1 + a.max_active + r + 1] - x.off;
-      x.wrow0 = static_cast<int64_t>(le) * a.n;
-    }
-    x.nrows = rows - x.chunk * kChunk < kChunk ? rows - x.chunk * kChunk : kChunk;
-    return x;
-  };
   auto load = [&](const Cur& c, uint8_t* slot) {
-    const Ctx x = context(c);
-    const int64_t row0 = x.tile * kRows;
+    const Ctx& x = c.x;
+    const int64_t row0 = static_cast<int64_t>(x.tile) * kRows;
     if (x.shared) {
       const WeightRef& w = mm == 0 ? a.s0 : a.s1;
 #pragma unroll
@@ -335,14 +338,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     } else {
       const WeightRef& w = mm == 0 ? a.r0 : a.r1;
       const int64_t rowb = a.k / 2, srow = a.k / 32;
-      const uint8_t* base = static_cast<const uint8_t*>(w.data) + (x.wrow0 + row0) * rowb + unit * ku / 2 +
+      const int64_t wrow0 = static_cast<int64_t>(x.expert) * a.n;  // the expert's first weight row
+      const uint8_t* base = static_cast<const uint8_t*>(w.data) + (wrow0 + row0) * rowb + unit * ku / 2 +
                             static_cast<int64_t>(c.st) * (a.mx_k / 2);
       for (int i = lane; i < kRows * cpr; i += 32) {  // 2 or 4 chunks per lane
         const int r = i / cpr, ch = i % cpr;
         mma::cp_async16(slot + mx_chunk(r, ch, cpr), base + r * rowb + ch * 16);
       }
       if (lane < kRows) {
-        const uint8_t* src = w.scale + (x.wrow0 + row0 + lane) * srow + unit * ku / 32 + c.st * cpr;
+        const uint8_t* src = w.scale + (wrow0 + row0 + lane) * srow + unit * ku / 32 + c.st * cpr;
         if (cpr == 8) mma::cp_async8(slot + kMxDataBytes + lane * 8, src);
         else mma::cp_async4(slot + kMxDataBytes + lane * 8, src);
       }
@@ -436,14 +440,14 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   int slot_i = 0;
   while (cons.ok) {
     if (cons.st == 0) {
-      x = context(cons);
+      x = cons.x;
       mt_act = static_cast<int>((x.nrows + 15) / 16);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int64_t j0 = mt * 16 + g + hh * 8, j = j0 < x.nrows ? j0 : x.nrows - 1;
-          const int64_t jr = x.chunk * kChunk + j;
+          const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
           int64_t r;
           if (x.shared) r = UP ? jr : a.shared_arow0 + jr;
           else r = UP ? a.pair_token[x.off + jr] : x.off + jr;
@@ -452,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       if (x.shared) {
         const WeightRef& w = mm == 0 ? a.s0 : a.s1;
         const int64_t sld = w.scale_ld > 0 ? w.scale_ld : (a.k + 127) / 128;
-        wsc = w.scale + (x.tile * kRows / 128) * sld + kb0;
+        wsc = w.scale + (static_cast<int64_t>(x.tile) * kRows / 128) * sld + kb0;
       }
     }
     mma::cp_async_wait(S - 1);
@@ -628,7 +632,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
                 for (int i = 0; i < 4; ++i) acc[mt][nt][i] = kc::add_rn(acc[mt][nt][i], part(0, u, mt, nt, i));
       }
       if (lead) {
-        const int64_t row0 = x.tile * kRows;
+        const int64_t row0 = static_cast<int64_t>(x.tile) * kRows;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -638,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               const int64_t j = mt * 16 + g + (i >= 2 ? 8 : 0);  // row within the chunk
               if (j >= x.nrows) continue;
               const int64_t col = row0 + nt * 8 + 2 * t + (i & 1);
-              const int64_t jr = x.chunk * kChunk + j;
+              const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
               if constexpr (UP) {
                 // The linears' bf16 outputs, then SwiGLU exactly as the swiglu op (and the routing weight).
                 float u3 = part(NM - 1, 0, mt, nt, i);  // w3: its units in order
@@ -677,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           if (old == 7) {
             __threadfence();
             for (int64_t j = 0; j < x.nrows; ++j) {
-              const int64_t jr = x.chunk * kChunk + j;
+              const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
               const int64_t orow = x.shared ? a.shared_orow0 + jr : x.off + jr;
               const float* src = a.out + orow * a.ldo + blk * 128;
               float v[4];
