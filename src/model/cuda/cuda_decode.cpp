@@ -2,7 +2,8 @@
 // grouped output projection and the MoE go to the tensor-core decode kernels (kernels/cuda/
 // decode_gemm.h, moe_decode.h) when the weights allow, else to the generic ops. Each dec_* returns
 // false without launching anything when it does not apply, and the caller takes its generic path;
-// the choice depends on formats and shapes only, so a row's arithmetic never depends on the step.
+// the choice depends on formats and shapes and on the step's longest sequence (Impl::tc_rows), never
+// on its row count, so a row's arithmetic never depends on what else shares its step.
 #include <algorithm>
 
 #include "common/check.h"
