@@ -187,7 +187,16 @@ struct CudaModel::Impl {
     // (graph replay), so one graph serves every position up to the bucket.
     int64_t end_bound = 0;
     std::vector<int64_t> logits_row, taps_row;
+    // The step's GEMMs take the tensor cores (cuda_prefill.cpp) only when one of its sequences
+    // adds more than tc_min_rows tokens, or it has more rows than the decode path holds; otherwise
+    // every row of it runs the decode kernels (or the generic ops), so a row of a decode, a verify
+    // or a short prompt gets the same bits whatever else shares its step (prepare_plan).
+    bool tc = false;
   } step;
+  bool in_step = false;  // launch() is running step (a forward's layers), not a draft
+  // Whether a call of m rows runs on the tensor cores: the step's choice inside a forward, the row
+  // count elsewhere (the draft's context insertion and proposals).
+  bool tc_rows(int64_t m) const { return in_step ? step.tc : m > copt.tc_min_rows; }
   // ---- CUDA graphs: key = (sequences, tokens per sequence, logits mode, taps, context bucket) ----
   using GraphKey = std::tuple<int, int, int, int, int64_t>;
   std::map<GraphKey, cudaGraphExec_t> graphs;

@@ -101,7 +101,7 @@ void CudaModel::Impl::alloc_prefill() {
 }
 
 bool CudaModel::Impl::linear_tc(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out) {
-  if (m <= copt.tc_min_rows) return false;
+  if (!tc_rows(m)) return false;
   kernels::GemmParams p;
   p.x = xx;
   p.w = l.w;
@@ -121,7 +121,7 @@ bool CudaModel::Impl::linear_tc(const DLinear& l, const float* xx, int64_t m, fl
 }
 
 bool CudaModel::Impl::gemm_bf16_tc(const kernels::GemmParams& p) {
-  if (p.m <= copt.tc_min_rows) return false;
+  if (!tc_rows(p.m)) return false;
   kernels::GemmParams q = p;
   if (q.w.format == kernels::WeightFormat::kFp8Block && q.quantize_x_block == 0) {
     const auto it = tc_bf16_weights.find(q.w.data);  // wo_a's bf16 copy
@@ -134,7 +134,7 @@ bool CudaModel::Impl::gemm_bf16_tc(const kernels::GemmParams& p) {
 }
 
 bool CudaModel::Impl::moe_routed_tc(const cuda_model::DMoE& mo, const float* xx, int64_t n) {
-  if (n <= copt.tc_min_rows || !mo.grouped || !moe_tc.keys) return false;
+  if (!tc_rows(n) || !mo.grouped || !moe_tc.keys) return false;
   cuda_model::MoePrefillArgs a;
   a.x = xx;
   a.expert_ids = eids.get();
