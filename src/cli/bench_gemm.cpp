@@ -1,10 +1,11 @@
 // `tandem bench-gemm`: the prefill GEMMs at DeepSeek-V4-Flash's per-rank shapes under tensor
-// parallelism over 2 ranks, on the tensor cores: our block-scaled FP8 kernel (wgmma on sm_90a,
-// mma.sync elsewhere) against cuBLASLt's block-scaled FP8, the bf16 linears through cuBLASLt, and
-// the grouped MXFP4 expert GEMMs for --expert-tokens tokens routed 6 per token over 256 experts
-// (this rank: 128) with a trained router's uneven load. TF/s and the fraction of the device's dense
-// FP8 peak, measured in the same run by a large cuBLASLt FP8 GEMM with scalar scales. Random data
-// (never zeros), device-event medians after warm-up. A table, and JSON to --out.
+// parallelism over 2 ranks, on the tensor cores: our block-scaled FP8 and bf16 kernels on every back
+// end the device runs (sm_90: the warp-specialized TMA kernels the forward uses, and the portable
+// loop on wgmma and mma.sync) against cuBLASLt's block-scaled FP8 and bf16, and the grouped MXFP4
+// expert GEMMs for --expert-tokens tokens routed 6 per token over 256 experts (this rank: 128) with
+// a trained router's uneven load. TF/s and the fraction of the device's dense FP8 peak, measured in
+// the same run by a large cuBLASLt FP8 GEMM with scalar scales. Random data (never zeros),
+// device-event medians after warm-up. A table, and JSON to --out.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -98,6 +99,16 @@ double time_ms(cudaStream_t s, int reps, const std::function<void()>& f) {
   TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// Our kernels' back ends on this device, the forward's (kAuto) first: sm_90 wgmma-ws, wgmma,
+// mma.sync; elsewhere mma.sync.
+std::vector<kc::TcBackend> our_backends() {
+  std::vector<kc::TcBackend> b{kc::tc_backend_for_device()};
+  if (kc::tc_device_has_wgmma())
+    for (kc::TcBackend x : {kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
+      if (x != b.front()) b.push_back(x);
+  return b;
 }
 
 struct Shape {
@@ -219,8 +230,9 @@ Status bench(const Args& a) {
       sh.ldy = P;
       sh.bf16_out = bf16_out;
       if (!lt->prepare(sh, P, P, false).ok()) continue;
+      if (!lt->run(sh, P, wbuf.get(), xbuf.get(), ybuf.get(), nullptr, nullptr, st).ok()) continue;
       const double ms = time_ms(st, a.reps, [&] {
-        lt->run(sh, P, wbuf.get(), xbuf.get(), ybuf.get(), nullptr, nullptr, st);
+        (void)lt->run(sh, P, wbuf.get(), xbuf.get(), ybuf.get(), nullptr, nullptr, st);
       });
       const double tf = add_row("peak", bf16_out ? "lt-fp8-scalar-bf16out" : "lt-fp8-scalar-f32out", P, P, P, 1, ms);
       best = std::max(best, tf);
@@ -233,9 +245,10 @@ Status bench(const Args& a) {
     sh.k = P;
     sh.ldx = P;
     sh.ldy = P;
-    if (lt->prepare(sh, P, P, false).ok()) {
+    if (lt->prepare(sh, P, P, false).ok() &&
+        lt->run(sh, P, wb16.get(), xb16.get(), ybuf.get(), nullptr, nullptr, st).ok()) {
       const double ms = time_ms(st, a.reps, [&] {
-        lt->run(sh, P, wb16.get(), xb16.get(), ybuf.get(), nullptr, nullptr, st);
+        (void)lt->run(sh, P, wb16.get(), xb16.get(), ybuf.get(), nullptr, nullptr, st);
       });
       j["bf16_peak_tflops"] = add_row("peak", "lt-bf16", P, P, P, 1, ms);
     }
@@ -277,20 +290,22 @@ Status bench(const Args& a) {
         g.n = s.n;
         g.k = s.k;
         g.round_bf16 = true;
-        std::vector<kc::TcBackend> bes{be};
-        if (be == kc::TcBackend::kWgmma) {
-          bes.push_back(kc::TcBackend::kWgmmaOverlap);
-          bes.push_back(kc::TcBackend::kMmaSync);
-        }
+        std::vector<kc::TcBackend> bes = our_backends();
+        if (kc::tc_device_has_wgmma()) bes.push_back(kc::TcBackend::kWgmmaOverlap);
         for (kc::TcBackend b : bes) {
           const double ms = time_ms(st, a.reps, [&] { kc::fp8_gemm_tc(g, b, st); });
           add_row(s.name, std::string("tc-") + kc::tc_backend_name(b), m, s.n, s.k, 1, ms);
         }
         if (lt->ready(lsh, m)) {
-          const double ms = time_ms(st, a.reps, [&] {
-            lt->run(lsh, m, wbuf.get(), xbuf.get(), ybuf.get(), wscale_f.get(), xscale.get(), st);
-          });
-          add_row(s.name, "lt-fp8-block", m, s.n, s.k, 1, ms);
+          const Status rs = lt->run(lsh, m, wbuf.get(), xbuf.get(), ybuf.get(), wscale_f.get(), xscale.get(), st);
+          if (!rs.ok()) {
+            std::printf("%-10s cuBLASLt at %lld rows: %s\n", s.name, static_cast<long long>(m), rs.to_string().c_str());
+          } else {
+            const double ms = time_ms(st, a.reps, [&] {
+              (void)lt->run(lsh, m, wbuf.get(), xbuf.get(), ybuf.get(), wscale_f.get(), xscale.get(), st);
+            });
+            add_row(s.name, "lt-fp8-block", m, s.n, s.k, 1, ms);
+          }
         }
         // The activation quantization feeding the GEMM (memory-bound: reported as time only).
         kc::Fp8QuantArgs q;
@@ -306,11 +321,35 @@ Status bench(const Args& a) {
         j["rows"].push_back({{"gemm", s.name}, {"path", "quant-x"}, {"m", m}, {"k", s.k}, {"us", qms * 1e3}});
         // (The first m*k codes and their scales are now real quantized activations: as good as random.)
       } else {
-        if (!lt->ready(lsh, m)) continue;
-        const double ms = time_ms(st, a.reps, [&] {
-          lt->run(lsh, m, wb16.get(), xb16.get(), ybuf.get(), nullptr, nullptr, st);
-        });
-        add_row(s.name, "lt-bf16", m, s.n, s.k, s.batch, ms);
+        // Ours (the forward's bf16 path) on each back end, then cuBLASLt's bf16.
+        kc::Bf16GemmArgs g;
+        g.x = reinterpret_cast<const uint16_t*>(xb16.get());
+        g.ldx = s.k * s.batch;
+        g.w = reinterpret_cast<const uint16_t*>(wb16.get());
+        g.y = ybuf.get();
+        g.ldy = s.n * s.batch;
+        g.m = m;
+        g.n = s.n;
+        g.k = s.k;
+        g.batch = s.batch;
+        g.x_batch_stride = s.k;
+        g.w_batch_rows = s.n;
+        g.y_batch_stride = s.n;
+        g.round_bf16 = true;
+        if (const char* why = kc::bf16_gemm_problem(g)) {
+          std::printf("%-10s ours: %s\n", s.name, why);
+        } else {
+          for (kc::TcBackend b : our_backends()) {
+            const double ms = time_ms(st, a.reps, [&] { kc::bf16_gemm_tc(g, b, st); });
+            add_row(s.name, std::string("tc-bf16-") + kc::tc_backend_name(b), m, s.n, s.k, s.batch, ms);
+          }
+        }
+        if (lt->ready(lsh, m) && lt->run(lsh, m, wb16.get(), xb16.get(), ybuf.get(), nullptr, nullptr, st).ok()) {
+          const double ms = time_ms(st, a.reps, [&] {
+            (void)lt->run(lsh, m, wb16.get(), xb16.get(), ybuf.get(), nullptr, nullptr, st);
+          });
+          add_row(s.name, "lt-bf16", m, s.n, s.k, s.batch, ms);
+        }
         const double cms = time_ms(st, a.reps, [&] {
           kc::f32_to_bf16_rows(xf.get(), s.k * s.batch, m, s.k * s.batch, reinterpret_cast<uint16_t*>(xb16.get()),
                                s.k * s.batch, st);
@@ -404,8 +443,7 @@ Status bench(const Args& a) {
     TANDEM_CUDA_CHECK(cudaMemcpy(&local, ms_.offsets + n_local, sizeof local, cudaMemcpyDeviceToHost));
     std::printf("experts: %lld tokens x %d over %d experts, this rank %d: %d local pairs, %d..%d per expert\n",
                 static_cast<long long>(T), topk, E, n_local, local, *mn, *mx);
-    std::vector<kc::TcBackend> bes{be};
-    if (be == kc::TcBackend::kWgmma) bes.push_back(kc::TcBackend::kMmaSync);
+    const std::vector<kc::TcBackend> bes = our_backends();
     nlohmann::json ex = {{"tokens", T}, {"topk", topk}, {"experts", E}, {"local_experts", n_local},
                          {"local_pairs", local}, {"min_pairs_per_expert", *mn}, {"max_pairs_per_expert", *mx}};
     ex["paths"] = nlohmann::json::array();

@@ -259,6 +259,56 @@ TEST(CudaDecodeGemm, RowsAreIndependentOfTheRowCount) {
   }
 }
 
+// A projection's k split depends on its own weight only (decode_gemm_units), so it gives the same
+// bits alone and grouped with others; here with segments of different splits (a 16384-row weight in
+// one unit, a 256-row one in four) whose 136 items outnumber the SMs, so CTAs stream items of both
+// segments back to back through one ring.
+TEST(CudaDecodeGemm, GroupedEqualsAloneWithMixedSplits) {
+  TANDEM_REQUIRE_GPU();
+  const int64_t K = 1024, M = 40;
+  HostMatrix big = random_matrix(WeightFormat::kFp8Block, 16384, K, 65);
+  HostMatrix small = random_matrix(WeightFormat::kFp8Block, 256, K, 66);
+  ASSERT_EQ(cuda::decode_gemm_units(big.dev(), true), 1);
+  ASSERT_EQ(cuda::decode_gemm_units(small.dev(), true), 4);
+  const std::vector<float> x = act_rows(M, K, 67);
+  Fp8Operand op = fp8_operand(x, M, K);
+  const Ref64 rs = reference(op.h.values.data(), K, 0, M, small);
+  const Ref64 rb = reference(op.h.values.data(), K, 0, 8, big);  // the first 8 rows' reference is enough
+  for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{40}}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    auto run = [&](bool grouped) {
+      auto yb = poisoned<float>(static_cast<size_t>(m * 16384)), ys = poisoned<float>(static_cast<size_t>(m * 256));
+      DecodeGemmArgs a;
+      a.x_codes = op.codes.get();
+      a.x_scales = op.scales.get();
+      a.ldx = K;
+      a.m = m;
+      a.k = K;
+      int s = 0;
+      if (grouped) {
+        a.seg[s].w = big.dev();
+        a.seg[s].y = yb.get();
+        a.seg[s].round_bf16 = true;
+        ++s;
+      }
+      a.seg[s].w = small.dev();
+      a.seg[s].y = ys.get();
+      a.seg[s].round_bf16 = true;
+      a.num_segments = s + 1;
+      cuda::decode_gemm(a, kStream);
+      return std::pair<std::vector<float>, std::vector<float>>(grouped ? to_host(yb) : std::vector<float>(), to_host(ys));
+    };
+    const auto [gb, gs] = run(true);
+    const std::vector<float> alone = run(false).second;
+    EXPECT_TRUE(same_bits(gs, alone)) << "256-row weight grouped vs alone";
+    EXPECT_TRUE(within_bound(gs, 256, ref_rows(rs, 0, m), decode_factor(K, 4), true)) << "256-row weight";
+    std::vector<float> first(static_cast<size_t>(std::min<int64_t>(m, 8) * 16384));
+    std::copy(gb.begin(), gb.begin() + first.size(), first.begin());
+    EXPECT_TRUE(within_bound(first, 16384, ref_rows(rb, 0, std::min<int64_t>(m, 8)), decode_factor(K, 1), true))
+        << "16384-row weight";
+  }
+}
+
 // decode_act_pack == rms_norm (round_bf16) then act_quant_fp8 with codes/scales, both CUDA ops, bit
 // for bit; the codes also equal the CPU op's on the normed rows; quantization alone equals the CPU op.
 TEST(CudaDecodeActPack, EqualsNormThenActQuant) {

@@ -4,15 +4,17 @@
 //  routing: ids and weights bit for bit those of the CUDA moe_gate op on the same logits, ids equal
 //    to the CPU op's; groups: every local (token, slot) exactly once under its expert, experts
 //    ascending, offsets consistent, other ranks' experts absent;
-//  experts up: each SwiGLU row a bf16 value the arithmetic allows: bf16(g), bf16(u) any bf16
-//    rounding of a value within the GEMV bound of g64, u64, then the swiglu op's fp32 SwiGLU (the
-//    device's expf within 2 ulp of the host's: relative error < 2^-20), then bf16;
+//  experts up: each SwiGLU row a bf16 value the arithmetic allows: bf16(g), bf16(u) the bf16
+//    rounding of some value within the GEMV bound of g64, u64, then the swiglu op's fp32 SwiGLU
+//    (relative error < 2^-20 against the exact function of those bf16 inputs), then bf16; checked
+//    as an interval (the SwiGLU's range over the box of possible inputs), so any bound width works;
 //  act_quant: codes and scales bit for bit the CPU op's on the device rows;
 //  experts down: correctly rounded within the GEMV bound of float64 on those codes;
 //  combine: bit for bit the host's fp32 sum in ascending expert id plus the shared expert, bf16.
 // Then: every row count gives the same bits per token (1, 6, 8, 48, 96 within a 96-token call), a
-// rank's local expert range (routed sum only), hash routing, a captured graph equal to eager, and
-// a loose end-to-end comparison with the CPU composition (forward.cpp's moe) as a sanity check.
+// rank's local expert range (routed sum only), hash routing, a captured graph equal to eager (the
+// kernels' arrival counters are left at zero by every call), and a loose end-to-end comparison with
+// the CPU composition (forward.cpp's moe) as a sanity check.
 #include <algorithm>
 #include <map>
 
@@ -36,20 +38,14 @@ double rn_bf16(double v) {  // round a double to the nearest bf16 (ties to even)
 bool in_bf16_range(float got, double lo, double hi) {  // got is RN_bf16 of some real in [lo, hi]
   return num::round_bf16(got) == got && got >= rn_bf16(lo) && got <= rn_bf16(hi);
 }
-int bf16_ord(double v) {  // monotonic integer of a bf16 value
-  const uint16_t h = num::f32_to_bf16(static_cast<float>(v));
-  return (h & 0x8000) ? -static_cast<int>(h & 0x7fff) : static_cast<int>(h);
-}
-double bf16_from_ord(int o) {
-  const uint16_t h = o < 0 ? static_cast<uint16_t>(0x8000 | (-o)) : static_cast<uint16_t>(o);
-  return num::bf16_to_f32(h);
-}
-// Every bf16 value that is the rounding of some real in [v - b, v + b].
-std::vector<double> bf16_candidates(double v, double b) {
-  std::vector<double> c;
-  const int lo = bf16_ord(rn_bf16(v - b)), hi = bf16_ord(rn_bf16(v + b));
-  for (int o = lo; o <= hi && c.size() < 64; ++o) c.push_back(bf16_from_ord(o));
-  return c;
+// silu(x) = x / (1 + e^-x) in float64, and its range over [lo, hi] (one minimum, near -1.2785).
+double silu64(double x) { return x / (1.0 + std::exp(-x)); }
+std::pair<double, double> silu_range(double lo, double hi) {
+  constexpr double kArgMin = -1.2784645427610738;  // silu'(x) = 0
+  double a = silu64(lo), b = silu64(hi);
+  double mn = std::min(a, b), mx = std::max(a, b);
+  if (lo < kArgMin && kArgMin < hi) mn = std::min(mn, silu64(kArgMin));
+  return {mn, mx};
 }
 
 // ---- a random MoE layer ----
@@ -105,6 +101,7 @@ void prepare(MoeRun& r, const Layer& L, const std::vector<float>& x, int64_t m, 
   d.max_tokens = max_tokens;
   r.mem = poisoned<uint8_t>(cuda_model::moe_decode_bytes(d), 0x7f);
   r.buf = cuda_model::moe_decode_carve(d, r.mem.get());
+  cuda_model::moe_decode_init(d, r.buf, kStream);  // the arrival counters (the data stays poisoned)
   r.x = x;
   r.dx = to_dev(x);
   r.hc = host_act_quant(x, m, d.dim, d.dim);
@@ -243,27 +240,33 @@ void check_stages(const MoeRun& r, const Layer& L) {
   const bool shared = a.sh_w1.data != nullptr;
   const int64_t srow0 = m * K, rows = srow0 + (shared ? m : 0);
   const std::vector<float> act = fetch(a.buf.act, static_cast<size_t>(rows * I));
-  const double fu = decode_factor(D, 4);  // k split <= 4 for k <= 4096 (moe_k_split)
+  const double fu = decode_factor(D, cuda_model::moe_decode_units(D, true));
   auto check_up = [&](int64_t row, int64_t token, const HostMatrix& w1, const HostMatrix& w3, int64_t wrow0,
                       const float* weight) -> bool {
     const Ref64 g = reference(r.hc.values.data() + token * D, D, 0, 1, w1, wrow0, I);
     const Ref64 u = reference(r.hc.values.data() + token * D, D, 0, 1, w3, wrow0, I);
+    const double L = 10.0;
     for (int64_t j = 0; j < I; ++j) {
       const float got = act[row * I + j];
-      bool ok = false;
-      for (double gb : bf16_candidates(g.y[j], fu * g.a[j])) {
-        for (double ub : bf16_candidates(u.y[j], fu * u.a[j])) {
-          // The swiglu op's fp32 arithmetic with the host's expf; the device's expf is within 2 ulp.
-          const float uu = std::clamp(static_cast<float>(ub), -10.0f, 10.0f), gg = std::min(static_cast<float>(gb), 10.0f);
-          float v = gg / (1.0f + std::exp(-gg)) * uu;
-          if (weight) v = *weight * v;
-          const double e = std::fabs(static_cast<double>(v)) * std::ldexp(1.0, -20);
-          if (in_bf16_range(got, v - e, v + e)) ok = true;
-        }
+      // bf16(g) and bf16(u) lie in the roundings of the GEMV bound's ends (rounding is monotone).
+      const double g_lo = rn_bf16(g.y[j] - fu * g.a[j]), g_hi = rn_bf16(g.y[j] + fu * g.a[j]);
+      const double u_lo = rn_bf16(u.y[j] - fu * u.a[j]), u_hi = rn_bf16(u.y[j] + fu * u.a[j]);
+      const auto [s_lo, s_hi] = silu_range(std::min(g_lo, L), std::min(g_hi, L));
+      const double c_lo = std::clamp(u_lo, -L, L), c_hi = std::clamp(u_hi, -L, L);
+      double lo = std::min({s_lo * c_lo, s_lo * c_hi, s_hi * c_lo, s_hi * c_hi});
+      double hi = std::max({s_lo * c_lo, s_lo * c_hi, s_hi * c_lo, s_hi * c_hi});
+      if (weight) {
+        const double w = *weight, a0 = lo * w, a1 = hi * w;
+        lo = std::min(a0, a1);
+        hi = std::max(a0, a1);
       }
-      if (!ok) {
-        ADD_FAILURE() << "SwiGLU row " << row << " (token " << token << ") column " << j << ": got " << got << ", g64 "
-                      << g.y[j] << " u64 " << u.y[j] << (weight ? " weight " : "") << (weight ? *weight : 0.0f);
+      // The swiglu op's fp32 arithmetic (expf within 2 ulp, four correctly rounded operations).
+      const double e = std::max(std::fabs(lo), std::fabs(hi)) * std::ldexp(1.0, -20) + std::ldexp(1.0, -126);
+      if (!in_bf16_range(got, lo - e, hi + e)) {
+        ADD_FAILURE() << "SwiGLU row " << row << " (token " << token << ") column " << j << ": got " << got
+                      << ", allowed [" << rn_bf16(lo - e) << ", " << rn_bf16(hi + e) << "]; g64 " << g.y[j] << " +- "
+                      << fu * g.a[j] << ", u64 " << u.y[j] << " +- " << fu * u.a[j]
+                      << (weight ? ", weight " : "") << (weight ? *weight : 0.0f);
         return false;
       }
     }
@@ -295,7 +298,7 @@ void check_stages(const MoeRun& r, const Layer& L) {
   // 6. experts down
   const std::vector<float> pout = fetch(a.buf.pair_out, static_cast<size_t>(std::max<int64_t>(plocal, 1) * D));
   const std::vector<float> sout = fetch(a.buf.shared_out, static_cast<size_t>(m * D));
-  const double fd = decode_factor(I, 4);
+  const double fd = decode_factor(I, cuda_model::moe_decode_units(I, false));
   for (size_t q = 0; q < used_rows.size(); ++q) {
     const int64_t row = used_rows[q];
     const bool is_shared = row >= srow0;
@@ -331,9 +334,8 @@ void check_stages(const MoeRun& r, const Layer& L) {
   }
 }
 
-// The expert kernels split k as moe_decode.cu's moe_k_split (at most 4 for k <= 4096); the bounds
-// above use 4, the largest, which only widens them by (4 - k_split) * 2^-24 * sum |x w|. The MXFP4
-// groups' two steps and fp32 adds stay inside the same bound (2^-18 + k/32 * 2^-24 <= k/16 * 2^-19).
+// The expert kernels split k into moe_decode_units(k) units; the MXFP4 groups' two steps and fp32
+// adds stay inside the same bound (2^-18 + k/32 * 2^-24 <= k/16 * 2^-19).
 
 void run_and_check(const Layer& L, int64_t m, bool hash, uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << "dim " << L.d.dim << " inter " << L.d.inter << " experts " << L.d.n_experts
@@ -430,7 +432,8 @@ TEST(CudaMoeDecode, GraphReplayEqualsEager) {
   const std::vector<float> want = to_host(r.y);
   cudaGraph_t g;
   TANDEM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  TANDEM_CUDA_CHECK(cudaMemsetAsync(r.mem.get(), 0x7f, r.mem.bytes(), s));
+  // Poison every data buffer inside the graph; the counters are the kernels' own (zero between calls).
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(r.mem.get(), 0x7f, cuda_model::moe_decode_data_bytes(r.args.dims), s));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(r.y.get(), 0xff, r.y.bytes(), s));
   cuda_model::moe_decode(r.args, s);
   TANDEM_CUDA_CHECK(cudaStreamEndCapture(s, &g));

@@ -14,16 +14,18 @@
 // An activation that is not bf16-valued is rounded to bf16 (RN) by the last two kinds.
 //
 // Accumulation (one scheme for every m, so decode, verify and padded graph batches give the same
-// bits for a row): the k range is cut into `k_split` consecutive units (picked from the weight
-// format, the launch's total rows and k; never from m); within a unit the tensor core accumulates
-// 16 k at a time in k order (FP8: in the current 128-k block's scale, the accumulator rescaled by
-// an exact power of two between blocks); the units' fp32 partials are then added in unit order.
+// bits for a row, and a projection gives the same bits alone or grouped with others): each
+// weight's k range is cut into `units` consecutive units (decode_gemm_units: picked from the
+// weight's format, rows and k; never from m or the rest of the launch); within a unit the tensor
+// core accumulates 16 k at a time in k order (FP8: in the current 128-k block's scale, the
+// accumulator rescaled by an exact power of two between blocks); the units' fp32 partials are
+// then added in unit order.
 // Error bound (tests/cuda/decode_gemm_test.cpp). Tensor-core model: a k16 step adds its 16 exact
 // products to the accumulator aligned to the largest term and truncated to fp32's 24 bits, no
 // guard bits: its error is below 16 * 2^-23 of the largest term, so below 2^-19 * sum_i |x_i w_i|
 // (the accumulator is bounded by the sum so far). With S = k/16 steps, exact power-of-two scaling
-// and k_split + 2 fp32 roundings after it:
-// |y - y_exact| <= (S * 2^-19 + (k_split + 2) * 2^-24) * sum_i |x_i w_i|, before the bf16 rounding.
+// and units + 2 fp32 roundings after it:
+// |y - y_exact| <= (S * 2^-19 + (units + 2) * 2^-24) * sum_i |x_i w_i|, before the bf16 rounding.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -66,8 +68,24 @@ struct DecodeGemmArgs {
 // Depends on the weight alone, so a projection takes the same path at every row count.
 bool decode_gemm_supports(const WeightRef& w, bool fp8_act);
 
-// The k split the launch would use (exposed for tests and the benchmark).
+// Units of k of weight `w` (see Accumulation above), and the largest over a launch's segments
+// (what the tests' error bound uses).
+int decode_gemm_units(const WeightRef& w, bool fp8_act);
 int decode_gemm_k_split(const DecodeGemmArgs& a);
+
+// The device's launch limits the decode kernels size themselves by (cached per device): SMs, the
+// opt-in shared memory of one block, of one SM, and the share of a CTA that leaves room for a CTA
+// of the next kernel on the same SM (programmatic dependent launch overlaps the two).
+struct DecodeLaunchLimits {
+  int sms = 0;
+  int smem_per_block = 0;
+  int smem_per_sm = 0;
+  int smem_half = 0;
+};
+const DecodeLaunchLimits& decode_launch_limits();
+// Raises `kernel`'s dynamic shared memory limit to the most one block may have beside its static
+// shared memory (call once per kernel, outside stream capture).
+void decode_allow_smem(const void* kernel);
 
 void decode_gemm(const DecodeGemmArgs& a, cudaStream_t s);
 

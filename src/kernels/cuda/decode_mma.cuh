@@ -93,7 +93,44 @@ __device__ __forceinline__ uint32_t ld_stream_u32(const void* p) {
 // Activations: written by the previous kernel (so never the non-coherent path), read by every warp
 // of the CTA that covers the same k range: ordinary cached loads.
 __device__ __forceinline__ uint4 ld_act16(const void* p) { return *static_cast<const uint4*>(p); }
+__device__ __forceinline__ uint2 ld_act8(const void* p) { return *static_cast<const uint2*>(p); }
 __device__ __forceinline__ float4 ld_act_f4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// Data other CTAs of the same launch wrote (k-split partials, SwiGLU rows read by the last
+// arriver): L2 only, never a possibly stale L1 line of an earlier call.
+__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
+
+// ---- cp.async (sm_80 and later, every target): global -> shared without registers ----
+// The weight stream of the decode kernels: each lane copies the 16-byte pieces it will itself read
+// back, so the only synchronization is cp.async.wait_group in that lane (no barrier).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst_smem, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(smem_u32(dst_smem)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* dst_smem, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst_smem)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst_smem, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst_smem)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most n (0..7) of this thread's committed groups are pending.
+__device__ __forceinline__ void cp_async_wait(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
+__device__ __forceinline__ uint4 lds128(const void* p) { return *static_cast<const uint4*>(p); }
+__device__ __forceinline__ uint2 lds64(const void* p) { return *static_cast<const uint2*>(p); }
+__device__ __forceinline__ uint32_t lds32(const void* p) { return *static_cast<const uint32_t*>(p); }
 
 // ---- power-of-two scales ----
 // 2^d for any integer d: exact in [-149, 127], 0 below, 2^127 above (pathological scale gaps).

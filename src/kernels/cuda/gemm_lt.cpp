@@ -1,9 +1,11 @@
 // cuBLASLt plans (gemm_lt.h): descriptors built on the stack per call, algorithms chosen per
-// row-count bucket at prepare().
+// row-count bucket at prepare(). Every cuBLASLt failure is a Status.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "common/check.h"
@@ -14,15 +16,9 @@ namespace {
 
 static_assert(sizeof(cublasLtMatmulAlgo_t) == 64, "cublasLtMatmulAlgo_t layout");
 
-#define TANDEM_LT_CHECK(call)                                                                          \
-  do {                                                                                                 \
-    const cublasStatus_t tandem_lt_st_ = (call);                                                       \
-    if (tandem_lt_st_ != CUBLAS_STATUS_SUCCESS) {                                                      \
-      std::fprintf(stderr, "%s:%d: cuBLASLt error %d in %s\n", __FILE__, __LINE__,                    \
-                   static_cast<int>(tandem_lt_st_), #call);                                            \
-      std::abort();                                                                                    \
-    }                                                                                                  \
-  } while (0)
+Status lt_error(cublasStatus_t st, const char* what) {
+  return make_error(StatusCode::kInternal, "cuBLASLt {} failed ({})", what, static_cast<int>(st));
+}
 
 cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
 
@@ -110,33 +106,49 @@ Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m, bool one_
     return invalid_argument("cuBLASLt shape n {} k {} ldx {} ldy {} batch {}", s.n, s.k, s.ldx, s.ldy, s.batch);
   Plan plan;
   plan.shape = s;
-  plan.min_m = min_m;
+  plan.m_multiple = s.kind == LtKind::kFp8Block ? 4 : 1;
+  plan.min_m = (min_m + plan.m_multiple - 1) / plan.m_multiple * plan.m_multiple;
+  if (plan.min_m > max_m)
+    return make_error(StatusCode::kFailedPrecondition, "no row count in {}..{} is a multiple of {}", min_m, max_m,
+                      plan.m_multiple);
   cublasLtMatmulPreference_t pref = nullptr;
-  TANDEM_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  cublasStatus_t cst = cublasLtMatmulPreferenceCreate(&pref);
+  if (cst != CUBLAS_STATUS_SUCCESS) return lt_error(cst, "preference create");
   const uint64_t ws = ws_.bytes();
-  TANDEM_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  if (one_algo) {
+  cst = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (cst == CUBLAS_STATUS_SUCCESS && one_algo) {
     const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    TANDEM_LT_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof none));
+    cst = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof none);
+  }
+  if (cst != CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatmulPreferenceDestroy(pref);
+    return lt_error(cst, "preference attribute");
   }
   // Dummy (never dereferenced) scale pointers: the heuristics only see that they are set.
   const float* dummy = one_.get();
-  auto heuristic = [&](int64_t m, cublasLtMatmulAlgo_t* algo) {
+  // The heuristic's answers for m rows (up to 16), split-K removed when one_algo.
+  auto candidates = [&](int64_t m, std::vector<cublasLtMatmulAlgo_t>* out) {
     Descs d;
-    if (init_descs(d, s, m, dummy, dummy, one_.get()) != CUBLAS_STATUS_SUCCESS) return false;
-    cublasLtMatmulHeuristicResult_t r[4];
+    if (init_descs(d, s, m, dummy, dummy, one_.get()) != CUBLAS_STATUS_SUCCESS) return;
+    cublasLtMatmulHeuristicResult_t r[16];
     int n = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt(handle_), &d.op, &d.a, &d.b, &d.c, &d.d, pref, 4, r, &n) !=
-            CUBLAS_STATUS_SUCCESS ||
-        n < 1)
-      return false;
+    if (cublasLtMatmulAlgoGetHeuristic(lt(handle_), &d.op, &d.a, &d.b, &d.c, &d.d, pref, 16, r, &n) !=
+        CUBLAS_STATUS_SUCCESS)
+      return;
     for (int i = 0; i < n; ++i) {
       if (r[i].state != CUBLAS_STATUS_SUCCESS || r[i].workspaceSize > ws) continue;
-      *algo = r[i].algo;
-      return true;
+      cublasLtMatmulAlgo_t algo = r[i].algo;
+      if (one_algo) {
+        const int32_t one_split = 1;
+        const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split,
+                                                 sizeof one_split) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
+                                                 sizeof no_reduction) != CUBLAS_STATUS_SUCCESS)
+          continue;
+      }
+      out->push_back(algo);
     }
-    return false;
   };
   auto check = [&](int64_t m, const cublasLtMatmulAlgo_t& algo) {
     Descs d;
@@ -145,29 +157,48 @@ Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m, bool one_
     return cublasLtMatmulAlgoCheck(lt(handle_), &d.op, &d.a, &d.b, &d.c, &d.d, &algo, &r) == CUBLAS_STATUS_SUCCESS &&
            r.workspaceSize <= ws;
   };
-  // Bucket ends: 128, 256, ... up to the first >= max_m (the first bucket starts at min_m).
+  // Bucket ends: 128, 256, ... up to the first >= max_m (the first bucket starts at min_m); the
+  // row counts each candidate must pass: its bucket's first and last (for one_algo every bucket's).
   std::vector<int64_t> ends;
   for (int64_t hi = 128;; hi *= 2) {
-    if (hi >= min_m) ends.push_back(hi);
+    if (hi >= plan.min_m) ends.push_back(hi);
     if (hi >= max_m) break;
   }
+  // The first candidate (from the heuristic at each of `probe`) that passes check() at every row
+  // count of `need`; a note of what failed otherwise.
+  std::string failed;
+  auto choose = [&](const std::vector<int64_t>& probe, const std::vector<int64_t>& need,
+                    cublasLtMatmulAlgo_t* algo) {
+    std::vector<cublasLtMatmulAlgo_t> cand;
+    for (int64_t m : probe) candidates(m, &cand);
+    if (cand.empty()) {
+      failed = "no heuristic answer at these row counts";
+      return false;
+    }
+    int64_t worst = need.front();
+    for (const cublasLtMatmulAlgo_t& c : cand) {
+      bool ok = true;
+      for (int64_t m : need)
+        if (!check(m, c)) {
+          ok = false;
+          worst = m;
+          break;
+        }
+      if (ok) {
+        *algo = c;
+        return true;
+      }
+    }
+    failed = "none of " + std::to_string(cand.size()) + " candidates runs " + std::to_string(worst) + " rows";
+    return false;
+  };
   Status status;
   if (one_algo) {
-    // One algorithm, without split-K, for every row count: each output's summation order is then the
-    // kernel's K loop whatever m is, so a row's result does not depend on the rows around it.
+    // One algorithm, without split-K, for every row count.
+    std::vector<int64_t> need{plan.min_m};
+    need.insert(need.end(), ends.begin(), ends.end());
     cublasLtMatmulAlgo_t algo;
-    bool ok = heuristic(ends.back(), &algo);
-    if (ok) {
-      const int32_t one_split = 1;
-      const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-      ok = cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split,
-                                                sizeof one_split) == CUBLAS_STATUS_SUCCESS &&
-           cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
-                                                sizeof no_reduction) == CUBLAS_STATUS_SUCCESS;
-    }
-    ok = ok && check(min_m, algo);
-    for (int64_t e : ends) ok = ok && check(e, algo);
-    if (ok) {
+    if (choose(need, need, &algo)) {
       for (int64_t e : ends) {
         Bucket bk;
         bk.m_hi = e;
@@ -175,27 +206,26 @@ Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m, bool one_
         plan.buckets.push_back(bk);
       }
     } else {
-      status = make_error(StatusCode::kFailedPrecondition,
-                          "cuBLASLt has no single split-K-free algorithm for kind {} n {} k {} batch {} at {}..{} rows",
-                          static_cast<int>(s.kind), s.n, s.k, s.batch, min_m, ends.back());
+      status = make_error(
+          StatusCode::kFailedPrecondition,
+          "cuBLASLt has no single split-K-free algorithm for kind {} n {} k {} batch {} at {}..{} rows: {}",
+          static_cast<int>(s.kind), s.n, s.k, s.batch, plan.min_m, ends.back(), failed);
     }
   } else {
-    int64_t lo = min_m;
+    int64_t lo = plan.min_m;
     for (int64_t hi : ends) {
       cublasLtMatmulAlgo_t algo;
-      bool ok = heuristic(hi, &algo) && check(lo, algo);
-      if (!ok) ok = heuristic(lo, &algo) && check(hi, algo);
-      if (!ok) {
+      if (!choose({hi, lo}, {lo, hi}, &algo)) {
         status = make_error(StatusCode::kFailedPrecondition,
-                            "cuBLASLt has no algorithm for kind {} n {} k {} batch {} at {}..{} rows",
-                            static_cast<int>(s.kind), s.n, s.k, s.batch, lo, hi);
+                            "cuBLASLt has no algorithm for kind {} n {} k {} batch {} at {}..{} rows: {}",
+                            static_cast<int>(s.kind), s.n, s.k, s.batch, lo, hi, failed);
         break;
       }
       Bucket bk;
       bk.m_hi = hi;
       std::memcpy(bk.algo, &algo, sizeof algo);
       plan.buckets.push_back(bk);
-      lo = hi + 1;
+      lo = hi + plan.m_multiple;
     }
   }
   cublasLtMatmulPreferenceDestroy(pref);
@@ -206,23 +236,28 @@ Status LtGemm::prepare(const LtShape& s, int64_t max_m, int64_t min_m, bool one_
 
 bool LtGemm::ready(const LtShape& s, int64_t m) const {
   const Plan* p = find(s);
-  return p && !p->buckets.empty() && m >= p->min_m && m <= p->buckets.back().m_hi;
+  return p && !p->buckets.empty() && m >= p->min_m && m <= p->buckets.back().m_hi && m % p->m_multiple == 0;
 }
 
-void LtGemm::run(const LtShape& s, int64_t m, const void* w, const void* x, void* y, const float* w_scale,
-                 const float* x_scale, cudaStream_t st) const {
-  if (m == 0) return;
+Status LtGemm::run(const LtShape& s, int64_t m, const void* w, const void* x, void* y, const float* w_scale,
+                   const float* x_scale, cudaStream_t st) const {
+  if (m == 0) return Status();
+  if (!ready(s, m))
+    return make_error(StatusCode::kFailedPrecondition, "cuBLASLt shape n {} k {} batch {} not prepared for {} rows",
+                      s.n, s.k, s.batch, m);
   const Plan* p = find(s);
-  TANDEM_CHECK_MSG(p && m >= p->min_m && m <= p->buckets.back().m_hi, "LtGemm::run: shape not prepared for this many rows");
   const Bucket* b = &p->buckets.front();
   while (b->m_hi < m) ++b;
   Descs d;
-  TANDEM_LT_CHECK(init_descs(d, s, m, w_scale, x_scale, one_.get()));
+  cublasStatus_t cst = init_descs(d, s, m, w_scale, x_scale, one_.get());
+  if (cst != CUBLAS_STATUS_SUCCESS) return lt_error(cst, "descriptor");
   const float alpha = 1.0f, beta = s.accumulate ? 1.0f : 0.0f;
   cublasLtMatmulAlgo_t algo;
   std::memcpy(&algo, b->algo, sizeof algo);
-  TANDEM_LT_CHECK(cublasLtMatmul(lt(handle_), &d.op, &alpha, w, &d.a, x, &d.b, &beta, y, &d.c, y, &d.d, &algo,
-                                 ws_.get(), ws_.bytes(), st));
+  cst = cublasLtMatmul(lt(handle_), &d.op, &alpha, w, &d.a, x, &d.b, &beta, y, &d.c, y, &d.d, &algo, ws_.get(),
+                       ws_.bytes(), st);
+  if (cst != CUBLAS_STATUS_SUCCESS) return lt_error(cst, "matmul");
+  return Status();
 }
 
 }  // namespace tandem::kernels::cuda

@@ -1,9 +1,9 @@
-// cuBLASLt GEMMs for prefill rows, planned at start-up: bf16 weights (wo_a, the compressors, the
-// gate, the LM head: activations that hold bf16 values are copied to bf16 exactly, products are
-// exact and accumulate in fp32, fp32 output), and the block-scaled FP8 GEMM (weights' E8M0 grid as
-// fp32 per 128 x 128 block, activations one fp32 scale per 128 along K: CUBLASLT_MATMUL_MATRIX_
-// SCALE_BLK128x128_32F / VEC128_32F, sm_90 only) and the scalar-scaled FP8 GEMM the benchmark
-// measures the device's FP8 peak with.
+// cuBLASLt GEMMs, the benchmark's reference points (`tandem bench-gemm`; the forward runs its own
+// kernels, gemm_tc.h, whose rows never depend on the other rows of a call): bf16 x bf16 -> fp32,
+// the block-scaled FP8 GEMM (weights' E8M0 grid as fp32 per 128 x 128 block, activations one fp32
+// scale per 128 along K: CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F / VEC128_32F, sm_90 only; row
+// counts a multiple of 4, as its activation-scale layout needs) and the scalar-scaled FP8 GEMM the
+// benchmark measures the device's FP8 peak with.
 //
 // y[m, n] (+)= x[m, k] . W[n, k]^T in cuBLASLt's column-major terms: A = W (transposed), B = x,
 // D = y^T, so row-major buffers need no copies. Algorithms are chosen when a shape is prepared;
@@ -53,19 +53,21 @@ class LtGemm {
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
-  // Chooses algorithms for `s` for row counts in [min_m, max_m] (start-up, host only). one_algo:
-  // one algorithm without split-K for every row count (a row's result then does not depend on the
-  // rows around it: the forward's choice); else the heuristic's best per bucket (ends 128, 256,
-  // 512, ...: the benchmark's). FailedPrecondition when cuBLASLt offers none (the caller keeps its
-  // own kernel).
+  // Chooses algorithms for `s` for row counts in [min_m, max_m] (start-up, host only; kFp8Block:
+  // the multiples of 4 in that range). one_algo: one algorithm without split-K for every row count;
+  // else the heuristic's best per bucket (ends 128, 256, 512, ...: the benchmark's). Candidates are
+  // the heuristic's first 16 answers at the range's ends and at each bucket end, each checked at
+  // every row count that bounds its bucket. FailedPrecondition naming the rows that had no
+  // algorithm when cuBLASLt offers none.
   Status prepare(const LtShape& s, int64_t max_m, int64_t min_m = 97, bool one_algo = true);
-  // True when prepare(s) succeeded and m is within its buckets.
+  // True when prepare(s) succeeded and m is a row count it covers.
   bool ready(const LtShape& s, int64_t m) const;
   // Runs a prepared shape: w/x in the kind's types; w_scale/x_scale fp32 for kFp8Block (x_scale
   // laid out [k/128][x_scale_ld], x_scale_ld = round_up(m, 4) as quantize_fp8_act writes it with
-  // gemm_lt_scale_ld). CHECK-fails on an unprepared shape.
-  void run(const LtShape& s, int64_t m, const void* w, const void* x, void* y, const float* w_scale,
-           const float* x_scale, cudaStream_t st) const;
+  // gemm_lt_scale_ld). FailedPrecondition for a shape or row count not prepared (ready() says);
+  // Internal when cuBLASLt refuses the call.
+  Status run(const LtShape& s, int64_t m, const void* w, const void* x, void* y, const float* w_scale,
+             const float* x_scale, cudaStream_t st) const;
 
   size_t workspace_bytes() const { return ws_.bytes(); }
 
@@ -78,6 +80,7 @@ class LtGemm {
   struct Plan {
     LtShape shape;
     int64_t min_m = 1;
+    int64_t m_multiple = 1;       // kFp8Block: 4
     std::vector<Bucket> buckets;  // ascending m_hi
   };
   const Plan* find(const LtShape& s) const;

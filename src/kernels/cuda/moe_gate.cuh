@@ -4,7 +4,8 @@
 // scratch (each lane owns experts lane, lane + 32, ...), then topk passes of a warp-wide max over
 // the selection key (device.cuh's order: NaN first, then larger, then the lower expert id, as the
 // CPU's argmax passes); a per-lane bitmask remembers the taken experts. Hash layers read tid2eid.
-// The routing weights are summed in slot order (shuffles), as the CPU op.
+// The routing weights are summed in slot order (shuffles), as the CPU op. The logits are read
+// from L2 (__ldcg): the fused decode routing reads logits other CTAs of its launch wrote.
 #pragma once
 
 #include "kernels/cuda/device.cuh"
@@ -30,7 +31,10 @@ __device__ __forceinline__ void moe_gate_token(const MoeGateParams& p, int64_t t
   if (p.tid2eid) {
     if (lane < K) chosen = p.tid2eid[static_cast<int64_t>(p.token_ids[t]) * K + lane];
   } else {
-    for (int e = lane; e < E; e += kWarp) sel[e] = p.bias ? add_rn(moe_gate_score(z[e]), p.bias[e]) : moe_gate_score(z[e]);
+    for (int e = lane; e < E; e += kWarp) {
+      const float ze = __ldcg(z + e);
+      sel[e] = p.bias ? add_rn(moe_gate_score(ze), p.bias[e]) : moe_gate_score(ze);
+    }
     __syncwarp();
     uint32_t taken = 0;  // bit j: expert lane + 32 j
     for (int i = 0; i < K; ++i) {
@@ -48,7 +52,7 @@ __device__ __forceinline__ void moe_gate_token(const MoeGateParams& p, int64_t t
   }
   // Valid ids were checked by the caller; a bad one reads no memory and gives a NaN weight.
   const bool ok = chosen >= 0 && chosen < E;
-  const float sv = lane < K ? (ok ? moe_gate_score(z[chosen]) : NAN) : 0.0f;
+  const float sv = lane < K ? (ok ? moe_gate_score(__ldcg(z + chosen)) : NAN) : 0.0f;
   float sum = 0.0f;
   for (int i = 0; i < K; ++i) sum = add_rn(sum, __shfl_sync(0xffffffffu, sv, i));
   if (lane < K) {

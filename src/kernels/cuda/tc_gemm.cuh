@@ -1,19 +1,23 @@
-// The tensor-core main loop shared by the block-scaled FP8 prefill GEMM (gemm_tc.cu) and the
-// grouped MXFP4 expert GEMMs (src/model/cuda/moe_prefill.cu): a 128 x 128 output tile per CTA
-// (tokens x weight rows), K in blocks of 128 (one activation scale block, one weight scale block),
-// each block multiplied on the tensor cores into a fresh fp32 partial that is then scaled and
-// added to the fp32 accumulator ("promotion" every 128 of K, as the block scales require and as
-// Hopper's FP8 accumulation, which keeps fewer bits than fp32, needs).
+// The portable tensor-core main loop (cp.async, every thread loading) shared by the prefill GEMMs
+// (gemm_tc.cu: block-scaled FP8 and bf16) and the grouped MXFP4 expert GEMMs
+// (src/model/cuda/moe_prefill.cu): a 128 x 128 output tile per CTA (tokens x weight rows), K in
+// blocks of 128 bytes (128 e4m3 or 64 bf16 elements). FP8: each block is multiplied on the tensor
+// cores into a fresh fp32 partial that is then scaled and added to the fp32 accumulator
+// ("promotion" every 128 of K, as the block scales require and as Hopper's FP8 accumulation, which
+// keeps fewer bits than fp32, needs). bf16: no scales, the tensor cores accumulate directly.
 //
 // Two MMA back ends over the same shared-memory tiles:
-//  * wgmma (sm_90a): each warpgroup issues 4 x wgmma.m64n128k32.e4m3 per K block, both operands
-//    from shared memory through 128-byte-swizzle descriptors;
-//  * mma.sync.m16n8k32.e4m3 (sm_89 and later: sm_90a, sm_100a, sm_120, sm_121) with ldmatrix.
+//  * wgmma (sm_90a): each warpgroup issues 4 x wgmma.m64n128k32.e4m3 (k16 bf16) per K block, both
+//    operands from shared memory through 128-byte-swizzle descriptors;
+//  * mma.sync.m16n8k32.e4m3 / m16n8k16.bf16 (sm_89 and later: sm_90a, sm_100a, sm_120, sm_121)
+//    with ldmatrix: the two instructions' fragments cover the same bytes, so one loop serves both.
 // Tiles are K-major rows of 128 bytes, 16-byte chunk c of row r stored at chunk c ^ (r & 7) (the
-// wgmma 128B-swizzle atom, also conflict-free for ldmatrix), loaded with cp.async (zero-filled
-// outside the problem). MXFP4 weights are staged raw (4 bits) and converted by the threads that
-// copied them into e4m3 with a per-(row, K block) power of two factored out (exact: every e2m1
-// value times 2^d, d in [-5, 6], is an e4m3 normal), the factor kept as the column's scale.
+// wgmma 128B-swizzle atom, also conflict-free for ldmatrix, and the TMA 128B swizzle of tc_ws.cuh),
+// loaded with cp.async (zero-filled outside the problem). MXFP4 weights are staged raw (4 bits)
+// and converted by the threads that copied them into e4m3 with a per-(row, K block) power of two
+// factored out (exact: every e2m1 value times 2^d, d in [-5, 6], is an e4m3 normal), the factor kept
+// as the column's scale. sm_90 runs the warp-specialized TMA kernels of tc_ws.cuh instead; this loop
+// is the other architectures' path (and a test reference on sm_90).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +33,10 @@
 #endif
 
 namespace tandem::kernels::cuda::tc {
+
+// Operand types of a main loop: A e4m3 x B e4m3 (block scales), A e4m3 x B MXFP4 (converted to
+// e4m3 in shared memory, scales per column), A bf16 x B bf16 (no scales).
+enum class Elem : uint8_t { kE4m3, kMxfp4, kBf16 };
 
 constexpr int kThreads = 256;   // 8 warps = 2 math groups (warpgroups) of 64 tile rows each
 constexpr int kTileRows = 128;  // tokens per CTA tile and weight rows per CTA tile
@@ -50,11 +58,14 @@ struct Smem {
   static constexpr int kAlloc = kBytes + 1024;  // slack to align the dynamic base to 1024 bytes
 };
 
-__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~static_cast<uintptr_t>(1023));
-}
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// The dynamic shared-memory base rounded up to 1024 bytes by pointer arithmetic on the __shared__
+// array (not through an integer), so the compiler still knows every derived pointer is shared
+// memory and emits ld/st.shared rather than generic accesses.
+__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
+  return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
 }
 // Byte offset of 16-byte chunk c of tile row r in the swizzled layout.
 __device__ __forceinline__ uint32_t swz(int r, int c) {
@@ -100,6 +111,24 @@ __device__ __forceinline__ void mma_e4m3(float* d, const uint32_t (&a)[4], uint3
 #else
   __trap();
 #endif
+}
+
+// The bf16 instruction over the same fragment bytes (k16 of 2-byte elements = k32 of e4m3).
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+template <Elem kElem>
+__device__ __forceinline__ void mma_elem(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kElem == Elem::kBf16) mma_bf16(d, a, b0, b1);
+  else mma_e4m3(d, a, b0, b1);
 }
 
 // ---------------------------------------------------------------- wgmma (sm_90a)
@@ -150,6 +179,38 @@ __device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t desc_a
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
       "%64, %65, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#else
+  (void)d;
+  (void)desc_a;
+  (void)desc_b;
+  (void)scale_d;
+  __trap();
+#endif
+}
+
+// d[64] (+)= A[64 x 16] . B[128 x 16]^T, bf16 inputs (32 bytes of K per row, as above), f32 accumulators.
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+#if TANDEM_TC_WGMMA
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -253,11 +314,14 @@ __device__ __forceinline__ int mxfp4_block_ref(uint32_t sc) {
 //   void convert(uint8_t* smem, int stage, int buf) const        (MXFP4 only)
 //       turns the raw chunks this thread copied for `stage` into e4m3 B tile `buf` and its
 //       column scales (Smem::kColScale);
-//   float b_scale(int kb) const                                   (FP8 only)
+//   float b_scale(int kb) const                                   (kE4m3 only)
 //       the weight scale of K block kb (one 128-row weight block per CTA tile).
+// bf16 tiles hold 64 elements of K per 128-byte row; no scales are loaded or applied.
 // On return acc holds the tile in the layout of acc_row/acc_col.
-template <bool kWgmma, bool kMxfp4, int kStages, class Op>
+template <bool kWgmma, Elem kElem, int kStages, class Op>
 __device__ __forceinline__ void mainloop(uint8_t* smem, const Op& op, int nk, float (&acc)[64]) {
+  constexpr bool kMxfp4 = kElem == Elem::kMxfp4;
+  constexpr bool kScaled = kElem != Elem::kBf16;  // FP8: a fresh partial per K block, promoted
   using L = Smem<kMxfp4, kStages>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = warp >> 2, wq = warp & 3;
   float part[64];
@@ -291,23 +355,30 @@ __device__ __forceinline__ void mainloop(uint8_t* smem, const Op& op, int nk, fl
     const uint8_t* sA = smem + L::kA + st * kTileBytes;
     const uint8_t* sB = smem + L::kB + bbuf * kTileBytes;
     float bs = 1.0f;
-    if constexpr (!kMxfp4) bs = op.b_scale(kb);
+    if constexpr (kElem == Elem::kE4m3) bs = op.b_scale(kb);
+    // FP8 multiplies into the fresh partial; bf16 straight into the accumulator.
+    float (&dst)[64] = kScaled ? part : acc;
 
     if constexpr (kWgmma) {
       const uint32_t a0 = smem_u32(sA) + grp * 64 * 128, b0 = smem_u32(sB);
-      fence_regs(part);
+      fence_regs(dst);
       wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < 4; ++s) wgmma_m64n128k32(part, sw128_desc(a0 + 32 * s), sw128_desc(b0 + 32 * s), s);
+      for (int s = 0; s < 4; ++s) {
+        if constexpr (kScaled) wgmma_m64n128k32(dst, sw128_desc(a0 + 32 * s), sw128_desc(b0 + 32 * s), s);
+        else wgmma_m64n128k16_bf16(dst, sw128_desc(a0 + 32 * s), sw128_desc(b0 + 32 * s), 1);
+      }
       wgmma_commit();
     } else {
+      if constexpr (kScaled) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) part[i] = 0.0f;
+        for (int i = 0; i < 64; ++i) part[i] = 0.0f;
+      }
       const uint32_t abase = smem_u32(sA), bbase = smem_u32(sB);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        // B fragments of the warp's 32 columns (4 n8 chunks x k32), then A one m16 tile at a time
-        // (fewer live registers than loading all of A first).
+        // B fragments of the warp's 32 columns (4 n8 chunks x 32 bytes of K), then A one m16 tile at
+        // a time (fewer live registers than loading all of A first).
         uint32_t bf[4][2];
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
@@ -325,7 +396,7 @@ __device__ __forceinline__ void mainloop(uint8_t* smem, const Op& op, int nk, fl
           const int row = 64 * grp + 16 * a + (lane & 7) + ((lane >> 3) & 1) * 8;
           ldmatrix_x4(af, abase + swz(row, 2 * s + (lane >> 4)));
 #pragma unroll
-          for (int j = 0; j < 4; ++j) mma_e4m3(&part[4 * (4 * a + j)], af, bf[j][0], bf[j][1]);
+          for (int j = 0; j < 4; ++j) mma_elem<kElem>(&dst[4 * (4 * a + j)], af, bf[j][0], bf[j][1]);
         }
       }
     }
@@ -339,23 +410,25 @@ __device__ __forceinline__ void mainloop(uint8_t* smem, const Op& op, int nk, fl
 
     if constexpr (kWgmma) {
       wgmma_wait0();
-      fence_regs(part);
+      fence_regs(dst);
     }
-    // Promotion: acc += part * (activation scale of the row) * (weight scale of the column). Both
-    // scales are powers of two, so the product and part * scale are exact and the fma rounds once.
-    const float* as = reinterpret_cast<const float*>(smem + L::kAScale + st * kTileRows * 4);
-    const float* cs = reinterpret_cast<const float*>(smem + L::kColScale + bbuf * kTileRows * 4);
+    if constexpr (kScaled) {
+      // Promotion: acc += part * (activation scale of the row) * (weight scale of the column). Both
+      // scales are powers of two, so the product and part * scale are exact and the fma rounds once.
+      const float* as = reinterpret_cast<const float*>(smem + L::kAScale + st * kTileRows * 4);
+      const float* cs = reinterpret_cast<const float*>(smem + L::kColScale + bbuf * kTileRows * 4);
 #pragma unroll
-    for (int i = 0; i < 64; i += 2) {
-      const float ra = as[acc_row<kWgmma>(i)];
-      float w0 = bs, w1 = bs;
-      if constexpr (kMxfp4) {
-        const float2 c2 = *reinterpret_cast<const float2*>(cs + acc_col<kWgmma>(i));
-        w0 = c2.x;
-        w1 = c2.y;
+      for (int i = 0; i < 64; i += 2) {
+        const float ra = as[acc_row<kWgmma>(i)];
+        float w0 = bs, w1 = bs;
+        if constexpr (kMxfp4) {
+          const float2 c2 = *reinterpret_cast<const float2*>(cs + acc_col<kWgmma>(i));
+          w0 = c2.x;
+          w1 = c2.y;
+        }
+        acc[i] = fmaf(part[i], ra * w0, acc[i]);
+        acc[i + 1] = fmaf(part[i + 1], ra * w1, acc[i + 1]);
       }
-      acc[i] = fmaf(part[i], ra * w0, acc[i]);
-      acc[i + 1] = fmaf(part[i + 1], ra * w1, acc[i + 1]);
     }
   }
   cp_async_wait<0>();
@@ -365,7 +438,7 @@ __device__ __forceinline__ void mainloop(uint8_t* smem, const Op& op, int nk, fl
 // The dense FP8 main loop with two partial accumulators: K block kb+1 is issued to the tensor
 // cores before block kb is promoted, so the promotion's fp32 work overlaps the next block's MMAs
 // (one more register array; K loop unrolled by two so both stay in registers). Same arithmetic and
-// result as mainloop<true, false, ...>. Needs kStages >= 3.
+// result as mainloop<true, Elem::kE4m3, ...>. Needs kStages >= 3.
 template <int kStages, class Op>
 __device__ __forceinline__ void issue_block(uint8_t* smem, int kb, float (&part)[64]) {
   using L = Smem<false, kStages>;

@@ -2,10 +2,11 @@
 // grouped output projection and the MoE go to the tensor-core decode kernels (kernels/cuda/
 // decode_gemm.h, moe_decode.h) when the weights allow, else to the generic ops. Each dec_* returns
 // false without launching anything when it does not apply, and the caller takes its generic path;
-// the choice depends on formats and shapes only, so a row's arithmetic never depends on the step.
-// Under tensor parallelism the shapes are the rank's (its heads, output groups and experts), and the
-// row-parallel outputs (wo_b, the routed experts) leave fp32 partial sums for the all-reduce as the
-// generic path does (wo_b(), moe_reduce_shared() in cuda_forward.cpp).
+// the choice depends on formats and shapes and on the step's longest sequence (Impl::tc_rows), never
+// on its row count, so a row's arithmetic never depends on what else shares its step. Under tensor
+// parallelism the shapes are the rank's (its heads, output groups and experts), and the row-parallel
+// outputs (wo_b, the routed experts) leave fp32 partial sums for the all-reduce as the generic path
+// does (wo_b(), moe_reduce_shared() in cuda_forward.cpp).
 #include <algorithm>
 
 #include "common/check.h"
@@ -60,6 +61,7 @@ int64_t CudaModel::Impl::dec_allocate(bool measure) {
   dec.scales.reset(scales);
   dec.moe_mem.reset(moe);
   dec.moe = cuda_model::moe_decode_carve(dec.moe_dims, dec.moe_mem.get());
+  cuda_model::moe_decode_init(dec.moe_dims, dec.moe, stream);  // its arrival counters start at zero
   return 0;
 }
 
@@ -136,8 +138,8 @@ bool CudaModel::Impl::dec_linear(const DLinear& l, const float* x, int64_t m, fl
 
 // wq_a and wkv in one launch on x's codes; q_norm fused with the quantization of qr; wq_b.
 bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) {
-  // Steps of more than tc_min_rows rows are the tensor-core path's (linear() tries it first).
-  if (!dec.enabled || n == 0 || n > dec.max_rows || n > copt.tc_min_rows) return false;
+  // Steps with a long sequence are the tensor-core path's (linear() tries it first).
+  if (!dec.enabled || n == 0 || n > dec.max_rows || tc_rows(n)) return false;
   const int64_t H = at.n_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank, D = cfg.hidden_size;
   auto fp8 = [&](const DLinear& l) {
     return l.w.format == WeightFormat::kFp8Block && l.act_quant && kc::decode_gemm_supports(l.w, true) &&
@@ -200,7 +202,7 @@ bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) 
 
 // wo_a's groups (this rank's) as the segments of one launch (bf16 activations), then wo_b().
 bool CudaModel::Impl::dec_output_proj(const DAttn& at, const float* oo, int64_t n, float* y) {
-  if (!dec.enabled || n == 0 || n > dec.max_rows || n > copt.tc_min_rows) return false;
+  if (!dec.enabled || n == 0 || n > dec.max_rows || tc_rows(n)) return false;
   const int64_t H = at.n_heads, hd = cfg.head_dim, G = at.n_groups, R = cfg.o_lora_rank;
   const int64_t gin = H * hd / G;
   const kernels::WeightRef& wa = at.wo_a.w;
@@ -226,12 +228,12 @@ bool CudaModel::Impl::dec_output_proj(const DAttn& at, const float* oo, int64_t 
   return true;
 }
 
-// The MoE sub-block in six kernels after the quantization of x (moe_decode.h). Its routing, shared
-// expert and combine are one fused sub-block: a step profile counts them all as routed experts.
+// The MoE sub-block in three kernels after the quantization of x (moe_decode.h). Its routing, shared
+// expert and combine are fused with the experts: a step profile counts them all as routed experts.
 bool CudaModel::Impl::dec_moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y,
                               int layer) {
   if (!dec.enabled || n == 0 || n > dec.moe_max_tokens || !m.up_act_quant || !m.down_act_quant) return false;
-  if (n > copt.tc_min_rows && m.grouped) return false;  // prefill rows: experts grouped on the tensor cores
+  if (tc_rows(n) && m.grouped) return false;  // prefill steps: experts grouped on the tensor cores
   const int64_t D = cfg.hidden_size, I = cfg.moe_intermediate_size;
   if (D > dec.max_k || !m.sh_w1.w.data || !m.sh_w1.act_quant || !m.sh_w2.act_quant) return false;
   cuda_model::MoeDecodeArgs a;

@@ -15,7 +15,6 @@
 
 #include "common/comm.h"
 #include "kernels/cuda/cuda_util.h"
-#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
@@ -223,7 +222,16 @@ struct CudaModel::Impl {
     // (graph replay), so one graph serves every position up to the bucket.
     int64_t end_bound = 0;
     std::vector<int64_t> logits_row, taps_row;
+    // The step's GEMMs take the tensor cores (cuda_prefill.cpp) only when one of its sequences
+    // adds more than tc_min_rows tokens, or it has more rows than the decode path holds; otherwise
+    // every row of it runs the decode kernels (or the generic ops), so a row of a decode, a verify
+    // or a short prompt gets the same bits whatever else shares its step (prepare_plan).
+    bool tc = false;
   } step;
+  bool in_step = false;  // launch() is running step (a forward's layers), not a draft
+  // Whether a call of m rows runs on the tensor cores: the step's choice inside a forward, the row
+  // count elsewhere (the draft's context insertion and proposals).
+  bool tc_rows(int64_t m) const { return in_step ? step.tc : m > copt.tc_min_rows; }
   // ---- CUDA graphs: key = (sequences, tokens per sequence, logits mode, taps, context bucket) ----
   using GraphKey = std::tuple<int, int, int, int, int64_t>;
   std::map<GraphKey, cudaGraphExec_t> graphs;
@@ -269,10 +277,11 @@ struct CudaModel::Impl {
   void draft_heads(int64_t B, bool want_probs);
 
   // ---- prefill on the tensor cores (cuda_prefill.cpp): steps of more than copt.tc_min_rows rows ----
-  std::unique_ptr<kernels::cuda::LtGemm> lt;   // bf16 linears' cuBLASLt plans (start-up)
   Buf<uint8_t> tc_codes, moe_scratch;
   Buf<float> tc_scales;
   Buf<uint16_t> tc_bf16;                       // bf16 copy of a bf16-weight linear's input
+  std::vector<Buf<uint16_t>> tc_bf16_copies;   // bf16 copies of FP8 wo_a weights (exact)
+  std::map<const void*, kernels::WeightRef> tc_bf16_weights;  // FP8 weight data -> its bf16 copy
   kernels::cuda::TcLinearScratch tc;
   cuda_model::MoePrefillScratch moe_tc;
   // At start-up, after the step scratch (measure: allocates nothing, returns the device bytes).

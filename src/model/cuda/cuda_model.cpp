@@ -340,8 +340,8 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   } else {
     kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, gemm_x);
   }
-  // Tensor-core scratch and cuBLASLt plans for steps of more than tc_min_rows rows (cuda_prefill.cpp);
-  // the decode kernels' activation operand and MoE scratch (cuda_decode.cpp).
+  // Tensor-core scratch (and wo_a bf16 copies) for steps of more than tc_min_rows rows
+  // (cuda_prefill.cpp); the decode kernels' activation operand and MoE scratch (cuda_decode.cpp).
   bytes += m.alloc_prefill(measure);
   bytes += m.dec_allocate(measure);
 
@@ -504,7 +504,7 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
   auto* taps_dst = reinterpret_cast<int32_t*>(hp + plan.taps_dst);
   step.logits_row.assign(ns, -1);
   step.taps_row.assign(ns, -1);
-  int64_t total = 0, lrows = 0, trows = 0;
+  int64_t total = 0, lrows = 0, trows = 0, longest = 0;
   step.max_end = 0;
   for (size_t i = 0; i < ns; ++i) {
     const SeqStep& q = batch.seqs[i];
@@ -529,9 +529,14 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
     }
     if (q.collect_taps) trows += n;
     total += n;
+    longest = std::max(longest, n);
     step.max_end = std::max<int64_t>(step.max_end, q.start_pos + n);
   }
   step.rows = total;
+  // A step of short sequences with more rows than the decode MoE holds (moe_max_tokens) takes the
+  // tensor cores too: they are much faster there, and such steps are prefill bursts.
+  const int64_t gemv_cap = dec.enabled ? dec.moe_max_tokens : max_rows;
+  step.tc = longest > copt.tc_min_rows || (total > gemv_cap && total > copt.tc_min_rows);
   step.lrows = lrows;
   step.trows = trows;
   step.batch = &batch;
@@ -551,6 +556,7 @@ void CudaModel::Impl::launch() {
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
   section(OpClass::kOther);
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(plan_dev.get(), plan_host, plan.bytes, cudaMemcpyHostToDevice, stream));
+  in_step = true;  // the GEMMs follow step.tc (tc_rows)
   embed_tokens(meta.tokens, total);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     block_forward(l, total);
@@ -575,6 +581,7 @@ void CudaModel::Impl::launch() {
     head_logits(head_in.get(), step.lrows, w, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, w.norm, head_y.get(),
                 logits.get());
   }
+  in_step = false;
 }
 
 void CudaModel::Impl::finish(StepOutput* host_out, bool synchronize) {

@@ -45,8 +45,8 @@ struct CudaModelOptions {
   // A shorter block [anchor, noise x (K-1)] is what the draft attends over, as on the CPU.
   int draft_tokens = 0;
   // Steps with more rows than this run their GEMMs on the tensor cores (prefill: FP8 block-scaled,
-  // bf16 through cuBLASLt, routed experts grouped by expert); others on the GEMV kernels, which sum
-  // in another order. 0 = every step on the tensor cores; a huge value = never (tests that compare
+  // bf16, routed experts grouped by expert; kernels/cuda/gemm_tc.h); others on the GEMV kernels,
+  // which sum in another order. 0 = every step on the tensor cores; a huge value = never (tests that compare
   // steps of different sizes bit for bit pin one path).
   int64_t tc_min_rows = 96;
   // Decode-size projections and MoE on the tensor-core decode kernels (kernels/cuda/decode_gemm.h,

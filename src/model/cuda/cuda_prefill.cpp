@@ -1,15 +1,17 @@
 // Prefill rows on the tensor cores: what the forward's linear(), output_proj() and moe() try first
-// for steps of more than CudaModelOptions::tc_min_rows rows (default 96), and the scratch and
-// cuBLASLt plans it needs, all sized at start-up for the largest step (nothing allocates or plans on
-// the step path).
-//  * FP8 linears (act_quant): our block-scaled kernel (kernels/cuda/gemm_tc.h; wgmma on sm_90a,
+// for steps of more than CudaModelOptions::tc_min_rows rows (default 96), and the scratch it needs,
+// all sized at start-up for the largest step (nothing allocates on the step path). Every path here
+// computes a row from that row alone with one fixed arithmetic (kernels/cuda/gemm_tc.h), so a row's
+// result never depends on the other rows of the step.
+//  * FP8 linears (act_quant): our block-scaled kernel (warp-specialized TMA kernels on sm_90,
 //    mma.sync elsewhere), reading the checkpoint's E8M0 grid as it is;
-//  * bf16 linears (wo_a's grouped einsum, compressors, indexer weights, gate, LM head, draft):
-//    cuBLASLt bf16 x bf16 -> fp32 on a bf16 copy of the input, exact because every such input
-//    already holds bf16 values (norm outputs, the de-rotated attention output, bf16 taps);
+//  * bf16 linears (wo_a's grouped einsum, compressors, indexer weights, gate, LM head, draft): our
+//    bf16 x bf16 -> fp32 kernel on a bf16 copy of the input, exact because every such input already
+//    holds bf16 values (norm outputs, the de-rotated attention output, bf16 taps). wo_a stored as
+//    FP8 (exact in bf16: model/weights.cpp) gets a bf16 device copy at start-up for this path;
 //  * routed experts: grouped MXFP4 GEMMs (model/cuda/moe_prefill.h).
-// A shape without a path here (a format, an unplanned shape, more rows than planned) returns false
-// and the caller keeps the GEMV kernels.
+// A shape without a path here (a format, a layout, more rows than the scratch) returns false and
+// the caller keeps the GEMV kernels.
 #include <algorithm>
 
 #include "common/check.h"
@@ -20,34 +22,6 @@
 namespace tandem {
 
 using cuda_model::DLinear;
-using kernels::cuda::LtShape;
-
-namespace {
-
-LtShape bf16_shape(const kernels::GemmParams& p) {
-  LtShape s;
-  s.kind = kernels::cuda::LtKind::kBf16;
-  s.n = p.n;
-  s.k = p.k;
-  s.batch = p.batch;
-  s.ldx = p.k * p.batch;  // the bf16 copy: batches side by side
-  s.ldy = p.ldy > 0 ? p.ldy : p.n;
-  if (p.batch > 1) {
-    s.w_batch_rows = p.w_batch_rows;
-    s.x_batch_stride = p.k;
-    s.y_batch_stride = p.y_batch_stride;
-  }
-  s.accumulate = p.accumulate;
-  return s;
-}
-
-// The batched layouts the bf16 copy supports: x batches side by side in each row.
-bool bf16_layout_ok(const kernels::GemmParams& p) {
-  const int64_t ldx = p.ldx > 0 ? p.ldx : p.k;
-  return p.batch == 1 || (p.x_batch_stride == p.k && ldx >= p.batch * p.k);
-}
-
-}  // namespace
 
 int64_t CudaModel::Impl::alloc_prefill(bool measure) {
   const int64_t N = max_rows;
@@ -56,7 +30,7 @@ int64_t CudaModel::Impl::alloc_prefill(bool measure) {
     kernels::cuda::tc_init();
     cuda_model::moe_prefill_init();
   }
-  const int64_t D = cfg.hidden_size, hd = cfg.head_dim, R = cfg.o_lora_rank;
+  const int64_t D = cfg.hidden_size, hd = cfg.head_dim;
   int64_t bytes = 0;  // measure: what the buffers below would take (cudaMalloc's 512-byte granules)
   auto add = [&](size_t b) { bytes += static_cast<int64_t>((b + 511) / 512 * 512); };
 
@@ -74,43 +48,38 @@ int64_t CudaModel::Impl::alloc_prefill(bool measure) {
   for (const DLinear* l : {&w.head, &w.draft.main_proj, &w.draft.markov_w2})
     if (present(l->w)) lins.push_back(l);
 
-  // FP8 linears: the quantized activations of the widest.
+  // FP8 linears: the quantized activations of the widest; bf16 linears: the bf16 copy of the widest.
   int64_t max_k8 = 0, max_kb = 0;
-  std::vector<LtShape> shapes;
-  auto add_shape = [&](const LtShape& s) {
-    if (std::find(shapes.begin(), shapes.end(), s) == shapes.end()) shapes.push_back(s);
-  };
   for (const DLinear* l : lins) {
-    kernels::GemmParams p;
-    p.n = l->w.n;
-    p.k = l->w.k;
-    // A tensor-parallel rank's LM head writes its vocabulary rows at a stride of ceil(V / ranks)
-    // (head_gemm in cuda_forward.cpp).
-    if (l == &w.head && opt.tp_size > 1) p.ldy = (cfg.vocab_size + opt.tp_size - 1) / opt.tp_size;
-    if (l->w.format == kernels::WeightFormat::kFp8Block && l->act_quant && l->w.k % 128 == 0) {
+    if (l->w.format == kernels::WeightFormat::kFp8Block && l->act_quant && l->w.k % 128 == 0)
       max_k8 = std::max(max_k8, l->w.k);
-    } else if (l->w.format == kernels::WeightFormat::kBf16 && !l->act_quant) {
+    else if (l->w.format == kernels::WeightFormat::kBf16 && !l->act_quant)
       max_kb = std::max(max_kb, l->w.k);
-      add_shape(bf16_shape(p));
-    }
   }
-  // wo_a: the grouped einsum of output_proj (batched bf16), over this rank's heads and groups.
+  // wo_a: the grouped einsum of output_proj (batched bf16 over this rank's H * hd columns). Stored as
+  // FP8 (exact in bf16), it gets a bf16 copy for the tensor cores.
   for (const auto* bs : {&w.layers, &w.draft.stages})
-    for (const auto& b : *bs)
-      if (present(b.attn.wo_a.w) && b.attn.wo_a.w.format == kernels::WeightFormat::kBf16) {
-        const int64_t H = b.attn.n_heads, G = b.attn.n_groups;
-        kernels::GemmParams p;
-        p.n = R;
-        p.k = H * hd / G;
-        p.ldx = H * hd;
-        p.ldy = G * R;
-        p.batch = G;
-        p.x_batch_stride = p.k;
-        p.y_batch_stride = R;
-        p.w_batch_rows = R;
-        add_shape(bf16_shape(p));
-        max_kb = std::max(max_kb, H * hd);
+    for (const auto& b : *bs) {
+      const kernels::WeightRef& wa = b.attn.wo_a.w;
+      if (!present(wa)) continue;
+      if (wa.format == kernels::WeightFormat::kFp8Block) {
+        if (measure) {
+          add(static_cast<size_t>(wa.n * wa.k) * sizeof(uint16_t));
+        } else if (!tc_bf16_weights.count(wa.data)) {
+          Buf<uint16_t> copy(static_cast<size_t>(wa.n * wa.k));
+          kernels::cuda::fp8_block_to_bf16(wa, copy.get(), stream);
+          kernels::WeightRef r;
+          r.format = kernels::WeightFormat::kBf16;
+          r.data = copy.get();
+          r.n = wa.n;
+          r.k = wa.k;
+          tc_bf16_weights.emplace(wa.data, r);
+          tc_bf16_copies.push_back(std::move(copy));
+        }
       }
+      if (wa.format == kernels::WeightFormat::kFp8Block || wa.format == kernels::WeightFormat::kBf16)
+        max_kb = std::max(max_kb, b.attn.n_heads * hd);
+    }
   // Grouped experts: one scratch for every layer (the same expert shapes throughout). Measuring, the
   // weights' scale grids have not been checked (mxfp4_blocks_fit_e4m3): every MXFP4 expert layer
   // counts, an upper bound.
@@ -133,36 +102,24 @@ int64_t CudaModel::Impl::alloc_prefill(bool measure) {
       add(kernels::cuda::TcLinearScratch::codes_bytes(N, max_k8));
       add(kernels::cuda::TcLinearScratch::scale_floats(N, max_k8) * sizeof(float));
     }
-    if (!shapes.empty()) {
-      add(size_t{32} << 20);  // LtGemm::create's workspace
-      add(static_cast<size_t>(N * max_kb) * sizeof(uint16_t));
-    }
+    if (max_kb > 0) add(static_cast<size_t>(N * max_kb) * sizeof(uint16_t));
     if (n_local > 0) add(cuda_model::moe_prefill_scratch_bytes(N, K, n_local, D, I));
     return bytes;
   }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (max_k8 > 0) {
     tc_codes.reset(kernels::cuda::TcLinearScratch::codes_bytes(N, max_k8));
     tc_scales.reset(kernels::cuda::TcLinearScratch::scale_floats(N, max_k8));
     tc.codes = tc_codes.get();
     tc.scales = tc_scales.get();
-    tc.rows = N;
     tc.max_k = max_k8;
   }
-  if (!shapes.empty()) {
-    auto created = kernels::cuda::LtGemm::create();
-    if (!created.ok()) {
-      TLOG_WARN("cuda", "cuBLASLt unavailable ({}): bf16 linears stay on the GEMV kernels", created.status().to_string());
-    } else {
-      lt = std::move(created).value();
-      int planned = 0;
-      for (const LtShape& s : shapes) {
-        const Status st = lt->prepare(s, N, copt.tc_min_rows + 1);
-        if (st.ok()) ++planned;
-        else TLOG_WARN("cuda", "bf16 linear n {} k {} batch {}: {}", s.n, s.k, s.batch, st.to_string());
-      }
-      if (planned > 0) tc_bf16.reset(static_cast<size_t>(N * max_kb));
-    }
+  if (max_kb > 0) {
+    tc_bf16.reset(static_cast<size_t>(N * max_kb));
+    tc.xb = tc_bf16.get();
+    tc.bf16_cols = max_kb;
   }
+  tc.rows = N;
   if (n_local > 0) {
     moe_scratch.reset(cuda_model::moe_prefill_scratch_bytes(N, K, n_local, D, I));
     moe_tc = cuda_model::moe_prefill_scratch(moe_scratch.get(), N, K, n_local, D, I);
@@ -171,7 +128,7 @@ int64_t CudaModel::Impl::alloc_prefill(bool measure) {
 }
 
 bool CudaModel::Impl::linear_tc(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out, int64_t ldy) {
-  if (m <= copt.tc_min_rows) return false;
+  if (!tc_rows(m)) return false;
   kernels::GemmParams p;
   p.x = xx;
   p.w = l.w;
@@ -192,31 +149,20 @@ bool CudaModel::Impl::linear_tc(const DLinear& l, const float* xx, int64_t m, fl
 }
 
 bool CudaModel::Impl::gemm_bf16_tc(const kernels::GemmParams& p) {
-  if (!lt || p.m <= copt.tc_min_rows || p.w.format != kernels::WeightFormat::kBf16 || p.quantize_x_block != 0 ||
-      !bf16_layout_ok(p))
-    return false;
-  const LtShape s = bf16_shape(p);
-  const int64_t cols = p.batch * p.k;
-  if (!lt->ready(s, p.m) || static_cast<size_t>(p.m * cols) > tc_bf16.size()) return false;
-  kernels::cuda::f32_to_bf16_rows(p.x, p.ldx > 0 ? p.ldx : p.k, p.m, cols, tc_bf16.get(), cols, stream);
-  lt->run(s, p.m, p.w.data, tc_bf16.get(), p.y, nullptr, nullptr, stream);
-  if (p.round_bf16) {
-    const int64_t ldy = p.ldy > 0 ? p.ldy : p.n;
-    const bool packed = p.batch == 1 || (p.y_batch_stride == p.n && ldy == p.batch * p.n);
-    for (int64_t b = 0; b < (packed ? 1 : p.batch); ++b) {
-      kernels::RoundBf16Params r;
-      r.x = p.y + b * p.y_batch_stride;
-      r.rows = p.m;
-      r.cols = packed ? p.batch * p.n : p.n;
-      r.ldx = ldy;
-      kernels::cuda::round_bf16(r, stream);
-    }
+  if (!tc_rows(p.m)) return false;
+  kernels::GemmParams q = p;
+  if (q.w.format == kernels::WeightFormat::kFp8Block && q.quantize_x_block == 0) {
+    const auto it = tc_bf16_weights.find(q.w.data);  // wo_a's bf16 copy
+    if (it == tc_bf16_weights.end()) return false;
+    q.w = it->second;
   }
+  if (!kernels::cuda::bf16_linear_supported(q, tc)) return false;
+  kernels::cuda::gemm_bf16_linear(q, tc, kernels::cuda::TcBackend::kAuto, stream);
   return true;
 }
 
 bool CudaModel::Impl::moe_routed_tc(const cuda_model::DMoE& mo, const float* xx, int64_t n) {
-  if (n <= copt.tc_min_rows || !mo.grouped || !moe_tc.keys) return false;
+  if (!tc_rows(n) || !mo.grouped || !moe_tc.keys) return false;
   cuda_model::MoePrefillArgs a;
   a.x = xx;
   a.expert_ids = eids.get();

@@ -1,6 +1,7 @@
-// Grouped routed experts for prefill (moe_prefill.h): routing sort and tile table, the up (w1/w3 +
-// SwiGLU) and down (w2) grouped MXFP4 GEMMs on kernels/cuda/tc_gemm.cuh's main loop, and the
-// combine in ascending expert order.
+// Grouped routed experts for prefill (moe_prefill.h): routing sort, tile table and slot-order
+// quantization, the up (w1/w3 + SwiGLU) and down (w2) grouped MXFP4 GEMMs on kernels/cuda/
+// tc_gemm.cuh's portable main loop (sm_90 dispatches to moe_prefill_ws.cu), and the combine in
+// ascending expert order.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/tc_gemm.cuh"
 #include "model/cuda/moe_prefill.h"
+#include "model/cuda/moe_prefill_ws.h"
 
 namespace tandem::cuda_model {
 
@@ -72,7 +74,7 @@ __global__ void tiles_kernel(const uint32_t* keys, int64_t pairs, int n_local, i
 
 // ---------------------------------------------------------------- grouped GEMMs
 struct GroupArgs {
-  const uint8_t* a;          // up: x codes [tokens, k]; down: act codes [pairs, k]
+  const uint8_t* a;          // up: x codes, down: act codes; [pairs, k], row = sorted slot
   const float* a_scale;      // [k / 128, a_scale_ld]
   int64_t a_scale_ld;
   const uint8_t* b;          // up: w1, down: w2 (packed e2m1 [rows, k / 2])
@@ -92,9 +94,9 @@ struct GroupArgs {
   float* pair_out;           // down out: [pairs, n] (row = pair)
 };
 
-// Operand source of one grouped tile. A: this thread's 4 rows r0 + 32 i (chunk c), each a row of
-// x (up: the pair's token) or of act (down: the slot), -1 = past the expert's pairs. B: this
-// thread's 2 raw rows rb + 64 i (32-element group q) of the expert's weights.
+// Operand source of one grouped tile. A: this thread's 4 rows r0 + 32 i (chunk c), each a sorted
+// slot's row of the x or act codes, -1 = past the expert's pairs. B: this thread's 2 raw rows
+// rb + 64 i (32-element group q) of the expert's weights.
 template <bool kUp, int kStages>
 struct GroupOp {
   using L = tc::Smem<true, kStages>;
@@ -171,12 +173,12 @@ __global__ void __launch_bounds__(tc::kThreads, 1) group_kernel(GroupArgs a) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int s = slot0 + op.r0 + 32 * i;
-    op.arow[i] = s < slot_end ? (kUp ? a.slot_pair[s] / a.topk : s) : -1;
+    op.arow[i] = s < slot_end ? s : -1;
   }
   {
     const int s = slot0 + static_cast<int>(threadIdx.x);
     op.ascale_valid = threadIdx.x < tc::kTileRows && s < slot_end;
-    const int64_t row = op.ascale_valid ? (kUp ? a.slot_pair[s] / a.topk : s) : 0;
+    const int64_t row = op.ascale_valid ? s : 0;
     op.ascale = a.a_scale + row;
     op.ascale_ld = a.a_scale_ld;
   }
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(tc::kThreads, 1) group_kernel(GroupArgs a) {
   }
 
   float acc[64];
-  tc::mainloop<kWgmma, true, kStages>(smem, op, static_cast<int>(a.k / tc::kBK), acc);
+  tc::mainloop<kWgmma, tc::Elem::kMxfp4, kStages>(smem, op, static_cast<int>(a.k / tc::kBK), acc);
 
   if constexpr (kUp) {
 #pragma unroll
@@ -336,8 +338,8 @@ MoePrefillScratch moe_prefill_scratch(void* base, int64_t max_tokens, int topk, 
   s.offsets = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (n_local + 1)));
   s.tiles = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * 2 * s.max_tiles()));
   s.tile_count = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
-  s.x_codes = take(static_cast<size_t>(max_tokens * dim));
-  s.x_scales = reinterpret_cast<float*>(take(sizeof(float) * (dim / 128) * ((max_tokens + 3) / 4 * 4)));
+  s.x_codes = take(static_cast<size_t>(P * dim));
+  s.x_scales = reinterpret_cast<float*>(take(sizeof(float) * (dim / 128) * ((P + 3) / 4 * 4)));
   s.act = reinterpret_cast<uint16_t*>(take(sizeof(uint16_t) * P * inter));
   s.act_codes = take(static_cast<size_t>(P * inter));
   s.act_scales = reinterpret_cast<float*>(take(0));
@@ -358,6 +360,10 @@ bool mxfp4_blocks_fit_e4m3(const uint8_t* scale, int64_t rows, int64_t k) {
   return true;
 }
 
+namespace {
+bool aligned(const void* p, uintptr_t a) { return p && reinterpret_cast<uintptr_t>(p) % a == 0; }
+}  // namespace
+
 bool moe_prefill_supported(const MoePrefillArgs& a, const MoePrefillScratch& s) {
   using kernels::WeightFormat;
   return a.w1.format == WeightFormat::kMxfp4 && a.w2.format == WeightFormat::kMxfp4 &&
@@ -365,19 +371,16 @@ bool moe_prefill_supported(const MoePrefillArgs& a, const MoePrefillScratch& s) 
          a.n_local >= 1 && a.n_local <= 1024 && a.tokens <= s.max_tokens && a.topk == s.topk &&
          a.n_local == s.n_local && a.dim == s.dim && a.inter == s.inter && s.keys != nullptr &&
          a.w1.n == a.n_local * a.inter && a.w3.n == a.n_local * a.inter && a.w2.n == a.n_local * a.dim &&
-         a.w1.k == a.dim && a.w2.k == a.inter;
+         a.w1.k == a.dim && a.w3.k == a.dim && a.w2.k == a.inter && aligned(a.x, 16) && aligned(a.w1.data, 16) &&
+         aligned(a.w3.data, 16) && aligned(a.w2.data, 16) && aligned(a.w1.scale, 4) && aligned(a.w3.scale, 4) &&
+         aligned(a.w2.scale, 4) && aligned(a.pair_out, 8);
 }
 
 namespace {
-bool use_wgmma(kc::TcBackend backend) {
-  if (backend == kc::TcBackend::kAuto) backend = kc::tc_backend_for_device();
-  const bool wg = backend == kc::TcBackend::kWgmma || backend == kc::TcBackend::kWgmmaOverlap;
-  if (wg) TANDEM_CHECK_MSG(kc::tc_backend_for_device() == kc::TcBackend::kWgmma, "wgmma needs an sm_90 device");
-  return wg;
-}
 int64_t max_tiles_of(const MoePrefillArgs& a) {
   return (a.tokens * a.topk + kMoeTileRows - 1) / kMoeTileRows + a.n_local;
 }
+int64_t slot_ld(const MoePrefillArgs& a) { return (a.tokens * a.topk + 3) / 4 * 4; }
 GroupArgs group_args(const MoePrefillArgs& a, const MoePrefillScratch& s) {
   GroupArgs g{};
   g.slot_pair = s.pairs + s.max_pairs();
@@ -389,11 +392,26 @@ GroupArgs group_args(const MoePrefillArgs& a, const MoePrefillScratch& s) {
   g.limit = a.limit;
   return g;
 }
+MoeWsArgs ws_args(const MoePrefillArgs& a, const MoePrefillScratch& s) {
+  MoeWsArgs w;
+  w.pairs = a.tokens * a.topk;
+  w.slot_pair = s.pairs + s.max_pairs();
+  w.offsets = s.offsets;
+  w.tiles = s.tiles;
+  w.tile_count = s.tile_count;
+  w.max_tiles = max_tiles_of(a);
+  w.n_local = a.n_local;
+  w.topk = a.topk;
+  w.route_w = a.weights;
+  w.limit = a.limit;
+  return w;
+}
 }  // namespace
 
 void moe_prefill_init() {
   kc::tc_init();
   init_attrs();
+  if (kc::tc_device_has_wgmma()) moe_ws_init();
 }
 
 void moe_prefill_route(const MoePrefillArgs& a, const MoePrefillScratch& s, cudaStream_t st) {
@@ -410,29 +428,48 @@ void moe_prefill_route(const MoePrefillArgs& a, const MoePrefillScratch& s, cuda
                                                     sort_bits(a.n_local), st));
   tiles_kernel<<<1, 1024, 0, st>>>(s.keys + s.max_pairs(), P, a.n_local, s.offsets, s.tiles, s.tile_count);
   TANDEM_CUDA_LAUNCH_CHECK();
-  // x quantized once per token (the reference's act_quant before w1/w3).
+  // Each local slot's token quantized into the slot's row (the reference's act_quant before w1/w3;
+  // a token routed to several local experts is quantized once per slot, identically): the up GEMM
+  // then reads contiguous rows.
   kc::Fp8QuantArgs qx;
   qx.x = a.x;
   qx.ldx = a.dim;
-  qx.rows = a.tokens;
+  qx.rows = P;
   qx.cols = a.dim;
+  qx.rows_limit = s.offsets + a.n_local;
+  qx.src_rows = s.pairs + s.max_pairs();
+  qx.src_div = a.topk;
   qx.codes = s.x_codes;
   qx.scales = s.x_scales;
-  qx.scale_ld = (a.tokens + 3) / 4 * 4;
+  qx.scale_ld = slot_ld(a);
   kc::quantize_fp8_act(qx, st);
 }
 
 void moe_prefill_up(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBackend backend, cudaStream_t st) {
   if (a.tokens == 0) return;
   TANDEM_CHECK(moe_prefill_supported(a, s));
-  kc::tc_init();
-  init_attrs();
+  moe_prefill_init();
+  backend = kc::tc_resolve(backend);
   const int64_t max_tiles = max_tiles_of(a);
   TANDEM_CHECK(max_tiles <= 65535);
+  if (backend == kc::TcBackend::kWgmmaWs) {
+    MoeWsArgs w = ws_args(a, s);
+    w.up = true;
+    w.a = s.x_codes;
+    w.a_scale = s.x_scales;
+    w.a_scale_ld = slot_ld(a);
+    w.b = a.w1;
+    w.b3 = a.w3;
+    w.k = a.dim;
+    w.n = a.inter;
+    w.act = s.act;
+    moe_group_ws(w, st);
+    return;
+  }
   GroupArgs g = group_args(a, s);
   g.a = s.x_codes;
   g.a_scale = s.x_scales;
-  g.a_scale_ld = (a.tokens + 3) / 4 * 4;
+  g.a_scale_ld = slot_ld(a);
   g.b = static_cast<const uint8_t*>(a.w1.data);
   g.b_scale = a.w1.scale;
   g.b3 = static_cast<const uint8_t*>(a.w3.data);
@@ -441,16 +478,16 @@ void moe_prefill_up(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcB
   g.n = a.inter;
   g.act = s.act;
   launch_group<true>(g, dim3(kc::ceil_div(a.inter, tc::kTileRows / 2), static_cast<unsigned>(max_tiles)),
-                     use_wgmma(backend), st);
+                     backend != kc::TcBackend::kMmaSync, st);
 }
 
 void moe_prefill_down(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBackend backend,
                       cudaStream_t st) {
   if (a.tokens == 0) return;
   TANDEM_CHECK(moe_prefill_supported(a, s));
-  kc::tc_init();
-  init_attrs();
-  const int64_t P = a.tokens * a.topk, ald = (P + 3) / 4 * 4;
+  moe_prefill_init();
+  backend = kc::tc_resolve(backend);
+  const int64_t P = a.tokens * a.topk, ald = slot_ld(a);
   // act quantized per 128 (the reference's act_quant before w2), local pairs only.
   kc::Fp8QuantArgs qa;
   qa.xb = s.act;
@@ -464,6 +501,19 @@ void moe_prefill_down(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::T
   kc::quantize_fp8_act(qa, st);
   const int64_t max_tiles = max_tiles_of(a);
   TANDEM_CHECK(max_tiles <= 65535);
+  if (backend == kc::TcBackend::kWgmmaWs) {
+    MoeWsArgs w = ws_args(a, s);
+    w.up = false;
+    w.a = s.act_codes;
+    w.a_scale = s.act_scales;
+    w.a_scale_ld = ald;
+    w.b = a.w2;
+    w.k = a.inter;
+    w.n = a.dim;
+    w.pair_out = a.pair_out;
+    moe_group_ws(w, st);
+    return;
+  }
   GroupArgs g = group_args(a, s);
   g.a = s.act_codes;
   g.a_scale = s.act_scales;
@@ -474,7 +524,7 @@ void moe_prefill_down(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::T
   g.n = a.dim;
   g.pair_out = a.pair_out;
   launch_group<false>(g, dim3(kc::ceil_div(a.dim, tc::kTileRows), static_cast<unsigned>(max_tiles)),
-                      use_wgmma(backend), st);
+                      backend != kc::TcBackend::kMmaSync, st);
 }
 
 void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcBackend backend, cudaStream_t st) {

@@ -1,13 +1,17 @@
 // Routed experts of a prefill step grouped by expert, on the tensor cores: the (token, slot) pairs
 // routed to this rank's experts sorted by expert (CUB radix sort, stable: ascending pair index
-// within an expert), cut into tiles of 128 pairs, then per tile
-//   up:   g = bf16(xq . W1_e^T), u = bf16(xq . W3_e^T) (x quantized per 128 as the reference's
-//         act_quant), a = bf16(silu(min(g, limit)) * clamp(u, +-limit) * route weight)   [bf16]
+// within an expert), each pair's token quantized per 128 (the reference's act_quant) into its
+// sorted slot, the slots cut into tiles of 128 pairs, then per tile
+//   up:   g = bf16(xq . W1_e^T), u = bf16(xq . W3_e^T),
+//         a = bf16(silu(min(g, limit)) * clamp(u, +-limit) * route weight)   [bf16]
 //   down: a quantized per 128 (act_quant), out = bf16(aq . W2_e^T) -> pair_out[pair]
-// with MXFP4 weights dequantized exactly to e4m3 in shared memory (tc_gemm.cuh) and fp32
-// accumulation promoted every 128 of K (bound: kernels/cuda/gemm_tc.h). moe_combine_local then
-// adds each token's pairs in ascending expert id (the CPU's order) plus the shared expert.
-// Every launch is sized from host row counts only (graph-capturable); nothing allocates.
+// with MXFP4 weights dequantized exactly to e4m3 in shared memory and fp32 accumulation promoted
+// every 128 of K (bound: kernels/cuda/gemm_tc.h). sm_90: warp-specialized persistent kernels over
+// the tile list (moe_prefill_ws.cu: TMA loads, converter warps, wgmma consumers); elsewhere the
+// portable main loop of kernels/cuda/tc_gemm.cuh. moe_combine_local then adds each token's pairs in
+// ascending expert id (the CPU's order) plus the shared expert. A pair's result depends on its
+// token, expert and weight only. Every launch is sized from host row counts only
+// (graph-capturable); nothing allocates.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,8 +37,8 @@ struct MoePrefillScratch {
   int32_t* offsets = nullptr;      // [n_local + 1] first sorted slot of each local expert
   int32_t* tiles = nullptr;        // [max_tiles][2] (local expert, first slot)
   int32_t* tile_count = nullptr;   // [1]
-  uint8_t* x_codes = nullptr;      // [max_tokens, dim] e4m3
-  float* x_scales = nullptr;       // [dim / 128, round_up(max_tokens, 4)]
+  uint8_t* x_codes = nullptr;      // [max_pairs, dim] e4m3: the token of sorted slot s in row s
+  float* x_scales = nullptr;       // [dim / 128, round_up(max_pairs, 4)]
   uint16_t* act = nullptr;         // [max_pairs, inter] bf16 SwiGLU outputs
   uint8_t* act_codes = nullptr;    // [max_pairs, inter] e4m3
   float* act_scales = nullptr;     // [inter / 128, round_up(max_pairs, 4)]
@@ -66,7 +70,7 @@ void moe_prefill_init();
 void moe_prefill(const MoePrefillArgs& a, const MoePrefillScratch& s, kernels::cuda::TcBackend backend,
                  cudaStream_t st);
 // The three stages moe_prefill runs, for benchmarks and tests: the routing sort, tile table and x
-// quantization; up + SwiGLU into s.act; act quantization + down into pair_out.
+// quantization in slot order; up + SwiGLU into s.act; act quantization + down into pair_out.
 void moe_prefill_route(const MoePrefillArgs& a, const MoePrefillScratch& s, cudaStream_t st);
 void moe_prefill_up(const MoePrefillArgs& a, const MoePrefillScratch& s, kernels::cuda::TcBackend backend,
                     cudaStream_t st);
