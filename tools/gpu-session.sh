@@ -42,7 +42,7 @@ for s in "$@"; do
     gemm) stage gemm 150 build-cuda/tandem bench-gemm --out "$OUT/bench-gemm.json" ;;
     builtin) stage builtin 200 build-cuda/tandem bench-model --model data/builtin --batches 1,2,4,8 --reps 50 \
                --context 200 --long-contexts 4096 --prefill 8192 --ttft none --out "$OUT/bench-model-builtin.json" ;;
-    fullsize) stage fullsize 330 build-cuda/tandem bench-model --synthetic deepseek-v4-flash-0731 \
+    fullsize) stage fullsize "${FULLSIZE_LIMIT:-450}" build-cuda/tandem bench-model --synthetic deepseek-v4-flash-0731 \
                 --tensor-parallel-size 2 --rank 0 --max-seconds 240 --out "$OUT/bench-model-0731-tp2r0.json" ;;
     tp) stage tp "${TP_LIMIT:-540}" tools/gpu-tp-tests.sh build-cuda "$OUT" ;;
     *) if [[ -x tools/gpu-stage-$s.sh ]]; then stage "$s" "${STAGE_LIMIT:-300}" tools/gpu-stage-$s.sh "$OUT"
