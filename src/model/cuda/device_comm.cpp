@@ -222,20 +222,21 @@ class DeviceCommImpl final : public DeviceComm {
     TANDEM_RETURN_IF_ERROR(usable());
     if (count == 0) return Status();
     if (!data) return invalid_argument("all_reduce_sum: null data for {} elements", count);
-    return by(route(CommOp::kAllReduce, count * comm_dtype_bytes(dtype)))->all_reduce_sum(data, count, dtype, stream);
+    return checked(
+        by(route(CommOp::kAllReduce, count * comm_dtype_bytes(dtype)))->all_reduce_sum(data, count, dtype, stream));
   }
   Status all_gather(const void* in, size_t bytes, void* out, CommStream stream) override {
     TANDEM_RETURN_IF_ERROR(usable());
     if (bytes == 0) return Status();
     if (!in || !out) return invalid_argument("all_gather: null buffer for {} bytes", bytes);
-    return by(route(CommOp::kAllGather, bytes))->all_gather(in, bytes, out, stream);
+    return checked(by(route(CommOp::kAllGather, bytes))->all_gather(in, bytes, out, stream));
   }
   Status broadcast(void* data, size_t bytes, int root, CommStream stream) override {
     TANDEM_RETURN_IF_ERROR(usable());
     if (root < 0 || root >= o_.size) return invalid_argument("broadcast: root {} outside [0, {})", root, o_.size);
     if (bytes == 0) return Status();
     if (!data) return invalid_argument("broadcast: null data for {} bytes", bytes);
-    return by(route(CommOp::kBroadcast, bytes))->broadcast(data, bytes, root, stream);
+    return checked(by(route(CommOp::kBroadcast, bytes))->broadcast(data, bytes, root, stream));
   }
 
   CommPath route(CommOp op, size_t bytes) const override {
@@ -291,9 +292,27 @@ class DeviceCommImpl final : public DeviceComm {
   Status set_one_rank();
 
  private:
-  Status usable() const {
+  // kUnavailable once the group failed. A path's own failure (NCCL's asynchronous error, a peer
+  // wait that timed out) fails the group here at once rather than at the watchdog's next poll, so
+  // no call after a failure reaches a path (comm.h: every later call fails fast).
+  Status usable() {
+    if (!failed_)
+      for (PathComm* p : {peer_.get(), nccl_.get()}) {
+        if (!p) continue;
+        const std::string f = p->failure();
+        if (f.empty()) continue;
+        abort(f);
+        break;
+      }
     if (!failed_) return Status();
     return Status(StatusCode::kUnavailable, "tensor parallel group failed: " + failure());
+  }
+  // A path call's error: the group's failure when a path failed (NCCL reports a lost peer through
+  // the call as well as asynchronously), else the call's own error.
+  Status checked(Status st) {
+    if (st.ok()) return st;
+    Status u = usable();
+    return u.ok() ? st : u;
   }
   PathComm* by(CommPath p) const {
     switch (p) {
@@ -305,6 +324,7 @@ class DeviceCommImpl final : public DeviceComm {
     return nullptr;
   }
   void build_routes();
+  Status renew_failed_nccl(ControlComm& control);
   Status warm_up();
   void watch();
 
@@ -366,8 +386,12 @@ Status DeviceCommImpl::start(const std::vector<RankFacts>& facts) {
     else if (shared) no = "ranks share a GPU (test mode: NCCL sees separate hosts and uses its network transport)";
     if (no.empty() || o_.try_symmetric_anywhere) {
       auto s = create_symmetric_comm(*nccl_, o_, control);
-      if (s.ok()) sym_ = std::move(s).value();
-      else no = s.status().message() + (no.empty() ? "" : " [" + no + "]");
+      if (s.ok()) {
+        sym_ = std::move(s).value();
+      } else {
+        no = s.status().message() + (no.empty() ? "" : " [" + no + "]");
+        TANDEM_RETURN_IF_ERROR(renew_failed_nccl(control));
+      }
     }
     if (!sym_) {
       if (o_.paths == "symmetric") return make_error(StatusCode::kUnavailable, "--tp-collectives symmetric: {}", no);
@@ -391,6 +415,22 @@ Status DeviceCommImpl::start(const std::vector<RankFacts>& facts) {
   TLOG_INFO("comm", "rank {}: {}", o_.rank, topology_);
   TLOG_INFO("comm", "rank {}: collectives: {}", o_.rank, path());
   for (const auto& [p, why] : unavailable_) TLOG_INFO("comm", "rank {}: {} not used: {}", o_.rank, comm_path_name(p), why);
+  return Status();
+}
+
+// A window NCCL refused may have failed its communicator for good (on a non-blocking one the
+// registration runs as a group job whose error becomes the communicator's sticky asynchronous
+// error): then every rank replaces it (collective, like the first; every rank learns whether any
+// rank's communicator failed).
+Status DeviceCommImpl::renew_failed_nccl(ControlComm& control) {
+  const std::string f = nccl_->failure();
+  std::string why;
+  TANDEM_ASSIGN_OR_RETURN(bool all_ok, control_all_agree(control, f.empty(), f, &why));
+  if (all_ok) return Status();
+  TLOG_WARN("comm", "rank {}: the refused window failed NCCL's communicator ({}); starting a new one", o_.rank, why);
+  nccl_->abort();
+  nccl_.reset();
+  TANDEM_ASSIGN_OR_RETURN(nccl_, create_nccl_comm(o_, control));
   return Status();
 }
 

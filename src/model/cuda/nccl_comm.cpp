@@ -113,13 +113,14 @@ class NcclComm : public PathComm {
   }
 
   std::string failure() const override {
+    const std::string group = control_.failure();  // before mu_: never the control plane's lock inside ours
     std::lock_guard<std::mutex> lock(mu_);
     if (!first_error_.empty() || !comm_) return first_error_;
     ncclResult_t st = ncclSuccess;
     const ncclResult_t q = lib_.CommGetAsyncError(comm_, &st);
     if (q != ncclSuccess) st = q;
     if (st != ncclSuccess && st != ncclInProgress)
-      first_error_ = fmt::format("rank {}: NCCL reported {}", o_.rank, lib_.error_text(st, comm_));
+      first_error_ = fmt::format("rank {}: NCCL reported {}{}", o_.rank, lib_.error_text(st, comm_), lost_peer(group));
     return first_error_;
   }
   void abort() override {
@@ -145,11 +146,14 @@ class NcclComm : public PathComm {
   const DeviceCommOptions& options() const { return o_; }
 
  private:
-  // ncclInProgress: polls ncclCommGetAsyncError until the operation is enqueued (or failed),
-  // giving up after init_timeout_s, on an abort, or when the control plane failed.
+  // Completes the call that returned `r`: polls ncclCommGetAsyncError until it is no longer
+  // ncclInProgress (done or failed), giving up after init_timeout_s, on an abort, or when the
+  // control plane failed. Polled after ncclSuccess too: on a non-blocking communicator a call may
+  // return ncclSuccess with its group job still running (ncclCommWindowRegister does, NCCL 2.28),
+  // and the next call on the communicator then fails ("Attempt to use communicator before the
+  // previous operation returned ncclSuccess"); the poll also joins NCCL's job thread.
   Status wait(ncclResult_t r, const char* what) {
-    if (r == ncclSuccess) return Status();
-    if (r != ncclInProgress) {
+    if (r != ncclSuccess && r != ncclInProgress) {
       std::lock_guard<std::mutex> lock(mu_);
       return make_error(StatusCode::kUnavailable, "{}: {}", what, lib_.error_text(r, comm_));
     }
@@ -174,6 +178,18 @@ class NcclComm : public PathComm {
       if (spins < 1000) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+  }
+
+  // Which rank NCCL lost, as far as it can be known: NCCL's asynchronous error says what went
+  // wrong ("remote process exited or there was a network error", with a socket address), never
+  // which rank. The control plane may already know (the launcher saw a worker exit, a heartbeat
+  // stopped: its failure names the rank); in a group of two the peer is the other rank; otherwise
+  // the rank is not known yet (the control plane names it when its heartbeat times out).
+  std::string lost_peer(const std::string& group) const {
+    if (!group.empty()) return fmt::format("; the group: {}", group);
+    if (o_.size == 2) return fmt::format("; its only peer is rank {}", 1 - o_.rank);
+    return fmt::format("; NCCL does not say which of the {} other ranks failed, and the control plane has lost none yet",
+                       o_.size - 1);
   }
 
   const NcclLib& lib_;
