@@ -42,10 +42,16 @@ void rank_process_failure() {
   Status st = (*control)->barrier(std::chrono::seconds(60));
   ASSERT_TRUE(st.ok()) << st.message();
   std::ofstream out(e.out);
-  out << "start_ms " << wall_ms() << "\n";
+  out << "start_ms " << now_ms() << "\n";
   out.flush();
   std::fflush(stdout);
   if (e.rank == e.size - 1) {  // the victim
+    // The moment it is lost, written (to the kernel: a kill cannot lose it) before the signal: no
+    // failure the survivor sees can precede it. The parent's waitpid is no such bound: a killed
+    // process closes its sockets (NCCL's peer sees that at once) well before it is reaped, after
+    // the driver has torn down its GPU context.
+    out << "lost_ms " << now_ms() << "\n";
+    out.flush();
     if (e.scenario == "fail-kill") raise(SIGKILL);
     if (e.scenario == "fail-stop") raise(SIGSTOP);
     // fail-absent: alive (heartbeats go on) but never enters the next collective.
@@ -55,8 +61,8 @@ void rank_process_failure() {
   // The survivor: collectives until one fails or the communicator reports the failure.
   Status last;
   int calls = 0;
-  const int64_t t0 = wall_ms();
-  while (wall_ms() - t0 < 30000) {
+  const int64_t t0 = now_ms();
+  while (now_ms() - t0 < 30000) {
     dc.step_begin();
     last = dc.all_reduce_sum(buf.get(), kCount, CommDtype::kF32, s);
     if (last.ok()) TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));  // must return: never a hang
@@ -64,15 +70,15 @@ void rank_process_failure() {
     ++calls;
     if (!last.ok() || !dc.failure().empty()) break;
   }
-  const int64_t detected = wall_ms();
+  const int64_t detected = now_ms();
   const std::string why = !dc.failure().empty() ? dc.failure() : last.message();
   std::printf("[devcomm] rank %d: failure seen after %d calls, %lld ms after the start: %s\n", e.rank, calls,
               static_cast<long long>(detected - t0), why.c_str());
   // Later calls fail fast with the reason.
-  const int64_t t1 = wall_ms();
+  const int64_t t1 = now_ms();
   const Status again = dc.all_reduce_sum(buf.get(), kCount, CommDtype::kF32, s);
   out << "detected_ms " << detected << "\n";
-  out << "again " << (again.code() == StatusCode::kUnavailable ? "unavailable" : "other") << " " << wall_ms() - t1 << "\n";
+  out << "again " << (again.code() == StatusCode::kUnavailable ? "unavailable" : "other") << " " << now_ms() - t1 << "\n";
   out << "failure " << why << "\n";
   out.close();
   std::fflush(stdout);
@@ -86,7 +92,7 @@ void rank_process_failure() {
 // ---- the tests ----
 
 struct Outcome {
-  int64_t latency_ms = -1;  // survivor's detection minus the victim's death (or the start)
+  int64_t latency_ms = -1;  // survivor's detection minus the victim's loss (its own timestamp, or the start)
   std::string failure, again;
 };
 
@@ -112,9 +118,18 @@ Outcome run_failure(const std::string& scenario, const std::string& paths, std::
     ADD_FAILURE() << "rank 0 recorded no detection" << g.logs();
     return oc;
   }
+  const auto v = RankGroup::results(victim);
+  if (scenario != "fail-absent" && !v.count("lost_ms")) {
+    ADD_FAILURE() << "rank 1 recorded no lost_ms" << g.logs();
+    return oc;
+  }
   const int64_t detected = std::atoll(r.at("detected_ms").c_str());
-  const int64_t from = (scenario == "fail-absent") ? std::atoll(r.at("start_ms").c_str()) : victim.exited_ms;
+  const int64_t from = std::atoll((scenario == "fail-absent" ? r.at("start_ms") : v.at("lost_ms")).c_str());
   oc.latency_ms = detected - from;
+  if (scenario != "fail-absent" && victim.exited_ms > 0)  // 0: rank 0 finished before the parent saw it
+    std::printf("[cuda devcomm] %s on %s: the parent saw rank 1 %s %lld ms after it signalled itself\n",
+                scenario.c_str(), paths.c_str(), scenario == "fail-kill" ? "exit" : "stop",
+                static_cast<long long>(victim.exited_ms - from));
   oc.failure = r.count("failure") ? r.at("failure") : "";
   oc.again = r.count("again") ? r.at("again") : "";
   std::printf("[cuda devcomm] %s on %s: rank 0 saw the failure %lld ms after %s: %s\n", scenario.c_str(),

@@ -98,8 +98,10 @@ inline bool register_rank_process_test(const char* name, void (*body)()) {
   return true;
 }
 
-inline int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+// Milliseconds on CLOCK_MONOTONIC (steady_clock on Linux): one clock for every process of the
+// machine, so the ranks' and the parent's timestamps compare, and no time step moves them.
+inline int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -138,7 +140,7 @@ struct RankProc {
   std::string log, out;
   bool done = false;
   int status = 0;                 // waitpid status once done
-  int64_t exited_ms = 0;          // wall clock when seen exiting (or stopping, for `stopped`)
+  int64_t exited_ms = 0;          // now_ms() when seen exiting (or stopping, for `stopped`)
   bool stopped = false;
 };
 
@@ -220,13 +222,13 @@ class RankGroup {
       if (w == p.pid && WIFSTOPPED(st)) {
         if (!p.stopped) {
           p.stopped = true;
-          p.exited_ms = wall_ms();
+          p.exited_ms = now_ms();
         }
         all = false;
       } else if (w == p.pid) {
         p.done = true;
         p.status = st;
-        if (!p.stopped) p.exited_ms = wall_ms();
+        if (!p.stopped) p.exited_ms = now_ms();
       } else {
         all = false;
       }
