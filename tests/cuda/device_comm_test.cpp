@@ -402,8 +402,12 @@ TEST(DeviceComm, OneRankStandin) {
   cudaStream_t s;
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (int graph = 0; graph < 2; ++graph) {
-    TANDEM_CUDA_CHECK(cudaMemcpy(a.get(), x.data(), n * 4, cudaMemcpyHostToDevice));
-    TANDEM_CUDA_CHECK(cudaMemset(b.get(), 0xff, n * 4));
+    // On the collectives' stream: a non-blocking stream does not wait for the legacy default
+    // stream, so a plain cudaMemset (asynchronous to the host) could still be writing b's NaN
+    // pattern while the all-gather copies into it.
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(a.get(), x.data(), n * 4, cudaMemcpyHostToDevice, s));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(b.get(), 0xff, n * 4, s));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
     cudaGraph_t g;
     if (graph) TANDEM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     ASSERT_TRUE(dc.all_reduce_sum(a.get(), n, CommDtype::kF32, s).ok());
