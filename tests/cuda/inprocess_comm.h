@@ -9,6 +9,12 @@
 //    (teacher forcing), so each collective's input can be compared with that run's at the same
 //    point with the same upstream values.
 // Not capturable (they synchronize the stream): eager steps only.
+//
+// One layout differs between the models: CudaModel's indexer-score all-reduce carries its
+// [rows, lds] bf16 score buffer whole, the row stride padded to a multiple of 8 columns
+// (lds = round_up(cols, 8): indexer.h), where the CPU's carries [rows, cols]. The padding columns
+// are never written nor read (the top-k reads n_cols); they ride along in the sum. padded_rows
+// recognizes that layout, unpad_rows drops the padding.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,6 +39,27 @@ struct CommCall {
   bool gather = false;
   std::vector<float> input, result;
 };
+
+// True when `count` values are `ref` values of `rows` rows in CudaModel's padded score layout:
+// ref = rows x cols with cols not a multiple of 8, count = rows x round_up(cols, 8). `cols` gets
+// the unpadded width.
+inline bool padded_rows(size_t count, size_t ref, int64_t rows, size_t* cols) {
+  if (rows <= 0 || count == ref) return false;
+  const size_t n = static_cast<size_t>(rows);
+  if (ref % n != 0 || count % n != 0) return false;
+  const size_t c = ref / n, l = count / n;
+  if (c == 0 || c % 8 == 0 || l != (c + 7) / 8 * 8) return false;
+  *cols = c;
+  return true;
+}
+// [rows, cols] of a [rows, lds] array.
+inline std::vector<float> unpad_rows(const std::vector<float>& v, int64_t rows, size_t cols) {
+  const size_t n = static_cast<size_t>(rows), lds = v.size() / n;
+  std::vector<float> out(n * cols);
+  for (size_t r = 0; r < n; ++r)
+    for (size_t c = 0; c < cols; ++c) out[r * cols + c] = v[r * lds + c];
+  return out;
+}
 
 struct InProcessGroup {
   explicit InProcessGroup(int n, bool device) : size(n), on_device(device), slots(n) {}
@@ -164,16 +191,29 @@ class ForcedComm final : public DataComm {
 
   Status all_reduce_sum(void* data, size_t count, CommDtype dt, CommStream stream) override {
     const auto s = static_cast<cudaStream_t>(stream);
-    TANDEM_RETURN_IF_ERROR(next(false, count));
+    size_t cols = 0;
+    TANDEM_RETURN_IF_ERROR(next(false, count, &cols));
+    const std::vector<float>& want = script_[calls.size()].result;
     CommCall call;
     call.input = fetch(data, count, dt, device_, s);
-    store(data, script_[calls.size()].result, dt, device_, s);
+    if (cols == 0) {
+      store(data, want, dt, device_, s);
+    } else {
+      // The padded layout: the reference's rows into the first cols columns; the padding keeps
+      // this rank's own values (nobody reads them). The recorded input in the reference's layout.
+      std::vector<float> out = call.input;
+      const size_t lds = count / static_cast<size_t>(step_rows);
+      for (size_t r = 0; r < static_cast<size_t>(step_rows); ++r)
+        for (size_t c = 0; c < cols; ++c) out[r * lds + c] = want[r * cols + c];
+      store(data, out, dt, device_, s);
+      call.input = unpad_rows(call.input, step_rows, cols);
+    }
     calls.push_back(std::move(call));
     return Status();
   }
   Status all_gather(const void* in, size_t bytes, void* out, CommStream stream) override {
     const auto s = static_cast<cudaStream_t>(stream);
-    TANDEM_RETURN_IF_ERROR(next(true, bytes / 4));
+    TANDEM_RETURN_IF_ERROR(next(true, bytes / 4, nullptr));
     CommCall call;
     call.gather = true;
     call.input = fetch(in, bytes / 4, CommDtype::kF32, device_, s);
@@ -186,14 +226,20 @@ class ForcedComm final : public DataComm {
   }
 
   std::vector<CommCall> calls;
+  int64_t step_rows = 0;  // tokens of the step being run (set by the caller): the padded layout's rows
 
  private:
-  Status next(bool gather, size_t count) const {
+  // Checks call i against the reference's; `cols` (reduces) gets the unpadded width when the call
+  // carries the reference's values in the padded score layout, else 0.
+  Status next(bool gather, size_t count, size_t* cols) const {
     const size_t i = calls.size();
     if (i >= script_.size())
       return Status(StatusCode::kInternal, "collective " + std::to_string(i) + " beyond the reference run's " +
                                                std::to_string(script_.size()));
-    if (script_[i].gather != gather || script_[i].input.size() != count)
+    if (cols) *cols = 0;
+    const bool padded = cols && !gather && !script_[i].gather &&
+                        padded_rows(count, script_[i].input.size(), step_rows, cols);
+    if (script_[i].gather != gather || (script_[i].input.size() != count && !padded))
       return Status(StatusCode::kInternal, "collective " + std::to_string(i) + ": " + (gather ? "gather" : "reduce") +
                                                " of " + std::to_string(count) + " where the reference has " +
                                                (script_[i].gather ? "gather" : "reduce") + " of " +

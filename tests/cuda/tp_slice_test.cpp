@@ -99,10 +99,25 @@ void on_all_ranks(int n, const std::function<void(int)>& f) {
   for (auto& t : ts) t.join();
 }
 
-// The CPU group of n ranks over the script: each rank's logits and recorded collectives.
+// Wraps a forward so that each collective `calls` gains during a step is noted with the step's
+// tokens (the rows of its data) in `call_rows`.
+template <typename Fwd>
+auto noting_rows(const Script& s, const std::vector<CommCall>& calls, std::vector<int64_t>& call_rows, Fwd&& fwd) {
+  return [&s, &calls, &call_rows, fwd, step = size_t{0}](const StepBatch& b, StepOutput& o) mutable {
+    const size_t before = calls.size();
+    Status st = fwd(b, o);
+    for (size_t i = before; i < calls.size(); ++i) call_rows.push_back(s.sizes[step]);
+    ++step;
+    return st;
+  };
+}
+
+// The CPU group of n ranks over the script: each rank's logits and recorded collectives, with the
+// rows of each collective's step.
 struct GroupRun {
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<CommCall>> calls;
+  std::vector<std::vector<int64_t>> call_rows;
 };
 GroupRun cpu_group(const Script& s, int n) {
   InProcessGroup g(n, /*device=*/false);
@@ -110,11 +125,14 @@ GroupRun cpu_group(const Script& s, int n) {
   for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<InProcessComm>(g, r));
   GroupRun out;
   out.logits.resize(n);
+  out.call_rows.resize(n);
   on_all_ranks(n, [&](int r) {
     auto m = DsV4Model::load(tp8_dir(), options(r, n, comms[r].get()));
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     g.run_on_rank([&] {
-      out.logits[r] = run_script(s, (*m)->vocab_size(), [&](const StepBatch& b, StepOutput& o) { return (*m)->forward(b, o); });
+      out.logits[r] = run_script(s, (*m)->vocab_size(),
+                                 noting_rows(s, comms[r]->calls, out.call_rows[r],
+                                             [&](const StepBatch& b, StepOutput& o) { return (*m)->forward(b, o); }));
     });
   });
   for (auto& c : comms) out.calls.push_back(c->calls);
@@ -150,10 +168,13 @@ GroupRun gpu_group(const Script& s, int n, const Path& path = kDefaultPath) {
   }
   GroupRun out;
   out.logits.resize(n);
+  out.call_rows.resize(n);
   on_all_ranks(n, [&](int r) {
     g.run_on_rank([&] {
-      out.logits[r] = run_script(s, models[r]->vocab_size(),
-                                 [&](const StepBatch& b, StepOutput& o) { return models[r]->forward(b, &o); });
+      out.logits[r] = run_script(
+          s, models[r]->vocab_size(),
+          noting_rows(s, comms[r]->calls, out.call_rows[r],
+                      [&](const StepBatch& b, StepOutput& o) { return models[r]->forward(b, &o); }));
     });
   });
   for (auto& c : comms) out.calls.push_back(c->calls);
@@ -203,13 +224,10 @@ TEST(CudaTensorParallel, RankPartialsMatchTheCpuRanksTeacherForced) {
     std::vector<int64_t> call_rows;  // tokens of the step each call belongs to
     const int64_t V = (*m)->vocab_size();
     size_t step = 0;
-    run_script(s, V, [&](const StepBatch& b, StepOutput& out) {
-      const size_t before = forced.calls.size();
-      Status st = (*m)->forward(b, &out);
-      for (size_t i = before; i < forced.calls.size(); ++i) call_rows.push_back(s.sizes[step]);
-      ++step;
-      return st;
-    });
+    run_script(s, V, noting_rows(s, forced.calls, call_rows, [&](const StepBatch& b, StepOutput& out) {
+                 forced.step_rows = s.sizes[step++];  // the padded score layout's rows (inprocess_comm.h)
+                 return (*m)->forward(b, &out);
+               }));
     ASSERT_EQ(forced.calls.size(), cpu.calls[r].size()) << "rank " << r << ": a different number of collectives";
     int64_t rows_total = 0, rows_close = 0;
     std::vector<double> all_rel;
@@ -307,9 +325,20 @@ TEST(CudaTensorParallel, SumOverRanksEqualsOneRank) {
       expect_sharding_close(g.logits[0], one.logits[0], V,
                             std::string(path.name) + ": GPU TP=" + std::to_string(n) + " vs GPU TP=1");
       if (n != 2) continue;
-      // The same collectives in the same order, of the same sizes, as the CPU ranks, on every path.
-      ASSERT_EQ(g.calls[0].size(), cpu.calls[0].size());
-      for (size_t i = 0; i < g.calls[0].size(); ++i) EXPECT_EQ(g.calls[0][i].input.size(), cpu.calls[0][i].input.size());
+      // The same collectives in the same order, of the same sizes, as the CPU ranks, on every path
+      // (the indexer scores' in CudaModel's padded layout: inprocess_comm.h), on every rank.
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(g.calls[r].size(), cpu.calls[r].size()) << "rank " << r;
+        ASSERT_EQ(g.call_rows[r], cpu.call_rows[r]) << "rank " << r << ": the collectives fall in other steps";
+        for (size_t i = 0; i < g.calls[r].size(); ++i) {
+          const size_t gn = g.calls[r][i].input.size(), cn = cpu.calls[r][i].input.size();
+          size_t cols = 0;
+          EXPECT_EQ(g.calls[r][i].gather, cpu.calls[r][i].gather) << "rank " << r << " call " << i;
+          EXPECT_TRUE(gn == cn || (!g.calls[r][i].gather && testing::padded_rows(gn, cn, g.call_rows[r][i], &cols)))
+              << "rank " << r << " call " << i << " (step of " << g.call_rows[r][i] << " tokens): " << gn
+              << " values where the CPU has " << cn;
+        }
+      }
       if (&path != &kPaths[0]) continue;
       // GPU against CPU on the default path: the CUDA-vs-CPU limits of model_test.cpp for the
       // make-tiny presets.
