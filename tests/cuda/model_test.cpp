@@ -1124,8 +1124,8 @@ TEST(CudaCheckpoint, BuiltinTrainedModelMatchesCpu) {
 // limits (golden_compare.h): twice the reference's own spread for max rel and top-1 disagreements,
 // the draft compared while its earlier tokens agree. The CUDA model runs the case twice: as is (the
 // prompt's prefill on the tensor cores) and with the prompt in chunks of 64 (every step on the
-// GEMV/decode kernels), which gets the golden's limits; the tensor-core run gets twice the spread
-// between the two where that is more (Limits above). The leading rows within 1e-3 are printed
+// GEMV/decode kernels), which gets the golden's limits or twice the CPU oracle's attention spread
+// on the same tokens; the tensor-core run also twice the spread between the two (Limits above). The leading rows within 1e-3 are printed
 // with the CPU golden's minimum beside them, not limited on the GPU (Limits above says why) ----
 void golden_case(const std::string& name, int64_t cpu_min_exact_prefix) {
   const fs::path root = TANDEM_SOURCE_DIR;
@@ -1179,23 +1179,73 @@ void golden_case(const std::string& name, int64_t cpu_min_exact_prefix) {
   const int64_t rows = gl->shape[0], V = gl->shape[1];
   const auto g = golden::as_float(*gl), m = golden::as_float(*ml), mv = golden::as_float(*vl), c = golden::as_float(*cl);
   const auto& self = info["reference_self_consistency"];
-  // The tensor-core run's limits: twice the GPU's own spread (tensor cores vs GEMV) where that is more.
+  // The CPU oracle's attention spread on the same tokens (Limits above): the target logits of the
+  // case run in-process as the logits CLI runs them (the prompt in one step, then one token a step),
+  // with the softmax weights moved by one ulp and without.
+  auto cpu_target_logits = [&](bool jitter) {
+    const std::vector<int32_t> prompt = info["prompt"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> decode = info["decode"].get<std::vector<int32_t>>();
+    const int64_t T = static_cast<int64_t>(prompt.size()), M = static_cast<int64_t>(decode.size());
+    ModelOptions o;
+    o.max_slots = 1;
+    o.block_size = 256;
+    o.num_blocks = static_cast<int>((T + M + 255) / 256 + 1);
+    o.max_tokens_per_step = static_cast<int>(T);
+    o.num_threads = 0;
+    std::vector<float> out;
+    auto mdl = DsV4Model::load(model_dir.string(), o);
+    EXPECT_TRUE(mdl.ok()) << mdl.status().to_string();
+    if (!mdl.ok()) return out;
+    std::vector<int32_t> table(static_cast<size_t>(o.num_blocks));
+    for (int i = 0; i < o.num_blocks; ++i) table[i] = i;
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), decode.begin(), decode.end());
+    std::vector<int> chunks = {static_cast<int>(T), 1};
+    model_testing::cpu_set_softmax_jitter(jitter);
+    StepOutput so;
+    int64_t pos = 0;
+    size_t ci = 0;
+    while (pos < T + M) {
+      const int64_t n = std::min<int64_t>(chunks[std::min<size_t>(ci++, 1)], T + M - pos);
+      StepBatch b;
+      b.seqs.push_back({0, pos, std::span<const int32_t>(all.data() + pos, n), table, LogitsMode::kAll, false});
+      const Status st = (*mdl)->forward(b, so);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      if (!st.ok()) break;
+      out.insert(out.end(), so.logits.begin(), so.logits.begin() + n * V);
+      pos += n;
+    }
+    model_testing::cpu_set_softmax_jitter(false);
+    return out;
+  };
+  const std::vector<float> cj = cpu_target_logits(true), cp = cpu_target_logits(false);
+  ASSERT_EQ(cj.size(), c.size());
+  ASSERT_EQ(cp.size(), c.size());
+  const Stats asp = compare(cj.data(), cp.data(), rows, V);
+  golden::Limits gv_lim = lim;  // the GEMV run: the golden's limits or twice the attention spread
+  gv_lim.max_rel = std::max(lim.max_rel, golden::kSpreadFactor * asp.max_rel);
+  gv_lim.disagree_rate = std::max(lim.disagree_rate, golden::kSpreadFactor * (1.0 - asp.top1));
+  // The tensor-core run's limits: also twice the GPU's own spread (tensor cores vs GEMV).
   const Stats gsp = compare(m.data(), mv.data(), rows, V);
-  golden::Limits tc_lim = lim;
-  tc_lim.max_rel = std::max(lim.max_rel, golden::kSpreadFactor * gsp.max_rel);
-  tc_lim.disagree_rate = std::max(lim.disagree_rate, golden::kSpreadFactor * (1.0 - gsp.top1));
+  golden::Limits tc_lim = gv_lim;
+  tc_lim.max_rel = std::max(gv_lim.max_rel, golden::kSpreadFactor * gsp.max_rel);
+  tc_lim.disagree_rate = std::max(gv_lim.disagree_rate, golden::kSpreadFactor * (1.0 - gsp.top1));
   std::printf("[cuda-golden %s] reference vs itself (prefill vs decode path): max rel %.4g, top-1 %.4f; limits: max rel "
-              "%.4g, top-1 disagreements %lld of %lld rows; the CPU golden's leading rows within 1e-3 >= %lld; gpu "
-              "spread (tensor cores vs GEMV): max rel %.4g, top-1 %.4f -> tensor-core run's limits: max rel %.4g, "
-              "top-1 disagreements %lld\n",
+              "%.4g, top-1 disagreements %lld of %lld rows; the CPU golden's leading rows within 1e-3 >= %lld; cpu "
+              "attention spread (softmax weights +-1 ulp): max rel %.4g, top-1 %.4f -> GEMV run's limits: max rel %.4g, "
+              "top-1 disagreements %lld; gpu spread (tensor cores vs GEMV): max rel %.4g, top-1 %.4f -> tensor-core "
+              "run's limits: max rel %.4g, top-1 disagreements %lld\n",
               name.c_str(), self["max_rel_to_row_max"].get<double>(), self["top1_agreement"].get<double>(), lim.max_rel,
               static_cast<long long>(golden::disagree_limit(lim.disagree_rate, rows)), static_cast<long long>(rows),
-              static_cast<long long>(cpu_min_exact_prefix), gsp.max_rel, gsp.top1, tc_lim.max_rel,
-              static_cast<long long>(golden::disagree_limit(tc_lim.disagree_rate, rows)));
+              static_cast<long long>(cpu_min_exact_prefix), asp.max_rel, asp.top1, gv_lim.max_rel,
+              static_cast<long long>(golden::disagree_limit(gv_lim.disagree_rate, rows)), gsp.max_rel, gsp.top1,
+              tc_lim.max_rel, static_cast<long long>(golden::disagree_limit(tc_lim.disagree_rate, rows)));
+  std::printf("[cuda-golden %s] in-process CPU run vs `tandem logits --device cpu`: max abs %.3g (the same steps)\n",
+              name.c_str(), compare(cp.data(), c.data(), rows, V).max_abs);
   for (const auto& [what, got, want, l] :
        {std::tuple<const char*, const std::vector<float>*, const std::vector<float>*, golden::Limits>{
-            "cuda (GEMV path) vs official reference", &mv, &g, lim},
-        {"cuda (GEMV path) vs cpu", &mv, &c, lim},
+            "cuda (GEMV path) vs official reference", &mv, &g, gv_lim},
+        {"cuda (GEMV path) vs cpu", &mv, &c, gv_lim},
         {"cuda (tensor cores) vs official reference", &m, &g, tc_lim},
         {"cuda (tensor cores) vs cpu", &m, &c, tc_lim}}) {
     const Stats s = compare(got->data(), want->data(), rows, V);
