@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -38,8 +39,28 @@ __attribute__((target_clones("avx2", "default"))) float dot(const float* a, cons
   return ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
 }
 
+namespace {
+std::atomic<bool> g_softmax_jitter{false};
+// One ulp down (1), none (0) or up (2) by a hash of the weight's bits, its head and key index.
+float jittered(float p, int64_t h, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(num::f32_bits(p)) << 24) ^ (static_cast<uint64_t>(h) << 52) ^ i;
+  x *= 0x9E3779B97F4A7C15ull;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  switch (x % 3) {
+    case 1: return std::nextafter(p, 0.0f);
+    case 2: return std::nextafter(p, INFINITY);
+    default: return p;
+  }
+}
+}  // namespace
+
+void set_softmax_jitter(bool on) { g_softmax_jitter.store(on, std::memory_order_relaxed); }
+
 void attend(const float* q, int64_t heads, int64_t hd, const float* const* keys, size_t nk, const float* sink,
             float* o, float* scores) {
+  const bool jitter = g_softmax_jitter.load(std::memory_order_relaxed);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t h = 0; h < heads; ++h) {
     const float* qh = q + h * hd;
@@ -52,12 +73,14 @@ void attend(const float* q, int64_t heads, int64_t hd, const float* const* keys,
     std::fill(oh, oh + hd, 0.0f);
     float z = 0.0f;
     for (size_t i = 0; i < nk; ++i) {
-      const float p = std::exp(scores[i] - mx);
+      float p = std::exp(scores[i] - mx);
+      if (jitter && scores[i] != mx) p = jittered(p, h, i);  // exp(0) = 1 exactly everywhere
       z += p;
       const float* k = keys[i];
       for (int64_t d = 0; d < hd; ++d) oh[d] += p * k[d];
     }
-    z += std::exp(sink[h] - mx);
+    const float ps = std::exp(sink[h] - mx);
+    z += jitter ? jittered(ps, h, nk) : ps;
     for (int64_t d = 0; d < hd; ++d) oh[d] = num::round_bf16(oh[d] / z);
   }
 }

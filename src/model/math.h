@@ -27,6 +27,10 @@ float dot(const float* a, const float* b, int64_t n);
 // given order (sums in that order). o[heads, hd]; scores: scratch of nk floats.
 void attend(const float* q, int64_t heads, int64_t hd, const float* const* keys, size_t nk, const float* sink,
             float* o, float* scores);
+// Test-only (model_testing.h, cpu_set_softmax_jitter): while on, attend moves every softmax weight
+// exp(s_i - m) with s_i != m, and the sink's, by one ulp down, not at all or up, in a fixed pattern
+// of the weight's bits, head and key index (the same run gives the same bits at any thread count).
+void set_softmax_jitter(bool on);
 
 // mHC shapes and constants of one call (Block.hc_pre / hc_head).
 struct HcShape {

@@ -161,5 +161,7 @@ Status cpu_draft_finish(DsV4Model& m, std::span<const DraftRequest> requests, in
   return im.draft_finish(requests, DraftSampling(), K, h, results);
 }
 
+void cpu_set_softmax_jitter(bool on) { model::set_softmax_jitter(on); }
+
 }  // namespace model_testing
 }  // namespace tandem

@@ -53,6 +53,13 @@ void cpu_last_routing(DsV4Model& m, int64_t rows, std::vector<float>& gate_logit
 // hash-routed ones.
 std::vector<float> cpu_gate_bias(const DsV4Model& m, int layer, bool draft = false);
 
+// The CPU oracle's attention with every softmax weight moved by one ulp in a fixed pattern
+// (model::set_softmax_jitter), until switched off: a spread run that varies the attention's fp32
+// arithmetic by the size of a difference between two correct exp implementations (the GPU's
+// attention sums its dot products on the tensor cores and uses CUDA's expf, within 2 ulp), which
+// the GEMM instruction-set switch (kernels::cpu::set_gemm_isa) leaves untouched.
+void cpu_set_softmax_jitter(bool on);
+
 // The DSpark draft stage by stage: begin validates, flushes the pending context and embeds every
 // request's block into h [B * K, hc * hidden]; finish runs the heads (results as draft_propose,
 // greedy unless a request asks for a temperature).

@@ -135,11 +135,13 @@ std::string name(const Bf16Case& c) {
 
 TEST(CudaBf16GemmTc, ExactSumsBitForBitOnEveryBackEnd) {
   TANDEM_REQUIRE_GPU();
-  // The last case: 17 x 9 = 153 tiles of 128 x 256, more than an H200's 132 SMs.
+  // The last cases: 17 x 9 = 153 tiles of 128 x 256, more than an H200's 132 SMs; K of one and two
+  // blocks of 64 with every SM loading (the portable loop once read K block 0 before its copies
+  // had landed: only short K under load showed it).
   const std::vector<Bf16Case> cases = {{97, 128, 64},        {200, 256, 512, 1, false, true},
                                        {130, 300, 256, 1, true},  {150, 131, 128, 1, true, true},
                                        {300, 128, 256, 4},   {45, 96, 192, 3, true, true},
-                                       {2100, 2304, 128}};
+                                       {2100, 2304, 128},    {2100, 2304, 64, 1, true}};
   uint64_t seed = 900;
   for (const Bf16Case& c : cases) {
     const Operands o = make_operands(c, seed++, true);

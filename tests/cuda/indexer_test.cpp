@@ -174,8 +174,8 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
                   static_cast<long long>(rows), static_cast<long long>(n_cols),
                   median_us([&] { cuda_model::indexer_scores_paged(ip, kStream); }));
     }
-    // rows of one sequence sharing the key tiles (4 per block: groups that straddle sequences run
-    // in spans): the same bits
+    // rows of one sequence sharing the key tiles (4 per block asked: 64 heads get 2, the 128 query
+    // rows that fit; groups that straddle sequences run in spans): the same bits
     {
       auto dsc4 = poisoned<uint16_t>(static_cast<size_t>(rows * lds));
       IndexerArgs i4 = ia;

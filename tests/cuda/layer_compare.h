@@ -55,7 +55,7 @@ inline bool same_value(float a, float b) { return a == b || (std::isnan(a) && st
 // ---- per-row residuals ----
 // rel of a row = max |got - want| / max |want| over the row (the golden tests' measure).
 struct Residual {
-  int64_t rows = 0, skipped = 0, elems = 0, elems_differ = 0, nan_mismatch = 0, worst_row = -1;
+  int64_t rows = 0, skipped = 0, elems = 0, elems_differ = 0, nan_mismatch = 0, worst_row = -1, first_row = -1;
   double max_rel = 0, mean_rel = 0, max_abs = 0;
   double differ_frac() const { return elems ? static_cast<double>(elems_differ) / static_cast<double>(elems) : 0.0; }
 };
@@ -72,7 +72,10 @@ inline Residual residual(const float* got, const float* want, int64_t rows, int6
     double mx = 0, mb = 0;
     for (int64_t c = 0; c < cols; ++c) {
       const float a = got[r * cols + c], b = want[r * cols + c];
-      if (!same_value(a, b)) ++s.elems_differ;
+      if (!same_value(a, b)) {
+        ++s.elems_differ;
+        if (s.first_row < 0) s.first_row = r;
+      }
       if (std::isnan(a) != std::isnan(b) || (std::isinf(a) != std::isinf(b))) {
         ++s.nan_mismatch;
         continue;
@@ -114,20 +117,52 @@ inline Spread worst_spread(const std::vector<Residual>& v) {
   }
   return w;
 }
+// In a step of few rows the floors admit one flipped row: a flip upstream of a row-wide
+// projection (wo_b after the attention output, w2 and the combine after the experts) moves every
+// output of its row and reaches a sizeable part of the row's elements (a single attention-output
+// flip reached 136 of a 1024-element row in a 6-row verify step on the GPU: run2/5), so the
+// element and mean floors are at least one row's worth: 1/rows of the elements, kFlipMaxRel/rows.
 inline RowLimit bf16_row_limit(const Residual& spread, const Spread& model = {}) {
+  const double rows = static_cast<double>(std::max<int64_t>(spread.rows, 1));
   return {std::max({kSpreadFactor * spread.max_rel, model.max_rel, kFlipMaxRel}),
-          std::max({kSpreadFactor * spread.mean_rel, model.mean_rel, kFlipMeanRel}),
-          std::max({kSpreadFactor * spread.differ_frac(), model.differ_frac, kFlipDifferFrac})};
+          std::max({kSpreadFactor * spread.mean_rel, model.mean_rel, kFlipMeanRel, kFlipMaxRel / rows}),
+          std::max({kSpreadFactor * spread.differ_frac(), model.differ_frac, kFlipDifferFrac, 1.0 / rows})};
 }
 inline RowLimit fp32_row_limit(const Residual& spread) {
   return {std::max(kSpreadFactor * spread.max_rel, kFp32MaxRel), std::max(kSpreadFactor * spread.mean_rel, kFp32MeanRel),
           -1};
 }
+// A step whose GEMMs take the tensor cores (prefill chunks of more than tc_min_rows rows) sums
+// every GEMM in another order than the GEMV/decode kernels and the CPU (FP8 wgmma keeps about 14
+// bits while summing a 128-K block: kernels/cuda/gemm_tc.h), so far more bf16/FP8 roundings flip
+// than the CPU's GEMM instruction-set switch shows. Such a piece is held to kSpreadFactor times the
+// GPU's own spread between its two accumulation paths on the same teacher-forced inputs (the same
+// piece on the model pinned to the GEMV/decode kernels), where that is more than the CPU-derived
+// limit; which rule applied is printed. (The GEMV model's own pieces of the same step are compared
+// with the CPU-derived limits: that is where a formula error of the prefill rows shows. The
+// tensor-core kernels themselves are pinned by their op tests: exact sums bit for bit, random
+// inputs within the stated bound.)
+inline RowLimit gpu_spread_limit(const RowLimit& cpu, const Residual& gpu) {
+  RowLimit l = cpu;
+  l.max_rel = std::max(l.max_rel, kSpreadFactor * gpu.max_rel);
+  l.mean_rel = std::max(l.mean_rel, kSpreadFactor * gpu.mean_rel);
+  if (l.differ_frac >= 0) l.differ_frac = std::max(l.differ_frac, kSpreadFactor * gpu.differ_frac());
+  return l;
+}
+inline bool gpu_rule_applies(const RowLimit& cpu, const RowLimit& gpu) {
+  return gpu.max_rel > cpu.max_rel || gpu.mean_rel > cpu.mean_rel || gpu.differ_frac > cpu.differ_frac;
+}
 
 // ---- records ----
+// A record differs when the values it decodes to differ (NaN equal to NaN): the values are what
+// attention and the indexer read. Bytes are not compared here: the encoding of a value set is not
+// unique (a group whose amax rounds down to a power-of-two boundary, 224 * 2^e in e4m3 or 3 * 2^e
+// in e2m1, re-encodes with the scale one binade lower and every code doubled: the same values), so
+// the CPU's state re-encoded from its decoded floats need not repeat the device's bytes. The
+// encoders are pinned byte for byte against the CPU's encoders by tests/cuda/kv_record_test.cpp.
 struct RecordDiff {
   int64_t records = 0, differ = 0, first = -1;
-  double max_abs = 0;  // decoded values, device vs CPU
+  double max_abs = 0;  // decoded values against the reference
 };
 inline int64_t record_limit(int64_t records, int64_t spread_differ) {
   return std::max<int64_t>(static_cast<int64_t>(kSpreadFactor * static_cast<double>(spread_differ)),
@@ -236,9 +271,10 @@ struct Report {
 
 inline std::string fmt_rows(const Residual& r) {
   char buf[320];
-  std::snprintf(buf, sizeof buf, "rows %lld max-rel %.3g mean-rel %.3g max-abs %.3g differ %lld/%lld (worst row %lld)%s",
+  std::snprintf(buf, sizeof buf,
+                "rows %lld max-rel %.3g mean-rel %.3g max-abs %.3g differ %lld/%lld (first row %lld, worst row %lld)%s",
                 static_cast<long long>(r.rows), r.max_rel, r.mean_rel, r.max_abs, static_cast<long long>(r.elems_differ),
-                static_cast<long long>(r.elems), static_cast<long long>(r.worst_row),
+                static_cast<long long>(r.elems), static_cast<long long>(r.first_row), static_cast<long long>(r.worst_row),
                 r.nan_mismatch ? " NaN/inf MISMATCH" : "");
   std::string s = buf;
   if (r.skipped) s += " [" + std::to_string(r.skipped) + " rows with a different selection left out]";
@@ -246,32 +282,56 @@ inline std::string fmt_rows(const Residual& r) {
 }
 
 // One continuous piece: prints device-vs-CPU, the CPU spread and the limit; false over the limit.
+// With gpu (a tensor-core step): also the GPU's tc-vs-GEMV spread, the limit raised to
+// gpu_spread_limit, and which rule applied.
 inline bool check_rows(Report& rep, const std::string& tag, const Residual& got, const Residual& spread,
-                       const RowLimit& lim) {
+                       const RowLimit& cpu_lim, const Residual* gpu = nullptr) {
+  const RowLimit lim = gpu ? gpu_spread_limit(cpu_lim, *gpu) : cpu_lim;
   const bool ok = got.nan_mismatch == 0 && got.max_rel <= lim.max_rel && got.mean_rel <= lim.mean_rel &&
                   (lim.differ_frac < 0 || got.differ_frac() <= lim.differ_frac);
   char buf[256];
-  std::snprintf(buf, sizeof buf, " | cpu-spread max-rel %.3g mean-rel %.3g differ %lld | limit max-rel %.3g mean-rel %.3g",
-                spread.max_rel, spread.mean_rel, static_cast<long long>(spread.elems_differ), lim.max_rel, lim.mean_rel);
+  std::snprintf(buf, sizeof buf, " | cpu-spread max-rel %.3g mean-rel %.3g differ %lld", spread.max_rel, spread.mean_rel,
+                static_cast<long long>(spread.elems_differ));
   std::string text = tag + ": " + fmt_rows(got) + buf;
+  if (gpu) {
+    std::snprintf(buf, sizeof buf, " | gpu tc-vs-gemv spread max-rel %.3g mean-rel %.3g differ %lld", gpu->max_rel,
+                  gpu->mean_rel, static_cast<long long>(gpu->elems_differ));
+    text += buf;
+  }
+  std::snprintf(buf, sizeof buf, " | limit max-rel %.3g mean-rel %.3g", lim.max_rel, lim.mean_rel);
+  text += buf;
   if (lim.differ_frac >= 0) {
     std::snprintf(buf, sizeof buf, " differ-frac %.3g", lim.differ_frac);
     text += buf;
   }
+  if (gpu) text += gpu_rule_applies(cpu_lim, lim) ? " (rule: 2 x gpu tc-vs-gemv spread)" : " (rule: cpu-derived)";
   rep.line(text, ok);
   rep.note_rel(tag, got.max_rel);
   return ok;
 }
 
-inline bool check_records(Report& rep, const std::string& tag, const RecordDiff& got, const RecordDiff& spread) {
-  const int64_t lim = record_limit(got.records, spread.differ);
+// Records: at most record_limit of them decode to other values; with gpu (a tensor-core step) the
+// limit is at least kSpreadFactor times the records the GPU's two paths disagree on.
+inline bool check_records(Report& rep, const std::string& tag, const RecordDiff& got, const RecordDiff& spread,
+                          const RecordDiff* gpu = nullptr) {
+  const int64_t cpu_lim = record_limit(got.records, spread.differ);
+  const int64_t gpu_lim = gpu ? static_cast<int64_t>(kSpreadFactor * static_cast<double>(gpu->differ)) : 0;
+  const int64_t lim = std::max(cpu_lim, gpu_lim);
   const bool ok = got.differ <= lim;
-  char buf[320];
-  std::snprintf(buf, sizeof buf, "%s: records %lld differ %lld (first %lld, decoded max-abs %.3g) | cpu-spread differ %lld | limit %lld",
-                tag.c_str(), static_cast<long long>(got.records), static_cast<long long>(got.differ),
-                static_cast<long long>(got.first), got.max_abs, static_cast<long long>(spread.differ),
-                static_cast<long long>(lim));
-  rep.line(buf, ok);
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "%s: records %lld differ %lld (first %lld, decoded max-abs %.3g) | cpu-spread differ %lld", tag.c_str(),
+                static_cast<long long>(got.records), static_cast<long long>(got.differ),
+                static_cast<long long>(got.first), got.max_abs, static_cast<long long>(spread.differ));
+  std::string text = buf;
+  if (gpu) {
+    std::snprintf(buf, sizeof buf, " | gpu tc-vs-gemv spread differ %lld", static_cast<long long>(gpu->differ));
+    text += buf;
+  }
+  std::snprintf(buf, sizeof buf, " | limit %lld", static_cast<long long>(lim));
+  text += buf;
+  if (gpu) text += gpu_lim > cpu_lim ? " (rule: 2 x gpu tc-vs-gemv spread)" : " (rule: cpu-derived)";
+  rep.line(text, ok);
   return ok;
 }
 

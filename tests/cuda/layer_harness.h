@@ -156,19 +156,388 @@ inline Selection indexer_selection(const Subject& s, const SeqSpec& q, const std
       });
 }
 
-inline void run_step(Subject& s, const StepSpec& spec, const std::vector<std::vector<int32_t>>& toks,
-              const std::vector<std::vector<int32_t>>& tables) {
+// Everything a device gives back for one step run from the CPU's inputs and state.
+struct DevPass {
+  bool tc = false;  // the step's GEMMs took the tensor cores
+  std::vector<std::vector<float>> mid, out, scores, gate;
+  std::vector<std::vector<int32_t>> topk, experts;
+  std::vector<uint8_t> have_scores;
+  std::vector<float> logits;
+  std::vector<std::vector<uint8_t>> slots;
+  std::vector<uint8_t> pool;
+};
+
+// One step on `dev`, teacher-forced: the CPU's state before the step (up_slots, up_pool), each
+// half from the CPU's input to it.
+inline void dev_pass(Subject& s, Device& dev, const StepSpec& spec, const StepBatch& b, int64_t rows,
+                     const CpuPass& cpu, const std::vector<std::vector<uint8_t>>& up_slots,
+                     const std::vector<uint8_t>& up_pool, DevPass& g) {
   const int L = s.cfg.num_hidden_layers;
-  const int64_t HD = s.HD(), hd = s.hd(), V = s.cfg.vocab_size, E = s.cfg.n_routed_experts;
-  const int64_t bs = s.opt.block_size, bf = mt::cpu_block_floats(*s.cpu);
-  StepBatch b;
+  const int64_t HD = s.HD();
+  const bool single = spec.seqs.size() == 1;
+  for (int k = 0; k < s.opt.max_slots; ++k) dev.write_slot(k, up_slots[k]);
+  dev.write_pool(up_pool);
+  for (const SeqSpec& q : spec.seqs) dev.set_slot_length(q.slot, q.start);
+  Status st = dev.begin_step(b);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  g.tc = dev.tensor_core_step();
+  g.mid.assign(L, {});
+  g.out.assign(L, {});
+  g.scores.assign(L, {});
+  g.gate.assign(L, {});
+  g.topk.assign(L, {});
+  g.experts.assign(L, {});
+  g.have_scores.assign(L, 0);
+  for (int l = 0; l < L; ++l) {
+    g.mid[l].resize(static_cast<size_t>(rows * HD));
+    g.out[l].resize(static_cast<size_t>(rows * HD));
+    dev.set_h(cpu.in[l].data(), rows);
+    dev.attention_half(l, b);
+    dev.get_h(g.mid[l].data(), rows);
+    if (single && !cpu.idx_topk[l].empty())
+      g.have_scores[l] = dev.last_indexer(rows, (spec.seqs[0].start + rows) / 4, g.scores[l], g.topk[l]);
+    dev.set_h(cpu.mid[l].data(), rows);
+    dev.ffn_half(l, b);
+    dev.get_h(g.out[l].data(), rows);
+    dev.last_routing(rows, g.gate[l], g.experts[l]);
+  }
+  dev.end_step();
+  dev.logits(cpu.out[L - 1].data(), rows, g.logits);
+  g.slots.assign(static_cast<size_t>(s.opt.max_slots), {});
+  for (int k = 0; k < s.opt.max_slots; ++k) dev.read_slot(k, g.slots[k]);
+  dev.read_pool(g.pool);
+}
+
+// The records a layer of the step wrote and the compressor rows it committed, located in the
+// device images and in the CPU's floats.
+struct LayerWrites {
+  RecordSet win, ent, keys;
+  std::vector<int64_t> win_count;  // window records per sequence of the step, in order
+  // compressor rows [n, 2 * chans] of the device image g, the CPU and the CPU spread
+  std::vector<float> comp_g, comp_c, comp_p, icomp_g, icomp_c, icomp_p;
+};
+
+inline LayerWrites layer_writes(const Subject& s, const StepSpec& spec, const std::vector<std::vector<int32_t>>& tables,
+                                int l, const CpuPass& cpu, const CpuPass& spr, const DevPass& g,
+                                std::vector<std::vector<uint8_t>>& slot_mask, std::vector<uint8_t>& pool_mask) {
+  LayerWrites w;
+  const mt::CpuLayerState c = mt::cpu_layer_state(*s.cpu, l);
+  const mt::CudaLayerState& gl = s.lay.layers[static_cast<size_t>(l)];
+  const int64_t hd = s.hd(), bs = s.opt.block_size, bf = mt::cpu_block_floats(*s.cpu);
+  for (const SeqSpec& q : spec.seqs) {
+    const std::vector<float>& cs = cpu.slots[q.slot];
+    const int64_t first = q.start + std::max<int64_t>(0, q.n - s.lay.win_ring);
+    for (int64_t p = first; p < q.start + q.n; ++p) {
+      const int64_t i = p % s.lay.win_ring;
+      w.win.offs.push_back(gl.win_off + i * s.lay.rec.bytes);
+      w.win.cpu.push_back(cs.data() + c.win_off + i * hd);
+      mark(slot_mask[q.slot], gl.win_off + i * s.lay.rec.bytes, s.lay.rec.bytes);
+    }
+    w.win_count.push_back(q.start + q.n - first);
+    auto rows_of = [&](int64_t coff, int64_t goff, int ring, int64_t chans, std::vector<float>& gv,
+                       std::vector<float>& cv, std::vector<float>& pv) {
+      const int64_t wd = 2 * chans;
+      for (int64_t p = q.start + std::max<int64_t>(0, q.n - ring); p < q.start + q.n; ++p) {
+        const int64_t i = p % ring;
+        const float* gr = reinterpret_cast<const float*>(g.slots[q.slot].data() + goff) + i * wd;
+        gv.insert(gv.end(), gr, gr + wd);
+        cv.insert(cv.end(), cs.begin() + coff + i * wd, cs.begin() + coff + (i + 1) * wd);
+        pv.insert(pv.end(), spr.slots[q.slot].begin() + coff + i * wd, spr.slots[q.slot].begin() + coff + (i + 1) * wd);
+        mark(slot_mask[q.slot], goff + i * wd * 4, wd * 4);
+      }
+    };
+    if (c.ratio) rows_of(c.comp_off, gl.comp_off, gl.comp_ring, gl.comp_chans, w.comp_g, w.comp_c, w.comp_p);
+    if (c.has_indexer) rows_of(c.icomp_off, gl.icomp_off, gl.icomp_ring, gl.icomp_chans, w.icomp_g, w.icomp_c, w.icomp_p);
+    if (!c.ratio) continue;
+    const auto& table = tables[q.slot];
+    for (int64_t p = q.start; p < q.start + q.n; ++p) {
+      if ((p + 1) % c.ratio) continue;
+      const int64_t pos = p + 1 - c.ratio, blk = table[pos / bs];
+      const int64_t i = (pos % bs) / c.ratio;
+      w.ent.offs.push_back(blk * s.lay.block_bytes + gl.pool_main + i * s.lay.rec.bytes);
+      w.ent.cpu.push_back(cpu.pool.data() + blk * bf + c.pool_main + i * hd);
+      mark(pool_mask, w.ent.offs.back(), s.lay.rec.bytes);
+      if (c.has_indexer) {
+        const int64_t k = (pos % bs) / 4;
+        w.keys.offs.push_back(blk * s.lay.block_bytes + gl.pool_idx + k * s.lay.key.bytes);
+        w.keys.cpu.push_back(cpu.pool.data() + blk * bf + c.pool_idx + k * s.cfg.index_head_dim);
+        mark(pool_mask, w.keys.offs.back(), s.lay.key.bytes);
+      }
+    }
+  }
+  return w;
+}
+
+// The window records of a pass (they live in the slots' images): compared slot by slot, against
+// the CPU's values or (ref) the same records of another pass.
+inline layer_compare::RecordDiff window_diff(const Subject& s, const StepSpec& spec, const LayerWrites& w,
+                                             const std::vector<std::vector<uint8_t>>& img,
+                                             const std::vector<std::vector<uint8_t>>* ref) {
+  layer_compare::RecordDiff d;
+  size_t i0 = 0;
+  for (size_t qi = 0; qi < spec.seqs.size(); ++qi) {
+    const SeqSpec& q = spec.seqs[qi];
+    const int64_t cnt = w.win_count[qi];
+    RecordSet part;
+    part.offs.assign(w.win.offs.begin() + i0, w.win.offs.begin() + i0 + cnt);
+    part.cpu.assign(w.win.cpu.begin() + i0, w.win.cpu.begin() + i0 + cnt);
+    i0 += cnt;
+    const auto a = diff_records(part, img[q.slot], false, s, ref ? &(*ref)[q.slot] : nullptr);
+    if (a.first >= 0 && d.first < 0) d.first = d.records + a.first;
+    d.records += a.records;
+    d.differ += a.differ;
+    d.max_abs = std::max(d.max_abs, a.max_abs);
+  }
+  return d;
+}
+
+// Rows of the step that read a key the step itself wrote in layer l whose record decodes to other
+// values than the CPU's: a window row of their own sequence (where the ring still holds it) or a
+// compressed entry completed in the step and visible to them. Their attention legitimately
+// differs by that key (the key is judged once, by the window-records or compressed-entries
+// piece), so they are left out of the attention half's residual, as rows with a different
+// indexer selection are: otherwise one flipped key would count again in every later row.
+inline std::vector<uint8_t> rows_reading_differing_keys(const Subject& s, const StepSpec& spec,
+                                                        const std::vector<std::vector<int32_t>>& tables, int l,
+                                                        const CpuPass& cpu, const DevPass& g, int64_t rows) {
+  std::vector<uint8_t> flag(static_cast<size_t>(rows), 0);
+  const mt::CpuLayerState c = mt::cpu_layer_state(*s.cpu, l);
+  const mt::CudaLayerState& gl = s.lay.layers[static_cast<size_t>(l)];
+  const int64_t hd = s.hd(), bs = s.opt.block_size, bf = mt::cpu_block_floats(*s.cpu);
+  const int64_t ring = s.lay.win_ring, window = s.cfg.sliding_window, rb = s.lay.rec.bytes;
+  auto differs = [&](const uint8_t* rec, const float* want) {
+    for (int64_t e = 0; e < hd; ++e)
+      if (!layer_compare::same_value(cuda_model::kv_record_get(rec, s.lay.rec, static_cast<int>(e)), want[e]))
+        return true;
+    return false;
+  };
+  int64_t r0 = 0;
+  for (const SeqSpec& q : spec.seqs) {
+    for (int64_t p = std::max(q.start, q.start + q.n - ring); p < q.start + q.n; ++p) {
+      const int64_t i = p % ring;
+      if (!differs(g.slots[q.slot].data() + gl.win_off + i * rb, cpu.slots[q.slot].data() + c.win_off + i * hd))
+        continue;
+      for (int64_t t = p; t < q.start + q.n && t - p < window; ++t) flag[static_cast<size_t>(r0 + t - q.start)] = 1;
+    }
+    if (c.ratio) {
+      for (int64_t p = q.start; p < q.start + q.n; ++p) {
+        if ((p + 1) % c.ratio) continue;
+        const int64_t pos = p + 1 - c.ratio, blk = tables[q.slot][pos / bs], i = (pos % bs) / c.ratio;
+        if (!differs(g.pool.data() + blk * s.lay.block_bytes + gl.pool_main + i * rb,
+                     cpu.pool.data() + blk * bf + c.pool_main + i * hd))
+          continue;
+        for (int64_t t = p; t < q.start + q.n; ++t) flag[static_cast<size_t>(r0 + t - q.start)] = 1;
+      }
+    }
+    r0 += q.n;
+  }
+  return flag;
+}
+
+// Every piece of pass g against the CPU (tag prefix `at`). ref != null: g ran on the tensor
+// cores and ref is the GEMV model's pass of the same step: each piece's limit is also at least
+// kSpreadFactor times the spread between the two (layer_compare::gpu_spread_limit).
+inline void compare_pass(Subject& s, const StepSpec& spec, const std::vector<std::vector<int32_t>>& tables,
+                         const std::string& at, int64_t rows, const CpuPass& cpu, const CpuPass& spr,
+                         const DevPass& g, const DevPass* ref, const std::vector<std::vector<uint8_t>>& up_slots,
+                         const std::vector<uint8_t>& up_pool, const std::vector<std::vector<uint8_t>>& p_slots,
+                         const std::vector<uint8_t>& p_pool) {
+  const int L = s.cfg.num_hidden_layers;
+  const int64_t HD = s.HD(), V = s.cfg.vocab_size, E = s.cfg.n_routed_experts;
+  const bool single = spec.seqs.size() == 1;
+  std::vector<std::vector<uint8_t>> slot_mask(static_cast<size_t>(s.opt.max_slots));
+  for (auto& m : slot_mask) m.assign(static_cast<size_t>(s.lay.slot_bytes), 0);
+  std::vector<uint8_t> pool_mask(g.pool.size(), 0);
+
+  // ---- the CPU's own spread of every half first: the largest of each kind is a floor for all ----
+  std::vector<Selection> spr_idx(static_cast<size_t>(L)), spr_route(static_cast<size_t>(L));
+  std::vector<Residual> spr_attn(static_cast<size_t>(L)), spr_ffn(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) {
+    std::vector<uint8_t> skip(static_cast<size_t>(rows), 0);
+    if (single && !cpu.idx_topk[l].empty()) {
+      spr_idx[l] = indexer_selection(s, spec.seqs[0], spr.idx_topk[l], spr.idx_scores[l], cpu.idx_topk[l],
+                                     cpu.idx_scores[l]);
+      skip = spr_idx[l].row_differs;
+    }
+    spr_attn[l] = layer_compare::residual(spr.mid[l].data(), cpu.mid[l].data(), rows, HD, &skip);
+    spr_route[l] = routing_selection(s, rows, mt::cpu_gate_bias(*s.cpu, l), spr.experts[l], spr.gate[l],
+                                     cpu.experts[l], cpu.gate[l]);
+    spr_ffn[l] = layer_compare::residual(spr.out[l].data(), cpu.out[l].data(), rows, HD, &spr_route[l].row_differs);
+  }
+  const layer_compare::Spread attn_floor = layer_compare::worst_spread(spr_attn);
+  const layer_compare::Spread ffn_floor = layer_compare::worst_spread(spr_ffn);
+  // The GPU's tc-vs-GEMV spread of a piece (null without ref).
+  Residual gsp;
+  auto gpu_rows = [&](const float* a, const float* b, int64_t n, int64_t w,
+                      const std::vector<uint8_t>* skip = nullptr) -> const Residual* {
+    if (!ref) return nullptr;
+    gsp = layer_compare::residual(a, b, n, w, skip);
+    return &gsp;
+  };
+  layer_compare::RecordDiff grec;
+  auto gpu_records = [&](const layer_compare::RecordDiff& d) -> const layer_compare::RecordDiff* {
+    if (!ref) return nullptr;
+    grec = d;
+    return &grec;
+  };
+
+  // ---- per layer ----
+  for (int l = 0; l < L; ++l) {
+    const std::string tag = at + " | L" + std::to_string(l) + " " + layer_kind(s, l);
+    const mt::CpuLayerState c = mt::cpu_layer_state(*s.cpu, l);
+    const mt::CudaLayerState& gl = s.lay.layers[static_cast<size_t>(l)];
+    // Attention half: the indexer's selection first (rows where it legitimately differs are left
+    // out of the residual), its scores, then the residual streams.
+    std::vector<uint8_t> skip_attn(static_cast<size_t>(rows), 0);
+    if (single && !cpu.idx_topk[l].empty()) {
+      const SeqSpec& q = spec.seqs[0];
+      const Selection sel = indexer_selection(s, q, g.topk[l], g.scores[l], cpu.idx_topk[l], cpu.idx_scores[l]);
+      layer_compare::check_selection(s.rep, tag + " | indexer-topk", sel, spr_idx[l]);
+      skip_attn = sel.row_differs;
+      const int64_t cols = (q.start + q.n) / 4;
+      if (g.have_scores[l]) {
+        const Residual r = layer_compare::residual(g.scores[l].data(), cpu.idx_scores[l].data(), rows, cols);
+        const Residual sp = layer_compare::residual(spr.idx_scores[l].data(), cpu.idx_scores[l].data(), rows, cols);
+        const Residual* gs =
+            ref && ref->have_scores[l] ? gpu_rows(g.scores[l].data(), ref->scores[l].data(), rows, cols) : nullptr;
+        layer_compare::check_rows(s.rep, tag + " | indexer-scores", r, sp, layer_compare::bf16_row_limit(sp), gs);
+      } else {
+        s.rep.line(tag + " | indexer-scores: not comparable (the step's rows took several indexer chunks)", true);
+      }
+    }
+    {
+      // On a step of one path (no ref), rows that read a differing key of the step are left out too.
+      std::string keys_note;
+      if (!ref) {
+        const std::vector<uint8_t> flipped = rows_reading_differing_keys(s, spec, tables, l, cpu, g, rows);
+        int64_t n_left = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          if (flipped[r] && !skip_attn[r]) {
+            skip_attn[r] = 1;
+            ++n_left;
+          }
+        if (n_left) keys_note = " (" + std::to_string(n_left) + " rows reading a differing key of the step left out)";
+      }
+      const Residual r = layer_compare::residual(g.mid[l].data(), cpu.mid[l].data(), rows, HD, &skip_attn);
+      layer_compare::check_rows(s.rep, tag + " | attn-half" + keys_note, r, spr_attn[l],
+                                layer_compare::bf16_row_limit(spr_attn[l], attn_floor),
+                                gpu_rows(g.mid[l].data(), ref ? ref->mid[l].data() : nullptr, rows, HD, &skip_attn));
+    }
+    // FFN half: routing (explained rows left out), gate logits, residual streams.
+    const std::vector<float> bias = mt::cpu_gate_bias(*s.cpu, l);
+    const Selection rsel = routing_selection(s, rows, bias, g.experts[l], g.gate[l], cpu.experts[l], cpu.gate[l]);
+    layer_compare::check_selection(s.rep, tag + " | moe-routing", rsel, spr_route[l]);
+    {
+      const Residual r = layer_compare::residual(g.gate[l].data(), cpu.gate[l].data(), rows, E);
+      const Residual sp = layer_compare::residual(spr.gate[l].data(), cpu.gate[l].data(), rows, E);
+      layer_compare::check_rows(s.rep, tag + " | gate-logits", r, sp, layer_compare::fp32_row_limit(sp),
+                                gpu_rows(g.gate[l].data(), ref ? ref->gate[l].data() : nullptr, rows, E));
+    }
+    {
+      const Residual r = layer_compare::residual(g.out[l].data(), cpu.out[l].data(), rows, HD, &rsel.row_differs);
+      layer_compare::check_rows(
+          s.rep, tag + " | ffn-half", r, spr_ffn[l], layer_compare::bf16_row_limit(spr_ffn[l], ffn_floor),
+          gpu_rows(g.out[l].data(), ref ? ref->out[l].data() : nullptr, rows, HD, &rsel.row_differs));
+    }
+
+    // State the layer wrote: the window records of the step's positions, the compressor rows, the
+    // entries and indexer keys completed in the step.
+    const LayerWrites w = layer_writes(s, spec, tables, l, cpu, spr, g, slot_mask, pool_mask);
+    layer_compare::check_records(s.rep, tag + " | window-records", window_diff(s, spec, w, g.slots, nullptr),
+                                 window_diff(s, spec, w, p_slots, nullptr),
+                                 ref ? gpu_records(window_diff(s, spec, w, g.slots, &ref->slots)) : nullptr);
+    if (c.ratio) {
+      const int64_t wd = 2 * gl.comp_chans, n = static_cast<int64_t>(w.comp_c.size()) / wd;
+      const Residual r = layer_compare::residual(w.comp_g.data(), w.comp_c.data(), n, wd);
+      const Residual sp = layer_compare::residual(w.comp_p.data(), w.comp_c.data(), n, wd);
+      const Residual* gs = nullptr;
+      std::vector<float> comp_r;
+      if (ref) {
+        std::vector<std::vector<uint8_t>> mask_ignored(static_cast<size_t>(s.opt.max_slots),
+                                                       std::vector<uint8_t>(static_cast<size_t>(s.lay.slot_bytes), 0));
+        std::vector<uint8_t> pool_ignored(g.pool.size(), 0);
+        comp_r = layer_writes(s, spec, tables, l, cpu, spr, *ref, mask_ignored, pool_ignored).comp_g;
+        gs = gpu_rows(w.comp_g.data(), comp_r.data(), n, wd);
+      }
+      layer_compare::check_rows(s.rep, tag + " | compressor-rows", r, sp, layer_compare::fp32_row_limit(sp), gs);
+      if (!w.ent.offs.empty())
+        layer_compare::check_records(s.rep, tag + " | compressed-entries", diff_records(w.ent, g.pool, false, s),
+                                     diff_records(w.ent, p_pool, false, s),
+                                     ref ? gpu_records(diff_records(w.ent, g.pool, false, s, &ref->pool)) : nullptr);
+    }
+    if (c.has_indexer) {
+      const int64_t wd = 2 * gl.icomp_chans, n = static_cast<int64_t>(w.icomp_c.size()) / wd;
+      const Residual r = layer_compare::residual(w.icomp_g.data(), w.icomp_c.data(), n, wd);
+      const Residual sp = layer_compare::residual(w.icomp_p.data(), w.icomp_c.data(), n, wd);
+      const Residual* gs = nullptr;
+      std::vector<float> icomp_r;
+      if (ref) {
+        std::vector<std::vector<uint8_t>> mask_ignored(static_cast<size_t>(s.opt.max_slots),
+                                                       std::vector<uint8_t>(static_cast<size_t>(s.lay.slot_bytes), 0));
+        std::vector<uint8_t> pool_ignored(g.pool.size(), 0);
+        icomp_r = layer_writes(s, spec, tables, l, cpu, spr, *ref, mask_ignored, pool_ignored).icomp_g;
+        gs = gpu_rows(w.icomp_g.data(), icomp_r.data(), n, wd);
+      }
+      layer_compare::check_rows(s.rep, tag + " | indexer-compressor-rows", r, sp, layer_compare::fp32_row_limit(sp), gs);
+      if (!w.keys.offs.empty())
+        layer_compare::check_records(s.rep, tag + " | indexer-keys", diff_records(w.keys, g.pool, true, s),
+                                     diff_records(w.keys, p_pool, true, s),
+                                     ref ? gpu_records(diff_records(w.keys, g.pool, true, s, &ref->pool)) : nullptr);
+    }
+  }
+  // Nothing else of the state moved.
+  {
+    int64_t differ = 0, first = -1;
+    std::string where;
+    for (int k = 0; k < s.opt.max_slots; ++k) {
+      int64_t f = -1;
+      const int64_t d = untouched_differ(g.slots[k], up_slots[k], slot_mask[k], &f);
+      if (d && where.empty()) where = "slot " + std::to_string(k) + " byte " + std::to_string(f);
+      differ += d;
+    }
+    const int64_t dp = untouched_differ(g.pool, up_pool, pool_mask, &first);
+    if (dp && where.empty()) where = "pool byte " + std::to_string(first);
+    differ += dp;
+    s.rep.line(at + " | untouched state: bytes changed outside the step's records " + std::to_string(differ) +
+                   (where.empty() ? "" : " (first: " + where + ")") + " (limit 0)",
+               differ == 0);
+  }
+  // The LM head from the CPU's last residual streams, and its greedy choice.
+  {
+    const Residual r = layer_compare::residual(g.logits.data(), cpu.logits.data(), rows, V);
+    const Residual sp = layer_compare::residual(spr.logits.data(), cpu.logits.data(), rows, V);
+    layer_compare::check_rows(s.rep, at + " | head | logits", r, sp, layer_compare::fp32_row_limit(sp),
+                              gpu_rows(g.logits.data(), ref ? ref->logits.data() : nullptr, rows, V));
+    auto top1 = [&](const std::vector<float>& lg) {
+      std::vector<int32_t> ids(static_cast<size_t>(rows));
+      for (int64_t t = 0; t < rows; ++t)
+        ids[t] = static_cast<int32_t>(std::max_element(lg.begin() + t * V, lg.begin() + (t + 1) * V) - (lg.begin() + t * V));
+      return ids;
+    };
+    const auto gi = top1(g.logits), ci = top1(cpu.logits), pi = top1(spr.logits);
+    auto logit_scores = [&](const std::vector<float>& dev) {
+      return [&, dev_ptr = &dev](int64_t t, std::vector<double>& cs, std::vector<double>& ds) {
+        cs.assign(cpu.logits.begin() + t * V, cpu.logits.begin() + (t + 1) * V);
+        ds.assign(dev_ptr->begin() + t * V, dev_ptr->begin() + (t + 1) * V);
+      };
+    };
+    const Selection sel = layer_compare::compare_selection(gi.data(), ci.data(), rows, 1, [](int64_t) { return 1; },
+                                                           logit_scores(g.logits));
+    const Selection ssel = layer_compare::compare_selection(pi.data(), ci.data(), rows, 1, [](int64_t) { return 1; },
+                                                            logit_scores(spr.logits));
+    layer_compare::check_selection(s.rep, at + " | head | top-1", sel, ssel);
+  }
+}
+
+inline void run_step(Subject& s, const StepSpec& spec, const std::vector<std::vector<int32_t>>& toks,
+                     const std::vector<std::vector<int32_t>>& tables) {
   int64_t rows = 0;
+  StepBatch b;
   for (const SeqSpec& q : spec.seqs) {
     b.seqs.push_back({q.slot, q.start, std::span<const int32_t>(toks[q.slot].data() + q.start, q.n), tables[q.slot],
                       LogitsMode::kNone, false});
     rows += q.n;
   }
-  const bool single = spec.seqs.size() == 1;
   const std::string at = s.name + " | " + spec.name;
 
   // ---- the CPU: its own run, then the spread run from the same inputs and state ----
@@ -197,243 +566,41 @@ inline void run_step(Subject& s, const StepSpec& spec, const std::vector<std::ve
   // ---- the device: the CPU's state before the step, encoded ----
   int64_t inexact = 0;
   std::vector<std::vector<uint8_t>> up_slots(static_cast<size_t>(s.opt.max_slots));
-  for (int k = 0; k < s.opt.max_slots; ++k) {
-    up_slots[k] = encode_slot(s, pre.slots[k], &inexact);
-    s.dev->write_slot(k, up_slots[k]);
-  }
+  for (int k = 0; k < s.opt.max_slots; ++k) up_slots[k] = encode_slot(s, pre.slots[k], &inexact);
   const std::vector<uint8_t> up_pool = encode_pool(s, pre.pool, &inexact);
-  s.dev->write_pool(up_pool);
   s.rep.line(at + " | state upload: records not decoding to the CPU's values " + std::to_string(inexact) + " (limit 0)",
              inexact == 0);
-  for (const SeqSpec& q : spec.seqs) s.dev->set_slot_length(q.slot, q.start);
-  Status st = s.dev->begin_step(b);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  std::vector<std::vector<float>> gmid(L), gout(L), gscores(L), ggate(L);
-  std::vector<std::vector<int32_t>> gtopk(L), gexp(L);
-  std::vector<uint8_t> have_scores(L, 0);
-  for (int l = 0; l < L; ++l) {
-    gmid[l].resize(static_cast<size_t>(rows * HD));
-    gout[l].resize(static_cast<size_t>(rows * HD));
-    s.dev->set_h(cpu.in[l].data(), rows);
-    s.dev->attention_half(l, b);
-    s.dev->get_h(gmid[l].data(), rows);
-    if (single && !cpu.idx_topk[l].empty())
-      have_scores[l] = s.dev->last_indexer(rows, (spec.seqs[0].start + rows) / 4, gscores[l], gtopk[l]);
-    s.dev->set_h(cpu.mid[l].data(), rows);
-    s.dev->ffn_half(l, b);
-    s.dev->get_h(gout[l].data(), rows);
-    s.dev->last_routing(rows, ggate[l], gexp[l]);
+  DevPass g;
+  dev_pass(s, *s.dev, spec, b, rows, cpu, up_slots, up_pool, g);
+  if (::testing::Test::HasFatalFailure()) return;
+  // A tensor-core step also runs on the GEMV model (same inputs and state).
+  DevPass gv;
+  const bool with_gemv = g.tc && s.gemv;
+  if (with_gemv) {
+    dev_pass(s, *s.gemv, spec, b, rows, cpu, up_slots, up_pool, gv);
+    if (::testing::Test::HasFatalFailure()) return;
+    if (gv.tc) ADD_FAILURE() << at << ": the GEMV model ran the step on the tensor cores";
   }
-  s.dev->end_step();
-  std::vector<float> glogits;
-  s.dev->logits(cpu.out[L - 1].data(), rows, glogits);
-  std::vector<std::vector<uint8_t>> g_slots(static_cast<size_t>(s.opt.max_slots));
-  for (int k = 0; k < s.opt.max_slots; ++k) s.dev->read_slot(k, g_slots[k]);
-  std::vector<uint8_t> g_pool;
-  s.dev->read_pool(g_pool);
 
   // ---- the CPU's state after the step (its own run and the spread run) in the device's bytes ----
   int64_t inexact_post = 0, ignored = 0;
-  std::vector<std::vector<uint8_t>> c_slots(static_cast<size_t>(s.opt.max_slots)), p_slots(c_slots.size());
+  std::vector<std::vector<uint8_t>> p_slots(static_cast<size_t>(s.opt.max_slots));
   for (int k = 0; k < s.opt.max_slots; ++k) {
-    c_slots[k] = encode_slot(s, cpu.slots[k], &inexact_post);
+    encode_slot(s, cpu.slots[k], &inexact_post);
     p_slots[k] = encode_slot(s, spr.slots[k], &ignored);
   }
-  const std::vector<uint8_t> c_pool = encode_pool(s, cpu.pool, &inexact_post);
+  encode_pool(s, cpu.pool, &inexact_post);
   const std::vector<uint8_t> p_pool = encode_pool(s, spr.pool, &ignored);
   s.rep.line(at + " | reference state after the step: records not decoding to the CPU's values " +
                  std::to_string(inexact_post) + " (limit 0)",
              inexact_post == 0);
-  std::vector<std::vector<uint8_t>> slot_mask(static_cast<size_t>(s.opt.max_slots));
-  for (auto& m : slot_mask) m.assign(static_cast<size_t>(s.lay.slot_bytes), 0);
-  std::vector<uint8_t> pool_mask(g_pool.size(), 0);
 
-  // ---- the CPU's own spread of every half first: the largest of each kind is a floor for all ----
-  std::vector<Selection> spr_idx(static_cast<size_t>(L)), spr_route(static_cast<size_t>(L));
-  std::vector<Residual> spr_attn(static_cast<size_t>(L)), spr_ffn(static_cast<size_t>(L));
-  for (int l = 0; l < L; ++l) {
-    std::vector<uint8_t> skip(static_cast<size_t>(rows), 0);
-    if (single && !cpu.idx_topk[l].empty()) {
-      spr_idx[l] = indexer_selection(s, spec.seqs[0], spr.idx_topk[l], spr.idx_scores[l], cpu.idx_topk[l],
-                                     cpu.idx_scores[l]);
-      skip = spr_idx[l].row_differs;
-    }
-    spr_attn[l] = layer_compare::residual(spr.mid[l].data(), cpu.mid[l].data(), rows, HD, &skip);
-    spr_route[l] = routing_selection(s, rows, mt::cpu_gate_bias(*s.cpu, l), spr.experts[l], spr.gate[l],
-                                     cpu.experts[l], cpu.gate[l]);
-    spr_ffn[l] = layer_compare::residual(spr.out[l].data(), cpu.out[l].data(), rows, HD, &spr_route[l].row_differs);
-  }
-  const layer_compare::Spread attn_floor = layer_compare::worst_spread(spr_attn);
-  const layer_compare::Spread ffn_floor = layer_compare::worst_spread(spr_ffn);
-
-  // ---- per layer ----
-  for (int l = 0; l < L; ++l) {
-    const std::string tag = at + " | L" + std::to_string(l) + " " + layer_kind(s, l);
-    const mt::CpuLayerState c = mt::cpu_layer_state(*s.cpu, l);
-    const mt::CudaLayerState& g = s.lay.layers[static_cast<size_t>(l)];
-    // Attention half: the indexer's selection first (rows where it legitimately differs are left
-    // out of the residual), its scores, then the residual streams.
-    std::vector<uint8_t> skip_attn(static_cast<size_t>(rows), 0);
-    if (single && !cpu.idx_topk[l].empty()) {
-      const SeqSpec& q = spec.seqs[0];
-      const Selection sel = indexer_selection(s, q, gtopk[l], gscores[l], cpu.idx_topk[l], cpu.idx_scores[l]);
-      layer_compare::check_selection(s.rep, tag + " | indexer-topk", sel, spr_idx[l]);
-      skip_attn = sel.row_differs;
-      const int64_t cols = (q.start + q.n) / 4;
-      if (have_scores[l]) {
-        const Residual r = layer_compare::residual(gscores[l].data(), cpu.idx_scores[l].data(), rows, cols);
-        const Residual sp = layer_compare::residual(spr.idx_scores[l].data(), cpu.idx_scores[l].data(), rows, cols);
-        layer_compare::check_rows(s.rep, tag + " | indexer-scores", r, sp, layer_compare::bf16_row_limit(sp));
-      } else {
-        s.rep.line(tag + " | indexer-scores: not comparable (the step's rows took several indexer chunks)", true);
-      }
-    }
-    {
-      const Residual r = layer_compare::residual(gmid[l].data(), cpu.mid[l].data(), rows, HD, &skip_attn);
-      layer_compare::check_rows(s.rep, tag + " | attn-half", r, spr_attn[l],
-                                layer_compare::bf16_row_limit(spr_attn[l], attn_floor));
-    }
-    // FFN half: routing (explained rows left out), gate logits, residual streams.
-    const std::vector<float> bias = mt::cpu_gate_bias(*s.cpu, l);
-    const Selection rsel = routing_selection(s, rows, bias, gexp[l], ggate[l], cpu.experts[l], cpu.gate[l]);
-    layer_compare::check_selection(s.rep, tag + " | moe-routing", rsel, spr_route[l]);
-    {
-      const Residual r = layer_compare::residual(ggate[l].data(), cpu.gate[l].data(), rows, E);
-      const Residual sp = layer_compare::residual(spr.gate[l].data(), cpu.gate[l].data(), rows, E);
-      layer_compare::check_rows(s.rep, tag + " | gate-logits", r, sp, layer_compare::fp32_row_limit(sp));
-    }
-    {
-      const Residual r = layer_compare::residual(gout[l].data(), cpu.out[l].data(), rows, HD, &rsel.row_differs);
-      layer_compare::check_rows(s.rep, tag + " | ffn-half", r, spr_ffn[l],
-                                layer_compare::bf16_row_limit(spr_ffn[l], ffn_floor));
-    }
-
-    // State the layer wrote: the window records of the step's positions, the compressor rows, the
-    // entries and indexer keys completed in the step.
-    RecordSet win, ent, keys;
-    std::vector<float> comp_g, comp_c, comp_p, icomp_g, icomp_c, icomp_p;
-    for (const SeqSpec& q : spec.seqs) {
-      const std::vector<float>& cs = cpu.slots[q.slot];
-      for (int64_t p = q.start + std::max<int64_t>(0, q.n - s.lay.win_ring); p < q.start + q.n; ++p) {
-        const int64_t i = p % s.lay.win_ring;
-        win.offs.push_back(g.win_off + i * s.lay.rec.bytes);
-        win.cpu.push_back(cs.data() + c.win_off + i * hd);
-        mark(slot_mask[q.slot], g.win_off + i * s.lay.rec.bytes, s.lay.rec.bytes);
-      }
-      auto rows_of = [&](int64_t coff, int64_t goff, int ring, int64_t chans, std::vector<float>& gv,
-                         std::vector<float>& cv, std::vector<float>& pv) {
-        const int64_t w = 2 * chans;
-        for (int64_t p = q.start + std::max<int64_t>(0, q.n - ring); p < q.start + q.n; ++p) {
-          const int64_t i = p % ring;
-          const float* gr = reinterpret_cast<const float*>(g_slots[q.slot].data() + goff) + i * w;
-          gv.insert(gv.end(), gr, gr + w);
-          cv.insert(cv.end(), cs.begin() + coff + i * w, cs.begin() + coff + (i + 1) * w);
-          pv.insert(pv.end(), spr.slots[q.slot].begin() + coff + i * w, spr.slots[q.slot].begin() + coff + (i + 1) * w);
-          mark(slot_mask[q.slot], goff + i * w * 4, w * 4);
-        }
-      };
-      if (c.ratio) rows_of(c.comp_off, g.comp_off, g.comp_ring, g.comp_chans, comp_g, comp_c, comp_p);
-      if (c.has_indexer) rows_of(c.icomp_off, g.icomp_off, g.icomp_ring, g.icomp_chans, icomp_g, icomp_c, icomp_p);
-      if (!c.ratio) continue;
-      const auto& table = tables[q.slot];
-      for (int64_t p = q.start; p < q.start + q.n; ++p) {
-        if ((p + 1) % c.ratio) continue;
-        const int64_t pos = p + 1 - c.ratio, blk = table[pos / bs];
-        const int64_t i = (pos % bs) / c.ratio;
-        ent.offs.push_back(blk * s.lay.block_bytes + g.pool_main + i * s.lay.rec.bytes);
-        ent.cpu.push_back(cpu.pool.data() + blk * bf + c.pool_main + i * hd);
-        mark(pool_mask, ent.offs.back(), s.lay.rec.bytes);
-        if (c.has_indexer) {
-          const int64_t k = (pos % bs) / 4;
-          keys.offs.push_back(blk * s.lay.block_bytes + g.pool_idx + k * s.lay.key.bytes);
-          keys.cpu.push_back(cpu.pool.data() + blk * bf + c.pool_idx + k * s.cfg.index_head_dim);
-          mark(pool_mask, keys.offs.back(), s.lay.key.bytes);
-        }
-      }
-    }
-    // The window records live in the slots' images: compare slot by slot.
-    {
-      layer_compare::RecordDiff wg, wp;
-      size_t i0 = 0;
-      for (const SeqSpec& q : spec.seqs) {
-        RecordSet part;
-        const int64_t cnt = std::min<int64_t>(q.n, s.lay.win_ring);
-        part.offs.assign(win.offs.begin() + i0, win.offs.begin() + i0 + cnt);
-        part.cpu.assign(win.cpu.begin() + i0, win.cpu.begin() + i0 + cnt);
-        i0 += cnt;
-        const auto a = diff_records(part, s.lay.rec.bytes, g_slots[q.slot], c_slots[q.slot], false, s, true);
-        const auto pp = diff_records(part, s.lay.rec.bytes, p_slots[q.slot], c_slots[q.slot], false, s, false);
-        if (a.first >= 0 && wg.first < 0) wg.first = wg.records + a.first;
-        wg.records += a.records;
-        wg.differ += a.differ;
-        wg.max_abs = std::max(wg.max_abs, a.max_abs);
-        wp.records += pp.records;
-        wp.differ += pp.differ;
-      }
-      layer_compare::check_records(s.rep, tag + " | window-records", wg, wp);
-    }
-    if (c.ratio) {
-      const int64_t w = 2 * g.comp_chans, n = static_cast<int64_t>(comp_c.size()) / w;
-      const Residual r = layer_compare::residual(comp_g.data(), comp_c.data(), n, w);
-      const Residual sp = layer_compare::residual(comp_p.data(), comp_c.data(), n, w);
-      layer_compare::check_rows(s.rep, tag + " | compressor-rows", r, sp, layer_compare::fp32_row_limit(sp));
-      if (!ent.offs.empty())
-        layer_compare::check_records(s.rep, tag + " | compressed-entries",
-                                     diff_records(ent, s.lay.rec.bytes, g_pool, c_pool, false, s, true),
-                                     diff_records(ent, s.lay.rec.bytes, p_pool, c_pool, false, s, false));
-    }
-    if (c.has_indexer) {
-      const int64_t w = 2 * g.icomp_chans, n = static_cast<int64_t>(icomp_c.size()) / w;
-      const Residual r = layer_compare::residual(icomp_g.data(), icomp_c.data(), n, w);
-      const Residual sp = layer_compare::residual(icomp_p.data(), icomp_c.data(), n, w);
-      layer_compare::check_rows(s.rep, tag + " | indexer-compressor-rows", r, sp, layer_compare::fp32_row_limit(sp));
-      if (!keys.offs.empty())
-        layer_compare::check_records(s.rep, tag + " | indexer-keys",
-                                     diff_records(keys, s.lay.key.bytes, g_pool, c_pool, true, s, true),
-                                     diff_records(keys, s.lay.key.bytes, p_pool, c_pool, true, s, false));
-    }
-  }
-  // Nothing else of the state moved.
-  {
-    int64_t differ = 0, first = -1;
-    std::string where;
-    for (int k = 0; k < s.opt.max_slots; ++k) {
-      int64_t f = -1;
-      const int64_t d = untouched_differ(g_slots[k], up_slots[k], slot_mask[k], &f);
-      if (d && where.empty()) where = "slot " + std::to_string(k) + " byte " + std::to_string(f);
-      differ += d;
-    }
-    const int64_t dp = untouched_differ(g_pool, up_pool, pool_mask, &first);
-    if (dp && where.empty()) where = "pool byte " + std::to_string(first);
-    differ += dp;
-    s.rep.line(at + " | untouched state: bytes changed outside the step's records " + std::to_string(differ) +
-                   (where.empty() ? "" : " (first: " + where + ")") + " (limit 0)",
-               differ == 0);
-  }
-  // The LM head from the CPU's last residual streams, and its greedy choice.
-  {
-    const Residual r = layer_compare::residual(glogits.data(), cpu.logits.data(), rows, V);
-    const Residual sp = layer_compare::residual(spr.logits.data(), cpu.logits.data(), rows, V);
-    layer_compare::check_rows(s.rep, at + " | head | logits", r, sp, layer_compare::fp32_row_limit(sp));
-    auto top1 = [&](const std::vector<float>& lg) {
-      std::vector<int32_t> ids(static_cast<size_t>(rows));
-      for (int64_t t = 0; t < rows; ++t)
-        ids[t] = static_cast<int32_t>(std::max_element(lg.begin() + t * V, lg.begin() + (t + 1) * V) - (lg.begin() + t * V));
-      return ids;
-    };
-    const auto gi = top1(glogits), ci = top1(cpu.logits), pi = top1(spr.logits);
-    auto logit_scores = [&](const std::vector<float>& dev) {
-      return [&, dev_ptr = &dev](int64_t t, std::vector<double>& cs, std::vector<double>& ds) {
-        cs.assign(cpu.logits.begin() + t * V, cpu.logits.begin() + (t + 1) * V);
-        ds.assign(dev_ptr->begin() + t * V, dev_ptr->begin() + (t + 1) * V);
-      };
-    };
-    const Selection sel = layer_compare::compare_selection(gi.data(), ci.data(), rows, 1, [](int64_t) { return 1; },
-                                                           logit_scores(glogits));
-    const Selection ssel = layer_compare::compare_selection(pi.data(), ci.data(), rows, 1, [](int64_t) { return 1; },
-                                                            logit_scores(spr.logits));
-    layer_compare::check_selection(s.rep, at + " | head | top-1", sel, ssel);
-  }
+  // ---- every piece: the device (on a tensor-core step with the GPU's spread rule), then the GEMV
+  // model's own pass of a tensor-core step with the CPU-derived limits ----
+  compare_pass(s, spec, tables, g.tc ? at + " [tensor cores]" : at, rows, cpu, spr, g, with_gemv ? &gv : nullptr,
+               up_slots, up_pool, p_slots, p_pool);
+  if (with_gemv)
+    compare_pass(s, spec, tables, at + " [gemv path]", rows, cpu, spr, gv, nullptr, up_slots, up_pool, p_slots, p_pool);
 }
 
 // ---- the DSpark draft: context insertion, each stage's halves, the heads ----
@@ -470,8 +637,16 @@ inline void run_draft(Subject& s) {
   ASSERT_TRUE(ist.ok()) << ist.to_string();
   s.dev->reset(slot);
   ASSERT_TRUE(s.dev->draft_insert_context(slot, 0, taps).ok());
-  std::vector<uint8_t> g_ctx;
+  std::vector<uint8_t> g_ctx, gv_ctx;
   s.dev->read_draft_context(slot, g_ctx);
+  // P rows of taps take the tensor cores on the CUDA model (more than tc_min_rows): the GEMV model
+  // inserts the same taps, and its context is compared with the CPU's too.
+  const bool tc_insert = s.gemv && s.dev->tc_min_rows() >= 0 && P > s.dev->tc_min_rows();
+  if (tc_insert) {
+    s.gemv->reset(slot);
+    ASSERT_TRUE(s.gemv->draft_insert_context(slot, 0, taps).ok());
+    s.gemv->read_draft_context(slot, gv_ctx);
+  }
   int64_t inexact = 0, ignored = 0;
   std::vector<uint8_t> enc_c, enc_p;
   encode_kv(s, ctx_c.data(), c.num_draft_stages * W, enc_c, &inexact);
@@ -483,9 +658,13 @@ inline void run_draft(Subject& s) {
       set.offs.push_back(i * s.lay.rec.bytes);
       set.cpu.push_back(ctx_c.data() + i * hd);
     }
-    layer_compare::check_records(s.rep, at + " | S" + std::to_string(st) + " | context-insert",
-                                 diff_records(set, s.lay.rec.bytes, g_ctx, enc_c, false, s, true),
-                                 diff_records(set, s.lay.rec.bytes, enc_p, enc_c, false, s, false));
+    const std::string name = " | S" + std::to_string(st) + " | context-insert";
+    const layer_compare::RecordDiff spread = diff_records(set, enc_p, false, s);
+    const layer_compare::RecordDiff gpu = tc_insert ? diff_records(set, g_ctx, false, s, &gv_ctx) : spread;
+    layer_compare::check_records(s.rep, at + (tc_insert ? " [tensor cores]" : "") + name,
+                                 diff_records(set, g_ctx, false, s), spread, tc_insert ? &gpu : nullptr);
+    if (tc_insert)
+      layer_compare::check_records(s.rep, at + " [gemv path]" + name, diff_records(set, gv_ctx, false, s), spread);
   }
   // Teacher-forced stages: the device reads the CPU's context.
   s.dev->write_draft_context(slot, enc_c);

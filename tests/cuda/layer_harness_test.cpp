@@ -155,6 +155,15 @@ class HostDevice : public layer_harness::Device {
     std::vector<float> embedded;
     return mt::cpu_begin_step(*m_, batch, embedded);
   }
+  // As a CUDA model with tc_min_rows 96 would choose (tc_steps), or one path (the default).
+  void set_tc_steps(bool on) { tc_steps_ = on; }
+  bool tensor_core_step() override {
+    if (!tc_steps_ || !batch_) return false;
+    for (const SeqStep& q : batch_->seqs)
+      if (static_cast<int64_t>(q.tokens.size()) > 96) return true;
+    return false;
+  }
+  int64_t tc_min_rows() override { return tc_steps_ ? 96 : -1; }
   void set_h(const float* h, int64_t rows) override { h_.assign(h, h + rows * HD()); }
   void get_h(float* h, int64_t rows) override { std::memcpy(h, h_.data(), sizeof(float) * rows * HD()); }
   void attention_half(int layer, const StepBatch& batch) override {
@@ -220,6 +229,7 @@ class HostDevice : public layer_harness::Device {
   ModelOptions opt_;
   Fault fault_;
   const StepBatch* batch_ = nullptr;
+  bool tc_steps_ = false;
   std::vector<float> h_;
   std::vector<DraftRequest> reqs_;
   int64_t k_ = 0;
@@ -264,6 +274,43 @@ TEST(LayerHarness, AStandInDeviceThatIsTheCpuAgreesBitForBit) {
       for (const auto& l : s->rep.lines) seen = seen || l.find(want) != std::string::npos;
       EXPECT_TRUE(seen) << s->name << ": no piece '" << want << "' was compared";
     }
+  }
+}
+
+// A device that runs its prefill steps on "tensor cores" with a second, GEMV model beside it (both
+// stand-ins): those steps' pieces are compared twice, the device's with the GPU-spread rule named
+// on the line, the GEMV model's against the CPU-derived limits; the draft's context insertion of
+// 150 rows as well. A fault in the GEMV model alone is reported on its "[gemv path]" pieces.
+TEST(LayerHarness, TensorCoreStepsAreComparedOnBothPaths) {
+  for (bool faulty_gemv : {false, true}) {
+    auto s = host_subject(KvDtype::kFp8, HostDevice::Fault::kNone, /*dspark=*/true);
+    auto v = host_subject(KvDtype::kFp8, faulty_gemv ? HostDevice::Fault::kResidualUlp : HostDevice::Fault::kNone,
+                          /*dspark=*/true);
+    ASSERT_TRUE(s && v);
+    static_cast<HostDevice&>(*s->dev).set_tc_steps(true);
+    s->gemv = std::move(v->dev);
+    layer_harness::run_subject(*s);
+    if (HasFatalFailure()) return;
+    bool tc_line = false, gemv_line = false, rule = false, insert = false;
+    for (const auto& l : s->rep.lines) {
+      tc_line = tc_line || l.find("prefill 0+131 [tensor cores] | L1 CSA/hash | attn-half") != std::string::npos;
+      gemv_line = gemv_line || l.find("prefill 131+131 [gemv path] | L3 CSA | ffn-half") != std::string::npos;
+      rule = rule || l.find("gpu tc-vs-gemv spread") != std::string::npos;
+      insert = insert || l.find("draft [gemv path] | S1 | context-insert") != std::string::npos;
+    }
+    EXPECT_TRUE(tc_line && gemv_line && rule && insert) << "tensor-core steps not compared on both paths";
+    if (!faulty_gemv) {
+      layer_harness::check_subject(*s);
+      EXPECT_EQ(s->rep.worst_rel, 0.0) << s->rep.worst_piece;
+      continue;
+    }
+    bool gemv_failed = false, other_failed = false;
+    for (const auto& f : s->rep.failures) {
+      if (f.find("[gemv path]") != std::string::npos && f.find("| attn-half") != std::string::npos) gemv_failed = true;
+      else if (f.find("[gemv path]") == std::string::npos) other_failed = true;
+    }
+    EXPECT_TRUE(gemv_failed) << "the GEMV model's fault was not reported on its pieces";
+    EXPECT_FALSE(other_failed) << "a fault of the GEMV model alone was reported elsewhere";
   }
 }
 

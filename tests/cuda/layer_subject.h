@@ -45,6 +45,12 @@ class Device {
   virtual void encode_kv(const float* rows, int64_t n, std::vector<uint8_t>& out) = 0;
   virtual void encode_index_keys(const float* rows, int64_t n, std::vector<uint8_t>& out) = 0;
   virtual Status begin_step(const StepBatch& batch) = 0;
+  // After begin_step: whether the step's GEMMs take the tensor-core path (the CUDA model's prefill
+  // chunks of more than tc_min_rows rows); a stand-in has one path.
+  virtual bool tensor_core_step() { return false; }
+  // Calls of more rows than this outside a step (the draft's context insertion) take the tensor
+  // cores; -1: never (a stand-in).
+  virtual int64_t tc_min_rows() { return -1; }
   virtual void set_h(const float* h, int64_t rows) = 0;
   virtual void get_h(float* h, int64_t rows) = 0;
   virtual void attention_half(int layer, const StepBatch& batch) = 0;
@@ -78,6 +84,10 @@ struct Subject {
   testing::TinyWeights tw;  // in-memory weights (both models point into or copied from them)
   std::unique_ptr<DsV4Model> cpu;
   std::unique_ptr<Device> dev;
+  // The same model pinned to the GEMV/decode kernels (CUDA: tc_min_rows huge), or null. On a step
+  // the device runs on the tensor cores it gives the GPU's own spread between its two
+  // accumulation paths, and its pieces are compared with the CPU's as well (layer_harness.h).
+  std::unique_ptr<Device> gemv;
   mt::CudaStateLayout lay;
   Report rep;
   int64_t hd() const { return cfg.head_dim; }
@@ -174,28 +184,34 @@ inline std::vector<uint8_t> encode_pool(Subject& s, const std::vector<float>& cp
   return out;
 }
 
-// Record comparison over a list of (offset) records in three byte images and the CPU's floats.
+// Record comparison over a list of (offset) records of a byte image, by the values they decode to
+// (layer_compare.h says why not by bytes): against the CPU's values, or against the same records
+// of another image (ref).
 struct RecordSet {
   std::vector<int64_t> offs;      // byte offsets of the records in the device image
   std::vector<const float*> cpu;  // the CPU's values of each record
 };
-inline layer_compare::RecordDiff diff_records(const RecordSet& set, int64_t bytes, const std::vector<uint8_t>& got,
-                                       const std::vector<uint8_t>& want, bool index_key, const Subject& s,
-                                       bool decode) {
+inline layer_compare::RecordDiff diff_records(const RecordSet& set, const std::vector<uint8_t>& got, bool index_key,
+                                              const Subject& s, const std::vector<uint8_t>* ref = nullptr) {
   layer_compare::RecordDiff d;
   d.records = static_cast<int64_t>(set.offs.size());
   const int64_t dim = index_key ? s.lay.key.dim : s.hd();
+  auto value = [&](const uint8_t* rec, int64_t e) {
+    return index_key ? cuda_model::index_key_get(rec, s.lay.key, static_cast<int>(e))
+                     : cuda_model::kv_record_get(rec, s.lay.rec, static_cast<int>(e));
+  };
   for (size_t i = 0; i < set.offs.size(); ++i) {
     const uint8_t* a = got.data() + set.offs[i];
-    if (std::memcmp(a, want.data() + set.offs[i], static_cast<size_t>(bytes)) != 0) {
+    bool differs = false;
+    for (int64_t e = 0; e < dim; ++e) {
+      const float v = value(a, e);
+      const float w = ref ? value(ref->data() + set.offs[i], e) : set.cpu[i][e];
+      if (!layer_compare::same_value(v, w)) differs = true;
+      if (!std::isnan(v) && !std::isnan(w)) d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(v) - w));
+    }
+    if (differs) {
       ++d.differ;
       if (d.first < 0) d.first = static_cast<int64_t>(i);
-    }
-    if (!decode) continue;
-    for (int64_t e = 0; e < dim; ++e) {
-      const float v = index_key ? cuda_model::index_key_get(a, s.lay.key, static_cast<int>(e))
-                                : cuda_model::kv_record_get(a, s.lay.rec, static_cast<int>(e));
-      d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(v) - set.cpu[i][e]));
     }
   }
   return d;

@@ -14,6 +14,12 @@
 // at most 1/16 of the records a step writes. An indexer top-k or MoE routing may differ only on a
 // row where the CPU's own choice was within twice the measured score change (a near tie); the
 // uploaded state must decode to the CPU's values and every byte the step does not write must stay.
+// Steps whose GEMMs take the tensor cores (the prefill chunks of 131 rows, the draft's context
+// insertion of 150 rows) run a second time on the same model pinned to the GEMV/decode kernels:
+// their pieces ("[tensor cores]") are held to twice the GPU's own spread between the two paths
+// where that is more (layer_compare::gpu_spread_limit; the line names the rule that applied), and
+// the GEMV model's pieces of the same step ("[gemv path]") to the CPU-derived limits. Records are
+// compared by the values they decode to (layer_compare.h says why).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -42,7 +48,7 @@ using layer_harness::Subject;
 // The CUDA model through its test hooks.
 class CudaDevice : public layer_harness::Device {
  public:
-  explicit CudaDevice(std::unique_ptr<CudaModel> m) : m_(std::move(m)) {}
+  CudaDevice(std::unique_ptr<CudaModel> m, int64_t tc_min_rows) : m_(std::move(m)), tc_min_rows_(tc_min_rows) {}
   CudaModel& model() { return *m_; }
   bool has_draft() override { return m_->has_draft(); }
   int64_t draft_tokens() override { return m_->draft_tokens(); }
@@ -66,6 +72,8 @@ class CudaDevice : public layer_harness::Device {
     mt::cuda_encode_index_keys(*m_, rows, n, out);
   }
   Status begin_step(const StepBatch& batch) override { return mt::cuda_begin_step(*m_, batch); }
+  bool tensor_core_step() override { return mt::cuda_step_tensor_cores(*m_); }
+  int64_t tc_min_rows() override { return tc_min_rows_; }
   void set_h(const float* h, int64_t rows) override { mt::cuda_set_h(*m_, h, rows); }
   void get_h(float* h, int64_t rows) override { mt::cuda_get_h(*m_, h, rows); }
   void attention_half(int layer, const StepBatch& batch) override { mt::cuda_attention_half(*m_, layer, batch); }
@@ -91,10 +99,13 @@ class CudaDevice : public layer_harness::Device {
 
  private:
   std::unique_ptr<CudaModel> m_;
+  int64_t tc_min_rows_;
 };
 
 // cfg != nullptr: the in-memory tiny weights for it (seed 7, as model_test.cpp); else the
-// checkpoint in `dir`.
+// checkpoint in `dir`. Two CUDA models of the same weights: the default one (prefill chunks of
+// more than tc_min_rows rows on the tensor cores) and one pinned to the GEMV/decode kernels, the
+// GPU's own second accumulation path (layer_compare::gpu_spread_limit).
 std::unique_ptr<Subject> make_subject(const std::string& name, KvDtype d, const ModelConfig* cfg,
                                       const std::string& dir) {
   auto s = std::make_unique<Subject>();
@@ -102,7 +113,14 @@ std::unique_ptr<Subject> make_subject(const std::string& name, KvDtype d, const 
   s->opt = layer_harness::layer_options(d);
   CudaModelOptions co;
   co.model = s->opt;
-  std::unique_ptr<CudaModel> gpu;
+  CudaModelOptions cg = co;
+  cg.tc_min_rows = int64_t{1} << 40;
+  std::unique_ptr<CudaModel> gpu, gemv;
+  auto make = [&](const CudaModelOptions& o) -> std::unique_ptr<CudaModel> {
+    auto g = cfg ? CudaModel::from_tensors(s->cfg, s->tw.ptrs(), o) : CudaModel::load(dir, o);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    return g.ok() ? std::move(g).value() : nullptr;
+  };
   if (cfg) {
     s->cfg = *cfg;
     s->tw = testing::tiny_weights(s->cfg, 7);
@@ -110,23 +128,19 @@ std::unique_ptr<Subject> make_subject(const std::string& name, KvDtype d, const 
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     if (!c.ok()) return nullptr;
     s->cpu = std::move(c).value();
-    auto g = CudaModel::from_tensors(s->cfg, s->tw.ptrs(), co);
-    EXPECT_TRUE(g.ok()) << g.status().to_string();
-    if (!g.ok()) return nullptr;
-    gpu = std::move(g).value();
   } else {
     auto c = DsV4Model::load(dir, s->opt);
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     if (!c.ok()) return nullptr;
     s->cpu = std::move(c).value();
     s->cfg = s->cpu->config();
-    auto g = CudaModel::load(dir, co);
-    EXPECT_TRUE(g.ok()) << g.status().to_string();
-    if (!g.ok()) return nullptr;
-    gpu = std::move(g).value();
   }
+  gpu = make(co);
+  gemv = make(cg);
+  if (!gpu || !gemv) return nullptr;
   s->lay = mt::cuda_state_layout(*gpu);
-  s->dev = std::make_unique<CudaDevice>(std::move(gpu));
+  s->dev = std::make_unique<CudaDevice>(std::move(gpu), co.tc_min_rows);
+  s->gemv = std::make_unique<CudaDevice>(std::move(gemv), cg.tc_min_rows);
   return s;
 }
 

@@ -432,6 +432,7 @@ void fp8_gemm_tc(const Fp8GemmArgs& g, TcBackend backend, cudaStream_t s) {
 const char* bf16_gemm_problem(const Bf16GemmArgs& g) {
   const int64_t ldx = g.ldx > 0 ? g.ldx : g.k, ldy = g.ldy > 0 ? g.ldy : g.n;
   if (g.m < 0 || g.n < 1 || g.k < 64 || g.k % 64) return "k must be a positive multiple of 64";
+  if ((g.m + tc::kTileRows - 1) / tc::kTileRows > 65535) return "more than 65535 row tiles for one launch";
   if (g.batch < 1 || g.batch > 65535) return "batch";
   if (ldx % 8) return "x row stride not a multiple of 8 elements (16 bytes)";
   if ((reinterpret_cast<uintptr_t>(g.x) & 15) || (reinterpret_cast<uintptr_t>(g.w) & 15))
@@ -485,7 +486,7 @@ void bf16_gemm_tc(const Bf16GemmArgs& g, TcBackend backend, cudaStream_t s) {
 
 bool fp8_linear_supported(const GemmParams& p, const TcLinearScratch& s) {
   return p.w.format == WeightFormat::kFp8Block && p.quantize_x_block == 128 && p.k % 128 == 0 && p.batch == 1 &&
-         p.m <= s.rows && p.k <= s.max_k && s.codes && s.scales && p.w.k == p.k &&
+         p.m <= s.rows && (p.m + tc::kTileRows - 1) / tc::kTileRows <= 65535 && p.k <= s.max_k && s.codes && s.scales && p.w.k == p.k &&
          (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && (p.ldx == 0 || p.ldx % 4 == 0) &&
          (reinterpret_cast<uintptr_t>(p.w.data) & 15) == 0;
 }

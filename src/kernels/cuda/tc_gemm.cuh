@@ -335,8 +335,12 @@ __device__ __forceinline__ void mainloop(uint8_t* smem, const Op& op, int nk, fl
     if (s < nk) op.load(smem, s, s);
     cp_async_commit();
   }
+  // This thread's copies of K block 0 land before the first iteration's barrier (the loop below
+  // waits for block kb+1 at the end of iteration kb, never for block 0). Without this wait block 0
+  // was read while in flight: short K (one or two blocks, little else in flight to hide the
+  // latency) under a loaded memory system read stale shared memory.
+  cp_async_wait<kStages - 2>();
   if constexpr (kMxfp4) {
-    cp_async_wait<kStages - 2>();
     if (nk > 0) op.convert(smem, 0, 0);
   }
 

@@ -164,6 +164,8 @@ Status cuda_begin_step(CudaModel& m, const StepBatch& batch) {
   return Status();
 }
 
+bool cuda_step_tensor_cores(CudaModel& m) { return im_of(m).step.tc; }
+
 void cuda_set_h(CudaModel& m, const float* h, int64_t rows) {
   Impl& im = im_of(m);
   const int64_t HD = static_cast<int64_t>(im.cfg.hc_mult) * im.cfg.hidden_size;

@@ -59,6 +59,9 @@ void cuda_encode_index_keys(CudaModel& m, const float* rows, int64_t n, std::vec
 // begin validates the batch against the device model's slot lengths and uploads the step plan;
 // end advances the slot lengths.
 Status cuda_begin_step(CudaModel& m, const StepBatch& batch);
+// After cuda_begin_step: whether the step's GEMMs take the tensor cores (the forward's choice:
+// a sequence adds more than tc_min_rows tokens, or more rows than the decode path holds).
+bool cuda_step_tensor_cores(CudaModel& m);
 void cuda_set_h(CudaModel& m, const float* h, int64_t rows);
 void cuda_get_h(CudaModel& m, float* h, int64_t rows);
 void cuda_attention_half(CudaModel& m, int layer, const StepBatch& batch);

@@ -303,10 +303,14 @@ void indexer_scores_paged(const IndexerArgs& a, cudaStream_t s) {
     TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   }
   // Rows per block: up to 4 of one sequence share its key tiles (at most 128 query rows) in steps
-  // of 32 rows or more (prefill chunks, verify batches); smaller steps take one row per block.
-  const int R = a.rows_per_block > 0 ? a.rows_per_block
-                                     : (a.rows >= 32 ? std::min(kMaxRows, kMaxM / (16 * ((a.heads + 15) / 16))) : 1);
-  TANDEM_CHECK_MSG(R >= 1 && R <= kMaxRows && R * a.heads <= kMaxM, "indexer: rows per block");
+  // of 32 rows or more (prefill chunks, verify batches); smaller steps take one row per block. A
+  // request for more than fits (rows_per_block 4 with 64 heads: 256 query rows) is clamped to what
+  // fits, at least 2 for any supported head count: R changes no bit of the result.
+  const int fit = std::min(kMaxRows, kMaxM / a.heads);
+  const int asked = a.rows_per_block > 0
+                        ? a.rows_per_block
+                        : (a.rows >= 32 ? std::min(kMaxRows, kMaxM / (16 * ((a.heads + 15) / 16))) : 1);
+  const int R = std::clamp(asked, 1, fit);
   // Blocks per row group: enough for about eight per multiprocessor over the step (each loads its
   // queries once), never more than the tiles.
   const int64_t groups = (a.rows + R - 1) / R;

@@ -41,8 +41,9 @@ struct IndexerArgs {
   int32_t* visible = nullptr;        // [rows] out
   uint32_t* hist = nullptr;          // optional [rows, 256], zero before: top-byte counts added
   int sm_count = 0;                  // multiprocessors (0: the current device's)
-  int rows_per_block = 0;            // rows of one sequence sharing a block's key tiles, 1..4 (0: by the
-                                     // step's size); changes no result, only how often keys are decoded
+  int rows_per_block = 0;            // rows of one sequence sharing a block's key tiles (0: by the step's
+                                     // size), clamped to 1..min(4, 128 / heads); changes no result, only
+                                     // how often keys are decoded
 };
 void indexer_scores_paged(const IndexerArgs& a, cudaStream_t s);
 bool indexer_supports(int heads, int dim);

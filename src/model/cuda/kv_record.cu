@@ -70,7 +70,11 @@ __global__ void kv_quantize_kernel(KvQuantizeArgs a) {
   }
   if (l.kind == KvRecordKind::kNvfp4) {
     // Two codes per byte: packed after every element is rewritten. The decoded values are
-    // e2m1 * scale exactly, so dividing by the scale gives each code back.
+    // e2m1 * scale exactly, so dividing by the scale gives each code back. A group whose scale is
+    // zero (amax / 6 below e4m3's smallest subnormal) decoded to signed zeros: x * 0 in the CPU's
+    // encoder gives -0 (code 8) for a negative element, and v = -0 keeps that sign, so the code of
+    // v itself is the CPU's (forcing 0 there lost the sign byte for byte). NaN encodes as +0
+    // (f32_to_e2m1), as the CPU's NaN * inv does.
     __syncthreads();
     for (int b = threadIdx.x; b < l.nope / 2; b += blockDim.x) {
       uint8_t nib[2];
@@ -78,7 +82,7 @@ __global__ void kv_quantize_kernel(KvQuantizeArgs a) {
         const int d = 2 * b + i;
         const float sc = num::e4m3_decode(out[l.scale_off + d / 16]);
         const float v = xr[d];
-        nib[i] = (sc != 0.0f && !num::is_nan_bits(v)) ? num::f32_to_e2m1(v / sc) : 0;
+        nib[i] = num::f32_to_e2m1(sc != 0.0f ? v / sc : v);
       }
       out[b] = static_cast<uint8_t>(nib[0] | (nib[1] << 4));
     }

@@ -362,6 +362,9 @@ bool mxfp4_blocks_fit_e4m3(const uint8_t* scale, int64_t rows, int64_t k) {
 
 namespace {
 bool aligned(const void* p, uintptr_t a) { return p && reinterpret_cast<uintptr_t>(p) % a == 0; }
+int64_t max_tiles_of(const MoePrefillArgs& a) {
+  return (a.tokens * a.topk + kMoeTileRows - 1) / kMoeTileRows + a.n_local;
+}
 }  // namespace
 
 bool moe_prefill_supported(const MoePrefillArgs& a, const MoePrefillScratch& s) {
@@ -373,13 +376,10 @@ bool moe_prefill_supported(const MoePrefillArgs& a, const MoePrefillScratch& s) 
          a.w1.n == a.n_local * a.inter && a.w3.n == a.n_local * a.inter && a.w2.n == a.n_local * a.dim &&
          a.w1.k == a.dim && a.w3.k == a.dim && a.w2.k == a.inter && aligned(a.x, 16) && aligned(a.w1.data, 16) &&
          aligned(a.w3.data, 16) && aligned(a.w2.data, 16) && aligned(a.w1.scale, 4) && aligned(a.w3.scale, 4) &&
-         aligned(a.w2.scale, 4) && aligned(a.pair_out, 8);
+         aligned(a.w2.scale, 4) && aligned(a.pair_out, 8) && max_tiles_of(a) <= 65535;  // grid.y of the groups
 }
 
 namespace {
-int64_t max_tiles_of(const MoePrefillArgs& a) {
-  return (a.tokens * a.topk + kMoeTileRows - 1) / kMoeTileRows + a.n_local;
-}
 int64_t slot_ld(const MoePrefillArgs& a) { return (a.tokens * a.topk + 3) / 4 * 4; }
 GroupArgs group_args(const MoePrefillArgs& a, const MoePrefillScratch& s) {
   GroupArgs g{};
