@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,16 @@ namespace tandem::layer_compare {
 //  * fp32 rows (compressor rows, gate logits, logits: GEMM outputs without rounding): the inputs
 //    are the same bf16 values except where an upstream rounding flipped, which moves an output by
 //    a fraction of one input ulp: 2^-8 of the row's largest |value| at most, 2^-12 on average.
-//  * records (KV records, FP4 indexer keys): at most 1/16 of the records a step writes may differ
-//    (a wrong position, scale or layout changes all of them).
+//  * records (KV records, FP4 indexer keys): a record differs where one of its values sat next to
+//    an FP8/FP4/bf16 rounding boundary, a rare event independent from record to record. Over the
+//    whole script, at most 1/16 of the records of each kind written on the GEMV path and in decode
+//    and verify steps may differ (kRecordDifferFrac; tensor-core steps are held to their GPU spread
+//    piece by piece); one piece (a layer's records of one step, often 10 to 32 of them) may reach
+//    1/4 (kRecordPieceFrac), because rare independent flips bunch: at a mean of one per 32-record
+//    piece, 8% of pieces hold 3 or more, and a script compares hundreds (measured on an H200, run3:
+//    3 and 4 of 32 compressed entries on single pieces, decoded max-abs 0.0024, with the script's
+//    total of that kind at 9 of 235). A wrong position, scale or layout changes every record of a
+//    piece, so both limits catch it (LayerHarness.InjectedFaultsAreReportedOnTheirPiece).
 // The residual streams' floors are raised to the largest spread the CPU shows on any layer of the
 // same kind of half in the same step (Spread below: a flip's measured reach in this model).
 // Discrete selections are judged row by row instead (see Selection below).
@@ -49,6 +58,7 @@ constexpr double kFlipDifferFrac = 1.0 / 64;
 constexpr double kFp32MaxRel = 1.0 / 256;
 constexpr double kFp32MeanRel = 1.0 / 4096;
 constexpr double kRecordDifferFrac = 1.0 / 16;
+constexpr double kRecordPieceFrac = 1.0 / 4;
 
 inline bool same_value(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
@@ -166,6 +176,11 @@ struct RecordDiff {
 };
 inline int64_t record_limit(int64_t records, int64_t spread_differ) {
   return std::max<int64_t>(static_cast<int64_t>(kSpreadFactor * static_cast<double>(spread_differ)),
+                           static_cast<int64_t>(std::ceil(kRecordPieceFrac * static_cast<double>(records))));
+}
+// The whole script's records: at most kRecordDifferFrac of them (and twice the CPU spread's) differ.
+inline int64_t record_total_limit(int64_t records, int64_t spread_differ) {
+  return std::max<int64_t>(static_cast<int64_t>(kSpreadFactor * static_cast<double>(spread_differ)),
                            static_cast<int64_t>(std::ceil(kRecordDifferFrac * static_cast<double>(records))));
 }
 
@@ -246,6 +261,10 @@ inline Selection compare_selection(const int32_t* got, const int32_t* want, int6
 // ---- report ----
 struct Report {
   int pieces = 0, failed = 0;
+  struct RecordTotal {
+    int64_t records = 0, differ = 0, spread = 0;
+  };
+  std::map<std::string, RecordTotal> record_totals;  // per kind of record piece, over the whole script
   std::vector<std::string> lines, failures;
   std::string worst_piece;
   double worst_rel = 0;
@@ -318,6 +337,13 @@ inline bool check_records(Report& rep, const std::string& tag, const RecordDiff&
   const int64_t gpu_lim = gpu ? static_cast<int64_t>(kSpreadFactor * static_cast<double>(gpu->differ)) : 0;
   const int64_t lim = std::max(cpu_lim, gpu_lim);
   const bool ok = got.differ <= lim;
+  if (!gpu) {  // the script's totals hold the pieces judged by the CPU-derived rule
+    const size_t bar = tag.rfind("| ");
+    Report::RecordTotal& t = rep.record_totals[bar == std::string::npos ? tag : tag.substr(bar + 2)];
+    t.records += got.records;
+    t.differ += got.differ;
+    t.spread += spread.differ;
+  }
   char buf[400];
   std::snprintf(buf, sizeof buf,
                 "%s: records %lld differ %lld (first %lld, decoded max-abs %.3g) | cpu-spread differ %lld", tag.c_str(),
@@ -333,6 +359,23 @@ inline bool check_records(Report& rep, const std::string& tag, const RecordDiff&
   if (gpu) text += gpu_lim > cpu_lim ? " (rule: 2 x gpu tc-vs-gemv spread)" : " (rule: cpu-derived)";
   rep.line(text, ok);
   return ok;
+}
+
+// The whole script's records of each kind against record_total_limit (after the last step).
+inline bool check_record_totals(Report& rep, const std::string& tag) {
+  bool all = true;
+  const auto totals = rep.record_totals;
+  for (const auto& [kind, t] : totals) {
+    const int64_t lim = record_total_limit(t.records, t.spread);
+    const bool ok = t.differ <= lim;
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "%s | %s over the script: %lld of %lld differ | spreads differ %lld | limit %lld",
+                  tag.c_str(), kind.c_str(), static_cast<long long>(t.differ), static_cast<long long>(t.records),
+                  static_cast<long long>(t.spread), static_cast<long long>(lim));
+    rep.line(buf, ok);
+    all = all && ok;
+  }
+  return all;
 }
 
 inline bool check_selection(Report& rep, const std::string& tag, const Selection& got, const Selection& spread) {
