@@ -440,13 +440,35 @@ inline void compare_pass(Subject& s, const StepSpec& spec, const std::vector<std
               gsc[r * cols + j] = cpu.idx_scores[l][r * cols + j];
               if (!rsc.empty()) rsc[r * cols + j] = cpu.idx_scores[l][r * cols + j];
             }
-        const Residual r = layer_compare::residual(gsc.data(), cpu.idx_scores[l].data(), rows, cols);
+        // A row's query is an FP4 record too (block 32 after the Hadamard): where one of its values
+        // sat next to a rounding boundary, every score of the row moves by up to one FP4 step of
+        // that value. Such rows (over the row limit) are left out and counted as records are:
+        // at most kRecordDifferFrac of the rows (a wrong scale or weight moves every row).
         const Residual sp = layer_compare::residual(spr.idx_scores[l].data(), cpu.idx_scores[l].data(), rows, cols);
-        const Residual* gs = !rsc.empty() ? gpu_rows(gsc.data(), rsc.data(), rows, cols) : nullptr;
-        const std::string cols_note =
-            n_cols ? " (" + std::to_string(n_cols) + " columns of a differing key of the step left out)" : "";
-        layer_compare::check_rows(s.rep, tag + " | indexer-scores" + cols_note, r, sp, layer_compare::bf16_row_limit(sp),
-                                  gs);
+        const layer_compare::RowLimit row_lim = layer_compare::bf16_row_limit(sp);
+        const Residual* gs0 = !rsc.empty() ? gpu_rows(gsc.data(), rsc.data(), rows, cols) : nullptr;
+        const layer_compare::RowLimit lim = gs0 ? layer_compare::gpu_spread_limit(row_lim, *gs0) : row_lim;
+        std::vector<uint8_t> qflip(static_cast<size_t>(rows), 0);
+        int64_t n_q = 0, n_q_spread = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const Residual one = layer_compare::residual(gsc.data() + r * cols, cpu.idx_scores[l].data() + r * cols, 1, cols);
+          const Residual one_sp =
+              layer_compare::residual(spr.idx_scores[l].data() + r * cols, cpu.idx_scores[l].data() + r * cols, 1, cols);
+          if (one.max_rel > lim.max_rel) qflip[static_cast<size_t>(r)] = 1, ++n_q;
+          if (one_sp.max_rel > row_lim.max_rel) ++n_q_spread;
+        }
+        const int64_t q_lim = layer_compare::record_total_limit(rows, n_q_spread);
+        const Residual r = layer_compare::residual(gsc.data(), cpu.idx_scores[l].data(), rows, cols, &qflip);
+        const Residual* gs = !rsc.empty() ? gpu_rows(gsc.data(), rsc.data(), rows, cols, &qflip) : nullptr;
+        std::string note;
+        if (n_cols) note += " (" + std::to_string(n_cols) + " columns of a differing key of the step left out)";
+        if (n_q)
+          note += " (" + std::to_string(n_q) + " rows with a differing FP4 query left out, limit " + std::to_string(q_lim) + ")";
+        layer_compare::check_rows(s.rep, tag + " | indexer-scores" + note, r, sp, row_lim, gs);
+        if (n_q > q_lim)
+          s.rep.line(tag + " | indexer-scores: " + std::to_string(n_q) + " rows over the row limit, more than " +
+                         std::to_string(q_lim) + " FP4 query flips",
+                     false);
       } else {
         s.rep.line(tag + " | indexer-scores: not comparable (the step's rows took several indexer chunks)", true);
       }
