@@ -250,7 +250,7 @@ def build_only(a, faults, outdir):
         shutil.copy2(lib, os.path.join(stage, "lib", os.path.basename(lib)))
     manifest = {"target": TARGET, "arch": a.arch, "commit": git_commit(),
                 "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "faults": entries}
+                "faults": entries, "source_dir": b.tree}
     with open(os.path.join(stage, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     archive = os.path.join(outdir, ARCHIVE)
@@ -404,6 +404,13 @@ def run_extracted(a, work, manifest, name, driver):
     env["LD_LIBRARY_PATH"] = ":".join(paths + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
     logs = a.logs or os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
+    # The binaries read test data (data/golden) under the source tree they were built in
+    # (TANDEM_SOURCE_DIR, the build host's scratch copy); on this host that path is this repository.
+    src = manifest.get("source_dir")
+    if src and not os.path.exists(src):
+        os.makedirs(os.path.dirname(src), exist_ok=True)
+        os.symlink(ROOT, src)
+        print(f"{src} -> {ROOT} (the test data the binaries read)", flush=True)
     faults = manifest["faults"]
     if a.only:
         keep = set(a.only.split(","))
