@@ -148,7 +148,11 @@ struct State {
     kc::random_fill(iw.get(), iw.size(), kc::RandomFill::kF32Bf16, 5004, s, 0.05f);
     // scratch: split-K partials for every (row, chunk) of a decode step, scores, top-k state, output
     const int64_t R = B * Rq;  // rows of one copy
-    partial_slots = Rq == 1 ? R * ((kWindow + L / 128 + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk) : 0;
+    // (the larger key list of the two kinds, as the model sizes its scratch: CSA's window + top-512
+    // exceeds HCA's window + L/128 below 49K tokens; sized for HCA alone, the 4K CSA rows fell back
+    // to the folding blocks, 101.8 us instead of about 15: run3)
+    const int64_t keys = std::max<int64_t>(kWindow + L / 128, kWindow + kTopk);
+    partial_slots = Rq == 1 ? R * ((keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk) : 0;
     if (partial_slots) partial.reset(static_cast<size_t>(cuda_model::attn_partial_floats(kHeads, kHd, partial_slots)));
     out.reset(static_cast<size_t>(R * kHeads * kHd));
     lds = (vis + 7) / 8 * 8;
