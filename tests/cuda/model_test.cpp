@@ -85,7 +85,10 @@ Stats compare(const std::vector<float>& a, const std::vector<float>& b, int64_t 
 //  * gpu spread (tensor cores vs GEMV): for a run with prefill steps on the tensor cores, the same
 //    run on the model pinned to the GEMV/decode kernels (the tensor cores sum each GEMM in another
 //    order; FP8 wgmma keeps about 14 bits while summing a 128-K block: kernels/cuda/gemm_tc.h).
-//    The GEMV run itself is compared with the CPU-derived limits.
+//    Printed, never a limit: where the GEMV run equals the CPU's, the tensor-core run's distance to
+//    the CPU is its distance to the GEMV run, so twice it would admit any error of the tensor-core
+//    path. Both runs are held to the CPU-derived limits above (measured on an H200, run3: every
+//    tensor-core run within them, e.g. the 300-token prefill at max rel 0.407 of 0.63).
 // Leading rows within 1e-3 are printed, not limited, on the GPU. The golden tests require them on
 // the CPU (rows before the first rounding flip agree to the golden's F16 precision), but on the GPU
 // the first flip comes within the first rows: the attention's outputs differ from the CPU's in
@@ -107,7 +110,6 @@ struct Limits {
     double m = gl.max_rel;
     if (cpu_measured) m = std::max(m, golden::kSpreadFactor * cpu_spread.max_rel);
     if (attn_measured) m = std::max(m, golden::kSpreadFactor * attn_spread.max_rel);
-    if (gpu_measured) m = std::max(m, golden::kSpreadFactor * gpu_spread.max_rel);
     if (flip_measured) m = std::max(m, golden::kSpreadFactor * flip_spread.max_rel);
     return m;
   }
@@ -115,7 +117,6 @@ struct Limits {
     double r = gl.disagree_rate;
     if (cpu_measured) r = std::max(r, golden::kSpreadFactor * (1.0 - cpu_spread.top1));
     if (attn_measured) r = std::max(r, golden::kSpreadFactor * (1.0 - attn_spread.top1));
-    if (gpu_measured) r = std::max(r, golden::kSpreadFactor * (1.0 - gpu_spread.top1));
     if (flip_measured) r = std::max(r, golden::kSpreadFactor * (1.0 - flip_spread.top1));
     return r;
   }
@@ -134,7 +135,7 @@ struct Limits {
     };
     add(cpu_measured, "cpu spread (GEMM ISA changed)", cpu_spread);
     add(attn_measured, "attention spread (softmax weights +-1 ulp)", attn_spread);
-    add(gpu_measured, "gpu spread (tensor cores vs GEMV)", gpu_spread);
+    add(gpu_measured, "gpu spread (tensor cores vs GEMV; printed, not a limit)", gpu_spread);
     add(flip_measured, "flip spread (1/64 of the input moved one bf16 ulp)", flip_spread);
     return w;
   }
@@ -783,11 +784,9 @@ TEST(CudaModel, DraftTapsAndProposalsMatchCpu) {
                             tres_v[0].tokens, tres_v[0].confidence, 1, K, V, 0);
   for (const auto& [what, res, lim, conf_lim] :
        {std::tuple<const char*, const DraftResult*, Limits, double>{"GEMV path", &vres[0], dlim, dlim.max_rel()},
-        {"tensor cores", &gres[0], with_gpu_spread(dlim, gsp.s),
-         std::max(dlim.max_rel(), golden::kSpreadFactor * gsp.conf_rel)},
+        {"tensor cores", &gres[0], with_gpu_spread(dlim, gsp.s), dlim.max_rel()},
         {"from the CPU's taps, GEMV path", &tres_v[0], tflim, tflim.max_rel()},
-        {"from the CPU's taps, tensor-core insertion", &tres_g[0], with_gpu_spread(tflim, tgsp.s),
-         std::max(tflim.max_rel(), golden::kSpreadFactor * tgsp.conf_rel)}}) {
+        {"from the CPU's taps, tensor-core insertion", &tres_g[0], with_gpu_spread(tflim, tgsp.s), tflim.max_rel()}}) {
     const golden::DraftStats d = golden::compare_draft(res->logits, res->tokens, res->confidence, cres[0].logits,
                                                        cres[0].tokens, cres[0].confidence, 1, K, V, 0);
     const int64_t max_dis = golden::disagree_limit(lim.disagree_rate(), d.compared);
@@ -1259,14 +1258,12 @@ void golden_case(const std::string& name, int64_t cpu_min_exact_prefix) {
   gv_lim.disagree_rate = std::max(lim.disagree_rate, golden::kSpreadFactor * (1.0 - asp.top1));
   // The tensor-core run's limits: also twice the GPU's own spread (tensor cores vs GEMV).
   const Stats gsp = compare(m.data(), mv.data(), rows, V);
-  golden::Limits tc_lim = gv_lim;
-  tc_lim.max_rel = std::max(gv_lim.max_rel, golden::kSpreadFactor * gsp.max_rel);
-  tc_lim.disagree_rate = std::max(gv_lim.disagree_rate, golden::kSpreadFactor * (1.0 - gsp.top1));
+  const golden::Limits tc_lim = gv_lim;  // the GPU's own spread is printed, not a limit (Limits above)
   std::printf("[cuda-golden %s] reference vs itself (prefill vs decode path): max rel %.4g, top-1 %.4f; limits: max rel "
               "%.4g, top-1 disagreements %lld of %lld rows; the CPU golden's leading rows within 1e-3 >= %lld; cpu "
               "attention spread (softmax weights +-1 ulp): max rel %.4g, top-1 %.4f -> GEMV run's limits: max rel %.4g, "
-              "top-1 disagreements %lld; gpu spread (tensor cores vs GEMV): max rel %.4g, top-1 %.4f -> tensor-core "
-              "run's limits: max rel %.4g, top-1 disagreements %lld\n",
+              "top-1 disagreements %lld; gpu spread (tensor cores vs GEMV): max rel %.4g, top-1 %.4f (printed, not a "
+              "limit) -> tensor-core run's limits: max rel %.4g, top-1 disagreements %lld\n",
               name.c_str(), self["max_rel_to_row_max"].get<double>(), self["top1_agreement"].get<double>(), lim.max_rel,
               static_cast<long long>(golden::disagree_limit(lim.disagree_rate, rows)), static_cast<long long>(rows),
               static_cast<long long>(cpu_min_exact_prefix), asp.max_rel, asp.top1, gv_lim.max_rel,
@@ -1332,9 +1329,11 @@ void golden_case(const std::string& name, int64_t cpu_min_exact_prefix) {
   // The tensor-core run's drafts against the GEMV run's: the GPU's own draft spread.
   const golden::DraftStats dsp =
       golden::compare_draft(ms.logits, ms.tokens, ms.conf, vs.logits, vs.tokens, vs.conf, steps + 1, K, V, 0);
-  golden::Limits tc_dlim = lim;
-  tc_dlim.max_rel = std::max(lim.max_rel, golden::kSpreadFactor * std::max(dsp.s.max_rel, dsp.conf_rel));
-  tc_dlim.disagree_rate = std::max(lim.disagree_rate, golden::kSpreadFactor * (1.0 - dsp.s.top1));
+  const golden::Limits tc_dlim = lim;  // dsp, the GPU's own spread, is printed, not a limit
+  std::printf("[cuda-golden %s] draft, gpu spread (tensor cores vs GEMV; printed, not a limit): max rel %.4g, top-1 "
+              "disagreements %lld of %lld, confidence %.4g\n",
+              name.c_str(), dsp.s.max_rel, static_cast<long long>(dsp.s.disagree), static_cast<long long>(dsp.compared),
+              dsp.conf_rel);
   for (const auto& [what, ours, ref, ref_steps, shift, l] :
        {std::tuple<const char*, const Side*, const Side*, int64_t, int64_t, golden::Limits>{
             "draft, cuda (GEMV path) vs official reference", &vs, &gs, steps, 1, lim},
