@@ -165,15 +165,11 @@ Result<std::unique_ptr<DsV4Model>> DsV4Model::from_tensors(const ModelConfig& co
 }
 
 Result<std::unique_ptr<DsV4Model>> DsV4Model::load(const std::string& dir, const ModelOptions& options) {
-  auto config = load_model_config(dir + "/config.json");
-  if (!config.ok()) return config.status().with_context("loading " + dir);
-  auto ckpt = Checkpoint::open(dir);
-  if (!ckpt.ok()) return ckpt.status().with_context("loading " + dir);
-  std::vector<const TensorView*> views;
-  for (const auto& [name, view] : (*ckpt)->tensors()) views.push_back(view);
-  auto model = from_tensors(*config, views, options);
+  auto open = model::open_checkpoint(dir);
+  if (!open.ok()) return open.status();
+  auto model = from_tensors(open->config, open->tensors, options);
   if (!model.ok()) return model.status().with_context("loading " + dir);
-  (*model)->impl_->ckpt = std::move(*ckpt);  // the weights are views into its mmapped shards
+  (*model)->impl_->ckpt = std::move(open->ckpt);  // the weights are views into its mmapped shards
   TLOG_INFO("model", "{}: {}", dir, (*model)->load_report().summary());
   if (options.tp_size > 1)
     TLOG_INFO("model", "tensor parallel rank {}/{}: {:.1f} MiB of weights bound on this rank", options.tp_rank,

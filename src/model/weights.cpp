@@ -587,4 +587,16 @@ Result<Weights> load_weights(const ModelConfig& c, const std::vector<const Tenso
   return w;
 }
 
+Result<OpenCheckpoint> open_checkpoint(const std::string& dir) {
+  OpenCheckpoint o;
+  auto config = load_model_config(dir + "/config.json");
+  if (!config.ok()) return config.status().with_context("loading " + dir);
+  o.config = std::move(*config);
+  auto ckpt = Checkpoint::open(dir);
+  if (!ckpt.ok()) return ckpt.status().with_context("loading " + dir);
+  o.ckpt = std::move(*ckpt);
+  for (const auto& [name, view] : o.ckpt->tensors()) o.tensors.push_back(view);
+  return o;
+}
+
 }  // namespace tandem::model

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "io/model_config.h"
+#include "io/safetensors.h"
 #include "kernels/ops.h"
 
 namespace tandem {
@@ -151,5 +153,14 @@ size_t weight_bytes(const Weights& w);
 
 Result<Weights> load_weights(const ModelConfig& config, const std::vector<const TensorView*>& tensors,
                              bool load_draft, LoadCounts& counts, const Shard& shard = Shard());
+
+// A checkpoint directory opened for loading (both models' load()): its parsed config and every
+// tensor, as views into the mapped shards that `ckpt` keeps open. Errors name the directory.
+struct OpenCheckpoint {
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> ckpt;
+  std::vector<const TensorView*> tensors;
+};
+Result<OpenCheckpoint> open_checkpoint(const std::string& dir);
 
 }  // namespace tandem::model

@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "engine/dsv4_runner.h"
+#include "engine/parallel/forwarding_runner.h"
 
 #ifdef TANDEM_HAVE_CUDA_RUNNER
 
@@ -26,27 +27,16 @@ std::string size_text(size_t b) {
 // Every call on the rank's device; calls that wait on the device are steps for the data plane's
 // watchdog; once the group failed, calls fail fast (or do nothing) instead of replaying graphs
 // whose collectives were aborted.
-class DeviceRankRunner : public ModelRunner {
+class DeviceRankRunner : public ForwardingRunner {
  public:
   DeviceRankRunner(int rank, int device, std::unique_ptr<DeviceComm> comm, std::unique_ptr<ModelRunner> inner)
-      : rank_(rank), device_(device), comm_(std::move(comm)), inner_(std::move(inner)) {}
+      : ForwardingRunner(std::move(inner)), rank_(rank), device_(device), comm_(std::move(comm)) {}
   ~DeviceRankRunner() override {
     on_device();
     inner_.reset();  // the model goes before the communicator it uses
     comm_.reset();
   }
 
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_model_len() const override { return inner_->max_model_len(); }
-  int32_t eos_token_id() const override { return inner_->eos_token_id(); }
-  int32_t noise_token_id() const override { return inner_->noise_token_id(); }
-  std::string device() const override { return inner_->device(); }
-  const Tokenizer& tokenizer() const override { return inner_->tokenizer(); }
-  Status check_kv_cache_dtype(const std::string& dtype) const override { return inner_->check_kv_cache_dtype(dtype); }
-  int64_t kv_bytes_per_block(int block_size, const std::string& dtype) const override {
-    return inner_->kv_bytes_per_block(block_size, dtype);
-  }
-  int64_t slot_state_bytes() const override { return inner_->slot_state_bytes(); }
 
   // Loading and capturing are not timed (a full checkpoint loads for minutes); a lost peer still
   // fails the group through the control plane.
@@ -126,7 +116,6 @@ class DeviceRankRunner : public ModelRunner {
   int rank_;
   int device_;
   std::unique_ptr<DeviceComm> comm_;
-  std::unique_ptr<ModelRunner> inner_;
 };
 
 }  // namespace

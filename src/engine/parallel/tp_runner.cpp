@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "engine/dsv4_runner.h"
+#include "engine/parallel/forwarding_runner.h"
 #include "engine/parallel/device_tp.h"
 #include "engine/parallel/zmq_comm.h"
 #include "io/safetensors.h"
@@ -257,14 +258,14 @@ struct WireCommit {
   int64_t context_rows = 0;
 };
 
-class TpHeadRunner : public ModelRunner {
+class TpHeadRunner : public ForwardingRunner {
  public:
   // data_path: what carries a CPU rank's collectives (DataComm::path()), for the audit.
   TpHeadRunner(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<ControlComm> control,
                std::unique_ptr<ModelRunner> inner, std::string data_path = "")
-      : procs_(std::move(procs)),
+      : ForwardingRunner(std::move(inner)),
+        procs_(std::move(procs)),
         control_(std::move(control)),
-        inner_(std::move(inner)),
         data_path_(std::move(data_path)) {}
 
   ~TpHeadRunner() override {
@@ -279,17 +280,6 @@ class TpHeadRunner : public ModelRunner {
     control_.reset();
   }
 
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_model_len() const override { return inner_->max_model_len(); }
-  int32_t eos_token_id() const override { return inner_->eos_token_id(); }
-  int32_t noise_token_id() const override { return inner_->noise_token_id(); }
-  std::string device() const override { return inner_->device(); }
-  const Tokenizer& tokenizer() const override { return inner_->tokenizer(); }
-  Status check_kv_cache_dtype(const std::string& dtype) const override { return inner_->check_kv_cache_dtype(dtype); }
-  int64_t kv_bytes_per_block(int block_size, const std::string& dtype) const override {
-    return inner_->kv_bytes_per_block(block_size, dtype);
-  }
-  int64_t slot_state_bytes() const override { return inner_->slot_state_bytes(); }
 
   Status allocate(const RunnerAllocation& a) override {
     Writer w = begin_plan(Op::kAllocate);
@@ -373,7 +363,6 @@ class TpHeadRunner : public ModelRunner {
 
   std::unique_ptr<WorkerProcesses> procs_;
   std::unique_ptr<ControlComm> control_;
-  std::unique_ptr<ModelRunner> inner_;
   std::vector<uint8_t> plan_;
   std::vector<WireCommit> pending_;
   std::string data_path_;

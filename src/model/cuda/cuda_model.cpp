@@ -451,14 +451,10 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
 }
 
 Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::string& dir, const CudaModelOptions& options) {
-  auto config = load_model_config(dir + "/config.json");
-  if (!config.ok()) return config.status().with_context("loading " + dir);
-  auto ckpt = Checkpoint::open(dir);
-  if (!ckpt.ok()) return ckpt.status().with_context("loading " + dir);
-  std::vector<const TensorView*> views;
-  for (const auto& [name, view] : (*ckpt)->tensors()) views.push_back(view);
+  auto open = model::open_checkpoint(dir);
+  if (!open.ok()) return open.status();
   // The weights are copied to the device; the mapped shards are released when this returns.
-  auto model = from_tensors(*config, views, options);
+  auto model = from_tensors(open->config, open->tensors, options);
   if (!model.ok()) return model.status().with_context("loading " + dir);
   (*model)->impl_->origin = dir;
   TLOG_INFO("model", "{} on {}: {}; {}", dir, (*model)->device_name(), (*model)->load_report().summary(),
