@@ -2,8 +2,9 @@
 // grouped output projection and the MoE go to the tensor-core decode kernels (kernels/cuda/
 // decode_gemm.h, moe_decode.h) when the weights allow, else to the generic ops. Each dec_* returns
 // false without launching anything when it does not apply, and the caller takes its generic path;
-// the choice depends on formats and shapes and on the step's longest sequence (Impl::tc_rows), never
-// on its row count, so a row's arithmetic never depends on what else shares its step. Under tensor
+// the choice depends on formats and shapes and on the step (Impl::tc_rows: a sequence of more than
+// tc_min_rows tokens, or more rows than the decode MoE holds), so below those sizes a row's
+// arithmetic does not depend on what else shares its step. Under tensor
 // parallelism the shapes are the rank's (its heads, output groups and experts), and the row-parallel
 // outputs (wo_b, the routed experts) leave fp32 partial sums for the all-reduce as the generic path
 // does (wo_b(), moe_reduce_shared() in cuda_forward.cpp).

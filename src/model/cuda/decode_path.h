@@ -1,7 +1,8 @@
 // The device runner's decode-size path (cuda_decode.cpp): which kernels it routes a layer piece to
-// and the scratch they need. Routing is decided by the weights' format and shape and by whether the
-// step has a sequence longer than tc_min_rows tokens (the prefill path), never by the row count, so
-// decode, verify, padded graph batches and short prompts compute a row with the same arithmetic
+// and the scratch they need. Routing is decided by the weights' format and shape and by the step:
+// the prefill path when a sequence adds more than tc_min_rows tokens or the step has more rows
+// than the decode MoE holds (moe_max_tokens, 512), the decode path otherwise, so decode, verify,
+// padded graph batches and short prompts up to that size compute a row with the same arithmetic
 // (the decode GEMV runs any row count, in chunks of 96).
 #pragma once
 
