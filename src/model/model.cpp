@@ -17,6 +17,18 @@
 
 namespace tandem {
 
+LoadReport LoadReport::from_counts(const model::LoadCounts& c, size_t weight_bytes) {
+  LoadReport r;
+  r.target_tensors_loaded = c.target_loaded;
+  r.target_tensors_expected = c.target_expected;
+  r.draft_tensors_loaded = c.draft_loaded;
+  r.draft_tensors_expected = c.draft_expected;
+  r.skipped_tensors = c.skipped;
+  r.other_rank_tensors = c.other_ranks;
+  r.weight_bytes = weight_bytes;
+  return r;
+}
+
 std::string LoadReport::summary() const {
   std::string s = fmt::format("{}/{} target tensors loaded", target_tensors_loaded, target_tensors_expected);
   if (draft_tensors_expected > 0)
@@ -153,13 +165,7 @@ Result<std::unique_ptr<DsV4Model>> DsV4Model::from_tensors(const ModelConfig& co
                                      model::Shard{options.tp_rank, options.tp_size});
   if (!weights.ok()) return weights.status();
   impl->w = std::move(weights).value();
-  impl->report.target_tensors_loaded = counts.target_loaded;
-  impl->report.target_tensors_expected = counts.target_expected;
-  impl->report.draft_tensors_loaded = counts.draft_loaded;
-  impl->report.draft_tensors_expected = counts.draft_expected;
-  impl->report.skipped_tensors = counts.skipped;
-  impl->report.other_rank_tensors = counts.other_ranks;
-  impl->report.weight_bytes = model::weight_bytes(impl->w);
+  impl->report = LoadReport::from_counts(counts, model::weight_bytes(impl->w));
   TANDEM_RETURN_IF_ERROR(impl->init_state());
   return std::unique_ptr<DsV4Model>(new DsV4Model(std::move(impl)));
 }

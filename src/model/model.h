@@ -147,6 +147,10 @@ struct DraftResult {
 Status validate_step_batch(const StepBatch& batch, const ModelConfig& cfg, const ModelOptions& opt,
                            std::span<const int64_t> slot_len);
 
+namespace model {
+struct LoadCounts;
+}
+
 struct LoadReport {
   int64_t target_tensors_loaded = 0;
   int64_t target_tensors_expected = 0;
@@ -156,6 +160,8 @@ struct LoadReport {
   int64_t other_rank_tensors = 0;    // routed-expert tensors bound by other tensor-parallel ranks
   size_t weight_bytes = 0;           // weights this rank holds (its slices: views + copies)
   std::string summary() const;       // "N/N target tensors loaded; M/M draft tensors loaded; ..."
+  // The loader's counts (both models' load) and the bytes this rank holds.
+  static LoadReport from_counts(const model::LoadCounts& counts, size_t weight_bytes);
 };
 
 class DsV4Model {

@@ -429,14 +429,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
                                      model::Shard{options.model.tp_rank, options.model.tp_size});
   if (!weights.ok()) return weights.status();
   TANDEM_RETURN_IF_ERROR(cuda_model::check_uploadable(*weights));
-  impl->report.target_tensors_loaded = counts.target_loaded;
-  impl->report.target_tensors_expected = counts.target_expected;
-  impl->report.draft_tensors_loaded = counts.draft_loaded;
-  impl->report.draft_tensors_expected = counts.draft_expected;
-  impl->report.skipped_tensors = counts.skipped;
-  impl->report.other_rank_tensors = counts.other_ranks;
   const size_t wbytes = cuda_model::upload_bytes(*weights);
-  impl->report.weight_bytes = wbytes;
+  impl->report = LoadReport::from_counts(counts, wbytes);
   // Every buffer measured first (the upload's walk without an arena gives the shapes), so a model
   // that does not fit is refused before anything is allocated.
   impl->w = cuda_model::upload_weights(*weights, nullptr);
