@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem {
 
@@ -252,7 +253,7 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
 
   // Visible compressed entries bound the indexer's columns and the attention's key list: from the
   // step's context bound (exact when eager, its power-of-two bucket when replaying a graph).
-  const int64_t max_vis4 = step.end_bound / 4, max_vis_r = ratio ? step.end_bound / ratio : 0;
+  const int64_t max_vis4 = step.end_bound / 4;
   (void)batch;
 
   const int64_t IH = cfg.index_n_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
@@ -324,7 +325,7 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   aa.heads = static_cast<int>(H);
   aa.hd = static_cast<int>(hd);
   aa.rec = lay.rec;
-  aa.max_keys = cfg.sliding_window + static_cast<int>(csa ? TK : (ratio ? max_vis_r : 0));
+  aa.max_keys = cuda_model::attention_max_keys(cfg, ratio, csa, step.end_bound);
   aa.out = o.get();
   if (csa && max_vis4 == 0) aa.topk_k = 0;
   cuda_model::attention(aa, meta, n, stream);

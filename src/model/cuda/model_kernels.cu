@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "model/cuda/launch_smem.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/sampling_device.cuh"
 #include "kernels/sampling.h"
@@ -694,7 +695,7 @@ void indexer_scores_paged(const float* q, const float* w, const StepMeta& m, int
   TANDEM_CHECK_MSG(dim <= 256, "indexer head dim above 256");
   const int threads = 256;
   const int64_t per_block = (threads / 32) * 16;
-  const size_t smem = sizeof(float) * (static_cast<size_t>(heads) * dim + heads);
+  const size_t smem = indexer_smem(heads, dim);
   static bool attr_set = false;
   if (!attr_set) {
     TANDEM_CUDA_CHECK(cudaFuncSetAttribute(indexer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
@@ -709,9 +710,6 @@ void indexer_scores_paged(const float* q, const float* w, const StepMeta& m, int
 }
 
 namespace {
-size_t attn_smem(int max_keys, int hd) {
-  return static_cast<size_t>(max_keys) * (sizeof(uint64_t) + sizeof(float)) + sizeof(float) * hd;
-}
 void set_attn_smem_limit(const void* fn) {
   int dev = 0, optin = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
@@ -755,7 +753,7 @@ void moe_pairs_up(const float* xq, const int32_t* expert_ids, const float* weigh
     attr_set = true;
   }
   dim3 grid(static_cast<unsigned>(pairs), ceil_div(inter, per_block));
-  moe_up_kernel<<<grid, threads, sizeof(float) * dim, s>>>(xq, expert_ids, weights, pairs, topk, w1_all, w3_all,
+  moe_up_kernel<<<grid, threads, moe_up_smem(dim), s>>>(xq, expert_ids, weights, pairs, topk, w1_all, w3_all,
                                                            inter, dim, limit, gact);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
@@ -770,7 +768,7 @@ void moe_pairs_down(const float* gq, const int32_t* expert_ids, int64_t pairs, c
     attr_set = true;
   }
   dim3 grid(static_cast<unsigned>(pairs), ceil_div(dim, per_block));
-  moe_down_kernel<<<grid, threads, sizeof(float) * inter, s>>>(gq, expert_ids, pairs, w2_all, inter, dim, out);
+  moe_down_kernel<<<grid, threads, moe_down_smem(inter), s>>>(gq, expert_ids, pairs, w2_all, inter, dim, out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
