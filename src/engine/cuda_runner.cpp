@@ -129,16 +129,26 @@ class CudaRunner : public ModelRunner {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
       if (e.path().extension() == ".safetensors") wbytes += static_cast<int64_t>(e.file_size(ec));
-    plan.add(kPoolWeights, device(), wbytes, "the shards' stored bytes (FP8/MXFP4 kept as stored)");
-    plan.add(kPoolKv, device(), int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype),
-             "real bytes of the " + alloc.kv_cache_dtype + " records");
-    plan.add(kPoolSlotState, device(), int64_t{alloc.max_slots} * slot_state_bytes());
+    // On an integrated GPU (GB10) these pools are host memory: add_gpu_domain puts them in the
+    // host's domain, against MemAvailable.
+    GpuMemoryReport gpu;
+    gpu.device = device();
+    int dev = 0, integrated = 0;
     size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-      plan.domains.push_back({device(), static_cast<int64_t>(free_b), static_cast<int64_t>(total_b), "cudaMemGetInfo"});
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, dev) == cudaSuccess &&
+        cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      gpu.integrated = integrated != 0;
+      gpu.free_bytes = static_cast<int64_t>(free_b);
+      gpu.total_bytes = static_cast<int64_t>(total_b);
     } else {
       cudaGetLastError();
     }
+    const std::string domain = add_gpu_domain(plan, gpu, read_host_memory());
+    const std::string on = gpu.integrated ? " (" + device() + ", unified memory)" : "";
+    plan.add(kPoolWeights, domain, wbytes, "the shards' stored bytes (FP8/MXFP4 kept as stored)" + on);
+    plan.add(kPoolKv, domain, int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype),
+             "real bytes of the " + alloc.kv_cache_dtype + " records" + on);
+    plan.add(kPoolSlotState, domain, int64_t{alloc.max_slots} * slot_state_bytes(), on.empty() ? "" : on.substr(1));
   }
   int64_t device_allocations_after_start() const override {
     return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;
