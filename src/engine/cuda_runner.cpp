@@ -130,14 +130,19 @@ class CudaRunner : public ModelRunner {
     for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
       if (e.path().extension() == ".safetensors") wbytes += static_cast<int64_t>(e.file_size(ec));
     // On an integrated GPU (GB10) these pools are host memory: add_gpu_domain puts them in the
-    // host's domain, against MemAvailable.
+    // host's domain, against MemAvailable. The compute capabilities of the unified-memory parts
+    // (Orin 8.7, Thor 11.0, GB10 12.1: the list vLLM keys on) count too, in case the attribute
+    // does not say so.
     GpuMemoryReport gpu;
     gpu.device = device();
-    int dev = 0, integrated = 0;
+    int dev = 0, integrated = 0, major = 0, minor = 0;
     size_t free_b = 0, total_b = 0;
     if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
         cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-      gpu.integrated = integrated != 0;
+      const int cc = major * 10 + minor;
+      gpu.integrated = integrated != 0 || cc == 87 || cc == 110 || cc == 121;
       gpu.free_bytes = static_cast<int64_t>(free_b);
       gpu.total_bytes = static_cast<int64_t>(total_b);
     } else {
