@@ -101,24 +101,24 @@ for line in open("/proc/cpuinfo"):
         cpu = line.split(":", 1)[1].strip(); break
 log = open(os.path.join(build, "Testing/Temporary/LastTest.log"), errors="replace").read()
 suites = []
-# ctest's log: one block per test, "<n>/<m> Test: <name>" ... "Test Passed." / "Test Failed." and the time.
-for block in log.split("----------------------------------------------------------")[1:]:
-    m = re.search(r"^\d+/\d+ Test: (\S+)", block, re.M)
-    if not m:
-        continue
-    t = re.search(r'"\S+" end time: .*\n.*?Test time =\s+([\d.]+) sec', block)
+# ctest's log: per test "<n>/<m> Testing: <name>", the command and its output, "Test time = <s> sec",
+# "Test Passed." or "Test Failed.", then "\"<name>\" end time: ...".
+for m in re.finditer(r"^\d+/\d+ Testing: (\S+)\n(.*?)^\"\1\" end time:", log, re.M | re.S):
+    name, block = m.group(1), m.group(2)
+    t = re.search(r"^Test time =\s+([\d.]+) sec", block, re.M)
     ok = re.search(r"^Test Passed\.", block, re.M) is not None
-    suites.append({"suite": m.group(1), "status": "pass" if ok else "fail",
+    failed = sorted(set(re.findall(r"^\[  FAILED  \] (\S+) \(\d+ ms\)$", block, re.M)))
+    suites.append({"suite": name, "status": "pass" if ok else "fail",
                    "seconds": float(t.group(1)) if t else None,
-                   "cases_passed": len(re.findall(r"^\[       OK \]", block, re.M)),
-                   "cases_failed": len(re.findall(r"^\[  FAILED  \] .*\(\d+ ms\)$", block, re.M)),
-                   "failed_cases": re.findall(r"^\[  FAILED  \] (\S+) \(\d+ ms\)$", block, re.M)})
+                   "cases_passed": len(re.findall(r"^\[       OK \] ", block, re.M)),
+                   "cases_failed": len(failed), "failed_cases": failed})
 out = {"date": date, "commit": commit, "dirty_tree": dirty == "true",
        "what": "CPU build (-DTANDEM_CUDA=OFF) cross-compiled for aarch64 with Debian's g++-aarch64-linux-gnu "
                "against arm64 multiarch packages; every unit suite (ctest) run under qemu-user-static",
        "machine": {"host_cpu": cpu, "host_arch": platform.machine(), "nproc": os.cpu_count(),
                    "build_jobs": int(jobs), "compiler": first_line(["aarch64-linux-gnu-g++", "--version"]),
-                   "emulator": first_line(["qemu-aarch64-static", "--version"]), "binfmt_aarch64": binfmt},
+                   "emulator": first_line(["qemu-aarch64-static", "--version"]), "binfmt_aarch64": binfmt,
+                   "load_average_after": open("/proc/loadavg").read().split()[:3]},
        "build_seconds": int(build_s), "test_seconds": int(test_s),
        "suites": suites,
        "passed": sum(s["status"] == "pass" for s in suites), "failed": sum(s["status"] == "fail" for s in suites)}
