@@ -11,7 +11,7 @@ HOST       ?= 127.0.0.1
 MODEL      ?= models/builtin
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps build test test-unit test-fuzz test-e2e test-gpu test-aarch64 run bench bench-serving mutation clean builtin-model
+.PHONY: all deps build test test-unit test-fuzz test-e2e test-gpu test-aarch64 run bench bench-serving mutation mutation-gpu clean builtin-model
 
 all: build
 
@@ -62,6 +62,13 @@ bench-serving: build
 # the affected tests, prints which tests catch it; fails if any fault goes uncaught.
 mutation:
 	@python3 tools/mutation/mutate.py
+
+# The same for the CUDA kernels where a GPU is (tools/mutation/faults-gpu.json, tools/mutation/gpu.py):
+# builds test_cuda_ops once per fault (sm_90a by default), runs each with the tests that should catch
+# it; bench/results/mutation-gpu-<date>-<gpu>.json. A GPU host that cannot build runs an archive made
+# elsewhere: `mutate.py --gpu --build-only DIR` there, `mutate.py --gpu --run DIR/mutation-gpu.tar.xz` here.
+mutation-gpu:
+	@python3 tools/mutation/mutate.py --gpu
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD) $(AARCH64_BUILD)

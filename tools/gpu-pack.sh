@@ -16,6 +16,6 @@ for lib in $(ldd "$BUILD/tandem" "$BUILD/test_cuda" | awk '/=>/ {print $3}' | so
     *) cp -L "$lib" "$stage/lib/" ;;
   esac
 done
-tar -C "$stage" -cJf .devcarry/gpu.tar.xz bin lib
+XZ_OPT=-9e tar -C "$stage" -cJf .devcarry/gpu.tar.xz bin lib
 rm -rf "$stage"
 ls -la .devcarry/gpu.tar.xz

@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../bench_results.h"
+#include "bench/bench_results.h"
 #include "common/log.h"
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
@@ -68,7 +68,7 @@ Row run(const Profile& prof, const Arm& arm, int concurrency, int num_requests, 
   if (!arm.mode.empty()) {
     ec.speculative.method = "dspark";
     ec.speculative.num_speculative_tokens = 5;
-    ec.speculative.verify_mode = arm.mode;
+    ec.speculative.verify_mode = parse_verify_mode(arm.mode).value();
     ec.speculative.confidence_threshold = 0.5;
   }
   CoreOptions o;
@@ -150,7 +150,7 @@ Row run_real(const std::string& dir, const Arm& arm, int concurrency, int num_re
   if (!arm.mode.empty()) {
     ec.speculative.method = "dspark";
     ec.speculative.num_speculative_tokens = 5;
-    ec.speculative.verify_mode = arm.mode;
+    ec.speculative.verify_mode = parse_verify_mode(arm.mode).value();
     ec.speculative.confidence_threshold = 0.5;
   }
   auto runner = create_dsv4_runner(ec);

@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../bench_results.h"
+#include "bench/bench_results.h"
 #include "common/log.h"
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"

@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../bench_results.h"
+#include "bench/bench_results.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "text/encoding_dsv4.h"
@@ -73,7 +73,7 @@ Row run(const std::string& dir, int threads, const Workload& w, const Arm& arm) 
   if (!arm.mode.empty()) {
     ec.speculative.method = "dspark";
     ec.speculative.num_speculative_tokens = 5;
-    ec.speculative.verify_mode = arm.mode;
+    ec.speculative.verify_mode = parse_verify_mode(arm.mode).value();
   }
   auto eng_r = Engine::create(ec);
   if (!eng_r.ok()) die(eng_r.status().to_string());

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "../bench_results.h"
+#include "bench/bench_results.h"
 #include "common/numeric.h"
 #include "kernels/ops.h"
 

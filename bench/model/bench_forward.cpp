@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../bench_results.h"
+#include "bench/bench_results.h"
 #include "model/model.h"
 
 namespace {

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../bench_results.h"
+#include "bench/bench_results.h"
 #include "text/json_schema_grammar.h"
 #include "text/tokenizer.h"
 

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../bench_results.h"
+#include "bench/bench_results.h"
 #include "text/bpe_trainer.h"
 #include "text/tokenizer.h"
 

@@ -1,6 +1,6 @@
 // `tandem bench --base-url URL --model NAME`: the serving benchmark client. Streams chat completions
 // to any OpenAI-compatible server (Tandem, vLLM, SGLang, llama.cpp) over a concurrency sweep with
-// repeats, and writes the report JSON and an SVG chart (src/bench/ does the work; docs/PERFORMANCE.md
+// repeats, and writes the report JSON and an SVG chart (src/loadgen/ does the work; docs/PERFORMANCE.md
 // explains the method and fields). Exit status: 0 all requests succeeded with consistent token
 // counts, 3 the report was written but some failed or disagreed, 1 the target could not be used,
 // 2 bad flags.
@@ -11,20 +11,19 @@
 #include <ctime>
 #include <fstream>
 
-#include "../../bench/bench_results.h"
-#include "bench/runner.h"
-#include "bench/svg.h"
 #include "cli/command.h"
+#include "common/run_info.h"
+#include "loadgen/runner.h"
+#include "loadgen/svg.h"
 
 namespace tandem {
 namespace {
 
 std::string client_commit() {
-  std::string c = bench::run_info()["commit"].get<std::string>();
+  std::string c = run_info(TANDEM_SOURCE_DIR)["commit"].get<std::string>();
   if (c.empty()) return "unknown";
   if (!std::getenv("TANDEM_COMMIT") &&
-      !bench::shell_line("git -C " TANDEM_SOURCE_DIR " status --porcelain --untracked-files=no 2>/dev/null | head -1")
-           .empty())
+      !shell_line("git -C " TANDEM_SOURCE_DIR " status --porcelain --untracked-files=no 2>/dev/null | head -1").empty())
     c += "+dirty";
   return c;
 }
@@ -49,7 +48,7 @@ int bench_main(int argc, char** argv) {
   CLI::App app{"Serving benchmark against any OpenAI-compatible server: streamed chat completions, TTFT, "
                "inter-token latency, per-stream and aggregate tok/s, server counters from /metrics, over a "
                "concurrency sweep with repeats. Writes a JSON report and an SVG chart."};
-  bench::BenchOptions o;
+  loadgen::BenchOptions o;
   std::string workloads = "count,dataclasses,prose,long-prompt";
   std::string output, svg;
   double stagger_ms = 100;
@@ -81,7 +80,7 @@ int bench_main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError too
   }
-  auto w = bench::select_workloads(workloads);
+  auto w = loadgen::select_workloads(workloads);
   if (!w.ok()) {
     std::fprintf(stderr, "tandem bench: %s\n", w.status().message().c_str());
     return 2;
@@ -89,7 +88,7 @@ int bench_main(int argc, char** argv) {
   o.workloads = *w;
   o.stagger_s = stagger_ms / 1000.0;
   o.client_commit = client_commit();
-  if (Status st = bench::validate(o); !st.ok()) {
+  if (Status st = loadgen::validate(o); !st.ok()) {
     std::fprintf(stderr, "tandem bench: %s\n", st.message().c_str());
     return 2;
   }
@@ -100,7 +99,7 @@ int bench_main(int argc, char** argv) {
     svg += ".svg";
   }
 
-  auto report = bench::run_benchmark(o, [](const std::string& line) {
+  auto report = loadgen::run_benchmark(o, [](const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   });
@@ -108,13 +107,13 @@ int bench_main(int argc, char** argv) {
     std::fprintf(stderr, "tandem bench: %s\n", report.status().message().c_str());
     return 1;
   }
-  for (const auto& [path, text] : {std::pair{output, report->dump(2) + "\n"}, std::pair{svg, bench::render_svg(*report)}}) {
+  for (const auto& [path, text] : {std::pair{output, report->dump(2) + "\n"}, std::pair{svg, loadgen::render_svg(*report)}}) {
     if (Status st = write_file(path, text); !st.ok()) {
       std::fprintf(stderr, "tandem bench: %s\n", st.message().c_str());
       return 1;
     }
   }
-  const bench::Tally t = bench::tally(*report);
+  const loadgen::Tally t = loadgen::tally(*report);
   std::printf("wrote %s and %s\n%lld requests: %lld failed, %lld with inconsistent token counts, %lld runs whose "
               "server counters disagree with the client\n",
               output.c_str(), svg.c_str(), static_cast<long long>(t.requests), static_cast<long long>(t.failed),

@@ -1,7 +1,8 @@
 // CudaRunner: adapts CudaModel (src/model/cuda/cuda_model.h, the device-resident forward and
-// DSpark draft) to the engine's ModelRunner interface, as Dsv4Runner does for the CPU model. KV
-// pool and slot-state sizes are the device layout's real bytes for the chosen cache dtype. Built
-// only when the CUDA toolkit was found (TANDEM_HAVE_CUDA_RUNNER).
+// DSpark draft) to the engine's ModelRunner interface through SlotRunner (slot_runner.h), as
+// Dsv4Runner does for the CPU model. KV pool and slot-state sizes are the device layout's real
+// bytes for the chosen cache dtype. Built only when the CUDA toolkit was found
+// (TANDEM_HAVE_CUDA_RUNNER).
 #include "engine/dsv4_runner.h"
 
 #ifdef TANDEM_HAVE_CUDA_RUNNER
@@ -15,76 +16,63 @@
 
 #include "common/check.h"
 #include "common/log.h"
-#include "io/model_config.h"
+#include "engine/slot_runner.h"
+#include "io/catalog.h"
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
-#include "text/tokenizer.h"
+#include "model/shard_plan.h"
 
 namespace tandem {
 
 namespace {
 
-class CudaRunner : public ModelRunner {
+// The device's free memory (cudaMemGetInfo), -1 when it cannot be read.
+int64_t free_device_memory() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(free_b);
+}
+
+class CudaRunner : public SlotRunner<CudaModel> {
  public:
-  CudaRunner(std::string dir, std::unique_ptr<Tokenizer> tok, ModelConfig config, ModelOptions probe, int max_graph_batch)
-      : dir_(std::move(dir)),
-        tokenizer_(std::move(tok)),
-        config_(std::move(config)),
-        probe_(probe),
-        max_graph_batch_(max_graph_batch) {}
+  // tp_rank / tp_size / comm: this rank's place in a tensor-parallel group and its device data
+  // plane; device: the CUDA ordinal it runs on.
+  CudaRunner(RunnerCheckpoint ck, int max_graph_batch, SyntheticOptions synthetic, int tp_rank, int tp_size,
+             DataComm* comm, int device)
+      : SlotRunner(std::move(ck), "CUDA runner"),
+        max_graph_batch_(max_graph_batch),
+        synthetic_(std::move(synthetic)),
+        tp_rank_(tp_rank),
+        tp_size_(tp_size),
+        comm_(comm),
+        device_(device) {}
 
-  int64_t vocab_size() const override { return config_.vocab_size; }
-  int64_t max_model_len() const override { return config_.max_position_embeddings; }
-  int32_t eos_token_id() const override { return static_cast<int32_t>(config_.eos_token_id); }
-  int32_t noise_token_id() const override {
-    return config_.has_dspark() ? static_cast<int32_t>(config_.dspark_noise_token_id) : -1;
-  }
-  std::string device() const override { return "cuda:0"; }
-  const Tokenizer& tokenizer() const override { return *tokenizer_; }
-
-  Status check_kv_cache_dtype(const std::string& dtype) const override {
-    if (!parse_kv_dtype(dtype).ok())
-      return invalid_argument("kv_cache_dtype {} is not supported by the CUDA runner (supported: fp8, bf16, nvfp4)",
-                              dtype);
-    return Status();
-  }
-  // Real bytes of one device pool block (kv_record.h) for the dtype.
-  int64_t kv_bytes_per_block(int block_size, const std::string& dtype) const override {
-    ModelOptions o = probe_;
-    o.block_size = block_size;
-    auto d = parse_kv_dtype(dtype);
-    if (d.ok()) o.kv_dtype = *d;
-    auto sz = CudaModel::state_sizes(config_, o);
-    return sz.ok() ? static_cast<int64_t>(sz->pool_block_bytes) : 1;
-  }
-  int64_t slot_state_bytes() const override {
-    if (model_) return static_cast<int64_t>(model_->slot_state_bytes());
-    auto sz = CudaModel::state_sizes(config_, probe_);
-    return sz.ok() ? static_cast<int64_t>(sz->slot_state_bytes) : 1;
-  }
+  std::string device() const override { return "cuda:" + std::to_string(device_); }
 
   Status allocate(const RunnerAllocation& alloc) override {
-    if (alloc.block_size % 128 != 0)
-      return invalid_argument("--block-size {} must be a multiple of 128 for DeepSeek-V4 (compression ratio 128)",
-                              alloc.block_size);
     CudaModelOptions o;
-    o.model.max_slots = alloc.max_slots;
-    o.model.num_blocks = alloc.num_blocks;
-    o.model.block_size = alloc.block_size;
-    o.model.max_tokens_per_step = alloc.max_tokens_per_step;
-    o.model.max_rollback = std::max(alloc.max_verify_tokens, 1);
-    o.model.load_draft = true;
-    TANDEM_ASSIGN_OR_RETURN(o.model.kv_dtype,
-                            parse_kv_dtype(alloc.kv_cache_dtype.empty() ? "fp8" : alloc.kv_cache_dtype));
+    TANDEM_ASSIGN_OR_RETURN(o.model, model_options_for(alloc));
+    o.model.tp_rank = tp_rank_;  // a tensor-parallel rank binds its shard
+    o.model.tp_size = tp_size_;
+    o.model.comm = comm_;
+    o.device = device_;
     // Logits rows of one step: the last row of each sequence, or K+1 verify rows of each.
     o.max_logits_rows = std::max(alloc.max_slots * std::max(alloc.max_verify_tokens, 1),
                                  std::min(alloc.max_tokens_per_step, alloc.max_slots * 8));
     // Decode and verify steps of up to --max-cudagraph-capture-size sequences replay CUDA graphs
     // (0 = always eager).
     o.max_graph_batch = std::min(max_graph_batch_, alloc.max_slots);
-    o.draft_tokens = config_.has_dspark() ? std::min(alloc.num_draft_tokens, config_.dspark_block_size) : 0;
+    o.draft_tokens = ck_.config.has_dspark() ? std::min(alloc.num_draft_tokens, ck_.config.dspark_block_size) : 0;
     model_.reset();
-    TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(dir_, o));
+    if (synthetic_.name.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::load(ck_.dir, o));
+    } else {
+      TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::synthetic(ck_.config, o, synthetic_));
+    }
+    set_max_slots(alloc.max_slots);
     q_rows_.assign(static_cast<size_t>(alloc.max_slots), 0);
     // Every decode/verify/draft shape the engine replays is captured now, not on a request's path.
     const auto t0 = std::chrono::steady_clock::now();
@@ -94,8 +82,9 @@ class CudaRunner : public ModelRunner {
                 graphs, o.max_graph_batch,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     allocs_at_start_ = kernels::cuda::alloc_stats().count;
-    TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(), dir_,
-              kv_dtype_name(o.model.kv_dtype), model_->load_report().summary());
+    TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(),
+              synthetic_.name.empty() ? ck_.dir : "synthetic " + synthetic_.name, kv_dtype_name(o.model.kv_dtype),
+              model_->load_report().summary());
     return Status();
   }
 
@@ -103,9 +92,9 @@ class CudaRunner : public ModelRunner {
   DeviceFacts device_facts() const override {
     DeviceFacts f;
     f.device = device();
-    f.name = kernels::cuda::device_description(0);
+    f.name = kernels::cuda::device_description(device_);
     cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, 0) == cudaSuccess)
+    if (cudaGetDeviceProperties(&p, device_) == cudaSuccess)
       f.compute_capability = std::to_string(p.major) + "." + std::to_string(p.minor);
     else
       cudaGetLastError();
@@ -116,7 +105,7 @@ class CudaRunner : public ModelRunner {
       else if (op == "sampling") path = "cuda:tandem-sample-rows (" + arch + ")";
       else if (op == "dspark_draft") path = has_draft() ? "cuda:tandem-draft (" + arch + ")" : "none (no draft)";
       else if (op == "gemm_fp8" || op == "moe_experts_mxfp4" || op == "lm_head")
-        path = "cuda:tandem-gemv-fp32acc (" + arch + ")";
+        path = "cuda:tandem-decode-mma-f32acc (" + arch + ")";  // kernels/cuda/decode_gemm.h, moe_decode.h
       else path = "cuda:tandem (" + arch + ")";
       f.kernels.push_back({op, path});
     }
@@ -124,11 +113,25 @@ class CudaRunner : public ModelRunner {
     return f;
   }
   void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const override {
-    // Weights: the stored bytes of the checkpoint's shards, uploaded as they are.
     int64_t wbytes = 0;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
-      if (e.path().extension() == ".safetensors") wbytes += static_cast<int64_t>(e.file_size(ec));
+    std::string wwhat;
+    if (!synthetic_.name.empty() || tp_size_ > 1) {
+      // Synthetic weights, or a tensor-parallel rank: the stored bytes of the catalog tensors this
+      // rank holds (generated on the device, or its slices of the checkpoint's).
+      auto cat = build_catalog(ck_.config);
+      if (cat.ok()) {
+        auto p = model::plan_shard(ck_.config, *cat, {tp_rank_, tp_size_}, true);
+        if (p.ok()) wbytes = static_cast<int64_t>(p->held_bytes);
+      }
+      wwhat = fmt::format("{} rank {} of {}: its catalog tensors' stored bytes",
+                          synthetic_.name.empty() ? ck_.dir : "synthetic " + synthetic_.name, tp_rank_, tp_size_);
+    } else {
+      // Weights: the stored bytes of the checkpoint's shards, uploaded as they are.
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(ck_.dir, ec))
+        if (e.path().extension() == ".safetensors") wbytes += static_cast<int64_t>(e.file_size(ec));
+      wwhat = "the shards' stored bytes (FP8/MXFP4 kept as stored)";
+    }
     // On an integrated GPU (GB10) these pools are host memory: add_gpu_domain puts them in the
     // host's domain, against MemAvailable. The compute capabilities of the unified-memory parts
     // (Orin 8.7, Thor 11.0, GB10 12.1: the list vLLM keys on) count too, in case the attribute
@@ -150,7 +153,7 @@ class CudaRunner : public ModelRunner {
     }
     const std::string domain = add_gpu_domain(plan, gpu, read_host_memory());
     const std::string on = gpu.integrated ? " (" + device() + ", unified memory)" : "";
-    plan.add(kPoolWeights, domain, wbytes, "the shards' stored bytes (FP8/MXFP4 kept as stored)" + on);
+    plan.add(kPoolWeights, domain, wbytes, wwhat + on);
     plan.add(kPoolKv, domain, int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype),
              "real bytes of the " + alloc.kv_cache_dtype + " records" + on);
     plan.add(kPoolSlotState, domain, int64_t{alloc.max_slots} * slot_state_bytes(), on.empty() ? "" : on.substr(1));
@@ -158,10 +161,13 @@ class CudaRunner : public ModelRunner {
   int64_t device_allocations_after_start() const override {
     return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;
   }
+  int64_t device_graph_instantiations() const override { return model_ ? model_->graph_stats().instantiations : -1; }
+  int64_t device_free_bytes() const override { return model_ ? free_device_memory() : -1; }
 
   // The step runs on the device and its rows are sampled there: logits, taps and draft
   // distributions stay on the GPU; token ids and logprobs come back.
   Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override {
+    TANDEM_RETURN_IF_ERROR(begin_step(batch));
     to_step_batch(batch, model_->has_draft(), batch_);
     // With rows to sample, the sampler's one synchronization finishes the step too.
     const bool sampling = samples && !samples->rows.empty();
@@ -194,58 +200,34 @@ class CudaRunner : public ModelRunner {
                           out.samples);
   }
 
-  void rollback(int slot, int64_t new_len) override {
-    Status st = model_->rollback(slot, new_len);
-    TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
-  }
-  void reset(int slot) override {
-    model_->reset(slot);
-    q_rows_[slot] = 0;
-  }
-  void export_slot_state(int slot, std::span<uint8_t> out) const override {
-    Status st = model_->export_slot_state(slot, out);
-    TANDEM_CHECK_MSG(st.ok(), st.message().c_str());
-  }
-  Status import_slot_state(int slot, std::span<const uint8_t> in) override {
-    return model_->import_slot_state(slot, in);
-  }
-
-  bool has_draft() const override { return model_ ? model_->has_draft() : config_.has_dspark(); }
-  int num_draft_tokens() const override {
-    if (model_) return model_->draft_block_size();
-    return config_.has_dspark() ? config_.dspark_block_size : 0;
-  }
-  void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) override {
-    if (!model_->has_draft() || rows <= 0) return;
-    Status st = model_->draft_insert_context_from_step(slot, start_pos, batch_index, rows);
-    if (!st.ok()) TLOG_WARN("engine", "draft context insert (slot {}, pos {}): {}", slot, start_pos, st.message());
-  }
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
     out.resize(reqs.size());
-    queries_.clear();
-    for (const DraftQuery& q : reqs) queries_.push_back({q.slot, q.anchor, q.position, q.temperature, q.seed});
     // Sampled requests' q stay on the device, in the slot's rows of the draft store.
-    TANDEM_RETURN_IF_ERROR(model_->draft_propose(queries_, /*want_probs=*/false, results_));
+    TANDEM_RETURN_IF_ERROR(model_->draft_propose(reqs, /*want_probs=*/false, results_));
     for (size_t i = 0; i < reqs.size(); ++i) {
-      to_draft_proposal(results_[i], reqs[i].temperature > 0, out[i]);
+      to_draft_proposal(results_[i], !is_greedy(reqs[i].temperature), out[i]);
       q_rows_[reqs[i].slot] = out[i].sampled ? static_cast<int>(out[i].tokens.size()) : 0;
     }
     return Status();
   }
 
+ protected:
+  Status insert_draft_context(int slot, int64_t start_pos, int64_t rows, int batch_index) override {
+    return model_->draft_insert_context_from_step(slot, start_pos, batch_index, rows);
+  }
+  void reset_draft_store(int slot) override { q_rows_[slot] = 0; }
+
  private:
-  std::string dir_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  ModelConfig config_;
-  ModelOptions probe_;
   int max_graph_batch_ = 0;
+  SyntheticOptions synthetic_;  // name empty: the checkpoint in ck_.dir
+  int tp_rank_ = 0, tp_size_ = 1;
+  DataComm* comm_ = nullptr;    // the device data plane (tp_size > 1), owned by the caller
+  int device_ = 0;              // CUDA ordinal
   int64_t allocs_at_start_ = 0;
-  std::unique_ptr<CudaModel> model_;
   StepBatch batch_;
   std::vector<int64_t> first_row_;
   std::vector<SampleRow> rows_;
   std::vector<int> q_rows_;  // per slot: draft distributions stored on the device (0: none)
-  std::vector<CudaModel::DraftQueryDev> queries_;
   std::vector<DraftResult> results_;
 };
 
@@ -253,24 +235,21 @@ class CudaRunner : public ModelRunner {
 
 bool cuda_runner_available() { return kernels::cuda::device_count() > 0; }
 
-Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config) {
-  const std::string& dir = config.model_dir;
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& config, int tp_rank, int tp_size,
+                                                        DataComm* comm, int device) {
   if (kernels::cuda::device_count() == 0)
     return make_error(StatusCode::kUnavailable, "--device cuda: no CUDA device is visible (driver missing or no GPU)");
-  TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::from_file(dir + "/tokenizer.json"));
-  auto cfg = load_model_config(dir + "/config.json");
-  if (!cfg.ok()) return cfg.status().with_context("loading " + dir);
-  ModelOptions probe;
-  probe.max_slots = 1;
-  probe.num_blocks = 1;
-  probe.block_size = 256;
-  probe.max_tokens_per_step = 8;
-  probe.max_rollback = config.speculative.method.empty() ? 1 : config.speculative.num_speculative_tokens + 1;
-  probe.load_draft = true;
-  auto sizes = CudaModel::state_sizes(*cfg, probe);
-  if (!sizes.ok()) return sizes.status().with_context("loading " + dir);
-  return std::unique_ptr<ModelRunner>(
-      new CudaRunner(dir, std::move(tok), std::move(cfg).value(), probe, config.max_cudagraph_capture_size));
+  if (device < 0 || device >= kernels::cuda::device_count())
+    return invalid_argument("--device cuda: device {} does not exist ({} visible)", device,
+                            kernels::cuda::device_count());
+  // --synthetic: the built-in official config (open_runner_checkpoint); the model directory only
+  // supplies the tokenizer (ids it cannot decode become no text).
+  TANDEM_ASSIGN_OR_RETURN(RunnerCheckpoint ck, open_runner_checkpoint(config, &CudaModel::state_sizes));
+  SyntheticOptions synth;
+  synth.name = config.synthetic;
+  synth.seed = config.synthetic_seed;
+  return std::unique_ptr<ModelRunner>(new CudaRunner(std::move(ck), config.max_cudagraph_capture_size,
+                                                     std::move(synth), tp_rank, tp_size, comm, device));
 }
 
 }  // namespace tandem
@@ -279,7 +258,7 @@ Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig& conf
 
 namespace tandem {
 bool cuda_runner_available() { return false; }
-Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig&) {
+Result<std::unique_ptr<ModelRunner>> create_cuda_runner(const EngineConfig&, int, int, DataComm*, int) {
   return make_error(StatusCode::kUnimplemented,
                     "--device cuda: this build has no CUDA runner (the CUDA toolkit was not found at build time)");
 }

@@ -17,6 +17,9 @@
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
 #include "engine/fake_model.h"
+#include "io/catalog.h"
+#include "io/official_configs.h"
+#include "model/shard_plan.h"
 
 namespace tandem {
 
@@ -336,6 +339,27 @@ class EngineImpl : public Engine {
   std::shared_ptr<EngineLoop> loop_;
 };
 
+// --synthetic without a GPU: the weights are generated on the device only. Refuses at once with
+// the bytes rank 0 would need on this host and what the host has (a full-size model never fits a
+// small machine; no allocation is attempted).
+Status refuse_synthetic_on_cpu(const EngineConfig& config) {
+  TANDEM_ASSIGN_OR_RETURN(ModelConfig c, synthetic_config(config.synthetic));
+  TANDEM_ASSIGN_OR_RETURN(Catalog cat, build_catalog(c));
+  TANDEM_ASSIGN_OR_RETURN(model::ShardPlan plan,
+                          model::plan_shard(c, cat, {0, config.tensor_parallel_size}, /*load_draft=*/true));
+  const int64_t need = static_cast<int64_t>(plan.held_bytes);
+  auto avail = read_host_mem_available();
+  if (avail.ok() && need > *avail)
+    return make_error(StatusCode::kResourceExhausted,
+                      "--synthetic {}: rank 0 of {} needs {} of memory for its weights alone, the host has {} available "
+                      "(MemAvailable); synthetic weights are generated on a GPU (--device cuda)",
+                      config.synthetic, config.tensor_parallel_size, format_bytes(need), format_bytes(*avail));
+  return make_error(StatusCode::kUnimplemented,
+                    "--synthetic {}: synthetic weights are generated on a GPU only (--device cuda); rank 0 of {} would "
+                    "hold {} of weights",
+                    config.synthetic, config.tensor_parallel_size, format_bytes(need));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Engine>> create_engine_with_runner(std::unique_ptr<ModelRunner> runner,
@@ -364,15 +388,17 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
                        std::filesystem::exists(config.model_dir, ec) ? " (it is a file)" : "");
     // auto: the GPU when this build has the CUDA runner and a GPU is visible, else the CPU.
     const bool cuda = config.device == "cuda" || (config.device == "auto" && cuda_runner_available());
-    if (cuda && config.tensor_parallel_size > 1)
+    if (!config.synthetic.empty() && !cuda) return refuse_synthetic_on_cpu(config);
+    if (!config.synthetic.empty() && config.tensor_parallel_size > 1)
       return make_error(StatusCode::kUnimplemented,
-                        "--tensor-parallel-size {} on the GPU needs the NCCL backend, which is not built yet "
-                        "(tensor parallelism runs on the CPU: --device cpu)",
-                        config.tensor_parallel_size);
-    if (cuda) {
+                        "--synthetic {} with --tensor-parallel-size {}: the worker ranks cannot generate synthetic "
+                        "weights yet (one rank of a group is measured with tandem bench-model --synthetic NAME "
+                        "--tensor-parallel-size N --rank R)",
+                        config.synthetic, config.tensor_parallel_size);
+    if (config.tensor_parallel_size > 1) {
+      TANDEM_ASSIGN_OR_RETURN(runner, create_tp_head_runner(config));  // on the CPU or the GPUs
+    } else if (cuda) {
       TANDEM_ASSIGN_OR_RETURN(runner, create_cuda_runner(config));
-    } else if (config.tensor_parallel_size > 1) {
-      TANDEM_ASSIGN_OR_RETURN(runner, create_tp_head_runner(config));
     } else {
       TANDEM_ASSIGN_OR_RETURN(runner, create_dsv4_runner(config));
     }

@@ -18,20 +18,38 @@
 namespace tandem {
 
 // ---- configuration (filled from flags; names follow vLLM) ----
+// How many drafts a request verifies each step. kFixed: K; kThreshold: while the draft's confidence
+// is >= confidence_threshold; kAuto: chosen per step and request from confidences and measured
+// batch-shape costs.
+enum class VerifyMode : uint8_t { kFixed, kThreshold, kAuto };
+// How the draft picks its tokens: kGreedy (argmax, q one-hot) or kSample (at the request's
+// temperature; verification is then lossless rejection sampling against q).
+enum class DraftSampleMethod : uint8_t { kGreedy, kSample };
 struct SpeculativeConfig {
   std::string method;              // "" (off) | "dspark"
   int num_speculative_tokens = 5;  // K
-  // "fixed": verify K each step; "threshold": verify while confidence >= threshold;
-  // "auto": choose per step and request from confidences and measured batch-shape costs.
-  std::string verify_mode = "auto";
+  VerifyMode verify_mode = VerifyMode::kAuto;
   double confidence_threshold = 0.5;
-  std::string draft_sample_method = "greedy";  // "greedy" | "sample"
+  DraftSampleMethod draft_sample_method = DraftSampleMethod::kGreedy;
+  bool enabled() const { return !method.empty(); }
+  // K + 1 (1 without speculation): the most tokens one sequence's step runs through verification,
+  // and so the most a slot rolls back in one step. The one place K + 1 is computed.
+  int max_verify_tokens() const { return enabled() ? num_speculative_tokens + 1 : 1; }
 };
-// Parses vLLM's --speculative-config JSON ('{"method":"dspark","num_speculative_tokens":5}').
+// Parses vLLM's --speculative-config JSON ('{"method":"dspark","num_speculative_tokens":5}'); the
+// string values become the enums here, once.
 Result<SpeculativeConfig> parse_speculative_config(const std::string& json_text);
+// "fixed" | "threshold" | "auto" and back (InvalidArgument names the value).
+Result<VerifyMode> parse_verify_mode(const std::string& name);
+const char* verify_mode_name(VerifyMode mode);
+const char* draft_sample_method_name(DraftSampleMethod method);
 
 struct EngineConfig {
   std::string model_dir;
+  // --synthetic NAME: the official config NAME (io/official_configs.h) with synthetic weights
+  // generated on the GPU (no checkpoint); model_dir then only supplies the tokenizer.
+  std::string synthetic;
+  uint64_t synthetic_seed = 1;
   std::string device = "auto";           // "auto" | "cpu" | "cuda"
   int max_num_seqs = 8;
   int max_num_batched_tokens = 2048;
@@ -56,6 +74,14 @@ struct EngineConfig {
   int master_port = 29500;
   double distributed_timeout_s = 120.0;  // the head waits this long for every rank to connect
   std::string worker_binary;             // the `tandem` binary workers run; "" = this executable
+  // Tensor parallelism on GPUs (src/engine/parallel/device_tp.h): each rank on its own GPU (its
+  // local rank is its CUDA ordinal); the paths that carry the collectives (auto | nccl | peer |
+  // symmetric, src/model/cuda/device_comm.h), the largest message of the peer-memory path, where
+  // NCCL is ("" = the loader's search), and, for tests only, ranks sharing GPUs.
+  std::string tp_collectives = "auto";
+  int64_t tp_peer_max_bytes = int64_t{1} << 20;
+  std::string nccl_library;
+  bool tp_share_gpus = false;
   int max_cudagraph_capture_size = 8;
   int num_threads = 0;                   // CPU threads, 0 = all cores
   SpeculativeConfig speculative;
@@ -154,6 +180,10 @@ struct EngineMetrics {
   // Device allocations the runner made after start-up (must stay 0 under any load); -1 when the
   // runner does not count them (the CPU runners).
   int64_t device_allocations_after_start = -1;
+  // CUDA graphs the runner instantiated after start-up (must stay 0; -1 when not counted), and the
+  // device memory taken since start-up as cudaMemGetInfo sees it (must stay 0; 0 when not measured).
+  int64_t device_graphs_after_start = -1;
+  int64_t device_bytes_taken_after_start = 0;
   // Latency samples since the last call (drained by take_metrics()).
   std::vector<double> ttft_s, itl_s, e2e_s;
 };

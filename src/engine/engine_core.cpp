@@ -1,5 +1,5 @@
 // EngineCore: see engine_core.h. Sections: start-up sizing, request intake, scheduling, output
-// processing (sample / verify / rollback / draft), finishing, integrity and metrics.
+// processing (sample / verify / commit / draft), finishing, integrity and metrics.
 #include "engine/engine_core.h"
 
 #include <unistd.h>
@@ -30,6 +30,10 @@ struct EngineCore::Seq {
   std::vector<uint64_t> block_hashes;
   DraftProposal draft;
   bool has_draft = false;
+  // Admitted this step: the runner resets the slot before the forward (and imports `restore`, the
+  // prefix hit's snapshot, when not empty).
+  bool fresh = false;
+  std::span<const uint8_t> restore;
   SpecRequestState spec;        // what the planner has learned about this request's drafts
   int num_verify = 0;           // drafts verified in this step
   int sample_begin = -1;        // this step's first row in samples_ (-1: a prefill chunk)
@@ -114,14 +118,9 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
     if (sc.num_speculative_tokens < 1 || sc.num_speculative_tokens > runner_->num_draft_tokens())
       return invalid_argument("--speculative-config: num_speculative_tokens {} must be in [1, {}] (the draft block)",
                               sc.num_speculative_tokens, runner_->num_draft_tokens());
-    if (sc.verify_mode != "fixed" && sc.verify_mode != "threshold" && sc.verify_mode != "auto")
-      return invalid_argument("--speculative-config: verify_mode '{}' is not fixed, threshold or auto", sc.verify_mode);
     if (!(sc.confidence_threshold >= 0 && sc.confidence_threshold <= 1))
       return invalid_argument("--speculative-config: confidence_threshold {} must be in [0, 1]",
                               sc.confidence_threshold);
-    if (sc.draft_sample_method != "greedy" && sc.draft_sample_method != "sample")
-      return invalid_argument("--speculative-config: draft_sample_method '{}' is not greedy or sample",
-                              sc.draft_sample_method);
     num_spec_tokens_ = sc.num_speculative_tokens;
     planner_ = std::make_unique<SpecPlanner>(sc, num_spec_tokens_);
   }
@@ -145,7 +144,7 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   alloc.block_size = bs;
   alloc.max_slots = config.max_num_seqs;
   alloc.max_tokens_per_step = config.max_num_batched_tokens;
-  alloc.max_verify_tokens = num_spec_tokens_ + 1;
+  alloc.max_verify_tokens = sc.max_verify_tokens();
   alloc.num_draft_tokens = num_spec_tokens_;
   alloc.kv_cache_dtype = kv_dtype_;
   int64_t budget = config.kv_cache_memory;
@@ -226,6 +225,7 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   scheduled_.reserve(config.max_num_seqs);
   draft_reqs_.reserve(config.max_num_seqs);
   draft_seqs_.reserve(config.max_num_seqs);
+  commits_.reserve(config.max_num_seqs);
   expected_refs_.resize(num_blocks);
   m_.spec_decode_num_accepted_tokens_per_pos_total.assign(num_spec_tokens_, 0);
   m_.kv_blocks_total = num_blocks;
@@ -240,12 +240,15 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   done_.reserve(config.max_num_seqs);
   draft_limits_.reserve(config.max_num_seqs);
   draft_pick_.reserve(config.max_num_seqs);
-  if (planner_ && sc.verify_mode == "auto" && options_.profile_spec_costs) {
+  if (planner_ && sc.verify_mode == VerifyMode::kAuto && options_.profile_spec_costs) {
     if (options_.log_startup)
       TLOG_INFO("engine", "speculative planner: timing batch shapes on this machine (at most {:.0f} s)...",
                 options_.profile_budget_s);
     TANDEM_RETURN_IF_ERROR(profile_costs().with_context("profiling batch shapes for the speculative planner"));
   }
+  // Start-up is over: from here on nothing may instantiate a graph or take device memory.
+  graphs_at_start_ = runner_->device_graph_instantiations();
+  free_at_start_ = runner_->device_free_bytes();
   if (options_.log_startup)
     TLOG_INFO("engine",
               "KV cache: {} blocks x {} tokens = {} tokens capacity ({} KV, {} bytes/block) + {} slot snapshots x {} "
@@ -256,7 +259,8 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
               static_cast<double>(num_blocks * kv_block_bytes + num_snapshots * final_snapshot_bytes) / (1 << 20),
               budget_from, info_.max_model_len,
               config.max_num_seqs, config.enable_prefix_caching ? "on" : "off",
-              spec_enabled() ? fmt::format("dspark K={} verify={}", num_spec_tokens_, sc.verify_mode) : "off");
+              spec_enabled() ? fmt::format("dspark K={} verify={}", num_spec_tokens_, verify_mode_name(sc.verify_mode))
+                             : "off");
   return Status();
 }
 
@@ -286,9 +290,10 @@ Status EngineCore::profile_costs() {
   std::vector<int32_t> toks(static_cast<size_t>(max_b) * (ctx + K + 1));
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = dummy(static_cast<int64_t>(i));
   std::vector<RunnerSeq> batch;
+  std::vector<SlotCommit> commits;
   RunnerOutput out;
   Status st;
-  // Context: one prefill per slot, its taps into the draft window.
+  // Context: one prefill per slot (which starts it over), its taps into the draft window.
   for (int b = 0; b < max_b && st.ok(); ++b) {
     RunnerSeq r;
     r.slot = slots[b];
@@ -296,9 +301,10 @@ Status EngineCore::profile_costs() {
     r.tokens = std::span<const int32_t>(toks.data() + b * (ctx + K + 1), static_cast<size_t>(ctx));
     r.block_table = tables[b];
     r.collect_taps = true;
+    r.reset = true;
     batch.assign(1, r);
     st = runner_->forward(batch, nullptr, out);
-    if (st.ok()) runner_->draft_insert_context(slots[b], 0, ctx, 0);
+    if (st.ok()) st = runner_->commit(std::vector<SlotCommit>{{slots[b], 0, ctx, ctx, {}}});
   }
   // Every timed row samples greedily over a draft, as a verify step does.
   StepSamples samples;
@@ -325,16 +331,17 @@ Status EngineCore::profile_costs() {
     auto t0 = Clock::now();
     TANDEM_RETURN_IF_ERROR(runner_->forward(batch, &samples, out));
     if (record) planner_->observe_forward(b, static_cast<int64_t>(b) * (1 + L), seconds_since(t0));
-    for (int i = 0; i < b; ++i) runner_->rollback(slots[i], ctx);
-    return Status();
+    commits.clear();
+    for (int i = 0; i < b; ++i) commits.push_back({slots[i], i, ctx, 0, {}});  // rolled back to the context
+    return runner_->commit(commits);
   };
   auto time_draft = [&](int b, bool record) -> Status {
     dq.clear();
     for (int i = 0; i < b; ++i) {
       DraftQuery d;
       d.slot = slots[i];
-      d.anchor = toks[i * (ctx + K + 1) + ctx];
-      d.position = ctx;
+      d.anchor_token = toks[i * (ctx + K + 1) + ctx];
+      d.anchor_pos = ctx;
       dq.push_back(d);
     }
     auto t0 = Clock::now();
@@ -354,10 +361,7 @@ Status EngineCore::profile_costs() {
       if (st.ok() && !(cut = cut || over())) st = time_draft(b, true);
     }
   }
-  for (int b = 0; b < max_b; ++b) {
-    runner_->reset(slots[b]);
-    kv_->release(tables[b]);
-  }
+  for (int b = 0; b < max_b; ++b) kv_->release(tables[b]);  // the slots start over when next admitted
   TANDEM_RETURN_IF_ERROR(st);
   if (options_.log_startup)
     TLOG_INFO("engine",
@@ -419,7 +423,7 @@ Status EngineCore::add_request(Request request, EventCallback on_event) {
   s->constraint = request.constraint;
   s->cb = std::move(on_event);
   s->tokens = std::move(request.prompt_tokens);
-  s->tokens.reserve(s->tokens.size() + s->sp.max_tokens + num_spec_tokens_ + 1);
+  s->tokens.reserve(s->tokens.size() + s->sp.max_tokens + config_.speculative.max_verify_tokens());
   s->prompt_len = static_cast<int64_t>(s->tokens.size());
   s->seed = s->sp.seed ? *s->sp.seed : mix64(config_.default_seed ^ mix64(s->order));
   s->pen.init(s->sp, s->tokens);
@@ -559,15 +563,13 @@ EngineCore::Admit EngineCore::try_admit(Seq& s, int64_t& budget, bool contended,
   waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &s));
   s.slot = free_slots_.back();
   free_slots_.pop_back();
-  runner_->reset(s.slot);
+  // The slot starts over in this step's forward, from the hit's snapshot when there is one (the
+  // hit blocks are held, so their snapshot stays put until then).
+  s.fresh = true;
+  s.restore = {};
   if (hit > 0) {
     kv_->touch_snapshot(hit_blocks.back());
-    Status st = runner_->import_slot_state(s.slot, kv_->snapshot(hit_blocks.back()));
-    if (!st.ok()) {
-      running_.push_back(&s);  // finish() removes it again
-      finish(s, FinishReason::kError, st.message(), nullptr);
-      return Admit::kAdmitted;
-    }
+    s.restore = kv_->snapshot(hit_blocks.back());
   }
   s.block_hashes = hit_hashes;
   s.running = true;
@@ -683,6 +685,10 @@ Status EngineCore::step() {
       r.tokens = std::span<const int32_t>(step_tokens_.data() + off, static_cast<size_t>(s->scheduled));
       r.block_table = s->block_table;
       r.collect_taps = spec_enabled();
+      r.reset = s->fresh;
+      r.restore = s->restore;
+      s->fresh = false;
+      s->restore = {};
       s->sample_begin = -1;
       if (s->num_computed + s->scheduled - s->num_verify == static_cast<int64_t>(s->tokens.size())) {  // not a chunk
         r.sample_rows = 1 + s->num_verify;
@@ -705,11 +711,18 @@ Status EngineCore::step() {
     }
     if (planner_) planner_->observe_forward(static_cast<int>(scheduled_.size()), static_cast<int64_t>(off), dt);
 
-    // ---- sample / verify ----
+    // ---- sample / verify, then what each sequence keeps, in one call ----
     draft_reqs_.clear();
     draft_seqs_.clear();
+    commits_.clear();
     done_.assign(scheduled_.begin(), scheduled_.end());  // process_output may finish (and free) requests
     for (size_t i = 0; i < done_.size(); ++i) process_output(*done_[i], out_, i, draft_reqs_);
+    if (Status cs = runner_->commit(commits_); !cs.ok()) {
+      TLOG_ERROR("engine", "commit failed: {}", cs.to_string());
+      std::vector<Seq*> failed = running_;
+      for (Seq* s : failed) finish(*s, FinishReason::kError, "model commit failed: " + cs.message(), nullptr);
+      return cs;
+    }
 
     // ---- draft the next step's proposals ----
     if (!draft_reqs_.empty()) {
@@ -770,8 +783,7 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
 
   if (s.prompt_len >= kLongPrefillTokens && old < s.prompt_len) log_long_prefill(s, old);
   if (s.sample_begin < 0) {  // prefill chunk, nothing to sample
-    if (taps) runner_->draft_insert_context(s.slot, old, n, static_cast<int>(index));
-    cache_blocks(s);
+    commits_.push_back({s.slot, static_cast<int>(index), s.num_computed, taps ? n : 0, cache_blocks(s)});
     return;
   }
 
@@ -812,12 +824,9 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
     if (!took_draft) break;
   }
 
-  // Roll back the target cache past the rejected drafts.
+  // The target cache keeps the real tokens and the accepted drafts (the commit rolls back the rest).
   const int64_t keep = old + real + accepted;
-  if (keep < s.num_computed) {
-    runner_->rollback(s.slot, keep);
-    s.num_computed = keep;
-  }
+  s.num_computed = keep;
   if (ell > 0) {
     ++m_.spec_decode_num_drafts_total;
     m_.spec_decode_num_draft_tokens_total += ell;
@@ -831,35 +840,35 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
   s.num_verify = 0;
 
   if (fin != FinishReason::kNone) {
+    commits_.push_back({s.slot, static_cast<int>(index), keep, 0, {}});
     finish(s, fin, "", &ev);
     return;
   }
   // Only rows whose target state is final (the real tokens and the accepted drafts) enter the draft.
-  if (taps) runner_->draft_insert_context(s.slot, old, keep - old, static_cast<int>(index));
-  cache_blocks(s);
+  commits_.push_back({s.slot, static_cast<int>(index), keep, taps ? keep - old : 0, cache_blocks(s)});
   emit_and_maybe_finish(s, ev, FinishReason::kNone);
   if (spec_enabled()) {
     DraftQuery d;
     d.slot = s.slot;
-    d.anchor = s.tokens.back();
-    d.position = s.num_computed;
-    d.temperature = config_.speculative.draft_sample_method == "sample" ? s.sp.temperature : 0.0;
+    d.anchor_token = s.tokens.back();
+    d.anchor_pos = s.num_computed;
+    d.temperature = config_.speculative.draft_sample_method == DraftSampleMethod::kSample ? s.sp.temperature : 0.0;
     d.seed = s.seed;
     drafts.push_back(d);
     draft_seqs_.push_back(&s);
   }
 }
 
-void EngineCore::cache_blocks(Seq& s) {
-  if (!kv_->prefix_caching()) return;
+std::span<uint8_t> EngineCore::cache_blocks(Seq& s) {
+  if (!kv_->prefix_caching()) return {};
   const int bs = kv_->block_size();
   const int full = static_cast<int>(s.num_computed / bs);
   kv_->register_full_blocks(s.tokens, s.block_table, s.block_hashes, full);
   if (full > 0 && s.num_computed % bs == 0) {
     int owner = kv_->cached_block(s.block_hashes[full - 1]);
-    if (owner >= 0 && !kv_->has_snapshot(owner) && kv_->num_snapshots() > 0)
-      runner_->export_slot_state(s.slot, kv_->take_snapshot(owner));
+    if (owner >= 0 && !kv_->has_snapshot(owner) && kv_->num_snapshots() > 0) return kv_->take_snapshot(owner);
   }
+  return {};
 }
 
 void EngineCore::emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason finish_reason) {
@@ -965,6 +974,9 @@ EngineMetrics EngineCore::metrics(bool drain_latencies) {
   }
   for (const Seq* s : waiting_) m_.prefill_tokens_pending += s->prompt_len;
   m_.device_allocations_after_start = runner_->device_allocations_after_start();
+  const int64_t graphs = runner_->device_graph_instantiations(), free_now = runner_->device_free_bytes();
+  m_.device_graphs_after_start = graphs >= 0 && graphs_at_start_ >= 0 ? graphs - graphs_at_start_ : -1;
+  m_.device_bytes_taken_after_start = free_now >= 0 && free_at_start_ >= 0 ? free_at_start_ - free_now : 0;
   m_.num_requests_running = static_cast<int64_t>(running_.size());
   m_.num_requests_waiting = static_cast<int64_t>(waiting_.size());
   m_.kv_blocks_total = kv_->num_blocks();

@@ -1,5 +1,6 @@
 // EngineCore: the single-threaded heart of the engine. One step = schedule, one batched target
-// forward, sample/verify, rollback, draft. The scheduler rule (vLLM v1): every request has
+// forward (new sequences' slot resets folded in), sample/verify, one commit of what every sequence
+// keeps (rollback, draft context, prefix snapshot), draft. The scheduler rule (vLLM v1): every request has
 // num_computed tokens chasing a target (its tokens plus the drafts chosen for verification); each
 // step gives the chase a share of max_num_batched_tokens — decodes first, then partial prefills,
 // then new requests in arrival order, a long prefill capped so the others get into every step —
@@ -102,7 +103,9 @@ class EngineCore {
   int64_t pending_prefill_tokens() const;     // prompt tokens the next forward may carry
   Status profile_costs();
   void process_output(Seq& s, const RunnerOutput& out, size_t index, std::vector<DraftQuery>& drafts);
-  void cache_blocks(Seq& s);
+  // Registers the sequence's full blocks for prefix caching; the snapshot buffer its slot state
+  // goes to when it just reached a block boundary that has none yet (else empty).
+  std::span<uint8_t> cache_blocks(Seq& s);
   void log_long_prefill(Seq& s, int64_t old);
   void emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason finish);
   void finish(Seq& s, FinishReason reason, const std::string& error, RequestEvent* ev);
@@ -114,6 +117,9 @@ class EngineCore {
   ModelInfo info_;
   std::string kv_dtype_;
   std::unique_ptr<ModelRunner> runner_;
+  // The runner's graph instantiations and free device memory when start-up was over (-1: not
+  // counted); metrics report how far they moved since.
+  int64_t graphs_at_start_ = -1, free_at_start_ = -1;
   std::unique_ptr<KvBlockManager> kv_;
   SampleRowsBuilder rows_builder_;
   std::unique_ptr<SpecPlanner> planner_;
@@ -134,6 +140,7 @@ class EngineCore {
   RunnerOutput out_;
   std::vector<DraftQuery> draft_reqs_;
   std::vector<Seq*> draft_seqs_;
+  std::vector<SlotCommit> commits_;
   std::vector<DraftProposal> proposals_;
   std::vector<SpecRequestState*> draft_states_;
   std::vector<int> draft_limits_;

@@ -156,6 +156,25 @@ void FakeModelRunner::reference_logits(const std::vector<int32_t>& tokens, std::
 
 Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) {
   ++forward_calls_;
+  // Sequences that start over: reset, then the prefix-cache snapshot (which stands for the
+  // draft's context window too).
+  for (const auto& s : batch) {
+    if (s.slot < 0 || s.slot >= static_cast<int>(slots_.size()))
+      return make_error(StatusCode::kInternal, "fake model: bad slot {}", s.slot);
+    if (s.reset && !s.restore.empty() && s.restore.size() != sizeof(SlotState))
+      return make_error(StatusCode::kInternal, "fake model: slot state of {} bytes, want {}", s.restore.size(),
+                        sizeof(SlotState));
+  }
+  last_.clear();
+  for (const auto& s : batch) {
+    last_.push_back({s.slot, s.start_pos});
+    if (!s.reset) continue;
+    slots_[s.slot] = SlotState{};
+    sampling_.clear_q(s.slot);
+    if (s.restore.empty()) continue;
+    std::memcpy(&slots_[s.slot], s.restore.data(), sizeof(SlotState));
+    slots_[s.slot].draft_len = slots_[s.slot].len;
+  }
   int64_t rows = 0, ntok = 0, tap_rows = 0;
   for (const auto& s : batch) {
     if (s.sample_rows < 0 || s.sample_rows > static_cast<int>(s.tokens.size()))
@@ -229,42 +248,37 @@ Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, const StepSamp
   return sampling_.run(batch, *samples, logits_first_row_, logits_.data(), out);
 }
 
-void FakeModelRunner::rollback(int slot, int64_t new_len) {
-  SlotState& st = slots_[slot];
-  TANDEM_CHECK(new_len <= st.len && st.len - new_len <= alloc_.max_verify_tokens);
-  st.len = new_len;
-  st.draft_len = std::min(st.draft_len, new_len);
-}
-
-void FakeModelRunner::reset(int slot) {
-  slots_[slot] = SlotState{};
-  sampling_.clear_q(slot);
-}
-
-void FakeModelRunner::export_slot_state(int slot, std::span<uint8_t> out) const {
-  TANDEM_CHECK(out.size() == sizeof(SlotState));
-  std::memcpy(out.data(), &slots_[slot], sizeof(SlotState));
-}
-
-Status FakeModelRunner::import_slot_state(int slot, std::span<const uint8_t> in) {
-  if (in.size() != sizeof(SlotState))
-    return make_error(StatusCode::kInternal, "fake model: slot state of {} bytes, want {}", in.size(),
-                      sizeof(SlotState));
-  std::memcpy(&slots_[slot], in.data(), sizeof(SlotState));
-  // The snapshot stands for the draft's context window too.
-  slots_[slot].draft_len = slots_[slot].len;
+Status FakeModelRunner::commit(std::span<const SlotCommit> commits) {
+  for (const SlotCommit& c : commits) {
+    if (c.batch_index < 0 || static_cast<size_t>(c.batch_index) >= last_.size() || last_[c.batch_index].first != c.slot)
+      return make_error(StatusCode::kInternal, "fake model: slot {} is not batch entry {} of the last step", c.slot,
+                        c.batch_index);
+    SlotState& st = slots_[c.slot];
+    if (c.length > st.len || st.len - c.length > alloc_.max_verify_tokens)
+      return make_error(StatusCode::kInternal, "fake model: slot {} of length {} cannot keep {}", c.slot, st.len,
+                        c.length);
+    st.len = c.length;
+    st.draft_len = std::min(st.draft_len, c.length);
+    if (c.context_rows > 0 && config_.has_draft) insert_context(c, last_[c.batch_index].second);
+    if (!c.snapshot.empty()) {
+      if (c.snapshot.size() != sizeof(SlotState))
+        return make_error(StatusCode::kInternal, "fake model: a {}-byte snapshot buffer, want {}", c.snapshot.size(),
+                          sizeof(SlotState));
+      std::memcpy(c.snapshot.data(), &st, sizeof(SlotState));
+    }
+  }
   return Status();
 }
 
-void FakeModelRunner::draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) {
-  SlotState& st = slots_[slot];
-  if (start_pos != st.draft_len || batch_index < 0 || batch_index >= static_cast<int>(taps_first_row_.size()) ||
-      taps_first_row_[batch_index] < 0) {
+void FakeModelRunner::insert_context(const SlotCommit& c, int64_t start_pos) {
+  SlotState& st = slots_[c.slot];
+  if (start_pos != st.draft_len || c.batch_index >= static_cast<int>(taps_first_row_.size()) ||
+      taps_first_row_[c.batch_index] < 0) {
     ++draft_context_errors_;
     return;
   }
-  const float* taps = taps_.data() + taps_first_row_[batch_index] * 2;
-  for (int64_t r = 0; r < rows; ++r) {
+  const float* taps = taps_.data() + taps_first_row_[c.batch_index] * 2;
+  for (int64_t r = 0; r < c.context_rows; ++r) {
     int64_t p = start_pos + r;
     bool in_ring = st.len - p <= kRing;  // older tokens are no longer in the history ring
     if (static_cast<int64_t>(taps[r * 2 + 1]) != p || p >= st.len ||
@@ -273,7 +287,7 @@ void FakeModelRunner::draft_insert_context(int slot, int64_t start_pos, int64_t 
       return;
     }
   }
-  st.draft_len = start_pos + rows;
+  st.draft_len = start_pos + c.context_rows;
 }
 
 Status FakeModelRunner::draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) {
@@ -286,11 +300,11 @@ Status FakeModelRunner::draft_propose(std::span<const DraftQuery> reqs, std::vec
   for (size_t i = 0; i < reqs.size(); ++i) {
     const DraftQuery& r = reqs[i];
     const SlotState& st = slots_[r.slot];
-    if (st.len != r.position || st.draft_len != r.position) ++draft_context_errors_;
+    if (st.len != r.anchor_pos || st.draft_len != r.anchor_pos) ++draft_context_errors_;
     DraftProposal& d = out[i];
     d.tokens.assign(K, 0);
     d.confidence.assign(K, 0.f);
-    d.sampled = r.temperature > 0;
+    d.sampled = !is_greedy(r.temperature);
     float* qs = nullptr;
     if (d.sampled) {
       qs = sampling_.store_q(r.slot, K);
@@ -298,15 +312,15 @@ Status FakeModelRunner::draft_propose(std::span<const DraftQuery> reqs, std::vec
     } else {
       sampling_.clear_q(r.slot);
     }
-    uint64_t acc = acc_at(st, r.position - 1);
-    int32_t prev = r.anchor;
+    uint64_t acc = acc_at(st, r.anchor_pos - 1);
+    int32_t prev = r.anchor_token;
     for (int k = 0; k < K; ++k) {
-      int64_t pos = r.position + k;  // position of `prev`; the draft predicts pos + 1
+      int64_t pos = r.anchor_pos + k;  // position of `prev`; the draft predicts pos + 1
       acc = fake_mix(fake_mix(acc, static_cast<uint64_t>(prev)), pos);
       bool agree = fake_u01(fake_mix(acc, kAgreeKey)) < config_.draft_agree;
       double c = fake_u01(fake_mix(acc, kConfKey));
       d.confidence[k] = static_cast<float>(agree ? 0.55 + 0.45 * c : 0.6 * c);
-      if (r.temperature <= 0) {
+      if (!d.sampled) {
         int32_t g = greedy_from_acc(acc);
         int32_t x = g;
         if (!agree) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/host_sampling.h"
 #include "text/tokenizer.h"
 
 namespace tandem {
@@ -59,13 +59,9 @@ class FakeModelRunner : public ModelRunner {
   int64_t slot_state_bytes() const override;
   Status allocate(const RunnerAllocation& alloc) override;
   Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override;
-  void rollback(int slot, int64_t new_len) override;
-  void reset(int slot) override;
-  void export_slot_state(int slot, std::span<uint8_t> out) const override;
-  Status import_slot_state(int slot, std::span<const uint8_t> in) override;
+  Status commit(std::span<const SlotCommit> commits) override;
   bool has_draft() const override { return config_.has_draft; }
   int num_draft_tokens() const override { return config_.num_draft_tokens; }
-  void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) override;
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override;
 
   // ---- oracles for tests ----
@@ -87,6 +83,8 @@ class FakeModelRunner : public ModelRunner {
     int64_t draft_len = 0;         // draft context rows inserted (positions [0, draft_len))
   };
   uint64_t acc_at(const SlotState& s, int64_t p) const;
+  // The context rows a commit sends to the draft, checked against the slot's history.
+  void insert_context(const SlotCommit& c, int64_t start_pos);
   void logits_from_acc(uint64_t acc, float* out) const;
   int32_t greedy_from_acc(uint64_t acc) const;
 
@@ -100,6 +98,7 @@ class FakeModelRunner : public ModelRunner {
   std::vector<int64_t> logits_first_row_;  // per batch entry
   std::vector<float> taps_;                // the last forward's taps: (token, position) per row
   std::vector<int64_t> taps_first_row_;    // per batch entry (-1: none)
+  std::vector<std::pair<int, int64_t>> last_;  // the last forward's (slot, start_pos) per batch entry
   HostSampling sampling_;
   int64_t draft_context_errors_ = 0;
   int64_t forward_calls_ = 0;

@@ -2,9 +2,12 @@
 // loop need from DsV4Model (per-slot state, paged compressed KV addressed by block tables, batched
 // forward, rollback, slot-state snapshots for prefix caching, DSpark draft). Sampling is the
 // runner's: a step returns token ids (and requested logprobs), never logits, so a device runner
-// keeps logits, draft distributions and taps on its device. The engine is built and tested against
-// this interface; dsv4_runner.cpp adapts the CPU model, cuda_runner.cpp the CUDA one, fake_model.h
-// a toy one.
+// keeps logits, draft distributions and taps on its device. A step crosses this seam as three
+// calls: forward (the batch, with each new sequence's slot reset or restore folded in), commit
+// (what the engine keeps of each sequence after sampling: rollback, draft context, snapshot) and
+// draft_propose; under tensor parallelism each call is one plan to every rank. The engine is built
+// and tested against this interface; dsv4_runner.cpp adapts the CPU model, cuda_runner.cpp the
+// CUDA one (both through slot_runner.h), fake_model.h a toy one.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +19,7 @@
 #include "common/status.h"
 #include "engine/runtime_facts.h"
 #include "kernels/sampling.h"
+#include "model/draft_request.h"
 
 namespace tandem {
 
@@ -27,7 +31,7 @@ struct RunnerAllocation {
   int block_size = 256;         // tokens per block
   int max_slots = 0;            // sequences with live per-slot state (= max_num_seqs)
   int max_tokens_per_step = 0;  // scratch sizing (= max_num_batched_tokens)
-  int max_verify_tokens = 1;    // K+1: the most a slot may roll back in one step
+  int max_verify_tokens = 1;    // K+1 (SpeculativeConfig::max_verify_tokens): the most a slot rolls back in one step
   int num_draft_tokens = 0;     // K: tokens each draft_propose drafts (0 = no drafting)
   std::string kv_cache_dtype;   // canonical: "bf16" | "fp8" | "nvfp4"
 };
@@ -44,6 +48,25 @@ struct RunnerSeq {
   int sample_rows = 0;
   int sample_begin = 0;
   bool collect_taps = false;             // DSpark target taps for every new token (kept in the runner)
+  // The slot starts over with this step (a new, resumed or preempted request): before the forward
+  // the runner resets it (target state, draft context, stored draft distributions), then, when
+  // `restore` is not empty, imports that prefix-cache snapshot (SlotCommit::snapshot's format; the
+  // bytes stay valid until forward returns).
+  bool reset = false;
+  std::span<const uint8_t> restore;
+};
+
+// What the engine keeps of one sequence of the last forward, decided after sampling. The runner
+// applies, in this order: the slot's length becomes `length` (positions past it, at most
+// max_verify_tokens, are rolled back); the first `context_rows` taps rows of that batch entry
+// (positions start_pos..) enter the slot's draft context; then the slot's state is exported into
+// `snapshot` when it is not empty (slot_state_bytes() bytes, for prefix caching).
+struct SlotCommit {
+  int slot = 0;
+  int batch_index = 0;      // the sequence's entry in the last forward's batch
+  int64_t length = 0;       // start_pos + tokens, less the rejected drafts
+  int64_t context_rows = 0; // 0: nothing enters the draft's context (no draft, or none accepted)
+  std::span<uint8_t> snapshot;
 };
 
 // The rows a step samples and the arrays they index (host arrays, built by the engine; see
@@ -69,19 +92,16 @@ struct RunnerOutput {
   std::vector<SampleRowResult> samples;
 };
 
-// Draft proposals for one sequence.
-struct DraftQuery {
-  int slot = 0;
-  int32_t anchor = 0;      // last sampled token (not yet in the target cache)
-  int64_t position = 0;    // position of the anchor
-  double temperature = 0;  // 0 = greedy drafting (q one-hot)
-  uint64_t seed = 0;       // per-request stream; the draft keys its draws by (seed, drafted position)
-};
+// Draft proposals for one sequence: slot, anchor token (the last sampled, not yet in the target
+// cache) and its position, temperature (greedy when is_greedy), seed (the draft keys its draws by
+// (seed, drafted position)). One struct for the engine and both models.
+using DraftQuery = DraftRequest;
 struct DraftProposal {
-  std::vector<int32_t> tokens;      // K tokens for positions position+1 .. position+K
+  std::vector<int32_t> tokens;      // K tokens for positions anchor_pos+1 .. anchor_pos+K
   std::vector<float> confidence;    // K values in [0,1] (sigmoid of the head's raw projection)
   // A sampled proposal's draft distributions q [K, vocab] stay in the runner, keyed by the slot,
-  // until the slot's next draft_propose or reset; verification reads them there (SampleRow::q_row).
+  // until the slot's next draft_propose or reset (RunnerSeq::reset); verification reads them there
+  // (SampleRow::q_row).
   bool sampled = false;
 };
 
@@ -104,23 +124,18 @@ class ModelRunner {
   virtual int64_t slot_state_bytes() const = 0;
   virtual Status allocate(const RunnerAllocation& alloc) = 0;
 
-  // Runs every sequence's new tokens and samples the rows `samples` describes (null: compute the
-  // same logits, sample nothing: tensor-parallel worker ranks); fills `out`. Errors are internal
-  // (shape/capacity bugs).
+  // Resets or restores the slots of sequences that start over (RunnerSeq::reset), then runs every
+  // sequence's new tokens and samples the rows `samples` describes (null: compute the same logits,
+  // sample nothing: tensor-parallel worker ranks); fills `out`. Errors are internal (shape/capacity
+  // bugs, a snapshot of the wrong size) and leave the step's slots unchanged.
   virtual Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) = 0;
-  // Drops state past new_len (only the last max_verify_tokens positions may be dropped).
-  virtual void rollback(int slot, int64_t new_len) = 0;
-  virtual void reset(int slot) = 0;
-  // Slot-state snapshots taken when the slot's length is a multiple of block_size.
-  virtual void export_slot_state(int slot, std::span<uint8_t> out) const = 0;
-  virtual Status import_slot_state(int slot, std::span<const uint8_t> in) = 0;
+  // Applies what the engine keeps of the last forward's sequences (SlotCommit), once per step,
+  // before the next forward or draft_propose. Errors are internal.
+  virtual Status commit(std::span<const SlotCommit> commits) = 0;
 
   // ---- DSpark draft ----
   virtual bool has_draft() const = 0;
   virtual int num_draft_tokens() const = 0;  // the draft block size: the largest K it can draft
-  // Inserts the first `rows` taps rows of the last forward's batch entry `batch_index` (its
-  // positions [start_pos, start_pos + rows)) into the slot's draft context.
-  virtual void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) = 0;
   virtual Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) = 0;
 
   // Not OK once the runner can no longer serve (a tensor-parallel rank was lost); callable from
@@ -137,6 +152,13 @@ class ModelRunner {
   virtual void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const;
   // Device allocations made after allocate() returned (must stay 0 under load); -1 = not counted.
   virtual int64_t device_allocations_after_start() const { return -1; }
+  // CUDA graphs this runner has instantiated so far (each takes device memory); -1 = not counted.
+  // And the device's free memory now, as the driver sees every allocation (cudaMemGetInfo: raw
+  // runtime allocations, graphs, lazily loaded kernels, a grown stack); -1 = not measured. The
+  // engine reads both when its start-up is over (graphs captured, the planner's shapes profiled)
+  // and reports how far they moved since (must be 0 under load).
+  virtual int64_t device_graph_instantiations() const { return -1; }
+  virtual int64_t device_free_bytes() const { return -1; }
 };
 
 // "model name" of /proc/cpuinfo (or "unknown CPU").

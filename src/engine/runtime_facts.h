@@ -28,6 +28,14 @@ struct KernelPath {
   std::string path;      // e.g. "cpu-reference", "cuda:flashmla-sm90", "none (tensor_parallel_size 1)"
 };
 
+// How a tensor-parallel rank's collectives travel (src/model/cuda/device_comm.h); empty for one
+// rank and on the CPU (ZeroMQ, rank-order sums).
+struct CollectiveFacts {
+  std::string topology;                  // the facts the routing was decided from
+  std::vector<std::string> routes;       // "all_reduce <= 1 MiB: peer-oneshot", "all_reduce: nccl", ...
+  std::vector<std::string> unavailable;  // "nccl-symmetric: <why not>"
+};
+
 // One rank's device, as its runner sees it.
 struct DeviceFacts {
   int rank = 0;
@@ -36,6 +44,7 @@ struct DeviceFacts {
   std::string compute_capability;  // "9.0", "12.1"; "" on the CPU
   std::vector<KernelPath> kernels;
   std::vector<int> cudagraph_capture_sizes;  // empty: no graph capture (eager)
+  CollectiveFacts collectives;
 };
 
 // Standard pool names, so reports from different runners read alike.

@@ -5,14 +5,12 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/model_runner.h"
-#include "kernels/cpu/sampling.h"
 
 namespace tandem {
 
@@ -39,31 +37,6 @@ struct SampleRowsBuilder {
   std::vector<bool> allowed_;
   std::vector<std::pair<int32_t, int32_t>> base_;
   std::unordered_map<int32_t, int32_t> extra_;
-};
-
-// Sampling for runners whose logits are on the host (the CPU model, the fake model): keeps each
-// slot's sampled draft distributions and runs the host RowSampler over a step's rows.
-class HostSampling {
- public:
-  void init(int64_t vocab, int32_t eos, int32_t noise, int max_slots);
-  // Storage for the slot's proposal distributions [k, vocab] (the previous proposal's are dropped).
-  float* store_q(int slot, int k);
-  void clear_q(int slot);
-  // The slot's stored distributions (null when its last proposal was greedy).
-  const float* q(int slot) const { return q_rows_[slot] > 0 ? q_[slot].data() : nullptr; }
-  // Samples `samples` for `batch`; logits_first_row[i]: the logits row of seq i's first sampled row.
-  Status run(std::span<const RunnerSeq> batch, const StepSamples& samples, std::span<const int64_t> logits_first_row,
-             const float* logits, RunnerOutput& out);
-
- private:
-  int64_t vocab_ = 0;
-  int32_t eos_ = -1, noise_ = -1;
-  std::vector<std::vector<float>> q_;  // per slot [k, vocab]
-  std::vector<int> q_rows_;            // per slot: rows stored
-  std::vector<SampleRow> rows_;
-  std::vector<float> qbuf_;
-  std::unique_ptr<RowSampler> sampler_;
-  std::vector<int32_t> scratch_;
 };
 
 }  // namespace tandem

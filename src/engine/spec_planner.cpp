@@ -148,7 +148,7 @@ void SpecPlanner::choose_drafts(std::span<SpecRequestState* const> states, std::
                                 int64_t extra_tokens, std::vector<uint8_t>& draft) {
   const size_t R = states.size();
   draft.assign(R, 0);
-  if (config_.verify_mode != "auto") {
+  if (config_.verify_mode != VerifyMode::kAuto) {
     for (size_t r = 0; r < R; ++r) draft[r] = limits[r] > 0;
     return;
   }
@@ -219,11 +219,11 @@ void SpecPlanner::plan(std::span<const std::span<const float>> confidences, std:
                        int64_t extra_tokens, std::vector<int>& lengths, std::span<SpecRequestState* const> states) {
   const size_t R = confidences.size();
   lengths.assign(R, 0);
-  if (config_.verify_mode == "fixed") {
+  if (config_.verify_mode == VerifyMode::kFixed) {
     for (size_t r = 0; r < R; ++r) lengths[r] = std::min<int>(k_, limits[r]);
     return;
   }
-  if (config_.verify_mode == "threshold") {
+  if (config_.verify_mode == VerifyMode::kThreshold) {
     for (size_t r = 0; r < R; ++r) {
       int l = 0;
       while (l < k_ && l < limits[r] && l < static_cast<int>(confidences[r].size()) &&

@@ -1,6 +1,7 @@
 // The one parser of vLLM's --speculative-config JSON, used by every command through the option
 // table (src/server/options.cpp). Unknown keys are errors; K (num_speculative_tokens) is stored
-// once here and reaches the planner and the draft through EngineConfig.
+// once here and reaches the planner and the draft through EngineConfig; verify_mode and
+// draft_sample_method become enums here (nothing compares their strings later).
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
@@ -28,26 +29,24 @@ Result<SpeculativeConfig> parse_speculative_config(const std::string& json_text)
       c.num_speculative_tokens = v.get<int>();
     } else if (k == "verify_mode") {
       if (!v.is_string()) return invalid_argument("--speculative-config: verify_mode must be a string");
-      c.verify_mode = v.get<std::string>();
-      if (c.verify_mode != "fixed" && c.verify_mode != "threshold" && c.verify_mode != "auto")
-        return invalid_argument("--speculative-config: verify_mode '{}' is not fixed, threshold or auto",
-                                c.verify_mode);
+      auto mode = parse_verify_mode(v.get<std::string>());
+      if (!mode.ok()) return mode.status().with_context("--speculative-config");
+      c.verify_mode = *mode;
     } else if (k == "confidence_threshold" || k == "dspark_confidence_threshold") {
       if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1)
         return invalid_argument("--speculative-config: {} must be a number in [0, 1]", k);
       c.confidence_threshold = v.get<double>();
-      if (k == "dspark_confidence_threshold" && !j.contains("verify_mode")) c.verify_mode = "threshold";
+      if (k == "dspark_confidence_threshold" && !j.contains("verify_mode")) c.verify_mode = VerifyMode::kThreshold;
     } else if (k == "enable_adaptive_verification") {
       if (!v.is_boolean()) return invalid_argument("--speculative-config: {} must be true or false", k);
-      if (v.get<bool>()) c.verify_mode = "auto";
-      else if (!j.contains("verify_mode")) c.verify_mode = "fixed";
+      if (v.get<bool>()) c.verify_mode = VerifyMode::kAuto;
+      else if (!j.contains("verify_mode")) c.verify_mode = VerifyMode::kFixed;
     } else if (k == "draft_sample_method") {
       if (!v.is_string()) return invalid_argument("--speculative-config: draft_sample_method must be a string");
-      c.draft_sample_method = v.get<std::string>();
-      if (c.draft_sample_method == "probabilistic") c.draft_sample_method = "sample";
-      if (c.draft_sample_method != "greedy" && c.draft_sample_method != "sample")
-        return invalid_argument("--speculative-config: draft_sample_method '{}' is not greedy or sample",
-                                c.draft_sample_method);
+      const std::string m = v.get<std::string>();
+      if (m == "greedy") c.draft_sample_method = DraftSampleMethod::kGreedy;
+      else if (m == "sample" || m == "probabilistic") c.draft_sample_method = DraftSampleMethod::kSample;
+      else return invalid_argument("--speculative-config: draft_sample_method '{}' is not greedy or sample", m);
     } else if (k == "model" || k == "draft_tensor_parallel_size") {
       // vLLM fields that carry no meaning here (the draft lives in the checkpoint).
     } else {
@@ -57,6 +56,26 @@ Result<SpeculativeConfig> parse_speculative_config(const std::string& json_text)
   if (c.method.empty() && j.size() > 0 && !j.contains("method"))
     return invalid_argument("--speculative-config: \"method\" is required (\"dspark\")");
   return c;
+}
+
+Result<VerifyMode> parse_verify_mode(const std::string& name) {
+  if (name == "fixed") return VerifyMode::kFixed;
+  if (name == "threshold") return VerifyMode::kThreshold;
+  if (name == "auto") return VerifyMode::kAuto;
+  return invalid_argument("verify_mode '{}' is not fixed, threshold or auto", name);
+}
+
+const char* verify_mode_name(VerifyMode mode) {
+  switch (mode) {
+    case VerifyMode::kFixed: return "fixed";
+    case VerifyMode::kThreshold: return "threshold";
+    case VerifyMode::kAuto: return "auto";
+  }
+  return "?";
+}
+
+const char* draft_sample_method_name(DraftSampleMethod method) {
+  return method == DraftSampleMethod::kSample ? "sample" : "greedy";
 }
 
 }  // namespace tandem

@@ -1,6 +1,7 @@
 // The op interface of the DeepSeek-V4 forward pass: one plain parameter struct per op (every pointer
-// carries its shape), a backend interface (`Ops`) that the CPU reference implements now and the CUDA
-// backend later, and the CPU entry points (`cpu::<op>`). The model is written against this file only.
+// carries its shape), the CPU oracle's interface (`Ops`, which the CPU model is written against) and
+// the CPU entry points (`cpu::<op>`). The CUDA launchers (kernels/cuda/cuda_ops.h) take the same
+// structs with device pointers and an explicit stream.
 //
 // Conventions (all ops):
 //  * Activations are fp32 arrays. Where the official reference keeps a tensor in bf16, the op that
@@ -442,8 +443,9 @@ struct ArgmaxParams {
 
 // ============================ backend interface ============================
 
-// Every backend implements every op with the semantics above. The CPU backend is the oracle that
-// the CUDA backend is tested against (same params, random inputs).
+// The CPU backend implements every op with the semantics above; it is the oracle the CUDA launchers
+// (kernels/cuda/cuda_ops.h: `cuda::<op>(params, stream)`) are tested against (same params, random
+// inputs). There is no CUDA implementation of this interface: device code passes its stream.
 class Ops {
  public:
   virtual ~Ops() = default;

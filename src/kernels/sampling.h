@@ -9,12 +9,13 @@
 // Per row: z = logits row; penalties (repetition on prompt and output tokens, then frequency and
 // presence on output counts); the DSpark noise token and the grammar mask set to -inf (a grammar
 // dead end, no allowed finite logit, sets EOS to 0); argmax (first maximum). Greedy when
-// temperature < 1e-5: accept = (draft == argmax), token = argmax. Otherwise p = softmax(z / T)
-// over top-k, then top-p (sorted by p, ties by lower id, kept until the sum reaches top_p), then
-// min-p, renormalized each time. A draft x is accepted when p(x) > 0 and u_accept * q(x) < p(x)
-// (q(x) = the stored draft distribution, or 1 for a one-hot draft); token = a draw from
-// norm(max(0, p - q)) with u_residual (from p when that mass is 0) for draft rows, a draw from p
-// with u_sample for plain rows. Draws walk the vocabulary in id order (inverse CDF).
+// is_greedy(temperature) (T < 1e-5): accept = (draft == argmax), token = argmax. Otherwise
+// p = softmax(z / T) over top-k, then top-p (sorted by p, ties by lower id, kept until the sum
+// reaches top_p), then min-p, renormalized each time. A draft x is accepted when p(x) > 0 and
+// u_accept * q(x) < p(x) (q(x) = the stored draft distribution, or 1 for a one-hot draft);
+// token = a draw from norm(max(0, p - q)) with u_residual (from p when that mass is 0) for draft
+// rows, a draw from p with u_sample for plain rows. Draws walk the vocabulary in id order
+// (inverse CDF).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,10 @@ namespace tandem {
 
 inline constexpr int kMaxTopLogprobs = 20;        // OpenAI's top_logprobs limit
 inline constexpr double kGreedyTemperature = 1e-5;  // below it a row is greedy
+
+// The one greedy predicate, host and device: the samplers' rows, the runners' drafts and the CUDA
+// draft kernel all take the argmax (and a one-hot q) exactly when this holds.
+TANDEM_HD bool is_greedy(double temperature) { return temperature < kGreedyTemperature; }
 
 // Independent random streams per (seed, position).
 enum class RngStream : uint64_t { kSample = 1, kAccept = 2, kResidual = 3, kDraft = 4 };

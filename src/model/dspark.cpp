@@ -93,83 +93,123 @@ void DsV4Model::Impl::project_draft_context(int slot, int64_t start_pos, const f
 Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const DraftSampling& sampling,
                                 std::vector<DraftResult>& results) {
   Impl& m = *impl_;
-  const ModelConfig& c = m.cfg;
-  if (!m.w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
-  if (sampling.num_tokens < 0 || sampling.num_tokens > c.dspark_block_size)
-    return invalid_argument("draft_propose: {} draft tokens requested, the draft block holds {}", sampling.num_tokens,
+  int64_t K = 0;
+  TANDEM_RETURN_IF_ERROR(m.draft_begin(requests, sampling.num_tokens, &K));
+  const int64_t N = static_cast<int64_t>(requests.size()) * K;
+  float* h = m.ds.h.data();
+  for (int st = 0; st < m.cfg.num_draft_stages; ++st) {
+    m.draft_stage_attention(st, requests, K, h);
+    m.draft_stage_ffn(st, N, h);
+  }
+  return m.draft_finish(requests, sampling, K, h, results);
+}
+
+Status DsV4Model::Impl::draft_begin(std::span<const DraftRequest> requests, int64_t num_tokens, int64_t* k_out) {
+  const ModelConfig& c = cfg;
+  if (!w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
+  if (num_tokens < 0 || num_tokens > c.dspark_block_size)
+    return invalid_argument("draft_propose: {} draft tokens requested, the draft block holds {}", num_tokens,
                             c.dspark_block_size);
-  const int64_t K = sampling.num_tokens > 0 ? sampling.num_tokens : c.dspark_block_size;
+  const int64_t K = num_tokens > 0 ? num_tokens : c.dspark_block_size;
   const int64_t D = c.hidden_size, hc = c.hc_mult, HD = hc * D, V = c.vocab_size;
   // Local heads: the stages are sharded like the target's blocks (every stage has the same count).
-  const int64_t H = m.w.draft.stages[0].attn.n_local_heads, hd = c.head_dim, W = c.sliding_window;
+  const int64_t H = w.draft.stages[0].attn.n_local_heads, hd = c.head_dim;
   const int64_t R = c.dspark_markov_rank, ql = c.q_lora_rank;
   for (const DraftRequest& r : requests) {
-    if (r.slot < 0 || r.slot >= m.opt.max_slots) return invalid_argument("draft_propose: slot {} out of range", r.slot);
+    if (r.slot < 0 || r.slot >= opt.max_slots) return invalid_argument("draft_propose: slot {} out of range", r.slot);
     if (r.anchor_token < 0 || r.anchor_token >= V)
       return invalid_argument("draft_propose: anchor token {} outside the vocabulary", r.anchor_token);
     if (r.anchor_pos < 1) return invalid_argument("draft_propose: anchor position must be >= 1 (context needed)");
   }
-  for (const DraftRequest& r : requests) m.flush_draft_context(r.slot);
-  results.resize(requests.size());
-  m.use_threads();
-  // Buffers live in m.ds (sized on the first call, reused after): no allocation per draft step.
-  Impl::DraftScratch& d = m.ds;
-  auto sized = [](auto& v, int64_t n) -> auto& {
-    v.resize(n);
-    return v;
-  };
+  for (const DraftRequest& r : requests) flush_draft_context(r.slot);
+  use_threads();
+  // Buffers live in ds (sized on the first call, reused after): no allocation per draft step.
   // All requests' blocks go through the stages together (B*K rows): mHC, norms, projections, MoE
   // and the LM head read their weights once per call; RoPE and attention over each request's own
   // context window run per request. Each row's math is the same as for a request drafted alone.
+  DraftScratch& d = ds;
   const int64_t B = static_cast<int64_t>(requests.size()), N = B * K;
-  auto& ids = sized(d.ids, N);
-  auto &h = sized(d.h, N * HD), &res = sized(d.res, N * HD), &x = sized(d.x, N * D), &a = sized(d.a, N * D);
-  auto &post = sized(d.post, N * hc), &comb = sized(d.comb, N * hc * hc), &qr = sized(d.qr, N * ql);
-  auto &q = sized(d.q, N * H * hd), &kv = sized(d.kv, N * hd), &o = sized(d.o, N * H * hd);
-  auto &y = sized(d.y, N * D), &yn = sized(d.yn, N * D), &base = sized(d.base, N * V);
-  auto &bias = sized(d.bias, V), &feat = sized(d.feat, D + R), &e_row = sized(d.e_row, R);
-  auto& keys = d.keys;
+  d.ids.resize(N);
+  d.h.resize(N * HD);
+  d.res.resize(N * HD);
+  d.x.resize(N * D);
+  d.a.resize(N * D);
+  d.post.resize(N * hc);
+  d.comb.resize(N * hc * hc);
+  d.qr.resize(N * ql);
+  d.q.resize(N * H * hd);
+  d.kv.resize(N * hd);
+  d.o.resize(N * H * hd);
+  d.y.resize(N * D);
+  d.yn.resize(N * D);
+  d.base.resize(N * V);
+  d.bias.resize(V);
+  d.feat.resize(D + R);
+  d.e_row.resize(R);
   for (int64_t ri = 0; ri < B; ++ri)
     for (int64_t t = 0; t < K; ++t)
-      ids[ri * K + t] = t == 0 ? requests[ri].anchor_token : static_cast<int32_t>(c.dspark_noise_token_id);
-  m.embed_rows(ids.data(), N, h.data(), HD);
+      d.ids[ri * K + t] = t == 0 ? requests[ri].anchor_token : static_cast<int32_t>(c.dspark_noise_token_id);
+  embed_rows(d.ids.data(), N, d.h.data(), HD);
   for (int64_t row = 0; row < N; ++row)
-    for (int64_t k = 1; k < hc; ++k) std::memcpy(&h[row * HD + k * D], &h[row * HD], sizeof(float) * D);
-  for (int st = 0; st < c.num_draft_stages; ++st) {
-    const model::BlockW& b = m.w.draft.stages[st];
-    res = h;
-    m.hc_pre(h.data(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.data(), post.data(), comb.data());
-    m.norm_rows(x.data(), N, D, b.attn_norm);
-    m.q_and_kv(b.attn, m.rope_swa, x.data(), N, 0, qr.data(), q.data(), kv.data(), /*apply_rope=*/false);
-    for (int64_t ri = 0; ri < B; ++ri) {
-      const int64_t P = requests[ri].anchor_pos;
-      float* qb = &q[ri * K * H * hd];
-      float* kvb = &kv[ri * K * hd];
-      float* ob = &o[ri * K * H * hd];
-      m.rope_rows(m.rope_swa, qb, K, H, hd, P, 1, false);
-      m.rope_rows(m.rope_swa, kvb, K, 1, hd, P, 1, false);
-      const float* ctx = m.draft_ctx.data() + static_cast<int64_t>(requests[ri].slot) * c.num_draft_stages * W * hd;
-      keys.clear();
-      for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) keys.push_back(ctx + st * W * hd + (p % W) * hd);
-      for (int64_t t = 0; t < K; ++t) keys.push_back(&kvb[t * hd]);
-      for (int64_t t = 0; t < K; ++t) m.attend(&qb[t * H * hd], H, keys, b.attn.attn_sink, &ob[t * H * hd]);
-      m.rope_rows(m.rope_swa, ob, K, H, hd, P, 1, true);
-    }
-    m.output_proj(b.attn, o.data(), N, a.data());
-    if (m.tp()) m.all_reduce_bf16(a.data(), N * D);  // wo_b is row-parallel
-    m.hc_post(a.data(), res.data(), post.data(), comb.data(), N, h.data());
-    res = h;
-    m.hc_pre(h.data(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.data(), post.data(), comb.data());
-    m.norm_rows(x.data(), N, D, b.ffn_norm);
-    m.moe(b.ffn, x.data(), ids.data(), N, a.data());
-    m.hc_post(a.data(), res.data(), post.data(), comb.data(), N, h.data());
+    for (int64_t k = 1; k < hc; ++k) std::memcpy(&d.h[row * HD + k * D], &d.h[row * HD], sizeof(float) * D);
+  *k_out = K;
+  return Status();
+}
+
+void DsV4Model::Impl::draft_stage_attention(int st, std::span<const DraftRequest> requests, int64_t K, float* h) {
+  const ModelConfig& c = cfg;
+  const int64_t D = c.hidden_size, HD = c.hc_mult * D;
+  const int64_t H = w.draft.stages[0].attn.n_local_heads, hd = c.head_dim, W = c.sliding_window;
+  const int64_t B = static_cast<int64_t>(requests.size()), N = B * K;
+  DraftScratch& d = ds;
+  const model::BlockW& b = w.draft.stages[st];
+  std::memcpy(d.res.data(), h, sizeof(float) * N * HD);
+  hc_pre(h, N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, d.x.data(), d.post.data(), d.comb.data());
+  norm_rows(d.x.data(), N, D, b.attn_norm);
+  q_and_kv(b.attn, rope_swa, d.x.data(), N, 0, d.qr.data(), d.q.data(), d.kv.data(), /*apply_rope=*/false);
+  for (int64_t ri = 0; ri < B; ++ri) {
+    const int64_t P = requests[ri].anchor_pos;
+    float* qb = &d.q[ri * K * H * hd];
+    float* kvb = &d.kv[ri * K * hd];
+    float* ob = &d.o[ri * K * H * hd];
+    rope_rows(rope_swa, qb, K, H, hd, P, 1, false);
+    rope_rows(rope_swa, kvb, K, 1, hd, P, 1, false);
+    const float* ctx = draft_ctx.data() + static_cast<int64_t>(requests[ri].slot) * c.num_draft_stages * W * hd;
+    d.keys.clear();
+    for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) d.keys.push_back(ctx + st * W * hd + (p % W) * hd);
+    for (int64_t t = 0; t < K; ++t) d.keys.push_back(&kvb[t * hd]);
+    for (int64_t t = 0; t < K; ++t) attend(&qb[t * H * hd], H, d.keys, b.attn.attn_sink, &ob[t * H * hd]);
+    rope_rows(rope_swa, ob, K, H, hd, P, 1, true);
   }
-  const model::DraftW& dw = m.w.draft;
-  m.hc_head(h.data(), N, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, y.data());
-  yn = y;
-  m.norm_rows(yn.data(), N, D, dw.norm);
-  m.head_gemm(yn.data(), N, base.data());  // the shared (vocab-parallel) LM head
-  TANDEM_RETURN_IF_ERROR(m.take_comm_status());
+  output_proj(b.attn, d.o.data(), N, d.a.data());
+  if (tp()) all_reduce_bf16(d.a.data(), N * D);  // wo_b is row-parallel
+  hc_post(d.a.data(), d.res.data(), d.post.data(), d.comb.data(), N, h);
+}
+
+void DsV4Model::Impl::draft_stage_ffn(int st, int64_t N, float* h) {
+  const int64_t D = cfg.hidden_size, HD = cfg.hc_mult * D;
+  DraftScratch& d = ds;
+  const model::BlockW& b = w.draft.stages[st];
+  std::memcpy(d.res.data(), h, sizeof(float) * N * HD);
+  hc_pre(h, N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, d.x.data(), d.post.data(), d.comb.data());
+  norm_rows(d.x.data(), N, D, b.ffn_norm);
+  moe(b.ffn, d.x.data(), d.ids.data(), N, d.a.data());
+  hc_post(d.a.data(), d.res.data(), d.post.data(), d.comb.data(), N, h);
+}
+
+Status DsV4Model::Impl::draft_finish(std::span<const DraftRequest> requests, const DraftSampling& sampling, int64_t K,
+                                     const float* h, std::vector<DraftResult>& results) {
+  const ModelConfig& c = cfg;
+  const int64_t D = c.hidden_size, V = c.vocab_size, R = c.dspark_markov_rank;
+  const int64_t B = static_cast<int64_t>(requests.size()), N = B * K;
+  DraftScratch& d = ds;
+  results.resize(requests.size());
+  const model::DraftW& dw = w.draft;
+  hc_head(h, N, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, d.y.data());
+  d.yn = d.y;
+  norm_rows(d.yn.data(), N, D, dw.norm);
+  head_gemm(d.yn.data(), N, d.base.data());  // the shared (vocab-parallel) LM head
+  TANDEM_RETURN_IF_ERROR(take_comm_status());
 
   // The Markov correction is sequential along each block. Draws go through the host sampler
   // (the same RowSampler as the target's rows), keyed by (seed, drafted position): a request's
@@ -190,15 +230,15 @@ Status DsV4Model::draft_propose(std::span<const DraftRequest> requests, const Dr
     row.seed = r.seed;
     int32_t prev = r.anchor_token;
     for (int64_t i = 0; i < K; ++i) {
-      dw.markov_w1.row(prev, e_row.data());
-      const float* e = e_row.data();
-      m.linear(dw.markov_w2, e, 1, bias.data(), false);
+      dw.markov_w1.row(prev, d.e_row.data());
+      const float* e = d.e_row.data();
+      linear(dw.markov_w2, e, 1, d.bias.data(), false);
       float* z = &out.logits[i * V];
       const int64_t brow = ri * K + i;
-      for (int64_t v = 0; v < V; ++v) z[v] = base[brow * V + v] + bias[v];
-      std::memcpy(feat.data(), &y[brow * D], sizeof(float) * D);
-      std::memcpy(feat.data() + D, e, sizeof(float) * R);
-      out.confidence[i] = model::dot(feat.data(), dw.confidence.data(), D + R);
+      for (int64_t v = 0; v < V; ++v) z[v] = d.base[brow * V + v] + d.bias[v];
+      std::memcpy(d.feat.data(), &d.y[brow * D], sizeof(float) * D);
+      std::memcpy(d.feat.data() + D, e, sizeof(float) * R);
+      out.confidence[i] = model::dot(d.feat.data(), dw.confidence.data(), D + R);
       row.position = r.anchor_pos + i + 1;
       rs.prepare(z, row, in);
       const int32_t tok = rs.sample(rng_uniform(r.seed, row.position, RngStream::kDraft));

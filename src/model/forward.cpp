@@ -127,58 +127,8 @@ void DsV4Model::Impl::hadamard_rows(float* x, int64_t rows, int64_t dim) {
 
 void DsV4Model::Impl::hc_pre(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
                              const std::vector<float>& base, float* x, float* post, float* comb) {
-  const int hc = cfg.hc_mult;
-  const int64_t D = cfg.hidden_size, HD = hc * D, mix = cfg.hc_mix_dim();
-  const float eps = static_cast<float>(cfg.rms_norm_eps), heps = static_cast<float>(cfg.hc_eps);
-  grow(s.mixes, static_cast<size_t>(mix));
-  float* mixes = s.mixes.data();
-  for (int64_t t = 0; t < n; ++t) {
-    const float* ht = h + t * HD;
-    double ss = 0.0;
-    for (int64_t i = 0; i < HD; ++i) ss += static_cast<double>(ht[i]) * ht[i];
-    const float rs = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(HD)) + eps);
-    for (int64_t m = 0; m < mix; ++m) mixes[m] = model::dot(ht, fn.data() + m * HD, HD) * rs;
-    float pre[16];
-    float* pt = post + t * hc;
-    float* c = comb + t * hc * hc;
-    for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + std::exp(-(mixes[j] * scale[0] + base[j]))) + heps;
-    for (int j = 0; j < hc; ++j) pt[j] = 2.0f / (1.0f + std::exp(-(mixes[j + hc] * scale[1] + base[j + hc])));
-    for (int j = 0; j < hc; ++j)
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = mixes[j * hc + k + 2 * hc] * scale[2] + base[j * hc + k + 2 * hc];
-    // softmax over rows + eps, column normalise, then (iters-1) x (row, column).
-    for (int j = 0; j < hc; ++j) {
-      float mx = c[j * hc];
-      for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
-      float sum = 0.0f;
-      for (int k = 0; k < hc; ++k) sum += (c[j * hc + k] = std::exp(c[j * hc + k] - mx));
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / sum + heps;
-    }
-    auto col_norm = [&] {
-      for (int k = 0; k < hc; ++k) {
-        float cs = 0.0f;
-        for (int j = 0; j < hc; ++j) cs += c[j * hc + k];
-        for (int j = 0; j < hc; ++j) c[j * hc + k] /= (cs + heps);
-      }
-    };
-    auto row_norm = [&] {
-      for (int j = 0; j < hc; ++j) {
-        float rsum = 0.0f;
-        for (int k = 0; k < hc; ++k) rsum += c[j * hc + k];
-        for (int k = 0; k < hc; ++k) c[j * hc + k] /= (rsum + heps);
-      }
-    };
-    col_norm();
-    for (int it = 0; it < cfg.hc_sinkhorn_iters - 1; ++it) {
-      row_norm();
-      col_norm();
-    }
-    float* xt = x + t * D;
-    for (int64_t d = 0; d < D; ++d) {
-      float acc = 0.0f;
-      for (int j = 0; j < hc; ++j) acc += pre[j] * ht[j * D + d];
-      xt[d] = num::round_bf16(acc);
-    }
-  }
+  grow(s.mixes, static_cast<size_t>(cfg.hc_mix_dim()));
+  model::hc_pre(hc_shape(), h, n, fn.data(), scale.data(), base.data(), x, post, comb, s.mixes.data());
 }
 
 void DsV4Model::Impl::hc_post(const float* a, const float* res, const float* post, const float* comb, int64_t n,
@@ -198,25 +148,7 @@ void DsV4Model::Impl::hc_post(const float* a, const float* res, const float* pos
 
 void DsV4Model::Impl::hc_head(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
                               const std::vector<float>& base, float* y) {
-  const int hc = cfg.hc_mult;
-  const int64_t D = cfg.hidden_size, HD = hc * D;
-  const float eps = static_cast<float>(cfg.rms_norm_eps), heps = static_cast<float>(cfg.hc_eps);
-  for (int64_t t = 0; t < n; ++t) {
-    const float* ht = h + t * HD;
-    double ss = 0.0;
-    for (int64_t i = 0; i < HD; ++i) ss += static_cast<double>(ht[i]) * ht[i];
-    const float rs = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(HD)) + eps);
-    float pre[16];
-    for (int j = 0; j < hc; ++j) {
-      const float m = model::dot(ht, fn.data() + j * HD, HD) * rs;
-      pre[j] = 1.0f / (1.0f + std::exp(-(m * scale[0] + base[j]))) + heps;
-    }
-    for (int64_t d = 0; d < D; ++d) {
-      float acc = 0.0f;
-      for (int j = 0; j < hc; ++j) acc += pre[j] * ht[j * D + d];
-      y[t * D + d] = num::round_bf16(acc);
-    }
-  }
+  model::hc_head(hc_shape(), h, n, fn.data(), scale.data(), base.data(), y);
 }
 
 // ---- MoE ----
@@ -315,29 +247,8 @@ void DsV4Model::Impl::moe(const model::MoEW& m, const float* x, const int32_t* t
 // that exact prefix drops to 1 row on both (tried; see the model2 report).
 void DsV4Model::Impl::attend(const float* q, int64_t heads, const std::vector<const float*>& keys,
                              const std::vector<float>& sink, float* o) {
-  const int64_t H = heads, hd = cfg.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const size_t nk = keys.size();
-  grow(s.keys_score, nk);
-  for (int64_t h = 0; h < H; ++h) {
-    const float* qh = q + h * hd;
-    float mx = -INFINITY;
-    for (size_t i = 0; i < nk; ++i) {
-      s.keys_score[i] = model::dot(qh, keys[i], hd) * scale;
-      mx = std::max(mx, s.keys_score[i]);
-    }
-    float* oh = o + h * hd;
-    std::fill(oh, oh + hd, 0.0f);
-    float z = 0.0f;
-    for (size_t i = 0; i < nk; ++i) {
-      const float p = std::exp(s.keys_score[i] - mx);
-      z += p;
-      const float* k = keys[i];
-      for (int64_t d = 0; d < hd; ++d) oh[d] += p * k[d];
-    }
-    z += std::exp(sink[h] - mx);
-    for (int64_t d = 0; d < hd; ++d) oh[d] = num::round_bf16(oh[d] / z);
-  }
+  grow(s.keys_score, keys.size());
+  model::attend(q, heads, cfg.head_dim, keys.data(), keys.size(), sink.data(), o, s.keys_score.data());
 }
 
 // rope = false leaves RoPE to the caller (rows of several sequences at different positions); the
@@ -421,13 +332,11 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
     const int64_t C = cl.chans, r = cw.ratio, d = cw.head_dim;
     grow(rows_buf, static_cast<size_t>(n * 2 * C));
     grow(s.tmp, static_cast<size_t>(n * C));
+    grow(s.tmp2, static_cast<size_t>(n * C));
     linear(cw.wkv, x, n, s.tmp.data(), false);
-    for (int64_t t = 0; t < n; ++t) std::memcpy(&rows_buf[t * 2 * C], &s.tmp[t * C], sizeof(float) * C);
-    linear(cw.wgate, x, n, s.tmp.data(), false);
-    for (int64_t t = 0; t < n; ++t) {
-      const float* ape = cw.ape.data() + ((start_pos + t) % r) * C;
-      for (int64_t c = 0; c < C; ++c) rows_buf[t * 2 * C + C + c] = s.tmp[t * C + c] + ape[c];
-    }
+    linear(cw.wgate, x, n, s.tmp2.data(), false);
+    model::compressor_rows(s.tmp.data(), s.tmp2.data(), cw.ape.data(), n, C, static_cast<int>(r), start_pos,
+                           rows_buf.data());
     auto rows = [&](int64_t p) -> const float* {
       if (p >= start_pos) return rows_buf.data() + (p - start_pos) * 2 * C;
       return st + cl.off + (p % cl.ring) * 2 * C;
@@ -438,25 +347,9 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
       if ((p + 1) % r) continue;
       const int64_t j = (p + 1) / r - 1;
       float* e = s.entry.data();
-      // Gated pooling (kernels::Ops::compress_pool) over the rows of the entry's block and, with
-      // overlap, the previous block, gathered from the slot ring / this step's rows.
-      const int64_t lo = (cw.overlap && j > 0) ? r * (j - 1) : r * j, hi = r * j + r;
-      grow(s.pool_rows, static_cast<size_t>((hi - lo) * 2 * C));
-      for (int64_t q = lo; q < hi; ++q) std::memcpy(&s.pool_rows[(q - lo) * 2 * C], rows(q), sizeof(float) * 2 * C);
-      kernels::CompressPoolParams cp;
-      cp.kv = s.pool_rows.data();
-      cp.score = s.pool_rows.data() + C;
-      cp.rows = hi - lo;
-      cp.ld = 2 * C;
-      cp.first_pos = lo;
-      cp.ratio = static_cast<int>(r);
-      cp.d = d;
-      cp.overlap = cw.overlap;
-      cp.first_entry = j;
-      cp.num_entries = 1;
-      cp.out = e;
-      cp.round_bf16 = true;
-      ops().compress_pool(cp);
+      // Gated pooling over the rows of the entry's block and, with overlap, the previous block,
+      // from the slot ring / this step's rows.
+      model::pool_entry(rows, j, static_cast<int>(r), d, C, cw.overlap, s.pool_rows, e);
       norm_rows(e, 1, d, cw.norm);
       rope_rows(rope_comp, e, 1, 1, d, r * j, 1, false);
       if (cw.rotate) {
@@ -483,7 +376,7 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
     fp4_rows(s.iq.data(), n * IH, ihd);
     linear(a.indexer.weights_proj, x, n, s.iw.data());
     const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) / std::sqrt(static_cast<double>(IH_all)));
-    for (int64_t i = 0; i < n * IH; ++i) s.iw[i] = num::round_bf16(s.iw[i] * wscale);
+    model::scale_round_bf16(s.iw.data(), n * IH, wscale);
   }
 
   // ---- indexer scores and top-k selection for every token of the step ----
@@ -557,6 +450,11 @@ void DsV4Model::Impl::attention_target(int layer, int slot, const float* x, int6
 
 void DsV4Model::Impl::block_forward_step(int layer, const StepBatch& batch, const int64_t* rows, int64_t n,
                                          float* h) {
+  attention_half(layer, batch, rows, n, h);
+  ffn_half(layer, n, h);
+}
+
+void DsV4Model::Impl::attention_half(int layer, const StepBatch& batch, const int64_t* rows, int64_t n, float* h) {
   const model::BlockW& b = w.layers[layer];
   const int hc = cfg.hc_mult;
   const int64_t D = cfg.hidden_size, HD = hc * D;
@@ -578,6 +476,17 @@ void DsV4Model::Impl::block_forward_step(int layer, const StepBatch& batch, cons
   }
   if (tp()) all_reduce_bf16(s.a.data(), n * D);  // wo_b is row-parallel
   hc_post(s.a.data(), s.res.data(), s.post.data(), s.comb.data(), n, h);
+}
+
+void DsV4Model::Impl::ffn_half(int layer, int64_t n, float* h) {
+  const model::BlockW& b = w.layers[layer];
+  const int hc = cfg.hc_mult;
+  const int64_t D = cfg.hidden_size, HD = hc * D;
+  grow(s.res, static_cast<size_t>(n * HD));
+  grow(s.x, static_cast<size_t>(n * D));
+  grow(s.a, static_cast<size_t>(n * D));
+  grow(s.post, static_cast<size_t>(n * hc));
+  grow(s.comb, static_cast<size_t>(n * hc * hc));
 
   std::memcpy(s.res.data(), h, sizeof(float) * n * HD);
   hc_pre(h, n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, s.x.data(), s.post.data(), s.comb.data());

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -83,7 +84,6 @@ struct DsV4Model::Impl {
 
   // Sets layout, win_ring, slot_floats, block_floats from cfg/opt (no weights needed).
   void plan_state();
-  static Status validate_options(const ModelOptions& opt);
   Status init_state();
   Status validate_step(const StepBatch& batch) const;
 
@@ -105,6 +105,10 @@ struct DsV4Model::Impl {
   void hadamard_rows(float* x, int64_t rows, int64_t dim);            // rotate_activation
   // Applies opt.num_threads to the (process-wide) CPU op thread count; called at every entry point.
   void use_threads() { kernels::cpu::set_num_threads(opt.num_threads); }
+  model::HcShape hc_shape() const {
+    return {cfg.hc_mult, cfg.hidden_size, static_cast<float>(cfg.rms_norm_eps), static_cast<float>(cfg.hc_eps),
+            cfg.hc_sinkhorn_iters};
+  }
   void hc_pre(const float* h, int64_t n, const std::vector<float>& fn, const std::vector<float>& scale,
               const std::vector<float>& base, float* x, float* post, float* comb);
   void hc_post(const float* a, const float* res, const float* post, const float* comb, int64_t n, float* h);
@@ -122,9 +126,30 @@ struct DsV4Model::Impl {
   // all sequences at once, attention (with its compressor and indexer) per sequence. rows[i] is the
   // first row of batch.seqs[i] in h; s.step_tokens holds every row's token id.
   void block_forward_step(int layer, const StepBatch& batch, const int64_t* rows, int64_t total, float* h);
+  // The two halves of a layer (block_forward_step runs both; the layer-by-layer test hooks of
+  // model_testing.h run them apart): mHC + attention (with its compressor / indexer state), and
+  // mHC + MoE (s.step_tokens holds every row's token id).
+  void attention_half(int layer, const StepBatch& batch, const int64_t* rows, int64_t total, float* h);
+  void ffn_half(int layer, int64_t total, float* h);
+  // forward()'s prologue after validation: each sequence's first row (s.step_rows), every row's
+  // token (s.step_tokens) and its embedding copied into the hc residual streams of s.h; returns
+  // the step's rows. end_step advances the slot lengths.
+  int64_t begin_step(const StepBatch& batch);
+  void end_step(const StepBatch& batch);
   void attention_target(int layer, int slot, const float* x, int64_t n, int64_t start_pos,
                         const int32_t* block_table, float* y);
   void logits_rows(const float* h, int64_t n, float* out);
+
+  // ---- DSpark draft pieces (dspark.cpp): draft_propose = draft_begin, per stage
+  // draft_stage_attention + draft_stage_ffn over ds.h, then draft_finish ----
+  // Validates the requests, flushes their pending context, sizes ds and embeds every request's
+  // block [anchor, noise x (K-1)] into ds.h; *k_out = K.
+  Status draft_begin(std::span<const DraftRequest> requests, int64_t num_tokens, int64_t* k_out);
+  void draft_stage_attention(int stage, std::span<const DraftRequest> requests, int64_t K, float* h);
+  void draft_stage_ffn(int stage, int64_t rows, float* h);
+  // hc_head, the shared LM head, the Markov correction and the confidence head over h [B*K, hc*D].
+  Status draft_finish(std::span<const DraftRequest> requests, const DraftSampling& sampling, int64_t K,
+                      const float* h, std::vector<DraftResult>& results);
 
   // ---- tensor parallelism (opt.tp_size > 1; with one rank none of this runs) ----
   bool tp() const { return opt.tp_size > 1; }

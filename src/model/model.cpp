@@ -13,6 +13,7 @@
 #include "common/numeric.h"
 #include "io/safetensors.h"
 #include "model/impl.h"
+#include "model/slot_state.h"
 
 namespace tandem {
 
@@ -56,18 +57,6 @@ const char* kv_dtype_name(KvDtype dtype) {
   return "?";
 }
 
-Status DsV4Model::Impl::validate_options(const ModelOptions& opt) {
-  if (opt.max_slots <= 0) return invalid_argument("model options: max_slots must be > 0");
-  if (opt.block_size <= 0 || opt.block_size % 128)
-    return invalid_argument("model options: block_size {} must be a positive multiple of 128", opt.block_size);
-  if (opt.num_blocks <= 0) return invalid_argument("model options: num_blocks must be > 0");
-  if (opt.max_tokens_per_step <= 0) return invalid_argument("model options: max_tokens_per_step must be > 0");
-  if (opt.max_rollback < 0) return invalid_argument("model options: max_rollback must be >= 0");
-  if (opt.kv_dtype != KvDtype::kFp8 && opt.kv_dtype != KvDtype::kBf16 && opt.kv_dtype != KvDtype::kNvfp4)
-    return invalid_argument("model options: unknown kv_dtype {}", static_cast<int>(opt.kv_dtype));
-  return Status();
-}
-
 // The slot-state and pool-block layout: a function of the config and options only, so
 // state_sizes() can report it before (and without) loading weights.
 void DsV4Model::Impl::plan_state() {
@@ -102,7 +91,7 @@ void DsV4Model::Impl::plan_state() {
 }
 
 Status DsV4Model::Impl::init_state() {
-  TANDEM_RETURN_IF_ERROR(validate_options(opt));
+  TANDEM_RETURN_IF_ERROR(model::validate_state_options(opt));
   if (opt.num_threads <= 0) opt.num_threads = omp_get_max_threads();
 
   const bool yarn = cfg.rope_scaling_type == "yarn";
@@ -126,23 +115,24 @@ Status DsV4Model::Impl::init_state() {
 }
 
 namespace {
-int64_t draft_floats_per_slot(const ModelConfig& c, bool has_draft) {
-  return has_draft ? static_cast<int64_t>(c.num_draft_stages) * c.sliding_window * c.head_dim : 0;
-}
-size_t slot_bytes(int64_t slot_floats, int64_t draft_floats) {
-  return sizeof(int64_t) + sizeof(float) * static_cast<size_t>(slot_floats + draft_floats);
+// Snapshot: [length][the slot's window and compressor rings][its DSpark context windows] (slot_state.h).
+model::SnapshotFormat snapshot_format(const ModelConfig& c, int64_t slot_floats, bool has_draft) {
+  model::SnapshotFormat f;
+  f.state_bytes = sizeof(float) * static_cast<size_t>(slot_floats);
+  f.draft_bytes = has_draft ? sizeof(float) * static_cast<size_t>(c.num_draft_stages) * c.sliding_window * c.head_dim : 0;
+  return f;
 }
 }  // namespace
 
 Result<ModelStateSizes> DsV4Model::state_sizes(const ModelConfig& config, const ModelOptions& options) {
-  TANDEM_RETURN_IF_ERROR(model::validate_config_for_cpu(config));
-  TANDEM_RETURN_IF_ERROR(Impl::validate_options(options));
+  TANDEM_RETURN_IF_ERROR(model::validate_config(config));
+  TANDEM_RETURN_IF_ERROR(model::validate_state_options(options));
   Impl m;
   m.cfg = config;
   m.opt = options;
   m.plan_state();
   ModelStateSizes sz;
-  sz.slot_state_bytes = slot_bytes(m.slot_floats, draft_floats_per_slot(config, config.has_dspark() && options.load_draft));
+  sz.slot_state_bytes = snapshot_format(config, m.slot_floats, config.has_dspark() && options.load_draft).bytes();
   sz.pool_block_bytes = sizeof(float) * static_cast<size_t>(m.block_floats);
   return sz;
 }
@@ -261,24 +251,10 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
   // Layer-outer over the whole step: every row of every sequence goes through the row-wise parts
   // (mHC, norms, MoE, LM head) together, so weights are read once per step rather than once per
   // sequence; attention runs per sequence. Each row's math is the same as in any other grouping.
-  auto& rows = m.s.step_rows;
-  rows.resize(ns);  // no allocation once grown to the largest batch
-  int64_t total = 0;
-  for (size_t i = 0; i < ns; ++i) {
-    rows[i] = total;
-    total += static_cast<int64_t>(batch.seqs[i].tokens.size());
-  }
+  const int64_t total = m.begin_step(batch);
   if (total == 0) return Status();
-  if (m.s.h.size() < static_cast<size_t>(total * HD)) m.s.h.resize(total * HD);
-  if (m.s.step_tokens.size() < static_cast<size_t>(total)) m.s.step_tokens.resize(total);
+  const auto& rows = m.s.step_rows;
   float* h = m.s.h.data();
-  for (size_t i = 0; i < ns; ++i) {
-    const SeqStep& q = batch.seqs[i];
-    for (size_t t = 0; t < q.tokens.size(); ++t) m.s.step_tokens[rows[i] + static_cast<int64_t>(t)] = q.tokens[t];
-  }
-  m.embed_rows(m.s.step_tokens.data(), total, h, HD);
-  for (int64_t r = 0; r < total; ++r)
-    for (int k = 1; k < c.hc_mult; ++k) std::memcpy(h + r * HD + k * D, h + r * HD, sizeof(float) * D);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     m.block_forward_step(l, batch, rows.data(), total, h);
     for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti) {
@@ -289,11 +265,7 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
         for (int64_t t = 0; t < static_cast<int64_t>(q.tokens.size()); ++t) {
           const float* hr = h + (rows[i] + t) * HD;
           float* dst = out.taps.data() + (out.taps_row[i] + t) * td + static_cast<int64_t>(ti) * D;
-          for (int64_t d = 0; d < D; ++d) {
-            float acc = 0.0f;
-            for (int k = 0; k < c.hc_mult; ++k) acc += hr[k * D + d];
-            dst[d] = num::round_bf16(acc / static_cast<float>(c.hc_mult));
-          }
+          model::taps_mean(hr, c.hc_mult, D, dst);
         }
       }
     }
@@ -312,24 +284,42 @@ Status DsV4Model::forward(const StepBatch& batch, StepOutput& out) {
     m.logits_rows(m.s.head_in.data(), lrows, out.logits.data());
   }
   TANDEM_RETURN_IF_ERROR(m.take_comm_status());  // a lost rank: the group is gone, the state undefined
-  for (size_t i = 0; i < ns; ++i) m.slot_len[batch.seqs[i].slot] += static_cast<int64_t>(batch.seqs[i].tokens.size());
+  m.end_step(batch);
   return Status();
 }
 
-int64_t DsV4Model::slot_length(int slot) const {
-  TANDEM_CHECK(slot >= 0 && slot < impl_->opt.max_slots);
-  return impl_->slot_len[slot];
+int64_t DsV4Model::Impl::begin_step(const StepBatch& batch) {
+  const int64_t D = cfg.hidden_size, HD = cfg.hc_mult * D;
+  const size_t ns = batch.seqs.size();
+  auto& rows = s.step_rows;
+  rows.resize(ns);  // no allocation once grown to the largest batch
+  int64_t total = 0;
+  for (size_t i = 0; i < ns; ++i) {
+    rows[i] = total;
+    total += static_cast<int64_t>(batch.seqs[i].tokens.size());
+  }
+  if (total == 0) return 0;
+  if (s.h.size() < static_cast<size_t>(total * HD)) s.h.resize(total * HD);
+  if (s.step_tokens.size() < static_cast<size_t>(total)) s.step_tokens.resize(total);
+  float* h = s.h.data();
+  for (size_t i = 0; i < ns; ++i) {
+    const SeqStep& q = batch.seqs[i];
+    for (size_t t = 0; t < q.tokens.size(); ++t) s.step_tokens[rows[i] + static_cast<int64_t>(t)] = q.tokens[t];
+  }
+  embed_rows(s.step_tokens.data(), total, h, HD);
+  for (int64_t r = 0; r < total; ++r)
+    for (int k = 1; k < cfg.hc_mult; ++k) std::memcpy(h + r * HD + k * D, h + r * HD, sizeof(float) * D);
+  return total;
 }
+
+void DsV4Model::Impl::end_step(const StepBatch& batch) {
+  for (const SeqStep& q : batch.seqs) slot_len[q.slot] += static_cast<int64_t>(q.tokens.size());
+}
+
+int64_t DsV4Model::slot_length(int slot) const { return model::slot_length(impl_->slot_len, slot); }
 
 Status DsV4Model::rollback(int slot, int64_t new_length) {
-  Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("rollback: slot {} out of range", slot);
-  const int64_t len = m.slot_len[slot];
-  if (new_length > len || new_length < 0 || len - new_length > m.opt.max_rollback)
-    return invalid_argument("rollback: slot {} length {} cannot roll back to {} (max_rollback {})", slot, len,
-                            new_length, m.opt.max_rollback);
-  m.slot_len[slot] = new_length;
-  return Status();
+  return model::rollback_slot(impl_->slot_len, impl_->opt.max_rollback, slot, new_length);
 }
 
 void DsV4Model::reset(int slot) {
@@ -338,46 +328,33 @@ void DsV4Model::reset(int slot) {
   draft_reset(slot);
 }
 
-// Layout: [length int64][slot floats][DSpark context windows of the slot, when the model has a draft].
-namespace {
-int64_t draft_floats_per_slot(const DsV4Model::Impl& m) { return draft_floats_per_slot(m.cfg, m.w.has_draft); }
-}  // namespace
-
-size_t DsV4Model::slot_state_bytes() const { return slot_bytes(impl_->slot_floats, draft_floats_per_slot(*impl_)); }
+size_t DsV4Model::slot_state_bytes() const {
+  return snapshot_format(impl_->cfg, impl_->slot_floats, impl_->w.has_draft).bytes();
+}
 size_t DsV4Model::pool_block_bytes() const { return sizeof(float) * impl_->block_floats; }
 
 Status DsV4Model::export_slot_state(int slot, std::span<uint8_t> out) const {
   const Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("export_slot_state: slot {} out of range", slot);
+  TANDEM_ASSIGN_OR_RETURN(model::SnapshotOut parts,
+                          model::begin_export(m.slot_len, snapshot_format(m.cfg, m.slot_floats, m.w.has_draft), slot, out));
   // Deferred draft-context rows are projected first: the snapshot holds the finished window.
   // (Logically const: the slot's observable state does not change.)
   if (m.w.has_draft) impl_->flush_draft_context(slot);
-  if (out.size() != slot_state_bytes())
-    return invalid_argument("export_slot_state: buffer has {} bytes, {} needed", out.size(), slot_state_bytes());
-  std::memcpy(out.data(), &m.slot_len[slot], sizeof(int64_t));
-  std::memcpy(out.data() + sizeof(int64_t), m.slot_ptr(slot), sizeof(float) * m.slot_floats);
-  const int64_t df = draft_floats_per_slot(m);
-  if (df)
-    std::memcpy(out.data() + sizeof(int64_t) + sizeof(float) * m.slot_floats, m.draft_ctx.data() + slot * df,
-                sizeof(float) * df);
+  std::memcpy(parts.state.data(), m.slot_ptr(slot), parts.state.size());
+  if (!parts.draft.empty())
+    std::memcpy(parts.draft.data(), m.draft_ctx.data() + slot * (parts.draft.size() / sizeof(float)), parts.draft.size());
   return Status();
 }
 
 Status DsV4Model::import_slot_state(int slot, std::span<const uint8_t> in) {
   Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("import_slot_state: slot {} out of range", slot);
-  if (in.size() != slot_state_bytes())
-    return invalid_argument("import_slot_state: buffer has {} bytes, {} expected", in.size(), slot_state_bytes());
-  int64_t len;
-  std::memcpy(&len, in.data(), sizeof(int64_t));
-  if (len < 0) return invalid_argument("import_slot_state: negative length {}", len);
-  m.slot_len[slot] = len;
+  TANDEM_ASSIGN_OR_RETURN(model::SnapshotIn parts,
+                          model::read_snapshot(m.slot_len, snapshot_format(m.cfg, m.slot_floats, m.w.has_draft), slot, in));
+  std::memcpy(m.slot_ptr(slot), parts.state.data(), parts.state.size());
+  if (!parts.draft.empty())
+    std::memcpy(m.draft_ctx.data() + slot * (parts.draft.size() / sizeof(float)), parts.draft.data(), parts.draft.size());
   m.pending_n[slot] = 0;
-  std::memcpy(m.slot_ptr(slot), in.data() + sizeof(int64_t), sizeof(float) * m.slot_floats);
-  const int64_t df = draft_floats_per_slot(m);
-  if (df)
-    std::memcpy(m.draft_ctx.data() + slot * df, in.data() + sizeof(int64_t) + sizeof(float) * m.slot_floats,
-                sizeof(float) * df);
+  m.slot_len[slot] = parts.length;
   return Status();
 }
 

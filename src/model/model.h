@@ -30,11 +30,13 @@
 
 #include "common/status.h"
 #include "io/model_config.h"
+#include "model/draft_request.h"
 
 namespace tandem {
 
+struct CpuModelTestAccess;
 class Checkpoint;
-class Comm;
+class DataComm;
 struct TensorView;
 
 // How the cached KV values are stored (the engine's --kv-cache-dtype, canonical names). The CPU
@@ -68,13 +70,16 @@ struct ModelOptions {
   bool load_draft = true;         // load the DSpark stages when the checkpoint has them
   KvDtype kv_dtype = KvDtype::kFp8;  // fp8 = the reference's numerics (golden tests)
   // Tensor parallelism: this model is rank tp_rank of tp_size and binds only its slices (heads,
-  // output groups, index heads, routed experts, vocabulary rows; see model/weights.h); `comm`
-  // carries the collectives and must outlive the model (required when tp_size > 1). Every rank
-  // must make the same calls in the same order: forward, draft_insert_context (projection is
-  // local, but keep them in step), draft_propose. Every rank returns the full logits.
+  // output groups, index heads, routed experts, vocabulary rows; see model/weights.h); `comm`, the
+  // data plane (common/comm.h: host pointers and fp32 sums in rank order for the CPU model, device
+  // pointers on the model's stream for CudaModel), carries the activations' collectives and must
+  // outlive the model (required when tp_size > 1). Step plans are not the model's business (the
+  // runner's control plane carries them). Every rank must make the same calls in the same order:
+  // forward, draft_insert_context (projection is local, but keep them in step), draft_propose.
+  // Every rank returns the full logits.
   int tp_rank = 0;
   int tp_size = 1;
-  Comm* comm = nullptr;
+  DataComm* comm = nullptr;
 };
 
 // The model's fixed memory for a config + options, without weights (what load() with the same
@@ -118,18 +123,8 @@ struct StepOutput {
   }
 };
 
-// DSpark proposal for one slot. The anchor is the newest token (already sampled by the target,
-// not yet run through it) at position P; context (draft_insert_context) must cover positions < P.
-// Draft position i (0..K-1) sits at P+i and predicts the token at P+i+1.
-struct DraftRequest {
-  int slot = 0;
-  int32_t anchor_token = 0;
-  int64_t anchor_pos = 0;       // P
-  // 0 = greedy (argmax of the Markov-corrected logits); else draws from softmax(z_i / T) with the
-  // host sampler (kernels/cpu/sampling.h), keyed by rng_uniform(seed, P + i + 1, kDraft).
-  double temperature = 0.0;
-  uint64_t seed = 0;
-};
+// DSpark proposal for one slot: DraftRequest (model/draft_request.h); the host sampler
+// (kernels/cpu/sampling.h) draws a sampled request's tokens.
 
 struct DraftSampling {
   bool want_probs = false;      // fill probs with q_i = softmax(z_i / T) (T=0: one-hot)
@@ -214,6 +209,7 @@ class DsV4Model {
   struct Impl;
 
  private:
+  friend struct CpuModelTestAccess;  // test-only hooks (model/model_testing.h)
   explicit DsV4Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

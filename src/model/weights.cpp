@@ -460,7 +460,7 @@ size_t weight_bytes(const Weights& w) {
   return n;
 }
 
-Status validate_config_for_cpu(const ModelConfig& c) {
+Status validate_config(const ModelConfig& c) {
   const int nl = c.num_hidden_layers;
   if (nl <= 0) return invalid_argument("config: num_hidden_layers must be > 0");
   if (static_cast<int>(c.compress_ratios.size()) < nl)
@@ -528,7 +528,7 @@ Status validate_shard(const ModelConfig& c, const Shard& sh) {
 
 Result<Weights> load_weights(const ModelConfig& c, const std::vector<const TensorView*>& tensors, bool load_draft,
                              LoadCounts& counts, const Shard& shard) {
-  TANDEM_RETURN_IF_ERROR(validate_config_for_cpu(c));
+  TANDEM_RETURN_IF_ERROR(validate_config(c));
   TANDEM_RETURN_IF_ERROR(validate_shard(c, shard));
   counts = LoadCounts();
   Loader ld(tensors, counts);

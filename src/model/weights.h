@@ -139,8 +139,9 @@ struct LoadCounts {
   int64_t other_ranks = 0;  // tensors (routed experts) that belong to other tensor-parallel ranks
 };
 
-// Validates the config for the CPU forward (supported shapes); InvalidArgument names the field.
-Status validate_config_for_cpu(const ModelConfig& config);
+// The config shapes the DeepSeek-V4 model code supports (the CPU oracle and the CUDA model alike);
+// InvalidArgument names the field.
+Status validate_config(const ModelConfig& config);
 // The shapes tensor parallelism over `size` ranks needs (heads, groups, index heads and experts
 // divisible; whole FP8 activation blocks per rank); InvalidArgument names the field.
 Status validate_shard(const ModelConfig& config, const Shard& shard);

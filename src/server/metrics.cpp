@@ -92,6 +92,10 @@ std::string MetricsRegistry::render(const EngineMetrics& m, const std::string& m
   metric(out, "tandem:watchdog_stalls_total", "counter", "Engine steps the watchdog declared stalled.", l, m.watchdog_stalls_total);
   if (m.device_allocations_after_start >= 0)
     metric(out, "tandem:device_allocations_after_start", "gauge", "Device allocations since start-up (must stay 0).", l, m.device_allocations_after_start);
+  if (m.device_graphs_after_start >= 0) {
+    metric(out, "tandem:device_graphs_after_start", "gauge", "CUDA graphs instantiated since start-up (must stay 0).", l, m.device_graphs_after_start);
+    metric(out, "tandem:device_bytes_taken_after_start", "gauge", "Device memory taken since start-up, as cudaMemGetInfo reports it (must stay 0).", l, m.device_bytes_taken_after_start);
+  }
   metric(out, "tandem:http_requests_in_flight", "gauge", "Generation requests the HTTP server holds.", l, in_flight);
   metric(out, "tandem:request_errors_total", "counter", "Requests answered with an error status.", l, errors_);
   return out;

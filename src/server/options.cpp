@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/check.h"
+#include "io/official_configs.h"
 
 #include <nlohmann/json.hpp>
 
@@ -64,6 +65,17 @@ std::vector<OptionSpec> build_table() {
                  o.engine.model_dir = v;
                  return Status();
                }});
+  t.push_back({"--synthetic", "TANDEM_SYNTHETIC", OptionType::kString, "(none)",
+               "run an official config with synthetic weights generated on the GPU, no checkpoint needed: "
+               "deepseek-v4-flash-0731 | deepseek-v4-flash-preview | tiny:<make-tiny preset> (the tokenizer comes "
+               "from --model, default the built-in model's)",
+               [](O& o, const std::string& v) -> Status {
+                 auto c = synthetic_config(v);
+                 if (!c.ok()) return c.status();
+                 o.engine.synthetic = v;
+                 return Status();
+               },
+               nullptr, kServe | kRun});
   t.push_back({"--host", "TANDEM_HOST", OptionType::kString, "127.0.0.1", "address to listen on",
                [](O& o, const std::string& v) -> Status {
                  if (v.empty()) return invalid_argument("must not be empty");
@@ -155,6 +167,38 @@ std::vector<OptionSpec> build_table() {
                  if (!r.ok()) return r.status();
                  if (*r <= 0 || *r > 86400) return invalid_argument("must be in (0, 86400], got {}", v);
                  o.engine.distributed_timeout_s = *r;
+                 return Status();
+               }});
+  t.push_back({"--tp-collectives", "", OptionType::kString, "auto",
+               "GPU tensor parallelism: auto | nccl | peer | symmetric (the paths of the collectives)",
+               [](O& o, const std::string& v) -> Status {
+                 if (v != "auto" && v != "nccl" && v != "peer" && v != "symmetric")
+                   return invalid_argument("must be auto, nccl, peer or symmetric, got '{}'", v);
+                 o.engine.tp_collectives = v;
+                 return Status();
+               }});
+  t.push_back({"--tp-peer-max-bytes", "", OptionType::kBytes, "1M",
+               "GPU tensor parallelism: largest message (per rank) of the peer-memory path",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_byte_size(v);
+                 if (!r.ok()) return r.status();
+                 if (*r < 4096 || *r > (int64_t{1} << 30)) return invalid_argument("must be in [4K, 1G], got {}", v);
+                 o.engine.tp_peer_max_bytes = *r;
+                 return Status();
+               }});
+  t.push_back({"--nccl-library", "TANDEM_NCCL_LIBRARY", OptionType::kString, "(search)",
+               "path of libnccl.so.2 for GPU tensor parallelism (default: LD_LIBRARY_PATH, the loader, pip's nvidia-nccl)",
+               [](O& o, const std::string& v) -> Status {
+                 if (v.empty()) return invalid_argument("must not be empty");
+                 o.engine.nccl_library = v;
+                 return Status();
+               }});
+  t.push_back({"--tp-share-gpus", "TANDEM_TP_SHARE_GPUS", OptionType::kBool, "off",
+               "TEST ONLY: let tensor-parallel ranks share GPUs (distinct NCCL_HOSTID per rank; NCCL over loopback: slow)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_bool(v);
+                 if (!r.ok()) return r.status();
+                 o.engine.tp_share_gpus = *r;
                  return Status();
                }});
   t.push_back({"--enable-prefix-caching", "", OptionType::kBool, "on", "reuse KV of shared prompt prefixes",
@@ -334,6 +378,14 @@ std::vector<OptionSpec> build_table() {
                  o.logits.out = v;
                  return Status();
                }, nullptr, kLogits});
+  t.push_back({"--tp-write-every-rank", "", OptionType::kBool, "off",
+               "tensor parallelism: every rank R > 0 also writes OUT.rankR (its own full logits, for cross-rank checks)",
+               [](O& o, const std::string& v) -> Status {
+                 auto r = parse_bool(v);
+                 if (!r.ok()) return r.status();
+                 o.logits.every_rank = *r;
+                 return Status();
+               }, nullptr, kLogits});
   // Options every command shares (the engine's model and sizing).
   for (auto& spec : t) {
     const std::string f = spec.flag;
@@ -341,6 +393,11 @@ std::vector<OptionSpec> build_table() {
     if (f == "--seed" || f == "--speculative-config" || f == "--kv-cache-dtype" || f == "--kv-cache-memory" ||
         f == "--max-model-len" || f == "--block-size")
       spec.commands = kServe | kRun;
+    // Tensor parallelism: every command runs a sharded model the same way (README: one table).
+    if (f == "--tensor-parallel-size" || f == "--nnodes" || f == "--node-rank" || f == "--master-addr" ||
+        f == "--master-port" || f == "--distributed-timeout" || f == "--tp-collectives" || f == "--tp-peer-max-bytes" ||
+        f == "--nccl-library" || f == "--tp-share-gpus")
+      spec.commands = kServe | kRun | kLogits;
   }
   return t;
 }
@@ -385,6 +442,7 @@ nlohmann::json options_fingerprint(const ServeOptions& o) {
           {"gpu_memory_utilization", e.gpu_memory_utilization},
           {"enable_prefix_caching", e.enable_prefix_caching},
           {"tensor_parallel_size", e.tensor_parallel_size},
+          {"tp_collectives", e.tp_collectives},
           {"max_cudagraph_capture_size", e.max_cudagraph_capture_size},
           {"speculative_method", e.speculative.method},
           {"num_speculative_tokens", e.speculative.method.empty() ? 0 : e.speculative.num_speculative_tokens},
@@ -544,7 +602,7 @@ Result<ServeOptions> parse_options(Command command, const std::vector<std::strin
   if (command == kLogits && o.logits.tokens_file.empty()) return invalid_argument("--tokens-file is required");
   if (command == kLogits && o.logits.out.empty()) return invalid_argument("--out is required");
   if (o.served_model_names.empty()) {
-    std::string m = o.model;
+    std::string m = o.engine.synthetic.empty() ? o.model : o.engine.synthetic;
     while (m.size() > 1 && m.back() == '/') m.pop_back();
     auto slash = m.find_last_of('/');
     o.served_model_names.push_back(slash == std::string::npos ? m : m.substr(slash + 1));

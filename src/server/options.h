@@ -30,6 +30,7 @@ struct RunOptions {
 // `tandem logits`: every position's logits of fixed token ids (docs/LOGITS.md).
 struct LogitsOptions {
   std::string tokens_file, out;               // both required
+  bool every_rank = false;                    // tensor parallelism: rank R > 0 writes OUT.rankR too
 };
 
 struct ServeOptions {

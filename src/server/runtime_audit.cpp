@@ -113,12 +113,17 @@ nlohmann::json build_runtime_audit(const ServeOptions& o, const ModelInfo* info)
     for (const auto& r : info->ranks) {
       nlohmann::json k = nlohmann::json::object();
       for (const auto& p : r.kernels) k[p.op_class] = p.path;
-      ranks.push_back({{"rank", r.rank},
-                       {"device", r.device},
-                       {"name", r.name},
-                       {"compute_capability", r.compute_capability},
-                       {"kernels", k},
-                       {"cudagraph_capture_sizes", r.cudagraph_capture_sizes}});
+      nlohmann::json rank = {{"rank", r.rank},
+                             {"device", r.device},
+                             {"name", r.name},
+                             {"compute_capability", r.compute_capability},
+                             {"kernels", k},
+                             {"cudagraph_capture_sizes", r.cudagraph_capture_sizes}};
+      if (!r.collectives.topology.empty())
+        rank["collectives"] = {{"topology", r.collectives.topology},
+                               {"routes", r.collectives.routes},
+                               {"unavailable", r.collectives.unavailable}};
+      ranks.push_back(rank);
     }
     a["cudagraph_capture_sizes"] = info->ranks.empty() ? nlohmann::json::array()
                                                        : nlohmann::json(info->ranks[0].cudagraph_capture_sizes);

@@ -1,8 +1,10 @@
 // CUDA gemm against the CPU op for every weight format: decode/verify/prefill row counts, the real
 // model's projection shapes (incl. the 129280-row LM head), batched wo_a, accumulate, bf16 output,
-// quantize_x_block, unaligned strides (scalar path). Tolerance: the CPU and GPU sum in different
-// orders, so |got - want| <= tol_k * sum_k |x||w| (+ one bf16 step when the output is rounded).
-// Also: a row's result does not depend on how many rows the call has (decode == verify rows).
+// quantize_x_block, unaligned strides (scalar path). The CPU and the kernel sum in different
+// orders: each is held to a float64 reference within gamma(depth) * sum_k |x w| for its own
+// summation depth (the kernel's: gpu_gemm_depth; the CPU's: its vector lanes, cpu_gemm_depth), and
+// a bf16 output must be the correct rounding of a value within that bound (a dropped or truncated
+// rounding fails). Also: a row's result does not depend on how many rows the call has.
 #include <cmath>
 
 #include "cuda/cuda_test_util.h"
@@ -65,24 +67,20 @@ HostWeight make_weight(WeightFormat f, int64_t n, int64_t k, uint64_t seed) {
   return w;
 }
 
-// The same weight with every element's sign cleared (same format and scales).
-HostWeight abs_weight(const HostWeight& w) {
-  HostWeight a = w;
+// Element (r, c) of the weight, exactly (every stored value times its power-of-two scale is an fp32
+// value).
+double weight_at(const HostWeight& w, int64_t r, int64_t c) {
   switch (w.format) {
-    case WeightFormat::kF32:
-      for (size_t i = 3; i < a.data.size(); i += 4) a.data[i] &= 0x7f;
-      break;
-    case WeightFormat::kBf16:
-      for (size_t i = 1; i < a.data.size(); i += 2) a.data[i] &= 0x7f;
-      break;
+    case WeightFormat::kF32: return reinterpret_cast<const float*>(w.data.data())[r * w.k + c];
+    case WeightFormat::kBf16: return num::bf16_to_f32(reinterpret_cast<const uint16_t*>(w.data.data())[r * w.k + c]);
     case WeightFormat::kFp8Block:
-      for (auto& b : a.data) b &= 0x7f;
-      break;
+      return static_cast<double>(num::e4m3_to_f32(w.data[r * w.k + c])) *
+             num::e8m0_to_f32(w.scale[(r / 128) * ((w.k + 127) / 128) + c / 128]);
     case WeightFormat::kMxfp4:
-      for (auto& b : a.data) b &= 0x77;
-      break;
+      return static_cast<double>(num::e2m1_to_f32(num::fp4_get(w.data.data() + r * (w.k / 2), static_cast<size_t>(c)))) *
+             num::e8m0_to_f32(w.scale[r * (w.k / 32) + c / 32]);
   }
-  return a;
+  return 0;
 }
 
 struct GemmCase {
@@ -104,16 +102,18 @@ const char* fmt_name(WeightFormat f) {
   return "?";
 }
 
-struct GemmRun {
-  std::vector<float> got, want;
-};
+// Summation depth of one output of the kernel: a lane's FMA chain of k / (32 * warps) products,
+// a 5-level shuffle tree, then the warps' partials in order (4 warps, or 16 for narrow weights).
+double gpu_gemm_depth(int64_t k) { return std::max(k / 128.0 + 9, k / 512.0 + 21); }
 
-// Runs one case on both backends (weights generated once per (format, wn, k, seed)).
-GemmRun run_case(const GemmCase& c, const HostWeight& w, const DeviceBuffer<uint8_t>& dw,
-                 const DeviceBuffer<uint8_t>& dscale, uint64_t seed, bool check = true) {
-  SCOPED_TRACE(testing::Message() << fmt_name(c.f) << " m " << c.m << " n " << c.n << " k " << c.k << " batch "
-                                  << c.batch << (c.accumulate ? " acc" : "") << (c.round ? " bf16" : "")
-                                  << (c.qblock ? " quantized x" : ""));
+// Runs one case on both backends (weights generated once per (format, wn, k, seed)) and holds both
+// to a float64 reference: fp32 outputs within gamma(depth) * sum |x w| (+ one rounding of the
+// accumulated y0), bf16 outputs the correct rounding of a value within that bound.
+void run_case(const GemmCase& c, const HostWeight& w, const DeviceBuffer<uint8_t>& dw,
+              const DeviceBuffer<uint8_t>& dscale, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << fmt_name(c.f) << " m " << c.m << " n " << c.n << " k " << c.k << " batch "
+                                    << c.batch << (c.accumulate ? " acc" : "") << (c.round ? " bf16" : "")
+                                    << (c.qblock ? " quantized x" : ""));
   const int64_t ldx = c.ldx ? c.ldx : c.k, ldy = c.ldy ? c.ldy : c.n;
   const size_t xsize = static_cast<size_t>((c.batch - 1) * c.xbs + c.m * ldx);
   const size_t ysize = static_cast<size_t>((c.batch - 1) * c.ybs + c.m * ldy);
@@ -134,65 +134,70 @@ GemmRun run_case(const GemmCase& c, const HostWeight& w, const DeviceBuffer<uint
   p.accumulate = c.accumulate;
   p.round_bf16 = c.round;
   p.quantize_x_block = c.qblock;
-
-  GemmRun r;
-  r.want = y0;
+  std::vector<float> want = y0;
   p.x = x.data();
-  p.y = r.want.data();
+  p.y = want.data();
   cpu_ops().gemm(p);
+
+  // The operand the products see: x, or its act_quant_fp8 (bit-exact on both sides, tested apart).
+  std::vector<float> xa = x;
+  if (c.qblock) {
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t i = 0; i < c.m; ++i) {
+        ActQuantFp8Params q;
+        q.x = xa.data() + b * c.xbs + i * ldx;
+        q.rows = 1;
+        q.cols = c.k;
+        q.block = c.qblock;
+        cpu::act_quant_fp8(q);
+      }
+  }
+  std::vector<double> ref, mag, acc_mag;
+  std::vector<size_t> where;  // the written elements
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double s = 0, a = 0;
+        const float* xr = xa.data() + b * c.xbs + i * ldx;
+        for (int64_t kk = 0; kk < c.k; ++kk) {
+          const double t = xr[kk] * weight_at(w, b * c.w_batch_rows + j, kk);
+          s += t;
+          a += std::fabs(t);
+        }
+        const size_t o = static_cast<size_t>(b * c.ybs + i * ldy + j);
+        const double y = c.accumulate ? s + y0[o] : s;
+        ref.push_back(y);
+        mag.push_back(a);
+        acc_mag.push_back(c.accumulate ? 1.25 * kU * std::fabs(y) : 0.0);  // the add of y0
+        where.push_back(o);
+      }
+  auto check = [&](const std::vector<float>& out, double depth) {
+    std::vector<float> v;
+    std::vector<double> bound;
+    for (size_t e = 0; e < where.size(); ++e) {
+      v.push_back(out[where[e]]);
+      bound.push_back(gamma_n(depth) * mag[e] + acc_mag[e]);
+    }
+    return c.round ? correctly_rounded(v.data(), ref.data(), ref.size(), Stored::kBf16, 0.0, bound.data())
+                   : within(v, ref, bound);
+  };
+  EXPECT_TRUE(check(want, cpu_gemm_depth(c.k))) << "the CPU's gemm (" << cpu::gemm_isa_name() << ")";
+  if (!have_gpu()) return;
 
   DeviceBuffer<float> dx = to_dev(x), dy = to_dev(y0);
   GemmParams g = p;
   g.x = dx.get();
   g.y = dy.get();
   g.w = w.ref(dw.get(), dscale.size() ? dscale.get() : nullptr);
-  cuda::cuda_ops().gemm(g);
-  r.got = to_host(dy);
+  cuda::gemm(g, kStream);
+  EXPECT_TRUE(check(to_host(dy), gpu_gemm_depth(c.k))) << "cuda::gemm";
   EXPECT_TRUE(same_bits(to_host(dx), x)) << "x must be left unchanged";
-  if (!check) return r;
-
-  // Tolerance scale: sum |x||w| (quantized x when the op quantizes) + |y0| when accumulating.
-  std::vector<float> xa = x;
-  GemmParams s = p;
-  if (c.qblock) {
-    std::vector<float> xq(static_cast<size_t>(c.batch * c.m * c.k));
-    for (int64_t b = 0; b < c.batch; ++b)
-      for (int64_t i = 0; i < c.m; ++i)
-        for (int64_t j = 0; j < c.k; ++j) xq[(b * c.m + i) * c.k + j] = x[b * c.xbs + i * ldx + j];
-    ActQuantFp8Params q;
-    q.x = xq.data();
-    q.rows = c.batch * c.m;
-    q.cols = c.k;
-    q.block = c.qblock;
-    cpu_ops().act_quant_fp8(q);
-    xa = xq;
-    s.ldx = c.k;
-    s.x_batch_stride = c.m * c.k;
-    s.quantize_x_block = 0;
-  }
-  for (auto& v : xa) v = std::fabs(v);
-  const HostWeight wa = abs_weight(w);
-  std::vector<float> ys(ysize, 0.0f);
-  s.x = xa.data();
-  s.y = ys.data();
-  s.w = wa.ref(wa.data.data(), wa.scale.empty() ? nullptr : wa.scale.data());
-  s.accumulate = false;
-  s.round_bf16 = false;
-  cpu_ops().gemm(s);
-  const double rel = 1e-5 * std::max(1.0, std::sqrt(static_cast<double>(c.k)) / 32.0);
-  std::vector<double> tol(ysize);
-  for (size_t i = 0; i < ysize; ++i) {
-    double t = rel * (ys[i] + (c.accumulate ? std::fabs(y0[i]) : 0.0));
-    if (c.round) t += std::ldexp(std::fabs(r.want[i]), -7);  // one bf16 step when the sums straddle a tie
-    tol[i] = t;
-  }
-  EXPECT_TRUE(close(r.got, r.want, 1e-30, 1.0, &tol));
-  return r;
 }
 
 void run_cases(WeightFormat f, int64_t wn, int64_t k, const std::vector<GemmCase>& cases, uint64_t seed) {
   const HostWeight w = make_weight(f, wn, k, seed);
-  DeviceBuffer<uint8_t> dw = to_dev(w.data), ds = to_dev(w.scale);
+  DeviceBuffer<uint8_t> dw = have_gpu() ? to_dev(w.data) : DeviceBuffer<uint8_t>();
+  DeviceBuffer<uint8_t> ds = have_gpu() ? to_dev(w.scale) : DeviceBuffer<uint8_t>();
   for (const GemmCase& c : cases) run_case(c, w, dw, ds, seed + c.m * 7 + c.n);
 }
 
@@ -203,23 +208,22 @@ std::vector<GemmCase> row_counts(WeightFormat f, int64_t n, int64_t k, std::init
 }
 
 TEST(CudaGemm, F32) {
-  TANDEM_REQUIRE_GPU();
   run_cases(WeightFormat::kF32, 256, 512, row_counts(WeightFormat::kF32, 256, 512, {1, 2, 3, 8, 13, 64, 200}), 11);
   run_cases(WeightFormat::kF32, 37, 200, row_counts(WeightFormat::kF32, 37, 200, {1, 5, 9}), 12);     // odd
   run_cases(WeightFormat::kF32, 24, 16384, row_counts(WeightFormat::kF32, 24, 16384, {1, 4}), 13);   // hc fn
   run_cases(WeightFormat::kF32, 5, 3, row_counts(WeightFormat::kF32, 5, 3, {1, 2}), 14);             // tiny
+  TANDEM_REQUIRE_GPU();
 }
 
 TEST(CudaGemm, Bf16) {
-  TANDEM_REQUIRE_GPU();
   run_cases(WeightFormat::kBf16, 256, 4096, row_counts(WeightFormat::kBf16, 256, 4096, {1, 4, 8, 13, 64}), 21);  // gate
   run_cases(WeightFormat::kBf16, 1024, 4096, {{WeightFormat::kBf16, 3, 1024, 4096, 0, 0, false, true}}, 22);
   run_cases(WeightFormat::kBf16, 33, 100, row_counts(WeightFormat::kBf16, 33, 100, {1, 6}), 23);  // k % 8 != 0
   run_cases(WeightFormat::kBf16, 64, 512, {{WeightFormat::kBf16, 5, 64, 512, 520, 70, true, true}}, 24);
+  TANDEM_REQUIRE_GPU();
 }
 
 TEST(CudaGemm, Fp8Block) {
-  TANDEM_REQUIRE_GPU();
   // wq_a (4096 -> 1024) with the reference's act_quant on x and bf16 output, all decode/verify sizes
   std::vector<GemmCase> cs;
   for (int64_t m : {1, 2, 4, 7, 8, 16, 64}) cs.push_back({WeightFormat::kFp8Block, m, 1024, 4096, 0, 0, false, true, 128});
@@ -230,10 +234,10 @@ TEST(CudaGemm, Fp8Block) {
   run_cases(WeightFormat::kFp8Block, 300, 200, row_counts(WeightFormat::kFp8Block, 300, 200, {1, 9}), 33);
   run_cases(WeightFormat::kFp8Block, 300, 336,
             {{WeightFormat::kFp8Block, 3, 300, 336, 339, 301, true, false}, {WeightFormat::kFp8Block, 10, 300, 336}}, 34);
+  TANDEM_REQUIRE_GPU();
 }
 
 TEST(CudaGemm, Fp8BatchedWoA) {
-  TANDEM_REQUIRE_GPU();
   // einsum("bsgd,grd->bsgr", o, wo_a): 8 groups of (4096 -> 1024), x rows of 8 x 4096, y rows of 8 x 1024
   std::vector<GemmCase> cs;
   for (int64_t m : {1, 5}) {
@@ -245,20 +249,21 @@ TEST(CudaGemm, Fp8BatchedWoA) {
     cs.push_back(c);
   }
   run_cases(WeightFormat::kFp8Block, 8192, 4096, cs, 41);
+  TANDEM_REQUIRE_GPU();
 }
 
 TEST(CudaGemm, Mxfp4Experts) {
-  TANDEM_REQUIRE_GPU();
   // w1 / w3 (4096 -> 2048) and w2 (2048 -> 4096) of a routed expert
   run_cases(WeightFormat::kMxfp4, 2048, 4096, row_counts(WeightFormat::kMxfp4, 2048, 4096, {1, 2, 6, 8, 17, 64}), 51);
   run_cases(WeightFormat::kMxfp4, 4096, 2048, {{WeightFormat::kMxfp4, 3, 4096, 2048, 0, 0, false, true}}, 52);
   // k % 32 == 0 but strided x (scalar path), odd n
   run_cases(WeightFormat::kMxfp4, 45, 96, {{WeightFormat::kMxfp4, 4, 45, 96, 99, 0}, {WeightFormat::kMxfp4, 9, 45, 96}}, 53);
+  TANDEM_REQUIRE_GPU();
 }
 
 TEST(CudaGemm, LmHead) {
-  TANDEM_REQUIRE_GPU();
   run_cases(WeightFormat::kBf16, 129280, 4096, row_counts(WeightFormat::kBf16, 129280, 4096, {1, 3}), 61);
+  TANDEM_REQUIRE_GPU();
 }
 
 // A row's result is the same whether it is computed alone (decode) or with other rows (verify,
@@ -282,7 +287,7 @@ TEST(CudaGemm, RowsAreIndependentOfM) {
       g.n = n;
       g.k = k;
       g.ldx = ldx;
-      cuda::cuda_ops().gemm(g);
+      cuda::gemm(g, kStream);
       const std::vector<float> ref = to_host(all);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t rows : {int64_t{1}, int64_t{3}}) {
@@ -292,7 +297,7 @@ TEST(CudaGemm, RowsAreIndependentOfM) {
           h.x = dx.get() + i * ldx;
           h.y = part.get();
           h.m = rows;
-          cuda::cuda_ops().gemm(h);
+          cuda::gemm(h, kStream);
           const std::vector<float> got = to_host(part);
           const std::vector<float> want(ref.begin() + i * n, ref.begin() + (i + rows) * n);
           EXPECT_TRUE(same_bits(got, want)) << fmt_name(f) << " k " << k << " row " << i << " of " << rows;

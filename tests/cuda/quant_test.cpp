@@ -42,7 +42,7 @@ TEST(CudaActQuant, Fp8MatchesCpuBitExact) {
   };
   uint64_t seed = 1;
   for (const QuantCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " cols " << c.cols << " block " << c.block);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " cols " << c.cols << " block " << c.block);
     for (bool specials : {false, true}) {
       std::vector<float> x = quant_input(c.rows, c.ldx, seed++, specials);
       std::vector<float> xc = x;
@@ -63,7 +63,7 @@ TEST(CudaActQuant, Fp8MatchesCpuBitExact) {
       p.x = dx.get();
       p.codes = c.outputs ? dcodes.get() : nullptr;
       p.scales = c.outputs ? dscales.get() : nullptr;
-      cuda::cuda_ops().act_quant_fp8(p);
+      cuda::act_quant_fp8(p, kStream);
       EXPECT_TRUE(same_bits(to_host(dx), xc));
       if (c.outputs) {
         EXPECT_TRUE(same_values(to_host(dcodes), codes));
@@ -83,7 +83,7 @@ TEST(CudaActQuant, Fp4MatchesCpuBitExact) {
   };
   uint64_t seed = 100;
   for (const QuantCase& c : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " cols " << c.cols << " block " << c.block);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " cols " << c.cols << " block " << c.block);
     for (bool specials : {false, true}) {
       std::vector<float> x = quant_input(c.rows, c.ldx, seed++, specials);
       std::vector<float> xc = x;
@@ -104,7 +104,7 @@ TEST(CudaActQuant, Fp4MatchesCpuBitExact) {
       p.x = dx.get();
       p.codes = c.outputs ? dcodes.get() : nullptr;
       p.scales = c.outputs ? dscales.get() : nullptr;
-      cuda::cuda_ops().fp4_act_quant(p);
+      cuda::fp4_act_quant(p, kStream);
       EXPECT_TRUE(same_bits(to_host(dx), xc));
       if (c.outputs) {
         EXPECT_TRUE(same_values(to_host(dcodes), codes));
@@ -132,7 +132,7 @@ TEST(CudaRoundBf16, MatchesCpuBitExact) {
     cpu_ops().round_bf16(p);
     DeviceBuffer<float> dx = to_dev(x);
     p.x = dx.get();
-    cuda::cuda_ops().round_bf16(p);
+    cuda::round_bf16(p, kStream);
     EXPECT_TRUE(same_bits(to_host(dx), xc)) << rows << "x" << cols;
   }
 }

@@ -1,8 +1,10 @@
 // The sampling op on the device (kernels/cuda/sample_rows.cu) against the host op
 // (kernels/cpu/sampling.cpp) on random batches at vocabulary size (129280) and small vocabularies:
-// greedy tokens, accept flags and top-logprob ids must be identical and logprobs within 1e-4; a
-// sampled token may differ only when its uniform sits on a CDF boundary that the two summation
-// orders put on different sides (counted and reported, at most 0.5% of the sampled rows).
+// greedy tokens, accept flags and top-logprob ids must be identical; logprobs (fp32 of an fp64
+// log-softmax on each side) within one fp32 ulp plus V * 2^-52 (the fp64 sums' order); a sampled token may differ only when its
+// uniform lies within 1e-9 of the host's CDF at the boundary between the two tokens (recomputed per
+// mismatch; the sides' fp64 CDFs differ by ~V * 2^-52), counted and reported; any other difference
+// fails.
 // Also: bit-identical reruns, draw frequencies against p, CUDA graph capture and replay.
 #include <cuda_runtime_api.h>
 
@@ -55,13 +57,13 @@ struct DeviceBatch {
     in.prompt_ids = b.prompt.empty() ? nullptr : prompt.get();
     in.counts = b.counts.empty() ? nullptr : counts.get();
   }
-  void launch(cudaStream_t s) { cuda::sample_rows_device(in, rows.get(), n, scratch.get(), out.get(), s); }
+  void launch(cudaStream_t s) { cuda::sample_rows_device({in, rows.get(), n, scratch.get(), out.get()}, s); }
   // Poisons the outputs and the scratch (an unwritten field or a scratch value read before it is
   // written shows up), runs, returns the results.
   std::vector<SampleRowResult> run() {
     poison(out);
     poison(scratch);
-    launch(cuda::stream());
+    launch(kStream);
     return to_host(out);
   }
 };
@@ -92,6 +94,7 @@ void check_batch(const Batch& b, Comparison& total) {
   total.rows += c.rows;
   total.sampled_rows += c.sampled_rows;
   total.token_mismatches += c.token_mismatches;
+  total.unexplained_tokens += c.unexplained_tokens;
   total.greedy_mismatches += c.greedy_mismatches;
   total.accept_mismatches += c.accept_mismatches;
   total.top_mismatches += c.top_mismatches;
@@ -99,13 +102,14 @@ void check_batch(const Batch& b, Comparison& total) {
 }
 
 void expect_matches(const Comparison& t, const char* what) {
-  std::printf("[sample_rows] %s: %d rows (%d sampled): %d sampled tokens differ from the host, worst logprob err %.3g\n",
+  std::printf("[sample_rows] %s: %d rows (%d sampled): %d sampled tokens differ from the host on a CDF boundary, "
+              "worst logprob difference %.3g of its bound\n",
               what, t.rows, t.sampled_rows, t.token_mismatches, t.worst_logprob_err);
   EXPECT_EQ(t.greedy_mismatches, 0);
   EXPECT_EQ(t.accept_mismatches, 0);
   EXPECT_EQ(t.top_mismatches, 0);
-  EXPECT_LE(t.worst_logprob_err, 1e-4);
-  EXPECT_LE(t.token_mismatches, std::max(1, t.sampled_rows / 200)) << "more than 0.5% of the sampled tokens differ";
+  EXPECT_EQ(t.unexplained_tokens, 0) << "sampled tokens that differ away from a CDF boundary";
+  EXPECT_LE(t.worst_logprob_err, 1.0);
 }
 
 TEST(CudaSampleRows, MatchesHostSmallVocabs) {
@@ -114,7 +118,7 @@ TEST(CudaSampleRows, MatchesHostSmallVocabs) {
   uint64_t seed = 11;
   for (int64_t vocab : {8, 1000, 4096}) {
     for (bool noise : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "vocab " << vocab << (noise ? " noise" : ""));
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << (noise ? " noise" : ""));
       check_batch(mixed_batch(vocab, 600, seed++, noise), total);
     }
   }
@@ -127,7 +131,7 @@ TEST(CudaSampleRows, MatchesHostFullVocab) {
   uint64_t seed = 101;
   for (int rep = 0; rep < 2; ++rep) {
     for (bool noise : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "rep " << rep << (noise ? " noise" : ""));
+      SCOPED_TRACE(::testing::Message() << "rep " << rep << (noise ? " noise" : ""));
       check_batch(mixed_batch(kVocab, 64, seed++, noise), total);
     }
   }
@@ -139,7 +143,7 @@ TEST(CudaSampleRows, MatchesHostPerKind) {
   TANDEM_REQUIRE_GPU();
   Comparison total;
   for (int k = 0; k < static_cast<int>(Kind::kCount); ++k) {
-    SCOPED_TRACE(testing::Message() << "kind " << k);
+    SCOPED_TRACE(::testing::Message() << "kind " << k);
     Builder bld(1000, 500 + k, k % 2 == 1);
     for (int i = 0; i < 200; ++i) bld.add(static_cast<Kind>(k), 7000 + 1000 * k + i, i % 3 == 0 ? 5 : -1);
     check_batch(bld.take(), total);
@@ -296,7 +300,8 @@ TEST(CudaSampleRows, DeadEndAndNaN) {
     EXPECT_EQ(got[i].token, want[i].token) << "row " << i;
     if (i < 4) {
       EXPECT_EQ(got[i].token, b.eos);
-      EXPECT_NEAR(got[i].token_logprob, want[i].token_logprob, 1e-4);
+      EXPECT_LE(sample_rows_cases::logprob_err(got[i].token_logprob, want[i].token_logprob, b.vocab), 1.0)
+          << "row " << i << ": got " << got[i].token_logprob << " want " << want[i].token_logprob;
     }
   }
   EXPECT_EQ(got[4].token, 0);

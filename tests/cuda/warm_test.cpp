@@ -32,7 +32,7 @@ struct Sequence {
                         tok = poisoned<int32_t>(kTokens * kTop), slot = poisoned<int32_t>(kTokens * kTop),
                         amax = poisoned<int32_t>(kTokens), top = poisoned<int32_t>(kTokens * 512);
 
-  void run(Ops& ops) {
+  void run(cudaStream_t s) {
     GemmParams g;
     g.x = x.get();
     g.w.format = WeightFormat::kFp8Block;
@@ -46,7 +46,7 @@ struct Sequence {
     g.k = kDim;
     g.round_bf16 = true;
     g.quantize_x_block = 128;
-    ops.gemm(g);
+    cuda::gemm(g, s);
     RmsNormParams rn;
     rn.x = x.get();
     rn.y = xn.get();
@@ -54,7 +54,7 @@ struct Sequence {
     rn.rows = kTokens;
     rn.dim = kDim;
     rn.round_bf16 = true;
-    ops.rms_norm(rn);
+    cuda::rms_norm(rn, s);
     HcPreParams hp;
     hp.h = h.get();
     hp.fn = fn.get();
@@ -66,7 +66,7 @@ struct Sequence {
     hp.x = hx.get();
     hp.post = post.get();
     hp.comb = comb.get();
-    ops.hc_pre(hp);
+    cuda::hc_pre(hp, s);
     HcPostParams po;
     po.f = hx.get();
     po.res = h.get();
@@ -76,7 +76,7 @@ struct Sequence {
     po.tokens = kTokens;
     po.hc = kHc;
     po.dim = kDim;
-    ops.hc_post(po);
+    cuda::hc_post(po, s);
     HcHeadParams hh;
     hh.h = hout.get();
     hh.fn = fn.get();
@@ -86,7 +86,7 @@ struct Sequence {
     hh.hc = kHc;
     hh.dim = kDim;
     hh.y = hy.get();
-    ops.hc_head(hh);
+    cuda::hc_head(hh, s);
     MoeGateParams mg;
     mg.logits = logits.get();
     mg.bias = par.get();
@@ -95,7 +95,7 @@ struct Sequence {
     mg.topk = kTop;
     mg.expert_ids = gid.get();
     mg.weights = gw.get();
-    ops.moe_gate(mg);
+    cuda::moe_gate(mg, s);
     MoeGroupParams gr;
     gr.expert_ids = gid.get();
     gr.tokens = kTokens;
@@ -104,34 +104,34 @@ struct Sequence {
     gr.offsets = off.get();
     gr.token_of = tok.get();
     gr.slot_of = slot.get();
-    ops.moe_group(gr);
+    cuda::moe_group(gr, s);
     SwigluParams sg;
     sg.gate = y.get();
     sg.up = y.get();
     sg.out = sw.get();
     sg.rows = kTokens;
     sg.cols = kN;
-    ops.swiglu(sg);
+    cuda::swiglu(sg, s);
     SoftmaxParams sm;
     sm.x = vocab.get();
     sm.y = probs.get();
     sm.rows = kTokens;
     sm.n = kVocab;
-    ops.softmax(sm);
+    cuda::softmax(sm, s);
     ArgmaxParams am;
     am.x = vocab.get();
     am.out = amax.get();
     am.max_value = amax_v.get();
     am.rows = kTokens;
     am.n = kVocab;
-    ops.argmax(am);
+    cuda::argmax(am, s);
     TopkParams tk;
     tk.scores = vocab.get();
     tk.rows = kTokens;
     tk.n = kVocab;
     tk.k = 512;
     tk.out = top.get();
-    ops.topk(tk);
+    cuda::topk(tk, s);
   }
 
   std::vector<std::vector<float>> float_outputs() {
@@ -150,14 +150,13 @@ struct Sequence {
 TEST(CudaOpsWarm, NoAllocationAndGraphReplayEqualsEager) {
   TANDEM_REQUIRE_GPU();
   Sequence seq;
-  Ops& ops = cuda::cuda_ops();
-  seq.run(ops);  // warm-up: scratch grows here
+  seq.run(kStream);  // warm-up: scratch grows here
   sync();
   const auto eager_f = seq.float_outputs();
   const auto eager_i = seq.int_outputs();
   const int64_t allocs = cuda::alloc_stats().count;
 
-  for (int i = 0; i < 3; ++i) seq.run(ops);
+  for (int i = 0; i < 3; ++i) seq.run(kStream);
   sync();
   EXPECT_EQ(cuda::alloc_stats().count, allocs) << "a warm op sequence allocated device memory";
 
@@ -166,18 +165,15 @@ TEST(CudaOpsWarm, NoAllocationAndGraphReplayEqualsEager) {
   sync();
   cudaStream_t s;
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaStream_t prev = cuda::stream();
-  cuda::set_stream(s);
   cudaGraph_t graph;
   TANDEM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  seq.run(ops);
+  seq.run(s);
   TANDEM_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec;
   TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, s));
   TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, s));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
-  cuda::set_stream(prev);
   EXPECT_EQ(cuda::alloc_stats().count, allocs) << "capture or replay allocated device memory";
   const auto graph_f = seq.float_outputs();
   const auto graph_i = seq.int_outputs();
@@ -200,7 +196,6 @@ TEST(CudaOpsWarm, OpsWithoutScratchNeverAllocate) {
   DeviceBuffer<int32_t> idx = to_dev(hidx), vis = to_dev(std::vector<int32_t>(tokens, static_cast<int32_t>(rows)));
   DeviceBuffer<int64_t> pos = to_dev(std::vector<int64_t>{5, 6, 7});
   DeviceBuffer<float> inv = to_dev(randu(32, 4, 0.001f, 1.0f)), scores = poisoned<float>(tokens * rows);
-  Ops& ops = cuda::cuda_ops();
   sync();
   const int64_t allocs = cuda::alloc_stats().count;
   for (int it = 0; it < 2; ++it) {
@@ -210,30 +205,30 @@ TEST(CudaOpsWarm, OpsWithoutScratchNeverAllocate) {
     aq.cols = 448;
     aq.ldx = dim;
     aq.block = 64;
-    ops.act_quant_fp8(aq);
+    cuda::act_quant_fp8(aq, kStream);
     Fp4ActQuantParams fq;
     fq.x = x.get();
     fq.rows = tokens;
     fq.cols = 128;
     fq.ldx = heads * dim;
-    ops.fp4_act_quant(fq);
+    cuda::fp4_act_quant(fq, kStream);
     RoundBf16Params rb;
     rb.x = x.get();
     rb.rows = tokens;
     rb.cols = heads * dim;
-    ops.round_bf16(rb);
+    cuda::round_bf16(rb, kStream);
     RopeParams rp;
     rp.x = x.get();
     rp.positions = pos.get();
     rp.inv_freq = inv.get();
     rp.tokens = tokens;
     rp.heads = heads;
-    ops.rope(rp);
+    cuda::rope(rp, kStream);
     HadamardParams hd;
     hd.x = x.get();
     hd.rows = tokens * heads * 4;
     hd.n = 128;
-    ops.hadamard(hd);
+    cuda::hadamard(hd, kStream);
     SparseAttnParams sa;
     sa.q = x.get();
     sa.kv = kv.get();
@@ -245,7 +240,7 @@ TEST(CudaOpsWarm, OpsWithoutScratchNeverAllocate) {
     sa.dim = dim;
     sa.kv_rows = rows;
     sa.topk = 16;
-    ops.sparse_attn(sa);
+    cuda::sparse_attn(sa, kStream);
     IndexerScoreParams is;
     is.q = x.get();
     is.k = kv.get();
@@ -257,7 +252,7 @@ TEST(CudaOpsWarm, OpsWithoutScratchNeverAllocate) {
     is.entries = rows;
     is.ldk = dim;
     is.scores = scores.get();
-    ops.indexer_score(is);
+    cuda::indexer_score(is, kStream);
     CompressPoolParams cp;
     cp.kv = kv.get();
     cp.score = kv.get();
@@ -267,14 +262,14 @@ TEST(CudaOpsWarm, OpsWithoutScratchNeverAllocate) {
     cp.ratio = 4;
     cp.num_entries = 2;
     cp.out = out.get();
-    ops.compress_pool(cp);
+    cuda::compress_pool(cp, kStream);
     RowsCopyParams rc;
     rc.src = out.get();
     rc.dst = kv.get();
     rc.rows = idx.get();
     rc.count = 8;
     rc.cols = dim;
-    ops.rows_copy(rc);
+    cuda::rows_copy(rc, kStream);
   }
   sync();
   EXPECT_EQ(cuda::alloc_stats().count, allocs);

@@ -36,15 +36,60 @@ TEST(DeviceSelect, CudaWithoutAGpuIsAClearErrorAndAutoUsesTheCpu) {
   EXPECT_EQ((*a)->model_info().device, "cpu");
 }
 
-TEST(DeviceSelect, UnknownDeviceAndGpuTensorParallelAreErrors) {
+TEST(DeviceSelect, UnknownDeviceIsAnError) {
   EngineConfig c = builtin("tpu");
-  EXPECT_FALSE(Engine::create(c).ok());
-  if (!cuda_runner_available()) GTEST_SKIP() << "no GPU: --device cuda with N > 1 is refused before that check";
-  c = builtin("cuda");
+  auto e = Engine::create(c);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--device 'tpu'"), std::string::npos) << e.status().message();
+}
+
+// Tensor parallelism on a GPU runs through the same rank processes as on the CPU (tests/cuda
+// covers it); without a GPU --device cuda is refused before any worker starts.
+TEST(DeviceSelect, GpuTensorParallelWithoutAGpuIsAClearError) {
+  if (cuda_runner_available()) GTEST_SKIP() << "a GPU is visible: tests/cuda covers tensor parallelism on it";
+  EngineConfig c = builtin("cuda");
+  c.tensor_parallel_size = 2;
+  c.master_port = 18640;
+  c.worker_binary = TANDEM_BINARY;
+  auto e = Engine::create(c);
+  ASSERT_FALSE(e.ok());
+  const std::string msg = e.status().message();
+  EXPECT_TRUE(msg.find("no CUDA device") != std::string::npos || msg.find("no CUDA runner") != std::string::npos)
+      << msg;
+}
+
+// --synthetic on the CPU: refused at once with the bytes rank 0 would hold (no allocation is
+// attempted); on a machine with less memory than that, also the bytes available.
+TEST(DeviceSelect, SyntheticFullSizeOnTheCpuIsRefusedWithTheBytes) {
+  for (int tp : {1, 2}) {
+    EngineConfig c = builtin("cpu");
+    c.synthetic = "deepseek-v4-flash-0731";
+    c.tensor_parallel_size = tp;
+    auto e = Engine::create(c);
+    ASSERT_FALSE(e.ok());
+    const std::string msg = e.status().message();
+    EXPECT_NE(msg.find("--synthetic deepseek-v4-flash-0731"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(tp == 1 ? "155.42 GiB" : "78.88 GiB"), std::string::npos) << msg;  // the plan's bytes
+    EXPECT_NE(msg.find("--device cuda"), std::string::npos) << msg;
+    if (e.status().code() == StatusCode::kResourceExhausted)
+      EXPECT_NE(msg.find("available"), std::string::npos) << msg;
+    else
+      EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented) << msg;
+  }
+}
+
+// --synthetic with tensor parallelism: the worker ranks cannot generate synthetic weights yet, so
+// start-up refuses before any rank starts (bench-model measures one rank of such a group).
+TEST(DeviceSelect, SyntheticWithTensorParallelismIsRefused) {
+  EngineConfig c = builtin("cuda");
+  c.synthetic = "tiny:tp8";
   c.tensor_parallel_size = 2;
   auto e = Engine::create(c);
   ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.status().message().find("NCCL"), std::string::npos) << e.status().message();
+  const std::string msg = e.status().message();
+  EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented) << msg;
+  EXPECT_NE(msg.find("--synthetic tiny:tp8 with --tensor-parallel-size 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bench-model"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
+#include "engine/greedy_draft_check.h"
 #include "engine/model_runner.h"
 #include "text/tokenizer.h"
 
@@ -123,7 +124,7 @@ TEST_F(TinyCheckpoint, SpeculativeGreedyEqualsPlainGreedy) {
     EngineConfig spec = plain;
     spec.speculative.method = "dspark";
     spec.speculative.num_speculative_tokens = 5;
-    spec.speculative.verify_mode = "fixed";
+    spec.speculative.verify_mode = VerifyMode::kFixed;
     EngineMetrics m;
     auto got = run_all(spec, prompts, 20, &m);
     for (const auto& [id, o] : want) {
@@ -161,20 +162,28 @@ TEST_F(TinyCheckpoint, DraftDraftsKTokens) {
   seq.tokens = prompt;
   seq.block_table = table;
   seq.collect_taps = true;
+  seq.reset = true;
   std::vector<RunnerSeq> batch = {seq};
   RunnerOutput out;
   ASSERT_TRUE(r.forward(batch, nullptr, out).ok());
   const int64_t n = static_cast<int64_t>(prompt.size());
-  r.draft_insert_context(0, 0, n, 0);
+  ASSERT_TRUE(r.commit(std::vector<SlotCommit>{{0, 0, n, n, {}}}).ok());
   std::vector<DraftQuery> q(1);
   q[0].slot = 0;
-  q[0].anchor = prompt.back();
-  q[0].position = n;
+  q[0].anchor_token = prompt.back();
+  q[0].anchor_pos = n;
   std::vector<DraftProposal> props;
   ASSERT_TRUE(r.draft_propose(q, props).ok());
   ASSERT_EQ(props.size(), 1u);
   EXPECT_EQ(props[0].tokens.size(), 2u);
   EXPECT_EQ(props[0].confidence.size(), 2u);
+}
+
+TEST_F(TinyCheckpoint, DraftAtTinyTemperatureIsGreedy) {
+  ASSERT_TRUE(ok_) << "tandem make-tiny failed";
+  auto runner = create_dsv4_runner(tiny_config(*dir_, 1));
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  testing::expect_tiny_temperature_drafts_greedily(**runner, tiny_prompts(*dir_, 1, 24)[0]);
 }
 
 TEST_F(TinyCheckpoint, PrefixHitReproducesOutputs) {
@@ -204,7 +213,7 @@ TEST_F(TinyCheckpoint, EachKvDtypeStartsAndSpeculativeGreedyEqualsPlain) {
     EngineConfig spec = plain;
     spec.speculative.method = "dspark";
     spec.speculative.num_speculative_tokens = 5;
-    spec.speculative.verify_mode = "fixed";
+    spec.speculative.verify_mode = VerifyMode::kFixed;
     EngineMetrics m;
     auto got = run_all(spec, prompts, 12, &m);
     ASSERT_EQ(want.size(), 1u) << flag;
@@ -259,38 +268,39 @@ TEST_F(TinyCheckpoint, PrefixHitRestoresTheDraftContext) {
 
   const std::vector<int32_t> toks = tiny_prompts(*dir_, 1, 150)[0];
   RunnerOutput out;
-  auto step = [&](int slot, int64_t start, int64_t n, const std::vector<int32_t>& table) {
+  // One step of n tokens from `start` (the slot starts over when `restore` is given or start is
+  // 0), every row into the draft's context, the slot's state exported into `snapshot` if given.
+  auto step = [&](int slot, int64_t start, int64_t n, const std::vector<int32_t>& table,
+                  std::span<const uint8_t> restore = {}, std::span<uint8_t> snapshot = {}) {
     RunnerSeq s;
     s.slot = slot;
     s.start_pos = start;
     s.tokens = std::span<const int32_t>(toks.data() + start, n);
     s.block_table = table;
     s.collect_taps = true;
+    s.reset = start == 0 || !restore.empty();
+    s.restore = restore;
     ASSERT_TRUE(runner.forward(std::span<const RunnerSeq>(&s, 1), nullptr, out).ok());
-    runner.draft_insert_context(slot, start, n, 0);
+    ASSERT_TRUE(runner.commit(std::vector<SlotCommit>{{slot, 0, start + n, n, snapshot}}).ok());
   };
   auto propose = [&](int slot) {
     DraftQuery q;
     q.slot = slot;
-    q.anchor = toks[140];
-    q.position = 140;
+    q.anchor_token = toks[140];
+    q.anchor_pos = 140;
     std::vector<DraftProposal> p;
     EXPECT_TRUE(runner.draft_propose(std::span<const DraftQuery>(&q, 1), p).ok());
     return p.empty() ? DraftProposal() : p[0];
   };
   // cold: slot 0 runs 128 tokens (snapshot at the block boundary), then 12 more
   const std::vector<int32_t> cold_table = {0, 1};
-  runner.reset(0);
-  step(0, 0, 128, cold_table);
   std::vector<uint8_t> snap(static_cast<size_t>(runner.slot_state_bytes()));
-  runner.export_slot_state(0, snap);
+  step(0, 0, 128, cold_table, {}, snap);
   step(0, 128, 12, cold_table);
   const DraftProposal cold = propose(0);
-  // prefix hit: slot 1 imports the snapshot, shares block 0, runs the same 12 tokens
+  // prefix hit: slot 1 starts from the snapshot, shares block 0, runs the same 12 tokens
   const std::vector<int32_t> hit_table = {0, 2};
-  runner.reset(1);
-  ASSERT_TRUE(runner.import_slot_state(1, snap).ok());
-  step(1, 128, 12, hit_table);
+  step(1, 128, 12, hit_table, snap);
   const DraftProposal hit = propose(1);
   ASSERT_EQ(cold.tokens.size(), 5u);
   EXPECT_EQ(hit.tokens, cold.tokens);
@@ -305,7 +315,7 @@ TEST_F(TinyCheckpoint, PrefixHitDraftsLikeAColdRun) {
   prompts.push_back(prompts[0]);
   EngineConfig ec = tiny_config(*dir_, 1);  // one at a time: the second request hits the first's blocks
   ec.speculative.method = "dspark";
-  ec.speculative.verify_mode = "fixed";
+  ec.speculative.verify_mode = VerifyMode::kFixed;
   auto outs = run_all(ec, prompts, 100);
   const Out &cold = outs["p0"], &hit = outs["p1"];
   std::printf("cold: %ld drafted, %ld accepted; prefix hit (%ld cached): %ld drafted, %ld accepted\n",
@@ -336,7 +346,7 @@ TEST(BuiltinCheckpoint, SpeculativeAndPreemptedGreedyEqualPlainGreedy) {
   auto want = run_all(plain, prompts, 130);
   EngineConfig spec = plain;
   spec.speculative.method = "dspark";
-  spec.speculative.verify_mode = "fixed";
+  spec.speculative.verify_mode = VerifyMode::kFixed;
   EngineMetrics m;
   auto got = run_all(spec, prompts, 130, &m);
   for (const auto& [id, o] : want) {

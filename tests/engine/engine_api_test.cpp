@@ -123,10 +123,11 @@ TEST(SpeculativeSampling, ReproducesTargetDistribution) {
   auto plain = run_distribution(base, 0.5, kN);
   EXPECT_LT(plain.r2, 1.0);
   EXPECT_LT(plain.r3, 1.0);
-  for (const char* method : {"sample", "greedy"}) {
+  for (DraftSampleMethod m : {DraftSampleMethod::kSample, DraftSampleMethod::kGreedy}) {
+    const char* method = draft_sample_method_name(m);
     for (const char* mode : {"fixed", "threshold"}) {
       EngineConfig ec = with_spec(base, mode);
-      ec.speculative.draft_sample_method = method;
+      ec.speculative.draft_sample_method = m;
       auto r = run_distribution(ec, 0.5, kN);
       EXPECT_LT(r.r2, 1.0) << method << " " << mode;
       EXPECT_LT(r.r3, 1.0) << method << " " << mode;
@@ -160,7 +161,7 @@ class RecordingRunner : public FakeModelRunner {
     const size_t V = static_cast<size_t>(vocab_size());
     for (size_t i = 0; st.ok() && i < reqs.size(); ++i)
       if (const float* q = out[i].sampled ? stored_q(reqs[i].slot) : nullptr)
-        first.try_emplace({reqs[i].seed, reqs[i].position}, Proposal{out[i].tokens[0], std::vector<float>(q, q + V)});
+        first.try_emplace({reqs[i].seed, reqs[i].anchor_pos}, Proposal{out[i].tokens[0], std::vector<float>(q, q + V)});
     return st;
   }
 };
@@ -184,7 +185,7 @@ TEST(SpeculativeSampling, EngineVerifierAcceptsWithExactlyMinOfOneAndPOverQ) {
   ec.block_size = 16;
   ec.enable_prefix_caching = false;
   ec = with_spec(ec, "fixed");
-  ec.speculative.draft_sample_method = "sample";
+  ec.speculative.draft_sample_method = DraftSampleMethod::kSample;
   auto runner = std::make_unique<RecordingRunner>(fc);
   RecordingRunner* rec = runner.get();
   Harness h(std::move(runner), ec, /*integrity=*/false);

@@ -26,7 +26,7 @@ FakeModelConfig fake_config(double agree = 0.7) {
 std::vector<std::vector<int32_t>> run_prompts(const EngineConfig& ec, int concurrency, int n_prompts, int n_tokens,
                                               EngineMetrics* metrics = nullptr, double agree = 0.7) {
   FakeModelConfig fc = fake_config(agree);
-  if (ec.speculative.verify_mode == "auto") {
+  if (ec.speculative.verify_mode == VerifyMode::kAuto) {
     // auto decides from measured costs: give the fake a bandwidth-bound step (a forward costs
     // about the same for 1 or 48 tokens, a draft a tenth of it) so speculation pays and is used.
     fc.forward_fixed_us = 300;
@@ -538,7 +538,7 @@ TEST(EngineCore, StartupErrorsAndCapacity) {
   ec.speculative.num_speculative_tokens = 6;  // > the draft block (5)
   EXPECT_FALSE(make(ec).ok());
   ec.speculative.num_speculative_tokens = 3;
-  ec.speculative.verify_mode = "sometimes";
+  ec.speculative.confidence_threshold = 1.5;  // (verify_mode is an enum: a bad name fails in the parser)
   EXPECT_FALSE(make(ec).ok());
 }
 

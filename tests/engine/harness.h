@@ -122,7 +122,7 @@ inline EngineConfig small_config(int max_num_seqs = 8, int block_size = 16) {
 inline EngineConfig with_spec(EngineConfig ec, const std::string& mode, int k = 5) {
   ec.speculative.method = "dspark";
   ec.speculative.num_speculative_tokens = k;
-  ec.speculative.verify_mode = mode;
+  ec.speculative.verify_mode = parse_verify_mode(mode).value();
   return ec;
 }
 

@@ -38,6 +38,7 @@ std::string make_tiny(const std::string& preset, int seed) {
 EngineConfig config(const std::string& dir, int tp, int port) {
   EngineConfig ec;
   ec.model_dir = dir;
+  ec.device = "cpu";  // the CPU's ranks (tests/cuda/tp_cuda_test.cpp covers GPUs)
   ec.max_num_seqs = 2;
   ec.max_num_batched_tokens = 256;
   ec.block_size = 128;
@@ -130,17 +131,31 @@ std::vector<std::vector<int32_t>> generate(const EngineConfig& ec, int max_token
   return {a->r.tokens, b->r.tokens};
 }
 
+// DSpark with K drafts per step, verify_mode fixed.
+EngineConfig speculative(EngineConfig ec, int k) {
+  ec.speculative.method = "dspark";
+  ec.speculative.num_speculative_tokens = k;
+  ec.speculative.verify_mode = VerifyMode::kFixed;
+  return ec;
+}
+
 TEST_F(TpEngine, GreedyAndSpeculativeGreedyEqualOneProcess) {
   const auto ref = generate(config(*dir_, 1, 0), 20);
   ASSERT_EQ(ref.size(), 2u);
   const auto tp2 = generate(config(*dir_, 2, 18580), 20);
   EXPECT_EQ(tp2, ref) << "TP=2 greedy differs from TP=1";
-  EngineConfig spec = config(*dir_, 2, 18582);
-  spec.speculative.method = "dspark";
-  spec.speculative.num_speculative_tokens = 5;
-  spec.speculative.verify_mode = "fixed";
-  const auto tp2_spec = generate(spec, 20);
+  const auto tp2_spec = generate(speculative(config(*dir_, 2, 18582), 5), 20);
   EXPECT_EQ(tp2_spec, ref) << "TP=2 speculative greedy differs from TP=1 greedy";
+  EXPECT_TRUE(worker_pids().empty()) << "workers left running after shutdown";
+}
+
+// K below the checkpoint's draft block (3 of tp8's 5): every rank drafts K tokens, so the draft's
+// collectives agree in size (the allocate plan carries K), and the output is TP=1's greedy output.
+TEST_F(TpEngine, SpeculativeWithKBelowTheDraftBlockEqualsOneProcess) {
+  const auto ref = generate(config(*dir_, 1, 0), 16);
+  ASSERT_EQ(ref.size(), 2u);
+  const auto tp2_spec = generate(speculative(config(*dir_, 2, 18648), 3), 16);
+  EXPECT_EQ(tp2_spec, ref) << "TP=2 speculative greedy (K=3 of a 5-token block) differs from TP=1 greedy";
   EXPECT_TRUE(worker_pids().empty()) << "workers left running after shutdown";
 }
 
@@ -208,8 +223,8 @@ TEST_F(TpEngine, MismatchedWorkerIsRefusedNamingTheDifference) {
   ASSERT_GE(node1, 0);
   if (node1 == 0) {
     const std::string p = std::to_string(port);
-    execl(TANDEM_BINARY, TANDEM_BINARY, "serve", "--model", other.c_str(), "--tensor-parallel-size", "2", "--nnodes",
-          "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", p.c_str(), "--threads", "1",
+    execl(TANDEM_BINARY, TANDEM_BINARY, "serve", "--model", other.c_str(), "--device", "cpu", "--tensor-parallel-size",
+          "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", p.c_str(), "--threads", "1",
           "--distributed-timeout", "30", static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -226,6 +241,45 @@ TEST_F(TpEngine, MismatchedWorkerIsRefusedNamingTheDifference) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 0) << "node 1 should exit non-zero when refused";
   std::error_code ec2;
   fs::remove_all(other, ec2);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// `tandem logits` and `tandem run` take the same tensor-parallel flags as serve: TP=2 and TP=4
+// write the same logits file as TP=1 (the CPU sums in rank order and rounds like one process)
+// and generate the same text.
+TEST_F(TpEngine, LogitsAndRunTakeTheTensorParallelFlags) {
+  const std::string dir = fs::temp_directory_path() / ("tandem-tpe-logits-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir + "/t.json") << R"({"prompt":[1,5,9,33,70,2,8,100,101,7,3,44],"decode":[12,13,14]})";
+  std::string ref_logits, ref_text;
+  for (int tp : {1, 2, 4}) {
+    const std::string out = dir + "/l" + std::to_string(tp) + ".safetensors";
+    const std::string common = " --model " + *dir_ + " --device cpu --threads 1 --tensor-parallel-size " +
+                               std::to_string(tp) + " --master-port " + std::to_string(18600 + 2 * tp);
+    std::string cmd = std::string(TANDEM_BINARY) + " logits --tokens-file " + dir + "/t.json --out " + out + common +
+                      " > " + dir + "/log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << slurp(dir + "/log");
+    const std::string text_file = dir + "/run" + std::to_string(tp) + ".txt";
+    cmd = std::string(TANDEM_BINARY) + " run --prompt 'hello world' --max-tokens 12 --temperature 0" + common + " > " +
+          text_file + " 2> " + dir + "/log";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << slurp(dir + "/log");
+    if (tp == 1) {
+      ref_logits = slurp(out);
+      ref_text = slurp(text_file);
+      ASSERT_GT(ref_logits.size(), 1000u);
+      ASSERT_FALSE(ref_text.empty());
+    } else {
+      EXPECT_TRUE(slurp(out) == ref_logits) << "tandem logits with TP=" << tp << " differs from TP=1";
+      EXPECT_EQ(slurp(text_file), ref_text) << "tandem run with TP=" << tp << " differs from TP=1";
+    }
+  }
+  EXPECT_TRUE(worker_pids().empty()) << "ranks left running";
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 TEST_F(TpEngine, MissingNodeIsNamedAfterTheTimeout) {

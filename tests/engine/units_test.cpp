@@ -11,6 +11,7 @@
 #include "engine/sampler.h"
 #include "engine/spec_planner.h"
 #include "engine/text_stream.h"
+#include "kernels/cpu/sampling.h"
 
 namespace tandem {
 namespace {
@@ -496,15 +497,15 @@ TEST(SpeculativeConfig, ParsesVllmJson) {
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->method, "dspark");
   EXPECT_EQ(c->num_speculative_tokens, 5);
-  EXPECT_EQ(c->verify_mode, "auto");
+  EXPECT_EQ(c->verify_mode, VerifyMode::kAuto);
   c = parse_speculative_config(R"({"method":"dspark","num_speculative_tokens":3,"dspark_confidence_threshold":0.7})");
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->verify_mode, "threshold");
+  EXPECT_EQ(c->verify_mode, VerifyMode::kThreshold);
   EXPECT_DOUBLE_EQ(c->confidence_threshold, 0.7);
   c = parse_speculative_config(R"({"method":"dspark","verify_mode":"fixed","draft_sample_method":"probabilistic"})");
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->verify_mode, "fixed");
-  EXPECT_EQ(c->draft_sample_method, "sample");
+  EXPECT_EQ(c->verify_mode, VerifyMode::kFixed);
+  EXPECT_EQ(c->draft_sample_method, DraftSampleMethod::kSample);
   EXPECT_TRUE(parse_speculative_config("").ok());
   c = parse_speculative_config(R"({"method":"mtp","num_speculative_tokens":2})");  // vLLM's name for it
   ASSERT_TRUE(c.ok());
@@ -525,7 +526,7 @@ TEST(SpeculativeConfig, ParsesVllmJson) {
 TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
   SpeculativeConfig sc;
   sc.method = "dspark";
-  sc.verify_mode = "auto";
+  sc.verify_mode = VerifyMode::kAuto;
   std::vector<float> hi = {0.95f, 0.95f, 0.9f, 0.9f, 0.9f}, lo = {0.3f, 0.2f, 0.2f, 0.1f, 0.1f};
   std::vector<std::span<const float>> conf = {hi, lo};
   std::vector<int> limits = {5, 5}, lengths;
@@ -570,14 +571,14 @@ TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
   EXPECT_GE(probes, 2 * 14);
   EXPECT_LE(probes, 2 * 17);
   // Fixed and threshold modes ignore costs.
-  sc.verify_mode = "fixed";
+  sc.verify_mode = VerifyMode::kFixed;
   SpecPlanner fixed(sc, 5);
   std::vector<int> lim2 = {5, 2};
   fixed.plan(conf, lim2, 0, lengths);
   EXPECT_EQ(lengths, (std::vector<int>{5, 2}));
   fixed.choose_drafts(both, std::vector<int>{5, 0}, 0, pick);
   EXPECT_EQ(pick, (std::vector<uint8_t>{1, 0}));
-  sc.verify_mode = "threshold";
+  sc.verify_mode = VerifyMode::kThreshold;
   sc.confidence_threshold = 0.5;
   SpecPlanner thr(sc, 5);
   thr.plan(conf, limits, 0, lengths);
@@ -591,7 +592,7 @@ TEST(SpecPlanner, AutoFollowsMeasuredCosts) {
 TEST(SpecPlanner, AutoDecidesPerRequest) {
   SpeculativeConfig sc;
   sc.method = "dspark";
-  sc.verify_mode = "auto";
+  sc.verify_mode = VerifyMode::kAuto;
   SpecPlanner p(sc, 5);
   for (int rep = 0; rep < 3; ++rep)
     for (int t = 1; t <= 64; ++t) p.observe_forward(2, t, 0.004 + 0.0015 * t);
@@ -640,7 +641,7 @@ TEST(SpecPlanner, AutoDecidesPerRequest) {
 TEST(SpecPlanner, ForwardCostsPerSequenceCount) {
   SpeculativeConfig sc;
   sc.method = "dspark";
-  sc.verify_mode = "auto";
+  sc.verify_mode = VerifyMode::kAuto;
   SpecPlanner p(sc, 5);
   for (int rep = 0; rep < 3; ++rep)
     for (int b : {1, 2, 4, 8})
@@ -670,7 +671,7 @@ TEST(CostModel, StaleShapesFollowTheCommonLevel) {
 TEST(SpecPlanner, CalibratesConfidences) {
   SpeculativeConfig sc;
   sc.method = "dspark";
-  sc.verify_mode = "auto";
+  sc.verify_mode = VerifyMode::kAuto;
   SpecPlanner p(sc, 5);
   EXPECT_NEAR(p.calibrated(0.15), 0.15, 1e-9);  // nothing observed yet
   std::vector<float> conf = {0.95f, 0.15f, 0.5f, 0.5f, 0.5f};

@@ -1,11 +1,15 @@
 // The CPU communicator (engine/parallel/zmq_comm.h): collectives in rank order, start-up that
 // names a missing rank or a mismatched fingerprint, and a silent peer failing the group.
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <random>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "common/numeric.h"
 #include "engine/parallel/zmq_comm.h"
 
 namespace tandem {
@@ -66,6 +70,69 @@ TEST(ZmqComm, CollectivesInRankOrder) {
     EXPECT_EQ(gat[r], (std::vector<int32_t>{0, 0, 1, 10, 2, 20})) << r;
     EXPECT_EQ(bc[r], (std::vector<uint8_t>{7, 8, 9})) << r;
   }
+}
+
+// The data plane's bf16 path: every rank's bf16 elements are widened to fp32, summed in rank order
+// (rank 0 first) and rounded to bf16 once; every rank gets the same bits. Element 0 cancels only in
+// rank order (2^24 + 1 rounds back to 2^24 in fp32); element 1 needs the single rounding (1 +
+// 2^-8 + 2^-8 is 1 + 2^-7 in fp32, but 1 after two bf16 roundings); elements 2 and 3 carry inf
+// and NaN through; the rest are random.
+TEST(ZmqComm, Bf16AllReduceSumsWidenedInRankOrderAndRoundsOnce) {
+  const int n = 3;
+  const size_t count = 4096;
+  auto c = group(n, 18640);
+  ASSERT_TRUE(c[2]);
+  std::vector<std::vector<uint16_t>> in(n, std::vector<uint16_t>(count));
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) in[r][i] = num::f32_to_bf16(u(rng) * std::ldexp(1.0f, static_cast<int>(i % 7) - 3));
+  const float e0[3] = {16777216.0f, 1.0f, -16777216.0f}, e1[3] = {1.0f, 0.00390625f, 0.00390625f};
+  const float e2[3] = {1.0f, INFINITY, 2.0f}, e3[3] = {1.0f, 2.0f, NAN};
+  for (int r = 0; r < n; ++r) {
+    in[r][0] = num::f32_to_bf16(e0[r]);
+    in[r][1] = num::f32_to_bf16(e1[r]);
+    in[r][2] = num::f32_to_bf16(e2[r]);
+    in[r][3] = num::f32_to_bf16(e3[r]);
+  }
+  std::vector<uint16_t> want(count);
+  for (size_t i = 0; i < count; ++i) {
+    float acc = num::bf16_to_f32(in[0][i]);
+    for (int r = 1; r < n; ++r) acc += num::bf16_to_f32(in[r][i]);
+    want[i] = num::f32_to_bf16(acc);
+  }
+  ASSERT_EQ(num::bf16_to_f32(want[0]), 0.0f);
+  ASSERT_EQ(num::bf16_to_f32(want[1]), 1.0078125f);
+  std::vector<std::vector<uint16_t>> got = in;
+  on_all(n, [&](int r) {
+    DataComm& data = *c[r];
+    Status st = data.all_reduce_sum(got[r].data(), count, CommDtype::kBf16, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  });
+  EXPECT_EQ(c[0]->path(), "zmq-rank-order");
+  for (int r = 0; r < n; ++r) {
+    size_t bad = 0, first = count;
+    for (size_t i = 0; i < count; ++i)
+      if (got[r][i] != want[i] && !bad++) first = i;
+    EXPECT_EQ(bad, 0u) << "rank " << r << ": " << bad << " elements differ, first at " << first << ": got 0x"
+                       << std::hex << (first < count ? got[r][first] : 0) << " want 0x"
+                       << (first < count ? want[first] : 0);
+    EXPECT_TRUE(std::isinf(num::bf16_to_f32(got[r][2]))) << r;
+    EXPECT_TRUE(std::isnan(num::bf16_to_f32(got[r][3]))) << r;
+  }
+}
+
+// A barrier's ranks reach rank 0 in any order (here the last rank first): TP=4 start-up.
+TEST(ZmqComm, BarrierTakesRanksInAnyOrder) {
+  const int n = 4;
+  auto c = group(n, 18576);
+  ASSERT_TRUE(c[3]);
+  std::vector<Status> st(n);
+  on_all(n, [&](int r) {
+    if (r > 0) std::this_thread::sleep_for(std::chrono::milliseconds(60 * (n - r)));
+    st[r] = c[r]->barrier(std::chrono::seconds(5));
+  });
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].ok()) << r << ": " << st[r].message();
 }
 
 TEST(ZmqComm, MismatchedFingerprintIsRefusedNamingTheKey) {

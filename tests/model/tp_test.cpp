@@ -1,16 +1,21 @@
 // Tensor parallelism on the CPU: the tiny "tp8" checkpoint sharded over 2 and 4 ranks (threads of
 // this process, each with its own DsV4Model and a ZeroMQ communicator over loopback) against the
 // unsharded model: same greedy tokens, logits within tolerance, the same bits on every rank, the
-// DSpark draft's proposals, and each rank binding only its share of the weights.
+// DSpark draft's proposals, and each rank binding only its share of the weights. The model needs
+// only the data plane: an in-process DataComm (no control plane at all) gives the ZeroMQ group's
+// bits exactly, as the determinism contract of common/comm.h says two rank-order backends must.
 #include <unistd.h>
 
+#include <barrier>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "common/numeric.h"
 #include "engine/parallel/zmq_comm.h"
 #include "io/model_config.h"
 #include "model/model.h"
@@ -31,7 +36,7 @@ std::string make_tiny(const std::string& preset) {
   return dir;
 }
 
-ModelOptions options(int rank, int size, Comm* comm) {
+ModelOptions options(int rank, int size, DataComm* comm) {
   ModelOptions o;
   o.max_slots = 2;
   o.num_blocks = 8;
@@ -51,19 +56,79 @@ void on_all_ranks(int n, const std::function<void(int)>& f) {
   for (auto& t : ts) t.join();
 }
 
+// The data plane of N threads of this process: every rank reads every rank's buffer and sums in
+// rank order (rank 0 first) in fp32 itself, then all copy their result in; barriers between the
+// phases. A DataComm and nothing else.
+class ThreadDataComm : public DataComm {
+ public:
+  struct Shared {
+    explicit Shared(int n) : size(n), sync(n), bufs(n) {}
+    int size;
+    std::barrier<> sync;
+    std::vector<const void*> bufs;
+  };
+  ThreadDataComm(std::shared_ptr<Shared> sh, int rank) : sh_(std::move(sh)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return sh_->size; }
+  std::string path() const override { return "threads-rank-order"; }
+  Status all_reduce_sum(void* data, size_t count, CommDtype dtype, CommStream) override {
+    wide_.assign(count, 0.0f);
+    publish(data);
+    for (int r = 0; r < sh_->size; ++r)
+      for (size_t i = 0; i < count; ++i) {
+        const float v = dtype == CommDtype::kF32 ? static_cast<const float*>(sh_->bufs[r])[i]
+                                                 : num::bf16_to_f32(static_cast<const uint16_t*>(sh_->bufs[r])[i]);
+        wide_[i] = r == 0 ? v : wide_[i] + v;
+      }
+    sh_->sync.arrive_and_wait();  // everyone has read every buffer
+    for (size_t i = 0; i < count; ++i) {
+      if (dtype == CommDtype::kF32) static_cast<float*>(data)[i] = wide_[i];
+      else static_cast<uint16_t*>(data)[i] = num::f32_to_bf16(wide_[i]);
+    }
+    return Status();
+  }
+  Status all_gather(const void* in, size_t bytes, void* out, CommStream) override {
+    publish(in);
+    for (int r = 0; r < sh_->size; ++r)
+      std::memcpy(static_cast<uint8_t*>(out) + r * bytes, sh_->bufs[r], bytes);
+    sh_->sync.arrive_and_wait();
+    return Status();
+  }
+  Status broadcast(void* data, size_t bytes, int root, CommStream) override {
+    publish(data);
+    if (rank_ != root) std::memcpy(data, sh_->bufs[root], bytes);
+    sh_->sync.arrive_and_wait();
+    return Status();
+  }
+
+ private:
+  void publish(const void* p) {
+    sh_->sync.arrive_and_wait();  // the previous collective's readers are done
+    sh_->bufs[rank_] = p;
+    sh_->sync.arrive_and_wait();
+  }
+  std::shared_ptr<Shared> sh_;
+  int rank_;
+  std::vector<float> wide_;
+};
+
 // N ranks in this process: communicators (created together: start-up waits for every rank) and models.
 struct Group {
-  std::vector<std::unique_ptr<Comm>> comms;
+  std::vector<std::unique_ptr<DataComm>> comms;
   std::vector<std::unique_ptr<DsV4Model>> models;
 };
 
+// port > 0: ZeroMQ over loopback; port 0 with n > 1: ThreadDataComm.
 Group make_group(const std::string& dir, int n, int port) {
   Group g;
   g.comms.resize(n);
   g.models.resize(n);
   std::vector<Status> st(n);
+  auto shared = std::make_shared<ThreadDataComm::Shared>(n);
   on_all_ranks(n, [&](int r) {
-    if (n > 1) {
+    if (n > 1 && port == 0) {
+      g.comms[r] = std::make_unique<ThreadDataComm>(shared, r);
+    } else if (n > 1) {
       ZmqCommOptions o;
       o.rank = r;
       o.size = n;
@@ -181,6 +246,25 @@ TEST_F(TensorParallel, GreedyTokensAndLogitsMatchOneRank) {
     EXPECT_EQ(d.tokens, ref.tokens) << "TP=" << n;
     expect_close(d.logits, ref.logits, V, "TP=" + std::to_string(n) + " vs TP=1");
   }
+}
+
+TEST_F(TensorParallel, TheModelNeedsOnlyTheDataPlane) {
+  const auto prompt = testing::tokens(40, 11);
+  Group zmq = make_group(*dir_, 2, 18644);
+  ASSERT_TRUE(zmq.models[1]);
+  const Decode want = greedy(zmq, prompt, 12);
+  Group threads = make_group(*dir_, 2, 0);
+  ASSERT_TRUE(threads.models[1]);
+  EXPECT_EQ(threads.comms[0]->path(), "threads-rank-order");
+  const Decode got = greedy(threads, prompt, 12);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  size_t differ = 0, first = got.logits.size();
+  for (size_t i = 0; i < got.logits.size(); ++i)
+    if (std::memcmp(&got.logits[i], &want.logits[i], sizeof(float)) != 0 && !differ++) first = i;
+  EXPECT_EQ(differ, 0u) << "logits differ from the ZeroMQ group's bits at " << differ << " places, first " << first
+                        << ": " << (first < got.logits.size() ? got.logits[first] : 0.0f) << " vs "
+                        << (first < got.logits.size() ? want.logits[first] : 0.0f);
 }
 
 TEST_F(TensorParallel, DraftProposalsMatchOneRank) {

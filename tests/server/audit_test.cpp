@@ -50,6 +50,23 @@ TEST(Audit, ReportsTheContract) {
   EXPECT_EQ(a["pass"], true);
 }
 
+// A tensor-parallel GPU rank reports how its collectives travel; one rank reports none.
+TEST(Audit, ReportsTheCollectivesOfAGpuRank) {
+  ModelInfo info = cpu_info();
+  nlohmann::json a = build_runtime_audit(opts(), &info);
+  EXPECT_FALSE(a["ranks"][0].contains("collectives"));
+  DeviceFacts& f = info.ranks[0];
+  f.device = "cuda:0";
+  f.collectives.topology = "2 ranks on 1 host; GPUs: 0000:18:00.0 NVIDIA H200, 0000:2a:00.0 NVIDIA H200";
+  f.collectives.routes = {"all_reduce <= 1 MiB: peer-oneshot", "all_reduce: nccl"};
+  f.collectives.unavailable = {"nccl-symmetric: test"};
+  a = build_runtime_audit(opts(), &info);
+  ASSERT_TRUE(a["ranks"][0].contains("collectives")) << a.dump(2);
+  EXPECT_EQ(a["ranks"][0]["collectives"]["routes"][0], "all_reduce <= 1 MiB: peer-oneshot");
+  EXPECT_EQ(a["ranks"][0]["collectives"]["unavailable"][0], "nccl-symmetric: test");
+  EXPECT_EQ(a["ranks"][0]["collectives"]["topology"], f.collectives.topology);
+}
+
 TEST(Audit, IdentityDigestFollowsTheBuildAndCheckpointOnly) {
   ModelInfo info = cpu_info();
   ServeOptions o = opts();

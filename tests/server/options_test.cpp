@@ -149,6 +149,69 @@ TEST(Options, RunAndLogitsShareTheTable) {
   EXPECT_FALSE(parse_options(kLogits, {"--model", "m", "--out", "o"}, env).ok());
 }
 
+TEST(Options, SyntheticNamesAnOfficialConfig) {
+  auto o = parse({"--synthetic", "deepseek-v4-flash-0731"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->engine.synthetic, "deepseek-v4-flash-0731");
+  EXPECT_EQ(o->served_model_names, std::vector<std::string>{"deepseek-v4-flash-0731"});
+  EXPECT_EQ(o->model, builtin_model_dir());  // the tokenizer's source
+  auto env = parse({}, {{"TANDEM_SYNTHETIC", "deepseek-v4-flash-preview"}});
+  ASSERT_TRUE(env.ok()) << env.status().message();
+  EXPECT_EQ(env->engine.synthetic, "deepseek-v4-flash-preview");
+  auto bad = parse({"--synthetic", "deepseek-v4-pro"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--synthetic"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("deepseek-v4-flash-0731"), std::string::npos) << bad.status().message();
+  auto tiny = parse({"--synthetic", "tiny:tp8"});
+  ASSERT_TRUE(tiny.ok()) << tiny.status().message();
+  EXPECT_EQ(tiny->engine.synthetic, "tiny:tp8");
+  auto bad_tiny = parse({"--synthetic", "tiny:huge"});
+  ASSERT_FALSE(bad_tiny.ok());
+  EXPECT_NE(bad_tiny.status().message().find("unknown preset"), std::string::npos) << bad_tiny.status().message();
+  auto none = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  auto run = parse_options(kRun, {"--prompt", "x", "--synthetic", "deepseek-v4-flash-0731"}, none);
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  EXPECT_FALSE(parse_options(kLogits, {"--tokens-file", "t", "--out", "o", "--synthetic", "deepseek-v4-flash-0731"}, none)
+                   .ok());
+}
+
+// Tensor parallelism takes the same flags on every command and device (GPU collectives included).
+TEST(Options, TensorParallelFlagsOnEveryCommand) {
+  auto env = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "TANDEM_NCCL_LIBRARY") return std::string("/opt/nccl/libnccl.so.2");
+    return std::nullopt;
+  };
+  const std::vector<std::string> tp = {"--tensor-parallel-size", "4", "--nnodes", "2", "--node-rank", "1",
+                                       "--master-addr", "10.0.0.1", "--master-port", "29600", "--distributed-timeout",
+                                       "30", "--device", "cuda", "--tp-collectives", "peer", "--tp-peer-max-bytes",
+                                       "512K", "--tp-share-gpus"};
+  for (Command cmd : {kServe, kRun, kLogits}) {
+    std::vector<std::string> args = tp;
+    if (cmd == kRun) args.insert(args.end(), {"--prompt", "hi"});
+    if (cmd == kLogits) args.insert(args.end(), {"--tokens-file", "t.json", "--out", "o.safetensors"});
+    auto o = parse_options(cmd, args, env);
+    ASSERT_TRUE(o.ok()) << cmd << ": " << o.status().message();
+    const EngineConfig& e = o->engine;
+    EXPECT_EQ(e.tensor_parallel_size, 4);
+    EXPECT_EQ(e.nnodes, 2);
+    EXPECT_EQ(e.node_rank, 1);
+    EXPECT_EQ(e.master_addr, "10.0.0.1");
+    EXPECT_EQ(e.master_port, 29600);
+    EXPECT_DOUBLE_EQ(e.distributed_timeout_s, 30);
+    EXPECT_EQ(e.device, "cuda");
+    EXPECT_EQ(e.tp_collectives, "peer");
+    EXPECT_EQ(e.tp_peer_max_bytes, 512 * 1024);
+    EXPECT_TRUE(e.tp_share_gpus);
+    EXPECT_EQ(e.nccl_library, "/opt/nccl/libnccl.so.2");
+  }
+  auto bad = parse_options(kServe, {"--tp-collectives", "nvls"}, env);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--tp-collectives"), std::string::npos) << bad.status().message();
+  bad = parse_options(kServe, {"--tp-peer-max-bytes", "1K"}, env);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--tp-peer-max-bytes"), std::string::npos) << bad.status().message();
+}
+
 // The commands: `run` without --prompt says so (exit 2, not CLI11's 106); a missing model
 // directory is named as such.
 TEST(Options, CommandErrorsAreClear) {

@@ -59,7 +59,7 @@ TEST(Profile, AgreeingFlagsAreAccepted) {
                   "--speculative-config", R"({"method":"dspark","num_speculative_tokens":5,"verify_mode":"fixed"})"});
   ASSERT_TRUE(o.ok()) << o.status().message();
   // Settings the profile does not pin stay the user's.
-  EXPECT_EQ(o->engine.speculative.verify_mode, "fixed");
+  EXPECT_EQ(o->engine.speculative.verify_mode, VerifyMode::kFixed);
   auto p = parse({"--model", "m", "--profile", "production", "--port", "9000", "--max-cudagraph-capture-size", "16"});
   ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_EQ(p->engine.max_cudagraph_capture_size, 16);

@@ -9,54 +9,25 @@ fault's search text no longer occurs exactly once (the list has gone stale), or 
 tree fails its own tests (a baseline that fails would "catch" everything).
 
   python3 tools/mutation/mutate.py [--scratch DIR] [--only ID,ID] [--jobs N] [--out FILE.md]
+
+CUDA faults (faults-gpu.json, `make mutation-gpu`) are gpu.py's: `mutate.py --gpu ...` runs it (see
+`mutate.py --gpu --help`).
 """
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def sh(cmd, cwd, env=None, timeout=None):
-    p = subprocess.run(cmd, cwd=cwd, env=env, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, errors="replace", timeout=timeout)
-    return p.returncode, p.stdout
-
-
-def sync_tree(scratch):
-    """Copies tracked and untracked-but-not-ignored files into scratch. A file whose content differs is
-    written with a fresh mtime, so the build sees it as changed even when the scratch copy's object
-    was built from a mutated version (mtimes copied from the worktree could be older than that
-    object and leave the fault compiled in)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                           stdout=subprocess.PIPE).stdout.decode().split("\0")
-    for f in files:
-        if not f or not os.path.isfile(os.path.join(ROOT, f)):
-            continue
-        src, dst = os.path.join(ROOT, f), os.path.join(scratch, f)
-        with open(src, "rb") as fh:
-            data = fh.read()
-        if os.path.exists(dst):
-            with open(dst, "rb") as fh:
-                if fh.read() == data:
-                    continue
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        with open(dst, "wb") as fh:
-            fh.write(data)
-        shutil.copymode(src, dst)
-
-
-def failed_tests(output):
-    names = sorted(set(re.findall(r"^\[  FAILED  \] ([\w/.]+)(?: \(| ,|$)", output, re.M)))
-    return [n for n in names if "." in n]
+from common import ROOT, failed_tests, sh, sync_tree
 
 
 def main():
+    if "--gpu" in sys.argv[1:]:
+        import gpu
+        return gpu.main([x for x in sys.argv[1:] if x != "--gpu"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--faults", default=os.path.join(ROOT, "tools/mutation/faults.json"))
     ap.add_argument("--scratch", default=os.environ.get("MUTATION_SCRATCH", "/tmp/tandem-mutation"))

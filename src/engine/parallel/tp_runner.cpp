@@ -1,8 +1,12 @@
-// TpHeadRunner, the worker loop, and the processes behind them (see tp_runner.h). A step plan is
-// one broadcast: [op u8][fields]. Workers apply plans in order to their own Dsv4Runner; the head
-// runs the same call right after sending it, so all ranks enter the model's collectives together.
-// Slot-state export is not forwarded: the KV and slot state are whole on every rank (one KV head),
-// so rank 0's snapshot is every rank's; an import sends the bytes along.
+// TpHeadRunner, the worker loop, and the processes behind them (see tp_runner.h). The control
+// plane carries one plan per runner call: [op u8][the pending slot commits][op fields]. A step's
+// commit (SlotCommit: rollback, draft context) is applied on the head at once and travels with the
+// next plan (the draft's or the next forward's), so a step is one forward plan plus one draft plan
+// when it drafts, whatever the number of sequences. Workers apply plans in order to their own
+// Dsv4Runner; the head runs the same call right after sending it, so all ranks enter the model's
+// collectives (the data plane) together. Slot-state export is not forwarded: the KV and slot
+// state are whole on every rank (one KV head), so rank 0's snapshot is every rank's; a restore
+// sends the bytes along with the forward that needs them.
 #include "engine/parallel/tp_runner.h"
 
 #include <signal.h>
@@ -21,6 +25,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "engine/dsv4_runner.h"
+#include "engine/parallel/device_tp.h"
 #include "engine/parallel/zmq_comm.h"
 #include "io/safetensors.h"
 #include "io/sha256.h"
@@ -177,7 +182,7 @@ class WorkerProcesses {
 
 namespace {
 
-enum class Op : uint8_t { kAllocate = 1, kForward, kRollback, kReset, kImport, kDraftInsert, kDraftPropose, kShutdown };
+enum class Op : uint8_t { kAllocate = 1, kForward, kDraftPropose, kShutdown };
 
 class Writer {
  public:
@@ -244,22 +249,34 @@ class Reader {
 // rank that dies or stops meanwhile).
 constexpr auto kLoadTimeout = std::chrono::hours(1);
 
+// A commit as it travels (the snapshot buffer stays on the head).
+struct WireCommit {
+  int32_t slot = 0;
+  int32_t batch_index = 0;
+  int64_t length = 0;
+  int64_t context_rows = 0;
+};
+
 class TpHeadRunner : public ModelRunner {
  public:
-  TpHeadRunner(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<Comm> comm, std::unique_ptr<ModelRunner> inner)
-      : procs_(std::move(procs)), comm_(std::move(comm)), inner_(std::move(inner)) {}
+  // data_path: what carries a CPU rank's collectives (DataComm::path()), for the audit.
+  TpHeadRunner(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<ControlComm> control,
+               std::unique_ptr<ModelRunner> inner, std::string data_path = "")
+      : procs_(std::move(procs)),
+        control_(std::move(control)),
+        inner_(std::move(inner)),
+        data_path_(std::move(data_path)) {}
 
   ~TpHeadRunner() override {
     // Tell the workers to exit; then give the local ones a moment before killing them.
     if (procs_) procs_->expect_exit();
-    if (comm_->failure().empty()) {
-      Writer w(plan_);
-      w.put(Op::kShutdown);
-      (void)comm_->broadcast(plan_, 0);
+    if (control_->failure().empty()) {
+      begin_plan(Op::kShutdown);
+      (void)send();
     }
-    inner_.reset();
+    inner_.reset();  // the model's data plane is the same communicator: the model goes first
     if (procs_) procs_->stop(5.0);
-    comm_.reset();
+    control_.reset();
   }
 
   int64_t vocab_size() const override { return inner_->vocab_size(); }
@@ -275,105 +292,102 @@ class TpHeadRunner : public ModelRunner {
   int64_t slot_state_bytes() const override { return inner_->slot_state_bytes(); }
 
   Status allocate(const RunnerAllocation& a) override {
-    Writer w(plan_);
-    w.put(Op::kAllocate);
+    Writer w = begin_plan(Op::kAllocate);
     w.put(a.num_blocks);
     w.put(a.block_size);
     w.put(a.max_slots);
     w.put(a.max_tokens_per_step);
     w.put(a.max_verify_tokens);
+    w.put(a.num_draft_tokens);  // K: every rank drafts the same number of tokens (the collectives' sizes)
     w.put_str(a.kv_cache_dtype);
     TANDEM_RETURN_IF_ERROR(send());
     TANDEM_RETURN_IF_ERROR(inner_->allocate(a));
-    Status st = comm_->barrier(kLoadTimeout);  // every rank has its shard before the first step
+    Status st = control_->barrier(kLoadTimeout);  // every rank has its shard before the first step
     if (!st.ok()) return st.with_context("waiting for the other ranks to load their shards");
     return Status();
   }
 
   Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override {
-    Writer w(plan_);
-    w.put(Op::kForward);
+    Writer w = begin_plan(Op::kForward);
     w.put<uint32_t>(static_cast<uint32_t>(batch.size()));
     for (const RunnerSeq& s : batch) {
       w.put(s.slot);
       w.put(s.start_pos);
       w.put(s.sample_rows);
       w.put<uint8_t>(s.collect_taps);
+      w.put<uint8_t>(s.reset);
       w.put_span(s.tokens);
       w.put_span(s.block_table);
+      w.put_span(s.restore);
     }
     TANDEM_RETURN_IF_ERROR(send());
     return inner_->forward(batch, samples, out);  // the head samples; the workers only compute
   }
 
-  void rollback(int slot, int64_t new_len) override {
-    Writer w(plan_);
-    w.put(Op::kRollback);
-    w.put(slot);
-    w.put(new_len);
-    (void)send();  // a failed group shows in health() and the next forward
-    inner_->rollback(slot, new_len);
-  }
-  void reset(int slot) override {
-    Writer w(plan_);
-    w.put(Op::kReset);
-    w.put(slot);
-    (void)send();
-    inner_->reset(slot);
-  }
-  void export_slot_state(int slot, std::span<uint8_t> out) const override { inner_->export_slot_state(slot, out); }
-  Status import_slot_state(int slot, std::span<const uint8_t> in) override {
-    Writer w(plan_);
-    w.put(Op::kImport);
-    w.put(slot);
-    w.put_span(in);
-    TANDEM_RETURN_IF_ERROR(send());
-    return inner_->import_slot_state(slot, in);
+  // Applied here now; the workers get it at the head of the next plan, before that plan's work.
+  Status commit(std::span<const SlotCommit> commits) override {
+    TANDEM_RETURN_IF_ERROR(health());
+    TANDEM_RETURN_IF_ERROR(inner_->commit(commits));
+    for (const SlotCommit& c : commits) pending_.push_back({c.slot, c.batch_index, c.length, c.context_rows});
+    return Status();
   }
 
   bool has_draft() const override { return inner_->has_draft(); }
   int num_draft_tokens() const override { return inner_->num_draft_tokens(); }
-  // Every rank inserts its own taps of the last forward (the hidden states are replicated).
-  void draft_insert_context(int slot, int64_t start_pos, int64_t rows, int batch_index) override {
-    Writer w(plan_);
-    w.put(Op::kDraftInsert);
-    w.put(slot);
-    w.put(start_pos);
-    w.put(rows);
-    w.put(batch_index);
-    (void)send();
-    inner_->draft_insert_context(slot, start_pos, rows, batch_index);
-  }
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
-    Writer w(plan_);
-    w.put(Op::kDraftPropose);
+    Writer w = begin_plan(Op::kDraftPropose);
     w.put_span(reqs);
     TANDEM_RETURN_IF_ERROR(send());
     return inner_->draft_propose(reqs, out);
   }
 
   Status health() const override {
-    const std::string f = comm_->failure();
+    const std::string f = control_->failure();
     if (f.empty()) return Status();
     return Status(StatusCode::kUnavailable, "tensor parallel group failed: " + f);
   }
 
+  // Rank 0's facts and memory, from its own runner; on the CPU its all-reduce is the ZeroMQ star
+  // (a GPU rank's runner reports its device collectives itself).
+  DeviceFacts device_facts() const override {
+    DeviceFacts f = inner_->device_facts();
+    for (KernelPath& k : f.kernels)
+      if (k.op_class == "all_reduce" && k.path.rfind("none", 0) == 0 && !data_path_.empty())
+        k.path = "cpu:" + data_path_;
+    return f;
+  }
+  void plan_memory(const RunnerAllocation& a, MemoryPlan& plan) const override { inner_->plan_memory(a, plan); }
+  int64_t device_allocations_after_start() const override { return inner_->device_allocations_after_start(); }
+
  private:
-  Status send() { return comm_->broadcast(plan_, 0); }
+  // A plan: the op, then the commits the workers have not applied yet.
+  Writer begin_plan(Op op) {
+    Writer w(plan_);
+    w.put(op);
+    w.put_span(std::span<const WireCommit>(pending_));
+    pending_.clear();
+    return w;
+  }
+  // A plan that cannot reach every rank fails the call that carries it (and the group, for good).
+  Status send() { return control_->broadcast(plan_, 0); }
 
   std::unique_ptr<WorkerProcesses> procs_;
-  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<ControlComm> control_;
   std::unique_ptr<ModelRunner> inner_;
   std::vector<uint8_t> plan_;
+  std::vector<WireCommit> pending_;
+  std::string data_path_;
 };
 
 // Applies plans to `runner` until a shutdown plan (0) or a failure (1).
-int worker_loop(Comm& comm, ModelRunner& runner) {
+int worker_loop(ControlComm& comm, ModelRunner& runner) {
   std::vector<uint8_t> plan;
   std::vector<std::vector<int32_t>> toks, tables;
+  std::vector<std::vector<uint8_t>> restores;
   std::vector<RunnerSeq> seqs;
   RunnerOutput out;
-  std::vector<uint8_t> bytes;
+  std::vector<WireCommit> wire;
+  std::vector<SlotCommit> commits;
   std::vector<DraftQuery> queries;
   std::vector<DraftProposal> proposals;
   for (;;) {
@@ -384,76 +398,66 @@ int worker_loop(Comm& comm, ModelRunner& runner) {
     }
     Reader r(plan);
     const Op op = r.get<Op>();
-    switch (op) {
-      case Op::kShutdown:
-        TLOG_INFO("tp", "rank {}: shutdown from the head", comm.rank());
-        return 0;
-      case Op::kAllocate: {
-        RunnerAllocation a;
-        a.num_blocks = r.get<int>();
-        a.block_size = r.get<int>();
-        a.max_slots = r.get<int>();
-        a.max_tokens_per_step = r.get<int>();
-        a.max_verify_tokens = r.get<int>();
-        a.kv_cache_dtype = r.get_str();
-        if (!r.ok()) break;
-        st = runner.allocate(a);
-        if (st.ok()) st = comm.barrier(kLoadTimeout);
-        break;
-      }
-      case Op::kForward: {
-        const uint32_t n = r.get<uint32_t>();
-        if (!r.ok() || n > (1u << 20)) {
-          st = data_loss("malformed forward plan");
+    r.get_vec(wire);
+    if (r.ok() && !wire.empty()) {
+      commits.clear();
+      for (const WireCommit& c : wire) commits.push_back({c.slot, c.batch_index, c.length, c.context_rows, {}});
+      st = runner.commit(commits);
+    }
+    // A malformed plan or a failed commit skips the op: reported below.
+    if (st.ok() && r.ok()) {
+      switch (op) {
+        case Op::kShutdown:
+          TLOG_INFO("tp", "rank {}: shutdown from the head", comm.rank());
+          return 0;
+        case Op::kAllocate: {
+          RunnerAllocation a;
+          a.num_blocks = r.get<int>();
+          a.block_size = r.get<int>();
+          a.max_slots = r.get<int>();
+          a.max_tokens_per_step = r.get<int>();
+          a.max_verify_tokens = r.get<int>();
+          a.num_draft_tokens = r.get<int>();
+          a.kv_cache_dtype = r.get_str();
+          if (!r.ok()) break;
+          st = runner.allocate(a);
+          if (st.ok()) st = comm.barrier(kLoadTimeout);
           break;
         }
-        toks.resize(n);
-        tables.resize(n);
-        seqs.resize(n);
-        for (uint32_t i = 0; i < n; ++i) {
-          seqs[i].slot = r.get<int>();
-          seqs[i].start_pos = r.get<int64_t>();
-          seqs[i].sample_rows = r.get<int>();
-          seqs[i].collect_taps = r.get<uint8_t>() != 0;
-          r.get_vec(toks[i]);
-          r.get_vec(tables[i]);
-          seqs[i].tokens = toks[i];
-          seqs[i].block_table = tables[i];
+        case Op::kForward: {
+          const uint32_t n = r.get<uint32_t>();
+          if (!r.ok() || n > (1u << 20)) {
+            st = data_loss("malformed forward plan");
+            break;
+          }
+          toks.resize(n);
+          tables.resize(n);
+          restores.resize(n);
+          seqs.resize(n);
+          for (uint32_t i = 0; i < n; ++i) {
+            seqs[i].slot = r.get<int>();
+            seqs[i].start_pos = r.get<int64_t>();
+            seqs[i].sample_rows = r.get<int>();
+            seqs[i].collect_taps = r.get<uint8_t>() != 0;
+            seqs[i].reset = r.get<uint8_t>() != 0;
+            r.get_vec(toks[i]);
+            r.get_vec(tables[i]);
+            r.get_vec(restores[i]);
+            seqs[i].tokens = toks[i];
+            seqs[i].block_table = tables[i];
+            seqs[i].restore = restores[i];
+          }
+          if (!r.ok()) break;
+          st = runner.forward(seqs, nullptr, out);
+          break;
         }
-        if (!r.ok()) break;
-        st = runner.forward(seqs, nullptr, out);
-        break;
+        case Op::kDraftPropose:
+          r.get_vec(queries);
+          if (r.ok()) st = runner.draft_propose(queries, proposals);
+          break;
+        default:
+          st = data_loss("unknown plan op {}", static_cast<int>(op));
       }
-      case Op::kRollback: {
-        const int slot = r.get<int>();
-        const int64_t len = r.get<int64_t>();
-        if (r.ok()) runner.rollback(slot, len);
-        break;
-      }
-      case Op::kReset: {
-        const int slot = r.get<int>();
-        if (r.ok()) runner.reset(slot);
-        break;
-      }
-      case Op::kImport: {
-        const int slot = r.get<int>();
-        r.get_vec(bytes);
-        if (r.ok()) st = runner.import_slot_state(slot, bytes);
-        break;
-      }
-      case Op::kDraftInsert: {
-        const int slot = r.get<int>();
-        const int64_t start = r.get<int64_t>(), rows = r.get<int64_t>();
-        const int index = r.get<int>();
-        if (r.ok()) runner.draft_insert_context(slot, start, rows, index);
-        break;
-      }
-      case Op::kDraftPropose:
-        r.get_vec(queries);
-        if (r.ok()) st = runner.draft_propose(queries, proposals);
-        break;
-      default:
-        st = data_loss("unknown plan op {}", static_cast<int>(op));
     }
     if (st.ok() && !r.ok()) st = data_loss("malformed plan (op {})", static_cast<int>(op));
     if (!st.ok()) {
@@ -462,6 +466,21 @@ int worker_loop(Comm& comm, ModelRunner& runner) {
       return 1;
     }
   }
+}
+
+// "auto" becomes what this host has, so that every rank gets a concrete device from its
+// arguments (the fingerprint refuses a rank on another device).
+EngineConfig with_device(const EngineConfig& c) {
+  EngineConfig r = c;
+  if (r.device == "auto") r.device = cuda_runner_available() ? "cuda" : "cpu";
+  return r;
+}
+
+// One rank's runner: the CPU model over ZeroMQ, or the CUDA model over the device data plane
+// (device_tp.h). Collective: every rank calls it right after its control plane connected.
+Result<std::unique_ptr<ModelRunner>> create_rank_runner(const EngineConfig& c, int rank, Comm& comm) {
+  if (c.device == "cuda") return create_cuda_rank_runner(c, rank, comm);
+  return create_dsv4_runner(c, rank, c.tensor_parallel_size, &comm);
 }
 
 std::string self_exe() {
@@ -511,6 +530,13 @@ std::vector<std::string> worker_args(const EngineConfig& c, int rank) {
                                 std::to_string(c.max_num_batched_tokens), "--block-size", std::to_string(c.block_size),
                                 "--kv-cache-dtype", c.kv_cache_dtype, "--device", c.device, "--distributed-timeout",
                                 fmt::format("{}", c.distributed_timeout_s)};
+  if (c.device == "cuda") {
+    for (const std::string& f : {std::string("--tp-collectives"), c.tp_collectives, std::string("--tp-peer-max-bytes"),
+                                 std::to_string(c.tp_peer_max_bytes)})
+      a.push_back(f);
+    if (!c.nccl_library.empty()) a.insert(a.end(), {"--nccl-library", c.nccl_library});
+    if (c.tp_share_gpus) a.push_back("--tp-share-gpus");
+  }
   if (!c.speculative.method.empty()) {
     a.push_back("--speculative-config");
     a.push_back(fmt::format(R"({{"method":"{}","num_speculative_tokens":{}}})", c.speculative.method,
@@ -562,6 +588,10 @@ Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const En
   fp.emplace_back("flag.max_num_batched_tokens", std::to_string(c.max_num_batched_tokens));
   fp.emplace_back("flag.block_size", std::to_string(c.block_size));
   fp.emplace_back("flag.kv_cache_dtype", c.kv_cache_dtype);
+  fp.emplace_back("flag.device", c.device);
+  if (c.device == "cuda")
+    fp.emplace_back("flag.tp_collectives", fmt::format("{} peer<={} share_gpus={}", c.tp_collectives,
+                                                       c.tp_peer_max_bytes, c.tp_share_gpus ? "on" : "off"));
   fp.emplace_back("flag.speculative", c.speculative.method.empty()
                                           ? std::string("off")
                                           : fmt::format("{} k={}", c.speculative.method,
@@ -569,9 +599,12 @@ Result<std::vector<std::pair<std::string, std::string>>> tp_fingerprint(const En
   return fp;
 }
 
-Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& c) {
+Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& config) {
+  const EngineConfig c = with_device(config);
   TANDEM_RETURN_IF_ERROR(validate_layout(c));
   if (c.node_rank != 0) return invalid_argument("--node-rank {}: only node 0 serves", c.node_rank);
+  // On GPUs: this node has a GPU for each of its ranks (checked before any worker starts).
+  if (c.device == "cuda") TANDEM_RETURN_IF_ERROR(tp_device_for_rank(c, c.tensor_parallel_size / c.nnodes - 1).status());
   TANDEM_ASSIGN_OR_RETURN(auto fp, tp_fingerprint(c));
   auto procs = std::make_unique<WorkerProcesses>();
   const int per_node = c.tensor_parallel_size / c.nnodes;
@@ -587,13 +620,26 @@ Result<std::unique_ptr<ModelRunner>> create_tp_head_runner(const EngineConfig& c
   Comm* cp = comm->get();
   procs->stop_watch();
   procs->watch([cp](const std::string& why) { cp->fail(why); });
-  auto inner = create_dsv4_runner(c, 0, c.tensor_parallel_size, cp);
+  // One communicator, two planes: the runner's plans on its control plane, the model's
+  // activations' collectives on its data plane (the CPU model's: this communicator; a GPU rank's:
+  // its device data plane, device_tp.h).
+  auto inner = create_rank_runner(c, 0, *cp);
   if (!inner.ok()) return inner.status();
   TLOG_INFO("tp", "all {} ranks connected and matching", c.tensor_parallel_size);
-  return std::unique_ptr<ModelRunner>(new TpHeadRunner(std::move(procs), std::move(*comm), std::move(*inner)));
+  const std::string data_path = cp->path();
+  return std::unique_ptr<ModelRunner>(
+      new TpHeadRunner(std::move(procs), std::move(*comm), std::move(*inner), data_path));
 }
 
-int run_tp_worker_process(const EngineConfig& c, int rank) {
+std::unique_ptr<ModelRunner> make_tp_head_runner(std::unique_ptr<ControlComm> control,
+                                                 std::unique_ptr<ModelRunner> local) {
+  return std::make_unique<TpHeadRunner>(nullptr, std::move(control), std::move(local));
+}
+
+int tp_worker_loop(ControlComm& control, ModelRunner& runner) { return worker_loop(control, runner); }
+
+int run_tp_worker_process(const EngineConfig& config, int rank) {
+  const EngineConfig c = with_device(config);
   Status st = validate_layout(c);
   if (st.ok() && (rank < 1 || rank >= c.tensor_parallel_size))
     st = invalid_argument("--rank {} must be in [1, --tensor-parallel-size {})", rank, c.tensor_parallel_size);
@@ -607,7 +653,7 @@ int run_tp_worker_process(const EngineConfig& c, int rank) {
     TLOG_ERROR("tp", "rank {}: {}", rank, comm.status().message());
     return 1;
   }
-  auto runner = create_dsv4_runner(c, rank, c.tensor_parallel_size, comm->get());
+  auto runner = create_rank_runner(c, rank, **comm);
   if (!runner.ok()) {
     TLOG_ERROR("tp", "rank {}: {}", rank, runner.status().message());
     (*comm)->fail(runner.status().message());
@@ -620,7 +666,12 @@ int run_tp_worker_process(const EngineConfig& c, int rank) {
   return code;
 }
 
-int run_tp_node(const EngineConfig& c, const std::function<bool()>& stop_requested) {
+int run_tp_node(const EngineConfig& config, const std::function<bool()>& stop_requested) {
+  const EngineConfig c = with_device(config);
+  return run_tp_node_ranks(c, [&c](int r) { return worker_args(c, r); }, stop_requested);
+}
+
+int run_tp_node_ranks(const EngineConfig& c, const TpRankArgs& args_for, const std::function<bool()>& stop_requested) {
   Status st = validate_layout(c);
   if (!st.ok()) {
     TLOG_ERROR("tp", "{}", st.message());
@@ -629,7 +680,7 @@ int run_tp_node(const EngineConfig& c, const std::function<bool()>& stop_request
   WorkerProcesses procs;
   const int per_node = c.tensor_parallel_size / c.nnodes;
   for (int r = c.node_rank * per_node; r < (c.node_rank + 1) * per_node; ++r) {
-    st = procs.spawn(worker_args(c, r), r);
+    st = procs.spawn(args_for(r), r);
     if (!st.ok()) {
       TLOG_ERROR("tp", "{}", st.message());
       return 1;
@@ -638,6 +689,46 @@ int run_tp_node(const EngineConfig& c, const std::function<bool()>& stop_request
   TLOG_INFO("tp", "node {} of {}: ranks {}..{} started; head at {}:{}", c.node_rank, c.nnodes, c.node_rank * per_node,
             (c.node_rank + 1) * per_node - 1, c.master_addr, c.master_port);
   return procs.wait_all(stop_requested);
+}
+
+// ---- same-program groups (tandem logits) ----
+
+std::string tp_worker_binary(const EngineConfig& c) { return c.worker_binary.empty() ? self_exe() : c.worker_binary; }
+
+TpGroup::TpGroup(std::unique_ptr<WorkerProcesses> procs, std::unique_ptr<Comm> comm)
+    : procs_(std::move(procs)), comm_(std::move(comm)) {}
+
+TpGroup::~TpGroup() {
+  if (procs_) {
+    procs_->expect_exit();
+    procs_->stop(10.0);  // they finish the same calls as this rank
+  }
+  comm_.reset();
+}
+
+Result<std::unique_ptr<TpGroup>> join_tp_group(const EngineConfig& c, int rank, const TpRankArgs& args_for) {
+  TANDEM_RETURN_IF_ERROR(validate_layout(c));
+  if (rank < 0 || rank >= c.tensor_parallel_size)
+    return invalid_argument("rank {} outside --tensor-parallel-size {}", rank, c.tensor_parallel_size);
+  if (c.device == "cuda") TANDEM_RETURN_IF_ERROR(tp_device_for_rank(c, c.tensor_parallel_size / c.nnodes - 1).status());
+  TANDEM_ASSIGN_OR_RETURN(auto fp, tp_fingerprint(c));
+  std::unique_ptr<WorkerProcesses> procs;
+  ZmqCommOptions o = comm_options(c, rank, std::move(fp));
+  if (rank == 0) {
+    procs = std::make_unique<WorkerProcesses>();
+    for (int r = 1; r < c.tensor_parallel_size / c.nnodes; ++r) TANDEM_RETURN_IF_ERROR(procs->spawn(args_for(r), r));
+    procs->watch(nullptr);
+    WorkerProcesses* pp = procs.get();
+    o.abort_check = [pp] { return pp->first_exit(); };
+  }
+  auto comm = create_zmq_comm(o);
+  if (!comm.ok()) return comm.status();
+  if (procs) {
+    Comm* cp = comm->get();
+    procs->stop_watch();
+    procs->watch([cp](const std::string& why) { cp->fail(why); });
+  }
+  return std::make_unique<TpGroup>(std::move(procs), std::move(comm).value());
 }
 
 }  // namespace tandem

@@ -186,7 +186,8 @@ class ZmqComm : public Comm {
       TANDEM_RETURN_IF_ERROR(recv(from, kind, scratch_));
       return kind == Kind::kBarrier ? Status() : protocol_error(0, kind, Kind::kBarrier);
     }
-    for (int r = 1; r < o_.size; ++r) TANDEM_RETURN_IF_ERROR(recv_from(r, Kind::kBarrier, scratch_, t));
+    // Ranks arrive in any order (three or more ranks: not rank order).
+    TANDEM_RETURN_IF_ERROR(collect(Kind::kBarrier, 0, t));
     for (int r = 1; r < o_.size; ++r) TANDEM_RETURN_IF_ERROR(send(r, Kind::kBarrier, nullptr, 0));
     return Status();
   }
@@ -288,11 +289,12 @@ class ZmqComm : public Comm {
   }
 
   // Rank 0: one message of `kind` from each other rank into bufs_[r] (any arrival order).
-  Status collect(Kind kind, size_t bytes) {
+  Status collect(Kind kind, size_t bytes, double timeout_s = -1) {
     bufs_.resize(o_.size);
     std::vector<bool> got(o_.size, false);
     for (int n = 1; n < o_.size; ++n) {
-      TANDEM_RETURN_IF_ERROR(wait(data_, o_.op_timeout_s, "the other ranks' part of a collective"));
+      TANDEM_RETURN_IF_ERROR(wait(data_, timeout_s < 0 ? o_.op_timeout_s : timeout_s,
+                                  "the other ranks' part of a collective"));
       int from;
       Kind k;
       std::vector<uint8_t> payload;
@@ -492,7 +494,7 @@ Result<std::unique_ptr<Comm>> create_zmq_comm(const ZmqCommOptions& options) {
   return std::unique_ptr<Comm>(std::move(c));
 }
 
-Status zmq_wait_broadcast(Comm& comm, std::vector<uint8_t>& bytes) {
+Status zmq_wait_broadcast(ControlComm& comm, std::vector<uint8_t>& bytes) {
   auto* z = dynamic_cast<ZmqComm*>(&comm);
   if (!z) return comm.broadcast(bytes, 0);
   return z->broadcast_impl(bytes, 0, 0.0);

@@ -1,5 +1,6 @@
-// The CPU backend of Comm (src/common/comm.h): ranks talk over ZeroMQ TCP sockets in a star around
-// rank 0, which sums (in rank order) and relays. Chosen over MPI because start-up and failure are
+// The CPU backend of both planes (Comm = ControlComm + DataComm, src/common/comm.h): ranks talk
+// over ZeroMQ TCP sockets in a star around rank 0, which sums (in rank order) and relays; step
+// plans and the activations' collectives share the sockets, in call order. Chosen over MPI because start-up and failure are
 // ours to control: ranks may start in any order (connects retry), every wait polls with a timeout,
 // and a heartbeat on its own socket tells a dead or stopped peer from a slow one; MPI would need
 // an mpirun launcher and aborts or hangs the job when a rank dies.
@@ -41,6 +42,6 @@ Result<std::unique_ptr<Comm>> create_zmq_comm(const ZmqCommOptions& options);
 
 // Rank != 0 only: waits (polling the communicator's failure state) for the next broadcast from
 // rank 0 without the collective timeout: a worker idles as long as the head does.
-Status zmq_wait_broadcast(Comm& comm, std::vector<uint8_t>& bytes);
+Status zmq_wait_broadcast(ControlComm& comm, std::vector<uint8_t>& bytes);
 
 }  // namespace tandem

@@ -61,7 +61,7 @@ void RowSampler::prepare(const float* logits, const SampleRow& row, const Sample
   const bool none = best < 0;
   if (none) best = in.eos >= 0 && in.eos < vocab_ ? in.eos : 0;
   argmax_ = best;
-  greedy_ = none || row.temperature < kGreedyTemperature;
+  greedy_ = none || is_greedy(row.temperature);
   if (greedy_) return;
 
   const double inv_t = 1.0 / row.temperature;

@@ -11,19 +11,7 @@ namespace {
 
 constexpr int kWarpsPerCta = 8;
 
-struct QuantArgs {
-  const float* src;
-  int64_t lds;
-  int64_t rows_per_batch;
-  int64_t src_batch_stride;
-  float* dst;
-  int64_t ldd;
-  int64_t rows;
-  int64_t cols;
-  int block;
-  uint8_t* codes;
-  uint8_t* scales;
-};
+using QuantArgs = QuantRowsArgs;
 
 __device__ __forceinline__ float warp_amax(const float* x, int block, int lane) {
   float amax = 0.0f;
@@ -102,21 +90,20 @@ __global__ void round_bf16_kernel(float* x, int64_t rows, int64_t cols, int64_t 
 
 }  // namespace
 
-void act_quant_fp8_rows(const float* src, int64_t lds, int64_t rows_per_batch, int64_t src_batch_stride, float* dst,
-                        int64_t ldd, int64_t rows, int64_t cols, int block, uint8_t* codes, uint8_t* scales,
-                        cudaStream_t s) {
-  if (rows == 0 || cols == 0) return;
-  const QuantArgs a{src, lds, rows_per_batch, src_batch_stride, dst, ldd, rows, cols, block, codes, scales};
-  fp8_kernel<<<grid_for(rows * (cols / block), kWarpsPerCta), kWarpsPerCta * kWarp, 0, s>>>(a);
+void act_quant_fp8_rows(const QuantRowsArgs& a, cudaStream_t s) {
+  if (a.rows == 0 || a.cols == 0) return;
+  fp8_kernel<<<grid_for(a.rows * (a.cols / a.block), kWarpsPerCta), kWarpsPerCta * kWarp, 0, s>>>(a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void act_quant_fp8(const ActQuantFp8Params& p, cudaStream_t s) {
+  validate(p);
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.cols;
-  act_quant_fp8_rows(p.x, ldx, p.rows, 0, p.x, ldx, p.rows, p.cols, p.block, p.codes, p.scales, s);
+  act_quant_fp8_rows({p.x, ldx, p.rows, 0, p.x, ldx, p.rows, p.cols, p.block, p.codes, p.scales}, s);
 }
 
 void fp4_act_quant(const Fp4ActQuantParams& p, cudaStream_t s) {
+  validate(p);
   if (p.rows == 0 || p.cols == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.cols;
   const QuantArgs a{p.x, ldx, p.rows, 0, p.x, ldx, p.rows, p.cols, p.block, p.codes, p.scales};
@@ -125,6 +112,7 @@ void fp4_act_quant(const Fp4ActQuantParams& p, cudaStream_t s) {
 }
 
 void round_bf16(const RoundBf16Params& p, cudaStream_t s) {
+  validate(p);
   if (p.rows == 0 || p.cols == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.cols;
   round_bf16_kernel<<<grid_for(p.rows * p.cols, 256 * 8), 256, 0, s>>>(p.x, p.rows, p.cols, ldx);

@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(ArgmaxParams p, int64_
 }  // namespace
 
 void argmax(const ArgmaxParams& p, cudaStream_t s) {
+  validate(p);
   if (p.rows == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.n;
   argmax_kernel<<<grid_for(p.rows, 1), kThreads, 0, s>>>(p, ldx);

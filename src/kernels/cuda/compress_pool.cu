@@ -64,6 +64,7 @@ __global__ void compress_pool_kernel(PoolArgs a) {
 }  // namespace
 
 void compress_pool(const CompressPoolParams& p, cudaStream_t s) {
+  validate(p);
   if (p.num_entries == 0) return;
   PoolArgs a{p, 0, 0, p.overlap ? 2 : 1};
   a.ld = p.ld > 0 ? p.ld : a.coff * p.d;

@@ -1,6 +1,11 @@
-// The CUDA backend of kernels::Ops (src/kernels/ops.h): the same parameter structs with device
+// The CUDA launchers of the generic ops (src/kernels/ops.h): the same parameter structs with device
 // pointers, each op in its own file under src/kernels/cuda/, tested against the CPU reference op
-// on random inputs (tests/cuda/). Ops launch asynchronously on the backend's current stream.
+// on random inputs (tests/cuda/). Every launcher validates its params (ops.h's validate(), the
+// same checks as the CPU op), launches asynchronously on the stream it is given and neither
+// allocates (beyond the warm-up growth of cuda_util.h's op scratch) nor synchronizes.
+// There is no process-wide stream and no CUDA implementation of kernels::Ops: that interface is
+// the CPU oracle's (the CPU model is written against it); device code (the CUDA model, the tests)
+// calls these launchers with its own stream.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,12 +14,7 @@
 
 namespace tandem::kernels::cuda {
 
-// The process-wide CUDA backend; launches on stream() (default stream until set).
-Ops& cuda_ops();
-void set_stream(cudaStream_t stream);
-cudaStream_t stream();
-
-// One launcher per op (validate() has run; pointers are device pointers).
+// One launcher per op (pointers are device pointers).
 void act_quant_fp8(const ActQuantFp8Params& p, cudaStream_t s);
 void fp4_act_quant(const Fp4ActQuantParams& p, cudaStream_t s);
 void round_bf16(const RoundBf16Params& p, cudaStream_t s);

@@ -86,6 +86,12 @@ void* scratch(ScratchSlot slot, size_t bytes, cudaStream_t s);
 void reserve_scratch(ScratchSlot slot, size_t bytes);
 size_t scratch_bytes(ScratchSlot slot);
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory on the current device: above the
+// default 48 KiB it raises the kernel's limit to what the device allows beside its static shared
+// memory (CHECKs that `bytes` fits). Called by the launcher before every such launch (cheap, no
+// synchronization, legal inside stream capture), so nothing is remembered per process or device.
+void allow_dynamic_smem(const void* kernel, size_t bytes);
+
 // Number of CUDA devices visible (0 when there is no driver or no GPU; never aborts).
 int device_count();
 // "NVIDIA H200 (sm_90, 132 SMs, 141 GB)" for device `dev`.

@@ -68,6 +68,10 @@ __device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, 
 __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
 __device__ __forceinline__ float round_bf16(float x) { return num::round_bf16(x); }
 __device__ __forceinline__ bool is_nan(float x) { return num::is_nan_bits(x); }
+// e^x rounded to fp32 from the fp64 exp: the correctly rounded value except when e^x lies within
+// about 2^-52 (relative) of an fp32 rounding midpoint, so a host computing the same way agrees bit for
+// bit (expf is within 2 ulp only). For the few exps of a row (mHC), where the cost is nil.
+__device__ __forceinline__ float exp_cr(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
 // std::clamp / std::min semantics (a NaN input passes through).
 __device__ __forceinline__ float clamp_std(float v, float lo, float hi) { return v < lo ? lo : (hi < v ? hi : v); }
 __device__ __forceinline__ float min_std(float a, float b) { return b < a ? b : a; }

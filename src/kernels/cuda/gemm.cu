@@ -255,6 +255,7 @@ void launch_format(const GemmArgs& a, int64_t batch, cudaStream_t s) {
 }  // namespace
 
 void gemm(const GemmParams& p, cudaStream_t s) {
+  validate(p);
   if (p.m == 0 || p.n == 0) return;
   GemmArgs a{};
   a.x = p.x;
@@ -275,7 +276,7 @@ void gemm(const GemmParams& p, cudaStream_t s) {
   if (p.quantize_x_block > 0) {
     const int64_t rows = p.batch * p.m;
     float* xq = static_cast<float*>(scratch(ScratchSlot::kGemmX, static_cast<size_t>(rows * p.k) * sizeof(float), s));
-    act_quant_fp8_rows(a.x, a.ldx, p.m, p.x_batch_stride, xq, p.k, rows, p.k, p.quantize_x_block, nullptr, nullptr, s);
+    act_quant_fp8_rows({a.x, a.ldx, p.m, p.x_batch_stride, xq, p.k, rows, p.k, p.quantize_x_block, nullptr, nullptr}, s);
     a.x = xq;
     a.ldx = p.k;
     a.xbs = p.m * p.k;

@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(kThreads) hadamard_kernel(HadamardParams p, in
 }  // namespace
 
 void hadamard(const HadamardParams& p, cudaStream_t s) {
+  validate(p);
   if (p.rows == 0) return;
   TANDEM_CHECK_MSG(p.n <= kMaxN, "hadamard: n <= 8192");
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.n;

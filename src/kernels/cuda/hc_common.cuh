@@ -95,7 +95,7 @@ __device__ __forceinline__ void finish_mix(const double* partial, int64_t t, int
   __syncthreads();
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return div_rn(1.0f, add_rn(1.0f, expf(-x))); }
+__device__ __forceinline__ float sigmoid(float x) { return div_rn(1.0f, add_rn(1.0f, exp_cr(-x))); }
 
 // y[d] = sum_i pre[i] * h[i][d] (fp32, i ascending, no FMA), optionally bf16-rounded.
 __device__ __forceinline__ void collapse(const float* h, const float* pre, int hc, int64_t dim, float* y, bool round) {

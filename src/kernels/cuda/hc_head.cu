@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(hc::kThreads) hc_head_finish(HcHeadParams p, c
 }  // namespace
 
 void hc_head(const HcHeadParams& p, cudaStream_t s) {
+  validate(p);
   if (p.tokens == 0) return;
   TANDEM_CHECK(p.hc <= kMaxHc);
   TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_head: too many tokens");

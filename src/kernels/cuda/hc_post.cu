@@ -40,6 +40,7 @@ __global__ void hc_post_kernel(HcPostParams p) {
 }  // namespace
 
 void hc_post(const HcPostParams& p, cudaStream_t s) {
+  validate(p);
   if (p.tokens == 0) return;
   TANDEM_CHECK(p.hc <= kMaxHc);
   hc_post_kernel<<<grid_for(p.tokens * p.dim, 256), 256, 0, s>>>(p);

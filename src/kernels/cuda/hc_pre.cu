@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, con
         const float v = __shfl_sync(0xffffffffu, c, j * hc + kk);
         m = v > m ? v : m;
       }
-      c = expf(sub_rn(c, m));
+      c = exp_cr(sub_rn(c, m));
       c = add_rn(div_rn(c, row_sum(c)), p.hc_eps);
       c = div_rn(c, add_rn(col_sum(c), p.hc_eps));
       for (int it = 0; it < p.sinkhorn_iters - 1; ++it) {
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, con
       for (int k = 1; k < hc; ++k) m = c[j * hc + k] > m ? c[j * hc + k] : m;
       float s = 0.0f;
       for (int k = 0; k < hc; ++k) {
-        c[j * hc + k] = expf(sub_rn(c[j * hc + k], m));
+        c[j * hc + k] = exp_cr(sub_rn(c[j * hc + k], m));
         s = add_rn(s, c[j * hc + k]);
       }
       for (int k = 0; k < hc; ++k) c[j * hc + k] = add_rn(div_rn(c[j * hc + k], s), p.hc_eps);
@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, con
 }  // namespace
 
 void hc_pre(const HcPreParams& p, cudaStream_t s) {
+  validate(p);
   if (p.tokens == 0) return;
   TANDEM_CHECK(p.hc <= kMaxHc);
   TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_pre: too many tokens");

@@ -79,6 +79,7 @@ __global__ void __launch_bounds__(kWarps * kWarp) indexer_score_kernel(IndexerSc
 }  // namespace
 
 void indexer_score(const IndexerScoreParams& p, cudaStream_t s) {
+  validate(p);
   if (p.tokens == 0 || p.entries == 0) return;
   const int64_t ldk = p.ldk > 0 ? p.ldk : p.dim, lds = p.lds > 0 ? p.lds : p.entries;
   const int64_t tiles = (p.entries + kTile - 1) / kTile;

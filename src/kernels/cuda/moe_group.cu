@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(kThreads) moe_group_kernel(MoeGroupParams p, i
 }  // namespace
 
 void moe_group(const MoeGroupParams& p, cudaStream_t s) {
+  validate(p);
   const int E = p.n_experts;
   TANDEM_CHECK_MSG(E <= kTableInts, "moe_group: at most 8192 experts");
   const int64_t n = p.tokens * p.topk;

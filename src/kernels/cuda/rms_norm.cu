@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p, int
 }  // namespace
 
 void rms_norm(const RmsNormParams& p, cudaStream_t s) {
+  validate(p);
   if (p.rows == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.dim, ldy = p.ldy > 0 ? p.ldy : p.dim;
   rms_norm_kernel<<<grid_for(p.rows, 1), kThreads, 0, s>>>(p, ldx, ldy);

@@ -39,6 +39,7 @@ __global__ void rope_kernel(RopeParams p, int64_t head_stride, int64_t token_str
 }  // namespace
 
 void rope(const RopeParams& p, cudaStream_t s) {
+  validate(p);
   if (p.tokens == 0) return;
   const int64_t head_stride = p.head_stride > 0 ? p.head_stride : p.rope_offset + p.rope_dim;
   const int64_t token_stride = p.token_stride > 0 ? p.token_stride : p.heads * head_stride;

@@ -55,6 +55,7 @@ __global__ void scatter_add_kernel(RowsCopyParams p, int64_t lds, int64_t ldd) {
 }  // namespace
 
 void rows_copy(const RowsCopyParams& p, cudaStream_t s) {
+  validate(p);
   if (p.count == 0 || p.cols == 0) return;
   const int64_t lds = p.lds > 0 ? p.lds : p.cols, ldd = p.ldd > 0 ? p.ldd : p.cols;
   if (p.gather) {

@@ -1,14 +1,17 @@
 // sample_rows_device (sample_rows.h): one 1024-thread block per row, in the host's order of
 // operations (kernels/cpu/sampling.cpp):
 //   penalties -> noise/grammar masks + argmax (one pass) -> greedy: done
-//   else top-k (radix select of the k-th largest logit, 4 x 8-bit passes over order-preserving
-//   keys, integer counts) -> e = exp((z - zmax) / T) in double, stored in the scratch -> top-p
-//   (radix select over the bits of p = e / sum, 8 x 8-bit passes; the probability mass of each
-//   bucket is summed in 2^-60 fixed point with integer atomics, so no sort and no order-dependent
-//   float atomics; ties at the threshold are kept in id order by a block scan) -> min-p -> accept /
-//   draw by inverse CDF in id order (sampling_device.cuh).
-// p is never written back after top-p/min-p: every later pass recomputes it from e with the host's
-// divisions (e / sum, then / kept_top_p, then / kept_min_p), so it has the host's rounding steps.
+//   else top-k (radix select of the k-th largest logit over order-preserving keys, 8-bit digits,
+//   integer counts) -> e = exp((z - zmax) / T) in double, then p = e / sum stored over e in the
+//   scratch (one division per id; every later pass reads p) -> top-p (radix select over the bits of
+//   p, 8-bit digits; the probability mass of each bucket is summed in 2^-60 fixed point with integer
+//   atomics, so no sort and no order-dependent float atomics; ties at the threshold are kept in id
+//   order by a block scan) -> min-p -> accept / draw by inverse CDF in id order (sampling_device.cuh).
+// The radix selects add each warp's candidates per digit before one shared atomic per digit (a row's
+// keys crowd into a few digits), and stop as soon as the selected bucket holds a single key (the
+// later passes could only narrow down to it): both leave the result as the full 8-pass select.
+// p after top-p/min-p is recomputed from the stored p with the host's divisions (/ kept_top_p, then
+// / kept_min_p), so it has the host's rounding steps.
 // Precision: e, p and all masses are double as on the host; sums run in a fixed tree (not the
 // host's sequential order), so p agrees to a few ulps and a draw whose uniform sits within ~1e-15
 // of a CDF boundary may land on the neighbouring id; top-p's cumulative mass agrees with the
@@ -41,6 +44,7 @@ struct RadixShared {
   unsigned long long mass[256];
   unsigned count[256];
   unsigned long long sel_above;
+  unsigned long long single_key;
   unsigned sel_count;
   int sel;
 };
@@ -60,6 +64,7 @@ __device__ RadixResult radix_select_desc(int64_t n, Elem elem, uint64_t target, 
   RadixResult r;
   uint64_t prefix = 0, above = 0;
   uint32_t count = 0;
+  const int lane = threadIdx.x & 31;
   for (int shift = kKeyBits - 8; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
       sh.mass[i] = 0;
@@ -67,35 +72,34 @@ __device__ RadixResult radix_select_desc(int64_t n, Elem elem, uint64_t target, 
     }
     __syncthreads();
     const int hi = shift + 8;
-    // Runs of equal digits are added once (the top digits of a row mostly agree).
-    int cur = -1;
-    unsigned cnt = 0;
-    unsigned long long w = 0;
-    for (int64_t v = threadIdx.x; v < n; v += blockDim.x) {
-      uint64_t key, weight;
-      if (!elem(v, key, weight)) continue;
-      if (hi < 64 && (key >> hi) != (prefix >> hi)) continue;
-      const int d = static_cast<int>((key >> shift) & 255u);
-      if (d != cur) {
-        if (cur >= 0) {
-          atomicAdd(&sh.count[cur], cnt);
-          atomicAdd(&sh.mass[cur], w);
+    // Each warp adds its candidates per digit (butterfly sums over the lanes of that digit), then
+    // one atomic per digit present: the loop runs warp-uniformly (the last round's lanes past n
+    // hold no candidate).
+    for (int64_t v0 = 0; v0 < n; v0 += blockDim.x) {
+      const int64_t v = v0 + threadIdx.x;
+      uint64_t key = 0, weight = 0;
+      int digit = -1;
+      if (v < n && elem(v, key, weight) && (hi >= 64 || (key >> hi) == (prefix >> hi)))
+        digit = static_cast<int>((key >> shift) & 255u);
+      unsigned todo = __ballot_sync(0xffffffffu, digit >= 0);
+      while (todo) {
+        const int leader = __ffs(todo) - 1;
+        const int dg = __shfl_sync(0xffffffffu, digit, leader);
+        const bool in = digit == dg;
+        const unsigned group = __ballot_sync(0xffffffffu, in);
+        unsigned long long w = in ? weight : 0ull;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+        if (lane == leader) {
+          atomicAdd(&sh.count[dg], static_cast<unsigned>(__popc(group)));
+          atomicAdd(&sh.mass[dg], w);
         }
-        cur = d;
-        cnt = 0;
-        w = 0;
+        todo &= ~group;
       }
-      ++cnt;
-      w += weight;
-    }
-    if (cur >= 0) {
-      atomicAdd(&sh.count[cur], cnt);
-      atomicAdd(&sh.mass[cur], w);
     }
     __syncthreads();
     if (threadIdx.x < 32) {
       // lane l owns buckets [8l, 8l + 8): the highest bucket whose suffix weight reaches the target
-      const int lane = threadIdx.x;
       unsigned long long lm = 0;
       for (int j = 0; j < 8; ++j) lm += sh.mass[8 * lane + j];
       unsigned long long suf = lm;
@@ -124,6 +128,7 @@ __device__ RadixResult radix_select_desc(int64_t n, Elem elem, uint64_t target, 
         sh.sel = sel;
         sh.sel_above = sel_above;
         sh.sel_count = sh.count[sel];
+        sh.single_key = 0;
       }
     }
     __syncthreads();
@@ -132,7 +137,18 @@ __device__ RadixResult radix_select_desc(int64_t n, Elem elem, uint64_t target, 
     prefix |= static_cast<uint64_t>(sel) << shift;
     above = sh.sel_above;
     count = sh.sel_count;
-    // sh.sel is next written after the next pass's first __syncthreads()
+    if (count == 1 && shift > 0) {
+      // One key left in the bucket: the later passes would select it digit by digit (above and
+      // count unchanged); its holder reports it.
+      for (int64_t v = threadIdx.x; v < n; v += blockDim.x) {
+        uint64_t key, weight;
+        if (elem(v, key, weight) && (key >> shift) == (prefix >> shift)) sh.single_key = key;
+      }
+      __syncthreads();
+      prefix = sh.single_key;
+      break;
+    }
+    // sh.sel and sh.single_key are next written after the next pass's first __syncthreads()
   }
   r.found = true;
   r.key = prefix;
@@ -141,9 +157,9 @@ __device__ RadixResult radix_select_desc(int64_t n, Elem elem, uint64_t target, 
   return r;
 }
 
-// p of a prepared row, recomputed from e with the host's operations (see the file comment).
+// p of a prepared row, from the stored p = e / sum with the host's operations (see the file comment).
 struct RowDist {
-  const double* e = nullptr;
+  const double* e = nullptr;  // p = e / sum, stored
   double sum = 1.0;
   bool top_p = false;
   double pstar = 0.0;          // top-p: keep p > pstar, and p == pstar up to id tie_last
@@ -153,7 +169,7 @@ struct RowDist {
   double cut = 0.0;
   double kept_m = 1.0;
 
-  __device__ __forceinline__ double p1(int64_t v) const { return e[v] / sum; }
+  __device__ __forceinline__ double p1(int64_t v) const { return e[v]; }
   __device__ __forceinline__ bool in_top_p(double p, int64_t v) const {
     return p > pstar || (p == pstar && v <= tie_last);
   }
@@ -275,7 +291,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
 
   int accepted = 0;
   int64_t token = argmax;
-  const bool greedy = nvalid == 0 || row.temperature < kGreedyTemperature;
+  const bool greedy = nvalid == 0 || is_greedy(row.temperature);
   if (greedy) {
     accepted = row.draft >= 0 && row.draft == argmax ? 1 : 0;
   } else {
@@ -305,7 +321,9 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
     }
     RowDist d;
     d.e = e;
-    d.sum = block_sum_f64(local, red);  // also makes e visible to the block
+    d.sum = block_sum_f64(local, red);
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) e[v] = e[v] / d.sum;  // the host's p = e / sum
+    __syncthreads();  // p is read by other threads from here on
     // ---- top-p ----
     if (row.top_p < 1.0) {
       d.top_p = true;
@@ -458,14 +476,13 @@ size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab) {
   return static_cast<size_t>(max_rows < 0 ? 0 : max_rows) * (align256(v * sizeof(float)) + align256(v * sizeof(double)));
 }
 
-void sample_rows_device(const SampleInputs& in, const SampleRow* rows, int n, void* scratch, SampleRowResult* out,
-                        cudaStream_t stream) {
-  if (n <= 0) return;
-  const size_t v = static_cast<size_t>(in.vocab);
+void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  const size_t v = static_cast<size_t>(a.in.vocab);
   const size_t z_bytes = align256(v * sizeof(float));
   const size_t row_bytes = z_bytes + align256(v * sizeof(double));
-  sample_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-      in, rows, n, static_cast<unsigned char*>(scratch), row_bytes, z_bytes, out);
+  sample_rows_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(
+      a.in, a.rows, a.n, static_cast<unsigned char*>(a.scratch), row_bytes, z_bytes, a.out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

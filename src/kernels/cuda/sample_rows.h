@@ -16,10 +16,15 @@ namespace tandem::kernels::cuda {
 // per row the processed logits (float) and the unnormalised probabilities (double).
 size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab);
 
-// Runs `n` rows (`rows` and `out` are DEVICE arrays of n entries; `in`'s pointers are device
-// pointers; n <= the scratch's max_rows). Capturable in a CUDA graph: no allocation, no
-// synchronization, no host reads.
-void sample_rows_device(const SampleInputs& in, const SampleRow* rows, int n, void* scratch, SampleRowResult* out,
-                        cudaStream_t stream);
+// Runs `n` rows (every pointer is device memory; n <= the scratch's max_rows). Capturable in a
+// CUDA graph: no allocation, no synchronization, no host reads.
+struct SampleRowsArgs {
+  SampleInputs in;                     // logits [rows of the step, vocab] etc., device pointers
+  const SampleRow* rows = nullptr;     // [n]
+  int n = 0;
+  void* scratch = nullptr;             // sample_rows_scratch_bytes(>= n, in.vocab) bytes
+  SampleRowResult* out = nullptr;      // [n]
+};
+void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream);
 
 }  // namespace tandem::kernels::cuda

@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(kThreads) softmax_kernel(SoftmaxParams p, int6
 }  // namespace
 
 void softmax(const SoftmaxParams& p, cudaStream_t s) {
+  validate(p);
   if (p.rows == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.n, ldy = p.ldy > 0 ? p.ldy : p.n;
   softmax_kernel<<<grid_for(p.rows, 1), kThreads, 0, s>>>(p, ldx, ldy);

@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(AttnArgs a) {
 }  // namespace
 
 void sparse_attn(const SparseAttnParams& p, cudaStream_t s) {
+  validate(p);
   if (p.tokens == 0) return;
   TANDEM_CHECK_MSG(p.dim <= kThreads * kMaxDimPerThread, "sparse_attn: dim <= 1024");
   TANDEM_CHECK_MSG(p.block <= kMaxBlock, "sparse_attn: block <= 1024");

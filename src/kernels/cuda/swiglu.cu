@@ -26,6 +26,7 @@ __global__ void swiglu_kernel(SwigluParams p, int64_t ldg, int64_t ldu, int64_t 
 }  // namespace
 
 void swiglu(const SwigluParams& p, cudaStream_t s) {
+  validate(p);
   if (p.rows == 0 || p.cols == 0) return;
   const int64_t ldg = p.ldg > 0 ? p.ldg : p.cols, ldu = p.ldu > 0 ? p.ldu : p.cols, ldo = p.ldo > 0 ? p.ldo : p.cols;
   swiglu_kernel<<<grid_for(p.rows * p.cols, 256), 256, 0, s>>>(p, ldg, ldu, ldo);

@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopkParams p, int64_t ld
 }  // namespace
 
 void topk(const TopkParams& p, cudaStream_t s) {
+  validate(p);
   if (p.rows == 0 || p.k == 0) return;
   TANDEM_CHECK_MSG(p.k <= kMaxK, "topk: k <= 4096");
   TANDEM_CHECK_MSG(p.n < (int64_t{1} << 32) - 1, "topk: row too long");

@@ -5,12 +5,15 @@
 // that never leave the device until the K tokens, confidences and (when asked) q are copied out.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
 
 namespace tandem {
+
+using OpClass = CudaModel::OpClass;
 
 Status CudaModel::draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows) {
   const int64_t td = tap_dim();
@@ -43,7 +46,6 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
   if (start_pos < 0) return invalid_argument("draft_insert_context: negative start_pos");
   const int64_t td = c.hidden_size * static_cast<int64_t>(c.dspark_target_layer_ids.size());
   if (n == 0) return Status();
-  kernels::cuda::set_stream(m.stream);
   const int64_t D = c.hidden_size, hd = c.head_dim, W = c.sliding_window;
   // Only the last W positions can ever be read.
   const int64_t skip = n > W ? n - W : 0;
@@ -57,19 +59,19 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
     rb.x = m.mh.get();
     rb.rows = rn;
     rb.cols = td;
-    m.ops().round_bf16(rb);
+    kernels::cuda::round_bf16(rb, m.stream);
     m.linear(m.w.draft.main_proj, m.mh.get(), rn, m.main_x.get());
     m.norm_rows(m.main_x.get(), rn, D, m.w.draft.main_norm);
     // Positions pos0 + r0 + t for the RoPE of the context KV.
-    cuda_model::iota_positions(pos0 + r0, rn, m.draft_pos.get(), m.stream);
+    cuda_model::iota_positions({pos0 + r0, rn, m.draft_pos.get()}, m.stream);
     for (int st = 0; st < c.num_draft_stages; ++st) {
       const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
       m.linear(a.wkv, m.main_x.get(), rn, m.kv.get());
       m.norm_rows(m.kv.get(), rn, hd, a.kv_norm);
       m.rope_rows(m.rope_swa.get(), m.kv.get(), m.draft_pos.get(), rn, 1, hd, false);
-      cuda_model::kv_quantize(m.kv.get(), rn, hd, m.lay.rec, m.kv_rec.get(), m.stream);
+      cuda_model::kv_quantize({m.kv.get(), rn, hd, m.lay.rec, m.kv_rec.get()}, m.stream);
       uint8_t* ring = m.draft_ctx.get() + slot * m.lay.draft_slot_bytes + st * W * m.lay.rec.bytes;
-      cuda_model::ring_write(m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W), m.stream);
+      cuda_model::ring_write({m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W)}, m.stream);
     }
   }
   // No synchronization: copies from the caller's (pageable) rows complete before cudaMemcpyAsync
@@ -78,9 +80,17 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
 }
 
 void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
+  draft_inputs(B);
+  for (int st = 0; st < cfg.num_draft_stages; ++st) {
+    draft_stage_attention(st, B);
+    draft_stage_ffn(st, B);
+  }
+  draft_heads(B, want_probs);
+}
+
+void CudaModel::Impl::draft_inputs(int64_t B) {
   const ModelConfig& c = cfg;
-  const int64_t K = draft_k, D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
-  const int64_t H = c.num_attention_heads, hd = c.head_dim, W = c.sliding_window, Rk = c.dspark_markov_rank;
+  const int64_t K = draft_k;
   const int64_t N = B * K;
   uint8_t* hs = draft_host;
   auto* h_slot = reinterpret_cast<int32_t*>(hs);
@@ -94,49 +104,72 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_temp.get(), h_temp, 8 * B, cudaMemcpyHostToDevice, stream));
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_seed.get(), h_seed, 8 * B, cudaMemcpyHostToDevice, stream));
 
-  int32_t* ids = draft_ids.get();
-  int64_t* pos = draft_pos.get();
-  cuda_model::draft_block_ids(d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id),
-                              ids, stream);
-  cuda_model::block_positions(d_req_pos.get(), N, static_cast<int>(K), pos, stream);
-  cuda_model::embed_rows(w.embed.w, ids, N, static_cast<int>(hc), D, h.get(), stream);
-  for (int st = 0; st < c.num_draft_stages; ++st) {
-    const cuda_model::DBlock& b = w.draft.stages[st];
-    hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
-    norm_rows(x.get(), N, D, b.attn_norm);
-    q_and_kv(b.attn, x.get(), N);
-    rope_rows(rope_swa.get(), q.get(), pos, N, H, hd, false);
-    rope_rows(rope_swa.get(), kv.get(), pos, N, 1, hd, false);
-    cuda_model::kv_quantize(kv.get(), N, hd, lay.rec, kv_rec.get(), stream);
-    cuda_model::DraftAttnArgs da;
-    da.q = q.get();
-    da.block_kv = kv.get();
-    da.ctx = draft_ctx.get();
-    da.slot_stride = lay.draft_slot_bytes;
-    da.stage_off = static_cast<int64_t>(st) * W * lay.rec.bytes;
-    da.req_slot = d_req_slot.get();
-    da.req_pos = d_req_pos.get();
-    da.K = static_cast<int>(K);
-    da.window = static_cast<int>(W);
-    da.sink = b.attn.attn_sink;
-    da.heads = static_cast<int>(H);
-    da.hd = static_cast<int>(hd);
-    da.rec = lay.rec;
-    da.out = o.get();
-    cuda_model::draft_attention(da, B, stream);
-    rope_rows(rope_swa.get(), o.get(), pos, N, H, hd, true);
-    output_proj(b.attn, o.get(), N, a.get());
-    hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
-    hc_pre(h.get(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
-    norm_rows(x.get(), N, D, b.ffn_norm);
-    moe(b.ffn, x.get(), ids, N, a.get());
-    hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
-  }
+  cuda_model::draft_block_ids(
+      {d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id), draft_ids.get()}, stream);
+  cuda_model::block_positions({d_req_pos.get(), N, static_cast<int>(K), draft_pos.get()}, stream);
+  embed_tokens(draft_ids.get(), N);  // vocabulary-parallel under tensor parallelism
+}
+
+void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
+  const ModelConfig& c = cfg;
+  const int64_t K = draft_k, D = c.hidden_size;
+  const int64_t hd = c.head_dim, W = c.sliding_window;
+  const int64_t N = B * K;
+  const int64_t* pos = draft_pos.get();
+  const cuda_model::DBlock& b = w.draft.stages[st];
+  const int64_t H = b.attn.n_heads;  // this rank's heads (the stages shard like the target's blocks)
+  section(OpClass::kMhc);
+  hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
+  norm_rows(x.get(), N, D, b.attn_norm);
+  q_and_kv(b.attn, x.get(), N);
+  section(OpClass::kAttention);
+  rope_rows(rope_swa.get(), q.get(), pos, N, H, hd, false);
+  rope_rows(rope_swa.get(), kv.get(), pos, N, 1, hd, false);
+  cuda_model::kv_quantize({kv.get(), N, hd, lay.rec, kv_rec.get()}, stream);
+  cuda_model::DraftAttnArgs da;
+  da.q = q.get();
+  da.block_kv = kv.get();
+  da.ctx = draft_ctx.get();
+  da.slot_stride = lay.draft_slot_bytes;
+  da.stage_off = static_cast<int64_t>(st) * W * lay.rec.bytes;
+  da.req_slot = d_req_slot.get();
+  da.req_pos = d_req_pos.get();
+  da.K = static_cast<int>(K);
+  da.window = static_cast<int>(W);
+  da.sink = b.attn.attn_sink;
+  da.heads = static_cast<int>(H);
+  da.hd = static_cast<int>(hd);
+  da.rec = lay.rec;
+  da.out = o.get();
+  da.B = B;
+  cuda_model::draft_attention(da, stream);
+  rope_rows(rope_swa.get(), o.get(), pos, N, H, hd, true);
+  output_proj(b.attn, o.get(), N, a.get());
+  section(OpClass::kMhc);
+  hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
+}
+
+void CudaModel::Impl::draft_stage_ffn(int st, int64_t B) {
+  const int64_t N = B * draft_k, D = cfg.hidden_size;
+  const cuda_model::DBlock& b = w.draft.stages[st];
+  section(OpClass::kMhc);
+  hc_pre(h.get(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
+  norm_rows(x.get(), N, D, b.ffn_norm);
+  moe(b.ffn, x.get(), draft_ids.get(), N, a.get(), cfg.num_hidden_layers + st);  // draft stages after the target's layers
+  section(OpClass::kMhc);
+  hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing
+}
+
+void CudaModel::Impl::draft_heads(int64_t B, bool want_probs) {
+  const ModelConfig& c = cfg;
+  const int64_t K = draft_k, D = c.hidden_size, V = c.vocab_size, Rk = c.dspark_markov_rank;
+  const int64_t N = B * K;
   const cuda_model::DDraft& dw = w.draft;
   head_logits(h.get(), N, w, dw.hc_head_fn, dw.hc_head_scale, dw.hc_head_base, dw.norm, head_y.get(),
                 base.get());
 
   // Markov correction: K sequential steps over all requests at once.
+  section(OpClass::kLmHead);
   cuda_model::MarkovStepArgs ms;
   ms.base = base.get();
   ms.bias = bias.get();
@@ -155,11 +188,12 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   ms.conf = d_conf.get();
   ms.logits = d_zlogits.get();
   ms.probs = want_probs ? d_probs.get() : nullptr;
+  ms.B = B;
   for (int64_t i = 0; i < K; ++i) {
-    cuda_model::markov_gather(dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get(), stream);
+    cuda_model::markov_gather({dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get()}, stream);
     linear(dw.markov_w2, e_row.get(), B, bias.get(), false);
     ms.i = static_cast<int>(i);
-    cuda_model::markov_step(ms, B, stream);
+    cuda_model::markov_step(ms, stream);
   }
 }
 
@@ -182,7 +216,6 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   results.resize(requests.size());
   if (B == 0) return Status();
 
-  kernels::cuda::set_stream(m.stream);
   const int64_t N = B * K;
 
   // Request arrays through the pinned staging area: slots, anchors (as prev), positions, T, seeds.
@@ -196,7 +229,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   auto* h_conf = reinterpret_cast<float*>(hs + 32 * B + 4 * N);
   // Sampled requests need q on the device (verification reads it from the slot's store).
   bool any_sampled = false;
-  for (const DraftQueryDev& r : requests) any_sampled = any_sampled || r.temperature > 0;
+  for (const DraftQueryDev& r : requests) any_sampled = any_sampled || !is_greedy(r.temperature);
   const bool host_probs = want_probs;
   want_probs = want_probs || any_sampled;
   for (int64_t b = 0; b < B; ++b) {
@@ -223,7 +256,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
     ++m.gstats.eager;
   }
   for (int64_t b = 0; b < B; ++b)
-    if (requests[b].temperature > 0)
+    if (!is_greedy(requests[b].temperature))
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.q_store.get() + static_cast<int64_t>(requests[b].slot) * K * V,
                                         m.d_probs.get() + b * K * V, sizeof(float) * K * V, cudaMemcpyDeviceToDevice,
                                         m.stream));
@@ -246,6 +279,8 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
     }
   }
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  // A failed collective leaves the group's state undefined: the caller drops the whole group.
+  TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));
   for (int64_t b = 0; b < B; ++b) {
     DraftResult& r = results[b];
     r.tokens.assign(h_tok + b * K, h_tok + (b + 1) * K);
@@ -254,13 +289,18 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
   return Status();
 }
 
-Result<CudaModel::StepProfile> CudaModel::profile_draft(std::span<const DraftQueryDev> requests, int reps) {
+Result<CudaModel::StepProfile> CudaModel::profile_draft(std::span<const DraftQueryDev> requests, int reps,
+                                                       const ReplayHook& hook, int eager_reps) {
   Impl& m = *impl_;
   std::vector<DraftResult> res;
   // One real proposal first: validates, stages the requests and warms every kernel.
   TANDEM_RETURN_IF_ERROR(draft_propose(requests, false, res));
   const int64_t B = static_cast<int64_t>(requests.size());
-  return cuda_model::time_eager_and_graph(m.stream, reps, [&m, B] { m.launch_draft(B, false); });
+  StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, eager_reps < 0 ? reps : eager_reps,
+                                                      [&m, B] { m.launch_draft(B, false); }, hook, &m.marks);
+  m.gstats.instantiations += hook ? 2 : 1;  // the timing graph (and the profiler's)
+  TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));
+  return prof;
 }
 
 }  // namespace tandem

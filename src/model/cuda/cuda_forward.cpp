@@ -1,12 +1,17 @@
 // The target forward pass on the device: the same layer structure as src/model/forward.cpp (the
-// CPU oracle), over every row of the step at once. Generic math goes through kernels::Ops (the
-// CUDA backend); the paged-KV, compressor, indexer, attention and routed-expert pieces are the
-// runner's own kernels (model_kernels.cu), which read each row's sequence, position, slot and block
-// table from the step plan on the device.
+// CPU oracle), over every row of the step at once. Generic math goes through the launchers of
+// src/kernels/cuda (cuda_ops.h) on the model's stream; the paged-KV, compressor, indexer, attention
+// and routed-expert pieces are the runner's own kernels (model_kernels.h: one .cu per concern),
+// which read each row's sequence, position, slot and block table from the step plan on the device.
+// Under tensor parallelism each rank runs its heads, output groups, index heads, routed experts and
+// vocabulary rows, and the collectives sit where the CPU's are (attention output, routed MoE sum,
+// indexer scores, embedding, LM head), through the data-plane communicator (common/comm.h) on the
+// model's stream, whichever path (generic, decode-size, tensor-core prefill) computed the partials.
 #include <algorithm>
 #include <cmath>
 
 #include "common/check.h"
+#include "common/comm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
 #include "model/cuda/smem_bounds.h"
@@ -17,11 +22,108 @@ using cuda_model::DAttn;
 using cuda_model::DComp;
 using cuda_model::DLinear;
 using cuda_model::DMoE;
+using OpClass = CudaModel::OpClass;
 
-kernels::Ops& CudaModel::Impl::ops() { return kernels::cuda::cuda_ops(); }
+// ---- tensor parallelism ----
 
-void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out) {
+void CudaModel::Impl::all_reduce(float* xx, int64_t n) { all_reduce_raw(xx, n, CommDtype::kF32); }
+
+void CudaModel::Impl::all_reduce_raw(void* xx, int64_t n, CommDtype dtype) {
+  if (!comm_status.ok() || n == 0) return;
+  const OpClass prev = cur_class;
+  section(OpClass::kCollective);
+  comm_status = opt.comm->all_reduce_sum(xx, static_cast<size_t>(n), dtype, stream);
+  section(prev);
+}
+
+void CudaModel::Impl::all_reduce_bf16(float* xx, int64_t rows, int64_t cols) {
+  all_reduce(xx, rows * cols);
+  if (rows == 0) return;
+  kernels::RoundBf16Params rb;
+  rb.x = xx;
+  rb.rows = rows;
+  rb.cols = cols;
+  kernels::cuda::round_bf16(rb, stream);
+}
+
+void CudaModel::Impl::embed_tokens(const int32_t* ids, int64_t n) {
+  section(OpClass::kEmbed);
+  const int64_t D = cfg.hidden_size;
+  if (!tp()) {
+    cuda_model::embed_rows({w.embed.w, ids, n, cfg.hc_mult, D, h.get()}, stream);
+    return;
+  }
+  // Vocabulary-parallel: the rank owning a token's row contributes it, the others zeros; one
+  // all-reduce, then the row goes to every hc stream.
+  cuda_model::EmbedArgs e{w.embed.w, ids, n, 1, D, x.get()};
+  e.vocab_begin = w.vocab_begin;
+  e.vocab_end = w.vocab_end;
+  cuda_model::embed_rows(e, stream);
+  all_reduce(x.get(), n * D);
+  cuda_model::replicate_hc({x.get(), n, cfg.hc_mult, D, h.get()}, stream);
+}
+
+void CudaModel::Impl::head_gemm(const DLinear& head, const float* yn_rows, int64_t n, float* out) {
+  if (n == 0) return;
+  if (!tp()) {
+    linear(head, yn_rows, n, out, false);
+    return;
+  }
+  const int64_t V = cfg.vocab_size, P = (V + opt.tp_size - 1) / opt.tp_size, mine = w.vocab_end - w.vocab_begin;
+  // [n, mine] with row stride P (the last rank's share may be shorter: the rest of its rows is zero),
+  // on the kernels linear() picks for the head at this row count (decode GEMV, tensor cores, generic).
+  if (mine < P) TANDEM_CUDA_CHECK(cudaMemsetAsync(tp_local.get(), 0, sizeof(float) * n * P, stream));
+  if (mine > 0) linear(head, yn_rows, n, tp_local.get(), false, P);
+  if (!comm_status.ok()) return;
+  const OpClass prev = cur_class;
+  section(OpClass::kCollective);
+  comm_status = opt.comm->all_gather(tp_local.get(), sizeof(float) * n * P, tp_gather.get(), stream);
+  section(prev);
+  // Every rank's [n, P] block into its vocabulary columns of [n, V].
+  for (int r = 0; r < opt.tp_size; ++r) {
+    const int64_t cnt = std::max<int64_t>(0, std::min(P, V - r * P));
+    if (cnt == 0) continue;
+    TANDEM_CUDA_CHECK(cudaMemcpy2DAsync(out + r * P, sizeof(float) * V, tp_gather.get() + r * n * P,
+                                        sizeof(float) * P, sizeof(float) * cnt, n, cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+// ---- op classes for the step profile (bench-model): counted only while a profiled step is captured ----
+
+void CudaModel::Impl::section(OpClass c) {
+  cur_class = c;
+  if (!marks) return;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaGraph_t g = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &st, nullptr, &g, nullptr, nullptr, nullptr));
+  if (st != cudaStreamCaptureStatusActive || !g) return;
+  size_t nn = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
+  std::vector<cudaGraphNode_t> nodes(nn);
+  if (nn) TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
+  CudaModel::ClassMark m;
+  m.cls = c;
+  if (marks->empty()) mark_types.clear();  // a new capture
+  for (cudaGraphNode_t node : nodes) {
+    auto it = mark_types.find(node);
+    if (it == mark_types.end()) {
+      cudaGraphNodeType t;
+      TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+      it = mark_types.emplace(node, t).first;
+    }
+    if (it->second == cudaGraphNodeTypeKernel) ++m.kernel_index;
+    else if (it->second == cudaGraphNodeTypeMemcpy || it->second == cudaGraphNodeTypeMemset) ++m.copy_index;
+  }
+  if (!marks->empty() && marks->back().kernel_index == m.kernel_index && marks->back().copy_index == m.copy_index)
+    marks->back().cls = c;  // nothing launched since the last mark
+  else
+    marks->push_back(m);
+}
+
+void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float* y, bool round_out, int64_t ldy) {
   if (m == 0) return;
+  if (linear_tc(l, xx, m, y, round_out, ldy)) return;  // prefill rows: tensor cores (cuda_prefill.cpp)
+  if (dec_linear(l, xx, m, y, round_out, ldy)) return;  // decode-size kernels (cuda_decode.cpp)
   kernels::GemmParams p;
   p.x = xx;
   p.w = l.w;
@@ -29,12 +131,14 @@ void CudaModel::Impl::linear(const DLinear& l, const float* xx, int64_t m, float
   p.m = m;
   p.n = l.w.n;
   p.k = l.w.k;
+  p.ldy = ldy;
   p.round_bf16 = round_out;
   p.quantize_x_block = l.act_quant ? 128 : 0;
-  ops().gemm(p);
+  kernels::cuda::gemm(p, stream);
 }
 
 void CudaModel::Impl::norm_rows(float* xx, int64_t rows, int64_t dim, const float* weight) {
+  dec.packed_x = nullptr;  // rows are rewritten: no codes left by dec_norm_rows stay valid
   if (rows == 0) return;
   kernels::RmsNormParams p;
   p.x = xx;
@@ -44,7 +148,7 @@ void CudaModel::Impl::norm_rows(float* xx, int64_t rows, int64_t dim, const floa
   p.dim = dim;
   p.eps = static_cast<float>(cfg.rms_norm_eps);
   p.round_bf16 = true;
-  ops().rms_norm(p);
+  kernels::cuda::rms_norm(p, stream);
 }
 
 void CudaModel::Impl::rope_rows(const float* inv_freq, float* xx, const int64_t* positions, int64_t tokens,
@@ -61,11 +165,12 @@ void CudaModel::Impl::rope_rows(const float* inv_freq, float* xx, const int64_t*
   p.rope_dim = cfg.qk_rope_head_dim;
   p.inverse = inverse;
   p.round_bf16 = true;
-  ops().rope(p);
+  kernels::cuda::rope(p, stream);
 }
 
 void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base,
                              float* xo, float* posto, float* combo) {
+  dec.packed_x = nullptr;  // xo is rewritten
   kernels::HcPreParams p;
   p.h = hh;
   p.fn = fn;
@@ -80,7 +185,7 @@ void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const 
   p.x = xo;
   p.post = posto;
   p.comb = combo;
-  ops().hc_pre(p);
+  kernels::cuda::hc_pre(p, stream);
 }
 
 void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float* hh) {
@@ -94,14 +199,23 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
   p.hc = cfg.hc_mult;
   p.dim = cfg.hidden_size;
   p.round_bf16 = true;
-  ops().hc_post(p);
+  kernels::cuda::hc_post(p, stream);
 }
 
-// ---- MoE: routing on the device, routed experts per (token, expert) pair, shared expert, and
-// a combine in ascending expert order (the CPU's accumulation order).
-void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y) {
+// ---- MoE: routing on the device, this rank's routed experts per (token, expert) pair (prefill rows:
+// grouped by expert on the tensor cores; decode rows: moe_decode), the shared expert, and a combine
+// in ascending expert order (the CPU's accumulation order). Under tensor parallelism the routed sum
+// is a partial sum over this rank's experts: all-reduced in fp32, then the (whole) shared expert is
+// added, as the CPU does.
+void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y, int layer) {
+  if (dec_moe(m, xx, tokens, n, y, layer)) {  // decode-size kernels (cuda_decode.cpp)
+    last_routing = {dec.moe.gate_logits, dec.moe.expert_ids};
+    return;
+  }
+  last_routing = {gate_logits.get(), eids.get()};
   const int64_t D = cfg.hidden_size, E = cfg.n_routed_experts, I = cfg.moe_intermediate_size;
   const int K = cfg.num_experts_per_tok;
+  section(OpClass::kRouter);
   linear(m.gate, xx, n, gate_logits.get(), false);
   kernels::MoeGateParams g;
   g.logits = gate_logits.get();
@@ -114,35 +228,50 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   g.route_scale = static_cast<float>(cfg.routed_scaling_factor);
   g.expert_ids = eids.get();
   g.weights = ew.get();
-  ops().moe_gate(g);
+  kernels::cuda::moe_gate(g, stream);
+  if (recording_routes && layer >= 0)
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(route_rec.get() + static_cast<int64_t>(layer) * max_rows * K, eids.get(),
+                                      sizeof(int32_t) * n * K, cudaMemcpyDeviceToDevice, stream));
 
-  const float* up_in = xx;
-  if (m.up_act_quant) {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(xq.get(), xx, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
-    kernels::ActQuantFp8Params q;
-    q.x = xq.get();
-    q.rows = n;
-    q.cols = D;
-    q.block = 128;
-    ops().act_quant_fp8(q);
-    up_in = xq.get();
-  }
+  section(OpClass::kRoutedExperts);
   const int64_t pairs = n * K;
-  cuda_model::moe_pairs_up(up_in, eids.get(), ew.get(), pairs, K, m.w1_all, m.w3_all, I, D,
-                           static_cast<float>(cfg.swiglu_limit), gact.get(), stream);
-  const float* down_in = gact.get();
-  if (m.down_act_quant) {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(gq.get(), gact.get(), sizeof(float) * pairs * I, cudaMemcpyDeviceToDevice, stream));
-    kernels::ActQuantFp8Params q;
-    q.x = gq.get();
-    q.rows = pairs;
-    q.cols = I;
-    q.block = 128;
-    ops().act_quant_fp8(q);
-    down_in = gq.get();
+  // Prefill rows: pairs grouped by expert on the tensor cores (cuda_prefill.cpp); else per pair.
+  const bool grouped = moe_routed_tc(m, xx, n);
+  if (!grouped) {
+    const float* up_in = xx;
+    if (m.up_act_quant) {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(xq.get(), xx, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
+      kernels::ActQuantFp8Params q;
+      q.x = xq.get();
+      q.rows = n;
+      q.cols = D;
+      q.block = 128;
+      kernels::cuda::act_quant_fp8(q, stream);
+      up_in = xq.get();
+    }
+    cuda_model::MoePairsUpArgs up{up_in, eids.get(), ew.get(), pairs, K, m.w1_all, m.w3_all, I, D,
+                                  static_cast<float>(cfg.swiglu_limit), gact.get()};
+    up.expert_begin = m.expert_begin;
+    up.expert_count = m.n_local;
+    cuda_model::moe_pairs_up(up, stream);
+    const float* down_in = gact.get();
+    if (m.down_act_quant) {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(gq.get(), gact.get(), sizeof(float) * pairs * I, cudaMemcpyDeviceToDevice, stream));
+      kernels::ActQuantFp8Params q;
+      q.x = gq.get();
+      q.rows = pairs;
+      q.cols = I;
+      q.block = 128;
+      kernels::cuda::act_quant_fp8(q, stream);
+      down_in = gq.get();
+    }
+    cuda_model::MoePairsDownArgs down{down_in, eids.get(), pairs, m.w2_all, I, D, pair_out.get()};
+    down.expert_begin = m.expert_begin;
+    down.expert_count = m.n_local;
+    cuda_model::moe_pairs_down(down, stream);
   }
-  cuda_model::moe_pairs_down(down_in, eids.get(), pairs, m.w2_all, I, D, pair_out.get(), stream);
 
+  section(OpClass::kSharedExperts);
   linear(m.sh_w1, xx, n, sh_g.get());
   linear(m.sh_w3, xx, n, sh_u.get());
   kernels::SwigluParams sw;
@@ -153,13 +282,32 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   sw.cols = m.sh_w1.w.n;
   sw.limit = static_cast<float>(cfg.swiglu_limit);
   sw.round_bf16 = true;
-  ops().swiglu(sw);
+  kernels::cuda::swiglu(sw, stream);
   linear(m.sh_w2, sh_g.get(), n, sh_out.get());
-  cuda_model::moe_combine(pair_out.get(), eids.get(), sh_out.get(), n, K, D, y, stream);
+  section(OpClass::kRoutedExperts);
+  // Under tensor parallelism: this rank's routed sum in fp32 (shared == null), all-reduced, then
+  // bf16(sum + shared) as the CPU.
+  const float* shared = tp() ? nullptr : sh_out.get();
+  if (grouped) {
+    cuda_model::moe_combine_local(pair_out.get(), eids.get(), shared, n, K, D, m.expert_begin, m.n_local, y, stream);
+  } else {
+    cuda_model::MoeCombineArgs cb{pair_out.get(), eids.get(), shared, n, K, D, y};
+    cb.expert_begin = m.expert_begin;
+    cb.expert_count = m.n_local;
+    cuda_model::moe_combine(cb, stream);
+  }
+  if (tp()) moe_reduce_shared(y, sh_out.get(), n);
+}
+
+void CudaModel::Impl::moe_reduce_shared(float* y, const float* shared, int64_t n) {
+  all_reduce(y, n * cfg.hidden_size);
+  cuda_model::moe_add_shared({y, shared, n * cfg.hidden_size}, stream);
 }
 
 void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank;
+  section(OpClass::kDense);
+  if (dec_q_and_kv(at, xx, n)) return;  // decode-size kernels (cuda_decode.cpp)
+  const int64_t H = at.n_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank;
   linear(at.wq_a, xx, n, qr.get());
   norm_rows(qr.get(), n, ql, at.q_norm);
   linear(at.wq_b, qr.get(), n, q.get());
@@ -170,13 +318,15 @@ void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
   hn.dim = hd;
   hn.eps = static_cast<float>(cfg.rms_norm_eps);
   hn.mode = kernels::RmsNormMode::kBf16Chain;
-  ops().rms_norm(hn);
+  kernels::cuda::rms_norm(hn, stream);
   linear(at.wkv, xx, n, kv.get());
   norm_rows(kv.get(), n, hd, at.kv_norm);
 }
 
 void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* y) {
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim, G = cfg.o_groups, R = cfg.o_lora_rank;
+  section(OpClass::kDense);
+  if (dec_output_proj(at, oo, n, y)) return;  // decode-size kernels (cuda_decode.cpp)
+  const int64_t H = at.n_heads, hd = cfg.head_dim, G = at.n_groups, R = cfg.o_lora_rank;
   const int64_t gin = H * hd / G;
   kernels::GemmParams p;
   p.x = oo;
@@ -192,16 +342,24 @@ void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* 
   p.y_batch_stride = R;
   p.w_batch_rows = R;
   p.round_bf16 = true;
-  ops().gemm(p);
-  linear(at.wo_b, u.get(), n, y);
+  if (!gemm_bf16_tc(p)) kernels::cuda::gemm(p, stream);  // prefill rows: cuBLASLt (cuda_prefill.cpp)
+  wo_b(at, n, y);
+}
+
+// Row-parallel under tensor parallelism: this rank's fp32 partial sums, all-reduced, then rounded.
+void CudaModel::Impl::wo_b(const DAttn& at, int64_t n, float* y) {
+  linear(at.wo_b, u.get(), n, y, !tp());
+  if (tp()) all_reduce_bf16(y, n, cfg.hidden_size);
 }
 
 void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
                                      const float* xx, int64_t n) {
+  const OpClass prev = cur_class;
+  section(OpClass::kCompressor);
   const int64_t d = cw.head_dim, C = (cw.overlap ? 2 : 1) * d;
   linear(cw.wkv, xx, n, tmp_kv.get(), false);
   linear(cw.wgate, xx, n, tmp_gate.get(), false);
-  cuda_model::comp_rows_build(tmp_kv.get(), tmp_gate.get(), cw.ape, meta, n, C, cw.ratio, rows_buf, stream);
+  cuda_model::comp_rows_build({tmp_kv.get(), tmp_gate.get(), cw.ape, meta, n, C, cw.ratio, rows_buf}, stream);
   cuda_model::CompressArgs ca;
   ca.step_rows = rows_buf;
   ca.slot_state = slot_state.get();
@@ -212,7 +370,12 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
   ca.ratio = cw.ratio;
   ca.d = d;
   ca.overlap = cw.overlap;
-  cuda_model::compress_entries(ca, meta, n, entry.get(), entry_pos.get(), flag.get(), stream);
+  ca.m = meta;
+  ca.rows = n;
+  ca.entry = entry.get();
+  ca.entry_pos = entry_pos.get();
+  ca.flag = flag.get();
+  cuda_model::compress_entries(ca, stream);
   norm_rows(entry.get(), n, d, cw.norm);
   rope_rows(rope_comp.get(), entry.get(), entry_pos.get(), n, 1, d, false);
   int64_t rec_bytes;
@@ -223,29 +386,32 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
     hp.n = d;
     hp.ldx = d;
     hp.round_bf16 = true;
-    ops().hadamard(hp);
-    cuda_model::index_key_quantize(entry.get(), n, lay.key, entry_rec.get(), stream);
+    kernels::cuda::hadamard(hp, stream);
+    cuda_model::index_key_quantize({entry.get(), n, lay.key, entry_rec.get()}, stream);
     rec_bytes = lay.key.bytes;
   } else {
-    cuda_model::kv_quantize(entry.get(), n, d, lay.rec, entry_rec.get(), stream);
+    cuda_model::kv_quantize({entry.get(), n, d, lay.rec, entry_rec.get()}, stream);
     rec_bytes = lay.rec.bytes;
   }
-  cuda_model::store_entries(entry_rec.get(), rec_bytes, flag.get(), entry_pos.get(), meta, n, cw.ratio, pool.get(),
-                            lay.block_bytes, pool_off, stream);
+  cuda_model::store_entries(
+      {entry_rec.get(), rec_bytes, flag.get(), entry_pos.get(), meta, n, cw.ratio, pool.get(), lay.block_bytes, pool_off},
+      stream);
+  section(prev);
 }
 
-void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_t n, float* y) {
+void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const cuda_model::DBlock& b = w.layers[layer];
   const DAttn& at = b.attn;
   const cuda_model::LayerState& L = lay.layers[layer];
-  const int64_t H = cfg.num_attention_heads, hd = cfg.head_dim;
+  const int64_t H = at.n_heads, hd = cfg.head_dim;
   const int ratio = b.ratio;
   const float* rope = ratio ? rope_comp.get() : rope_swa.get();
 
   q_and_kv(at, x.get(), n);
+  section(OpClass::kAttention);
   rope_rows(rope, q.get(), meta.positions, n, H, hd, false);
   rope_rows(rope, kv.get(), meta.positions, n, 1, hd, false);
-  cuda_model::kv_quantize(kv.get(), n, hd, lay.rec, kv_rec.get(), stream);
+  cuda_model::kv_quantize({kv.get(), n, hd, lay.rec, kv_rec.get()}, stream);
 
   if (ratio) run_compressor(at.comp, L.comp_off, lay.comp_ring[layer], comp_rows.get(), L.pool_main, x.get(), n);
   if (at.has_indexer)
@@ -254,10 +420,11 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   // Visible compressed entries bound the indexer's columns and the attention's key list: from the
   // step's context bound (exact when eager, its power-of-two bucket when replaying a graph).
   const int64_t max_vis4 = step.end_bound / 4;
-  (void)batch;
 
-  const int64_t IH = cfg.index_n_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
+  // This rank's index heads; the score scale counts all of them (the reference's n_heads ** -0.5).
+  const int64_t IH = at.n_idx_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
   const bool csa = ratio == 4 && at.has_indexer;
+  section(OpClass::kIndexer);
   if (at.has_indexer) {
     linear(at.idx_wq_b, qr.get(), n, iq.get());
     rope_rows(rope_comp.get(), iq.get(), meta.positions, n, IH, ihd, false);
@@ -267,45 +434,74 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
     hp.n = ihd;
     hp.ldx = ihd;
     hp.round_bf16 = true;
-    ops().hadamard(hp);
+    kernels::cuda::hadamard(hp, stream);
     kernels::Fp4ActQuantParams fq;
     fq.x = iq.get();
     fq.rows = n * IH;
     fq.cols = ihd;
     fq.ldx = ihd;
     fq.block = 32;
-    ops().fp4_act_quant(fq);
+    kernels::cuda::fp4_act_quant(fq, stream);
     linear(at.idx_wproj, x.get(), n, iw.get());
-    const float wscale =
-        static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) / std::sqrt(static_cast<double>(IH)));
-    cuda_model::scale_round(iw.get(), n * IH, wscale, stream);
+    const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) /
+                                            std::sqrt(static_cast<double>(cfg.index_n_heads)));
+    cuda_model::scale_round({iw.get(), n * IH, wscale}, stream);
   }
   if (csa && max_vis4 > 0) {
-    const int64_t ncols = max_vis4;
+    // Scores and top-k in chunks of rows that the score buffer and the top-k's work hold. (Under
+    // tensor parallelism the bf16 scores are summed over ranks before the top-k: then the indexer
+    // must not count pass 1 (hist = null) and the top-k counts it (hist_ready = false).)
+    const int64_t ncols = max_vis4, lds = (max_vis4 + 7) / 8 * 8;
     TANDEM_CHECK(ncols <= max_entries);
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(score_rows, (score_rows * max_entries) / ncols));
+    const cuda_model::TopkState tst = cuda_model::topk_state(
+        topk_counters.get(), static_cast<int64_t>(std::min<size_t>(max_rows, 65535)), topk_work.get(), topk_work.bytes());
+    int64_t chunk = std::min<int64_t>({n, int64_t{65535}, tst.max_rows, static_cast<int64_t>(idx_scores.size()) / lds});
+    while (chunk > 1 && cuda_model::topk_work_bytes(chunk, ncols) > tst.work_bytes) chunk = chunk * 7 / 8;
+    TANDEM_CHECK(chunk >= 1);
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t rows = std::min(chunk, n - r0);
       cuda_model::StepMeta mc = meta;
       mc.tokens += r0;
       mc.positions += r0;
       mc.row_seq += r0;
-      cuda_model::indexer_scores_paged(iq.get() + r0 * IH * ihd, iw.get() + r0 * IH, mc, rows, static_cast<int>(IH),
-                                       static_cast<int>(ihd), pool.get(), lay.block_bytes, L.pool_idx, lay.key,
-                                       idx_scores.get(), ncols, visible.get() + r0, stream);
-      kernels::TopkParams tk;
-      tk.scores = idx_scores.get();
-      tk.n_valid = visible.get() + r0;
-      tk.rows = rows;
-      tk.n = ncols;
-      tk.lds = ncols;
-      tk.k = TK;
-      tk.out = topk.get() + r0 * TK;
-      tk.ldo = TK;
-      ops().topk(tk);
+      cuda_model::IndexerArgs ia;
+      ia.q = iq.get() + r0 * IH * ihd;
+      ia.w = iw.get() + r0 * IH;
+      ia.m = mc;
+      ia.rows = rows;
+      ia.heads = static_cast<int>(IH);
+      ia.dim = static_cast<int>(ihd);
+      ia.pool = pool.get();
+      ia.block_bytes = lay.block_bytes;
+      ia.pool_idx = L.pool_idx;
+      ia.key = lay.key;
+      ia.scores = idx_scores.get();
+      ia.n_cols = ncols;
+      ia.lds = lds;
+      ia.visible = visible.get() + r0;
+      ia.hist = tp() ? nullptr : tst.hist1;
+      ia.sm_count = sm_count;
+      cuda_model::indexer_scores_paged(ia, stream);
+      // Each rank summed its own heads (bf16); the reference all-reduces the bf16 scores (summed in
+      // fp32 in rank order, rounded once: CommDtype::kBf16). The padding columns past n_cols ride along.
+      if (tp()) all_reduce_raw(idx_scores.get(), rows * lds, CommDtype::kBf16);
+      cuda_model::IndexerTopkArgs ta;
+      ta.scores = idx_scores.get();
+      ta.lds = lds;
+      ta.n_cols = ncols;
+      ta.visible = visible.get() + r0;
+      ta.rows = rows;
+      ta.k = static_cast<int>(TK);
+      ta.out = topk.get() + r0 * TK;
+      ta.ldo = TK;
+      ta.state = tst;
+      ta.hist_ready = !tp();
+      cuda_model::indexer_topk(ta, stream);
+      last_indexer = {r0, rows, lds, ncols};
     }
   }
 
+  section(OpClass::kAttention);
   cuda_model::AttnArgs aa;
   aa.q = q.get();
   aa.step_kv = kv.get();
@@ -328,33 +524,55 @@ void CudaModel::Impl::attention_target(int layer, const StepBatch& batch, int64_
   aa.max_keys = cuda_model::attention_max_keys(cfg, ratio, csa, step.end_bound);
   aa.out = o.get();
   if (csa && max_vis4 == 0) aa.topk_k = 0;
-  cuda_model::attention(aa, meta, n, stream);
+  aa.m = meta;
+  aa.rows = n;
+  aa.partial = attn_partial.get();
+  aa.partial_slots = attn_partial_slots;
+  aa.sm_count = sm_count;
+  cuda_model::attention(aa, stream);
   rope_rows(rope, o.get(), meta.positions, n, H, hd, true);
   output_proj(at, o.get(), n, y);
 
   // Commit this step's rows into the slot rings (after every read of the old rows).
-  cuda_model::ring_commit(kv_rec.get(), lay.rec.bytes, meta, n, slot_state.get(), lay.slot_bytes, L.win_off,
-                          lay.win_ring, stream);
+  section(OpClass::kAttention);
+  cuda_model::ring_commit({kv_rec.get(), lay.rec.bytes, meta, n, slot_state.get(), lay.slot_bytes, L.win_off,
+                           lay.win_ring},
+                          stream);
   if (ratio)
-    cuda_model::ring_commit(reinterpret_cast<const uint8_t*>(comp_rows.get()),
-                            static_cast<int64_t>(sizeof(float)) * 2 * lay.comp_chans[layer], meta, n, slot_state.get(),
-                            lay.slot_bytes, L.comp_off, lay.comp_ring[layer], stream);
+    cuda_model::ring_commit({reinterpret_cast<const uint8_t*>(comp_rows.get()),
+                             static_cast<int64_t>(sizeof(float)) * 2 * lay.comp_chans[layer], meta, n, slot_state.get(),
+                             lay.slot_bytes, L.comp_off, lay.comp_ring[layer]},
+                            stream);
   if (at.has_indexer)
-    cuda_model::ring_commit(reinterpret_cast<const uint8_t*>(icomp_rows.get()),
-                            static_cast<int64_t>(sizeof(float)) * 2 * lay.icomp_chans[layer], meta, n,
-                            slot_state.get(), lay.slot_bytes, L.icomp_off, lay.icomp_ring[layer], stream);
+    cuda_model::ring_commit({reinterpret_cast<const uint8_t*>(icomp_rows.get()),
+                             static_cast<int64_t>(sizeof(float)) * 2 * lay.icomp_chans[layer], meta, n,
+                             slot_state.get(), lay.slot_bytes, L.icomp_off, lay.icomp_ring[layer]},
+                            stream);
 }
 
-void CudaModel::Impl::block_forward(int layer, const StepBatch& batch, int64_t n) {
+void CudaModel::Impl::block_forward(int layer, int64_t n) {
+  attention_half(layer, n);
+  ffn_half(layer, n);
+}
+
+void CudaModel::Impl::attention_half(int layer, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
   const int64_t D = cfg.hidden_size;
+  section(OpClass::kMhc);
   hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), n, D, b.attn_norm);
-  attention_target(layer, batch, n, a.get());
+  dec_norm_rows(x.get(), n, D, b.attn_norm);  // norm_rows, + x's codes for the decode q/kv
+  attention_target(layer, n, a.get());
+  section(OpClass::kMhc);
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
+}
+
+void CudaModel::Impl::ffn_half(int layer, int64_t n) {
+  const cuda_model::DBlock& b = w.layers[layer];
+  const int64_t D = cfg.hidden_size;
   hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), n, D, b.ffn_norm);
-  moe(b.ffn, x.get(), meta.tokens, n, a.get());
+  dec_norm_rows(x.get(), n, D, b.ffn_norm);  // norm_rows, + x's codes for the decode MoE
+  moe(b.ffn, x.get(), meta.tokens, n, a.get(), layer);
+  section(OpClass::kMhc);
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
 }
 
@@ -362,6 +580,7 @@ void CudaModel::Impl::head_logits(const float* hin, int64_t n, const cuda_model:
                                   const float* hc_scale, const float* hc_base, const float* norm, float* y_out,
                                   float* logits_out) {
   const int64_t D = cfg.hidden_size;
+  section(OpClass::kLmHead);
   kernels::HcHeadParams p;
   p.h = hin;
   p.fn = hc_fn;
@@ -374,10 +593,10 @@ void CudaModel::Impl::head_logits(const float* hin, int64_t n, const cuda_model:
   p.hc_eps = static_cast<float>(cfg.hc_eps);
   p.y = y_out;
   p.round_bf16 = true;
-  ops().hc_head(p);
+  kernels::cuda::hc_head(p, stream);
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(yn.get(), y_out, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, stream));
   norm_rows(yn.get(), n, D, norm);
-  linear(ww.head, yn.get(), n, logits_out, false);
+  head_gemm(ww.head, yn.get(), n, logits_out);
 }
 
 }  // namespace tandem

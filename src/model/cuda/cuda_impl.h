@@ -8,14 +8,20 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
+#include "common/comm.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/gemm_tc.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/decode_path.h"
 #include "model/cuda/kv_record.h"
 #include "model/cuda/model_kernels.h"
+#include "model/cuda/moe_prefill.h"
 #include "model/math.h"
 
 namespace tandem {
@@ -35,6 +41,8 @@ struct DComp {
   const float* norm = nullptr;
 };
 struct DAttn {
+  // This rank's query heads, output groups and index heads (the config's counts / tp_size).
+  int64_t n_heads = 0, n_groups = 0, n_idx_heads = 0;
   DLinear wq_a, wq_b, wkv, wo_a, wo_b;
   const float *q_norm = nullptr, *kv_norm = nullptr, *attn_sink = nullptr;
   bool has_compressor = false, has_indexer = false;
@@ -47,9 +55,13 @@ struct DMoE {
   DLinear gate;
   const float* bias = nullptr;
   const int32_t* tid2eid = nullptr;
-  kernels::WeightRef w1_all, w2_all, w3_all;  // every routed expert, concatenated by rows
+  // This rank's routed experts [expert_begin, expert_begin + n_local) (every expert on one rank),
+  // concatenated by rows: expert e's rows start at (e - expert_begin) * rows of one expert.
+  int expert_begin = 0, n_local = 0;
+  kernels::WeightRef w1_all, w2_all, w3_all;
   bool up_act_quant = false, down_act_quant = false;
   DLinear sh_w1, sh_w2, sh_w3;
+  bool grouped = false;               // MXFP4 experts the grouped prefill path can run (moe_prefill.h)
 };
 struct DBlock {
   int ratio = 0;
@@ -68,6 +80,8 @@ struct DDraft {
   const float* confidence = nullptr;
 };
 struct DWeights {
+  // Vocabulary-parallel embedding and LM head: this rank's rows [vocab_begin, vocab_end).
+  int64_t vocab_begin = 0, vocab_end = 0;
   DLinear embed, head;
   const float *norm = nullptr, *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
   std::vector<DBlock> layers;
@@ -89,9 +103,13 @@ struct DeviceLayout {
 };
 DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool has_draft);
 
-// Runs `launch` (device work on `stream`) reps times eagerly and reps times as a replay of one
-// captured CUDA graph (two warm-up runs each); the graph's kernel and copy nodes and the medians.
-CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const std::function<void()>& launch);
+// Runs `launch` (device work on `stream`) eager_reps times eagerly and reps times as a replay of
+// one captured CUDA graph (two warm-up runs each); the graph's kernel and copy nodes, the medians
+// and every replay's time. `hook` (optional) is called once with a function replaying the graph.
+// `marks` (optional) is where the launches record their op classes while the graph is captured.
+CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int eager_reps,
+                                            const std::function<void()>& launch, const CudaModel::ReplayHook& hook,
+                                            std::vector<CudaModel::ClassMark>** marks);
 
 }  // namespace cuda_model
 
@@ -100,6 +118,7 @@ struct CudaModel::Impl {
   CudaModelOptions copt;
   ModelOptions opt;
   LoadReport report;
+  std::string origin;          // "DIR" or "synthetic NAME (seed S)", for logs
   cuda_model::DWeights w;
   cuda_model::DeviceLayout lay;
   cudaStream_t stream = nullptr;
@@ -111,6 +130,7 @@ struct CudaModel::Impl {
   int draft_k = 0;             // tokens per draft proposal (<= dspark_block_size)
   int64_t max_entries = 0;     // indexer score columns per row (max visible CSA entries)
   int64_t score_rows = 0;      // rows of the indexer score buffer (chunking)
+  int sm_count = 0;            // multiprocessors of the device
 
   template <typename T>
   using Buf = kernels::cuda::DeviceBuffer<T>;
@@ -133,11 +153,36 @@ struct CudaModel::Impl {
 
   // ---- scratch (device, sized at start-up) ----
   Buf<float> h, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, comp_rows, icomp_rows, entry, iq, iw,
-      idx_scores, gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
+      gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
       main_x, base, bias, e_row, yn;
   Buf<uint8_t> kv_rec, entry_rec;
+  Buf<float> attn_partial;         // split-K attention: attn_partial_slots (row, chunk) partials
+  int64_t attn_partial_slots = 0;
+  Buf<uint16_t> idx_scores;        // indexer scores (bf16) of a chunk of rows
+  Buf<uint8_t> topk_counters, topk_work;  // the indexer top-k's state (indexer_topk.h)
   Buf<int64_t> entry_pos, draft_pos;
   Buf<int32_t> flag, visible, topk, eids, draft_ids;
+  // ---- tensor parallelism (opt.tp_size > 1): the collectives of forward.cpp, on the device ----
+  Buf<float> tp_local, tp_gather;   // LM head: this rank's [rows, P] logits, every rank's [size, rows, P]
+  Status comm_status;               // the first collective failure of the step (reported by finish)
+  bool tp() const { return opt.tp_size > 1; }
+  // In place, stream-ordered: x[n] = sum over ranks (fp32); the _bf16 form then rounds to bf16 as
+  // the CPU's all_reduce_bf16 does.
+  void all_reduce(float* xx, int64_t n);
+  void all_reduce_raw(void* xx, int64_t n, CommDtype dtype);  // n elements of dtype, summed as comm.h says
+  void all_reduce_bf16(float* xx, int64_t rows, int64_t cols);
+  // h rows (every hc stream) = embedding of ids: vocabulary-parallel under tensor parallelism.
+  void embed_tokens(const int32_t* ids, int64_t n);
+  // logits[n, V] = yn W_head^T (fp32): each rank its vocabulary rows, then gathered.
+  void head_gemm(const cuda_model::DLinear& head, const float* yn, int64_t n, float* logits_out);
+  // ---- measurement aids (bench-model): op classes of the launches and the routed experts ----
+  std::vector<CudaModel::ClassMark>* marks = nullptr;  // non-null while a profiled step is captured
+  CudaModel::OpClass cur_class = CudaModel::OpClass::kOther;
+  std::unordered_map<cudaGraphNode_t, cudaGraphNodeType> mark_types;  // node types seen in this capture
+  void section(CudaModel::OpClass c);
+  Buf<int32_t> route_rec;            // [layers + draft stages, max_rows * topk] expert ids of a recorded step
+  bool recording_routes = false;
+  Buf<int32_t> fill_table;           // block ids of a synthetic context fill [max_blocks]
   // draft request arrays (device) + pinned staging
   Buf<int32_t> d_req_slot, d_prev, d_tokens;
   Buf<int64_t> d_req_pos;
@@ -158,7 +203,8 @@ struct CudaModel::Impl {
   Buf<int32_t> d_sints;
   Buf<uint8_t> d_sscratch;
   uint8_t* sample_host = nullptr; // pinned: rows | results | masks | ints
-  void alloc_sampling();
+  // Allocates the sampling buffers (measure: only returns the device bytes they need).
+  int64_t alloc_sampling(bool measure);
   Status check_sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
                            std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
                            size_t out_size) const;
@@ -176,7 +222,16 @@ struct CudaModel::Impl {
     // (graph replay), so one graph serves every position up to the bucket.
     int64_t end_bound = 0;
     std::vector<int64_t> logits_row, taps_row;
+    // The step's GEMMs take the tensor cores (cuda_prefill.cpp) only when one of its sequences
+    // adds more than tc_min_rows tokens, or it has more rows than the decode path holds; otherwise
+    // every row of it runs the decode kernels (or the generic ops), so a row of a decode, a verify
+    // or a short prompt gets the same bits whatever else shares its step (prepare_plan).
+    bool tc = false;
   } step;
+  bool in_step = false;  // launch() is running step (a forward's layers), not a draft
+  // Whether a call of m rows runs on the tensor cores: the step's choice inside a forward, the row
+  // count elsewhere (the draft's context insertion and proposals).
+  bool tc_rows(int64_t m) const { return in_step ? step.tc : m > copt.tc_min_rows; }
   // ---- CUDA graphs: key = (sequences, tokens per sequence, logits mode, taps, context bucket) ----
   using GraphKey = std::tuple<int, int, int, int, int64_t>;
   std::map<GraphKey, cudaGraphExec_t> graphs;
@@ -208,34 +263,104 @@ struct CudaModel::Impl {
     TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
     TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
     ++gstats.captures;
+    ++gstats.instantiations;
     ++gstats.eager;
     return ge;
   }
-  // The draft's device work for B staged requests (draft_host): capturable.
+  // The draft's device work for B staged requests (draft_host): capturable. Its pieces (run apart by
+  // the test hooks): the request arrays' upload and the blocks' embedding into h, each stage's two
+  // halves over h, and the heads with the Markov steps.
   void launch_draft(int64_t B, bool want_probs);
+  void draft_inputs(int64_t B);
+  void draft_stage_attention(int stage, int64_t B);
+  void draft_stage_ffn(int stage, int64_t B);
+  void draft_heads(int64_t B, bool want_probs);
 
-  kernels::Ops& ops();
+  // ---- prefill on the tensor cores (cuda_prefill.cpp): steps of more than copt.tc_min_rows rows ----
+  Buf<uint8_t> tc_codes, moe_scratch;
+  Buf<float> tc_scales;
+  Buf<uint16_t> tc_bf16;                       // bf16 copy of a bf16-weight linear's input
+  std::vector<Buf<uint16_t>> tc_bf16_copies;   // bf16 copies of FP8 wo_a weights (exact)
+  std::map<const void*, kernels::WeightRef> tc_bf16_weights;  // FP8 weight data -> its bf16 copy
+  kernels::cuda::TcLinearScratch tc;
+  cuda_model::MoePrefillScratch moe_tc;
+  // At start-up, after the step scratch (measure: allocates nothing, returns the device bytes).
+  int64_t alloc_prefill(bool measure);
+  // Each returns false when the shape has no tensor-core path (the caller runs the GEMV kernels).
+  bool linear_tc(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy = 0);
+  bool gemm_bf16_tc(const kernels::GemmParams& p);
+  bool moe_routed_tc(const cuda_model::DMoE& mo, const float* x, int64_t n);  // -> pair_out
+
+  // ---- decode-size kernels (cuda_decode.cpp): each returns false, launching nothing, when the
+  // weights do not suit them (the caller then runs the generic ops) ----
+  cuda_model::DecodePath dec;
+  int64_t dec_allocate(bool measure);  // measure: allocates nothing, returns the device bytes
+  void dec_pack(const float* x, int64_t m, int64_t k, const float* norm_weight = nullptr, float* normed = nullptr);
+  // norm_rows(x) fused with x's quantization for the next q/kv or MoE (falls back to norm_rows).
+  void dec_norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
+  void dec_codes_of(const float* x, int64_t n, int64_t k);
+  bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy = 0);
+  bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
+  bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);
+  bool dec_moe(const cuda_model::DMoE& m, const float* x, const int32_t* tokens, int64_t n, float* y, int layer);
+
   Status init(const ModelConfig& config, const CudaModelOptions& options);
   Status validate_step(const StepBatch& batch) const;
 
   // ---- layer pieces (cuda_forward.cpp) ----
-  void linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out = true);
+  // y [m, ldy] (0: the weight's rows) = x W^T on the path the weight and row count pick.
+  void linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out = true,
+              int64_t ldy = 0);
   void norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
   void rope_rows(const float* inv_freq, float* x, const int64_t* positions, int64_t tokens, int64_t heads,
                  int64_t head_stride, bool inverse);
   void hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base, float* xo,
               float* posto, float* combo);
   void hc_post(const float* aa, const float* rr, int64_t n, float* hh);
-  void moe(const cuda_model::DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y);
+  // layer >= 0: a target layer or (num_hidden_layers + s) draft stage s (its expert ids are kept
+  // when a step's routing is recorded).
+  void moe(const cuda_model::DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y, int layer = -1);
+  // Where the last moe() left its gate logits [n, n_routed_experts] and global expert ids [n, topk]:
+  // the generic path's buffers or the decode MoE's (host bookkeeping for the layer-by-layer test
+  // hooks of cuda_model_testing.h; nothing on the device reads it).
+  struct {
+    const float* gate_logits = nullptr;
+    const int32_t* expert_ids = nullptr;
+  } last_routing;
+  // The last CSA layer's last chunk of indexer rows [r0, r0 + rows) left in idx_scores ([rows, lds]
+  // bf16 bits, cols valid columns): host bookkeeping for the same test hooks.
+  struct {
+    int64_t r0 = 0, rows = 0, lds = 0, cols = 0;
+  } last_indexer;
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
-  void attention_target(int layer, const StepBatch& batch, int64_t n, float* y);
+  // y = u . wo_b^T: bf16 on one rank; under tensor parallelism fp32 partials, all-reduced, rounded.
+  void wo_b(const cuda_model::DAttn& at, int64_t n, float* y);
+  // Under tensor parallelism: y (this rank's fp32 routed sum, [n, hidden]) all-reduced, then
+  // y = bf16(y + shared).
+  void moe_reduce_shared(float* y, const float* shared, int64_t n);
+  void attention_target(int layer, int64_t n, float* y);
   void run_compressor(const cuda_model::DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
                       const float* xx, int64_t n);
-  void block_forward(int layer, const StepBatch& batch, int64_t n);
+  void block_forward(int layer, int64_t n);
+  // The layer's two halves over h (block_forward runs both; the test hooks of
+  // cuda_model_testing.h run them apart): mHC + attention with its state, and mHC + MoE.
+  void attention_half(int layer, int64_t n);
+  void ffn_half(int layer, int64_t n);
   void head_logits(const float* hin, int64_t n, const cuda_model::DWeights& ww, const float* hc_fn,
                    const float* hc_scale, const float* hc_base, const float* norm, float* y_out, float* logits_out);
 };
+
+namespace cuda_model {
+// Start-up pieces shared by the checkpoint (cuda_model.cpp) and synthetic (cuda_measure.cpp) paths.
+// The options and tensor-parallel group a model can start with (InvalidArgument naming the field).
+Status validate_start(const ModelConfig& config, const CudaModelOptions& options);
+// Allocates every buffer of m (sized from cfg, options, weight shapes and layout); measure: only
+// returns the device bytes they would take.
+int64_t allocate_all(CudaModel::Impl& m, bool measure);
+// kResourceExhausted with the bytes needed (by pool) and free when they do not fit the device.
+Status check_fits(const CudaModel::Impl& m, int64_t weight_bytes, int64_t buffer_bytes);
+}  // namespace cuda_model
 
 }  // namespace tandem

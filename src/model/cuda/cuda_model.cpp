@@ -8,15 +8,21 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "common/check.h"
+#include "common/comm.h"
 #include "common/log.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
+#include "model/slot_state.h"
 #include "model/weights.h"
 
 namespace tandem {
+
+using OpClass = CudaModel::OpClass;
 
 namespace cuda_model {
 Status check_uploadable(const model::Weights& w);
@@ -77,60 +83,16 @@ DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool h
 }
 }  // namespace cuda_model
 
-namespace cuda_model {
-CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, const std::function<void()>& launch) {
-  CudaModel::StepProfile prof;
-  cudaEvent_t e0, e1;
-  TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
-  TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
-  auto timed = [&](const std::function<void()>& fn, std::vector<double>& out) {
-    for (int r = 0; r < reps + 2; ++r) {  // two warm-up runs
-      TANDEM_CUDA_CHECK(cudaEventRecord(e0, stream));
-      fn();
-      TANDEM_CUDA_CHECK(cudaEventRecord(e1, stream));
-      TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 2) out.push_back(ms * 1000.0);
-    }
-  };
-  std::vector<double> eager, graph;
-  timed(launch, eager);
-  cudaGraph_t g;
-  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  launch();
-  TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-  size_t nn = 0;
-  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
-  std::vector<cudaGraphNode_t> nodes(nn);
-  TANDEM_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType t;
-    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
-    if (t == cudaGraphNodeTypeKernel) ++prof.kernels;
-    else if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) ++prof.copies;
-  }
-  cudaGraphExec_t ge;
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  timed([&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, stream)); }, graph);
-  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
-  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  prof.eager_us = median(eager);
-  prof.graph_us = median(graph);
-  return prof;
-}
-}  // namespace cuda_model
 
 namespace {
-// Snapshot: [length int64][slot rings][draft context rings]
-size_t snapshot_bytes(const cuda_model::DeviceLayout& l) {
-  return sizeof(int64_t) + static_cast<size_t>(l.slot_bytes + l.draft_slot_bytes);
+// Snapshot: [length int64][slot rings][draft context rings] (model/slot_state.h).
+model::SnapshotFormat snapshot_format(const cuda_model::DeviceLayout& l) {
+  return {static_cast<size_t>(l.slot_bytes), static_cast<size_t>(l.draft_slot_bytes)};
+}
+// The engine's slots' lengths (the padding slot of graph steps follows them).
+std::span<int64_t> engine_slots(CudaModel::Impl& m) { return {m.slot_len.data(), static_cast<size_t>(m.opt.max_slots)}; }
+std::span<const int64_t> engine_slots(const CudaModel::Impl& m) {
+  return {m.slot_len.data(), static_cast<size_t>(m.opt.max_slots)};
 }
 }  // namespace
 
@@ -159,7 +121,7 @@ int64_t CudaModel::tap_dim() const {
              : 0;
 }
 std::string CudaModel::device_name() const { return impl_->device_name; }
-size_t CudaModel::slot_state_bytes() const { return snapshot_bytes(impl_->lay); }
+size_t CudaModel::slot_state_bytes() const { return snapshot_format(impl_->lay).bytes(); }
 size_t CudaModel::pool_block_bytes() const { return static_cast<size_t>(impl_->lay.block_bytes); }
 
 CudaModel::Memory CudaModel::memory() const {
@@ -174,12 +136,11 @@ CudaModel::Memory CudaModel::memory() const {
 }
 
 Result<ModelStateSizes> CudaModel::state_sizes(const ModelConfig& config, const ModelOptions& options) {
-  TANDEM_RETURN_IF_ERROR(model::validate_config_for_cpu(config));
-  if (options.block_size <= 0 || options.block_size % 128)
-    return invalid_argument("block_size {} must be a positive multiple of 128", options.block_size);
+  TANDEM_RETURN_IF_ERROR(model::validate_config(config));
+  TANDEM_RETURN_IF_ERROR(model::validate_state_options(options));
   const auto lay = cuda_model::plan_layout(config, options, config.has_dspark() && options.load_draft);
   ModelStateSizes s;
-  s.slot_state_bytes = snapshot_bytes(lay);
+  s.slot_state_bytes = snapshot_format(lay).bytes();
   s.pool_block_bytes = static_cast<size_t>(lay.block_bytes);
   return s;
 }
@@ -198,31 +159,25 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
     return make_error(StatusCode::kFailedPrecondition, "this build has no kernels for {} (built for sm_{}); rebuild with "
                                "-DTANDEM_CUDA_ARCH=all or the GPU's architecture",
                                device_name, TANDEM_CUDA_ARCHS);
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, copt.device));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  kernels::cuda::set_stream(stream);
   return Status();
 }
 
-namespace {
+namespace cuda_model {
 
-Status validate_cuda_options(const ModelOptions& o) {
-  if (o.max_slots <= 0) return invalid_argument("model options: max_slots must be > 0");
-  if (o.block_size <= 0 || o.block_size % 128)
-    return invalid_argument("model options: block_size {} must be a positive multiple of 128", o.block_size);
-  if (o.num_blocks <= 0) return invalid_argument("model options: num_blocks must be > 0");
-  if (o.max_tokens_per_step <= 0) return invalid_argument("model options: max_tokens_per_step must be > 0");
-  if (o.max_rollback < 0) return invalid_argument("model options: max_rollback must be >= 0");
-  return Status();
-}
-
-// Every device buffer, sized once from the config and options.
-void allocate_all(CudaModel::Impl& m) {
+// Every device buffer, sized once from the config, the options and the weights' shapes. measure:
+// nothing is allocated or written; returns the device bytes the buffers would take (start-up
+// compares them with the free memory before allocating anything).
+int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   const ModelConfig& c = m.cfg;
   const ModelOptions& o = m.opt;
-  const int64_t D = c.hidden_size, hc = c.hc_mult, HD = hc * D, H = c.num_attention_heads, hd = c.head_dim;
-  const int64_t ql = c.q_lora_rank, G = c.o_groups, R = c.o_lora_rank, E = c.n_routed_experts;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, HD = hc * D, hd = c.head_dim;
+  const int64_t ql = c.q_lora_rank, R = c.o_lora_rank, E = c.n_routed_experts;
   const int64_t I = c.moe_intermediate_size, K = c.num_experts_per_tok, V = c.vocab_size;
-  const int64_t IH = c.index_n_heads, ihd = c.index_head_dim, TK = c.index_topk;
+  const int64_t ihd = c.index_head_dim, TK = c.index_topk;
+  // This rank's query heads, output groups and index heads.
+  const int64_t H = c.num_attention_heads / o.tp_size, G = c.o_groups / o.tp_size, IH = c.index_n_heads / o.tp_size;
   const int64_t KB = m.w.has_draft ? c.dspark_block_size : 0;
   m.max_draft_requests = m.copt.max_draft_requests > 0 ? m.copt.max_draft_requests : o.max_slots;
   const int64_t T = o.max_tokens_per_step;
@@ -255,77 +210,112 @@ void allocate_all(CudaModel::Impl& m) {
     any_idx = any_idx || m.lay.icomp_chans[l] > 0;
   }
   m.max_entries = std::max<int64_t>(1, c.max_position_embeddings / 4);
-  // Indexer scores: up to 256 MiB, at least one row.
-  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (m.max_entries * 4)}))
+  // Indexer scores (bf16): up to 256 MiB, at least one row of the longest context; the top-k's
+  // per-slice work for as many rows (up to 64 MiB). A step's rows run in chunks that fit both.
+  const int64_t max_lds = (m.max_entries + 7) / 8 * 8;
+  m.score_rows = any_idx ? std::max<int64_t>(1, std::min<int64_t>({N, int64_t{65535}, (int64_t{256} << 20) / (max_lds * 2)}))
                          : 0;
+  m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
 
-  auto f = [](CudaModel::Impl::Buf<float>& b, int64_t n) { b.reset(static_cast<size_t>(std::max<int64_t>(n, 1))); };
-  f(m.h, N * HD);
-  f(m.x, N * D);
-  f(m.a, N * D);
-  f(m.post, N * hc);
-  f(m.comb, N * hc * hc);
-  f(m.qr, N * ql);
-  f(m.q, N * H * hd);
-  f(m.kv, N * hd);
-  f(m.o, N * H * hd);
-  f(m.u, N * G * R);
+  int64_t bytes = 0;
+  // Every buffer goes through `take` (at least one element); measure only adds up its bytes, in
+  // cudaMalloc's 512-byte granules.
+  auto take = [&](auto& b, int64_t n) {
+    using T0 = std::remove_reference_t<decltype(*b.get())>;
+    n = std::max<int64_t>(n, 1);
+    if (measure)
+      bytes += (n * static_cast<int64_t>(sizeof(T0)) + 511) / 512 * 512;
+    else
+      b.reset(static_cast<size_t>(n));
+  };
+  take(m.h, N * HD);
+  take(m.x, N * D);
+  take(m.a, N * D);
+  take(m.post, N * hc);
+  take(m.comb, N * hc * hc);
+  take(m.qr, N * ql);
+  take(m.q, N * H * hd);
+  take(m.kv, N * hd);
+  take(m.o, N * H * hd);
+  take(m.u, N * G * R);
   const int64_t C = std::max(max_comp_chans, max_icomp_chans);
-  f(m.tmp_kv, N * C);
-  f(m.tmp_gate, N * C);
-  f(m.comp_rows, N * 2 * max_comp_chans);
-  f(m.icomp_rows, N * 2 * max_icomp_chans);
-  f(m.entry, N * std::max(hd, ihd));
-  f(m.iq, any_idx ? N * IH * ihd : 1);
-  f(m.iw, any_idx ? N * IH : 1);
-  f(m.idx_scores, m.score_rows * m.max_entries);
-  f(m.gate_logits, N * E);
-  f(m.ew, N * K);
-  f(m.xq, N * D);
-  f(m.gact, N * K * I);
-  f(m.gq, N * K * I);
-  f(m.pair_out, N * K * D);
+  take(m.tmp_kv, N * C);
+  take(m.tmp_gate, N * C);
+  take(m.comp_rows, N * 2 * max_comp_chans);
+  take(m.icomp_rows, N * 2 * max_icomp_chans);
+  take(m.entry, N * std::max(hd, ihd));
+  take(m.iq, any_idx ? N * IH * ihd : 1);
+  take(m.iw, any_idx ? N * IH : 1);
+  take(m.idx_scores, m.score_rows * max_lds);
+  take(m.topk_counters, static_cast<int64_t>(cuda_model::topk_counters_bytes(any_idx ? std::min<int64_t>(N, 65535) : 1)));
+  take(m.topk_work, static_cast<int64_t>(std::min<size_t>(
+                        cuda_model::topk_work_bytes(std::max<int64_t>(m.score_rows, 1), m.max_entries), size_t{64} << 20)));
+  take(m.gate_logits, N * E);
+  take(m.ew, N * K);
+  take(m.xq, N * D);
+  take(m.gact, N * K * I);
+  take(m.gq, N * K * I);
+  take(m.pair_out, N * K * D);
   int64_t sh_i = I;
   for (const auto& b : m.w.layers) sh_i = std::max(sh_i, b.ffn.sh_w1.w.n);
-  f(m.sh_g, N * sh_i);
-  f(m.sh_u, N * sh_i);
-  f(m.sh_out, N * D);
-  f(m.head_in, m.max_logits_rows * HD);
-  f(m.head_y, N * D);
-  f(m.yn, N * D);
-  f(m.logits, m.max_logits_rows * V);
+  take(m.sh_g, N * sh_i);
+  take(m.sh_u, N * sh_i);
+  take(m.sh_out, N * D);
+  take(m.head_in, m.max_logits_rows * HD);
+  take(m.head_y, N * D);
+  take(m.yn, N * D);
+  take(m.logits, m.max_logits_rows * V);
+  if (o.tp_size > 1) {
+    const int64_t P = (V + o.tp_size - 1) / o.tp_size;
+    take(m.tp_local, m.max_logits_rows * P);
+    take(m.tp_gather, o.tp_size * m.max_logits_rows * P);
+  }
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
-  f(m.taps, N * std::max<int64_t>(td, 1));
-  f(m.mh, T * std::max<int64_t>(td, 1));
-  f(m.main_x, T * D);
-  m.kv_rec.reset(static_cast<size_t>(N * m.lay.rec.bytes));
-  m.entry_rec.reset(static_cast<size_t>(N * std::max(m.lay.rec.bytes, m.lay.key.bytes)));
-  m.entry_pos.reset(static_cast<size_t>(N));
-  m.flag.reset(static_cast<size_t>(N));
-  m.visible.reset(static_cast<size_t>(N));
-  m.topk.reset(static_cast<size_t>(std::max<int64_t>(N * TK, 1)));
-  m.eids.reset(static_cast<size_t>(N * K));
-  m.draft_pos.reset(static_cast<size_t>(std::max<int64_t>(N, 1)));
-  m.draft_ids.reset(static_cast<size_t>(std::max<int64_t>(N, 1)));
+  take(m.taps, N * std::max<int64_t>(td, 1));
+  take(m.mh, T * std::max<int64_t>(td, 1));
+  take(m.main_x, T * D);
+  // Split-K attention partials: every (row, chunk) of a decode-size step at the longest context,
+  // up to 2048 (about 135 MB at 32 heads of 512); longer steps fold per row (attention.h). Under
+  // tensor parallelism, of this rank's heads.
+  int64_t max_keys = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int r = c.compress_ratios[l];
+    const bool csa = r == 4 && m.w.layers[l].attn.has_indexer;
+    max_keys = std::max<int64_t>(max_keys, c.sliding_window + (csa ? TK : r ? c.max_position_embeddings / r : 0));
+  }
+  const int64_t max_chunks = (max_keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk;
+  m.attn_partial_slots = std::min<int64_t>(std::min<int64_t>(N, 96) * max_chunks, 2048);
+  take(m.attn_partial, cuda_model::attn_partial_floats(static_cast<int>(H), static_cast<int>(hd), m.attn_partial_slots));
+  take(m.kv_rec, N * m.lay.rec.bytes);
+  take(m.entry_rec, N * std::max(m.lay.rec.bytes, m.lay.key.bytes));
+  take(m.entry_pos, N);
+  take(m.flag, N);
+  take(m.visible, N);
+  take(m.topk, N * TK);
+  take(m.eids, N * K);
+  take(m.draft_pos, N);
+  take(m.draft_ids, N);
+  take(m.route_rec, static_cast<int64_t>(c.num_hidden_layers + (m.w.has_draft ? c.num_draft_stages : 0)) * N * K);
+  take(m.fill_table, m.max_blocks);
   if (m.w.has_draft) {
     const int64_t B = m.max_draft_requests, Rk = c.dspark_markov_rank;
-    f(m.base, B * KB * V);
-    f(m.bias, B * V);
-    f(m.e_row, B * Rk);
-    m.d_req_slot.reset(B);
-    m.d_prev.reset(B);
-    m.d_tokens.reset(B * KB);
-    m.d_req_pos.reset(B);
-    m.d_temp.reset(B);
-    m.d_seed.reset(B);
-    f(m.d_conf, B * KB);
-    f(m.d_zlogits, B * KB * V);
-    f(m.d_probs, B * KB * V);
+    take(m.base, B * KB * V);
+    take(m.bias, B * V);
+    take(m.e_row, B * Rk);
+    take(m.d_req_slot, B);
+    take(m.d_prev, B);
+    take(m.d_tokens, B * KB);
+    take(m.d_req_pos, B);
+    take(m.d_temp, B);
+    take(m.d_seed, B);
+    take(m.d_conf, B * KB);
+    take(m.d_zlogits, B * KB * V);
+    take(m.d_probs, B * KB * V);
+    take(m.q_store, static_cast<int64_t>(o.max_slots) * KB * V);
     m.draft_host_bytes = static_cast<size_t>(B) * (4 + 4 + 8 + 8 + 8) + static_cast<size_t>(B * KB) * (4 + 4);
-    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.draft_host), m.draft_host_bytes));
-    f(m.q_store, static_cast<int64_t>(o.max_slots) * KB * V);
+    if (!measure) TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.draft_host), m.draft_host_bytes));
   }
-  m.alloc_sampling();
+  bytes += m.alloc_sampling(measure);
 
   // The GEMM op quantizes its input into a per-device scratch: reserve it for the widest
   // act-quant linear and the most rows any call sees, so no step ever grows it.
@@ -344,31 +334,48 @@ void allocate_all(CudaModel::Impl& m) {
   lk(m.w.head);
   lk(m.w.draft.main_proj);
   lk(m.w.draft.markov_w2);
-  kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, static_cast<size_t>(N * max_k) * sizeof(float));
+  const size_t gemm_x = static_cast<size_t>(N * max_k) * sizeof(float);
+  if (measure) {
+    bytes += static_cast<int64_t>(gemm_x > kernels::cuda::scratch_bytes(kernels::cuda::ScratchSlot::kGemmX) ? gemm_x : 0);
+  } else {
+    kernels::cuda::reserve_scratch(kernels::cuda::ScratchSlot::kGemmX, gemm_x);
+  }
+  // Tensor-core scratch (and wo_a bf16 copies) for steps of more than tc_min_rows rows
+  // (cuda_prefill.cpp); the decode kernels' activation operand and MoE scratch (cuda_decode.cpp).
+  bytes += m.alloc_prefill(measure);
+  bytes += m.dec_allocate(measure);
 
   // The step plan: one pinned host region mirrored on the device.
-  m.max_blocks = static_cast<int>((c.max_position_embeddings + o.block_size - 1) / o.block_size);
   const int64_t S = std::max<int64_t>({o.max_slots, m.max_draft_requests, graph_seqs});
   auto& p = m.plan;
   size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t at = off;
-    off = (off + bytes + 15) / 16 * 16;
-    return at;
+  auto at = [&](size_t n) {
+    const size_t here = off;
+    off = (off + n + 15) / 16 * 16;
+    return here;
   };
-  p.tokens = take(4 * N);
-  p.positions = take(8 * N);
-  p.row_seq = take(4 * N);
-  p.seq_start = take(8 * S);
-  p.seq_row0 = take(4 * S);
-  p.seq_len = take(4 * S);
-  p.seq_slot = take(4 * S);
-  p.block_tables = take(4 * S * static_cast<size_t>(m.max_blocks));
-  p.head_src = take(4 * std::max<int64_t>(m.max_logits_rows, 1));
-  p.taps_dst = take(4 * N);
+  p.tokens = at(4 * N);
+  p.positions = at(8 * N);
+  p.row_seq = at(4 * N);
+  p.seq_start = at(8 * S);
+  p.seq_row0 = at(4 * S);
+  p.seq_len = at(4 * S);
+  p.seq_slot = at(4 * S);
+  p.block_tables = at(4 * S * static_cast<size_t>(m.max_blocks));
+  p.head_src = at(4 * std::max<int64_t>(m.max_logits_rows, 1));
+  p.taps_dst = at(4 * N);
   p.bytes = off;
+  take(m.plan_dev, static_cast<int64_t>(p.bytes));
+
+  // State.
+  const int64_t slots = o.max_slots + (m.pad_slot >= 0 ? 1 : 0);
+  const int64_t blocks = o.num_blocks + (m.pad_block >= 0 ? 1 : 0);
+  take(m.slot_state, slots * m.lay.slot_bytes);
+  take(m.pool, blocks * m.lay.block_bytes);
+  if (m.lay.draft_slot_bytes) take(m.draft_ctx, o.max_slots * m.lay.draft_slot_bytes);
+  if (measure) return bytes;
+
   TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.plan_host), p.bytes));
-  m.plan_dev.reset(p.bytes);
   uint8_t* dv = m.plan_dev.get();
   m.meta.tokens = reinterpret_cast<const int32_t*>(dv + p.tokens);
   m.meta.positions = reinterpret_cast<const int64_t*>(dv + p.positions);
@@ -380,13 +387,8 @@ void allocate_all(CudaModel::Impl& m) {
   m.meta.block_tables = reinterpret_cast<const int32_t*>(dv + p.block_tables);
   m.meta.max_blocks = m.max_blocks;
   m.meta.block_size = o.block_size;
-
-  // State.
-  const int64_t slots = o.max_slots + (m.pad_slot >= 0 ? 1 : 0);
-  const int64_t blocks = o.num_blocks + (m.pad_block >= 0 ? 1 : 0);
-  m.slot_state.reset(static_cast<size_t>(slots * m.lay.slot_bytes));
-  m.pool.reset(static_cast<size_t>(blocks * m.lay.block_bytes));
-  if (m.lay.draft_slot_bytes) m.draft_ctx.reset(static_cast<size_t>(o.max_slots * m.lay.draft_slot_bytes));
+  // The indexer top-k's counters start at zero (every call leaves them zero again).
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(m.topk_counters.get(), 0, m.topk_counters.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.slot_state.get(), 0, m.slot_state.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream));
   if (m.draft_ctx.get()) TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get(), 0, m.draft_ctx.bytes(), m.stream));
@@ -408,22 +410,23 @@ void allocate_all(CudaModel::Impl& m) {
   TANDEM_CUDA_CHECK(cudaMemcpy(m.rope_swa.get(), swa.freqs.data(), 4 * swa.freqs.size(), cudaMemcpyHostToDevice));
   TANDEM_CUDA_CHECK(cudaMemcpy(m.rope_comp.get(), comp.freqs.data(), 4 * comp.freqs.size(), cudaMemcpyHostToDevice));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return bytes;
 }
 
-}  // namespace
+}  // namespace cuda_model
+
 
 Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& config,
                                                            const std::vector<const TensorView*>& tensors,
                                                            const CudaModelOptions& options) {
-  TANDEM_RETURN_IF_ERROR(validate_cuda_options(options.model));
-  if (options.draft_tokens < 0 || (config.has_dspark() && options.draft_tokens > config.dspark_block_size))
-    return invalid_argument("draft_tokens {} outside [0, {}] (the draft block)", options.draft_tokens,
-                            config.dspark_block_size);
+  TANDEM_RETURN_IF_ERROR(cuda_model::validate_start(config, options));
   auto impl = std::make_unique<Impl>();
   impl->draft_k = options.draft_tokens > 0 ? options.draft_tokens : config.dspark_block_size;
   TANDEM_RETURN_IF_ERROR(impl->init(config, options));
   model::LoadCounts counts;
-  auto weights = model::load_weights(config, tensors, options.model.load_draft, counts);
+  // This rank's slices only (tp_size 1: everything).
+  auto weights = model::load_weights(config, tensors, options.model.load_draft, counts,
+                                     model::Shard{options.model.tp_rank, options.model.tp_size});
   if (!weights.ok()) return weights.status();
   TANDEM_RETURN_IF_ERROR(cuda_model::check_uploadable(*weights));
   impl->report.target_tensors_loaded = counts.target_loaded;
@@ -431,17 +434,18 @@ Result<std::unique_ptr<CudaModel>> CudaModel::from_tensors(const ModelConfig& co
   impl->report.draft_tensors_loaded = counts.draft_loaded;
   impl->report.draft_tensors_expected = counts.draft_expected;
   impl->report.skipped_tensors = counts.skipped;
+  impl->report.other_rank_tensors = counts.other_ranks;
   const size_t wbytes = cuda_model::upload_bytes(*weights);
-  size_t free_b = 0, total_b = 0;
-  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  if (wbytes > free_b)
-    return make_error(StatusCode::kResourceExhausted, "the weights need {:.2f} GiB of device memory, {:.2f} GiB are free on {}",
-                              wbytes / 1073741824.0, free_b / 1073741824.0, impl->device_name);
+  impl->report.weight_bytes = wbytes;
+  // Every buffer measured first (the upload's walk without an arena gives the shapes), so a model
+  // that does not fit is refused before anything is allocated.
+  impl->w = cuda_model::upload_weights(*weights, nullptr);
+  impl->lay = cuda_model::plan_layout(config, options.model, impl->w.has_draft);
+  TANDEM_RETURN_IF_ERROR(cuda_model::check_fits(*impl, static_cast<int64_t>(wbytes), cuda_model::allocate_all(*impl, true)));
   const int64_t before = kernels::cuda::alloc_stats().bytes;
   impl->weight_arena.reset(wbytes);
   impl->w = cuda_model::upload_weights(*weights, impl->weight_arena.get());
-  impl->lay = cuda_model::plan_layout(config, options.model, impl->w.has_draft);
-  allocate_all(*impl);
+  cuda_model::allocate_all(*impl, false);
   impl->own_bytes = kernels::cuda::alloc_stats().bytes - before;
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
@@ -456,11 +460,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::string& dir, const
   // The weights are copied to the device; the mapped shards are released when this returns.
   auto model = from_tensors(*config, views, options);
   if (!model.ok()) return model.status().with_context("loading " + dir);
-  const Memory mem = (*model)->memory();
-  TLOG_INFO("model", "{} on {}: {}; device memory: weights {:.1f} MiB, KV pool {:.1f} MiB, slot state {:.1f} MiB, "
-                     "draft state {:.1f} MiB, scratch {:.1f} MiB",
-            dir, (*model)->device_name(), (*model)->load_report().summary(), mem.weights / 1048576.0,
-            mem.pool / 1048576.0, mem.slot_state / 1048576.0, mem.draft_state / 1048576.0, mem.scratch / 1048576.0);
+  (*model)->impl_->origin = dir;
+  TLOG_INFO("model", "{} on {}: {}; {}", dir, (*model)->device_name(), (*model)->load_report().summary(),
+            (*model)->memory_summary());
   return model;
 }
 
@@ -502,7 +504,7 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
   auto* taps_dst = reinterpret_cast<int32_t*>(hp + plan.taps_dst);
   step.logits_row.assign(ns, -1);
   step.taps_row.assign(ns, -1);
-  int64_t total = 0, lrows = 0, trows = 0;
+  int64_t total = 0, lrows = 0, trows = 0, longest = 0;
   step.max_end = 0;
   for (size_t i = 0; i < ns; ++i) {
     const SeqStep& q = batch.seqs[i];
@@ -527,9 +529,14 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
     }
     if (q.collect_taps) trows += n;
     total += n;
+    longest = std::max(longest, n);
     step.max_end = std::max<int64_t>(step.max_end, q.start_pos + n);
   }
   step.rows = total;
+  // A step of short sequences with more rows than the decode MoE holds (moe_max_tokens) takes the
+  // tensor cores too: they are much faster there, and such steps are prefill bursts.
+  const int64_t gemv_cap = dec.enabled ? dec.moe_max_tokens : max_rows;
+  step.tc = longest > copt.tc_min_rows || (total > gemv_cap && total > copt.tc_min_rows);
   step.lrows = lrows;
   step.trows = trows;
   step.batch = &batch;
@@ -547,16 +554,22 @@ void CudaModel::Impl::launch() {
   const ModelConfig& c = cfg;
   const int64_t D = c.hidden_size, HD = c.hc_mult * D;
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
+  section(OpClass::kOther);
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(plan_dev.get(), plan_host, plan.bytes, cudaMemcpyHostToDevice, stream));
-  cuda_model::embed_rows(w.embed.w, meta.tokens, total, c.hc_mult, D, h.get(), stream);
+  in_step = true;  // the GEMMs follow step.tc (tc_rows)
+  embed_tokens(meta.tokens, total);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    block_forward(l, *step.batch, total);
+    block_forward(l, total);
     for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti)
-      if (c.dspark_target_layer_ids[ti] == l && step.trows > 0)
-        cuda_model::taps_mean(h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
-                              c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D, stream);
+      if (c.dspark_target_layer_ids[ti] == l && step.trows > 0) {
+        section(OpClass::kOther);
+        cuda_model::taps_mean({h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
+                               c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D},
+                              stream);
+      }
   }
   if (step.lrows > 0) {
+    section(OpClass::kLmHead);
     kernels::RowsCopyParams g;
     g.src = h.get();
     g.dst = head_in.get();
@@ -564,10 +577,11 @@ void CudaModel::Impl::launch() {
     g.count = step.lrows;
     g.cols = HD;
     g.gather = true;
-    ops().rows_copy(g);
+    kernels::cuda::rows_copy(g, stream);
     head_logits(head_in.get(), step.lrows, w, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, w.norm, head_y.get(),
                 logits.get());
   }
+  in_step = false;
 }
 
 void CudaModel::Impl::finish(StepOutput* host_out, bool synchronize) {
@@ -606,13 +620,13 @@ bool CudaModel::Impl::graph_step(const StepBatch& batch) {
 
 Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool synchronize) {
   Impl& m = *impl_;
-  kernels::cuda::set_stream(m.stream);
   if (!m.graph_step(batch)) {
     TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
     m.launch();
     m.finish(host_out, synchronize);
     ++m.gstats.eager;
-    return Status();
+    // A failed collective leaves the group's state undefined: the caller drops the whole group.
+    return std::exchange(m.comm_status, Status());
   }
   TANDEM_RETURN_IF_ERROR(m.validate_step(batch));
   const size_t ns = batch.seqs.size();
@@ -649,7 +663,7 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool syn
     host_out->num_taps_rows = m.step.trows;
   }
   m.finish(host_out, synchronize);
-  return Status();
+  return std::exchange(m.comm_status, Status());
 }
 
 // First step of a shape: run it eagerly (kernel attributes and scratch are set up outside any
@@ -666,7 +680,6 @@ void CudaModel::Impl::capture_draft(int64_t B, bool want_probs) {
 int CudaModel::capture_graphs(bool taps) {
   Impl& m = *impl_;
   if (m.copt.max_graph_batch <= 0 || m.pad_slot < 0) return 0;
-  kernels::cuda::set_stream(m.stream);
   const int64_t before = m.gstats.captures;
   taps = taps && m.w.has_draft;
   // Decode and verify steps: only padding sequences (the spare slot and block, position 0), so no
@@ -714,34 +727,10 @@ void CudaModel::synchronize() { TANDEM_CUDA_CHECK(cudaStreamSynchronize(impl_->s
 
 CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
 
-Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out) {
-  Impl& m = *impl_;
-  kernels::cuda::set_stream(m.stream);
-  TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
-  for (const SeqStep& q : batch.seqs)
-    if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
-      return invalid_argument("profile_step: a replayed step may add at most max_rollback + 1 tokens per sequence");
-  // Replaying the same step is idempotent (it rewrites the same ring rows and pool entries).
-  const StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, [&m] { m.launch(); });
-  // The outputs are those of the last graph replay.
-  m.finish(host_out);
-  return prof;
-}
-
-int64_t CudaModel::slot_length(int slot) const {
-  TANDEM_CHECK(slot >= 0 && slot < impl_->opt.max_slots);
-  return impl_->slot_len[slot];
-}
+int64_t CudaModel::slot_length(int slot) const { return model::slot_length(engine_slots(*impl_), slot); }
 
 Status CudaModel::rollback(int slot, int64_t new_length) {
-  Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("rollback: slot {} out of range", slot);
-  const int64_t len = m.slot_len[slot];
-  if (new_length > len || new_length < 0 || len - new_length > m.opt.max_rollback)
-    return invalid_argument("rollback: slot {} length {} cannot roll back to {} (max_rollback {})", slot, len,
-                            new_length, m.opt.max_rollback);
-  m.slot_len[slot] = new_length;
-  return Status();
+  return model::rollback_slot(engine_slots(*impl_), impl_->opt.max_rollback, slot, new_length);
 }
 
 void CudaModel::reset(int slot) {
@@ -760,36 +749,26 @@ void CudaModel::draft_reset(int slot) {
 
 Status CudaModel::export_slot_state(int slot, std::span<uint8_t> out) const {
   const Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("export_slot_state: slot {} out of range", slot);
-  if (out.size() != slot_state_bytes())
-    return invalid_argument("export_slot_state: buffer has {} bytes, {} needed", out.size(), slot_state_bytes());
-  std::memcpy(out.data(), &m.slot_len[slot], sizeof(int64_t));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(out.data() + sizeof(int64_t), m.slot_state.get() + slot * m.lay.slot_bytes,
-                                    static_cast<size_t>(m.lay.slot_bytes), cudaMemcpyDeviceToHost, m.stream));
-  if (m.lay.draft_slot_bytes)
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(out.data() + sizeof(int64_t) + m.lay.slot_bytes,
-                                      m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
-                                      static_cast<size_t>(m.lay.draft_slot_bytes), cudaMemcpyDeviceToHost, m.stream));
+  TANDEM_ASSIGN_OR_RETURN(model::SnapshotOut parts, model::begin_export(engine_slots(m), snapshot_format(m.lay), slot, out));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(parts.state.data(), m.slot_state.get() + slot * m.lay.slot_bytes,
+                                    parts.state.size(), cudaMemcpyDeviceToHost, m.stream));
+  if (!parts.draft.empty())
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(parts.draft.data(), m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
+                                      parts.draft.size(), cudaMemcpyDeviceToHost, m.stream));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return Status();
 }
 
 Status CudaModel::import_slot_state(int slot, std::span<const uint8_t> in) {
   Impl& m = *impl_;
-  if (slot < 0 || slot >= m.opt.max_slots) return invalid_argument("import_slot_state: slot {} out of range", slot);
-  if (in.size() != slot_state_bytes())
-    return invalid_argument("import_slot_state: buffer has {} bytes, {} expected", in.size(), slot_state_bytes());
-  int64_t len;
-  std::memcpy(&len, in.data(), sizeof(int64_t));
-  if (len < 0) return invalid_argument("import_slot_state: negative length {}", len);
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.slot_state.get() + slot * m.lay.slot_bytes, in.data() + sizeof(int64_t),
-                                    static_cast<size_t>(m.lay.slot_bytes), cudaMemcpyHostToDevice, m.stream));
-  if (m.lay.draft_slot_bytes)
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
-                                      in.data() + sizeof(int64_t) + m.lay.slot_bytes,
-                                      static_cast<size_t>(m.lay.draft_slot_bytes), cudaMemcpyHostToDevice, m.stream));
+  TANDEM_ASSIGN_OR_RETURN(model::SnapshotIn parts, model::read_snapshot(engine_slots(m), snapshot_format(m.lay), slot, in));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.slot_state.get() + slot * m.lay.slot_bytes, parts.state.data(),
+                                    parts.state.size(), cudaMemcpyHostToDevice, m.stream));
+  if (!parts.draft.empty())
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes, parts.draft.data(),
+                                      parts.draft.size(), cudaMemcpyHostToDevice, m.stream));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  m.slot_len[slot] = len;
+  m.slot_len[slot] = parts.length;
   return Status();
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -21,7 +22,15 @@
 
 namespace tandem {
 
+struct CudaModelTestAccess;
 struct TensorView;
+
+// Synthetic weights (src/model/cuda/synthetic_weights.cpp): every tensor of the config's catalog
+// that this rank binds, at its stored dtype and local shape, generated on the device from a seed.
+struct SyntheticOptions {
+  std::string name;       // what start-up logs call the model ("deepseek-v4-flash-0731")
+  uint64_t seed = 1;
+};
 
 struct CudaModelOptions {
   ModelOptions model;        // slots, pool, block size, step size, rollback, KV dtype, draft
@@ -35,6 +44,14 @@ struct CudaModelOptions {
   // Tokens each draft proposes (K; the engine's num_speculative_tokens); 0 = the whole draft block.
   // A shorter block [anchor, noise x (K-1)] is what the draft attends over, as on the CPU.
   int draft_tokens = 0;
+  // Steps with more rows than this run their GEMMs on the tensor cores (prefill: FP8 block-scaled,
+  // bf16, routed experts grouped by expert; kernels/cuda/gemm_tc.h); others on the GEMV kernels,
+  // which sum in another order. 0 = every step on the tensor cores; a huge value = never (tests that compare
+  // steps of different sizes bit for bit pin one path).
+  int64_t tc_min_rows = 96;
+  // Decode-size projections and MoE on the tensor-core decode kernels (kernels/cuda/decode_gemm.h,
+  // model/cuda/moe_decode.h) where the weights suit them; false = the generic ops everywhere.
+  bool decode_kernels = true;
 };
 
 class CudaModel {
@@ -43,6 +60,12 @@ class CudaModel {
   static Result<std::unique_ptr<CudaModel>> from_tensors(const ModelConfig& config,
                                                          const std::vector<const TensorView*>& tensors,
                                                          const CudaModelOptions& options);
+  // The model of `config` with synthetic weights generated directly in device memory (no host
+  // copy, no file). Before allocating anything, start-up compares the device bytes this rank needs
+  // (weights, KV pool, slot state, scratch) with the free device memory and refuses with both
+  // figures (kResourceExhausted) when they do not fit.
+  static Result<std::unique_ptr<CudaModel>> synthetic(const ModelConfig& config, const CudaModelOptions& options,
+                                                      const SyntheticOptions& synth);
   // Device memory per slot state and per pool block for a config + options (no weights needed).
   static Result<ModelStateSizes> state_sizes(const ModelConfig& config, const ModelOptions& options);
   ~CudaModel();
@@ -56,16 +79,18 @@ class CudaModel {
   int draft_tokens() const;       // K drafted per proposal
   int64_t tap_dim() const;
   int64_t vocab_size() const;
-  // Bytes of device memory held: weights, KV pool, slot states, scratch.
-  // Graph replays and captures so far (tests, metrics).
+  // Graph replays and captures so far (tests, metrics). instantiations counts every
+  // cudaGraphInstantiate of this model (captures, and profile_step / profile_draft's timing
+  // graphs): each takes device memory, so after start-up it must not move under load.
   struct GraphStats {
-    int64_t replays = 0, captures = 0, eager = 0;
+    int64_t replays = 0, captures = 0, eager = 0, instantiations = 0;
   };
   GraphStats graph_stats() const;
   // Captures at start-up the graphs the engine's steps replay: decode and verify steps of
   // 1, 2, 4 .. max_graph_batch sequences x 1 .. max_rollback + 1 tokens (first context bucket;
   // taps when `taps`) and drafts of 1 .. max_graph_batch requests. Returns the graphs captured.
   int capture_graphs(bool taps);
+  // Bytes of device memory held: weights, KV pool, slot states, scratch.
   struct Memory {
     int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0;
     int64_t total() const { return weights + pool + slot_state + draft_state + scratch; }
@@ -81,15 +106,34 @@ class CudaModel {
   Status forward(const StepBatch& batch, StepOutput* host_out, bool synchronize = true);
   void synchronize();
 
-  // Benchmark/test aid: runs `batch` (at most max_rollback + 1 tokens per sequence) eagerly and as
-  // a captured CUDA graph `reps` times each; the step's state effect is applied once. Reports the
-  // kernels and copies in the step's graph and the median step times; host_out receives the
-  // graph replay's outputs.
+  // Op classes of a step's launches (bench-model's breakdown; set where the forward's sections begin).
+  enum class OpClass : uint8_t {
+    kEmbed, kMhc, kDense, kCompressor, kIndexer, kAttention, kRouter, kRoutedExperts, kSharedExperts, kLmHead,
+    kCollective, kOther, kCount
+  };
+  static const char* op_class_name(OpClass c);
+  // From the kernel_index-th kernel node (and copy_index-th copy node) of the step's graph on, the
+  // launches belong to `cls` (nodes counted in capture order, which is the execution order of the
+  // step's single-stream graph).
+  struct ClassMark {
+    int kernel_index = 0, copy_index = 0;
+    OpClass cls = OpClass::kOther;
+  };
   struct StepProfile {
     int kernels = 0, copies = 0;
-    double eager_us = 0, graph_us = 0;
+    double eager_us = 0, graph_us = 0;     // medians
+    std::vector<double> graph_samples_us;  // every timed graph replay
+    std::vector<ClassMark> marks;          // the graph's op classes
   };
-  Result<StepProfile> profile_step(const StepBatch& batch, int reps, StepOutput* host_out);
+  // Called once after the timing with a function that instantiates the step's graph afresh and
+  // replays it once (a profiler wraps it, e.g. CUPTI activity records of one replay).
+  using ReplayHook = std::function<void(const std::function<void()>& replay)>;
+  // Benchmark/test aid: runs `batch` (at most max_rollback + 1 tokens per sequence) eagerly
+  // (eager_reps times; -1: reps) and as a captured CUDA graph reps times; the step's state effect
+  // is applied once. Reports the kernels and copies in the step's graph, the median step times,
+  // every replay's time and the op-class marks; host_out receives the graph replay's outputs.
+  Result<StepProfile> profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
+                                   const ReplayHook& hook = {}, int eager_reps = -1);
 
   int64_t slot_length(int slot) const;
   Status rollback(int slot, int64_t new_length);
@@ -104,19 +148,13 @@ class CudaModel {
   // `seq` (which collected taps), at positions start_pos.. .
   Status draft_insert_context_from_step(int slot, int64_t start_pos, int seq, int64_t rows);
   void draft_reset(int slot);
-  // Greedy (temperature 0) or sampled drafts, all requests in one batch; sampled draws use the
-  // counter-based RNG keyed by (seed, drafted position) as the CPU draft does, so a request's drafts
-  // never depend on its batch neighbours. A sampled request's q [K, vocab] stays on the device in
-  // the slot's rows of the draft store (sample(): q_row = slot * draft_tokens() + j); host copies
-  // of q in results[i].probs when want_probs, of the Markov-corrected z in results[i].logits when
-  // want_logits.
-  struct DraftQueryDev {
-    int slot = 0;
-    int32_t anchor_token = 0;
-    int64_t anchor_pos = 0;
-    double temperature = 0.0;
-    uint64_t seed = 0;
-  };
+  // Greedy (is_greedy(temperature), kernels/sampling.h) or sampled drafts, all requests in one
+  // batch; sampled draws use the counter-based RNG keyed by (seed, drafted position) as the CPU
+  // draft does, so a request's drafts never depend on its batch neighbours. A sampled request's
+  // q [K, vocab] stays on the device in the slot's rows of the draft store (sample(): q_row =
+  // slot * draft_tokens() + j); host copies of q in results[i].probs when want_probs, of the
+  // Markov-corrected z in results[i].logits when want_logits.
+  using DraftQueryDev = DraftRequest;  // model/draft_request.h
   Status draft_propose(std::span<const DraftQueryDev> requests, bool want_probs, std::vector<DraftResult>& results,
                        bool want_logits = false);
   // Samples rows of the last forward's logits on the device (kernels/sampling.h): row.logits_row
@@ -130,11 +168,28 @@ class CudaModel {
   // Rows of logits the last forward left on the device, and where each batch entry's start.
   std::span<const int64_t> last_logits_rows() const;
   // profile_step for a greedy draft of `requests` (their context must be in place).
-  Result<StepProfile> profile_draft(std::span<const DraftQueryDev> requests, int reps);
+  Result<StepProfile> profile_draft(std::span<const DraftQueryDev> requests, int reps, const ReplayHook& hook = {},
+                                    int eager_reps = -1);
+
+  // ---- measurement aids (bench-model, tests) ----
+  // Fills `slot` as if `length` tokens had been run through it: random valid records in the pool
+  // blocks of `block_table` (every layer's compressed entries and indexer keys), the slot's window
+  // and compressor rings and its DSpark context (seeded), and sets its length; no forward runs.
+  Status fill_synthetic_context(int slot, int64_t length, std::span<const int32_t> block_table, uint64_t seed);
+  // Runs `batch` once eagerly (as forward, state applied) and returns the routed expert ids
+  // (global ids) of every target layer: [num_hidden_layers, rows, num_experts_per_tok].
+  Result<std::vector<int32_t>> routing_of_step(const StepBatch& batch);
+  // The same for a greedy draft of `requests`: [num_draft_stages, B * draft_tokens(), topk].
+  Result<std::vector<int32_t>> routing_of_draft(std::span<const DraftQueryDev> requests);
+  int tp_rank() const;
+  int tp_size() const;
+  // "rank 0/2: weights 80.1 GiB, KV pool ..." (the start-up log line of every pool).
+  std::string memory_summary() const;
 
   struct Impl;
 
  private:
+  friend struct CudaModelTestAccess;  // test-only hooks (model/cuda/cuda_model_testing.h)
   explicit CudaModel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -12,21 +12,26 @@
 
 namespace tandem {
 
-void CudaModel::Impl::alloc_sampling() {
+int64_t CudaModel::Impl::alloc_sampling(bool measure) {
   const int64_t V = cfg.vocab_size;
   sample_rows_cap = static_cast<int>(std::max<int64_t>(max_logits_rows, 1));
   mask_words = (V + 31) / 32;
   // One row's arrays are at most V unique prompt ids and V (token, count) pairs: room for that and
   // more, so any row fits and most steps go in one launch.
   sample_ints_cap = std::max<int64_t>(3 * V + 1024, int64_t{1} << 20);
+  const size_t scratch = std::max<size_t>(kernels::cuda::sample_rows_scratch_bytes(sample_rows_cap, V), 1);
+  if (measure)
+    return static_cast<int64_t>(sample_rows_cap * (sizeof(SampleRow) + sizeof(SampleRowResult)) +
+                                sample_rows_cap * mask_words * 4 + sample_ints_cap * 4 + scratch);
   d_srows.reset(static_cast<size_t>(sample_rows_cap));
   d_sres.reset(static_cast<size_t>(sample_rows_cap));
   d_smasks.reset(static_cast<size_t>(sample_rows_cap * mask_words));
   d_sints.reset(static_cast<size_t>(sample_ints_cap));
-  d_sscratch.reset(std::max<size_t>(kernels::cuda::sample_rows_scratch_bytes(sample_rows_cap, V), 1));
+  d_sscratch.reset(scratch);
   const size_t bytes = static_cast<size_t>(sample_rows_cap) * (sizeof(SampleRow) + sizeof(SampleRowResult)) +
                        static_cast<size_t>(sample_rows_cap * mask_words) * 4 + static_cast<size_t>(sample_ints_cap) * 4;
   TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host), bytes));
+  return 0;
 }
 
 std::span<const int64_t> CudaModel::last_logits_rows() const {
@@ -78,7 +83,6 @@ Status CudaModel::Impl::sample_rows(std::span<const SampleRow> rows, std::span<c
                                     int64_t mask_words, std::span<SampleRowResult> out) {
   Impl& m = *this;
   const int64_t V = m.cfg.vocab_size;
-  kernels::cuda::set_stream(m.stream);
   uint8_t* hs = m.sample_host;
   auto* h_rows = reinterpret_cast<SampleRow*>(hs);
   auto* h_res = reinterpret_cast<SampleRowResult*>(hs + m.sample_rows_cap * sizeof(SampleRow));
@@ -128,7 +132,7 @@ Status CudaModel::Impl::sample_rows(std::span<const SampleRow> rows, std::span<c
     if (nints)
       TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_sints.get(), h_ints, 4 * static_cast<size_t>(nints), cudaMemcpyHostToDevice,
                                         m.stream));
-    kernels::cuda::sample_rows_device(in, m.d_srows.get(), n, m.d_sscratch.get(), m.d_sres.get(), m.stream);
+    kernels::cuda::sample_rows_device({in, m.d_srows.get(), n, m.d_sscratch.get(), m.d_sres.get()}, m.stream);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_res, m.d_sres.get(), sizeof(SampleRowResult) * n, cudaMemcpyDeviceToHost, m.stream));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     std::copy(h_res, h_res + n, out.begin() + static_cast<std::ptrdiff_t>(i));

@@ -1,13 +1,16 @@
 // Uploads the bound checkpoint weights (model::Weights, views into the mapped shards) to the device
 // once, as stored: one arena allocation, every matrix keeping its format and scales, the small
-// vectors as fp32. Each layer's routed experts are concatenated by rows so one kernel can address
-// any expert (model_kernels.h, moe_pairs_*). Two passes over the same walk: measure, then copy.
+// vectors as fp32. Each layer's routed experts (this rank's, under tensor parallelism: the bound
+// Weights hold only the rank's slices) are concatenated by rows so one kernel can address any of
+// them (moe.h, moe_pairs_*; moe_decode.h, moe_prefill.h). Two passes over the same walk: measure,
+// then copy.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
 
 #include "common/check.h"
 #include "model/cuda/cuda_impl.h"
+#include "model/cuda/moe_prefill.h"
 #include "model/weights.h"
 
 namespace tandem::cuda_model {
@@ -18,6 +21,7 @@ class Arena {
  public:
   explicit Arena(uint8_t* base) : base_(base) {}
   size_t used() const { return used_; }
+  bool measuring() const { return base_ == nullptr; }
 
   // Copies `bytes` from host `src` into the arena; returns the device address (null while measuring).
   void* put(const void* src, size_t bytes) {
@@ -66,6 +70,19 @@ size_t scale_bytes(const kernels::WeightRef& w) {
     case kernels::WeightFormat::kMxfp4: return static_cast<size_t>(w.n * (w.k / 32));
     default: return 0;
   }
+}
+
+// The grouped prefill path (moe_prefill.h) runs MXFP4 experts with act_quant inputs whose every
+// 128-wide K block fits e4m3 after one power of two (checked on the host copy of every expert's
+// scales, while uploading; the measuring pass skips it).
+bool grouped_ok(const model::MoEW& m, bool aq1, bool aq2, bool aq3) {
+  if (m.experts.empty() || !aq1 || !aq2 || !aq3) return false;
+  for (const model::ExpertW& e : m.experts)
+    for (const model::LinearW* l : {&e.w1, &e.w2, &e.w3}) {
+      if (l->w.format != kernels::WeightFormat::kMxfp4 || l->w.k % 128 || l->w.n % 128 || !l->w.scale) return false;
+      if (!mxfp4_blocks_fit_e4m3(l->w.scale, l->w.n, l->w.k)) return false;
+    }
+  return true;
 }
 
 struct Uploader {
@@ -129,6 +146,9 @@ struct Uploader {
     d.hc_ffn_scale = vec(b.hc_ffn_scale);
     const model::AttentionW& a = b.attn;
     DAttn& da = d.attn;
+    da.n_heads = a.n_local_heads;
+    da.n_groups = a.n_local_groups;
+    da.n_idx_heads = a.has_indexer ? a.indexer.n_local_heads : 0;
     da.wq_a = lin(a.wq_a);
     da.wq_b = lin(a.wq_b);
     da.wkv = lin(a.wkv);
@@ -158,6 +178,9 @@ struct Uploader {
     dm.w3_all = experts(m.experts, 2, aq3);
     dm.up_act_quant = aq1;
     dm.down_act_quant = aq2;
+    dm.expert_begin = static_cast<int>(m.expert_begin);
+    dm.n_local = static_cast<int>(m.experts.size());
+    dm.grouped = !ar.measuring() && grouped_ok(m, aq1, aq2, aq3);
     dm.sh_w1 = lin(m.shared.w1);
     dm.sh_w2 = lin(m.shared.w2);
     dm.sh_w3 = lin(m.shared.w3);
@@ -165,6 +188,8 @@ struct Uploader {
   }
   DWeights all(const model::Weights& w) {
     DWeights d;
+    d.vocab_begin = w.vocab_begin;
+    d.vocab_end = w.vocab_end;
     d.embed = lin(w.embed);
     if (w.head.w.data == w.embed.w.data) {
       d.head = d.embed;

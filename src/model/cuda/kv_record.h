@@ -9,7 +9,10 @@
 // The CSA indexer keys are FP4 in every mode: packed e2m1 [dim/2] | E8M0 per 32 [dim/32] (68 B).
 // Decoding a record gives exactly the fp32 values the CPU model caches after its round trip (the
 // values are representable), so the GPU attends to the same keys as the CPU oracle.
+// The encoders (kv_quantize, index_key_quantize) are in kv_record.cu.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -79,5 +82,25 @@ TANDEM_HD float index_key_get(const uint8_t* rec, const IndexKeyLayout& l, int d
   const uint8_t nib = (d & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xf);
   return num::e2m1_decode(nib) * num::e8m0_to_f32(rec[l.dim / 2 + d / 32]);
 }
+
+// x[rows, ldx]: the cache dtype's round trip on the NoPE dims (as the CPU's kv_nope), rewritten in
+// place, and every row's record written to out[rows, rec.bytes].
+struct KvQuantizeArgs {
+  float* x = nullptr;                // [rows, ldx], columns [0, rec.head_dim)
+  int64_t rows = 0;
+  int64_t ldx = 0;
+  KvRecordLayout rec;
+  uint8_t* out = nullptr;            // [rows, rec.bytes]
+};
+void kv_quantize(const KvQuantizeArgs& a, cudaStream_t s);
+
+// x[rows, key.dim]: fp4_act_quant(x, 32) round trip in place, key records to out[rows, key.bytes].
+struct IndexKeyQuantizeArgs {
+  float* x = nullptr;                // [rows, key.dim] (packed)
+  int64_t rows = 0;
+  IndexKeyLayout key;
+  uint8_t* out = nullptr;            // [rows, key.bytes]
+};
+void index_key_quantize(const IndexKeyQuantizeArgs& a, cudaStream_t s);
 
 }  // namespace tandem::cuda_model

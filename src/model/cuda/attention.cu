@@ -1,0 +1,576 @@
+// The target's MQA attention (attention.h): flash decoding on the tensor cores over 64-key chunks,
+// every KV record decoded once per 16 heads. A chunk's keys are decoded from their records into a
+// bf16 tile in shared memory (records: e4m3 x E8M0, e2m1 x e4m3 and bf16 are exact in bf16), then
+// S = Q K^T (m16n8k16 bf16 mma, 16 heads x 8 keys per warp), the chunk's max and fp32 softmax
+// numerators, p split exactly into three bf16 planes, and O_c = P V (8 warps x hd/8 dims, three mma
+// per fragment, key order). The chunks are folded in list order, either in registers by a block
+// that walks its row's chunks (prefill, large batches) or, split over the chunks, by fold_kernel
+// from each chunk's (m_c, z_c, O_c) in `partial`: the same operations on the same values, so both
+// give the same bits.
+#include "model/cuda/attention.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+#include "common/numeric_core.h"
+#include "kernels/cuda/decode_mma.cuh"
+#include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
+
+namespace tandem::cuda_model {
+namespace {
+
+namespace mma = kernels::cuda::mma;
+using kernels::cuda::add_rn;
+using kernels::cuda::div_rn;
+using kernels::cuda::mul_rn;
+using kernels::cuda::sub_rn;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = kAttnChunk;        // keys per chunk: one 8-key n-tile per warp in Q K^T
+constexpr int kHeads = kAttnHeadTile;     // heads per block: one mma m-tile
+constexpr int kPTerms = 3;                // p = p1 + p2 + p3 with each term a bf16 value (exact)
+constexpr int kPPitch = kChunk * 2 + 16;  // bytes per row of a P plane (+16: ldmatrix rows in distinct banks)
+constexpr int kFoldGroup = 128;           // chunks per pass of fold_kernel's shared arrays
+static_assert(kChunk == 8 * kWarps, "one 8-key n-tile per warp");
+static_assert(kHeads == 16, "one m16 tile of heads");
+
+// Shared memory of one block (byte offsets, every one a multiple of 16).
+template <int D>
+struct Layout {
+  static constexpr int kPitch = 2 * D + 16;                     // bytes per bf16 row of K/V and Q
+  static constexpr int kK = 0;                                  // [kChunk][kPitch] keys (= values)
+  static constexpr int kQ = kK + kChunk * kPitch;               // [kHeads][kPitch] queries
+  static constexpr int kP = kQ + kHeads * kPitch;               // [kPTerms][kHeads][kPPitch] p planes
+  static constexpr int kPtr = kP + kPTerms * kHeads * kPPitch;  // [kChunk] tagged key pointers
+  static constexpr int kMax = kPtr + kChunk * 8;                // [kWarps][kHeads] warp maxima
+  static constexpr int kSum = kMax + kWarps * kHeads * 4;       // [kWarps][kHeads] warp sums
+  static constexpr int kRow = kSum + kWarps * kHeads * 4;       // the row's RowKeys
+  static constexpr int kBytes = kRow + 64;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) { return mma::f32x2_to_bf16x2(lo, hi); }
+
+// ---- the row's key list ----
+struct RowKeys {
+  int64_t w0 = 0, start = 0, vis = 0, row0 = 0;
+  int nwin = 0, ncomp = 0, nk = 0, seq = 0;
+  const uint8_t* slot = nullptr;
+  const int32_t* top = nullptr;
+};
+
+__device__ __forceinline__ RowKeys row_keys(const AttnArgs& a, int64_t t) {
+  RowKeys r;
+  const StepMeta& m = a.m;
+  const int64_t p = m.positions[t];
+  r.seq = m.row_seq[t];
+  r.start = m.seq_start[r.seq];
+  r.row0 = m.seq_row0[r.seq];
+  r.slot = a.slot_state + static_cast<int64_t>(m.seq_slot[r.seq]) * a.slot_bytes;
+  r.w0 = p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  r.nwin = static_cast<int>(p - r.w0 + 1);
+  if (a.ratio) {
+    r.vis = (p + 1) / a.ratio;
+    if (a.topk) {
+      r.top = a.topk + t * a.topk_ld;
+      r.ncomp = static_cast<int>(r.vis < a.topk_k ? r.vis : a.topk_k);
+    } else {
+      r.ncomp = static_cast<int>(r.vis);
+    }
+  }
+  r.nk = r.nwin + r.ncomp;
+  return r;
+}
+
+// Key j of the row's list as a pointer with a tag in bit 0 (1 = this step's fp32 row, 0 = a KV
+// record); 0 = masked (past the list, or an id the list does not make visible).
+__device__ __forceinline__ uint64_t key_ptr(const AttnArgs& a, const RowKeys& r, int j) {
+  if (j < r.nwin) {
+    const int64_t wp = r.w0 + j;
+    if (wp >= r.start) return reinterpret_cast<uint64_t>(a.step_kv + (r.row0 + (wp - r.start)) * a.hd) | 1u;
+    return reinterpret_cast<uint64_t>(r.slot + a.win_off + (wp % a.win_ring) * a.rec.bytes);
+  }
+  const int i = j - r.nwin;
+  if (i >= r.ncomp) return 0;
+  const int64_t id = r.top ? static_cast<int64_t>(r.top[i]) : i;
+  if (id < 0 || id >= r.vis) return 0;
+  const int64_t pos = static_cast<int64_t>(a.ratio) * id;
+  const int32_t blk = a.m.block_tables[static_cast<int64_t>(r.seq) * a.m.max_blocks + pos / a.m.block_size];
+  return reinterpret_cast<uint64_t>(a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_main +
+                                    ((pos % a.m.block_size) / a.ratio) * a.rec.bytes);
+}
+
+// Dims [8 piece, 8 piece + 8) of a key, as loaded (decoded by piece_bf16). Records are 8-byte
+// aligned (kv_record.h sizes, 16-byte ring and pool offsets), fp32 rows 16-byte aligned.
+struct RawPiece {
+  uint4 w0, w1;      // fp32 row: 8 floats; bf16 dims: w0; fp8: w0.xy codes; nvfp4: w0.x codes
+  float scale;
+  int mode;          // 0 masked, 1 fp32 row, 2 bf16 dims, 3 fp8 codes, 4 nvfp4 codes
+};
+
+__device__ __forceinline__ RawPiece load_piece(uint64_t kp, const KvRecordLayout& l, int piece) {
+  RawPiece r;
+  r.w0 = r.w1 = make_uint4(0, 0, 0, 0);
+  r.scale = 0.0f;
+  r.mode = 0;
+  if (!kp) return r;
+  const int d0 = 8 * piece;
+  if (kp & 1) {
+    const uint4* f = reinterpret_cast<const uint4*>(kp & ~uint64_t{1}) + 2 * piece;
+    r.w0 = __ldg(f);
+    r.w1 = __ldg(f + 1);
+    r.mode = 1;
+    return r;
+  }
+  const uint8_t* rec = reinterpret_cast<const uint8_t*>(kp);
+  if (l.kind == KvRecordKind::kBf16 || d0 >= l.nope) {
+    const uint8_t* src = l.kind == KvRecordKind::kBf16 ? rec + 2 * d0 : rec + l.rope_off + 2 * (d0 - l.nope);
+    const uint2 lo = __ldg(reinterpret_cast<const uint2*>(src)), hi = __ldg(reinterpret_cast<const uint2*>(src + 8));
+    r.w0 = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    r.mode = 2;
+  } else if (l.kind == KvRecordKind::kFp8) {
+    const uint2 c = __ldg(reinterpret_cast<const uint2*>(rec + d0));
+    r.w0.x = c.x;
+    r.w0.y = c.y;
+    r.scale = num::e8m0_to_f32(__ldg(rec + l.scale_off + d0 / 64));
+    r.mode = 3;
+  } else {
+    r.w0.x = __ldg(reinterpret_cast<const uint32_t*>(rec + d0 / 2));
+    r.scale = num::e4m3_decode(__ldg(rec + l.scale_off + d0 / 16));
+    r.mode = 4;
+  }
+  return r;
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two_codes, float s) {
+  const float2 f = mma::f16x2_to_f32x2(mma::e4m3x2_to_f16x2(two_codes));
+  return bf16x2(mul_rn(f.x, s), mul_rn(f.y, s));
+}
+__device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t codes, int i, float s) {
+  return bf16x2(mul_rn(num::e2m1_decode(static_cast<uint8_t>((codes >> (8 * i)) & 0xfu)), s),
+                mul_rn(num::e2m1_decode(static_cast<uint8_t>((codes >> (8 * i + 4)) & 0xfu)), s));
+}
+
+// The piece as 8 bf16 values: the values kv_record_get decodes (exact products, exact in bf16).
+__device__ __forceinline__ uint4 piece_bf16(const RawPiece& r) {
+  switch (r.mode) {
+    case 1:
+      return make_uint4(bf16x2(__uint_as_float(r.w0.x), __uint_as_float(r.w0.y)),
+                        bf16x2(__uint_as_float(r.w0.z), __uint_as_float(r.w0.w)),
+                        bf16x2(__uint_as_float(r.w1.x), __uint_as_float(r.w1.y)),
+                        bf16x2(__uint_as_float(r.w1.z), __uint_as_float(r.w1.w)));
+    case 2:
+      return r.w0;
+    case 3:
+      return make_uint4(e4m3x2_scaled(r.w0.x & 0xffffu, r.scale), e4m3x2_scaled(r.w0.x >> 16, r.scale),
+                        e4m3x2_scaled(r.w0.y & 0xffffu, r.scale), e4m3x2_scaled(r.w0.y >> 16, r.scale));
+    case 4:
+      return make_uint4(e2m1x2_scaled(r.w0.x, 0, r.scale), e2m1x2_scaled(r.w0.x, 1, r.scale),
+                        e2m1x2_scaled(r.w0.x, 2, r.scale), e2m1x2_scaled(r.w0.x, 3, r.scale));
+    default:
+      return make_uint4(0, 0, 0, 0);
+  }
+}
+
+// ---- the fold (the same operations in both launch shapes) ----
+__device__ __forceinline__ void fold_coef(float m, float mc, float& mnew, float& alpha, float& beta) {
+  mnew = fmaxf(m, mc);
+  alpha = m == mnew ? 1.0f : expf(sub_rn(m, mnew));
+  beta = mc == mnew ? 1.0f : expf(sub_rn(mc, mnew));
+}
+__device__ __forceinline__ float fold(float acc, float part, float alpha, float beta) {
+  return add_rn(mul_rn(acc, alpha), mul_rn(part, beta));
+}
+// zt = z + exp(sink - m): out = bf16(o / zt).
+__device__ __forceinline__ float finish(float o, float zt) { return num::round_bf16(div_rn(o, zt)); }
+
+// The block's 16 query heads [h0, h0 + 16) of row t as bf16 rows (zeros past the last head).
+template <int D>
+__device__ __forceinline__ void load_q(const AttnArgs& a, int64_t t, int h0, uint8_t* sQ) {
+  constexpr int kPieces = D / 8;
+  for (int i = threadIdx.x; i < kHeads * kPieces; i += kThreads) {
+    const int hl = i / kPieces, piece = i % kPieces;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h0 + hl < a.heads) {
+      const float4* f = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0 + hl) * D) + 2 * piece;
+      const float4 x = f[0], y = f[1];
+      v = make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
+    }
+    *reinterpret_cast<uint4*>(sQ + hl * Layout<D>::kPitch + piece * 16) = v;
+  }
+}
+
+// Chunk c of the row (rk: the row's key list, in shared memory). The chunk's max and sum for heads
+// g and g + 8 (g = lane / 4) of this thread, then O_c in parts: consume(part, oc, mc, zc) gets the
+// thread's mma fragments of dims [dim0 + part * D/8/kParts, +D/8/kParts) (dim0 = warp * D/8):
+// oc[n][0..1] = head g, oc[n][2..3] = head g + 8, at dims + 8n + 2 (lane % 4) + {0, 1}. Parts keep
+// the fragments of a fold and of the next part's products from being live at once. Begins with
+// __syncthreads().
+template <int D>
+struct Parts {
+  static constexpr int NT = D / 64;                // 8-dim n-tiles per warp
+  static constexpr int kParts = NT >= 4 ? 2 : 1;
+  static constexpr int NTP = NT / kParts;          // n-tiles per part (even: x4.trans loads pairs)
+};
+template <int D, int kMaxBatch, typename Consume>
+__device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& rk, int c, uint8_t* smem, float scale,
+                                             Consume&& consume) {
+  using L = Layout<D>;
+  constexpr int kPieces = D / 8;
+  constexpr int kIters = kChunk * kPieces / kThreads;
+  constexpr int kBatch = kIters < kMaxBatch ? kIters : kMaxBatch;  // loads in flight per thread
+  constexpr int NTP = Parts<D>::NTP;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  uint8_t* sK = smem + L::kK;
+  uint8_t* sP = smem + L::kP;
+  uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
+  float* smax = reinterpret_cast<float*>(smem + L::kMax);
+  float* ssum = reinterpret_cast<float*>(smem + L::kSum);
+
+  __syncthreads();  // the previous chunk's readers of every shared array are done
+  if (tid < kChunk) sptr[tid] = key_ptr(a, rk, c * kChunk + tid);
+  __syncthreads();
+  // 1. the chunk's keys as bf16 rows (masked keys as zeros: 0 * 0 in P V)
+#pragma unroll 1
+  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+    RawPiece raw[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = (i0 + b) * kThreads + tid;
+      raw[b] = load_piece(sptr[i / kPieces], a.rec, i % kPieces);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = (i0 + b) * kThreads + tid;
+      *reinterpret_cast<uint4*>(sK + (i / kPieces) * L::kPitch + (i % kPieces) * 16) = piece_bf16(raw[b]);
+    }
+  }
+  __syncthreads();
+
+  // 2. S = Q K^T for keys [8 warp, 8 warp + 8): k steps alternate between two accumulators
+  const uint32_t sK_u = smem_u32(sK);
+  float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  {
+    const uint32_t b_addr = sK_u + (8 * warp + (lane & 7)) * L::kPitch + (lane >> 3) * 16;
+    const uint32_t a_addr = smem_u32(smem + L::kQ) + ((lane & 7) + ((lane >> 3) & 1) * 8) * L::kPitch + (lane >> 4) * 16;
+#pragma unroll 4
+    for (int k0 = 0; k0 < D; k0 += 32) {
+      uint32_t b[4], a0[4], a1[4];
+      ldsm_x4(b, b_addr + 2 * k0);        // b0, b1 of k0 and of k0 + 16
+      ldsm_x4(a0, a_addr + 2 * k0);
+      ldsm_x4(a1, a_addr + 2 * k0 + 32);
+      mma::mma_bf16(s0, a0, b[0], b[1]);
+      mma::mma_bf16(s1, a1, b[2], b[3]);
+    }
+  }
+  const int key0 = 8 * warp + 2 * tq;  // this thread's keys key0, key0 + 1 (heads g: s[0..1], g+8: s[2..3])
+  const bool ok0 = sptr[key0] != 0, ok1 = sptr[key0 + 1] != 0;
+  float s[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s[i] = ((i & 1) ? ok1 : ok0) ? mul_rn(add_rn(s0[i], s1[i]), scale) : -INFINITY;
+
+  // 3. the chunk's max per head (order-free), p = exp(s - m) in fp32, the per-warp sums
+  float mx0 = fmaxf(s[0], s[1]), mx1 = fmaxf(s[2], s[3]);
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+  }
+  if (tq == 0) {
+    smax[warp * kHeads + g] = mx0;
+    smax[warp * kHeads + g + 8] = mx1;
+  }
+  __syncthreads();
+  float m0 = -INFINITY, m1 = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    m0 = fmaxf(m0, smax[w * kHeads + g]);
+    m1 = fmaxf(m1, smax[w * kHeads + g + 8]);
+  }
+  float p[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = s[i] == -INFINITY ? 0.0f : expf(sub_rn(s[i], i < 2 ? m0 : m1));
+  float z0 = add_rn(p[0], p[1]), z1 = add_rn(p[2], p[3]);
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    z0 = add_rn(z0, __shfl_xor_sync(0xffffffffu, z0, o));
+    z1 = add_rn(z1, __shfl_xor_sync(0xffffffffu, z1, o));
+  }
+  if (tq == 0) {
+    ssum[warp * kHeads + g] = z0;
+    ssum[warp * kHeads + g + 8] = z1;
+  }
+  // p = p1 + p2 + p3: each term is the bf16 rounding of what is left (exact: a float has 24
+  // significant bits, each term takes at least 8), one plane per term.
+  {
+    float rem[4] = {p[0], p[1], p[2], p[3]};
+#pragma unroll
+    for (int j = 0; j < kPTerms; ++j) {
+      float hb[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        hb[i] = num::round_bf16(rem[i]);
+        rem[i] = sub_rn(rem[i], hb[i]);
+      }
+      uint8_t* plane = sP + j * kHeads * kPPitch + key0 * 2;
+      *reinterpret_cast<uint32_t*>(plane + g * kPPitch) = bf16x2(hb[0], hb[1]);
+      *reinterpret_cast<uint32_t*>(plane + (g + 8) * kPPitch) = bf16x2(hb[2], hb[3]);
+    }
+  }
+  __syncthreads();
+  float mc[2] = {m0, m1}, zc[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    zc[0] = add_rn(zc[0], ssum[w * kHeads + g]);
+    zc[1] = add_rn(zc[1], ssum[w * kHeads + g + 8]);
+  }
+
+  // 4. O_c = P V: per 16-key step, the three planes in order
+  const int frag_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const uint32_t p_addr = smem_u32(sP) + frag_row * kPPitch + (lane >> 4) * 16;
+#pragma unroll
+  for (int part = 0; part < Parts<D>::kParts; ++part) {
+    float oc[NTP][4];
+#pragma unroll
+    for (int n = 0; n < NTP; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) oc[n][i] = 0.0f;
+    const int dim0 = warp * (D / 8) + part * NTP * 8;
+    const uint32_t v_addr = sK_u + frag_row * L::kPitch + (dim0 + (lane >> 4) * 8) * 2;
+#pragma unroll 1
+    for (int ks = 0; ks < kChunk / 16; ++ks) {
+      uint32_t pa[kPTerms][4];
+#pragma unroll
+      for (int j = 0; j < kPTerms; ++j) ldsm_x4(pa[j], p_addr + j * kHeads * kPPitch + ks * 32);
+#pragma unroll
+      for (int n2 = 0; n2 < NTP / 2; ++n2) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, v_addr + ks * 16 * L::kPitch + n2 * 32);
+#pragma unroll
+        for (int j = 0; j < kPTerms; ++j) {
+          mma::mma_bf16(oc[2 * n2], pa[j], b[0], b[1]);
+          mma::mma_bf16(oc[2 * n2 + 1], pa[j], b[2], b[3]);
+        }
+      }
+    }
+    consume(part, oc, mc, zc);
+  }
+}
+
+// grid: split (chunks, head tiles, rows) -> partials; else (rows, head tiles), folding in registers.
+template <int D, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunks, float scale) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int NTP = Parts<D>::NTP, kParts = Parts<D>::kParts;
+  kernels::cuda::pdl_wait();
+  const int64_t t = kSplit ? blockIdx.z : blockIdx.x;
+  const int h0 = static_cast<int>(blockIdx.y) * kHeads;
+  if (t >= a.rows) return;
+  RowKeys& rk = *reinterpret_cast<RowKeys*>(smem + Layout<D>::kRow);
+  const int nk = row_keys(a, t).nk;  // every thread: the block's chunk count without a barrier
+  int nch = (nk + kChunk - 1) / kChunk;
+  nch = nch < nchunks ? nch : nchunks;
+  const int c0 = kSplit ? static_cast<int>(blockIdx.x) : 0;
+  if (c0 >= nch) return;
+  if (threadIdx.x == 0) rk = row_keys(a, t);  // read after attend_chunk's first barrier
+  load_q<D>(a, t, h0, smem + Layout<D>::kQ);
+
+  const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int dim0 = (threadIdx.x >> 5) * (D / 8) + 2 * tq;
+  if (kSplit) {
+    const int64_t slot = t * nchunks + c0;
+    float* po = a.partial + slot * a.heads * D;
+    float* pml = a.partial + a.partial_slots * a.heads * D + slot * a.heads * 2;
+    attend_chunk<D, 4>(a, rk, c0, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int h = h0 + g + 8 * i;
+        if (h >= a.heads) continue;
+#pragma unroll
+        for (int n = 0; n < NTP; ++n)
+          *reinterpret_cast<float2*>(po + h * D + dim0 + 8 * (part * NTP + n)) = make_float2(oc[n][2 * i], oc[n][2 * i + 1]);
+        if (part == 0 && threadIdx.x < 32 && tq == 0) {
+          pml[h * 2] = mc[i];
+          pml[h * 2 + 1] = zc[i];
+        }
+      }
+    });
+    kernels::cuda::pdl_trigger();
+    return;
+  }
+  float orun[kParts * NTP][4], mrun[2] = {-INFINITY, -INFINITY}, zrun[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < kParts * NTP; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) orun[n][i] = 0.0f;
+#pragma unroll 1
+  for (int c = 0; c < nch; ++c) {
+    float al[2], be[2];
+    attend_chunk<D, 4>(a, rk, c, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
+      if (part == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float mnew;
+          fold_coef(mrun[i], mc[i], mnew, al[i], be[i]);
+          zrun[i] = fold(zrun[i], zc[i], al[i], be[i]);
+          mrun[i] = mnew;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NTP; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          orun[part * NTP + n][i] = fold(orun[part * NTP + n][i], oc[n][i], al[i >> 1], be[i >> 1]);
+    });
+  }
+  kernels::cuda::pdl_trigger();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int h = h0 + g + 8 * i;
+    if (h >= a.heads) continue;
+    const float zt = add_rn(zrun[i], expf(sub_rn(a.sink[h], mrun[i])));
+    float* o = a.out + (t * a.heads + h) * D + dim0;
+#pragma unroll
+    for (int n = 0; n < kParts * NTP; ++n)
+      *reinterpret_cast<float2*>(o + 8 * n) = make_float2(finish(orun[n][2 * i], zt), finish(orun[n][2 * i + 1], zt));
+  }
+}
+
+// The fold of a split launch: one block per (row, head), one thread per dim, the chunks in order.
+template <int D>
+__global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
+  __shared__ float s_m[kFoldGroup], s_z[kFoldGroup], s_alpha[kFoldGroup], s_beta[kFoldGroup];
+  __shared__ float s_mrun, s_zrun;
+  kernels::cuda::pdl_wait();
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, H = a.heads, tid = threadIdx.x, lane = tid & 31;
+  if (t >= a.rows) return;
+  const RowKeys rk = row_keys(a, t);
+  int nch = (rk.nk + kChunk - 1) / kChunk;
+  nch = nch < nchunks ? nch : nchunks;
+  const int64_t slot0 = t * nchunks;
+  const float* __restrict__ po = a.partial + slot0 * H * D + static_cast<int64_t>(h) * D + tid;
+  const float* __restrict__ pml = a.partial + a.partial_slots * H * D + slot0 * H * 2 + h * 2;
+  const int64_t ostride = static_cast<int64_t>(H) * D;
+  float o = 0.0f, carry = -INFINITY, zrun = 0.0f;  // carry: warp 0's running max
+  for (int c0 = 0; c0 < nch; c0 += kFoldGroup) {
+    const int ng = nch - c0 < kFoldGroup ? nch - c0 : kFoldGroup;
+    __syncthreads();  // the previous group's readers are done
+    for (int i = tid; i < ng; i += blockDim.x) {
+      s_m[i] = pml[(c0 + i) * H * 2];
+      s_z[i] = pml[(c0 + i) * H * 2 + 1];
+    }
+    __syncthreads();
+    if (tid < 32) {
+      // running max m_c' = max(m_0..m_c) by an inclusive scan (max is order-free), the coefficients
+      // of each chunk against the running max before it (fold_coef's formulas)
+      for (int i0 = 0; i0 < ng; i0 += 32) {
+        const int i = i0 + lane;
+        const float mc = i < ng ? s_m[i] : -INFINITY;
+        float v = mc;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const float y = __shfl_up_sync(0xffffffffu, v, off);
+          if (lane >= off) v = fmaxf(v, y);
+        }
+        v = fmaxf(v, carry);
+        float prev = __shfl_up_sync(0xffffffffu, v, 1);
+        if (lane == 0) prev = carry;
+        if (i < ng) {
+          s_alpha[i] = prev == v ? 1.0f : expf(sub_rn(prev, v));
+          s_beta[i] = mc == v ? 1.0f : expf(sub_rn(mc, v));
+        }
+        carry = __shfl_sync(0xffffffffu, v, 31);
+      }
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int i = 0; i < ng; ++i) zrun = fold(zrun, s_z[i], s_alpha[i], s_beta[i]);
+#pragma unroll 16
+    for (int i = 0; i < ng; ++i) o = fold(o, po[(c0 + i) * ostride], s_alpha[i], s_beta[i]);
+  }
+  if (tid == 0) {
+    s_mrun = carry;
+    s_zrun = zrun;
+  }
+  __syncthreads();
+  a.out[(t * H + h) * D + tid] = finish(o, add_rn(s_zrun, expf(sub_rn(a.sink[h], s_mrun))));
+}
+
+template <int D>
+void launch(const AttnArgs& a, cudaStream_t s, int nchunks, unsigned tiles, float scale, bool split) {
+  constexpr size_t smem = Layout<D>::kBytes;
+  if (split) {
+    auto k = mqa_kernel<D, true>;
+    kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
+    kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(nchunks), tiles, static_cast<unsigned>(a.rows)),
+                              dim3(kThreads), smem, s, a, nchunks, scale);
+    kernels::cuda::launch_pdl(fold_kernel<D>, dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)),
+                              dim3(D), 0, s, a, nchunks);
+  } else {
+    auto k = mqa_kernel<D, false>;
+    kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
+    kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(a.rows), tiles), dim3(kThreads), smem, s, a, nchunks,
+                              scale);
+  }
+}
+
+int chunks_of(const AttnArgs& a) { return std::max(1, (a.max_keys + kChunk - 1) / kChunk); }
+
+}  // namespace
+
+bool attention_supports_head_dim(int hd) { return hd == 128 || hd == 256 || hd == 512; }
+
+int64_t attn_partial_floats(int heads, int hd, int64_t slots) {
+  return slots * static_cast<int64_t>(heads) * (hd + 2);
+}
+
+bool attention_splits(const AttnArgs& a) {
+  const int64_t nchunks = chunks_of(a), tiles = (a.heads + kHeads - 1) / kHeads;
+  if (!a.partial || nchunks < 2 || a.rows * nchunks > a.partial_slots) return false;
+  int sms = a.sm_count;
+  if (sms <= 0) {
+    int dev = 0;
+    TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  // Folding blocks fill the GPU by themselves from one block per multiprocessor on.
+  return a.rows * tiles < sms && a.rows <= 65535;
+}
+
+void attention(const AttnArgs& a, cudaStream_t s) {
+  if (a.rows == 0) return;
+  TANDEM_CHECK_MSG(attention_supports_head_dim(a.hd), "attention: head_dim must be 128, 256 or 512");
+  TANDEM_CHECK(a.heads > 0 && a.max_keys >= 0);
+  const int nchunks = chunks_of(a);
+  const unsigned tiles = static_cast<unsigned>((a.heads + kHeads - 1) / kHeads);
+  // The CPU's score scale: fl(1 / fl(sqrt(hd))) (model::attend).
+  const float scale = 1.0f / std::sqrt(static_cast<float>(a.hd));
+  const bool split = attention_splits(a);
+  switch (a.hd) {
+    case 128: launch<128>(a, s, nchunks, tiles, scale, split); break;
+    case 256: launch<256>(a, s, nchunks, tiles, scale, split); break;
+    default: launch<512>(a, s, nchunks, tiles, scale, split); break;
+  }
+}
+
+}  // namespace tandem::cuda_model

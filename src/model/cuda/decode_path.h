@@ -1,0 +1,42 @@
+// The device runner's decode-size path (cuda_decode.cpp): which kernels it routes a layer piece to
+// and the scratch they need. Routing is decided by the weights' format and shape and by whether the
+// step has a sequence longer than tc_min_rows tokens (the prefill path), never by the row count, so
+// decode, verify, padded graph batches and short prompts compute a row with the same arithmetic
+// (the decode GEMV runs any row count, in chunks of 96).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_util.h"
+#include "model/cuda/moe_decode.h"
+
+namespace tandem::cuda_model {
+
+struct DecodePath {
+  bool enabled = true;            // CudaModelOptions::decode_kernels
+  int64_t max_rows = 0;           // rows the activation operand holds (every step's rows)
+  int64_t max_k = 0;              // widest act-quant input
+  kernels::cuda::DeviceBuffer<uint8_t> codes;   // [max_rows, max_k] act_quant codes
+  kernels::cuda::DeviceBuffer<uint8_t> scales;  // [max_rows, max_k / 128]
+  // The codes in `codes` are those of rows [0, packed_rows) of packed_x, left by dec_norm_rows for
+  // the next consumer (q/kv or the MoE), which clears it; any other pack clears it too.
+  const float* packed_x = nullptr;
+  int64_t packed_rows = 0;
+  // A projection already computed by a grouped launch (the indexer's wq_b with wq_b): the
+  // linear() call that asks for it with the same input and output returns at once.
+  const void* done_linear = nullptr;
+  const float* done_x = nullptr;
+  float* done_y = nullptr;
+  int64_t done_rows = 0;
+  // MoE: steps of up to moe_max_tokens rows take moe_decode, longer ones the generic path.
+  MoeDecodeDims moe_dims;
+  int64_t moe_max_tokens = 0;
+  kernels::cuda::DeviceBuffer<uint8_t> moe_mem;
+  MoeDecodeBuffers moe;
+};
+
+// Rows the MoE decode path is sized for: every step of the runner up to this bound (its buffers
+// grow with tokens x top-k x (inter + dim)); longer prefill steps use the generic MoE.
+constexpr int64_t kMoeDecodeMaxTokens = 512;
+
+}  // namespace tandem::cuda_model

@@ -1,0 +1,332 @@
+// The lightning indexer on the tensor cores (indexer.h). A block takes one row and walks tiles of
+// 128 entries: the tile's FP4 key records are decoded into a bf16 tile in shared memory (e2m1 x
+// E8M0 is exact in bf16), Q K^T runs as m16n8k16 bf16 mma (16 keys per warp, every 16-head tile of
+// the row's queries from shared memory), each dot is rounded to bf16, passed through relu, scaled
+// by its head weight and rounded again, and one thread per entry adds the heads' terms in ascending
+// order (the CPU's fp32 order) and stores the bf16 score. The first pass of the top-k selection (a
+// histogram of the scores' top key byte) rides along.
+#include "model/cuda/indexer.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "kernels/cuda/decode_mma.cuh"
+#include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "model/cuda/indexer_topk.h"
+
+namespace tandem::cuda_model {
+
+using kernels::cuda::ceil_div;
+
+namespace {
+
+namespace mma = kernels::cuda::mma;
+using kernels::cuda::add_rn;
+using kernels::cuda::mul_rn;
+
+constexpr int kThreads = 256;
+constexpr int kTile = 128;                 // entries per tile: 16 per warp
+constexpr int kMaxHeads = 64;
+constexpr int kMaxRows = 4;                // rows of one sequence sharing a block's key tiles
+constexpr int kMaxM = 128;                 // query rows (rows x heads) of a block: 8 m-tiles
+constexpr uint16_t kBf16NegInf = 0xff80u;
+
+template <int D>
+struct Layout {
+  static constexpr int kPitch = 2 * D + 16;                          // bytes per bf16 row (key, query)
+  static constexpr int kKeyBytes = kTile * kPitch;
+  static constexpr int kTermPitch = kTile + 8;                       // floats (+8: fewer bank conflicts)
+  static constexpr int kTermBytes = kMaxHeads * kTermPitch * 4;      // [heads][kTermPitch] fp32, over the keys
+  static constexpr int kK = 0;
+  static constexpr int kQ = kK + (kKeyBytes > kTermBytes ? kKeyBytes : kTermBytes);
+  static constexpr int kW = kQ + kMaxM * kPitch;                     // [kMaxM] fp32 head weights
+  static constexpr int kHist = kW + kMaxM * 4;                       // [kMaxRows][256] u32
+  static constexpr int kRec = kHist + kMaxRows * 256 * 4;            // [kTile] record pointers
+  static constexpr int kVis = kRec + kTile * 8;                      // [kMaxRows] int64
+  static constexpr int kBytes = kVis + kMaxRows * 8;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// 8 e2m1 codes (element i in bits 4i..4i+3) times a power-of-two scale as 8 bf16 (exact).
+__device__ __forceinline__ uint4 fp4x8_bf16(uint32_t codes, float s) {
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    r[i] = mma::f32x2_to_bf16x2(mul_rn(num::e2m1_decode(static_cast<uint8_t>((codes >> (8 * i)) & 0xfu)), s),
+                                mul_rn(num::e2m1_decode(static_cast<uint8_t>((codes >> (8 * i + 4)) & 0xfu)), s));
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// A block's rows [t0, t0 + R) run in spans of one sequence (a span shares every key tile): the
+// span's nr * heads query rows are the mma's M (MT m-tiles, compile-time bound). Each output
+// element depends only on its own row, head and entry, so R and the grid do not change any bit.
+template <int D, int MT>
+__global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerArgs a, int R) {
+  using L = Layout<D>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sK = smem + L::kK;
+  float* sTerm = reinterpret_cast<float*>(smem + L::kK);
+  uint8_t* sQ = smem + L::kQ;
+  float* sW = reinterpret_cast<float*>(smem + L::kW);
+  uint32_t* sHist = reinterpret_cast<uint32_t*>(smem + L::kHist);
+  const uint8_t** sRec = reinterpret_cast<const uint8_t**>(smem + L::kRec);
+  int64_t* sVis = reinterpret_cast<int64_t*>(smem + L::kVis);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  kernels::cuda::pdl_wait();
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * R;
+  if (t0 >= a.rows) return;
+  const int H = a.heads;
+  const int nr_all = static_cast<int>(a.rows - t0 < R ? a.rows - t0 : R);
+  constexpr int kPieces = D / 8;
+  const int64_t ntiles = (a.n_cols + kTile - 1) / kTile;
+  const int frag_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+
+  for (int s0 = 0; s0 < nr_all;) {
+    // the span [s0, s1): consecutive rows of one sequence
+    const int seq = a.m.row_seq[t0 + s0];
+    int s1 = s0 + 1;
+    while (s1 < nr_all && a.m.row_seq[t0 + s1] == seq) ++s1;
+    const int nr = s1 - s0, mrows = nr * H, mt_run = (mrows + 15) / 16;
+    const int64_t ta = t0 + s0;
+    const int32_t* table = a.m.block_tables + static_cast<int64_t>(seq) * a.m.max_blocks;
+    int64_t maxvis = 0;
+    for (int r = 0; r < nr; ++r) {
+      const int64_t v = (a.m.positions[ta + r] + 1) / 4;
+      maxvis = v > maxvis ? v : maxvis;
+    }
+    __syncthreads();  // the previous span's readers of every shared array are done
+    if (tid < nr) {
+      sVis[tid] = (a.m.positions[ta + tid] + 1) / 4;
+      if (blockIdx.x == 0) a.visible[ta + tid] = static_cast<int32_t>(sVis[tid]);
+    }
+    // the span's queries as bf16 rows m = r * H + h (zeros past the span), head weights, histograms
+    for (int i = tid; i < MT * 16 * kPieces; i += kThreads) {
+      const int m = i / kPieces, piece = i % kPieces;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (m < mrows) {
+        const float4* f = reinterpret_cast<const float4*>(a.q + (ta * H + m) * D) + 2 * piece;
+        const float4 x = f[0], y = f[1];
+        v = make_uint4(mma::f32x2_to_bf16x2(x.x, x.y), mma::f32x2_to_bf16x2(x.z, x.w),
+                       mma::f32x2_to_bf16x2(y.x, y.y), mma::f32x2_to_bf16x2(y.z, y.w));
+      }
+      *reinterpret_cast<uint4*>(sQ + m * L::kPitch + piece * 16) = v;
+    }
+    for (int i = tid; i < MT * 16; i += kThreads) sW[i] = i < mrows ? a.w[ta * H + i] : 0.0f;
+    for (int i = tid; i < kMaxRows * 256; i += kThreads) sHist[i] = 0;
+
+    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+      const int64_t e0 = tile * kTile;
+      if (e0 >= maxvis) {  // nothing visible to the span: -inf only
+        for (int i = tid; i < nr * kTile; i += kThreads) {
+          const int64_t e = e0 + i % kTile;
+          if (e < a.n_cols) a.scores[(ta + i / kTile) * a.lds + e] = kBf16NegInf;
+        }
+        continue;
+      }
+      __syncthreads();  // the previous tile's readers of sK / sTerm / sRec are done (and the setup above)
+      if (tid < kTile) {
+        const int64_t e = e0 + tid;
+        const uint8_t* rec = nullptr;
+        if (e < maxvis) {
+          const int64_t pos = 4 * e;
+          rec = a.pool + static_cast<int64_t>(table[pos / a.m.block_size]) * a.block_bytes + a.pool_idx +
+                ((pos % a.m.block_size) / 4) * a.key.bytes;
+        }
+        sRec[tid] = rec;
+      }
+      __syncthreads();
+      // keys -> bf16 rows (entries past every row's visibility: zeros)
+      {
+        constexpr int kIters = kTile * kPieces / kThreads;
+        uint32_t codes[kIters];
+        uint8_t sc[kIters];
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+          const int i = it * kThreads + tid, key = i / kPieces, piece = i % kPieces;
+          const uint8_t* rec = sRec[key];
+          codes[it] = 0;
+          sc[it] = 127;
+          if (rec) {
+            if constexpr (D % 128 == 0) {
+              codes[it] = __ldg(reinterpret_cast<const uint32_t*>(rec + 4 * piece));
+            } else {
+              codes[it] = static_cast<uint32_t>(__ldg(rec + 4 * piece)) |
+                          (static_cast<uint32_t>(__ldg(rec + 4 * piece + 1)) << 8) |
+                          (static_cast<uint32_t>(__ldg(rec + 4 * piece + 2)) << 16) |
+                          (static_cast<uint32_t>(__ldg(rec + 4 * piece + 3)) << 24);
+            }
+            sc[it] = __ldg(rec + D / 2 + piece / 4);
+          }
+        }
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+          const int i = it * kThreads + tid, key = i / kPieces, piece = i % kPieces;
+          *reinterpret_cast<uint4*>(sK + key * L::kPitch + piece * 16) = fp4x8_bf16(codes[it], num::e8m0_to_f32(sc[it]));
+        }
+      }
+      __syncthreads();
+      // Q K^T: warp w takes entries [16w, 16w + 16) (two n-tiles) for the span's m-tiles
+      float acc[MT][2][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+      {
+        const uint32_t b_addr = smem_u32(sK) + (16 * warp + (lane & 7)) * L::kPitch + (lane >> 3) * 16;
+        const uint32_t a_addr = smem_u32(sQ) + frag_row * L::kPitch + (lane >> 4) * 16;
+#pragma unroll
+        for (int k0 = 0; k0 < D; k0 += 32) {
+          uint32_t b[2][4];
+          ldsm_x4(b[0], b_addr + 2 * k0);
+          ldsm_x4(b[1], b_addr + 8 * L::kPitch + 2 * k0);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if (mt >= mt_run) continue;
+            uint32_t a0[4], a1[4];
+            ldsm_x4(a0, a_addr + mt * 16 * L::kPitch + 2 * k0);
+            ldsm_x4(a1, a_addr + mt * 16 * L::kPitch + 2 * k0 + 32);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              mma::mma_bf16(acc[mt][nt], a0, b[nt][0], b[nt][1]);
+              mma::mma_bf16(acc[mt][nt], a1, b[nt][2], b[nt][3]);
+            }
+          }
+        }
+      }
+      // terms: bf16(relu(bf16(dot)) * w) of query row m = mt * 16 + g (+ 8)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float d = num::round_bf16(acc[mt][nt][i]);
+            acc[mt][nt][i] = num::round_bf16(mul_rn(d > 0.0f ? d : 0.0f, sW[mt * 16 + g + (i >> 1) * 8]));
+          }
+      // per row of the span: its heads' terms to shared memory (over the keys: after every warp's
+      // reads of them), then the heads in ascending order, one thread per entry
+      for (int r = 0; r < nr; ++r) {
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int i = 0; i < 4; i += 2) {
+            const int h = mt * 16 + g + (i >> 1) * 8 - r * H;
+            if (h < 0 || h >= H) continue;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+              *reinterpret_cast<float2*>(sTerm + h * L::kTermPitch + 16 * warp + 8 * nt + 2 * tq) =
+                  make_float2(acc[mt][nt][i], acc[mt][nt][i + 1]);
+          }
+        __syncthreads();
+        if (tid < kTile) {
+          const int64_t e = e0 + tid;
+          if (e < a.n_cols) {
+            uint16_t bits = kBf16NegInf;
+            if (e < sVis[r]) {
+              float total = 0.0f;
+              for (int h = 0; h < H; ++h) total = add_rn(total, sTerm[h * L::kTermPitch + tid]);
+              bits = num::f32_to_bf16(total);
+              atomicAdd(&sHist[r * 256 + (topk_key16(bits) >> 8)], 1u);
+            }
+            a.scores[(ta + r) * a.lds + e] = bits;
+          }
+        }
+      }
+    }
+    if (a.hist) {
+      __syncthreads();
+      for (int i = tid; i < nr * 256; i += kThreads)
+        if (sHist[i]) atomicAdd(&a.hist[(ta + i / 256) * 256 + i % 256], sHist[i]);
+    }
+    s0 = s1;
+  }
+  kernels::cuda::pdl_trigger();
+}
+
+__global__ void scale_round_kernel(ScaleRoundArgs a) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < a.n) a.x[i] = num::round_bf16(a.x[i] * a.scale);
+}
+
+template <int D, int MT>
+void launch(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
+  constexpr size_t smem = Layout<D>::kBytes;
+  auto k = indexer_kernel<D, MT>;
+  kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
+  const unsigned groups = static_cast<unsigned>((a.rows + R - 1) / R);
+  kernels::cuda::launch_pdl(k, dim3(grid_x, groups), dim3(kThreads), smem, s, a, R);
+}
+
+template <int D>
+void launch_d(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
+  if (R > 1) {
+    launch<D, 8>(a, s, grid_x, R);
+    return;
+  }
+  switch ((a.heads + 15) / 16) {
+    case 1: launch<D, 1>(a, s, grid_x, 1); break;
+    case 2: launch<D, 2>(a, s, grid_x, 1); break;
+    case 3: launch<D, 3>(a, s, grid_x, 1); break;
+    default: launch<D, 4>(a, s, grid_x, 1); break;
+  }
+}
+
+}  // namespace
+
+bool indexer_supports(int heads, int dim) { return heads >= 1 && heads <= kMaxHeads && (dim == 64 || dim == 128); }
+
+void indexer_scores_paged(const IndexerArgs& a, cudaStream_t s) {
+  if (a.rows == 0) return;
+  TANDEM_CHECK_MSG(indexer_supports(a.heads, a.dim), "indexer: 1..64 heads of dim 64 or 128");
+  TANDEM_CHECK_MSG(a.key.dim == a.dim && a.key.bytes == a.dim / 2 + a.dim / 32, "indexer: key layout");
+  TANDEM_CHECK_MSG(a.lds >= a.n_cols && a.lds % 8 == 0, "indexer: score row stride");
+  TANDEM_CHECK_MSG(a.rows <= 65535, "indexer launched for more than 65535 rows (chunk the call)");
+  int sms = a.sm_count;
+  if (sms <= 0) {
+    int dev = 0;
+    TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  // Rows per block: up to 4 of one sequence share its key tiles (at most 128 query rows) in steps
+  // of 32 rows or more (prefill chunks, verify batches); smaller steps take one row per block. A
+  // request for more than fits (rows_per_block 4 with 64 heads: 256 query rows) is clamped to what
+  // fits, at least 2 for any supported head count: R changes no bit of the result.
+  const int fit = std::min(kMaxRows, kMaxM / a.heads);
+  const int asked = a.rows_per_block > 0
+                        ? a.rows_per_block
+                        : (a.rows >= 32 ? std::min(kMaxRows, kMaxM / (16 * ((a.heads + 15) / 16))) : 1);
+  const int R = std::clamp(asked, 1, fit);
+  // Blocks per row group: enough for about eight per multiprocessor over the step (each loads its
+  // queries once), never more than the tiles.
+  const int64_t groups = (a.rows + R - 1) / R;
+  const int64_t ntiles = std::max<int64_t>(1, (a.n_cols + kTile - 1) / kTile);
+  const int64_t want = std::max<int64_t>(1, (8 * static_cast<int64_t>(sms) + groups - 1) / groups);
+  const unsigned grid_x = static_cast<unsigned>(std::min(ntiles, want));
+  if (a.dim == 64)
+    launch_d<64>(a, s, grid_x, R);
+  else
+    launch_d<128>(a, s, grid_x, R);
+}
+
+void scale_round(const ScaleRoundArgs& a, cudaStream_t s) {
+  if (a.n == 0) return;
+  scale_round_kernel<<<ceil_div(a.n, 256), 256, 0, s>>>(a);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace tandem::cuda_model

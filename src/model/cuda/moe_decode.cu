@@ -1,0 +1,761 @@
+// The decode-size MoE sub-block (see moe_decode.h) in three kernels (the first in
+// moe_decode_route.cu, the experts and the buffers here), each a persistent grid of at
+// most one CTA per SM streaming weights through per-warp cp.async rings (the decode GEMV's design,
+// kernels/cuda/decode_gemm_body.cuh), launched with programmatic dependent launch:
+//  1. gate + route: the decode GEMV on the bf16 gate; the last CTA to finish (an arrival counter)
+//     routes every token and groups the (token, expert) pairs by distinct expert, ascending.
+//  2. experts up: items are (job, 32-row chunk, 16-column tile) with job 0 the shared expert (FP8,
+//     known before the grid-dependency wait, so its weights are prefetched during kernel 1) and then
+//     each active routed expert (MXFP4). A CTA item is a tile's w1 and w3 x their k units, 8 warps;
+//     the units meet in shared memory (added in unit order), then SwiGLU, and the last tile of each
+//     128-column block to finish (a counter) quantizes the block's rows (act_quant, bit for bit).
+//  3. experts down: the same over w2 (items of 8 / units tiles x units); the last item to finish on
+//     a 16-column tile (a counter per tile) combines every token on those columns: routed outputs
+//     in ascending expert id, plus the shared expert, rounded to bf16.
+// The counters are zero between calls (the last arriver resets its own), so a captured graph
+// replays them as they are.
+//
+// Routed experts (MXFP4, per-32 E8M0 scales): each lane reads a quarter (4 bytes, 8 values) of
+// every 32-value group of its row from the ring (rows padded to 80 bytes: conflict-free), so the 16
+// k-slots of an mma all share one weight scale; e2m1 becomes e4m3 by moving bits (value * 2^-6)
+// and f16 by the hardware conversion; two f16 mmas per group go into a zeroed block accumulator,
+// added with the scale product (exact power of two) into the fp32 total. The shared expert (FP8)
+// runs the dense decode GEMV's scheme: f16 mma on codes, the accumulator rescaled by an exact power
+// of two between 128-k blocks.
+#include "model/cuda/moe_decode.h"
+
+#include "kernels/cuda/decode_mma.cuh"
+#include "kernels/cuda/device.cuh"
+#include "model/cuda/moe_decode_internal.h"
+
+namespace tandem::cuda_model {
+
+using kernels::WeightFormat;
+using kernels::WeightRef;
+namespace mma = kernels::cuda::mma;
+using namespace moe_internal;  // NOLINT: this file's half of the decode MoE
+
+namespace {
+
+__device__ __forceinline__ uint32_t word4(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// Byte offset of 16-byte chunk c (a 32-value group) of row r in an MXFP4 stage with `cpr` chunks
+// per row (8 for 256 k, 4 for 128 k). Lanes (g, t) read chunk j of rows nt * 8 + g at t * 4: the
+// swizzle spreads the 8 rows g over distinct bank groups.
+__device__ __forceinline__ int mx_chunk(int r, int c, int cpr) {
+  const int phys = cpr == 8 ? (c ^ (r & 7)) : (c ^ ((r >> 1) & 3));
+  return r * cpr * 16 + phys * 16;
+}
+
+// ---------------------------------------------------------------- 2, 3. experts
+struct ExpertArgs {
+  const uint8_t* a_codes;     // activation codes [rows, k] (up: x codes by token; down: act codes)
+  const uint8_t* a_scales;    // [rows, k / 128]
+  int64_t k;                  // columns (up: dim, down: inter)
+  int64_t n;                  // output columns per expert matrix (up: inter, down: dim)
+  int64_t tokens;
+  const int32_t* active;      // route output (count, experts, offsets)
+  int max_active;
+  const int32_t* pair_token;
+  const float* pair_weight;
+  WeightRef r0, r1;           // routed MXFP4, local experts concatenated (up: w1, w3; down: w2, -)
+  WeightRef s0, s1;           // shared FP8 (up: w1, w3; down: w2, -)
+  int has_shared;
+  int64_t shared_arow0;       // activation row of the shared job's row 0
+  float* out;                 // up: act [., n]; down: pair_out [., n]
+  int64_t ldo;
+  int64_t shared_orow0;       // up: act row of the shared job's row 0
+  float* shared_out;          // down: [tokens, n]
+  float limit;
+  int units, tpi, ring;       // k units per matrix, tiles per item, ring stages per warp
+  int mx_k;                   // k of an MXFP4 stage: 256, or 128 when a unit is not a multiple of 256
+  int64_t ipc;                // items per job-chunk (tiles / tpi)
+  int64_t chunks_shared;      // 32-row chunks of the shared job (0 without it)
+  int64_t chunks_max;         // chunk dimension of the quantization counters
+  // up: act_quant of the SwiGLU rows (last tile of each 128-column block)
+  uint8_t* act_codes;
+  uint8_t* act_scales;
+  int32_t* qcnt;              // [(1 + max_active) * chunks_max * (n / 128)]
+  // down: combine (last item of each 16-column tile)
+  const int32_t* combine_order;  // [tokens, topk] pairs by ascending expert id, -1: another rank's
+  int topk;
+  float* y;                   // [tokens, n]
+  int routed_only;
+  int32_t* ccnt;              // [n / 16]
+};
+
+// Where a warp's weight stream is: item w (>= total: done), stage st, the item's job (0 = shared
+// when present) and stages per unit. `ok` false: past the end, or (before the grid-dependency
+// wait) an item whose job the routing has not decided yet.
+// An item's matrix, chunk and this warp's tile (decoded once per item).
+struct Ctx {
+  bool shared;
+  int32_t chunk, tile, off, nrows;  // off: the routed job's first pair; nrows: rows in the chunk
+  int32_t expert;                   // the routed job's local expert
+};
+struct Cur {
+  int64_t w;
+  int st, job, nst;
+  bool ok;
+  Ctx x;
+};
+
+template <bool UP, int MT>
+__global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_constant__ ExpertArgs a) {
+  constexpr int NM = UP ? 2 : 1;   // matrices per item (up: w1 and w3)
+  constexpr int kPer = MT * 2 * 4; // accumulators per lane
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int s_pre[kMaxJobs + 1];  // job-chunk prefix over the jobs
+  __shared__ int s_jobs;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int S = a.ring, U = a.units;
+  const int tl = warp / (NM * U), mm = (warp / U) % NM, unit = warp % U;  // role in an item
+  uint8_t* ring = smem + static_cast<size_t>(warp) * S * kSlotBytes;
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(kWarps) * S * kSlotBytes);
+  const int64_t ku = a.k / U;
+  const int nst_fp8 = static_cast<int>(ku / 128), nst_mx = static_cast<int>(ku / a.mx_k);  // stages per unit
+  const int cpr = a.mx_k / 32;  // MXFP4 chunks (groups) per stage row
+  int64_t total = 0;
+  bool routed_known = false;
+
+  auto context = [&](const Cur& c) {
+    Ctx x;
+    const int64_t jc = c.w / a.ipc;
+    x.shared = a.has_shared && c.job == 0;
+    x.chunk = static_cast<int32_t>(jc - (routed_known ? s_pre[c.job] : 0));
+    x.tile = static_cast<int32_t>((c.w - jc * a.ipc) * a.tpi + tl);
+    x.off = 0;
+    x.expert = 0;
+    int64_t rows = a.tokens;
+    if (!x.shared) {
+      const int r = c.job - a.has_shared;
+      x.expert = a.active[1 + r];
+      x.off = a.active[1 + a.max_active + r];
+      rows = a.active[1 + a.max_active + r + 1] - x.off;
+    }
+    const int64_t left = rows - static_cast<int64_t>(x.chunk) * kChunk;
+    x.nrows = static_cast<int32_t>(left < kChunk ? left : kChunk);
+    return x;
+  };
+  auto locate = [&](Cur& c, int64_t w) {
+    c.w = w;
+    c.st = 0;
+    const int64_t jc = w / a.ipc;
+    if (!routed_known) {  // before the wait: only the shared expert's items are known
+      c.ok = jc < a.chunks_shared;
+      c.job = 0;
+      c.nst = nst_fp8;
+      if (c.ok) c.x = context(c);
+      return;
+    }
+    c.ok = w < total;
+    if (!c.ok) return;
+    int lo = 0, hi = s_jobs;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (s_pre[mid] <= jc) lo = mid;
+      else hi = mid;
+    }
+    c.job = lo;
+    c.nst = a.has_shared && lo == 0 ? nst_fp8 : nst_mx;
+    c.x = context(c);
+  };
+  auto next = [&](Cur& c) {
+    if (++c.st == c.nst) locate(c, c.w + gridDim.x);
+  };
+  auto load = [&](const Cur& c, uint8_t* slot) {
+    const Ctx& x = c.x;
+    const int64_t row0 = static_cast<int64_t>(x.tile) * kRows;
+    if (x.shared) {
+      const WeightRef& w = mm == 0 ? a.s0 : a.s1;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const int nt = p >> 1, h = p & 1;
+        const uint8_t* src = static_cast<const uint8_t*>(w.data) + (row0 + nt * 8 + g) * a.k + unit * ku +
+                             static_cast<int64_t>(c.st) * 128 + h * 64 + t * 16;
+        mma::cp_async16(slot + p * 512 + lane * 16, src);
+      }
+    } else {
+      const WeightRef& w = mm == 0 ? a.r0 : a.r1;
+      const int64_t rowb = a.k / 2, srow = a.k / 32;
+      const int64_t wrow0 = static_cast<int64_t>(x.expert) * a.n;  // the expert's first weight row
+      const uint8_t* base = static_cast<const uint8_t*>(w.data) + (wrow0 + row0) * rowb + unit * ku / 2 +
+                            static_cast<int64_t>(c.st) * (a.mx_k / 2);
+      for (int i = lane; i < kRows * cpr; i += 32) {  // 2 or 4 chunks per lane
+        const int r = i / cpr, ch = i % cpr;
+        mma::cp_async16(slot + mx_chunk(r, ch, cpr), base + r * rowb + ch * 16);
+      }
+      if (lane < kRows) {
+        const uint8_t* src = w.scale + (wrow0 + row0 + lane) * srow + unit * ku / 32 + c.st * cpr;
+        if (cpr == 8) mma::cp_async8(slot + kMxDataBytes + lane * 8, src);
+        else mma::cp_async4(slot + kMxDataBytes + lane * 8, src);
+      }
+    }
+  };
+
+  // Prologue: the shared expert's first stages before the dependency wait (its weights are known).
+  Cur prod, cons;
+  locate(prod, blockIdx.x);
+  int loaded = 0;
+  while (loaded < S && prod.ok) {
+    load(prod, ring + loaded * kSlotBytes);
+    mma::cp_async_commit();
+    next(prod);
+    ++loaded;
+  }
+  kc::pdl_trigger();
+  kc::pdl_wait();
+
+  // The jobs: the shared expert (if any), then the active routed experts; their 32-row chunks.
+  if (warp == 0) {
+    const int nact = a.active[0];
+    const int J = a.has_shared + nact;
+    int base = 0;
+    for (int j0 = 0; j0 < J; j0 += 32) {
+      const int j = j0 + lane;
+      int c = 0;
+      if (j < J) {
+        int64_t rows = a.tokens;
+        if (!(a.has_shared && j == 0)) {
+          const int r = j - a.has_shared;
+          rows = a.active[1 + a.max_active + r + 1] - a.active[1 + a.max_active + r];
+        }
+        c = static_cast<int>(chunks_of(rows));
+      }
+      int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (j < J) s_pre[j] = base + incl - c;
+      base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) {
+      s_pre[J] = base;
+      s_jobs = J;
+    }
+  }
+  __syncthreads();
+  routed_known = true;
+  total = static_cast<int64_t>(s_pre[s_jobs]) * a.ipc;
+  if (!UP && s_pre[s_jobs] == 0) {
+    // No local expert was chosen and there is no shared expert: the routed sum is zero.
+    if (blockIdx.x == 0)
+      for (int64_t i = threadIdx.x; i < a.tokens * a.n; i += blockDim.x) a.y[i] = 0.0f;
+  }
+  if (!prod.ok) locate(prod, prod.w);  // stopped at a routed item (st 0) before the wait
+  for (; loaded < S; ++loaded) {
+    if (prod.ok) {
+      load(prod, ring + loaded * kSlotBytes);
+      next(prod);
+    }
+    mma::cp_async_commit();
+  }
+
+  float acc[MT][2][4];
+  int prev_e[MT][2];
+  bool nan_scale = false;
+  int last_ew = 0;
+  auto reset = [&] {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      prev_e[mt][0] = prev_e[mt][1] = 0;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+    }
+    nan_scale = false;
+  };
+  reset();
+
+  Ctx x{};
+  int mt_act = 0;
+  int32_t arow[MT][2];  // activation rows of this lane's A rows g and g + 8 (clamped to the chunk)
+  const uint8_t* wsc = nullptr;
+  const int64_t kb0 = unit * ku / 128;   // the unit's first 128-k block
+  const int64_t ld_as = a.k / 128;
+  locate(cons, blockIdx.x);
+  int slot_i = 0;
+  while (cons.ok) {
+    if (cons.st == 0) {
+      x = cons.x;
+      mt_act = static_cast<int>((x.nrows + 15) / 16);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int64_t j0 = mt * 16 + g + hh * 8, j = j0 < x.nrows ? j0 : x.nrows - 1;
+          const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
+          int64_t r;
+          if (x.shared) r = UP ? jr : a.shared_arow0 + jr;
+          else r = UP ? a.pair_token[x.off + jr] : x.off + jr;
+          arow[mt][hh] = static_cast<int32_t>(r);
+        }
+      if (x.shared) {
+        const WeightRef& w = mm == 0 ? a.s0 : a.s1;
+        const int64_t sld = w.scale_ld > 0 ? w.scale_ld : (a.k + 127) / 128;
+        wsc = w.scale + (static_cast<int64_t>(x.tile) * kRows / 128) * sld + kb0;
+      }
+    }
+    mma::cp_async_wait(S - 1);
+    __syncwarp();  // MXFP4 pieces were copied by other lanes of the warp
+    const uint8_t* slot = ring + slot_i * kSlotBytes;
+    const int st = cons.st;
+    if (x.shared) {
+      // ---- FP8 shared expert: as the dense decode GEMV on act_quant codes ----
+      const int ew = wsc[st];
+      nan_scale |= ew == 255;
+      last_ew = ew;
+      const int64_t kb = kb0 + st;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (mt >= mt_act) break;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int e = ew + a.a_scales[static_cast<int64_t>(arow[mt][hh]) * ld_as + kb];
+          if (st > 0) {
+            const float r = mma::exp2i(prev_e[mt][hh] - e);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              acc[mt][nt][2 * hh] *= r;
+              acc[mt][nt][2 * hh + 1] *= r;
+            }
+          }
+          prev_e[mt][hh] = e;
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint4 b[2];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) b[nt] = mma::lds128(slot + (nt * 2 + h) * 512 + lane * 16);
+        const int64_t kl = unit * ku + static_cast<int64_t>(st) * 128 + h * 64 + t * 16;
+        uint4 c[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if (mt >= mt_act) break;
+          c[mt][0] = mma::ld_act16(a.a_codes + static_cast<int64_t>(arow[mt][0]) * a.k + kl);
+          c[mt][1] = mma::ld_act16(a.a_codes + static_cast<int64_t>(arow[mt][1]) * a.k + kl);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t bf[2][2];
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const uint32_t w4 = word4(b[nt], j);
+            bf[nt][0] = mma::e4m3x2_to_f16x2(w4);
+            bf[nt][1] = mma::e4m3x2_to_f16x2(w4 >> 16);
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if (mt >= mt_act) break;
+            const uint32_t w0 = word4(c[mt][0], j), w1 = word4(c[mt][1], j);
+            const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), mma::e4m3x2_to_f16x2(w1),
+                                    mma::e4m3x2_to_f16x2(w0 >> 16), mma::e4m3x2_to_f16x2(w1 >> 16)};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) mma::mma_f16(acc[mt][nt], af, bf[nt][0], bf[nt][1]);
+          }
+        }
+      }
+    } else {
+      // ---- MXFP4 routed expert: groups of 32 k, one weight scale per mma ----
+      uint2 sc[2][2];  // E8M0 of the stage's groups, C columns 2t and 2t + 1 of each n8 tile
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) sc[nt][q] = mma::lds64(slot + kMxDataBytes + (nt * 8 + 2 * t + q) * 8);
+      for (int sb = 0; sb < cpr / 4; ++sb) {  // 128-k blocks of the stage: one activation scale each
+        const int64_t kb = kb0 + (static_cast<int64_t>(st) * a.mx_k + sb * 128) / 128;
+        float ftok[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+            ftok[mt][hh] = mt < mt_act ? mma::exp2i(static_cast<int>(
+                                             a.a_scales[static_cast<int64_t>(arow[mt][hh]) * ld_as + kb]) - 127)
+                                       : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int jj = sb * 4 + j;  // group within the stage
+          uint32_t bf[2][4];
+          float frow[2][2];
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            uint32_t lo, hi;
+            mma::e2m1x8_to_e4m3x8(mma::lds32(slot + mx_chunk(nt * 8 + g, jj, cpr) + t * 4), lo, hi);
+            bf[nt][0] = mma::e4m3x2_to_f16x2(lo);
+            bf[nt][1] = mma::e4m3x2_to_f16x2(lo >> 16);
+            bf[nt][2] = mma::e4m3x2_to_f16x2(hi);
+            bf[nt][3] = mma::e4m3x2_to_f16x2(hi >> 16);
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              const uint32_t word = jj < 4 ? sc[nt][q].x : sc[nt][q].y;
+              const int ew = (word >> (8 * (jj & 3))) & 0xff;  // weight values carry 2^-6
+              frow[nt][q] = ew == 255 ? __int_as_float(0x7fc00000) : mma::exp2i(ew - 127 + 6);
+            }
+          }
+          const int64_t kl = unit * ku + static_cast<int64_t>(st) * a.mx_k + jj * 32 + t * 8;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if (mt >= mt_act) break;
+            const uint2 c0 = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[mt][0]) * a.k + kl);
+            const uint2 c1 = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[mt][1]) * a.k + kl);
+            const uint32_t a0[4] = {mma::e4m3x2_to_f16x2(c0.x), mma::e4m3x2_to_f16x2(c1.x),
+                                    mma::e4m3x2_to_f16x2(c0.x >> 16), mma::e4m3x2_to_f16x2(c1.x >> 16)};
+            const uint32_t a1[4] = {mma::e4m3x2_to_f16x2(c0.y), mma::e4m3x2_to_f16x2(c1.y),
+                                    mma::e4m3x2_to_f16x2(c0.y >> 16), mma::e4m3x2_to_f16x2(c1.y >> 16)};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma::mma_f16(blk, a0, bf[nt][0], bf[nt][1]);
+              mma::mma_f16(blk, a1, bf[nt][2], bf[nt][3]);
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                acc[mt][nt][i] = fmaf(blk[i], frow[nt][i & 1] * ftok[mt][i >> 1], acc[mt][nt][i]);
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with the slot before any lane refills it
+    if (prod.ok) {
+      load(prod, ring + slot_i * kSlotBytes);
+      next(prod);
+    }
+    mma::cp_async_commit();
+    slot_i = slot_i + 1 == S ? 0 : slot_i + 1;
+
+    if (st == cons.nst - 1) {
+      // ---- end of the unit: FP8 back to real units, units (and w1/w3) through shared memory ----
+      if (x.shared) {
+        const float sw = mma::exp2i(last_ew - 127);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const float sx = mt < mt_act ? mma::exp2i(prev_e[mt][hh] - last_ew - 127) : 1.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int q = 0; q < 2; ++q) {
+                float& v = acc[mt][nt][2 * hh + q];
+                v = nan_scale ? __int_as_float(0x7fc00000) : (v * sw) * sx;
+              }
+          }
+      }
+      const bool lead = mm == 0 && unit == 0;  // the tile's warp that sums and stores
+      const bool reduce = NM > 1 || U > 1;     // uniform over the CTA
+      // Partials of warp (tl, m2, u) for this lane, in red.
+      auto part = [&](int m2, int u, int mt, int nt, int i) {
+        return red[(static_cast<int64_t>((tl * NM + m2) * U + u) * kPer + (mt * 2 + nt) * 4 + i) * 32 + lane];
+      };
+      if (reduce) {
+        if (!lead) {
+          float* dst = red + static_cast<int64_t>(warp) * kPer * 32;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) dst[((mt * 2 + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i];
+        }
+        __syncthreads();
+        if (lead)  // w1 (down: w2): the units in order
+          for (int u = 1; u < U; ++u)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[mt][nt][i] = kc::add_rn(acc[mt][nt][i], part(0, u, mt, nt, i));
+      }
+      if (lead) {
+        const int64_t row0 = static_cast<int64_t>(x.tile) * kRows;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int64_t j = mt * 16 + g + (i >= 2 ? 8 : 0);  // row within the chunk
+              if (j >= x.nrows) continue;
+              const int64_t col = row0 + nt * 8 + 2 * t + (i & 1);
+              const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
+              if constexpr (UP) {
+                // The linears' bf16 outputs, then SwiGLU exactly as the swiglu op (and the routing weight).
+                float u3 = part(NM - 1, 0, mt, nt, i);  // w3: its units in order
+                for (int u = 1; u < U; ++u) u3 = kc::add_rn(u3, part(NM - 1, u, mt, nt, i));
+                float gv = kc::round_bf16(acc[mt][nt][i]), uv = kc::round_bf16(u3);
+                if (a.limit > 0.0f) {
+                  uv = kc::clamp_std(uv, -a.limit, a.limit);
+                  gv = kc::min_std(gv, a.limit);
+                }
+                float v = kc::mul_rn(kc::div_rn(gv, kc::add_rn(1.0f, expf(-gv))), uv);
+                int64_t orow;
+                if (x.shared) {
+                  orow = a.shared_orow0 + jr;
+                } else {
+                  orow = x.off + jr;
+                  v = kc::mul_rn(a.pair_weight[orow], v);
+                }
+                a.out[orow * a.ldo + col] = kc::round_bf16(v);
+              } else {
+                const float v = kc::round_bf16(acc[mt][nt][i]);
+                if (x.shared) a.shared_out[jr * a.ldo + col] = v;
+                else a.out[(x.off + jr) * a.ldo + col] = v;
+              }
+            }
+        // Arrival of this tile: stores ordered before the counter (every lane fences its own).
+        __threadfence();
+        __syncwarp();
+        if constexpr (UP) {
+          // The last of the 8 tiles of a 128-column block quantizes the chunk's rows of the block
+          // (act_quant, as decode_act_pack): amax over the block, E8M0 scale, e4m3 codes.
+          const int64_t blk = x.tile / 8, nb = a.n / 128;
+          int32_t* cnt = a.qcnt + (static_cast<int64_t>(cons.job) * a.chunks_max + x.chunk) * nb + blk;
+          int old = 0;
+          if (lane == 0) old = atomicAdd(cnt, 1);
+          old = __shfl_sync(0xffffffffu, old, 0);
+          if (old == 7) {
+            __threadfence();
+            for (int64_t j = 0; j < x.nrows; ++j) {
+              const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
+              const int64_t orow = x.shared ? a.shared_orow0 + jr : x.off + jr;
+              const float* src = a.out + orow * a.ldo + blk * 128;
+              float v[4];
+              float amax = 0.0f;
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                v[q] = mma::ld_cg(src + lane + 32 * q);
+                const float av = fabsf(v[q]);
+                amax = av > amax ? av : amax;  // NaN compares false: ignored, as the act_quant op
+              }
+              amax = kc::warp_max(amax);
+              const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
+              const float scl = num::pow2_int(e);
+              if (lane == 0) a.act_scales[orow * nb + blk] = num::e8m0_from_exponent(e);
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                const float qv = kc::clamp_std(kc::div_rn(v[q], scl), -num::kE4m3Max, num::kE4m3Max);
+                a.act_codes[orow * a.n + blk * 128 + lane + 32 * q] = num::f32_to_e4m3(kc::is_nan(v[q]) ? v[q] : qv);
+              }
+            }
+            if (lane == 0) *cnt = 0;
+          }
+        } else {
+          // The last (job, chunk) to finish this 16-column tile combines every token on it.
+          int32_t* cnt = a.ccnt + x.tile;
+          int old = 0;
+          if (lane == 0) old = atomicAdd(cnt, 1);
+          old = __shfl_sync(0xffffffffu, old, 0);
+          if (old == s_pre[s_jobs] - 1) {
+            __threadfence();
+            const int K = a.topk;
+            for (int64_t t0 = 0; t0 < a.tokens; t0 += 2) {
+              const int64_t tt = t0 + (lane >> 4);
+              const int64_t col = row0 + (lane & 15);
+              if (tt >= a.tokens) continue;
+              // The token's routed outputs in ascending expert id (the routing's combine order),
+              // loads first, then the adds in order; then the shared expert.
+              int32_t pos[kMaxTopk];
+              float val[kMaxTopk];
+#pragma unroll
+              for (int q = 0; q < kMaxTopk; ++q) pos[q] = q < K ? a.combine_order[tt * K + q] : -1;
+#pragma unroll
+              for (int q = 0; q < kMaxTopk; ++q) val[q] = pos[q] >= 0 ? mma::ld_cg(a.out + pos[q] * a.ldo + col) : 0.0f;
+              float sum = 0.0f;
+#pragma unroll
+              for (int q = 0; q < kMaxTopk; ++q)
+                if (pos[q] >= 0) sum = kc::add_rn(sum, val[q]);
+              a.y[tt * a.ldo + col] =
+                  a.routed_only ? sum : kc::round_bf16(kc::add_rn(sum, mma::ld_cg(a.shared_out + tt * a.ldo + col)));
+            }
+            if (lane == 0) *cnt = 0;
+          }
+        }
+      }
+      if (reduce) __syncthreads();  // red is read above (w3) and written again at the next item's end
+      reset();
+    }
+    next(cons);
+  }
+  mma::cp_async_wait(0);
+}
+
+template <bool UP, int MT>
+void launch_experts(const ExpertArgs& ea, int64_t grid, bool pdl, cudaStream_t s) {
+  auto* kern = expert_kernel<UP, MT>;
+  static std::atomic<bool> attr{false};
+  allow_smem(reinterpret_cast<const void*>(kern), attr);
+  const size_t smem = static_cast<size_t>(kWarps) * ea.ring * kSlotBytes + static_cast<size_t>(kWarps) * MT * 8 * 32 * 4;
+  launch(kern, dim3(static_cast<unsigned>(grid)), smem, pdl, s, ea);
+}
+
+template <bool UP>
+void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
+  const MoeDecodeDims& d = a.dims;
+  ExpertArgs ea{};
+  ea.k = UP ? d.dim : d.inter;
+  ea.n = UP ? d.inter : d.dim;
+  ea.tokens = a.tokens;
+  ea.a_codes = UP ? a.x_codes : a.buf.act_codes;
+  ea.a_scales = UP ? a.x_scales : a.buf.act_scales;
+  ea.active = a.buf.active;
+  ea.max_active = static_cast<int>(max_active_of(d, d.max_tokens));
+  ea.pair_token = a.buf.pair_token;
+  ea.pair_weight = a.buf.pair_weight;
+  ea.r0 = UP ? a.w1 : a.w2;
+  ea.r1 = UP ? a.w3 : a.w2;
+  ea.has_shared = a.sh_w1.data != nullptr;
+  ea.s0 = UP ? a.sh_w1 : a.sh_w2;
+  ea.s1 = UP ? a.sh_w3 : a.sh_w2;
+  ea.shared_arow0 = UP ? 0 : a.tokens * d.topk;
+  ea.shared_orow0 = a.tokens * d.topk;
+  ea.out = UP ? a.buf.act : a.buf.pair_out;
+  ea.ldo = ea.n;
+  ea.shared_out = a.buf.shared_out;
+  ea.limit = a.swiglu_limit;
+  ea.units = units_of(ea.k);
+  ea.mx_k = (ea.k / ea.units) % 256 == 0 ? 256 : 128;
+  const int nm = UP ? 2 : 1;
+  ea.tpi = kWarps / (nm * ea.units);
+  ea.ipc = ea.n / kRows / ea.tpi;
+  ea.chunks_shared = ea.has_shared ? chunks_of(a.tokens) : 0;
+  ea.chunks_max = chunks_of(d.max_tokens);
+  ea.act_codes = a.buf.act_codes;
+  ea.act_scales = a.buf.act_scales;
+  ea.qcnt = a.buf.counters + quant0_of(d);
+  ea.combine_order = a.buf.combine_order;
+  ea.topk = d.topk;
+  ea.y = a.y;
+  ea.routed_only = a.routed_only;
+  ea.ccnt = a.buf.counters + kCombine0;
+  const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
+  // Ring: as deep as half an SM's shared memory allows beside the reduction buffer and the job table.
+  const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
+  const int64_t red = static_cast<int64_t>(kWarps) * mt * 8 * 32 * 4;
+  const int64_t fixed = red + static_cast<int64_t>(sizeof(int)) * (kMaxJobs + 2);
+  int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
+  ring = std::clamp(ring, kMinRing, kMaxRing);
+  while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
+  TANDEM_CHECK_MSG(kWarps * ring * kSlotBytes + fixed <= lim.smem_per_block, "moe_decode: shared memory of the device");
+  ea.ring = ring;
+  // Items: at most (shared chunks + every routed job's chunks) x items per chunk; routed jobs
+  // have one chunk each plus one per 32 of their pairs.
+  const int64_t slots = std::min<int64_t>({max_active_of(d, a.tokens), a.expert_count, ea.max_active});
+  const int64_t upper = ea.ipc * (ea.chunks_shared + slots + chunks_of(a.tokens * d.topk));
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, lim.sms));
+  if (mt == 1) launch_experts<UP, 1>(ea, grid, a.pdl, s);
+  else launch_experts<UP, 2>(ea, grid, a.pdl, s);
+}
+
+bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
+
+bool mxfp4_ok(const WeightRef& w, int64_t n, int64_t k) {
+  return w.format == WeightFormat::kMxfp4 && w.data && w.scale && w.k == k && w.n >= n && k % 128 == 0 &&
+         aligned(w.data, 16) && aligned(w.scale, 8);
+}
+bool fp8_ok(const WeightRef& w, int64_t n, int64_t k) {
+  return w.format == WeightFormat::kFp8Block && w.data && w.scale && w.k == k && w.n == n && k % 128 == 0 &&
+         aligned(w.data, 16);
+}
+
+}  // namespace
+
+size_t moe_decode_data_bytes(const MoeDecodeDims& d) {
+  const int64_t T = d.max_tokens, K = d.topk, E = d.n_experts, I = d.inter, D = d.dim;
+  const int64_t A = max_active_of(d, T), P = T * K, R = P + T;
+  size_t b = 0;
+  b += align256(sizeof(float) * T * E);                 // gate_logits
+  b += align256(sizeof(int32_t) * P);                   // expert_ids
+  b += align256(sizeof(float) * P);                     // weights
+  b += align256(sizeof(int32_t) * (2 * A + 2));         // active
+  b += align256(sizeof(int32_t) * P);                   // pair_token
+  b += align256(sizeof(float) * P);                     // pair_weight
+  b += align256(sizeof(int32_t) * P);                   // token_pair
+  b += align256(sizeof(int32_t) * P);                   // combine_order
+  b += align256(sizeof(float) * R * I);                 // act
+  b += align256(static_cast<size_t>(R * I));            // act_codes
+  b += align256(static_cast<size_t>(R * (I / 128)));    // act_scales
+  b += align256(sizeof(float) * P * D);                 // pair_out
+  b += align256(sizeof(float) * T * D);                 // shared_out
+  return b;
+}
+
+size_t moe_decode_bytes(const MoeDecodeDims& d) {
+  return moe_decode_data_bytes(d) + align256(sizeof(int32_t) * counter_count(d));
+}
+
+MoeDecodeBuffers moe_decode_carve(const MoeDecodeDims& d, void* base) {
+  const int64_t T = d.max_tokens, K = d.topk, E = d.n_experts, I = d.inter, D = d.dim;
+  const int64_t A = max_active_of(d, T), P = T * K, R = P + T;
+  uint8_t* p = static_cast<uint8_t*>(base);
+  auto take = [&](size_t bytes) {
+    uint8_t* at = p;
+    p += align256(bytes);
+    return at;
+  };
+  MoeDecodeBuffers b;
+  b.gate_logits = reinterpret_cast<float*>(take(sizeof(float) * T * E));
+  b.expert_ids = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * P));
+  b.weights = reinterpret_cast<float*>(take(sizeof(float) * P));
+  b.active = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (2 * A + 2)));
+  b.pair_token = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * P));
+  b.pair_weight = reinterpret_cast<float*>(take(sizeof(float) * P));
+  b.token_pair = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * P));
+  b.combine_order = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * P));
+  b.act = reinterpret_cast<float*>(take(sizeof(float) * R * I));
+  b.act_codes = take(static_cast<size_t>(R * I));
+  b.act_scales = take(static_cast<size_t>(R * (I / 128)));
+  b.pair_out = reinterpret_cast<float*>(take(sizeof(float) * P * D));
+  b.shared_out = reinterpret_cast<float*>(take(sizeof(float) * T * D));
+  b.counters = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * counter_count(d)));
+  return b;
+}
+
+void moe_decode_init(const MoeDecodeDims& d, const MoeDecodeBuffers& b, cudaStream_t s) {
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(b.counters, 0, sizeof(int32_t) * counter_count(d), s));
+}
+
+int moe_decode_units(int64_t k, bool /*up*/) { return units_of(k); }
+
+bool moe_decode_supports(const MoeDecodeArgs& a) {
+  const MoeDecodeDims& d = a.dims;
+  if (d.dim % 128 || d.inter % 128 || d.topk < 1 || d.topk > kMaxTopk || d.n_experts < 1 ||
+      d.n_experts > kc::kMoeGateMaxExperts || d.max_tokens < 1)
+    return false;
+  if (a.gate.format != WeightFormat::kBf16 || a.gate.n != d.n_experts || !kc::decode_gemm_supports(a.gate, false))
+    return false;
+  if (a.expert_count < 1 || a.expert_begin < 0 || a.expert_begin + a.expert_count > d.n_experts) return false;
+  if (!mxfp4_ok(a.w1, a.expert_count * d.inter, d.dim) || !mxfp4_ok(a.w3, a.expert_count * d.inter, d.dim) ||
+      !mxfp4_ok(a.w2, a.expert_count * d.dim, d.inter))
+    return false;
+  if (a.sh_w1.data &&
+      (!fp8_ok(a.sh_w1, d.inter, d.dim) || !fp8_ok(a.sh_w3, d.inter, d.dim) || !fp8_ok(a.sh_w2, d.dim, d.inter)))
+    return false;
+  if (!aligned(a.x_codes, 16) || !aligned(a.buf.act_codes, 16)) return false;
+  // The routing CTA's scratch (one float per expert per warp) fits one block's shared memory.
+  if (route_smem(d.n_experts, a.expert_count) > static_cast<size_t>(kc::decode_launch_limits().smem_per_block))
+    return false;
+  return true;
+}
+
+void moe_experts_up(const MoeDecodeArgs& a, cudaStream_t s) { run_experts<true>(a, s); }
+void moe_experts_down(const MoeDecodeArgs& a, cudaStream_t s) { run_experts<false>(a, s); }
+
+void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
+  if (a.tokens == 0) return;
+  const MoeDecodeDims& d = a.dims;
+  TANDEM_CHECK_MSG(a.tokens <= d.max_tokens, "moe_decode: more tokens than the buffers were sized for");
+  TANDEM_CHECK_MSG(moe_decode_supports(a), "moe_decode: unsupported weights");
+  TANDEM_CHECK_MSG(a.sh_w1.data || a.routed_only, "moe_decode: the combine needs the shared expert");
+  moe_gate_route(a, s);
+  moe_experts_up(a, s);
+  moe_experts_down(a, s);
+}
+
+}  // namespace tandem::cuda_model

@@ -1,0 +1,74 @@
+// Shared by the decode MoE's two files (moe_decode.cu: experts, buffers, the whole call;
+// moe_decode_route.cu: the gate + routing kernel): the kernels' geometry, the buffers' counter
+// layout and the launch helpers.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+
+#include "common/check.h"
+#include "kernels/cuda/decode_gemm.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/moe_gate.cuh"
+#include "model/cuda/moe_decode.h"
+
+namespace tandem::cuda_model::moe_internal {
+
+namespace kc = kernels::cuda;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kc::kWarp;
+constexpr int kRows = 16;                  // output columns (weight rows) per warp task
+constexpr int kChunk = 32;                 // job rows per item (2 m16 tiles)
+constexpr int kMaxTopk = 16;
+constexpr int kMaxUnits = 4;
+// One warp's ring slot, one matrix's stage: FP8 128 k x 16 rows (2 KB, lane-private pieces), or
+// MXFP4 256 k (or 128 k when a unit is not a multiple of 256) x 16 rows (up to 2 KB, rows of 16-byte
+// chunks XOR-swizzled so that the per-lane quarter-group reads hit 32 distinct banks) followed by
+// the 16 rows' E8M0 scales (8 bytes a row).
+constexpr int kMxDataBytes = 2048;
+constexpr int kSlotBytes = kMxDataBytes + kRows * 8;
+constexpr int kMaxRing = 6;
+constexpr int kMinRing = 2;
+constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
+constexpr int kCombine0 = 32;              // counters: [0] the gate ticket, [32, 32 + dim/16) combine
+
+inline int64_t max_active_of(const MoeDecodeDims& d, int64_t tokens) {
+  return std::min<int64_t>(d.n_experts, tokens * d.topk);
+}
+__host__ __device__ inline int64_t chunks_of(int64_t rows) { return (rows + kChunk - 1) / kChunk; }
+inline int64_t quant0_of(const MoeDecodeDims& d) { return kCombine0 + d.dim / kRows; }
+inline int64_t counter_count(const MoeDecodeDims& d) {
+  return quant0_of(d) + (1 + max_active_of(d, d.max_tokens)) * chunks_of(d.max_tokens) * (d.inter / 128);
+}
+inline size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+// Largest power of two <= kMaxUnits dividing k / 128 (units are whole FP8 scale blocks and whole
+// MXFP4 stages).
+inline int units_of(int64_t k) {
+  const int64_t blocks = k / 128;
+  int u = 1;
+  while (u < kMaxUnits && blocks % (2 * u) == 0) u *= 2;
+  return u;
+}
+
+size_t route_smem(int n_experts, int expert_count);
+
+template <typename Kernel, typename... Args>
+void launch(Kernel* kern, dim3 grid, size_t smem, bool pdl, cudaStream_t s, Args&&... args) {
+  if (pdl) {
+    kc::launch_pdl(kern, grid, dim3(kThreads), smem, s, std::forward<Args>(args)...);
+  } else {
+    kern<<<grid, kThreads, smem, s>>>(std::forward<Args>(args)...);
+    TANDEM_CUDA_LAUNCH_CHECK();
+  }
+}
+
+// The kernel's dynamic shared memory limit, raised once per kernel (first, eager call).
+inline void allow_smem(const void* kern, std::atomic<bool>& done) {
+  if (done.load()) return;
+  kc::decode_allow_smem(kern);
+  done = true;
+}
+
+}  // namespace tandem::cuda_model::moe_internal
