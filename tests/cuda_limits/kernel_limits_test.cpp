@@ -50,6 +50,20 @@ std::vector<kernels::cuda::SmemBound> all_bounds() {
   return out;
 }
 
+// "name<args>" of a mangled kernel (the name alone when it is no template).
+std::string label(const std::string& mangled) {
+  const std::string name = function_name(mangled), d = demangle(mangled);
+  size_t at = d.find("::" + name + "<");
+  if (at == std::string::npos) return name;
+  at += 2;
+  int depth = 0;
+  for (size_t i = at + name.size(); i < d.size(); ++i) {
+    if (d[i] == '<') ++depth;
+    if (d[i] == '>' && --depth == 0) return d.substr(at, i + 1 - at);
+  }
+  return name;
+}
+
 TEST(KernelLimits, Sm12xSharedMemoryAndTargets) {
   std::vector<int> check;
   for (int sm : built_sms())
@@ -84,7 +98,8 @@ TEST(KernelLimits, Sm12xSharedMemoryAndTargets) {
   // Every kernel whose source declares dynamic shared memory reports its launcher's bound.
   std::vector<std::string> failures = rep.failures;
   for (const SourceKernel& k : kernels_with_dynamic_smem(std::string(TANDEM_SOURCE_DIR) + "/src")) {
-    const bool has = std::any_of(bounds.begin(), bounds.end(), [&](const auto& b) { return b.kernel == k.kernel; });
+    const bool has =
+        std::any_of(bounds.begin(), bounds.end(), [&](const auto& b) { return bound_base(b.kernel) == k.kernel; });
     if (!has)
       failures.push_back(fmt::format("{} ({}) takes dynamic shared memory but reports no bound: add its launcher's "
                                      "largest request to kernels::cuda::dynamic_smem_bounds() or "
@@ -100,16 +115,23 @@ TEST(KernelLimits, Sm12xSharedMemoryAndTargets) {
   std::string table = fmt::format("{:<6} {:>8} {:>8} {:>8} {:>8}  kernel\n", "target", "static", "dynamic", "total",
                                   "limit");
   int small = 0;
+  std::string gated;
   for (const KernelRow& r : rows) {
+    if (!r.not_launched.empty()) {
+      gated += fmt::format("sm_{:<3} {}: {}\n", r.sm, label(r.kernel), r.not_launched);
+      continue;
+    }
     if (r.total() < 4096) {
       ++small;
       continue;
     }
-    table += fmt::format("sm_{:<3} {:>8} {:>8} {:>8} {:>8}  {}\n", r.sm, r.static_smem, r.dynamic_smem, r.total(),
-                         r.limit, function_name(r.kernel));
+    table += fmt::format("sm_{:<3} {:>8} {:>8} {:>8} {:>8}  {}{}\n", r.sm, r.static_smem, r.dynamic_smem, r.total(),
+                         r.limit, label(r.kernel), r.bound.empty() ? "" : "  (" + r.bound + ")");
   }
   std::cout << "shared memory per block (bytes), largest first:\n"
             << table << "(" << small << " more under 4 KiB)\n"
+            << "not launched on these targets (their launchers are gated):\n"
+            << (gated.empty() ? "(none)\n" : gated)
             << scan.cubins.size() << " cubins in " << files.size() << " files; " << rows.size()
             << " (target, kernel) pairs checked against the sm_120/sm_121 limits\n";
 
@@ -176,6 +198,44 @@ TEST(KernelLimits, RulesCatchEachFault) {
   EXPECT_NE(empty.failures[0].find("architecture guard without a portable path"), std::string::npos);
 }
 
+TEST(KernelLimits, GatedLaunchesAndInstantiations) {
+  // void ns::dense_kernel<false, 4, false>(Args) and <true, 4, false>, <false, 2, false>
+  const std::string d2 = "_ZN2ns12dense_kernelILb0ELi2ELb0EEEvNS_4ArgsE";
+  const std::string d4 = "_ZN2ns12dense_kernelILb0ELi4ELb0EEEvNS_4ArgsE";
+  const std::string w4 = "_ZN2ns12dense_kernelILb1ELi4ELb0EEEvNS_4ArgsE";
+  ASSERT_TRUE(bound_matches(d4, "dense_kernel<false, 4, false>"));
+  ASSERT_FALSE(bound_matches(d4, "dense_kernel<false, 2, false>"));
+  ASSERT_TRUE(bound_matches(d4, "dense_kernel"));
+  std::vector<kernels::cuda::SmemBound> bounds = {
+      {"dense_kernel<false, 2, false>", 67584, "2 stages", ""},
+      {"dense_kernel<false, 4, false>", 134144, "4 stages", "", 134144},
+      {"dense_kernel<true, 4, false>", 134144, "4 stages (wgmma)", "", 134144, {90}}};
+  // The 4-stage launches exceed 99 KB but are never made on sm_121; the wgmma one may be trap-only there.
+  auto ok = check_limits({made_up(90, {k(d2, 0), k(d4, 0), k(w4, 0, 8192)}),
+                          made_up(121, {k(d2, 0), k(d4, 0), k(w4, 0, 256)})},
+                         bounds, {121});
+  EXPECT_TRUE(ok.failures.empty()) << ok.failures.front();
+  int gated = 0;
+  for (const auto& r : ok.rows) gated += !r.not_launched.empty();
+  EXPECT_EQ(gated, 2);
+  // On sm_90 (227 KB) the same launches are made and checked.
+  auto on90 = check_limits({made_up(90, {k(d2, 0), k(d4, 100000), k(w4, 0)})}, bounds, {90});
+  ASSERT_EQ(on90.failures.size(), 1u);
+  EXPECT_NE(on90.failures[0].find("234144 B > 232448 B"), std::string::npos) << on90.failures[0];
+  // Without the gate the 4-stage launch fails sm_121.
+  bounds[1].needs_optin = 0;
+  auto over = check_limits({made_up(121, {k(d2, 0), k(d4, 0), k(w4, 0)})}, bounds, {121});
+  ASSERT_EQ(over.failures.size(), 1u);
+  EXPECT_NE(over.failures[0].find("134144 B > 101376 B"), std::string::npos) << over.failures[0];
+  // An instantiation without its own bound, where its siblings have one, fails.
+  const std::string d8 = "_ZN2ns12dense_kernelILb0ELi8ELb0EEEvNS_4ArgsE";
+  bounds[1].needs_optin = 134144;
+  auto missing = check_limits({made_up(121, {k(d2, 0), k(d4, 0), k(w4, 0), k(d8, 0)})}, bounds, {121});
+  ASSERT_EQ(missing.failures.size(), 1u);
+  EXPECT_NE(missing.failures[0].find("an instantiation without a dynamic shared memory bound"), std::string::npos)
+      << missing.failures[0];
+}
+
 TEST(KernelLimits, SourceScanFindsDynamicSharedMemoryKernels) {
   const std::string text =
       "// extern __shared__ in a comment does not count\n"
@@ -198,7 +258,9 @@ TEST(KernelLimits, SourceScanFindsDynamicSharedMemoryKernels) {
 
   // The project's own: the attention kernels are among them.
   const auto ours = kernels_with_dynamic_smem(std::string(TANDEM_SOURCE_DIR) + "/src");
-  EXPECT_TRUE(std::any_of(ours.begin(), ours.end(), [](const auto& s) { return s.kernel == "attention_kernel"; }));
+  EXPECT_TRUE(std::any_of(ours.begin(), ours.end(), [](const auto& s) { return s.kernel == "mqa_kernel"; }));
+  EXPECT_TRUE(
+      std::any_of(ours.begin(), ours.end(), [](const auto& s) { return s.kernel == "draft_attention_kernel"; }));
 }
 
 TEST(KernelLimits, MangledNameMatching) {

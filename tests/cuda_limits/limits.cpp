@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace tandem::cubin {
-namespace {
 
 std::string demangle(const std::string& m) {
   int st = 0;
@@ -24,6 +24,8 @@ std::string demangle(const std::string& m) {
   std::free(d);
   return out;
 }
+
+namespace {
 
 // "sm_120" -> 120, "sm_90a" -> 90, anything else -> -1.
 int ptxas_sm(const std::string& arch) {
@@ -38,6 +40,17 @@ int ptxas_sm(const std::string& arch) {
 
 }  // namespace
 
+std::string bound_base(const std::string& kernel) { return kernel.substr(0, kernel.find('<')); }
+
+bool bound_matches(const std::string& mangled, const std::string& kernel) {
+  if (kernel.find('<') == std::string::npos) return mangled_names(mangled, kernel);
+  // One instantiation: the demangled name holds "::name<args>(" (or starts with "name<args>(").
+  if (!mangled_names(mangled, bound_base(kernel))) return false;
+  const std::string d = demangle(mangled);
+  return d.find("::" + kernel + "(") != std::string::npos || d.find(" " + kernel + "(") != std::string::npos ||
+         d.rfind(kernel + "(", 0) == 0;
+}
+
 LimitsReport check_limits(const std::vector<Cubin>& cubins, const std::vector<kernels::cuda::SmemBound>& bounds,
                           const std::vector<int>& check_sms) {
   LimitsReport r;
@@ -49,8 +62,13 @@ LimitsReport check_limits(const std::vector<Cubin>& cubins, const std::vector<ke
       int64_t& v = code[k.name][c.fatbin_sm];
       v = std::max(v, k.code_bytes);
     }
+  // Base names with bounds per instantiation: each instantiation needs its own.
+  std::set<std::string> per_instantiation;
+  for (const auto& b : bounds)
+    if (b.kernel.find('<') != std::string::npos) per_instantiation.insert(bound_base(b.kernel));
   std::map<std::pair<int, std::string>, KernelRow> rows;
   std::set<std::pair<int, std::string>> matched;  // (sm, bound kernel)
+  std::set<std::pair<int, std::string>> unbound;  // (sm, kernel) lacking its instantiation's bound
   for (const Cubin& c : cubins) {
     const int sm = c.fatbin_sm;
     if (!checked(sm)) continue;
@@ -73,20 +91,38 @@ LimitsReport check_limits(const std::vector<Cubin>& cubins, const std::vector<ke
       row.kernel = k.name;
       row.static_smem = k.static_smem;
       row.limit = limit;
+      bool found = false;
       for (const auto& b : bounds) {
-        if (!mangled_names(k.name, b.kernel)) continue;
+        if (!bound_matches(k.name, b.kernel)) continue;
         matched.insert({sm, b.kernel});
+        found = true;
+        // A gated launch: not made on this target, so its request does not count here.
+        std::string gate;
+        if (!b.only_sms.empty() && std::find(b.only_sms.begin(), b.only_sms.end(), sm) == b.only_sms.end())
+          gate = fmt::format("launched only on sm_{}", fmt::join(b.only_sms, "/sm_"));
+        else if (b.needs_optin > limit)
+          gate = fmt::format("launched only where a block may opt in to {} B", b.needs_optin);
+        if (!gate.empty()) {
+          if (row.dynamic_smem == 0 && row.not_launched.empty()) row.not_launched = gate + " (" + b.shape + ")";
+          continue;
+        }
         if (b.bytes >= row.dynamic_smem) {
           row.dynamic_smem = b.bytes;
+          row.not_launched.clear();
           row.bound = b.shape + (b.note.empty() ? "" : "; " + b.note);
         }
       }
+      if (!found && per_instantiation.count(function_name(k.name))) unbound.insert({sm, k.name});
       auto [it, fresh] = rows.try_emplace({sm, k.name}, row);
       if (!fresh && row.static_smem > it->second.static_smem) it->second = row;
     }
   }
+  for (const auto& [sm, name] : unbound)
+    r.failures.push_back(fmt::format(
+        "sm_{}: {}: an instantiation without a dynamic shared memory bound (its siblings have one each)", sm,
+        demangle(name)));
   for (auto& [key, row] : rows) {
-    if (row.total() > row.limit)
+    if (row.not_launched.empty() && row.total() > row.limit)
       r.failures.push_back(fmt::format(
           "sm_{}: {}: static {} B + dynamic {} B{} = {} B > {} B ({} KB) per block", row.sm, demangle(row.kernel),
           row.static_smem, row.dynamic_smem, row.bound.empty() ? "" : " (" + row.bound + ")", row.total(), row.limit,
@@ -94,7 +130,8 @@ LimitsReport check_limits(const std::vector<Cubin>& cubins, const std::vector<ke
     const auto& per_sm = code[row.kernel];
     const int64_t mine = per_sm.count(row.sm) ? per_sm.at(row.sm) : 0;
     for (const auto& [other, bytes] : per_sm)
-      if (other != row.sm && mine <= kEmptyKernelCodeBytes && bytes > kEmptyKernelCodeBytes) {
+      if (row.not_launched.empty() && other != row.sm && mine <= kEmptyKernelCodeBytes &&
+          bytes > kEmptyKernelCodeBytes) {
         r.failures.push_back(fmt::format(
             "sm_{}: {}: {} B of code (an empty or trap-only body) where sm_{} has {} B: an architecture guard "
             "without a portable path?",

@@ -7,7 +7,9 @@
 // - no kernel is empty (or trap-only) on one target while it has a body on another: an
 //   architecture guard without a portable path;
 // - every bound names a kernel that exists, and every kernel declaring `extern __shared__` in the
-//   sources has a bound.
+//   sources has a bound (where bounds name instantiations, every instantiation has its own);
+// - a bound gated to other targets (only_sms) or to more opt-in shared memory than this target
+//   has (needs_optin) is a launch never made here: neither its size nor an empty body counts.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,7 @@ struct KernelRow {
   int64_t static_smem = 0;
   int64_t dynamic_smem = 0; // the bound's bytes, 0 without one
   std::string bound;        // the bound's kernel, shape and note ("" without one)
+  std::string not_launched; // why the launcher never runs it on this target ("" when it may)
   int64_t limit = 0;
   int64_t total() const { return static_smem + dynamic_smem; }
 };
@@ -37,6 +40,12 @@ struct LimitsReport {
   std::vector<KernelRow> rows;        // one per (checked SM, kernel)
   std::vector<std::string> failures;  // each a full sentence with the numbers
 };
+
+// Whether a bound's kernel ("name" for every instantiation, or "name<args>" as the demangler
+// spells one) names this mangled kernel.
+bool bound_matches(const std::string& mangled, const std::string& kernel);
+std::string bound_base(const std::string& kernel);  // "name<args>" -> "name"
+std::string demangle(const std::string& mangled);  // the C++ spelling (the input when it is not mangled)
 
 // Applies the rules to the cubins of the SMs in `check_sms` (the empty-kernel rule compares
 // against every cubin given).
