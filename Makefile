@@ -4,13 +4,14 @@
 
 BUILD      ?= build
 FUZZ_BUILD ?= build-fuzz
+AARCH64_BUILD ?= build-aarch64
 JOBS       ?= $(shell nproc)
 PORT       ?= 8000
 HOST       ?= 127.0.0.1
 MODEL      ?= models/builtin
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps build test test-unit test-fuzz test-e2e test-gpu run bench bench-serving mutation mutation-gpu clean builtin-model
+.PHONY: all deps build test test-unit test-fuzz test-e2e test-gpu test-aarch64 run bench bench-serving mutation mutation-gpu clean builtin-model
 
 all: build
 
@@ -37,6 +38,11 @@ test-unit: build
 
 test-gpu: build
 	@bash tools/run-gpu-tests.sh $(BUILD)
+
+# The CPU build cross-compiled for aarch64 (the GB10 hosts), every unit suite run under qemu:
+# bench/results/aarch64-emulated-<date>.json. `make test` runs its smoke (the CPU ops' suite).
+test-aarch64: deps
+	@JOBS=$(JOBS) bash tools/aarch64/run.sh full $(AARCH64_BUILD); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ]
 
 builtin-model: build
 	@bash tools/builtin-model.sh $(BUILD)/tandem $(MODEL)
@@ -65,4 +71,4 @@ mutation-gpu:
 	@python3 tools/mutation/mutate.py --gpu
 
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(AARCH64_BUILD)

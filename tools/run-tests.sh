@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: the gtest binaries (through ctest), then each libFuzzer target for a
-# bounded time. Prints one closing line "N passed, N failed".
+# Runs the whole test suite: the gtest binaries (through ctest; with CUDA, test_cuda_limits checks
+# the compiled sm_120/sm_121 kernels), then each libFuzzer target for a bounded time, the
+# end-to-end and operations smokes and the aarch64 smoke. Prints one closing line "N passed, N failed".
 set -uo pipefail
 BUILD=${1:-build}
 FUZZ_BUILD=${2:-build-fuzz}
@@ -66,6 +67,10 @@ if bash tools/smoke-builtin.sh "$BUILD"; then passed=$((passed + 1)); else faile
 if bash tools/bench-e2e.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 # Operations smoke: audit, start-up refusals, tandem proof against tandem serve, SIGTERM drain, restart.
 if bash tools/ops-smoke.sh "$BUILD"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+# aarch64 smoke: the CPU ops and their suite cross-compiled for aarch64 and run under qemu (the full
+# emulated run is `make test-aarch64`; on an aarch64 host this is a no-op).
+bash tools/aarch64/run.sh smoke "${AARCH64_BUILD:-build-aarch64}"
+case $? in 0) passed=$((passed + 1)) ;; 77) ;; *) failed=$((failed + 1)) ;; esac
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -113,35 +113,50 @@ class CudaRunner : public SlotRunner<CudaModel> {
     return f;
   }
   void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const override {
+    int64_t wbytes = 0;
+    std::string wwhat;
     if (!synthetic_.name.empty() || tp_size_ > 1) {
       // Synthetic weights, or a tensor-parallel rank: the stored bytes of the catalog tensors this
       // rank holds (generated on the device, or its slices of the checkpoint's).
-      int64_t wbytes = 0;
       auto cat = build_catalog(ck_.config);
       if (cat.ok()) {
         auto p = model::plan_shard(ck_.config, *cat, {tp_rank_, tp_size_}, true);
         if (p.ok()) wbytes = static_cast<int64_t>(p->held_bytes);
       }
-      plan.add(kPoolWeights, device(), wbytes,
-               fmt::format("{} rank {} of {}: its catalog tensors' stored bytes",
-                           synthetic_.name.empty() ? ck_.dir : "synthetic " + synthetic_.name, tp_rank_, tp_size_));
+      wwhat = fmt::format("{} rank {} of {}: its catalog tensors' stored bytes",
+                          synthetic_.name.empty() ? ck_.dir : "synthetic " + synthetic_.name, tp_rank_, tp_size_);
     } else {
       // Weights: the stored bytes of the checkpoint's shards, uploaded as they are.
-      int64_t wbytes = 0;
       std::error_code ec;
       for (const auto& e : std::filesystem::directory_iterator(ck_.dir, ec))
         if (e.path().extension() == ".safetensors") wbytes += static_cast<int64_t>(e.file_size(ec));
-      plan.add(kPoolWeights, device(), wbytes, "the shards' stored bytes (FP8/MXFP4 kept as stored)");
+      wwhat = "the shards' stored bytes (FP8/MXFP4 kept as stored)";
     }
-    plan.add(kPoolKv, device(), int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype),
-             "real bytes of the " + alloc.kv_cache_dtype + " records");
-    plan.add(kPoolSlotState, device(), int64_t{alloc.max_slots} * slot_state_bytes());
+    // On an integrated GPU (GB10) these pools are host memory: add_gpu_domain puts them in the
+    // host's domain, against MemAvailable. The compute capabilities of the unified-memory parts
+    // (Orin 8.7, Thor 11.0, GB10 12.1: the list vLLM keys on) count too, in case the attribute
+    // does not say so.
+    GpuMemoryReport gpu;
+    gpu.device = device();
+    int dev = 0, integrated = 0, major = 0, minor = 0;
     size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-      plan.domains.push_back({device(), static_cast<int64_t>(free_b), static_cast<int64_t>(total_b), "cudaMemGetInfo"});
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      const int cc = major * 10 + minor;
+      gpu.integrated = integrated != 0 || cc == 87 || cc == 110 || cc == 121;
+      gpu.free_bytes = static_cast<int64_t>(free_b);
+      gpu.total_bytes = static_cast<int64_t>(total_b);
     } else {
       cudaGetLastError();
     }
+    const std::string domain = add_gpu_domain(plan, gpu, read_host_memory());
+    const std::string on = gpu.integrated ? " (" + device() + ", unified memory)" : "";
+    plan.add(kPoolWeights, domain, wbytes, wwhat + on);
+    plan.add(kPoolKv, domain, int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype),
+             "real bytes of the " + alloc.kv_cache_dtype + " records" + on);
+    plan.add(kPoolSlotState, domain, int64_t{alloc.max_slots} * slot_state_bytes(), on.empty() ? "" : on.substr(1));
   }
   int64_t device_allocations_after_start() const override {
     return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;

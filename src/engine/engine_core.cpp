@@ -139,12 +139,30 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   TANDEM_CHECK(kv_block_bytes > 0);
   const int64_t max_snapshots =
       config.enable_prefix_caching ? std::max<int64_t>(64, int64_t{16} * config.max_num_seqs) : 0;
+  RunnerAllocation alloc;
+  alloc.num_blocks = 0;  // sized below
+  alloc.block_size = bs;
+  alloc.max_slots = config.max_num_seqs;
+  alloc.max_tokens_per_step = config.max_num_batched_tokens;
+  alloc.max_verify_tokens = sc.max_verify_tokens();
+  alloc.num_draft_tokens = num_spec_tokens_;
+  alloc.kv_cache_dtype = kv_dtype_;
   int64_t budget = config.kv_cache_memory;
   std::string budget_from = "--kv-cache-memory";
-  if (budget == 0) {
+  // Room for every sequence at full length (and the snapshots): a default pool never exceeds it.
+  const int64_t want = static_cast<int64_t>(config.max_num_seqs) * ((want_len + bs - 1) / bs + 1) * kv_block_bytes +
+                       max_snapshots * snapshot_bytes;
+  // A GPU runner's plan without KV says what --gpu-memory-utilization leaves for it.
+  MemoryPlan no_kv;
+  if (budget == 0) runner_->plan_memory(alloc, no_kv);
+  if (budget == 0 && !no_kv.gpu_domain.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(const int64_t under, kv_budget_from_utilization(no_kv, config.gpu_memory_utilization));
+    budget = std::min(under, want);
+    budget_from = fmt::format("{}--gpu-memory-utilization {} x {}{}",
+                              under > want ? "max_num_seqs x max_model_len, under " : "", config.gpu_memory_utilization,
+                              format_bytes(no_kv.gpu_total_bytes), no_kv.gpu_unified ? " (unified memory)" : "");
+  } else if (budget == 0) {
     // CPU default: room for every sequence at full length, at most min(2 GiB, 25% of RAM).
-    int64_t want = static_cast<int64_t>(config.max_num_seqs) * ((want_len + bs - 1) / bs + 1) * kv_block_bytes +
-                   max_snapshots * snapshot_bytes;
     int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
     int64_t cap = std::min<int64_t>(phys / 4, int64_t{2} << 30);
     budget = std::min(want, std::max<int64_t>(cap, kv_block_bytes + snapshot_bytes));
@@ -177,14 +195,7 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   info_.has_draft = runner_->has_draft();
   info_.device = runner_->device();
 
-  RunnerAllocation alloc;
   alloc.num_blocks = static_cast<int>(num_blocks);
-  alloc.block_size = bs;
-  alloc.max_slots = config.max_num_seqs;
-  alloc.max_tokens_per_step = config.max_num_batched_tokens;
-  alloc.max_verify_tokens = sc.max_verify_tokens();
-  alloc.num_draft_tokens = num_spec_tokens_;
-  alloc.kv_cache_dtype = kv_dtype_;
   // ---- the memory plan: every pool named and checked against the headroom floor before any
   // of them is allocated (the seeds' OOM came from the host running out under load) ----
   MemoryPlan& plan = info_.memory;

@@ -77,6 +77,12 @@ struct MemoryPlan {
   std::vector<MemoryPool> pools;
   std::vector<MemoryDomain> domains;
   int64_t headroom_floor_bytes = 0;  // --memory-headroom-floor
+  // Set by a GPU runner (add_gpu_domain): the domain its pools count against ("cuda:0"; "host" on
+  // an integrated GPU, whose memory is the host's) and the bytes --gpu-memory-utilization is a
+  // fraction of. Empty / -1 on the CPU.
+  std::string gpu_domain;
+  int64_t gpu_total_bytes = -1;
+  bool gpu_unified = false;
 
   void add(std::string name, std::string domain, int64_t bytes, std::string note = "", bool already_counted = false) {
     pools.push_back({std::move(name), std::move(domain), bytes, already_counted, std::move(note)});
@@ -88,6 +94,37 @@ struct MemoryPlan {
 
 // The host's MemAvailable (bytes) from /proc/meminfo, or an error where there is none.
 Result<int64_t> read_host_mem_available(const std::string& meminfo_path = "/proc/meminfo");
+
+// The host's memory as /proc/meminfo reports it (-1 where unreadable).
+struct HostMemoryReport {
+  int64_t available_bytes = -1;  // MemAvailable: free plus what the kernel can reclaim (page cache)
+  int64_t total_bytes = -1;      // MemTotal
+  std::string source;            // the file read
+};
+HostMemoryReport read_host_memory(const std::string& meminfo_path = "/proc/meminfo");
+
+// What a GPU runner measures about its device's memory at start-up (cudaMemGetInfo and
+// cudaDevAttrIntegrated), or what a test simulates.
+struct GpuMemoryReport {
+  std::string device;        // "cuda:0"
+  bool integrated = false;   // the GPU's memory is the host's (GB10, Jetson): one pool for both
+  int64_t free_bytes = -1;   // cudaMemGetInfo free
+  int64_t total_bytes = -1;  // cudaMemGetInfo total
+};
+
+// Adds the GPU's memory domain to `plan` and returns the domain the runner's pools belong to.
+// Discrete GPU: its own domain (the device name), available = the free bytes the driver reports.
+// Integrated GPU (unified memory): the GPU's pools are host memory, so they go in the "host"
+// domain, checked against MemAvailable together with the host's own pools; cudaMemGetInfo's free
+// is not used there, since it leaves out the page cache the kernel would reclaim (vLLM on GB10
+// uses the host's available memory for the same reason). Sets plan.gpu_domain/gpu_total_bytes.
+std::string add_gpu_domain(MemoryPlan& plan, const GpuMemoryReport& gpu, const HostMemoryReport& host);
+
+// The KV pool's budget under --gpu-memory-utilization U, with vLLM's meaning (which the seeds'
+// GB10 forks keep): the process may hold U x the GPU's total memory (on unified memory, U x the
+// one pool); the KV pool (and the prefix-cache snapshots sized with it) gets what the plan's other
+// pools in the GPU's domain leave of that. An error with the numbers when they leave nothing.
+Result<int64_t> kv_budget_from_utilization(const MemoryPlan& plan, double utilization);
 
 // OK when every domain with a known availability keeps at least the floor after its pools are
 // allocated; otherwise an error (kResourceExhausted) that gives the numbers of each short domain.

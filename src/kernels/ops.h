@@ -508,8 +508,9 @@ void set_num_threads(int n);
 int num_threads();
 
 // Instruction set of the GEMM inner loops (picked at start-up from the CPU). Tests force each one
-// the machine supports; returns false (and changes nothing) when the CPU lacks it.
-enum class Isa : uint8_t { kAuto, kAvx512, kAvx2, kBaseline };
+// the machine supports; returns false (and changes nothing) when the CPU lacks it. kAvx512 and
+// kAvx2 exist on x86-64, kNeon on aarch64; kBaseline (portable vector code) everywhere.
+enum class Isa : uint8_t { kAuto, kAvx512, kAvx2, kNeon, kBaseline };
 bool set_gemm_isa(Isa isa);
 const char* gemm_isa_name();
 

@@ -18,9 +18,15 @@ void round_bf16(float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] = num::round_bf16(x[i]);
 }
 
-// AVX2 clone picked at load time where available; same per-lane operations in the same order as
-// the default (SSE) clone, so results are bit-identical (no FMA contraction: fma is not enabled).
-__attribute__((target_clones("avx2", "default"))) float dot(const float* a, const float* b, int64_t n) {
+// x86-64: an AVX2 clone picked at load time where available; same per-lane operations in the same
+// order as the default (SSE) clone, so results are bit-identical (no FMA contraction: fma is not
+// enabled). Other CPUs (aarch64: NEON) compile the one portable version.
+#if defined(__x86_64__)
+#define TANDEM_DOT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TANDEM_DOT_CLONES
+#endif
+TANDEM_DOT_CLONES float dot(const float* a, const float* b, int64_t n) {
   // 8 independent partial sums in a fixed pattern (lane j sums elements i with i % 8 == j), as a
   // GCC vector so it vectorizes without -ffast-math; the order does not depend on the caller's
   // batching.

@@ -104,7 +104,7 @@ const char* fmt_name(WeightFormat f) {
 }
 
 TEST(Gemm, AllFormatsAndShapes) {
-  for (auto isa : {cpu::Isa::kAvx512, cpu::Isa::kAvx2, cpu::Isa::kBaseline}) {
+  for (auto isa : {cpu::Isa::kAvx512, cpu::Isa::kAvx2, cpu::Isa::kNeon, cpu::Isa::kBaseline}) {
   if (!cpu::set_gemm_isa(isa)) continue;
   SCOPED_TRACE(cpu::gemm_isa_name());
   const WeightFormat fmts[] = {WeightFormat::kF32, WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4};
@@ -304,7 +304,7 @@ TEST(Gemm, QuantizeXMatchesActQuantThenGemmAndKeepsX) {
 TEST(Gemm, DecodePathBitIdenticalToPanelPathAllFormatsAndIsas) {
   // m == 1 takes the chunked decode path; rows of an m > 1 call take the panel path. Ragged K
   // (200 = 12*16 + 8, 1100 crosses decode chunks) exercises the scalar tails.
-  for (auto isa : {cpu::Isa::kAvx512, cpu::Isa::kAvx2, cpu::Isa::kBaseline}) {
+  for (auto isa : {cpu::Isa::kAvx512, cpu::Isa::kAvx2, cpu::Isa::kNeon, cpu::Isa::kBaseline}) {
     if (!cpu::set_gemm_isa(isa)) continue;
     for (auto fmt : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4})
       for (int64_t k : {int64_t{200}, int64_t{1100}, int64_t{1024}}) {

@@ -1,10 +1,14 @@
 // GEMM y = x @ W^T with W kept in its stored format (f32, bf16, FP8 128x128-block, MXFP4).
 // A thread takes a tile of NT weight rows, dequantizes them over the whole K once into its scratch
 // (exact: every stored value is representable in fp32) and runs a register-blocked MR x NR
-// micro-kernel over an M block of up to MC rows. The hot loops are compiled three times (AVX-512,
-// AVX2+FMA, baseline SSE) and picked at run time, so the default (non -march=native) build is fast.
+// micro-kernel over an M block of up to MC rows. On x86-64 the hot loops are compiled three times
+// (AVX-512, AVX2+FMA, baseline SSE) and picked at run time, so the default (non -march=native)
+// build is fast; on aarch64 (the GB10 hosts) twice: NEON with FMA (the default) and the portable
+// baseline.
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 #include <algorithm>
@@ -97,6 +101,26 @@ namespace avx2 {
 
 #endif  // __x86_64__
 
+#if defined(__aarch64__)
+// NEON (every aarch64 CPU has it): byte widening with vmovl, explicit FMA (the build turns GCC's
+// contraction off, see CMakeLists.txt), and a wider NR than SSE's since aarch64 has 32 vector
+// registers (16 accumulators + 4 weight vectors + 1 input vector).
+namespace neon {
+#define TANDEM_TILE_WIDEN 4
+#define TANDEM_TILE_FMA 1
+#define TANDEM_TILE_V v4f
+#define TANDEM_TILE_MR 4
+#define TANDEM_TILE_NR 4
+#include "kernels/cpu/gemm_tile.inc"
+#undef TANDEM_TILE_WIDEN
+#undef TANDEM_TILE_FMA
+#undef TANDEM_TILE_V
+#undef TANDEM_TILE_MR
+#undef TANDEM_TILE_NR
+#undef TANDEM_INLINE
+}  // namespace neon
+#endif  // __aarch64__
+
 namespace base {
 #if defined(__x86_64__)
 #define TANDEM_TILE_WIDEN 0
@@ -120,8 +144,13 @@ const auto tile_base = &base::tile;
 const auto tile_avx512 = &avx512::tile;
 const auto tile_avx2 = &avx2::tile;
 #else
-const auto tile_avx512 = &base::tile;  // other architectures: portable vector code only
+const auto tile_avx512 = &base::tile;  // never picked: has_avx512() and has_avx2() are false
 const auto tile_avx2 = &base::tile;
+#endif
+#if defined(__aarch64__)
+const auto tile_neon = &neon::tile;
+#else
+const auto tile_neon = &base::tile;  // never picked: has_neon() is false
 #endif
 
 using TileFn = void (*)(const TileArgs&);
@@ -141,9 +170,17 @@ bool has_avx2() {
   return false;
 #endif
 }
+constexpr bool has_neon() {
+#if defined(__aarch64__)
+  return true;  // Advanced SIMD is mandatory in ARMv8-A
+#else
+  return false;
+#endif
+}
 TileFn pick_tile() {
   if (has_avx512()) return tile_avx512;
   if (has_avx2()) return tile_avx2;
+  if (has_neon()) return tile_neon;
   return tile_base;
 }
 TileFn g_tile = pick_tile();
@@ -189,17 +226,16 @@ bool set_gemm_isa(Isa isa) {
     case Isa::kAuto: g_tile = pick_tile(); return true;
     case Isa::kAvx512: if (!has_avx512()) return false; g_tile = tile_avx512; return true;
     case Isa::kAvx2: if (!has_avx2()) return false; g_tile = tile_avx2; return true;
+    case Isa::kNeon: if (!has_neon()) return false; g_tile = tile_neon; return true;
     case Isa::kBaseline: g_tile = tile_base; return true;
   }
   return false;
 }
 
 const char* gemm_isa_name() {
-#if !defined(__x86_64__)
-  return "portable";
-#endif
-  if (g_tile == tile_avx512) return "avx512";
-  if (g_tile == tile_avx2) return "avx2";
+  if (has_avx512() && g_tile == tile_avx512) return "avx512";
+  if (has_avx2() && g_tile == tile_avx2) return "avx2";
+  if (has_neon() && g_tile == tile_neon) return "neon";
   return "baseline";
 }
 

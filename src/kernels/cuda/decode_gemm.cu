@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "kernels/cuda/decode_gemm_body.cuh"
+#include "kernels/cuda/smem_bounds.h"
 
 namespace tandem::kernels::cuda {
 namespace gemv {
@@ -82,6 +83,17 @@ int units_for(Kind kind, int64_t n, int64_t k) {
   return u;
 }
 
+// Ring depth: as deep as half an SM's shared memory allows (6 stages = 12 KB per warp in flight,
+// 96 KB per CTA; 4 with the larger reduction buffers of 3 and 6 m tiles), at least 2.
+size_t plan_smem(int mt, const DecodeLaunchLimits& lim, int* ring_out) {
+  const int64_t red = static_cast<int64_t>(kWarps - 1) * mt * kNT * 4 * 32 * 4;
+  int ring = static_cast<int>((lim.smem_half - red) / (kWarps * kStageBytes));
+  ring = std::clamp(ring, kMinRing, mt <= 2 ? kMaxRing : 4);
+  while (ring > kMinRing && kWarps * ring * kStageBytes + red > lim.smem_per_block) --ring;
+  *ring_out = ring;
+  return static_cast<size_t>(kWarps * ring * kStageBytes + red);
+}
+
 Plan plan(const DecodeGemmArgs& a) {
   Plan p;
   p.kind = kind_of(a);
@@ -120,21 +132,25 @@ Plan plan(const DecodeGemmArgs& a) {
   ka.total = items * ka.chunks;
   const int64_t mc = std::min<int64_t>(a.m, kDecodeRowsPerCall);
   p.mt = mc <= 16 ? 1 : mc <= 32 ? 2 : mc <= 48 ? 3 : 6;
-  // Ring depth: as deep as half an SM's shared memory allows (6 stages = 12 KB per warp in flight,
-  // 96 KB per CTA; 4 with the larger reduction buffers of 3 and 6 m tiles), at least 2.
   const DecodeLaunchLimits& lim = decode_launch_limits();
-  const int64_t red = static_cast<int64_t>(kWarps - 1) * p.mt * kNT * 4 * 32 * 4;
-  int ring = static_cast<int>((lim.smem_half - red) / (kWarps * kStageBytes));
-  ring = std::clamp(ring, kMinRing, p.mt <= 2 ? kMaxRing : 4);
-  while (ring > kMinRing && kWarps * ring * kStageBytes + red > lim.smem_per_block) --ring;
-  ka.ring = ring;
-  p.smem = static_cast<size_t>(kWarps * ring * kStageBytes + red);
+  p.smem = plan_smem(p.mt, lim, &ka.ring);
   TANDEM_CHECK_MSG(p.smem <= static_cast<size_t>(lim.smem_per_block), "decode_gemm: shared memory of the device");
   p.grid = std::min<int64_t>(ka.total, lim.sms);
   return p;
 }
 
 }  // namespace gemv
+
+DecodeLaunchLimits decode_limits_of(int sms, int smem_per_block, int smem_per_sm) {
+  DecodeLaunchLimits l;
+  l.sms = sms;
+  l.smem_per_block = smem_per_block;
+  l.smem_per_sm = smem_per_sm;
+  // Two CTAs per SM (this kernel's and the next one's): half the SM, less the 1 KB the runtime
+  // reserves per CTA, and never more than one block may have.
+  l.smem_half = std::min(l.smem_per_block, l.smem_per_sm / 2 - 1024);
+  return l;
+}
 
 const DecodeLaunchLimits& decode_launch_limits() {
   constexpr int kMaxDevices = 64;
@@ -144,18 +160,11 @@ const DecodeLaunchLimits& decode_launch_limits() {
   TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
   TANDEM_CHECK(dev >= 0 && dev < kMaxDevices);
   if (!ready[dev].load(std::memory_order_acquire)) {
-    DecodeLaunchLimits l;
-    int v = 0;
-    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    l.sms = v;
-    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    l.smem_per_block = v;
-    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    l.smem_per_sm = v;
-    // Two CTAs per SM (this kernel's and the next one's): half the SM, less the 1 KB the runtime
-    // reserves per CTA, and never more than one block may have.
-    l.smem_half = std::min(l.smem_per_block, l.smem_per_sm / 2 - 1024);
-    cache[dev] = l;  // identical values if two threads race here
+    int sms = 0, per_block = 0, per_sm = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    cache[dev] = decode_limits_of(sms, per_block, per_sm);  // identical values if two threads race here
     ready[dev].store(true, std::memory_order_release);
   }
   return cache[dev];
@@ -197,6 +206,22 @@ void decode_gemm(const DecodeGemmArgs& a, cudaStream_t s) {
     case Kind::kBf16F32: return gemv::launch_mt<Kind::kBf16F32>(p, a.pdl, s);
     case Kind::kFp8F32: return gemv::launch_mt<Kind::kFp8F32>(p, a.pdl, s);
   }
+}
+
+std::vector<SmemBound> decode_gemm_smem_bounds() {
+  // The ring is sized from the device: at sm_120/sm_121's limits, the largest of the m-tile counts.
+  const DecodeLaunchLimits lim = decode_limits_of(1, kSm12xSmemPerBlock, kSm12xSmemPerSm);
+  size_t most = 0;
+  int most_mt = 0, most_ring = 0;
+  for (int mt : {1, 2, 3, 6}) {
+    int ring = 0;
+    const size_t b = gemv::plan_smem(mt, lim, &ring);
+    if (b > most) most = b, most_mt = mt, most_ring = ring;
+  }
+  return {{"decode_gemm_kernel", static_cast<int64_t>(most),
+           std::to_string(most_mt) + " m tiles, ring " + std::to_string(most_ring) +
+               " (sized from the device: at sm_120/sm_121's 99 KB per block, 100 KB per SM)",
+           ""}};
 }
 
 }  // namespace tandem::kernels::cuda

@@ -83,6 +83,9 @@ struct DecodeLaunchLimits {
   int smem_half = 0;
 };
 const DecodeLaunchLimits& decode_launch_limits();
+// The limits of a device with `sms` multiprocessors and this much shared memory one block may opt
+// in to and one SM has (decode_launch_limits() reads them from the current device).
+DecodeLaunchLimits decode_limits_of(int sms, int smem_per_block, int smem_per_sm);
 // Raises `kernel`'s dynamic shared memory limit to the most one block may have beside its static
 // shared memory (call once per kernel, outside stream capture).
 void decode_allow_smem(const void* kernel);

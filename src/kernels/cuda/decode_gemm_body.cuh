@@ -386,6 +386,8 @@ struct Plan {
   int64_t grid = 0;     // CTAs (<= SMs)
 };
 Plan plan(const DecodeGemmArgs& a);
+// Ring stages per warp and the dynamic shared memory of an `mt`-m-tile launch within `lim`.
+size_t plan_smem(int mt, const DecodeLaunchLimits& lim, int* ring);
 int units_for(Kind kind, int64_t n, int64_t k);
 
 }  // namespace tandem::kernels::cuda::gemv

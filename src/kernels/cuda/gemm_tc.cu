@@ -11,6 +11,7 @@
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/gemm_tc.h"
 #include "kernels/cuda/gemm_ws.h"
+#include "kernels/cuda/smem_bounds.h"
 #include "kernels/cuda/tc_gemm.cuh"
 #include "kernels/cuda/tma.h"
 
@@ -588,6 +589,24 @@ void fp8_block_to_bf16(const WeightRef& w, uint16_t* dst, cudaStream_t s) {
   fp8_block_to_bf16_kernel<<<grid_for(w.n * w.k, 256 * 4), 256, 0, s>>>(static_cast<const uint8_t*>(w.data), w.scale,
                                                                          sld, w.n, w.k, dst);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+std::vector<SmemBound> gemm_tc_smem_bounds() {
+  // Two stages everywhere; four where the device has room (deep_pipeline()); the wgmma variants
+  // only on sm_90 (tc_resolve refuses them elsewhere).
+  const int64_t s2 = tc::Smem<false, 2>::kAlloc, s4 = tc::Smem<false, 4>::kAlloc;
+  const std::string shape = "128 x 128 tile, ";
+  const std::string deep = "launched only where deep_pipeline() sees the room";
+  std::vector<SmemBound> out;
+  for (const char* k : {"dense_kernel", "bf16_kernel"}) {
+    const std::string tail = std::string(k) == "dense_kernel" ? ", false>" : ">";
+    out.push_back({std::string(k) + "<false, 2" + tail, s2, shape + "2 stages", ""});
+    out.push_back({std::string(k) + "<false, 4" + tail, s4, shape + "4 stages", deep, s4});
+    out.push_back({std::string(k) + "<true, 2" + tail, s2, shape + "2 stages (wgmma)", "", 0, {90}});
+    out.push_back({std::string(k) + "<true, 4" + tail, s4, shape + "4 stages (wgmma)", deep, s4, {90}});
+  }
+  out.push_back({"dense_kernel<true, 4, true>", s4, shape + "4 stages (wgmma, overlapped)", deep, s4, {90}});
+  return out;
 }
 
 }  // namespace tandem::kernels::cuda

@@ -15,6 +15,7 @@
 
 #include "common/check.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/smem_bounds.h"
 #include "kernels/cuda/tc_ws.cuh"
 #include "kernels/cuda/tma.h"
 
@@ -316,6 +317,14 @@ void bf16_gemm_ws(const Bf16GemmArgs& g, cudaStream_t s) {
   const int grid = ws_grid(static_cast<int64_t>(p.batch) * p.mt * p.nt);
   ws_dense_kernel<false><<<grid, ws::kThreads, WsSmem<false>::kAlloc, s>>>(p);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+std::vector<SmemBound> gemm_ws_smem_bounds() {
+  // TMA + wgmma with warp specialization: sm_90a only (a trap elsewhere; tc_resolve never picks it).
+  return {{"ws_dense_kernel<true>", WsSmem<true>::kAlloc, "FP8, " + std::to_string(WsCfg<true>::kStages) + " stages",
+           "", 0, {90}},
+          {"ws_dense_kernel<false>", WsSmem<false>::kAlloc,
+           "bf16, " + std::to_string(WsCfg<false>::kStages) + " stages", "", 0, {90}}};
 }
 
 }  // namespace tandem::kernels::cuda

@@ -3,12 +3,15 @@
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/smem_bounds.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxN = 8192;  // 32 KiB of shared memory
+
+size_t smem_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }  // one row
 
 __global__ void __launch_bounds__(kThreads) hadamard_kernel(HadamardParams p, int64_t ldx, float scale) {
   extern __shared__ float v[];
@@ -42,8 +45,12 @@ void hadamard(const HadamardParams& p, cudaStream_t s) {
   TANDEM_CHECK_MSG(p.n <= kMaxN, "hadamard: n <= 8192");
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.n;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.n)));
-  hadamard_kernel<<<grid_for(p.rows, 1), kThreads, static_cast<size_t>(p.n) * sizeof(float), s>>>(p, ldx, scale);
+  hadamard_kernel<<<grid_for(p.rows, 1), kThreads, smem_bytes(p.n), s>>>(p, ldx, scale);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+SmemBound hadamard_smem_bound() {
+  return {"hadamard_kernel", static_cast<int64_t>(smem_bytes(kMaxN)), "n 8192 (the launcher's limit)", ""};
 }
 
 }  // namespace tandem::kernels::cuda

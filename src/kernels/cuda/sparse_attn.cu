@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/smem_bounds.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -15,6 +16,9 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kMaxDimPerThread = 8;  // dim <= 1024
 constexpr int kMaxBlock = 1024;
+
+// q [dim] plus the block's scores, probabilities and mask [3 * block].
+size_t smem_bytes(int64_t dim, int64_t block) { return static_cast<size_t>(dim + 3 * block) * sizeof(float); }
 
 struct AttnArgs {
   SparseAttnParams p;
@@ -135,9 +139,14 @@ void sparse_attn(const SparseAttnParams& p, cudaStream_t s) {
   a.qts = p.q_token_stride > 0 ? p.q_token_stride : p.heads * p.dim;
   a.ots = p.out_token_stride > 0 ? p.out_token_stride : p.heads * p.dim;
   a.scale = p.scale > 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.dim)));
-  const size_t smem = static_cast<size_t>(p.dim + 3 * p.block) * sizeof(float);
+  const size_t smem = smem_bytes(p.dim, p.block);
   sparse_attn_kernel<<<grid_for(p.tokens * p.heads, 1), kThreads, smem, s>>>(a);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+SmemBound sparse_attn_smem_bound() {
+  return {"sparse_attn_kernel", static_cast<int64_t>(smem_bytes(kThreads * kMaxDimPerThread, kMaxBlock)),
+          "dim 1024, block 1024 (the launcher's limits)", ""};
 }
 
 }  // namespace tandem::kernels::cuda

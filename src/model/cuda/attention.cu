@@ -19,6 +19,7 @@
 #include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 namespace {
@@ -571,6 +572,13 @@ void attention(const AttnArgs& a, cudaStream_t s) {
     case 256: launch<256>(a, s, nchunks, tiles, scale, split); break;
     default: launch<512>(a, s, nchunks, tiles, scale, split); break;
   }
+}
+
+std::vector<kernels::cuda::SmemBound> attention_smem_bounds() {
+  // One 64-key chunk, the 16 heads' queries, p planes and the row's key pointers: fixed by the head
+  // dim, whatever the context (longer contexts walk more chunks, split over blocks or folded in one).
+  return {{"mqa_kernel", Layout<512>::kBytes, "head dim 512 (the largest supported), any context length",
+           "one chunk of " + std::to_string(kChunk) + " keys in shared memory: independent of the context"}};
 }
 
 }  // namespace tandem::cuda_model

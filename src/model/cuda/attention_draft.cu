@@ -7,6 +7,7 @@
 
 #include "common/numeric_core.h"
 #include "kernels/cuda/device.cuh"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 
@@ -98,6 +99,13 @@ void draft_attention(const DraftAttnArgs& a, cudaStream_t s) {
   dim3 grid(static_cast<unsigned>(a.B * a.K), static_cast<unsigned>(a.heads));
   draft_attention_kernel<<<grid, 256, smem, s>>>(a);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+kernels::cuda::SmemBound draft_attention_smem_bound(int window, int block, int hd) {
+  return {"draft_attention_kernel", static_cast<int64_t>(attn_smem(window + block, hd)),
+          "window " + std::to_string(window) + " + " + std::to_string(block) + " block rows, head dim " +
+              std::to_string(hd),
+          ""};
 }
 
 }  // namespace tandem::cuda_model

@@ -14,6 +14,7 @@
 #include "common/comm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/cuda/cuda_impl.h"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem {
 
@@ -418,7 +419,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
 
   // Visible compressed entries bound the indexer's columns and the attention's key list: from the
   // step's context bound (exact when eager, its power-of-two bucket when replaying a graph).
-  const int64_t max_vis4 = step.end_bound / 4, max_vis_r = ratio ? step.end_bound / ratio : 0;
+  const int64_t max_vis4 = step.end_bound / 4;
 
   // This rank's index heads; the score scale counts all of them (the reference's n_heads ** -0.5).
   const int64_t IH = at.n_idx_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
@@ -520,7 +521,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   aa.heads = static_cast<int>(H);
   aa.hd = static_cast<int>(hd);
   aa.rec = lay.rec;
-  aa.max_keys = cfg.sliding_window + static_cast<int>(csa ? TK : (ratio ? max_vis_r : 0));
+  aa.max_keys = cuda_model::attention_max_keys(cfg, ratio, csa, step.end_bound);
   aa.out = o.get();
   if (csa && max_vis4 == 0) aa.topk_k = 0;
   aa.m = meta;

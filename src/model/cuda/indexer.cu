@@ -16,6 +16,7 @@
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "model/cuda/indexer_topk.h"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 
@@ -327,6 +328,13 @@ void scale_round(const ScaleRoundArgs& a, cudaStream_t s) {
   if (a.n == 0) return;
   scale_round_kernel<<<ceil_div(a.n, 256), 256, 0, s>>>(a);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+kernels::cuda::SmemBound indexer_smem_bound() {
+  return {"indexer_kernel", Layout<128>::kBytes,
+          "head dim 128 (the largest supported), " + std::to_string(kMaxM) + " query rows, " +
+              std::to_string(kTile) + "-entry tiles, any context length",
+          ""};
 }
 
 }  // namespace tandem::cuda_model

@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "kernels/cuda/device.cuh"
 #include "model/cuda/model_device.cuh"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 
@@ -102,12 +103,16 @@ __global__ void moe_add_shared_kernel(MoeAddSharedArgs a) {
   if (i < a.n) a.y[i] = num::round_bf16(a.y[i] + a.shared[i]);
 }
 
+// moe_up_kernel: the token's quantized input [dim]; moe_down_kernel: the pair's activation [inter].
+size_t up_smem(int64_t dim) { return sizeof(float) * static_cast<size_t>(dim); }
+size_t down_smem(int64_t inter) { return sizeof(float) * static_cast<size_t>(inter); }
+
 }  // namespace
 
 void moe_pairs_up(const MoePairsUpArgs& a, cudaStream_t s) {
   if (a.pairs == 0) return;
   const int threads = 256, per_block = (threads / 32) * 4;
-  const size_t smem = sizeof(float) * a.dim;
+  const size_t smem = up_smem(a.dim);
   kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(moe_up_kernel), smem);
   dim3 grid(static_cast<unsigned>(a.pairs), ceil_div(a.inter, per_block));
   moe_up_kernel<<<grid, threads, smem, s>>>(a);
@@ -117,7 +122,7 @@ void moe_pairs_up(const MoePairsUpArgs& a, cudaStream_t s) {
 void moe_pairs_down(const MoePairsDownArgs& a, cudaStream_t s) {
   if (a.pairs == 0) return;
   const int threads = 256, per_block = (threads / 32) * 4;
-  const size_t smem = sizeof(float) * a.inter;
+  const size_t smem = down_smem(a.inter);
   kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(moe_down_kernel), smem);
   dim3 grid(static_cast<unsigned>(a.pairs), ceil_div(a.dim, per_block));
   moe_down_kernel<<<grid, threads, smem, s>>>(a);
@@ -135,6 +140,14 @@ void moe_add_shared(const MoeAddSharedArgs& a, cudaStream_t s) {
   if (a.n == 0) return;
   moe_add_shared_kernel<<<ceil_div(a.n, 256), 256, 0, s>>>(a);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+kernels::cuda::SmemBound moe_up_smem_bound(int64_t dim) {
+  return {"moe_up_kernel", static_cast<int64_t>(up_smem(dim)), "hidden size " + std::to_string(dim), ""};
+}
+kernels::cuda::SmemBound moe_down_smem_bound(int64_t inter) {
+  return {"moe_down_kernel", static_cast<int64_t>(down_smem(inter)),
+          "expert intermediate size " + std::to_string(inter), ""};
 }
 
 }  // namespace tandem::cuda_model

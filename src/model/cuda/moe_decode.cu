@@ -27,6 +27,7 @@
 #include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
 #include "model/cuda/moe_decode_internal.h"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 
@@ -587,12 +588,27 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
 }
 
 template <bool UP, int MT>
-void launch_experts(const ExpertArgs& ea, int64_t grid, bool pdl, cudaStream_t s) {
+void launch_experts(const ExpertArgs& ea, int64_t grid, size_t smem, bool pdl, cudaStream_t s) {
   auto* kern = expert_kernel<UP, MT>;
   static std::atomic<bool> attr{false};
   allow_smem(reinterpret_cast<const void*>(kern), attr);
-  const size_t smem = static_cast<size_t>(kWarps) * ea.ring * kSlotBytes + static_cast<size_t>(kWarps) * MT * 8 * 32 * 4;
   launch(kern, dim3(static_cast<unsigned>(grid)), smem, pdl, s, ea);
+}
+
+// The job table expert_kernel keeps in static shared memory, beside the dynamic part.
+constexpr int64_t kJobTableBytes = static_cast<int64_t>(sizeof(int)) * (kMaxJobs + 2);
+
+// Ring stages per warp for `mt` m tiles: as deep as half an SM's shared memory allows beside the
+// reduction buffer and the job table. Returns the launch's dynamic shared memory (rings and the
+// reduction buffer).
+size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out) {
+  const int64_t red = static_cast<int64_t>(kWarps) * mt * 8 * 32 * 4;
+  const int64_t fixed = red + kJobTableBytes;
+  int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
+  ring = std::clamp(ring, kMinRing, kMaxRing);
+  while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
+  *ring_out = ring;
+  return static_cast<size_t>(kWarps * ring * kSlotBytes + red);
 }
 
 template <bool UP>
@@ -635,22 +651,17 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
   ea.routed_only = a.routed_only;
   ea.ccnt = a.buf.counters + kCombine0;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
-  // Ring: as deep as half an SM's shared memory allows beside the reduction buffer and the job table.
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
-  const int64_t red = static_cast<int64_t>(kWarps) * mt * 8 * 32 * 4;
-  const int64_t fixed = red + static_cast<int64_t>(sizeof(int)) * (kMaxJobs + 2);
-  int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
-  ring = std::clamp(ring, kMinRing, kMaxRing);
-  while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
-  TANDEM_CHECK_MSG(kWarps * ring * kSlotBytes + fixed <= lim.smem_per_block, "moe_decode: shared memory of the device");
-  ea.ring = ring;
+  const size_t smem = expert_smem(mt, lim, &ea.ring);
+  TANDEM_CHECK_MSG(static_cast<int64_t>(smem) + kJobTableBytes <= lim.smem_per_block,
+                   "moe_decode: shared memory of the device");
   // Items: at most (shared chunks + every routed job's chunks) x items per chunk; routed jobs
   // have one chunk each plus one per 32 of their pairs.
   const int64_t slots = std::min<int64_t>({max_active_of(d, a.tokens), a.expert_count, ea.max_active});
   const int64_t upper = ea.ipc * (ea.chunks_shared + slots + chunks_of(a.tokens * d.topk));
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, lim.sms));
-  if (mt == 1) launch_experts<UP, 1>(ea, grid, a.pdl, s);
-  else launch_experts<UP, 2>(ea, grid, a.pdl, s);
+  if (mt == 1) launch_experts<UP, 1>(ea, grid, smem, a.pdl, s);
+  else launch_experts<UP, 2>(ea, grid, smem, a.pdl, s);
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
@@ -756,6 +767,22 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
   moe_gate_route(a, s);
   moe_experts_up(a, s);
   moe_experts_down(a, s);
+}
+
+kc::SmemBound expert_smem_bound() {
+  // The ring is sized from the device: at sm_120/sm_121's limits, the larger of the two m-tile counts.
+  const kc::DecodeLaunchLimits lim = kc::decode_limits_of(1, kc::kSm12xSmemPerBlock, kc::kSm12xSmemPerSm);
+  size_t most = 0;
+  int most_mt = 0, most_ring = 0;
+  for (int mt : {1, 2}) {
+    int ring = 0;
+    const size_t b = expert_smem(mt, lim, &ring);
+    if (b > most) most = b, most_mt = mt, most_ring = ring;
+  }
+  return {"expert_kernel", static_cast<int64_t>(most),
+          std::to_string(most_mt) + " m tiles, ring " + std::to_string(most_ring) +
+              " (sized from the device: at sm_120/sm_121's 99 KB per block, 100 KB per SM)",
+          ""};
 }
 
 }  // namespace tandem::cuda_model

@@ -4,6 +4,7 @@
 // the (token, expert) pairs by distinct local expert, ascending, with each token's combine order.
 #include "kernels/cuda/decode_gemm_body.cuh"
 #include "model/cuda/moe_decode_internal.h"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 
@@ -178,6 +179,18 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
     case 3: return go(gate_route_kernel<3>, a3);
     default: return go(gate_route_kernel<6>, a6);
   }
+}
+
+kc::SmemBound gate_route_smem_bound(int n_experts) {
+  // The larger of the gate GEMV's ring (sized from the device: the decode GEMV's bound at
+  // sm_120/sm_121's limits) and the routing scratch with every expert on this rank.
+  int64_t gemv_most = 0;
+  for (const auto& b : kc::decode_gemm_smem_bounds()) gemv_most = std::max(gemv_most, b.bytes);
+  const int64_t route = static_cast<int64_t>(route_smem(n_experts, n_experts));
+  return {"gate_route_kernel", std::max(gemv_most, route),
+          "gate GEMV ring " + std::to_string(gemv_most) + " B or routing scratch for " + std::to_string(n_experts) +
+              " experts " + std::to_string(route) + " B",
+          ""};
 }
 
 }  // namespace tandem::cuda_model

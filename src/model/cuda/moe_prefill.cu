@@ -12,6 +12,7 @@
 #include "kernels/cuda/tc_gemm.cuh"
 #include "model/cuda/moe_prefill.h"
 #include "model/cuda/moe_prefill_ws.h"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 
@@ -540,6 +541,23 @@ void moe_combine_local(const float* pair_out, const int32_t* expert_ids, const f
   combine_kernel<<<static_cast<unsigned>(tokens), 256, 0, s>>>(pair_out, expert_ids, shared, tokens, topk, dim,
                                                                expert_begin, n_local, y);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+std::vector<kc::SmemBound> moe_prefill_smem_bounds() {
+  // Two stages everywhere, four where the device has room (deep_pipeline()); the wgmma variants
+  // only on sm_90 (the backend is wgmma only there).
+  const int64_t s2 = tc::Smem<true, 2>::kAlloc, s4 = tc::Smem<true, 4>::kAlloc;
+  const std::string deep = "launched only where deep_pipeline() sees the room";
+  std::vector<kc::SmemBound> out;
+  for (const char* up : {"true", "false"}) {
+    const std::string k = std::string("group_kernel<") + up;
+    const std::string shape = std::string(up) == "true" ? "up, 128-row tile, " : "down, 128-row tile, ";
+    out.push_back({k + ", false, 2>", s2, shape + "2 stages", ""});
+    out.push_back({k + ", false, 4>", s4, shape + "4 stages", deep, s4});
+    out.push_back({k + ", true, 2>", s2, shape + "2 stages (wgmma)", "", 0, {90}});
+    out.push_back({k + ", true, 4>", s4, shape + "4 stages (wgmma)", deep, s4, {90}});
+  }
+  return out;
 }
 
 }  // namespace tandem::cuda_model

@@ -21,6 +21,7 @@
 #include "kernels/cuda/gemm_tc.h"
 #include "kernels/cuda/tc_ws.cuh"
 #include "kernels/cuda/tma.h"
+#include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 
@@ -364,6 +365,12 @@ void moe_group_ws(const MoeWsArgs& a, cudaStream_t st) {
   if (a.up) moe_ws_kernel<true><<<grid, ws::kThreads, MoeSmem::kAlloc, st>>>(p);
   else moe_ws_kernel<false><<<grid, ws::kThreads, MoeSmem::kAlloc, st>>>(p);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+std::vector<kc::SmemBound> moe_prefill_ws_smem_bounds() {
+  // TMA + wgmma with warp specialization: sm_90a only (a trap elsewhere; never launched there).
+  const std::string shape = std::to_string(kStages) + " stages";
+  return {{"moe_ws_kernel", MoeSmem::kAlloc, shape, "", 0, {90}}};
 }
 
 }  // namespace tandem::cuda_model
