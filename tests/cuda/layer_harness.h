@@ -514,44 +514,35 @@ inline void compare_pass(Subject& s, const StepSpec& spec, const std::vector<std
     layer_compare::check_records(s.rep, tag + " | window-records", window_diff(s, spec, w, g.slots, nullptr),
                                  window_diff(s, spec, w, p_slots, nullptr),
                                  ref ? gpu_records(window_diff(s, spec, w, g.slots, &ref->slots)) : nullptr);
-    if (c.ratio) {
-      const int64_t wd = 2 * gl.comp_chans, n = static_cast<int64_t>(w.comp_c.size()) / wd;
-      const Residual r = layer_compare::residual(w.comp_g.data(), w.comp_c.data(), n, wd);
-      const Residual sp = layer_compare::residual(w.comp_p.data(), w.comp_c.data(), n, wd);
-      const Residual* gs = nullptr;
-      std::vector<float> comp_r;
-      if (ref) {
-        std::vector<std::vector<uint8_t>> mask_ignored(static_cast<size_t>(s.opt.max_slots),
-                                                       std::vector<uint8_t>(static_cast<size_t>(s.lay.slot_bytes), 0));
-        std::vector<uint8_t> pool_ignored(g.pool.size(), 0);
-        comp_r = layer_writes(s, spec, tables, l, cpu, spr, *ref, mask_ignored, pool_ignored).comp_g;
-        gs = gpu_rows(w.comp_g.data(), comp_r.data(), n, wd);
-      }
-      layer_compare::check_rows(s.rep, tag + " | compressor-rows", r, sp, layer_compare::fp32_row_limit(sp), gs);
-      if (!w.ent.offs.empty())
-        layer_compare::check_records(s.rep, tag + " | compressed-entries", diff_records(w.ent, g.pool, false, s),
-                                     diff_records(w.ent, p_pool, false, s),
-                                     ref ? gpu_records(diff_records(w.ent, g.pool, false, s, &ref->pool)) : nullptr);
+    // The same writes on the GEMV model's pass (a tensor-core step): its compressor rows.
+    LayerWrites rw;
+    if (ref) {
+      std::vector<std::vector<uint8_t>> mask_ignored(static_cast<size_t>(s.opt.max_slots),
+                                                     std::vector<uint8_t>(static_cast<size_t>(s.lay.slot_bytes), 0));
+      std::vector<uint8_t> pool_ignored(g.pool.size(), 0);
+      rw = layer_writes(s, spec, tables, l, cpu, spr, *ref, mask_ignored, pool_ignored);
     }
-    if (c.has_indexer) {
-      const int64_t wd = 2 * gl.icomp_chans, n = static_cast<int64_t>(w.icomp_c.size()) / wd;
-      const Residual r = layer_compare::residual(w.icomp_g.data(), w.icomp_c.data(), n, wd);
-      const Residual sp = layer_compare::residual(w.icomp_p.data(), w.icomp_c.data(), n, wd);
-      const Residual* gs = nullptr;
-      std::vector<float> icomp_r;
-      if (ref) {
-        std::vector<std::vector<uint8_t>> mask_ignored(static_cast<size_t>(s.opt.max_slots),
-                                                       std::vector<uint8_t>(static_cast<size_t>(s.lay.slot_bytes), 0));
-        std::vector<uint8_t> pool_ignored(g.pool.size(), 0);
-        icomp_r = layer_writes(s, spec, tables, l, cpu, spr, *ref, mask_ignored, pool_ignored).icomp_g;
-        gs = gpu_rows(w.icomp_g.data(), icomp_r.data(), n, wd);
-      }
-      layer_compare::check_rows(s.rep, tag + " | indexer-compressor-rows", r, sp, layer_compare::fp32_row_limit(sp), gs);
-      if (!w.keys.offs.empty())
-        layer_compare::check_records(s.rep, tag + " | indexer-keys", diff_records(w.keys, g.pool, true, s),
-                                     diff_records(w.keys, p_pool, true, s),
-                                     ref ? gpu_records(diff_records(w.keys, g.pool, true, s, &ref->pool)) : nullptr);
-    }
+    // A compressor's committed rows [n, 2 * chans] (fp32) and the records it completed in the step.
+    auto compressor_pieces = [&](const char* rows_name, const char* recs_name, int64_t chans,
+                                 const std::vector<float>& gv, const std::vector<float>& cv,
+                                 const std::vector<float>& pv, const std::vector<float>& rv, const RecordSet& recs,
+                                 bool index_key) {
+      const int64_t wd = 2 * chans, n = static_cast<int64_t>(cv.size()) / wd;
+      const Residual r = layer_compare::residual(gv.data(), cv.data(), n, wd);
+      const Residual sp = layer_compare::residual(pv.data(), cv.data(), n, wd);
+      const Residual* gs = ref ? gpu_rows(gv.data(), rv.data(), n, wd) : nullptr;
+      layer_compare::check_rows(s.rep, tag + " | " + rows_name, r, sp, layer_compare::fp32_row_limit(sp), gs);
+      if (!recs.offs.empty())
+        layer_compare::check_records(s.rep, tag + " | " + recs_name, diff_records(recs, g.pool, index_key, s),
+                                     diff_records(recs, p_pool, index_key, s),
+                                     ref ? gpu_records(diff_records(recs, g.pool, index_key, s, &ref->pool)) : nullptr);
+    };
+    if (c.ratio)
+      compressor_pieces("compressor-rows", "compressed-entries", gl.comp_chans, w.comp_g, w.comp_c, w.comp_p,
+                        rw.comp_g, w.ent, false);
+    if (c.has_indexer)
+      compressor_pieces("indexer-compressor-rows", "indexer-keys", gl.icomp_chans, w.icomp_g, w.icomp_c, w.icomp_p,
+                        rw.icomp_g, w.keys, true);
   }
   // Nothing else of the state moved.
   {
