@@ -228,24 +228,29 @@ struct Bench {
                     {"predicted_us_at_4p3TBps", bytes / 4.3e12 * 1e6}});
   }
 
+  // The first kernels' GEMM op on act_quant(x) (its own quantization per 128), rounded to bf16.
+  double old_gemm_us(const Weights& w, int64_t m, int64_t n, int64_t k) {
+    return time_calls(s, [&](int i) {
+      kernels::GemmParams p;
+      p.x = x.get();
+      p.w = w.ref(i);
+      p.y = y.get();
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.round_bf16 = true;
+      p.quantize_x_block = 128;
+      kc::gemm(p, s);
+    });
+  }
+
   // One FP8 projection on act_quant(x): old = the GEMM op (its own quantization), new = the decode
   // GEMV on codes (and with the pack kernel, as the model runs it).
   void fp8_linear(const std::string& name, int64_t n, int64_t k, uint64_t seed) {
     Weights w(WeightFormat::kFp8Block, n, k, seed, s);
     for (int64_t m : {1, 8, 48, 96}) {
       const double bytes = static_cast<double>(w.bytes()) + m * k * 4.0 + m * n * 4.0;
-      const double old_us = time_calls(s, [&](int i) {
-        kernels::GemmParams p;
-        p.x = x.get();
-        p.w = w.ref(i);
-        p.y = y.get();
-        p.m = m;
-        p.n = n;
-        p.k = k;
-        p.round_bf16 = true;
-        p.quantize_x_block = 128;
-        kc::gemm(p, s);
-      });
+      const double old_us = old_gemm_us(w, m, n, k);
       pack(m, k);
       auto gemv = [&](int i) {
         kc::DecodeGemmArgs a;
@@ -364,18 +369,7 @@ struct Bench {
     Weights w(WeightFormat::kMxfp4, n, k, seed, s);
     for (int64_t m : {1, 8, 48}) {
       const double bytes = static_cast<double>(w.bytes()) + m * k * 4.0 + m * n * 4.0;
-      const double old_us = time_calls(s, [&](int i) {
-        kernels::GemmParams p;
-        p.x = x.get();
-        p.w = w.ref(i);
-        p.y = y.get();
-        p.m = m;
-        p.n = n;
-        p.k = k;
-        p.round_bf16 = true;
-        p.quantize_x_block = 128;
-        kc::gemm(p, s);
-      });
+      const double old_us = old_gemm_us(w, m, n, k);
       std::printf("%-38s %6lld %6lld %3lld %9.1f %6.1f%%   (old GEMM op path only; new: the MoE rows)\n", name.c_str(),
                   static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m), old_us,
                   100 * frac(bytes, old_us));
