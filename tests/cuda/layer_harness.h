@@ -445,7 +445,7 @@ inline void compare_pass(Subject& s, const StepSpec& spec, const std::vector<std
         // that value. Such rows (over the row limit) are left out and counted as records are:
         // at most kRecordDifferFrac of the rows (a wrong scale or weight moves every row). Measured on
         // an H200 (run3): one such row in a 131-row step, at max rel 0.18 (built-in, bf16 KV), 0.065
-        // and 0.029 (small preset, built-in nvfp4), every visible score of the row moved.
+        // and 0.029 (small preset, built-in nvfp4), 5 of 5, 15 of 17 and 41 of 48 visible scores moved.
         const Residual sp = layer_compare::residual(spr.idx_scores[l].data(), cpu.idx_scores[l].data(), rows, cols);
         const layer_compare::RowLimit row_lim = layer_compare::bf16_row_limit(sp);
         const Residual* gs0 = !rsc.empty() ? gpu_rows(gsc.data(), rsc.data(), rows, cols) : nullptr;
