@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -593,7 +594,9 @@ void Bench::moe_layers() {
   }
 }
 
-Status run(const std::string& out_path) {
+// `only`: the sections to run (linear, moe, long, sampler; empty: all), e.g. to profile one.
+Status run(const std::string& out_path, const std::set<std::string>& only) {
+  auto want = [&](const char* sec) { return only.empty() || only.count(sec) > 0; };
   if (kc::device_count() == 0) return make_error(StatusCode::kUnavailable, "no CUDA device visible");
   if (!kc::binary_supports_device(0))
     return make_error(StatusCode::kUnavailable, "this binary has no code for {}", kc::device_description(0));
@@ -608,22 +611,25 @@ Status run(const std::string& out_path) {
               ceil.read / 1e9);
   std::printf("%-38s %6s %6s %3s %9s %7s %9s %7s %9s %7s\n", "kernel (per-rank shapes of TP=2)", "n", "k", "m", "old us",
               "old %", "new us", "new %", "+pack us", "+pack %");
-  b.fp8_linear("wq_a fp8 (act_quant)", 1024, 4096, 1);
-  b.fp8_linear("wkv fp8 (act_quant)", 512, 4096, 2);
-  b.fp8_linear("wq_a + wkv fp8 (one launch)", 1536, 4096, 3);
-  b.fp8_linear("wq_b fp8", 16384, 1024, 4);
-  b.fp8_linear("wo_b fp8 (rank of TP=2)", 4096, 4096, 5);
-  b.fp8_linear("fp8 4096x8192 (wo_b, one rank)", 4096, 8192, 6);
-  b.fp8_linear("shared expert w1 fp8", 2048, 4096, 7);
-  b.wo_a("wo_a fp8 on bf16, 4 groups", 4, 1024, 4096, 8);
-  b.bf16_group("gate bf16", {256}, 4096, 9);
-  b.bf16_group("compressors + weights_proj bf16 (5)", {1024, 1024, 256, 256, 32}, 4096, 10);
-  b.bf16_group("lm head bf16 (rank of TP=2)", {64640}, 4096, 11);
-  b.mxfp4_gemm_op("expert w1 mxfp4 (GEMM op path)", 2048, 4096, 12);
-  b.mxfp4_gemm_op("expert w2 mxfp4 (GEMM op path)", 4096, 2048, 13);
-  b.moe_layers();
-  const nlohmann::json lc = bench_kernels::long_context(b.s, b.copy_bps, time_calls);
-  const nlohmann::json smp = b.sampler();
+  if (want("linear")) {
+    b.fp8_linear("wq_a fp8 (act_quant)", 1024, 4096, 1);
+    b.fp8_linear("wkv fp8 (act_quant)", 512, 4096, 2);
+    b.fp8_linear("wq_a + wkv fp8 (one launch)", 1536, 4096, 3);
+    b.fp8_linear("wq_b fp8", 16384, 1024, 4);
+    b.fp8_linear("wo_b fp8 (rank of TP=2)", 4096, 4096, 5);
+    b.fp8_linear("fp8 4096x8192 (wo_b, one rank)", 4096, 8192, 6);
+    b.fp8_linear("shared expert w1 fp8", 2048, 4096, 7);
+    b.wo_a("wo_a fp8 on bf16, 4 groups", 4, 1024, 4096, 8);
+    b.bf16_group("gate bf16", {256}, 4096, 9);
+    b.bf16_group("compressors + weights_proj bf16 (5)", {1024, 1024, 256, 256, 32}, 4096, 10);
+    b.bf16_group("lm head bf16 (rank of TP=2)", {64640}, 4096, 11);
+    b.mxfp4_gemm_op("expert w1 mxfp4 (GEMM op path)", 2048, 4096, 12);
+    b.mxfp4_gemm_op("expert w2 mxfp4 (GEMM op path)", 4096, 2048, 13);
+  }
+  if (want("moe")) b.moe_layers();
+  const nlohmann::json lc = want("long") ? bench_kernels::long_context(b.s, b.copy_bps, time_calls)
+                                         : nlohmann::json::object({{"targets", nlohmann::json::array()}});
+  const nlohmann::json smp = want("sampler") ? b.sampler() : nlohmann::json::array();
 
   nlohmann::json j;
   j["date"] = today_utc();
@@ -681,6 +687,10 @@ int bench_kernels_main(int argc, char** argv) {
   std::string out;
   app.add_option("--out", out, "JSON output path (default bench/results/bench-kernels-<date>.json, or ./ without "
                                "bench/results)");
+  std::vector<std::string> only;
+  app.add_option("--only", only, "sections to run: linear, moe, long, sampler (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"linear", "moe", "long", "sampler"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -693,7 +703,7 @@ int bench_kernels_main(int argc, char** argv) {
     out = (std::filesystem::is_directory("bench/results", ec) ? "bench/results/" : "") + std::string("bench-kernels-") +
           today_utc() + ".json";
   }
-  Status st = run(out);
+  Status st = run(out, std::set<std::string>(only.begin(), only.end()));
   if (!st.ok()) {
     std::fprintf(stderr, "tandem bench-kernels: %s\n", st.to_string().c_str());
     return 1;
@@ -701,6 +711,7 @@ int bench_kernels_main(int argc, char** argv) {
   return 0;
 #else
   (void)out;
+  (void)only;
   std::fprintf(stderr, "tandem bench-kernels: this build has no CUDA runner (no CUDA toolkit at build time)\n");
   return 1;
 #endif
