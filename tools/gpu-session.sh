@@ -2,7 +2,7 @@
 # On the lent GPU machine (development aid for this project's workplace; users run `make test-gpu`):
 # unpacks the build carried by tools/gpu-pack.sh and runs the stages named on the command line, each
 # with its own time limit, writing logs and JSON under $OUT. Stages: tests (test_cuda as one process,
-# optional gtest filter in TEST_FILTER), kernels (tandem bench-kernels), gemm (tandem bench-gemm),
+# optional gtest filter in TEST_FILTER), kernels (tandem bench-kernels, sections in KERNELS_ONLY), gemm (tandem bench-gemm),
 # builtin (bench-model on the built-in model), fullsize (bench-model: rank 0 of TP=2 of
 # deepseek-v4-flash-0731 with synthetic weights, alone on this GPU), tp (tools/gpu-tp-tests.sh:
 # the device collectives and TP=2/4 through CUDA with the ranks sharing this GPU, serve with TP=2
@@ -38,7 +38,8 @@ for s in "$@"; do
   case $s in
     tests) stage tests "${TESTS_LIMIT:-420}" build-cuda/test_cuda --gtest_output="json:$OUT/test_cuda.json" \
              ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} ;;
-    kernels) stage kernels 150 build-cuda/tandem bench-kernels --out "$OUT/bench-kernels.json" ;;
+    kernels) stage kernels 150 build-cuda/tandem bench-kernels --out "$OUT/bench-kernels.json" \
+               ${KERNELS_ONLY:+--only=$KERNELS_ONLY} ;;
     gemm) stage gemm 150 build-cuda/tandem bench-gemm --out "$OUT/bench-gemm.json" ;;
     builtin) stage builtin 200 build-cuda/tandem bench-model --model data/builtin --batches 1,2,4,8 --reps 50 \
                --context 200 --long-contexts 4096 --prefill 8192 --ttft none --out "$OUT/bench-model-builtin.json" ;;

@@ -260,15 +260,15 @@ TEST(CudaDecodeGemm, RowsAreIndependentOfTheRowCount) {
 }
 
 // A projection's k split depends on its own weight only (decode_gemm_units), so it gives the same
-// bits alone and grouped with others; here with segments of different splits (a 16384-row weight in
-// one unit, a 256-row one in four) whose 136 items outnumber the SMs, so CTAs stream items of both
-// segments back to back through one ring.
+// bits alone and grouped with others; here with segments of different splits (a 24576-row weight in
+// two units, a 256-row one in four) whose 392 items outnumber the CTAs (at most two per SM), so
+// CTAs stream items of both segments back to back through one ring.
 TEST(CudaDecodeGemm, GroupedEqualsAloneWithMixedSplits) {
   TANDEM_REQUIRE_GPU();
   const int64_t K = 1024, M = 40;
-  HostMatrix big = random_matrix(WeightFormat::kFp8Block, 16384, K, 65);
+  HostMatrix big = random_matrix(WeightFormat::kFp8Block, 24576, K, 65);
   HostMatrix small = random_matrix(WeightFormat::kFp8Block, 256, K, 66);
-  ASSERT_EQ(cuda::decode_gemm_units(big.dev(), true), 1);
+  ASSERT_EQ(cuda::decode_gemm_units(big.dev(), true), 2);
   ASSERT_EQ(cuda::decode_gemm_units(small.dev(), true), 4);
   const std::vector<float> x = act_rows(M, K, 67);
   Fp8Operand op = fp8_operand(x, M, K);
@@ -277,7 +277,7 @@ TEST(CudaDecodeGemm, GroupedEqualsAloneWithMixedSplits) {
   for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{40}}) {
     SCOPED_TRACE(::testing::Message() << "m " << m);
     auto run = [&](bool grouped) {
-      auto yb = poisoned<float>(static_cast<size_t>(m * 16384)), ys = poisoned<float>(static_cast<size_t>(m * 256));
+      auto yb = poisoned<float>(static_cast<size_t>(m * 24576)), ys = poisoned<float>(static_cast<size_t>(m * 256));
       DecodeGemmArgs a;
       a.x_codes = op.codes.get();
       a.x_scales = op.scales.get();
@@ -302,10 +302,10 @@ TEST(CudaDecodeGemm, GroupedEqualsAloneWithMixedSplits) {
     const std::vector<float> alone = run(false).second;
     EXPECT_TRUE(same_bits(gs, alone)) << "256-row weight grouped vs alone";
     EXPECT_TRUE(within_bound(gs, 256, ref_rows(rs, 0, m), decode_factor(K, 4), true)) << "256-row weight";
-    std::vector<float> first(static_cast<size_t>(std::min<int64_t>(m, 8) * 16384));
+    std::vector<float> first(static_cast<size_t>(std::min<int64_t>(m, 8) * 24576));
     std::copy(gb.begin(), gb.begin() + first.size(), first.begin());
-    EXPECT_TRUE(within_bound(first, 16384, ref_rows(rb, 0, std::min<int64_t>(m, 8)), decode_factor(K, 1), true))
-        << "16384-row weight";
+    EXPECT_TRUE(within_bound(first, 24576, ref_rows(rb, 0, std::min<int64_t>(m, 8)), decode_factor(K, 2), true))
+        << "24576-row weight";
   }
 }
 

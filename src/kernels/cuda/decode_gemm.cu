@@ -73,13 +73,14 @@ void launch_mt(const Plan& p, bool pdl, cudaStream_t s) {
 
 }  // namespace
 
-// Units of k for one weight: enough warp tasks for a small weight (about 1024), each unit at
-// least 256 k and a whole number of stages. Depends on the weight (format, rows, k) alone.
+// Units of k for one weight: enough warp tasks for a small weight (about 2048: 16 warps on each
+// of 132 SMs), each unit at least 256 k and a whole number of stages. Depends on the weight
+// (format, rows, k) alone.
 int units_for(Kind kind, int64_t n, int64_t k) {
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
   const int64_t stage_k = kind == Kind::kBf16F32 ? 64 : 128;
   int u = 1;
-  while (u < kMaxUnits && tiles * u < 1024 && (k / stage_k) % (2 * u) == 0 && k / (2 * u) >= 256) u *= 2;
+  while (u < kMaxUnits && tiles * u < 2048 && (k / stage_k) % (2 * u) == 0 && k / (2 * u) >= 256) u *= 2;
   return u;
 }
 
@@ -135,7 +136,10 @@ Plan plan(const DecodeGemmArgs& a) {
   const DecodeLaunchLimits& lim = decode_launch_limits();
   p.smem = plan_smem(p.mt, lim, &ka.ring);
   TANDEM_CHECK_MSG(p.smem <= static_cast<size_t>(lim.smem_per_block), "decode_gemm: shared memory of the device");
-  p.grid = std::min<int64_t>(ka.total, lim.sms);
+  // Two CTAs per SM where shared memory allows (8 warps per SM leave the weight stream
+  // latency-bound), never more than there are items.
+  const int64_t per_sm = std::clamp<int64_t>(lim.smem_per_sm / (static_cast<int64_t>(p.smem) + 1024), 1, 2);
+  p.grid = std::min<int64_t>(ka.total, per_sm * lim.sms);
   return p;
 }
 

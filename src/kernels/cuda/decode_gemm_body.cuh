@@ -7,7 +7,8 @@
 // is 8 / units tiles x units units = 8 warp tasks, so a tile's units meet in the CTA's shared
 // memory and are added in unit order. An item covers one 96-row chunk of the activation rows; the
 // items of a launch (all segments, all chunks, the chunks of a tile adjacent so that they share it
-// through L2) are dealt round-robin to a persistent grid of at most one CTA per SM.
+// through L2) are dealt round-robin to a persistent grid of at most two CTAs per SM (as many as
+// shared memory lets reside at once).
 //
 // Weight stream. Each warp streams its tasks' weights through a ring of `ring` 2 KB stages in
 // shared memory with cp.async (16 bytes per lane, four per lane per stage: the lane copies exactly

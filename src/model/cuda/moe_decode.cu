@@ -1,6 +1,6 @@
 // The decode-size MoE sub-block (see moe_decode.h) in three kernels (the first in
 // moe_decode_route.cu, the experts and the buffers here), each a persistent grid of at
-// most one CTA per SM streaming weights through per-warp cp.async rings (the decode GEMV's design,
+// most two CTAs per SM streaming weights through per-warp cp.async rings (the decode GEMV's design,
 // kernels/cuda/decode_gemm_body.cuh), launched with programmatic dependent launch:
 //  1. gate + route: the decode GEMV on the bf16 gate; the last CTA to finish (an arrival counter)
 //     routes every token and groups the (token, expert) pairs by distinct expert, ascending.
@@ -15,8 +15,10 @@
 // The counters are zero between calls (the last arriver resets its own), so a captured graph
 // replays them as they are.
 //
-// Routed experts (MXFP4, per-32 E8M0 scales): each lane reads a quarter (4 bytes, 8 values) of
-// every 32-value group of its row from the ring (rows padded to 80 bytes: conflict-free), so the 16
+// Routed experts (MXFP4, per-32 E8M0 scales): the weights are the mma's A operand and the expert's
+// tokens its n8 columns, so each weight value is dequantized once per 8 tokens (the largest cost
+// per byte at decode sizes). Each lane reads a quarter (4 bytes, 8 values) of every 32-value group
+// of weight rows g and g + 8 from the ring (16-byte chunks XOR-swizzled: conflict-free), so the 16
 // k-slots of an mma all share one weight scale; e2m1 becomes e4m3 by moving bits (value * 2^-6)
 // and f16 by the hardware conversion; two f16 mmas per group go into a zeroed block accumulator,
 // added with the scale product (exact power of two) into the fp32 total. The shared expert (FP8)
@@ -275,7 +277,11 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
 
   Ctx x{};
   int mt_act = 0;
-  int32_t arow[MT][2];  // activation rows of this lane's A rows g and g + 8 (clamped to the chunk)
+  // Activation rows (clamped to the chunk) of the tokens whose codes this lane loads: FP8 shared
+  // expert (tokens as the mma's A rows): tokens mt * 16 + hh * 8 + g; MXFP4 routed experts (tokens
+  // as B columns, token tile tt = 2 mt + hh): token tt * 8 + g, the same set.
+  int32_t arow[MT][2];
+  int32_t crow[2 * MT][2];  // MXFP4: activation rows of this lane's C columns, tokens tt * 8 + 2t + q
   const uint8_t* wsc = nullptr;
   const int64_t kb0 = unit * ku / 128;   // the unit's first 128-k block
   const int64_t ld_as = a.k / 128;
@@ -284,18 +290,22 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   while (cons.ok) {
     if (cons.st == 0) {
       x = cons.x;
-      mt_act = static_cast<int>((x.nrows + 15) / 16);
+      mt_act = static_cast<int>(x.shared ? (x.nrows + 15) / 16 : (x.nrows + 7) / 8);  // m16 / n8 token tiles
+      auto act_row = [&](int64_t j0) {
+        const int64_t j = j0 < x.nrows ? j0 : x.nrows - 1;
+        const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
+        if (x.shared) return static_cast<int32_t>(UP ? jr : a.shared_arow0 + jr);
+        return static_cast<int32_t>(UP ? a.pair_token[x.off + jr] : x.off + jr);
+      };
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int64_t j0 = mt * 16 + g + hh * 8, j = j0 < x.nrows ? j0 : x.nrows - 1;
-          const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
-          int64_t r;
-          if (x.shared) r = UP ? jr : a.shared_arow0 + jr;
-          else r = UP ? a.pair_token[x.off + jr] : x.off + jr;
-          arow[mt][hh] = static_cast<int32_t>(r);
-        }
+        for (int hh = 0; hh < 2; ++hh) arow[mt][hh] = act_row(mt * 16 + g + hh * 8);
+      if (!x.shared)
+#pragma unroll
+        for (int tt = 0; tt < 2 * MT; ++tt)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) crow[tt][q] = act_row(tt * 8 + 2 * t + q);
       if (x.shared) {
         const WeightRef& w = mm == 0 ? a.s0 : a.s1;
         const int64_t sld = w.scale_ld > 0 ? w.scale_ld : (a.k + 127) / 128;
@@ -364,60 +374,51 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       }
     } else {
       // ---- MXFP4 routed expert: groups of 32 k, one weight scale per mma ----
-      uint2 sc[2][2];  // E8M0 of the stage's groups, C columns 2t and 2t + 1 of each n8 tile
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) sc[nt][q] = mma::lds64(slot + kMxDataBytes + (nt * 8 + 2 * t + q) * 8);
+      // Weights are the mma's A operand (rows g and g + 8 of the tile), the expert's tokens its n8
+      // columns (token tile tt: tokens tt * 8 ..): the weight's dequantization, the largest cost
+      // per byte, is done once per 16 x 8 outputs. A lane's k-slots 2t, 2t + 1, 2t + 8, 2t + 9 of
+      // the group's first (second) k16 step are its 8 values 8t .. 8t + 3 (8t + 4 .. 8t + 7), for
+      // the weight and the activation alike.
+      const uint2 sr0 = mma::lds64(slot + kMxDataBytes + g * 8);        // E8M0 of row g's groups
+      const uint2 sr1 = mma::lds64(slot + kMxDataBytes + (g + 8) * 8);  // row g + 8
       for (int sb = 0; sb < cpr / 4; ++sb) {  // 128-k blocks of the stage: one activation scale each
         const int64_t kb = kb0 + (static_cast<int64_t>(st) * a.mx_k + sb * 128) / 128;
-        float ftok[MT][2];
+        float ftok[2 * MT][2];  // activation scales of this lane's C columns
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int tt = 0; tt < 2 * MT; ++tt)
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-            ftok[mt][hh] = mt < mt_act ? mma::exp2i(static_cast<int>(
-                                             a.a_scales[static_cast<int64_t>(arow[mt][hh]) * ld_as + kb]) - 127)
-                                       : 0.0f;
+          for (int q = 0; q < 2; ++q)
+            ftok[tt][q] = tt < mt_act ? mma::exp2i(static_cast<int>(
+                                            a.a_scales[static_cast<int64_t>(crow[tt][q]) * ld_as + kb]) - 127)
+                                      : 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int jj = sb * 4 + j;  // group within the stage
-          uint32_t bf[2][4];
-          float frow[2][2];
+          uint32_t lo0, hi0, lo1, hi1;
+          mma::e2m1x8_to_e4m3x8(mma::lds32(slot + mx_chunk(g, jj, cpr) + t * 4), lo0, hi0);
+          mma::e2m1x8_to_e4m3x8(mma::lds32(slot + mx_chunk(g + 8, jj, cpr) + t * 4), lo1, hi1);
+          const uint32_t a0[4] = {mma::e4m3x2_to_f16x2(lo0), mma::e4m3x2_to_f16x2(lo1),
+                                  mma::e4m3x2_to_f16x2(lo0 >> 16), mma::e4m3x2_to_f16x2(lo1 >> 16)};
+          const uint32_t a1[4] = {mma::e4m3x2_to_f16x2(hi0), mma::e4m3x2_to_f16x2(hi1),
+                                  mma::e4m3x2_to_f16x2(hi0 >> 16), mma::e4m3x2_to_f16x2(hi1 >> 16)};
+          float frow[2];  // C rows g, g + 8: weight values carry 2^-6
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            uint32_t lo, hi;
-            mma::e2m1x8_to_e4m3x8(mma::lds32(slot + mx_chunk(nt * 8 + g, jj, cpr) + t * 4), lo, hi);
-            bf[nt][0] = mma::e4m3x2_to_f16x2(lo);
-            bf[nt][1] = mma::e4m3x2_to_f16x2(lo >> 16);
-            bf[nt][2] = mma::e4m3x2_to_f16x2(hi);
-            bf[nt][3] = mma::e4m3x2_to_f16x2(hi >> 16);
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              const uint32_t word = jj < 4 ? sc[nt][q].x : sc[nt][q].y;
-              const int ew = (word >> (8 * (jj & 3))) & 0xff;  // weight values carry 2^-6
-              frow[nt][q] = ew == 255 ? __int_as_float(0x7fc00000) : mma::exp2i(ew - 127 + 6);
-            }
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t word = jj < 4 ? (r == 0 ? sr0.x : sr1.x) : (r == 0 ? sr0.y : sr1.y);
+            const int ew = (word >> (8 * (jj & 3))) & 0xff;
+            frow[r] = ew == 255 ? __int_as_float(0x7fc00000) : mma::exp2i(ew - 127 + 6);
           }
           const int64_t kl = unit * ku + static_cast<int64_t>(st) * a.mx_k + jj * 32 + t * 8;
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (mt >= mt_act) break;
-            const uint2 c0 = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[mt][0]) * a.k + kl);
-            const uint2 c1 = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[mt][1]) * a.k + kl);
-            const uint32_t a0[4] = {mma::e4m3x2_to_f16x2(c0.x), mma::e4m3x2_to_f16x2(c1.x),
-                                    mma::e4m3x2_to_f16x2(c0.x >> 16), mma::e4m3x2_to_f16x2(c1.x >> 16)};
-            const uint32_t a1[4] = {mma::e4m3x2_to_f16x2(c0.y), mma::e4m3x2_to_f16x2(c1.y),
-                                    mma::e4m3x2_to_f16x2(c0.y >> 16), mma::e4m3x2_to_f16x2(c1.y >> 16)};
+          for (int tt = 0; tt < 2 * MT; ++tt) {
+            if (tt >= mt_act) break;
+            const uint2 c = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[tt >> 1][tt & 1]) * a.k + kl);
+            float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma::mma_f16(blk, a0, mma::e4m3x2_to_f16x2(c.x), mma::e4m3x2_to_f16x2(c.x >> 16));
+            mma::mma_f16(blk, a1, mma::e4m3x2_to_f16x2(c.y), mma::e4m3x2_to_f16x2(c.y >> 16));
+            float* acc_t = acc[tt >> 1][tt & 1];
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-              float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma::mma_f16(blk, a0, bf[nt][0], bf[nt][1]);
-              mma::mma_f16(blk, a1, bf[nt][2], bf[nt][3]);
-#pragma unroll
-              for (int i = 0; i < 4; ++i)
-                acc[mt][nt][i] = fmaf(blk[i], frow[nt][i & 1] * ftok[mt][i >> 1], acc[mt][nt][i]);
-            }
+            for (int i = 0; i < 4; ++i) acc_t[i] = fmaf(blk[i], frow[i >> 1] * ftok[tt][i & 1], acc_t[i]);
           }
         }
       }
@@ -482,9 +483,11 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-              const int64_t j = mt * 16 + g + (i >= 2 ? 8 : 0);  // row within the chunk
+              // (token within the chunk, output column) of accumulator (mt, nt, i): the shared
+              // expert's tokens are A rows, the routed experts' tokens C columns (token tile 2 mt + nt).
+              const int64_t j = x.shared ? mt * 16 + g + (i >= 2 ? 8 : 0) : (mt * 2 + nt) * 8 + 2 * t + (i & 1);
               if (j >= x.nrows) continue;
-              const int64_t col = row0 + nt * 8 + 2 * t + (i & 1);
+              const int64_t col = row0 + (x.shared ? nt * 8 + 2 * t + (i & 1) : g + (i >= 2 ? 8 : 0));
               const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
               if constexpr (UP) {
                 // The linears' bf16 outputs, then SwiGLU exactly as the swiglu op (and the routing weight).
@@ -659,7 +662,10 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
   // have one chunk each plus one per 32 of their pairs.
   const int64_t slots = std::min<int64_t>({max_active_of(d, a.tokens), a.expert_count, ea.max_active});
   const int64_t upper = ea.ipc * (ea.chunks_shared + slots + chunks_of(a.tokens * d.topk));
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, lim.sms));
+  // As many CTAs as fit on the device at once (two per SM where shared memory allows: the
+  // consumer is latency-bound at 8 warps per SM), never more than there are items.
+  const int64_t per_sm = std::clamp<int64_t>(lim.smem_per_sm / (static_cast<int64_t>(smem) + kJobTableBytes + 1024), 1, 2);
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, per_sm * lim.sms));
   if (mt == 1) launch_experts<UP, 1>(ea, grid, smem, a.pdl, s);
   else launch_experts<UP, 2>(ea, grid, smem, a.pdl, s);
 }
