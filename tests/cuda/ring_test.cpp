@@ -55,6 +55,60 @@ TEST(CudaRing, CommitMatchesCpuByteForByte) {
   TANDEM_REQUIRE_GPU();
 }
 
+// The layer's commits in one launch (ring_commit_batch): three rings of one slot state with
+// different row sizes and offsets, laid out so that each takes another copy word (16-, 8-, 4- and
+// 1-byte), against the CPU's commit loops; every other byte of the slot state stays as it was.
+TEST(CudaRing, BatchMatchesCpuByteForByteAtEveryWordSize) {
+  struct R {
+    int ring;
+    int64_t bpr, off;  // bytes per row, offset in the slot
+  };
+  struct C {
+    int64_t slot_bytes;
+    std::vector<R> rings;
+  };
+  const std::vector<SeqPlan> seqs = {{0, 0, 7, {}}, {3, 300, 1, {}}, {1, 128, 5, {}}, {2, 10, 140, {}}};
+  const C cases[] = {
+      {200000, {{133, 592, 16}, {11, 8192, 80000}, {6, 2048, 180000}}},  // 16-byte words
+      {200008, {{133, 584, 8}, {11, 8192, 80000}, {6, 2048, 180000}}},   // 8: the fp8 record's 584 bytes
+      {200004, {{133, 100, 4}, {11, 4096, 80000}, {6, 2048, 180000}}},   // 4
+      {200001, {{133, 37, 3}, {11, 4096, 80001}, {6, 1000, 180000}}},    // bytes
+  };
+  uint64_t seed = 900;
+  for (const C& c : cases) {
+    DeviceStep st(seqs, 256);
+    const int64_t rows = st.rows, slots = 4;
+    SCOPED_TRACE(::testing::Message() << "slot bytes " << c.slot_bytes);
+    const std::vector<uint8_t> state = random_bytes(static_cast<size_t>(slots * c.slot_bytes), seed + 7777777);
+    std::vector<uint8_t> want = state;
+    std::vector<std::vector<uint8_t>> srcs;
+    for (const R& r : c.rings) {
+      srcs.push_back(random_bytes(static_cast<size_t>(rows * r.bpr), seed++));
+      for (size_t q = 0; q < seqs.size(); ++q) {
+        const SeqPlan& sp = seqs[q];
+        uint8_t* base = want.data() + sp.slot * c.slot_bytes + r.off;
+        for (int64_t t = std::max<int64_t>(0, sp.len - r.ring); t < sp.len; ++t)
+          std::memcpy(base + ((sp.start + t) % r.ring) * r.bpr, srcs.back().data() + (st.seq_row0[q] + t) * r.bpr,
+                      static_cast<size_t>(r.bpr));
+      }
+    }
+    if (!have_gpu()) continue;
+    st.upload();
+    DeviceBuffer<uint8_t> dstate = to_dev(state);
+    std::vector<DeviceBuffer<uint8_t>> dsrc;
+    std::vector<RingCommitArgs> args;
+    for (size_t i = 0; i < c.rings.size(); ++i) {
+      dsrc.push_back(to_dev(srcs[i]));
+      const R& r = c.rings[i];
+      args.push_back(
+          RingCommitArgs{dsrc.back().get(), r.bpr, st.meta, rows, dstate.get(), c.slot_bytes, r.off, r.ring});
+    }
+    cuda_model::ring_commit_batch(args.data(), static_cast<int>(args.size()), kStream);
+    EXPECT_TRUE(same_values(to_host(dstate), want, 64));
+  }
+  TANDEM_REQUIRE_GPU();
+}
+
 TEST(CudaRing, WriteMatchesCpuByteForByte) {
   struct C {
     int ring;

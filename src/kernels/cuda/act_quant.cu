@@ -5,6 +5,7 @@
 #include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -23,6 +24,7 @@ __device__ __forceinline__ float warp_amax(const float* x, int block, int lane) 
 }
 
 __global__ void fp8_kernel(QuantArgs a) {
+  pdl_enter();
   const int lane = threadIdx.x & 31;
   const int64_t nb = a.cols / a.block;
   const int64_t total = a.rows * nb;
@@ -48,6 +50,7 @@ __global__ void fp8_kernel(QuantArgs a) {
 }
 
 __global__ void fp4_kernel(QuantArgs a) {
+  pdl_enter();
   const int lane = threadIdx.x & 31;
   const int64_t nb = a.cols / a.block;
   const int64_t total = a.rows * nb;
@@ -80,6 +83,7 @@ __global__ void fp4_kernel(QuantArgs a) {
 }
 
 __global__ void round_bf16_kernel(float* x, int64_t rows, int64_t cols, int64_t ldx) {
+  pdl_enter();
   const int64_t total = rows * cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -92,7 +96,7 @@ __global__ void round_bf16_kernel(float* x, int64_t rows, int64_t cols, int64_t 
 
 void act_quant_fp8_rows(const QuantRowsArgs& a, cudaStream_t s) {
   if (a.rows == 0 || a.cols == 0) return;
-  fp8_kernel<<<grid_for(a.rows * (a.cols / a.block), kWarpsPerCta), kWarpsPerCta * kWarp, 0, s>>>(a);
+  launch_pdl(fp8_kernel, grid_for(a.rows * (a.cols / a.block), kWarpsPerCta), kWarpsPerCta * kWarp, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
@@ -107,7 +111,7 @@ void fp4_act_quant(const Fp4ActQuantParams& p, cudaStream_t s) {
   if (p.rows == 0 || p.cols == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.cols;
   const QuantArgs a{p.x, ldx, p.rows, 0, p.x, ldx, p.rows, p.cols, p.block, p.codes, p.scales};
-  fp4_kernel<<<grid_for(p.rows * (p.cols / p.block), kWarpsPerCta), kWarpsPerCta * kWarp, 0, s>>>(a);
+  launch_pdl(fp4_kernel, grid_for(p.rows * (p.cols / p.block), kWarpsPerCta), kWarpsPerCta * kWarp, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
@@ -115,7 +119,7 @@ void round_bf16(const RoundBf16Params& p, cudaStream_t s) {
   validate(p);
   if (p.rows == 0 || p.cols == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.cols;
-  round_bf16_kernel<<<grid_for(p.rows * p.cols, 256 * 8), 256, 0, s>>>(p.x, p.rows, p.cols, ldx);
+  launch_pdl(round_bf16_kernel, grid_for(p.rows * p.cols, 256 * 8), 256, 0, s, p.x, p.rows, p.cols, ldx);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/smem_bounds.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -14,6 +15,7 @@ constexpr int64_t kMaxN = 8192;  // 32 KiB of shared memory
 size_t smem_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }  // one row
 
 __global__ void __launch_bounds__(kThreads) hadamard_kernel(HadamardParams p, int64_t ldx, float scale) {
+  pdl_enter();
   extern __shared__ float v[];
   const int n = static_cast<int>(p.n);
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -45,7 +47,7 @@ void hadamard(const HadamardParams& p, cudaStream_t s) {
   TANDEM_CHECK_MSG(p.n <= kMaxN, "hadamard: n <= 8192");
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.n;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.n)));
-  hadamard_kernel<<<grid_for(p.rows, 1), kThreads, smem_bytes(p.n), s>>>(p, ldx, scale);
+  launch_pdl(hadamard_kernel, grid_for(p.rows, 1), kThreads, smem_bytes(p.n), s, p, ldx, scale);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

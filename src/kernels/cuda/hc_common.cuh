@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda::hc {
 // Internal linkage: each including .cu gets its own copy of the kernel.
@@ -18,6 +19,7 @@ constexpr int kTokTile = 4;  // tokens per CTA in the mix kernel
 // ks (stored as double, exactly); j == nmix: fp64 partial sum of squares.
 __global__ void __launch_bounds__(kThreads) mix_partial_kernel(const float* h, const float* fn, int64_t tokens,
                                                                int nmix, int64_t hd, int ksplit, double* partial) {
+  pdl_enter();
   __shared__ double red[32];
   const int j = blockIdx.x, ks = blockIdx.y;
   const int64_t t0 = static_cast<int64_t>(blockIdx.z) * kTokTile;
@@ -69,8 +71,8 @@ inline double* launch_mix(const float* h, const float* fn, int64_t tokens, int n
   double* partial = static_cast<double*>(scratch(ScratchSlot::kHc, n * sizeof(double), s));
   const int64_t ttiles = (tokens + kTokTile - 1) / kTokTile;
   TANDEM_CHECK_MSG(ttiles <= 65535, "hc: too many tokens for one launch");
-  mix_partial_kernel<<<dim3(nmix + 1, ksplit, static_cast<unsigned>(ttiles)), kThreads, 0, s>>>(h, fn, tokens, nmix,
-                                                                                                  hd, ksplit, partial);
+  launch_pdl(mix_partial_kernel, dim3(nmix + 1, ksplit, static_cast<unsigned>(ttiles)), kThreads, 0, s, h, fn, tokens,
+             nmix, hd, ksplit, partial);
   TANDEM_CUDA_LAUNCH_CHECK();
   return partial;
 }

@@ -2,6 +2,7 @@
 // weights on one thread, the stream collapse on all threads.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hc_common.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -9,6 +10,7 @@ namespace {
 constexpr int kMaxHc = 16;
 
 __global__ void __launch_bounds__(hc::kThreads) hc_head_finish(HcHeadParams p, const double* partial, int ksplit) {
+  pdl_enter();
   __shared__ float pre[kMaxHc];
   __shared__ double stage[hc::kMaxStage];
   __shared__ float mix[kMaxHc];
@@ -32,7 +34,7 @@ void hc_head(const HcHeadParams& p, cudaStream_t s) {
   const int64_t HD = p.hc * p.dim;
   const int ksplit = hc::ksplit_for(HD, p.hc);
   const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, p.hc, HD, ksplit, s);
-  hc_head_finish<<<static_cast<unsigned>(p.tokens), hc::kThreads, 0, s>>>(p, partial, ksplit);
+  launch_pdl(hc_head_finish, static_cast<unsigned>(p.tokens), hc::kThreads, 0, s, p, partial, ksplit);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -4,6 +4,7 @@
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -11,6 +12,7 @@ namespace {
 constexpr int kMaxHc = 16;
 
 __global__ void hc_post_kernel(HcPostParams p) {
+  pdl_enter();
   const int hc = p.hc;
   const int64_t D = p.dim, total = p.tokens * D;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -43,7 +45,7 @@ void hc_post(const HcPostParams& p, cudaStream_t s) {
   validate(p);
   if (p.tokens == 0) return;
   TANDEM_CHECK(p.hc <= kMaxHc);
-  hc_post_kernel<<<grid_for(p.tokens * p.dim, 256), 256, 0, s>>>(p);
+  launch_pdl(hc_post_kernel, grid_for(p.tokens * p.dim, 256), 256, 0, s, p);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -3,6 +3,7 @@
 // by shuffles in the CPU's order; wider: one thread) and collapses the streams with all threads.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hc_common.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -10,6 +11,7 @@ namespace {
 constexpr int kMaxHc = 16;
 
 __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, const double* partial, int ksplit) {
+  pdl_enter();
   __shared__ float pre[kMaxHc];
   __shared__ double stage[hc::kMaxStage];
   __shared__ float mix[(2 + kMaxHc) * kMaxHc];
@@ -104,7 +106,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t s) {
   const int64_t HD = p.hc * p.dim;
   const int ksplit = hc::ksplit_for(HD, nmix);
   const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
-  hc_pre_finish<<<static_cast<unsigned>(p.tokens), hc::kThreads, 0, s>>>(p, partial, ksplit);
+  launch_pdl(hc_pre_finish, static_cast<unsigned>(p.tokens), hc::kThreads, 0, s, p, partial, ksplit);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -39,6 +39,14 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// The first statement of a kernel that reads nothing before its predecessor is done (no weights
+// to prefetch): waits for the predecessor (rule 1), then lets the next PDL kernel be scheduled as
+// soon as every block of this one is running, so its launch overlaps this kernel's work.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_trigger();
+}
+
 // kernel<<<grid, block, smem, s>>>(args...) with programmatic stream serialization allowed; the
 // launch status is checked (TANDEM_CUDA_CHECK). Argument types must convert to the kernel's.
 template <typename... KernelArgs, typename... Args>

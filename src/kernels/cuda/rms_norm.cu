@@ -5,6 +5,7 @@
 // the result is bit-exact with the CPU op.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -13,6 +14,7 @@ constexpr int kThreads = 256;
 constexpr int kChunk = 2048;  // bf16 chain: squares staged per pass
 
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p, int64_t ldx, int64_t ldy) {
+  pdl_enter();
   __shared__ double red[32];
   __shared__ float rs_shared;
   __shared__ float sq[kChunk];
@@ -67,7 +69,7 @@ void rms_norm(const RmsNormParams& p, cudaStream_t s) {
   validate(p);
   if (p.rows == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.dim, ldy = p.ldy > 0 ? p.ldy : p.dim;
-  rms_norm_kernel<<<grid_for(p.rows, 1), kThreads, 0, s>>>(p, ldx, ldy);
+  launch_pdl(rms_norm_kernel, grid_for(p.rows, 1), kThreads, 0, s, p, ldx, ldy);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -3,11 +3,13 @@
 // double-precision sincos rounded to float (the correctly rounded values, as the CPU's cosf/sinf).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 __global__ void rope_kernel(RopeParams p, int64_t head_stride, int64_t token_stride) {
+  pdl_enter();
   const int half = p.rope_dim / 2;
   const int64_t per_token = p.heads * half;
   const int64_t total = p.tokens * per_token;
@@ -43,7 +45,8 @@ void rope(const RopeParams& p, cudaStream_t s) {
   if (p.tokens == 0) return;
   const int64_t head_stride = p.head_stride > 0 ? p.head_stride : p.rope_offset + p.rope_dim;
   const int64_t token_stride = p.token_stride > 0 ? p.token_stride : p.heads * head_stride;
-  rope_kernel<<<grid_for(p.tokens * p.heads * (p.rope_dim / 2), 256), 256, 0, s>>>(p, head_stride, token_stride);
+  launch_pdl(rope_kernel, grid_for(p.tokens * p.heads * (p.rope_dim / 2), 256), 256, 0, s, p, head_stride,
+             token_stride);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

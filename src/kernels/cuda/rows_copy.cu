@@ -4,11 +4,13 @@
 // the 8 target rows are distinct (the MoE case) their loads are issued together.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 __global__ void gather_kernel(RowsCopyParams p, int64_t lds, int64_t ldd) {
+  pdl_enter();
   const int64_t total = p.count * p.cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += stride) {
@@ -20,6 +22,7 @@ __global__ void gather_kernel(RowsCopyParams p, int64_t lds, int64_t ldd) {
 constexpr int kBatch = 8;
 
 __global__ void scatter_add_kernel(RowsCopyParams p, int64_t lds, int64_t ldd) {
+  pdl_enter();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.cols; c += stride) {
     int64_t i = 0;
@@ -59,9 +62,9 @@ void rows_copy(const RowsCopyParams& p, cudaStream_t s) {
   if (p.count == 0 || p.cols == 0) return;
   const int64_t lds = p.lds > 0 ? p.lds : p.cols, ldd = p.ldd > 0 ? p.ldd : p.cols;
   if (p.gather) {
-    gather_kernel<<<grid_for(p.count * p.cols, 256), 256, 0, s>>>(p, lds, ldd);
+    launch_pdl(gather_kernel, grid_for(p.count * p.cols, 256), 256, 0, s, p, lds, ldd);
   } else {
-    scatter_add_kernel<<<grid_for(p.cols, 128), 128, 0, s>>>(p, lds, ldd);
+    launch_pdl(scatter_add_kernel, grid_for(p.cols, 128), 128, 0, s, p, lds, ldd);
   }
   TANDEM_CUDA_LAUNCH_CHECK();
 }

@@ -2,6 +2,7 @@
 // exp(y - max) (as the CPU op), then the output. Reads x again for every pass, so y may equal x.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -9,6 +10,7 @@ namespace {
 constexpr int kThreads = 1024;
 
 __global__ void __launch_bounds__(kThreads) softmax_kernel(SoftmaxParams p, int64_t ldx, int64_t ldy) {
+  pdl_enter();
   __shared__ float redf[32];
   __shared__ double redd[32];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -40,7 +42,7 @@ void softmax(const SoftmaxParams& p, cudaStream_t s) {
   validate(p);
   if (p.rows == 0) return;
   const int64_t ldx = p.ldx > 0 ? p.ldx : p.n, ldy = p.ldy > 0 ? p.ldy : p.n;
-  softmax_kernel<<<grid_for(p.rows, 1), kThreads, 0, s>>>(p, ldx, ldy);
+  launch_pdl(softmax_kernel, grid_for(p.rows, 1), kThreads, 0, s, p, ldx, ldy);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

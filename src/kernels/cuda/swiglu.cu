@@ -2,11 +2,13 @@
 // the CPU's operation order; expf differs from the CPU's by at most 2 ulp.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 __global__ void swiglu_kernel(SwigluParams p, int64_t ldg, int64_t ldu, int64_t ldo) {
+  pdl_enter();
   const int64_t total = p.rows * p.cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const bool clamp = p.limit > 0.0f;
@@ -29,7 +31,7 @@ void swiglu(const SwigluParams& p, cudaStream_t s) {
   validate(p);
   if (p.rows == 0 || p.cols == 0) return;
   const int64_t ldg = p.ldg > 0 ? p.ldg : p.cols, ldu = p.ldu > 0 ? p.ldu : p.cols, ldo = p.ldo > 0 ? p.ldo : p.cols;
-  swiglu_kernel<<<grid_for(p.rows * p.cols, 256), 256, 0, s>>>(p, ldg, ldu, ldo);
+  launch_pdl(swiglu_kernel, grid_for(p.rows * p.cols, 256), 256, 0, s, p, ldg, ldu, ldo);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

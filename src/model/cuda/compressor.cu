@@ -5,6 +5,7 @@
 
 #include "common/numeric_core.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::cuda_model {
 
@@ -15,6 +16,7 @@ using kernels::cuda::mul_rn;
 namespace {
 
 __global__ void comp_rows_kernel(CompRowsArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t t = blockIdx.x;
   if (t >= a.rows) return;
   const int64_t C = a.chans;
@@ -33,6 +35,7 @@ __device__ __forceinline__ const float* comp_row_ptr(const CompressArgs& a, int 
 }
 
 __global__ void compress_entries_kernel(CompressArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t t = blockIdx.x;
   if (t >= a.rows) return;
   const int64_t p = a.m.positions[t];
@@ -91,6 +94,7 @@ __global__ void compress_entries_kernel(CompressArgs a) {
 }
 
 __global__ void store_entries_kernel(StoreEntriesArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t t = blockIdx.x;
   if (t >= a.rows || !a.flag[t]) return;
   const int seq = a.m.row_seq[t];
@@ -105,19 +109,19 @@ __global__ void store_entries_kernel(StoreEntriesArgs a) {
 
 void comp_rows_build(const CompRowsArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
-  comp_rows_kernel<<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a);
+  kernels::cuda::launch_pdl(comp_rows_kernel, static_cast<unsigned>(a.rows), 256, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void compress_entries(const CompressArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
-  compress_entries_kernel<<<static_cast<unsigned>(a.rows), 128, 0, s>>>(a);
+  kernels::cuda::launch_pdl(compress_entries_kernel, static_cast<unsigned>(a.rows), 128, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void store_entries(const StoreEntriesArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
-  store_entries_kernel<<<static_cast<unsigned>(a.rows), 128, 0, s>>>(a);
+  kernels::cuda::launch_pdl(store_entries_kernel, static_cast<unsigned>(a.rows), 128, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

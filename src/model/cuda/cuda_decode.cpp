@@ -107,10 +107,7 @@ void CudaModel::Impl::dec_codes_of(const float* xx, int64_t n, int64_t k) {
 // (normed activations, the Markov rows).
 bool CudaModel::Impl::dec_linear(const DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy) {
   if (!dec.enabled || m == 0 || m > dec.max_rows) return false;
-  if (dec.done_linear == &l && dec.done_x == x && dec.done_y == y && dec.done_rows == m) {
-    dec.done_linear = nullptr;  // computed by dec_q_and_kv's grouped launch
-    return true;
-  }
+  if (dec.take_done(&l, x, y, m)) return true;  // computed by a grouped launch (dec_q_and_kv, dec_x_projections)
   const bool codes = l.w.format == WeightFormat::kFp8Block && l.act_quant;
   const bool bf16 = l.w.format == WeightFormat::kBf16 && !l.act_quant;
   if (!codes) dec.packed_x = nullptr;  // only the next FP8 consumer of x may use its codes
@@ -177,16 +174,12 @@ bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) 
   b.seg[0].round_bf16 = true;
   // The indexer's query projection reads the same normed qr: one launch, and attention_target's
   // linear(idx_wq_b, qr -> iq) later finds it done.
-  dec.done_linear = nullptr;
   if (at.has_indexer && fp8(at.idx_wq_b) && at.idx_wq_b.w.k == ql) {
     b.num_segments = 2;
     b.seg[1].w = at.idx_wq_b.w;
     b.seg[1].y = iq.get();
     b.seg[1].round_bf16 = true;
-    dec.done_linear = &at.idx_wq_b;
-    dec.done_x = qr.get();
-    dec.done_y = iq.get();
-    dec.done_rows = n;
+    dec.add_done(&at.idx_wq_b, qr.get(), iq.get(), n);
   }
   kc::decode_gemm(b, stream);
   kernels::RmsNormParams hn;
@@ -199,6 +192,45 @@ bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) 
   kernels::cuda::rms_norm(hn, stream);
   norm_rows(kv.get(), n, hd, at.kv_norm);
   return true;
+}
+
+// The bf16 projections of the attention's normed input x that the layer makes after q/kv: the
+// compressor's wkv and wgate, the indexer compressor's, and the indexer's weights_proj, as the
+// segments of one launch (each segment's bits are those of its launch alone: decode_gemm_units
+// depends on the weight only). Their linear() calls then find them done.
+void CudaModel::Impl::dec_x_projections(const DAttn& at, int ratio, const float* xx, int64_t n, float* comp_kv,
+                                        float* comp_gate, float* icomp_kv, float* icomp_gate) {
+  if (!dec.enabled || n == 0 || n > dec.max_rows || tc_rows(n) || reinterpret_cast<uintptr_t>(xx) % 16) return;
+  const int64_t D = cfg.hidden_size;
+  std::pair<const DLinear*, float*> segs[5];
+  int ns = 0;
+  if (ratio) {
+    segs[ns++] = {&at.comp.wkv, comp_kv};
+    segs[ns++] = {&at.comp.wgate, comp_gate};
+  }
+  if (at.has_indexer) {
+    segs[ns++] = {&at.icomp.wkv, icomp_kv};
+    segs[ns++] = {&at.icomp.wgate, icomp_gate};
+    segs[ns++] = {&at.idx_wproj, iw.get()};
+  }
+  if (ns < 2) return;
+  kc::DecodeGemmArgs a;
+  a.x = xx;
+  a.ldx = D;
+  a.m = n;
+  a.k = D;
+  for (int i = 0; i < ns; ++i) {
+    const auto [l, y] = segs[i];
+    if (l->w.format != WeightFormat::kBf16 || l->act_quant || l->w.k != D || !kc::decode_gemm_supports(l->w, false))
+      return;  // the linear() calls take their own paths
+    kc::DecodeSegment& sg = a.seg[a.num_segments++];
+    sg.w = l->w;
+    sg.y = y;
+    sg.round_bf16 = false;
+  }
+  dec.packed_x = nullptr;  // as dec_linear for a bf16 weight: x's codes are not reused past here
+  kc::decode_gemm(a, stream);
+  for (int i = 0; i < ns; ++i) dec.add_done(segs[i].first, xx, segs[i].second, n);
 }
 
 // wo_a's groups (this rank's) as the segments of one launch (bf16 activations), then wo_b().

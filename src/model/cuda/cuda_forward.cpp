@@ -353,13 +353,13 @@ void CudaModel::Impl::wo_b(const DAttn& at, int64_t n, float* y) {
 }
 
 void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
-                                     const float* xx, int64_t n) {
+                                     const float* xx, int64_t n, float* kv_buf, float* gate_buf) {
   const OpClass prev = cur_class;
   section(OpClass::kCompressor);
   const int64_t d = cw.head_dim, C = (cw.overlap ? 2 : 1) * d;
-  linear(cw.wkv, xx, n, tmp_kv.get(), false);
-  linear(cw.wgate, xx, n, tmp_gate.get(), false);
-  cuda_model::comp_rows_build({tmp_kv.get(), tmp_gate.get(), cw.ape, meta, n, C, cw.ratio, rows_buf}, stream);
+  linear(cw.wkv, xx, n, kv_buf, false);
+  linear(cw.wgate, xx, n, gate_buf, false);
+  cuda_model::comp_rows_build({kv_buf, gate_buf, cw.ape, meta, n, C, cw.ratio, rows_buf}, stream);
   cuda_model::CompressArgs ca;
   ca.step_rows = rows_buf;
   ca.slot_state = slot_state.get();
@@ -407,15 +407,21 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const int ratio = b.ratio;
   const float* rope = ratio ? rope_comp.get() : rope_swa.get();
 
+  dec.n_done = 0;  // grouped launches' results belong to the layer that made them
   q_and_kv(at, x.get(), n);
+  section(OpClass::kCompressor);
+  dec_x_projections(at, ratio, x.get(), n, tmp_kv.get(), tmp_gate.get(), tmp_ikv.get(), tmp_igate.get());
   section(OpClass::kAttention);
   rope_rows(rope, q.get(), meta.positions, n, H, hd, false);
   rope_rows(rope, kv.get(), meta.positions, n, 1, hd, false);
   cuda_model::kv_quantize({kv.get(), n, hd, lay.rec, kv_rec.get()}, stream);
 
-  if (ratio) run_compressor(at.comp, L.comp_off, lay.comp_ring[layer], comp_rows.get(), L.pool_main, x.get(), n);
+  if (ratio)
+    run_compressor(at.comp, L.comp_off, lay.comp_ring[layer], comp_rows.get(), L.pool_main, x.get(), n, tmp_kv.get(),
+                   tmp_gate.get());
   if (at.has_indexer)
-    run_compressor(at.icomp, L.icomp_off, lay.icomp_ring[layer], icomp_rows.get(), L.pool_idx, x.get(), n);
+    run_compressor(at.icomp, L.icomp_off, lay.icomp_ring[layer], icomp_rows.get(), L.pool_idx, x.get(), n,
+                   tmp_ikv.get(), tmp_igate.get());
 
   // Visible compressed entries bound the indexer's columns and the attention's key list: from the
   // step's context bound (exact when eager, its power-of-two bucket when replaying a graph).
@@ -533,21 +539,20 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   rope_rows(rope, o.get(), meta.positions, n, H, hd, true);
   output_proj(at, o.get(), n, y);
 
-  // Commit this step's rows into the slot rings (after every read of the old rows).
+  // Commit this step's rows into the slot rings (after every read of the old rows), in one launch.
   section(OpClass::kAttention);
-  cuda_model::ring_commit({kv_rec.get(), lay.rec.bytes, meta, n, slot_state.get(), lay.slot_bytes, L.win_off,
-                           lay.win_ring},
-                          stream);
+  cuda_model::RingCommitArgs rings[3];
+  int nrings = 0;
+  rings[nrings++] = {kv_rec.get(), lay.rec.bytes, meta, n, slot_state.get(), lay.slot_bytes, L.win_off, lay.win_ring};
   if (ratio)
-    cuda_model::ring_commit({reinterpret_cast<const uint8_t*>(comp_rows.get()),
-                             static_cast<int64_t>(sizeof(float)) * 2 * lay.comp_chans[layer], meta, n, slot_state.get(),
-                             lay.slot_bytes, L.comp_off, lay.comp_ring[layer]},
-                            stream);
+    rings[nrings++] = {reinterpret_cast<const uint8_t*>(comp_rows.get()),
+                       static_cast<int64_t>(sizeof(float)) * 2 * lay.comp_chans[layer], meta, n, slot_state.get(),
+                       lay.slot_bytes, L.comp_off, lay.comp_ring[layer]};
   if (at.has_indexer)
-    cuda_model::ring_commit({reinterpret_cast<const uint8_t*>(icomp_rows.get()),
-                             static_cast<int64_t>(sizeof(float)) * 2 * lay.icomp_chans[layer], meta, n,
-                             slot_state.get(), lay.slot_bytes, L.icomp_off, lay.icomp_ring[layer]},
-                            stream);
+    rings[nrings++] = {reinterpret_cast<const uint8_t*>(icomp_rows.get()),
+                       static_cast<int64_t>(sizeof(float)) * 2 * lay.icomp_chans[layer], meta, n, slot_state.get(),
+                       lay.slot_bytes, L.icomp_off, lay.icomp_ring[layer]};
+  cuda_model::ring_commit_batch(rings, nrings, stream);
 }
 
 void CudaModel::Impl::block_forward(int layer, int64_t n) {

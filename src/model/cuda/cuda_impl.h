@@ -152,9 +152,9 @@ struct CudaModel::Impl {
   cuda_model::StepMeta meta;    // pointers into plan_dev
 
   // ---- scratch (device, sized at start-up) ----
-  Buf<float> h, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, comp_rows, icomp_rows, entry, iq, iw,
-      gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh,
-      main_x, base, bias, e_row, yn;
+  Buf<float> h, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, tmp_ikv, tmp_igate, comp_rows, icomp_rows, entry, iq,
+      iw, gate_logits, ew, xq, gact, gq, pair_out, sh_g, sh_u, sh_out, head_in, head_y, logits, taps, mh, main_x, base, bias,
+      e_row, yn;
   Buf<uint8_t> kv_rec, entry_rec;
   Buf<float> attn_partial;         // split-K attention: attn_partial_slots (row, chunk) partials
   int64_t attn_partial_slots = 0;
@@ -301,6 +301,8 @@ struct CudaModel::Impl {
   void dec_codes_of(const float* x, int64_t n, int64_t k);
   bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy = 0);
   bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
+  void dec_x_projections(const cuda_model::DAttn& at, int ratio, const float* x, int64_t n, float* comp_kv,
+                         float* comp_gate, float* icomp_kv, float* icomp_gate);
   bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);
   bool dec_moe(const cuda_model::DMoE& m, const float* x, const int32_t* tokens, int64_t n, float* y, int layer);
 
@@ -341,8 +343,9 @@ struct CudaModel::Impl {
   // y = bf16(y + shared).
   void moe_reduce_shared(float* y, const float* shared, int64_t n);
   void attention_target(int layer, int64_t n, float* y);
+  // kv_buf / gate_buf: [n, chans] scratch of the compressor's two projections of xx.
   void run_compressor(const cuda_model::DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,
-                      const float* xx, int64_t n);
+                      const float* xx, int64_t n, float* kv_buf, float* gate_buf);
   void block_forward(int layer, int64_t n);
   // The layer's two halves over h (block_forward runs both; the test hooks of
   // cuda_model_testing.h run them apart): mHC + attention with its state, and mHC + MoE.

@@ -238,9 +238,11 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   take(m.kv, N * hd);
   take(m.o, N * H * hd);
   take(m.u, N * G * R);
-  const int64_t C = std::max(max_comp_chans, max_icomp_chans);
-  take(m.tmp_kv, N * C);
-  take(m.tmp_gate, N * C);
+  // The two compressors' projections, apart: the decode path computes all four in one launch.
+  take(m.tmp_kv, N * max_comp_chans);
+  take(m.tmp_gate, N * max_comp_chans);
+  take(m.tmp_ikv, N * max_icomp_chans);
+  take(m.tmp_igate, N * max_icomp_chans);
   take(m.comp_rows, N * 2 * max_comp_chans);
   take(m.icomp_rows, N * 2 * max_icomp_chans);
   take(m.entry, N * std::max(hd, ihd));

@@ -23,12 +23,31 @@ struct DecodePath {
   // the next consumer (q/kv or the MoE), which clears it; any other pack clears it too.
   const float* packed_x = nullptr;
   int64_t packed_rows = 0;
-  // A projection already computed by a grouped launch (the indexer's wq_b with wq_b): the
-  // linear() call that asks for it with the same input and output returns at once.
-  const void* done_linear = nullptr;
-  const float* done_x = nullptr;
-  float* done_y = nullptr;
-  int64_t done_rows = 0;
+  // Projections already computed by a grouped launch (the indexer's wq_b with wq_b; the
+  // compressors' and the indexer weights' projections of x): the linear() call that asks for one
+  // with the same input, output and rows returns at once. Cleared at the start of every layer's
+  // attention (attention_target), so an entry never outlives the layer that made it.
+  struct Done {
+    const void* linear = nullptr;
+    const float* x = nullptr;
+    float* y = nullptr;
+    int64_t rows = 0;
+  };
+  static constexpr int kMaxDone = 8;
+  Done done[kMaxDone];
+  int n_done = 0;
+  void add_done(const void* l, const float* x, float* y, int64_t rows) {
+    if (n_done < kMaxDone) done[n_done++] = {l, x, y, rows};
+  }
+  // True (and the entry removed) when a grouped launch already computed this projection.
+  bool take_done(const void* l, const float* x, const float* y, int64_t rows) {
+    for (int i = 0; i < n_done; ++i)
+      if (done[i].linear == l && done[i].x == x && done[i].y == y && done[i].rows == rows) {
+        done[i] = done[--n_done];
+        return true;
+      }
+    return false;
+  }
   // MoE: steps of up to moe_max_tokens rows take moe_decode, longer ones the generic path.
   MoeDecodeDims moe_dims;
   int64_t moe_max_tokens = 0;

@@ -4,11 +4,13 @@
 
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/model_device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::cuda_model {
 namespace {
 
 __global__ void embed_kernel(EmbedArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t r = blockIdx.x;
   if (r >= a.rows) return;
   const int64_t id = a.ids[r];
@@ -20,6 +22,7 @@ __global__ void embed_kernel(EmbedArgs a) {
 }
 
 __global__ void replicate_hc_kernel(ReplicateHcArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t r = blockIdx.x;
   if (r >= a.rows) return;
   for (int64_t d = threadIdx.x; d < a.dim; d += blockDim.x) {
@@ -32,13 +35,13 @@ __global__ void replicate_hc_kernel(ReplicateHcArgs a) {
 
 void embed_rows(const EmbedArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
-  embed_kernel<<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a);
+  kernels::cuda::launch_pdl(embed_kernel, static_cast<unsigned>(a.rows), 256, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void replicate_hc(const ReplicateHcArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
-  replicate_hc_kernel<<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a);
+  kernels::cuda::launch_pdl(replicate_hc_kernel, static_cast<unsigned>(a.rows), 256, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -5,12 +5,14 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace tandem::cuda_model {
 namespace {
 
 // One block (128 threads) per row.
 __global__ void kv_quantize_kernel(KvQuantizeArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t r = blockIdx.x;
   if (r >= a.rows) return;
   const KvRecordLayout& l = a.rec;
@@ -90,6 +92,7 @@ __global__ void kv_quantize_kernel(KvQuantizeArgs a) {
 }
 
 __global__ void index_key_quantize_kernel(IndexKeyQuantizeArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t r = blockIdx.x;
   if (r >= a.rows) return;
   const IndexKeyLayout& l = a.key;
@@ -128,13 +131,13 @@ __global__ void index_key_quantize_kernel(IndexKeyQuantizeArgs a) {
 
 void kv_quantize(const KvQuantizeArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
-  kv_quantize_kernel<<<static_cast<unsigned>(a.rows), 128, 0, s>>>(a);
+  kernels::cuda::launch_pdl(kv_quantize_kernel, static_cast<unsigned>(a.rows), 128, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void index_key_quantize(const IndexKeyQuantizeArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
-  index_key_quantize_kernel<<<static_cast<unsigned>(a.rows), 64, 0, s>>>(a);
+  kernels::cuda::launch_pdl(index_key_quantize_kernel, static_cast<unsigned>(a.rows), 64, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -24,6 +24,12 @@ struct RingCommitArgs {
   int ring = 0;
 };
 void ring_commit(const RingCommitArgs& a, cudaStream_t s);
+// Up to kMaxRingCommits commits of one step (the layer's window, compressor and indexer
+// compressor rings) in one launch; the same bytes as one ring_commit each. Rows are copied in the
+// widest word (16, 8, 4 or 1 bytes) that the row size, the ring offset, the slot size and both
+// base addresses allow.
+constexpr int kMaxRingCommits = 4;
+void ring_commit_batch(const RingCommitArgs* rings, int count, cudaStream_t s);
 
 // Rows [first, n) of src (positions pos0 + t) to ring_base row (pos0 + t) % ring.
 struct RingWriteArgs {
