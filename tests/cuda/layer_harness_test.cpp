@@ -3,13 +3,17 @@
 // layout, records encoded and decoded on the host the way the device kernels do). Against it,
 // every piece of every layer, step and draft stage must agree bit for bit; and faults injected into
 // the stand-in (residual streams off by one bf16 ulp, a wrong expert, corrupted compressed entries,
-// a window record written one ring row off) must be reported on their piece. Runs on any machine.
+// a window record written one ring row off, a tensor-core step's attention GEMMs far outside the
+// tensor cores' stated bound) must be reported on their piece, while tensor-core arithmetic within
+// the bound (tc_emulation.h) passes. Runs on any machine.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 
 #include "common/numeric.h"
 #include "cuda/layer_harness.h"
+#include "cuda/tc_emulation.h"
 
 namespace tandem {
 namespace {
@@ -70,7 +74,9 @@ void host_index_key(const float* x, const IndexKeyLayout& l, uint8_t* rec) {
 // A second CPU oracle behind the device interface; its state goes through the device byte layout.
 class HostDevice : public layer_harness::Device {
  public:
-  enum class Fault { kNone, kResidualUlp, kRouting, kEntryByte, kWindowRowOff };
+  // kTcBeyondBound: on a tensor-core step the attention half's GEMMs are 64 times the stated bound
+  // of the tensor cores off (tc_emulation kBoundEdge), everything else as the CPU or set_tc_steps says.
+  enum class Fault { kNone, kResidualUlp, kRouting, kEntryByte, kWindowRowOff, kTcBeyondBound };
   HostDevice(std::unique_ptr<DsV4Model> m, mt::CudaStateLayout lay, const ModelOptions& opt, Fault f)
       : m_(std::move(m)), lay_(std::move(lay)), opt_(opt), fault_(f) {}
 
@@ -78,6 +84,9 @@ class HostDevice : public layer_harness::Device {
   int64_t draft_tokens() override { return m_->draft_block_size(); }
   void reset(int slot) override { m_->reset(slot); }
   Status draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps) override {
+    std::optional<tc_emulation::Scope> tc;
+    const int64_t td = m_->tap_dim();
+    if (tc_steps_ && arith_ && td > 0 && static_cast<int64_t>(taps.size()) / td > 96) tc.emplace(*arith_);
     return m_->draft_insert_context(slot, start_pos, taps);
   }
   void read_slot(int slot, std::vector<uint8_t>& out) override {
@@ -155,8 +164,12 @@ class HostDevice : public layer_harness::Device {
     std::vector<float> embedded;
     return mt::cpu_begin_step(*m_, batch, embedded);
   }
-  // As a CUDA model with tc_min_rows 96 would choose (tc_steps), or one path (the default).
-  void set_tc_steps(bool on) { tc_steps_ = on; }
+  // As a CUDA model with tc_min_rows 96 would choose (tc_steps), or one path (the default). The
+  // tensor-core steps' (and calls') GEMMs are the CPU's own, or (arith) computed by tc_emulation.
+  void set_tc_steps(bool on, std::optional<tc_emulation::Settings> arith = std::nullopt) {
+    tc_steps_ = on;
+    arith_ = arith;
+  }
   bool tensor_core_step() override {
     if (!tc_steps_ || !batch_) return false;
     for (const SeqStep& q : batch_->seqs)
@@ -167,14 +180,27 @@ class HostDevice : public layer_harness::Device {
   void set_h(const float* h, int64_t rows) override { h_.assign(h, h + rows * HD()); }
   void get_h(float* h, int64_t rows) override { std::memcpy(h, h_.data(), sizeof(float) * rows * HD()); }
   void attention_half(int layer, const StepBatch& batch) override {
+    std::optional<tc_emulation::Scope> tc;
+    if (tensor_core_step() && fault_ == Fault::kTcBeyondBound)
+      tc.emplace(tc_emulation::Settings{tc_emulation::Mode::kBoundEdge, 32, 64.0, 5});
+    else if (tensor_core_step() && arith_)
+      tc.emplace(*arith_);
     mt::cpu_attention_half(*m_, layer, batch, h_.data());
     if (fault_ == Fault::kResidualUlp)  // every third element one bf16 ulp up
       for (size_t i = 0; i < h_.size(); i += 3)
         h_[i] = num::bf16_to_f32(static_cast<uint16_t>(num::f32_to_bf16(h_[i]) + 1));
   }
-  void ffn_half(int layer, const StepBatch& batch) override { mt::cpu_ffn_half(*m_, layer, batch, h_.data()); }
+  void ffn_half(int layer, const StepBatch& batch) override {
+    std::optional<tc_emulation::Scope> tc;
+    if (tensor_core_step() && arith_) tc.emplace(*arith_);
+    mt::cpu_ffn_half(*m_, layer, batch, h_.data());
+  }
   void end_step() override { mt::cpu_end_step(*m_, *batch_); }
-  void logits(const float* h, int64_t rows, std::vector<float>& out) override { mt::cpu_logits(*m_, h, rows, out); }
+  void logits(const float* h, int64_t rows, std::vector<float>& out) override {
+    std::optional<tc_emulation::Scope> tc;
+    if (tc_steps_ && arith_ && rows > 96) tc.emplace(*arith_);
+    mt::cpu_logits(*m_, h, rows, out);
+  }
   bool last_indexer(int64_t rows, int64_t cols, std::vector<float>& scores, std::vector<int32_t>& topk) override {
     mt::cpu_last_indexer(*m_, rows, cols, scores, topk);
     return true;
@@ -230,6 +256,7 @@ class HostDevice : public layer_harness::Device {
   Fault fault_;
   const StepBatch* batch_ = nullptr;
   bool tc_steps_ = false;
+  std::optional<tc_emulation::Settings> arith_;
   std::vector<float> h_;
   std::vector<DraftRequest> reqs_;
   int64_t k_ = 0;
@@ -278,9 +305,11 @@ TEST(LayerHarness, AStandInDeviceThatIsTheCpuAgreesBitForBit) {
 }
 
 // A device that runs its prefill steps on "tensor cores" with a second, GEMV model beside it (both
-// stand-ins): those steps' pieces are compared twice, the device's with the GPU-spread rule named
-// on the line, the GEMV model's against the CPU-derived limits; the draft's context insertion of
-// 150 rows as well. A fault in the GEMV model alone is reported on its "[gemv path]" pieces.
+// stand-ins): those steps' pieces are compared twice, the device's with the CPU's
+// tensor-core-emulated spread and the rule that applied named on the line (the GPU's tc-vs-GEMV
+// spread printed beside), the GEMV model's against the CPU-derived limits; the draft's context
+// insertion of 150 rows as well. A fault in the GEMV model alone is reported on its "[gemv path]"
+// pieces.
 TEST(LayerHarness, TensorCoreStepsAreComparedOnBothPaths) {
   for (bool faulty_gemv : {false, true}) {
     auto s = host_subject(KvDtype::kFp8, HostDevice::Fault::kNone, /*dspark=*/true);
@@ -295,7 +324,9 @@ TEST(LayerHarness, TensorCoreStepsAreComparedOnBothPaths) {
     for (const auto& l : s->rep.lines) {
       tc_line = tc_line || l.find("prefill 0+131 [tensor cores] | L1 CSA/hash | attn-half") != std::string::npos;
       gemv_line = gemv_line || l.find("prefill 131+131 [gemv path] | L3 CSA | ffn-half") != std::string::npos;
-      rule = rule || l.find("gpu tc-vs-gemv spread") != std::string::npos;
+      rule = rule || (l.find("cpu tc-emulated spread") != std::string::npos &&
+                      l.find("gpu tc-vs-gemv spread (not a limit)") != std::string::npos &&
+                      l.find("(rule: 2 x cpu tc-emulated spread)") != std::string::npos);
       insert = insert || l.find("draft [gemv path] | S1 | context-insert") != std::string::npos;
     }
     EXPECT_TRUE(tc_line && gemv_line && rule && insert) << "tensor-core steps not compared on both paths";
@@ -334,6 +365,61 @@ TEST(LayerHarness, InjectedFaultsAreReportedOnTheirPiece) {
       list += "\n  " + f;
     }
     EXPECT_TRUE(found) << "fault " << static_cast<int>(c.fault) << " not reported on " << c.piece << "; failures:" << list;
+  }
+
+  // Tensor-core steps (both steps of the quick script), a GEMV model beside the device that equals
+  // the CPU. The device's attention GEMMs 64 times the tensor cores' stated bound off: the old rule
+  // (twice the device's distance to the GEMV model, here its distance to the CPU) admitted any
+  // such error; the limit from the CPU's tensor-core-emulated run reports it on the attention half
+  // and nowhere else. Tensor-core arithmetic within the bound passes: the emulation with another
+  // step size (FP8 k16 fused steps instead of k32), and the emulation the spread run uses.
+  struct TcCase {
+    const char* what;
+    std::optional<tc_emulation::Settings> arith;
+    HostDevice::Fault fault;
+    bool fails;
+  };
+  for (const TcCase& c :
+       {TcCase{"attention GEMMs 64 x the stated bound off", std::nullopt, HostDevice::Fault::kTcBeyondBound, true},
+        TcCase{"FP8 in k16 fused steps", tc_emulation::Settings{tc_emulation::Mode::kEmulate, 16}, HostDevice::Fault::kNone,
+               false},
+        TcCase{"the emulation itself", tc_emulation::Settings{}, HostDevice::Fault::kNone, false}}) {
+    SCOPED_TRACE(c.what);
+    auto s = host_subject(KvDtype::kFp8, c.fault, /*dspark=*/false);
+    auto v = host_subject(KvDtype::kFp8, HostDevice::Fault::kNone, /*dspark=*/false);
+    ASSERT_TRUE(s && v);
+    static_cast<HostDevice&>(*s->dev).set_tc_steps(true, c.arith);
+    s->gemv = std::move(v->dev);
+    layer_harness::run_subject(*s, /*quick=*/true);
+    if (HasFatalFailure()) return;
+    if (!c.fails) {
+      layer_harness::check_subject(*s);
+      EXPECT_GT(s->rep.worst_rel, 0.0) << "a tensor-core device that computes what the CPU computes";
+      continue;
+    }
+    std::string list, attn;
+    bool elsewhere = false;
+    for (const auto& f : s->rep.failures) {
+      list += "\n  " + f;
+      const bool tc_attn = f.find("[tensor cores]") != std::string::npos && f.find("| attn-half") != std::string::npos;
+      if (tc_attn && attn.empty()) attn = f;
+      if (f.find("[gemv path]") != std::string::npos || f.find("| ffn-half") != std::string::npos ||
+          f.find("| gate-logits") != std::string::npos || f.find("| moe-routing") != std::string::npos ||
+          f.find("| head |") != std::string::npos)
+        elsewhere = true;
+    }
+    ASSERT_FALSE(attn.empty()) << "the tensor-core attention fault was not reported on its attention halves; failures:"
+                               << list;
+    EXPECT_FALSE(elsewhere) << "a fault of the tensor-core attention half reported elsewhere:" << list;
+    // The old rule's figure is on the line: the device's distance to the GEMV model equals its
+    // distance to the CPU, so twice it admitted the fault.
+    auto number_after = [&](const std::string& key) {
+      const size_t at = attn.find(key);
+      if (at == std::string::npos) return std::string("?");
+      const size_t b = at + key.size();
+      return attn.substr(b, attn.find(' ', b) - b);
+    };
+    EXPECT_EQ(number_after(" max-rel "), number_after("(not a limit) max-rel ")) << attn;
   }
 }
 

@@ -85,8 +85,8 @@ struct Subject {
   std::unique_ptr<DsV4Model> cpu;
   std::unique_ptr<Device> dev;
   // The same model pinned to the GEMV/decode kernels (CUDA: tc_min_rows huge), or null. On a step
-  // the device runs on the tensor cores it gives the GPU's own spread between its two
-  // accumulation paths, and its pieces are compared with the CPU's as well (layer_harness.h).
+  // the device runs on the tensor cores its pieces are compared with the CPU's as well, and its
+  // distance to the device's is printed (information, not a limit: layer_compare.h).
   std::unique_ptr<Device> gemv;
   mt::CudaStateLayout lay;
   Report rep;

@@ -15,11 +15,13 @@
 // row where the CPU's own choice was within twice the measured score change (a near tie); the
 // uploaded state must decode to the CPU's values and every byte the step does not write must stay.
 // Steps whose GEMMs take the tensor cores (the prefill chunks of 131 rows, the draft's context
-// insertion of 150 rows) run a second time on the same model pinned to the GEMV/decode kernels:
-// their pieces ("[tensor cores]") are held to twice the GPU's own spread between the two paths
-// where that is more (layer_compare::gpu_spread_limit; the line names the rule that applied), and
-// the GEMV model's pieces of the same step ("[gemv path]") to the CPU-derived limits. Records are
-// compared by the values they decode to (layer_compare.h says why).
+// insertion of 150 rows): their pieces ("[tensor cores]") are also held to the limits derived the
+// same way from a CPU run of the step with the tensor cores' accumulation emulated
+// (tests/cuda/tc_emulation.h) where those are more (the line names the rule that applied:
+// "rule: 2 x cpu tc-emulated spread" or "rule: cpu-derived"). The step runs a second time on the
+// same model pinned to the GEMV/decode kernels: its pieces ("[gemv path]") are held to the
+// CPU-derived limits, and its distance to the tensor-core run is printed, not used as a limit.
+// Records are compared by the values they decode to (layer_compare.h says why).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -105,7 +107,7 @@ class CudaDevice : public layer_harness::Device {
 // cfg != nullptr: the in-memory tiny weights for it (seed 7, as model_test.cpp); else the
 // checkpoint in `dir`. Two CUDA models of the same weights: the default one (prefill chunks of
 // more than tc_min_rows rows on the tensor cores) and one pinned to the GEMV/decode kernels, the
-// GPU's own second accumulation path (layer_compare::gpu_spread_limit).
+// GPU's own second accumulation path (its tensor-core steps' pieces compared with the CPU's too).
 std::unique_ptr<Subject> make_subject(const std::string& name, KvDtype d, const ModelConfig* cfg,
                                       const std::string& dir) {
   auto s = std::make_unique<Subject>();

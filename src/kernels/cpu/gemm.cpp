@@ -16,6 +16,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/gemm_hook.h"
 #include "kernels/ops.h"
 
 // The AVX/AVX-512 vector types only live inside always-inline helpers of the target-specific clones.
@@ -184,6 +185,7 @@ TileFn pick_tile() {
   return tile_base;
 }
 TileFn g_tile = pick_tile();
+GemmHook g_hook = nullptr;
 
 void gemm_one(const float* x, int64_t ldx, const WeightRef& w, float* y, int64_t ldy, int64_t m, int64_t n,
               int64_t k, bool accumulate, bool round) {
@@ -232,6 +234,8 @@ bool set_gemm_isa(Isa isa) {
   return false;
 }
 
+void set_gemm_hook(GemmHook hook) { g_hook = hook; }
+
 const char* gemm_isa_name() {
   if (has_avx512() && g_tile == tile_avx512) return "avx512";
   if (has_avx2() && g_tile == tile_avx2) return "avx2";
@@ -242,6 +246,7 @@ const char* gemm_isa_name() {
 void gemm(const GemmParams& p) {
   validate(p);
   if (p.m == 0 || p.n == 0) return;
+  if (g_hook && g_hook(p)) return;
   const int64_t ldx = ld_or(p.ldx, p.k), ldy = ld_or(p.ldy, p.n);
   for (int64_t b = 0; b < p.batch; ++b) {
     const WeightRef wb = p.w.rows(b * p.w_batch_rows, p.n);
