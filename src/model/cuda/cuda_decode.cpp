@@ -107,7 +107,7 @@ void CudaModel::Impl::dec_codes_of(const float* xx, int64_t n, int64_t k) {
 // (normed activations, the Markov rows).
 bool CudaModel::Impl::dec_linear(const DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy) {
   if (!dec.enabled || m == 0 || m > dec.max_rows) return false;
-  if (dec.take_done(&l, x, y, m)) return true;  // computed by a grouped launch (dec_q_and_kv, dec_x_projections)
+  if (dec.take_done(&l, x, y, m, round_out, ldy)) return true;  // computed by a grouped launch (dec_q_and_kv, dec_x_projections)
   const bool codes = l.w.format == WeightFormat::kFp8Block && l.act_quant;
   const bool bf16 = l.w.format == WeightFormat::kBf16 && !l.act_quant;
   if (!codes) dec.packed_x = nullptr;  // only the next FP8 consumer of x may use its codes
@@ -179,7 +179,7 @@ bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) 
     b.seg[1].w = at.idx_wq_b.w;
     b.seg[1].y = iq.get();
     b.seg[1].round_bf16 = true;
-    dec.add_done(&at.idx_wq_b, qr.get(), iq.get(), n);
+    dec.add_done(&at.idx_wq_b, qr.get(), iq.get(), n, true);
   }
   kc::decode_gemm(b, stream);
   kernels::RmsNormParams hn;
@@ -202,16 +202,23 @@ void CudaModel::Impl::dec_x_projections(const DAttn& at, int ratio, const float*
                                         float* comp_gate, float* icomp_kv, float* icomp_gate) {
   if (!dec.enabled || n == 0 || n > dec.max_rows || tc_rows(n) || reinterpret_cast<uintptr_t>(xx) % 16) return;
   const int64_t D = cfg.hidden_size;
-  std::pair<const DLinear*, float*> segs[5];
+  // (projection, output, rounded to bf16): as the linear() calls of run_compressor (fp32 rows) and
+  // attention_target (weights_proj, rounded).
+  struct Seg {
+    const DLinear* l;
+    float* y;
+    bool round;
+  };
+  Seg segs[5];
   int ns = 0;
   if (ratio) {
-    segs[ns++] = {&at.comp.wkv, comp_kv};
-    segs[ns++] = {&at.comp.wgate, comp_gate};
+    segs[ns++] = {&at.comp.wkv, comp_kv, false};
+    segs[ns++] = {&at.comp.wgate, comp_gate, false};
   }
   if (at.has_indexer) {
-    segs[ns++] = {&at.icomp.wkv, icomp_kv};
-    segs[ns++] = {&at.icomp.wgate, icomp_gate};
-    segs[ns++] = {&at.idx_wproj, iw.get()};
+    segs[ns++] = {&at.icomp.wkv, icomp_kv, false};
+    segs[ns++] = {&at.icomp.wgate, icomp_gate, false};
+    segs[ns++] = {&at.idx_wproj, iw.get(), true};
   }
   if (ns < 2) return;
   kc::DecodeGemmArgs a;
@@ -220,17 +227,17 @@ void CudaModel::Impl::dec_x_projections(const DAttn& at, int ratio, const float*
   a.m = n;
   a.k = D;
   for (int i = 0; i < ns; ++i) {
-    const auto [l, y] = segs[i];
+    const DLinear* l = segs[i].l;
     if (l->w.format != WeightFormat::kBf16 || l->act_quant || l->w.k != D || !kc::decode_gemm_supports(l->w, false))
       return;  // the linear() calls take their own paths
     kc::DecodeSegment& sg = a.seg[a.num_segments++];
     sg.w = l->w;
-    sg.y = y;
-    sg.round_bf16 = false;
+    sg.y = segs[i].y;
+    sg.round_bf16 = segs[i].round;
   }
   dec.packed_x = nullptr;  // as dec_linear for a bf16 weight: x's codes are not reused past here
   kc::decode_gemm(a, stream);
-  for (int i = 0; i < ns; ++i) dec.add_done(segs[i].first, xx, segs[i].second, n);
+  for (int i = 0; i < ns; ++i) dec.add_done(segs[i].l, xx, segs[i].y, n, segs[i].round);
 }
 
 // wo_a's groups (this rank's) as the segments of one launch (bf16 activations), then wo_b().

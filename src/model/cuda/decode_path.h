@@ -25,24 +25,27 @@ struct DecodePath {
   int64_t packed_rows = 0;
   // Projections already computed by a grouped launch (the indexer's wq_b with wq_b; the
   // compressors' and the indexer weights' projections of x): the linear() call that asks for one
-  // with the same input, output and rows returns at once. Cleared at the start of every layer's
+  // with the same input, output, rows, rounding and output stride returns at once. Cleared at the start of every layer's
   // attention (attention_target), so an entry never outlives the layer that made it.
   struct Done {
     const void* linear = nullptr;
     const float* x = nullptr;
     float* y = nullptr;
     int64_t rows = 0;
+    bool round = false;
+    int64_t ldy = 0;
   };
   static constexpr int kMaxDone = 8;
   Done done[kMaxDone];
   int n_done = 0;
-  void add_done(const void* l, const float* x, float* y, int64_t rows) {
-    if (n_done < kMaxDone) done[n_done++] = {l, x, y, rows};
+  void add_done(const void* l, const float* x, float* y, int64_t rows, bool round, int64_t ldy = 0) {
+    if (n_done < kMaxDone) done[n_done++] = {l, x, y, rows, round, ldy};
   }
   // True (and the entry removed) when a grouped launch already computed this projection.
-  bool take_done(const void* l, const float* x, const float* y, int64_t rows) {
+  bool take_done(const void* l, const float* x, const float* y, int64_t rows, bool round, int64_t ldy) {
     for (int i = 0; i < n_done; ++i)
-      if (done[i].linear == l && done[i].x == x && done[i].y == y && done[i].rows == rows) {
+      if (done[i].linear == l && done[i].x == x && done[i].y == y && done[i].rows == rows && done[i].round == round &&
+          done[i].ldy == ldy) {
         done[i] = done[--n_done];
         return true;
       }
