@@ -288,6 +288,12 @@ struct Report {
   std::vector<std::string> lines, failures;
   std::string worst_piece;
   double worst_rel = 0;
+  // The worst residual per (layer kind, piece, path), for the test's JSON record (by_kind_text).
+  struct KindWorst {
+    int pieces = 0;
+    double max_rel = 0, mean_rel = 0, differ_frac = 0;
+  };
+  std::map<std::string, KindWorst> by_kind;
 
   // Prints `line` with OK/FAIL and records a failure.
   void line(const std::string& text, bool ok) {
@@ -299,6 +305,34 @@ struct Report {
       ++failed;
       if (failures.size() < 40) failures.push_back(text);
     }
+  }
+  // Key of a piece's tag "subject | step [path] | Lk KIND[/hash] | piece[ (notes)]": "KIND piece | path".
+  static std::string kind_key(const std::string& tag) {
+    const bool tc = tag.find("[tensor cores]") != std::string::npos;
+    std::string kind = "draft";
+    for (const char* k : {"CSA", "HCA", "SWA"})
+      if (tag.find(std::string(" ") + k) != std::string::npos) kind = k;
+    const size_t bar = tag.rfind(" | ");
+    std::string piece = bar == std::string::npos ? tag : tag.substr(bar + 3);
+    piece = piece.substr(0, piece.find_first_of(" (:"));
+    return kind + " " + piece + (tc ? " | tensor cores" : " | GEMV path, decode and verify");
+  }
+  void note_kind(const std::string& tag, double max_rel, double mean_rel, double differ_frac) {
+    KindWorst& w = by_kind[kind_key(tag)];
+    ++w.pieces;
+    w.max_rel = std::max(w.max_rel, max_rel);
+    w.mean_rel = std::max(w.mean_rel, mean_rel);
+    w.differ_frac = std::max(w.differ_frac, differ_frac);
+  }
+  std::string by_kind_text() const {
+    std::string out;
+    char buf[256];
+    for (const auto& [k, w] : by_kind) {
+      std::snprintf(buf, sizeof buf, "%s%s: pieces %d max-rel %.3g mean-rel %.3g differ %.3g", out.empty() ? "" : "; ",
+                    k.c_str(), w.pieces, w.max_rel, w.mean_rel, w.differ_frac);
+      out += buf;
+    }
+    return out;
   }
   void note_rel(const std::string& piece, double rel) {
     if (rel > worst_rel) {
@@ -326,6 +360,7 @@ inline std::string fmt_rows(const Residual& r) {
 inline bool check_rows(Report& rep, const std::string& tag, const Residual& got, const Residual& spread,
                        const RowLimit& cpu_lim, const TcRows* tc = nullptr) {
   const RowLimit lim = tc ? max_limit(cpu_lim, tc->lim) : cpu_lim;
+  rep.note_kind(tag, got.max_rel, got.mean_rel, got.differ_frac());
   const bool ok = got.nan_mismatch == 0 && got.max_rel <= lim.max_rel && got.mean_rel <= lim.mean_rel &&
                   (lim.differ_frac < 0 || got.differ_frac() <= lim.differ_frac);
   char buf[256];

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -396,6 +397,13 @@ inline void run_subject(Subject& s, bool quick = false) {
   layer_compare::check_record_totals(s.rep, s.name);
   std::printf("[cuda-layer] %s summary: %d pieces compared, %d over their limits; largest max-rel %.3g at %s\n",
               s.name.c_str(), s.rep.pieces, s.rep.failed, s.rep.worst_rel, s.rep.worst_piece.c_str());
+  // The worst residual per layer kind, piece and path, into the test's JSON (--gtest_output) too.
+  const std::string by_kind = s.rep.by_kind_text();
+  std::printf("[cuda-layer] %s by kind: %s\n", s.name.c_str(), by_kind.c_str());
+  std::string key = "residuals " + s.name;
+  for (char& c : key)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  ::testing::Test::RecordProperty(key, by_kind);
 }
 
 inline void check_subject(const Subject& s) {
