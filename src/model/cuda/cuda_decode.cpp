@@ -107,7 +107,8 @@ void CudaModel::Impl::dec_codes_of(const float* xx, int64_t n, int64_t k) {
 // (normed activations, the Markov rows).
 bool CudaModel::Impl::dec_linear(const DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy) {
   if (!dec.enabled || m == 0 || m > dec.max_rows) return false;
-  if (dec.take_done(&l, x, y, m, round_out, ldy)) return true;  // computed by a grouped launch (dec_q_and_kv, dec_x_projections)
+  // Computed by a grouped launch (dec_q_and_kv, dec_x_projections)?
+  if (dec.take_done(&l, x, y, m, round_out, ldy)) return true;
   const bool codes = l.w.format == WeightFormat::kFp8Block && l.act_quant;
   const bool bf16 = l.w.format == WeightFormat::kBf16 && !l.act_quant;
   if (!codes) dec.packed_x = nullptr;  // only the next FP8 consumer of x may use its codes
