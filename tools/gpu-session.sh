@@ -6,7 +6,8 @@
 # builtin (bench-model on the built-in model), fullsize (bench-model: rank 0 of TP=2 of
 # deepseek-v4-flash-0731 with synthetic weights, alone on this GPU), tp (tools/gpu-tp-tests.sh:
 # the device collectives and TP=2/4 through CUDA with the ranks sharing this GPU, serve with TP=2
-# and a lost worker), and any stage script tools/gpu-stage-<name>.sh.
+# and a lost worker), and any stage script tools/gpu-stage-<name>.sh. Logs end up in
+# $OUT/logs.tar.xz beside the JSON files.
 # Usage: tools/gpu-session.sh STAGE...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,3 +63,12 @@ for f in skips: print("  SKIPPED", f)
 PY
 fi
 printf '%s\n' "${summary[@]}"
+# The lent machine brings back only a few files of $OUT (eight, alphabetically): everything but the
+# JSON results goes into one archive, logs.tar.xz (PACK_LOGS=0 keeps the files as they are).
+if [[ ${PACK_LOGS:-1} == 1 ]]; then
+  list=$(mktemp)
+  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name '*.json' ! -name logs.tar.xz -printf '%P\n' > "$list" &&
+     if [[ -s $list ]]; then tar -cJf logs.tar.xz -T "$list" && xargs -d '\n' rm -rf < "$list"; fi)
+  rm -f "$list"
+  ls "$OUT"
+fi
