@@ -37,11 +37,7 @@
 #include "model/tiny_weights.h"
 
 namespace tandem::layer_harness {
-
-namespace mt = model_testing;
-using layer_compare::Report;
-using layer_compare::Residual;
-using layer_compare::Selection;
+// (mt, Report, Residual, Selection: declared by layer_passes.h)
 using testing::table_for;
 using testing::tokens;
 

@@ -19,11 +19,7 @@
 #include "model/model_testing.h"
 
 namespace tandem::layer_harness {
-
-namespace mt = model_testing;
-using layer_compare::Report;
-using layer_compare::Residual;
-using layer_compare::Selection;
+// (mt, Report, Residual, Selection: declared by layer_passes.h)
 
 // The records a layer of the step wrote and the compressor rows it committed, located in the
 // device images and in the CPU's floats.
