@@ -136,14 +136,15 @@ Plan plan(const DecodeGemmArgs& a) {
   const DecodeLaunchLimits& lim = decode_launch_limits();
   p.smem = plan_smem(p.mt, lim, &ka.ring);
   TANDEM_CHECK_MSG(p.smem <= static_cast<size_t>(lim.smem_per_block), "decode_gemm: shared memory of the device");
-  // Two CTAs per SM where shared memory allows (8 warps per SM leave the weight stream
-  // latency-bound), never more than there are items.
-  const int64_t per_sm = std::clamp<int64_t>(lim.smem_per_sm / (static_cast<int64_t>(p.smem) + 1024), 1, 2);
-  p.grid = std::min<int64_t>(ka.total, per_sm * lim.sms);
+  p.grid = std::min<int64_t>(ka.total, decode_max_ctas(lim, static_cast<int64_t>(p.smem)));
   return p;
 }
 
 }  // namespace gemv
+
+int64_t decode_max_ctas(const DecodeLaunchLimits& lim, int64_t smem_bytes) {
+  return std::clamp<int64_t>(lim.smem_per_sm / (smem_bytes + 1024), 1, 2) * lim.sms;
+}
 
 DecodeLaunchLimits decode_limits_of(int sms, int smem_per_block, int smem_per_sm) {
   DecodeLaunchLimits l;

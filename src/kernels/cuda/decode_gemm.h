@@ -83,6 +83,10 @@ struct DecodeLaunchLimits {
   int smem_half = 0;
 };
 const DecodeLaunchLimits& decode_launch_limits();
+// The most CTAs a persistent decode grid launches: as many as reside at once, two per SM where a
+// CTA's shared memory (dynamic + static) and the runtime's 1 KB per CTA leave room for two (8 warps
+// per SM leave the weight stream latency-bound), else one.
+int64_t decode_max_ctas(const DecodeLaunchLimits& lim, int64_t smem_bytes);
 // The limits of a device with `sms` multiprocessors and this much shared memory one block may opt
 // in to and one SM has (decode_launch_limits() reads them from the current device).
 DecodeLaunchLimits decode_limits_of(int sms, int smem_per_block, int smem_per_sm);

@@ -662,10 +662,8 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
   // have one chunk each plus one per 32 of their pairs.
   const int64_t slots = std::min<int64_t>({max_active_of(d, a.tokens), a.expert_count, ea.max_active});
   const int64_t upper = ea.ipc * (ea.chunks_shared + slots + chunks_of(a.tokens * d.topk));
-  // As many CTAs as fit on the device at once (two per SM where shared memory allows: the
-  // consumer is latency-bound at 8 warps per SM), never more than there are items.
-  const int64_t per_sm = std::clamp<int64_t>(lim.smem_per_sm / (static_cast<int64_t>(smem) + kJobTableBytes + 1024), 1, 2);
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, per_sm * lim.sms));
+  const int64_t grid =
+      std::max<int64_t>(1, std::min<int64_t>(upper, kc::decode_max_ctas(lim, static_cast<int64_t>(smem) + kJobTableBytes)));
   if (mt == 1) launch_experts<UP, 1>(ea, grid, smem, a.pdl, s);
   else launch_experts<UP, 2>(ea, grid, smem, a.pdl, s);
 }
