@@ -298,7 +298,8 @@ TEST(CudaHcPrePack, EqualsHcPreThenDecodeActPack) {
     fused();
     const std::vector<float> gx = to_host(x1), gpost = to_host(post1), gcomb = to_host(comb1);
     const std::vector<uint8_t> gc = to_host(c1), gs = to_host(s1);
-    // Records: a row of dim codes, nb scales, hc post, hc * hc comb (the mismatch names the token).
+    // The byte arrays' first mismatch is named as (token, column) records; a float array's index / dim
+    // (x), / hc (post) or / (hc * hc) (comb) is its token.
     EXPECT_TRUE(same_bits(gx, to_host(x0))) << "normed x: fused vs hc_pre + decode_act_pack";
     EXPECT_TRUE(same_values(gc, to_host(c0), static_cast<size_t>(D))) << "codes: fused vs the two ops";
     EXPECT_TRUE(same_values(gs, to_host(s0), static_cast<size_t>(nb))) << "scales: fused vs the two ops";
