@@ -9,11 +9,14 @@
 // bit for bit (an fp64 exp result within ~2^-52 of an fp32 midpoint could round either way on the
 // two sides: about one exp in 2^27). The CPU ops (glibc's expf, < 1 ulp) are compared too and their
 // agreement printed. hc_post has no transcendental: bit for bit with the CPU op (default build: no
-// FMA contraction on the host).
+// FMA contraction on the host). hc_pre_pack (hc_pre with decode_act_pack's norm and quantization
+// of x fused in) equals the two CUDA ops bit for bit, and the host composition of the same steps.
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/decode_test_util.h"
 #include "model/math.h"
 
 namespace tandem::kernels::cuda_testing {
@@ -155,6 +158,176 @@ TEST(CudaHcPre, MatchesCpuBitForBit) {
     EXPECT_TRUE(same_bits(to_host(dpost), rpost)) << "post";
     EXPECT_TRUE(same_bits(to_host(dcomb), rcomb)) << "comb";
     EXPECT_TRUE(same_bits(to_host(dx), rx)) << "x";
+  }
+  TANDEM_REQUIRE_GPU();
+}
+
+// The RMSNorm of decode_act.cuh's pack_row on the host, in the kernel's fp64 summation order: thread
+// i of 256 sums x[i]^2, x[i + 256]^2, ... (exact products), then block_sum: xor butterflies within
+// each warp (after which every lane holds the same bits: a + b == b + a), lane 0's sums of the 8
+// warps, a butterfly over them. rs and y as the rms_norm op: y = bf16(w * (x * rs)).
+void pack_norm_ref(const float* x, int64_t dim, const float* w, float eps, float* y) {
+  constexpr int kT = 256;
+  double th[kT];
+  for (int i = 0; i < kT; ++i) {
+    th[i] = 0.0;
+    for (int64_t k = i; k < dim; k += kT) th[i] += static_cast<double>(x[k]) * x[k];
+  }
+  auto butterfly = [](double* v) {  // warp_sum over 32 lanes
+    for (int o = 16; o > 0; o >>= 1) {
+      double n[32];
+      for (int l = 0; l < 32; ++l) n[l] = v[l] + v[l ^ o];
+      std::copy(n, n + 32, v);
+    }
+  };
+  double red[32] = {};
+  for (int wi = 0; wi < kT / 32; ++wi) {
+    butterfly(th + wi * 32);
+    red[wi] = th[wi * 32];
+  }
+  butterfly(red);
+  const float var = static_cast<float>(red[0] / static_cast<double>(dim));
+  const float rs = 1.0f / std::sqrt(var + eps);
+  for (int64_t k = 0; k < dim; ++k) y[k] = num::round_bf16(w[k] * (x[k] * rs));
+}
+
+// hc_pre_pack == hc_pre, then decode_act_pack(x, norm_weight, y = x), both CUDA ops, bit for bit:
+// the normed x, codes, scales, post and comb. Against the host (the hc_pre test's grids, so the
+// mixes are exact): post and comb equal hc_pre_ref's, the normed rows hc_pre_ref's x normalized by
+// pack_norm_ref, the codes and scales the CPU act_quant op's of those rows. The norm weight has a
+// NaN column; one case has a token whose streams hold a NaN (its whole row is NaN, the others
+// unaffected), compared GPU against GPU only. The RMSNorm's eps differs from the mixes' on purpose.
+TEST(CudaHcPrePack, EqualsHcPreThenDecodeActPack) {
+  struct C {
+    int64_t tokens;
+    int hc;
+    int64_t dim;
+    int iters;
+    int64_t nan_token;  // < 0: none
+  };
+  const float eps = 1e-5f;
+  uint64_t seed = 100;
+  for (const C& c : {C{1, 4, 4096, 20, -1}, C{7, 4, 4096, 20, 3}, C{96, 4, 4096, 20, -1}, C{1, 4, 384, 20, -1},
+                     C{7, 4, 384, 20, -1}, C{96, 4, 384, 20, -1}, C{3, 6, 256, 5, -1}}) {  // hc 6: one-thread Sinkhorn
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " hc " << c.hc << " dim " << c.dim
+                                      << (c.nan_token >= 0 ? " with a NaN token" : ""));
+    const int nmix = (2 + c.hc) * c.hc;
+    const int64_t HD = c.hc * c.dim, T = c.tokens, D = c.dim, nb = c.dim / 128;
+    std::vector<float> h = grid_values(static_cast<size_t>(T * HD), seed++, 31, 16.0f);
+    if (c.nan_token >= 0) h[c.nan_token * HD + HD / 2 + 5] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> fn = grid_values(static_cast<size_t>(nmix * HD), seed++, 8, 1024.0f);
+    const std::vector<float> scale = randu(3, seed++, 0.5f, 2.0f);
+    const std::vector<float> base = randn(static_cast<size_t>(nmix), seed++, 0.5f, false);
+    std::vector<float> w = randn(static_cast<size_t>(D), seed++, 0.5f, true);
+    w[7] = std::numeric_limits<float>::quiet_NaN();
+    HcPreParams p;
+    p.h = h.data();
+    p.fn = fn.data();
+    p.scale = scale.data();
+    p.base = base.data();
+    p.tokens = T;
+    p.hc = c.hc;
+    p.dim = D;
+    p.sinkhorn_iters = c.iters;
+    const bool host = c.nan_token < 0;
+    std::vector<float> rx(static_cast<size_t>(T * D)), rpost(static_cast<size_t>(T * c.hc)),
+        rcomb(static_cast<size_t>(T * c.hc * c.hc)), ry(rx.size());
+    HostCodes rc;
+    if (host) {
+      hc_pre_ref(p, rx.data(), rpost.data(), rcomb.data());
+      for (int64_t t = 0; t < T; ++t) pack_norm_ref(rx.data() + t * D, D, w.data(), eps, ry.data() + t * D);
+      rc = host_act_quant(ry, T, D, D);
+      // The CPU rms_norm op sums in index order: printed, not asserted (see norm_rope_test.cpp).
+      std::vector<float> cy(rx.size());
+      RmsNormParams np;
+      np.x = rx.data();
+      np.y = cy.data();
+      np.weight = w.data();
+      np.rows = T;
+      np.dim = D;
+      np.eps = eps;
+      np.round_bf16 = true;
+      cpu_ops().rms_norm(np);
+      std::printf("[cuda hc_pre_pack] tokens %lld hc %d dim %lld: the CPU rms_norm op equals the kernel-order norm in "
+                  "%zu of %zu\n",
+                  static_cast<long long>(T), c.hc, static_cast<long long>(D), bit_equal(cy, ry), ry.size());
+    }
+    if (!have_gpu()) continue;
+
+    DeviceBuffer<float> dh = to_dev(h), dfn = to_dev(fn), dscale = to_dev(scale), dbase = to_dev(base),
+                        dw = to_dev(w);
+    p.h = dh.get();
+    p.fn = dfn.get();
+    p.scale = dscale.get();
+    p.base = dbase.get();
+    const size_t nx = static_cast<size_t>(T * D), ns = static_cast<size_t>(T * nb);
+    // The two ops: hc_pre, then the pack in place (as dec_norm_rows).
+    auto x0 = poisoned<float>(nx), post0 = poisoned<float>(rpost.size()), comb0 = poisoned<float>(rcomb.size());
+    auto c0 = poisoned<uint8_t>(nx), s0 = poisoned<uint8_t>(ns);
+    auto two_ops = [&] {
+      p.x = x0.get();
+      p.post = post0.get();
+      p.comb = comb0.get();
+      cuda::hc_pre(p, kStream);
+      cuda::DecodeActPackArgs a;
+      a.x = x0.get();
+      a.rows = T;
+      a.dim = D;
+      a.norm_weight = dw.get();
+      a.eps = eps;
+      a.y = x0.get();
+      a.codes = c0.get();
+      a.scales = s0.get();
+      cuda::decode_act_pack(a, kStream);
+    };
+    // The fused kernel.
+    auto x1 = poisoned<float>(nx), post1 = poisoned<float>(rpost.size()), comb1 = poisoned<float>(rcomb.size());
+    auto c1 = poisoned<uint8_t>(nx), s1 = poisoned<uint8_t>(ns);
+    auto fused = [&] {
+      p.x = x1.get();
+      p.post = post1.get();
+      p.comb = comb1.get();
+      cuda::HcPrePackArgs k;
+      k.norm_weight = dw.get();
+      k.eps = eps;
+      k.codes = c1.get();
+      k.scales = s1.get();
+      cuda::hc_pre_pack(p, k, kStream);
+    };
+    two_ops();
+    fused();
+    const std::vector<float> gx = to_host(x1), gpost = to_host(post1), gcomb = to_host(comb1);
+    const std::vector<uint8_t> gc = to_host(c1), gs = to_host(s1);
+    // The byte arrays' first mismatch is named as (token, column) records; a float array's index / dim
+    // (x), / hc (post) or / (hc * hc) (comb) is its token.
+    EXPECT_TRUE(same_bits(gx, to_host(x0))) << "normed x: fused vs hc_pre + decode_act_pack";
+    EXPECT_TRUE(same_values(gc, to_host(c0), static_cast<size_t>(D))) << "codes: fused vs the two ops";
+    EXPECT_TRUE(same_values(gs, to_host(s0), static_cast<size_t>(nb))) << "scales: fused vs the two ops";
+    EXPECT_TRUE(same_bits(gpost, to_host(post0))) << "post: fused vs hc_pre";
+    EXPECT_TRUE(same_bits(gcomb, to_host(comb0))) << "comb: fused vs hc_pre";
+    if (c.nan_token >= 0) {  // the NaN token's row is NaN throughout, its codes NaN, its scales the floor's
+      const uint8_t floor_scale =
+          num::e8m0_from_exponent(num::ue8m0_scale_exponent(0.0f, num::kE4m3Max, num::kFp8ActAmaxFloor));
+      size_t nan = 0, nan_codes = 0, floors = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        nan += std::isnan(gx[c.nan_token * D + d]);
+        nan_codes += (gc[c.nan_token * D + d] & 0x7f) == 0x7f;
+      }
+      for (int64_t b = 0; b < nb; ++b) floors += gs[c.nan_token * nb + b] == floor_scale;
+      EXPECT_EQ(nan, static_cast<size_t>(D)) << "NaN token's normed row: NaN values";
+      EXPECT_EQ(nan_codes, static_cast<size_t>(D)) << "NaN token's codes: NaN codes";
+      EXPECT_EQ(floors, static_cast<size_t>(nb)) << "NaN token's scales: the amax floor's";
+    }
+    if (host) {
+      EXPECT_TRUE(same_bits(gpost, rpost)) << "post vs host";
+      EXPECT_TRUE(same_bits(gcomb, rcomb)) << "comb vs host";
+      EXPECT_TRUE(same_bits(gx, ry)) << "normed x vs host (hc_pre_ref, then pack_norm_ref)";
+      EXPECT_TRUE(same_values(gc, rc.codes, static_cast<size_t>(D))) << "codes vs the CPU act_quant op";
+      EXPECT_TRUE(same_values(gs, rc.scales, static_cast<size_t>(nb))) << "scales vs the CPU act_quant op";
+    }
+    if (host && D == 4096)
+      std::printf("[cuda perf] hc_pre_pack tokens %lld hc %d dim %lld: fused %.1f us, hc_pre + decode_act_pack %.1f us\n",
+                  static_cast<long long>(T), c.hc, static_cast<long long>(D), median_us(fused), median_us(two_ops));
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -119,4 +119,17 @@ struct DecodeActPackArgs {
 constexpr int64_t kMaxPackDim = 12288;
 void decode_act_pack(const DecodeActPackArgs& a, cudaStream_t s);
 
+// hc_pre (cuda_ops.h) with decode_act_pack of its output fused into the kernel that finishes it
+// (hc_pre.cu), for the decode path's layer halves: the CTA that collapses a token's streams into
+// x[t] then normalizes x[t] in place and quantizes it. Bit for bit hc_pre followed by
+// decode_act_pack(x, norm_weight, y = x); p.x, p.post and p.comb as hc_pre's.
+struct HcPrePackArgs {
+  const float* norm_weight = nullptr;  // [dim] fp32 RMSNorm weight (required)
+  float eps = 1e-6f;                   // the RMSNorm's (p.norm_eps is the mixes')
+  uint8_t* codes = nullptr;            // [tokens, dim] e4m3 codes of the normed x (row stride dim)
+  uint8_t* scales = nullptr;           // [tokens, dim / 128] E8M0 (row stride dim / 128)
+};
+// p.dim a multiple of 128, <= kMaxPackDim; p.hc <= 16.
+void hc_pre_pack(const HcPreParams& p, const HcPrePackArgs& pack, cudaStream_t s);
+
 }  // namespace tandem::kernels::cuda

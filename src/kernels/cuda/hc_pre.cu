@@ -1,7 +1,11 @@
 // mHC hc_pre: split-K mixing projection (hc_common.cuh), then one CTA per token finishes the
 // mixes, runs the Sinkhorn normalization (hc <= 5: one warp lane per matrix element, sums gathered
 // by shuffles in the CPU's order; wider: one thread) and collapses the streams with all threads.
+// hc_pre_pack (decode_gemm.h): the same CTA then normalizes and quantizes its x row
+// (decode_act.cuh's pack_row), one kernel less per layer half on the decode path.
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/decode_act.cuh"
+#include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/hc_common.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -10,7 +14,12 @@ namespace {
 
 constexpr int kMaxHc = 16;
 
-__global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, const double* partial, int ksplit) {
+static_assert(hc::kThreads == pack::kThreads, "pack_row needs the finishing CTA's 256 threads");
+
+// kPack: hc_pre_pack's tail (pk used); else hc_pre alone (pk unused).
+template <bool kPack>
+__global__ void __launch_bounds__(hc::kThreads)
+    hc_pre_finish(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk) {
   pdl_enter();
   __shared__ float pre[kMaxHc];
   __shared__ double stage[hc::kMaxStage];
@@ -92,7 +101,27 @@ __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, con
     for (int i = 0; i < hc * hc; ++i) p.comb[t * hc * hc + i] = c[i];
   }
   __syncthreads();
-  hc::collapse(p.h + t * HD, pre, hc, p.dim, p.x + t * p.dim, true);
+  float* x = p.x + t * p.dim;
+  hc::collapse(p.h + t * HD, pre, hc, p.dim, x, true);
+  if constexpr (kPack) {
+    // pack_row reads x[t] by 128-column blocks, which other threads' collapse wrote: the barrier
+    // makes those writes visible. stage is free since finish_mix (its last barrier): the block sum's.
+    __syncthreads();
+    pack::pack_row(x, p.dim, pk.norm_weight, pk.eps, x, pk.codes + t * p.dim, pk.scales + t * (p.dim / pack::kBlock),
+                   stage);
+  }
+}
+
+template <bool kPack>
+void launch(const HcPreParams& p, const HcPrePackArgs& pk, cudaStream_t s) {
+  TANDEM_CHECK(p.hc <= kMaxHc);
+  TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_pre: too many tokens");
+  const int nmix = (2 + p.hc) * p.hc;
+  const int64_t HD = p.hc * p.dim;
+  const int ksplit = hc::ksplit_for(HD, nmix);
+  const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
+  launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, 0, s, p, partial, ksplit, pk);
+  TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -100,14 +129,15 @@ __global__ void __launch_bounds__(hc::kThreads) hc_pre_finish(HcPreParams p, con
 void hc_pre(const HcPreParams& p, cudaStream_t s) {
   validate(p);
   if (p.tokens == 0) return;
-  TANDEM_CHECK(p.hc <= kMaxHc);
-  TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_pre: too many tokens");
-  const int nmix = (2 + p.hc) * p.hc;
-  const int64_t HD = p.hc * p.dim;
-  const int ksplit = hc::ksplit_for(HD, nmix);
-  const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
-  launch_pdl(hc_pre_finish, static_cast<unsigned>(p.tokens), hc::kThreads, 0, s, p, partial, ksplit);
-  TANDEM_CUDA_LAUNCH_CHECK();
+  launch<false>(p, HcPrePackArgs{}, s);
+}
+
+void hc_pre_pack(const HcPreParams& p, const HcPrePackArgs& pack, cudaStream_t s) {
+  validate(p);
+  if (p.tokens == 0) return;
+  TANDEM_CHECK_MSG(p.dim % pack::kBlock == 0 && p.dim <= kMaxPackDim, "hc_pre_pack: dim");
+  TANDEM_CHECK(pack.norm_weight && pack.codes && pack.scales);
+  launch<true>(p, pack, s);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -84,8 +84,12 @@ void CudaModel::Impl::dec_pack(const float* x, int64_t m, int64_t k, const float
   dec.packed_x = nullptr;
 }
 
+bool CudaModel::Impl::dec_packs(int64_t rows, int64_t dim) const {
+  return dec.enabled && rows > 0 && dim % 128 == 0 && dim <= dec.max_k && rows <= dec.max_rows;
+}
+
 void CudaModel::Impl::dec_norm_rows(float* xx, int64_t rows, int64_t dim, const float* weight) {
-  if (!dec.enabled || rows == 0 || dim % 128 || dim > dec.max_k || rows > dec.max_rows) {
+  if (!dec_packs(rows, dim)) {
     dec.packed_x = nullptr;
     norm_rows(xx, rows, dim, weight);
     return;
@@ -95,7 +99,22 @@ void CudaModel::Impl::dec_norm_rows(float* xx, int64_t rows, int64_t dim, const 
   dec.packed_rows = rows;
 }
 
-// Codes of x [n, k] in dec.codes: reuses dec_norm_rows' when they are x's, else packs.
+// The layer halves' hc_pre + dec_norm_rows as one kernel: the same x, post, comb and codes.
+bool CudaModel::Impl::dec_hc_pre_norm(const kernels::HcPreParams& p, const float* weight) {
+  if (!dec_packs(p.tokens, p.dim)) return false;
+  kc::HcPrePackArgs k;
+  k.norm_weight = weight;
+  k.eps = static_cast<float>(cfg.rms_norm_eps);
+  k.codes = dec.codes.get();
+  k.scales = dec.scales.get();
+  kc::hc_pre_pack(p, k, stream);
+  dec.packed_x = p.x;
+  dec.packed_rows = p.tokens;
+  return true;
+}
+
+// Codes of x [n, k] in dec.codes: reuses dec_norm_rows' or dec_hc_pre_norm's when they are x's,
+// else packs.
 void CudaModel::Impl::dec_codes_of(const float* xx, int64_t n, int64_t k) {
   const bool ready = dec.packed_x == xx && dec.packed_rows == n;
   dec.packed_x = nullptr;

@@ -169,7 +169,7 @@ void CudaModel::Impl::rope_rows(const float* inv_freq, float* xx, const int64_t*
 }
 
 void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base,
-                             float* xo, float* posto, float* combo) {
+                             float* xo, float* posto, float* combo, const float* norm_weight) {
   dec.packed_x = nullptr;  // xo is rewritten
   kernels::HcPreParams p;
   p.h = hh;
@@ -185,7 +185,9 @@ void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const 
   p.x = xo;
   p.post = posto;
   p.comb = combo;
+  if (norm_weight && dec_hc_pre_norm(p, norm_weight)) return;
   kernels::cuda::hc_pre(p, stream);
+  if (norm_weight) dec_norm_rows(xo, n, p.dim, norm_weight);
 }
 
 void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float* hh) {
@@ -562,10 +564,9 @@ void CudaModel::Impl::block_forward(int layer, int64_t n) {
 
 void CudaModel::Impl::attention_half(int layer, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
-  const int64_t D = cfg.hidden_size;
   section(OpClass::kMhc);
-  hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
-  dec_norm_rows(x.get(), n, D, b.attn_norm);  // norm_rows, + x's codes for the decode q/kv
+  // x = attn_norm(collapse), + x's codes for the decode q/kv
+  hc_pre(h.get(), n, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get(), b.attn_norm);
   attention_target(layer, n, a.get());
   section(OpClass::kMhc);
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing
@@ -573,9 +574,8 @@ void CudaModel::Impl::attention_half(int layer, int64_t n) {
 
 void CudaModel::Impl::ffn_half(int layer, int64_t n) {
   const cuda_model::DBlock& b = w.layers[layer];
-  const int64_t D = cfg.hidden_size;
-  hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
-  dec_norm_rows(x.get(), n, D, b.ffn_norm);  // norm_rows, + x's codes for the decode MoE
+  // x = ffn_norm(collapse), + x's codes for the decode MoE
+  hc_pre(h.get(), n, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get(), b.ffn_norm);
   moe(b.ffn, x.get(), meta.tokens, n, a.get(), layer);
   section(OpClass::kMhc);
   hc_post(a.get(), h.get(), n, h.get());  // the op reads every residual stream before writing

@@ -296,8 +296,12 @@ struct CudaModel::Impl {
   cuda_model::DecodePath dec;
   int64_t dec_allocate(bool measure);  // measure: allocates nothing, returns the device bytes
   void dec_pack(const float* x, int64_t m, int64_t k, const float* norm_weight = nullptr, float* normed = nullptr);
+  // Whether dec_norm_rows packs [rows, dim] (else it runs norm_rows).
+  bool dec_packs(int64_t rows, int64_t dim) const;
   // norm_rows(x) fused with x's quantization for the next q/kv or MoE (falls back to norm_rows).
   void dec_norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
+  // hc_pre(p) then dec_norm_rows(p.x, weight) in one kernel (hc_pre_pack) where dec_packs.
+  bool dec_hc_pre_norm(const kernels::HcPreParams& p, const float* weight);
   void dec_codes_of(const float* x, int64_t n, int64_t k);
   bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy = 0);
   bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
@@ -316,8 +320,10 @@ struct CudaModel::Impl {
   void norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
   void rope_rows(const float* inv_freq, float* x, const int64_t* positions, int64_t tokens, int64_t heads,
                  int64_t head_stride, bool inverse);
+  // With norm_weight: then xo = RMSNorm(xo) as dec_norm_rows does (x's codes packed for the decode
+  // q/kv or MoE), fused into hc_pre's last kernel where the decode pack applies.
   void hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base, float* xo,
-              float* posto, float* combo);
+              float* posto, float* combo, const float* norm_weight = nullptr);
   void hc_post(const float* aa, const float* rr, int64_t n, float* hh);
   // layer >= 0: a target layer or (num_hidden_layers + s) draft stage s (its expert ids are kept
   // when a step's routing is recorded).

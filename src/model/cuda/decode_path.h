@@ -19,8 +19,9 @@ struct DecodePath {
   int64_t max_k = 0;              // widest act-quant input
   kernels::cuda::DeviceBuffer<uint8_t> codes;   // [max_rows, max_k] act_quant codes
   kernels::cuda::DeviceBuffer<uint8_t> scales;  // [max_rows, max_k / 128]
-  // The codes in `codes` are those of rows [0, packed_rows) of packed_x, left by dec_norm_rows for
-  // the next consumer (q/kv or the MoE), which clears it; any other pack clears it too.
+  // The codes in `codes` are those of rows [0, packed_rows) of packed_x, left by dec_norm_rows or
+  // dec_hc_pre_norm for the next consumer (q/kv or the MoE), which clears it; any other pack
+  // clears it too.
   const float* packed_x = nullptr;
   int64_t packed_rows = 0;
   // Projections already computed by a grouped launch (the indexer's wq_b with wq_b; the

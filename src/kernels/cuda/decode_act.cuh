@@ -1,0 +1,64 @@
+// One row of decode_act_pack (decode_gemm.h) by a whole 256-thread CTA: the optional RMSNorm, then
+// act_quant(., 128) into e4m3 codes and E8M0 scales. Shared by decode_act_pack's kernel
+// (decode_act.cu) and hc_pre_pack's finishing kernel (hc_pre.cu), so the two give the same bits.
+#pragma once
+
+#include "kernels/cuda/device.cuh"
+
+namespace tandem::kernels::cuda::pack {
+// Internal linkage: each including .cu gets its own copy.
+namespace {
+
+constexpr int kThreads = 256;  // == rms_norm.cu's kThreads: the fp64 sum's order depends on it
+constexpr int kBlock = 128;
+constexpr int kPer = kBlock / kWarp;  // values of a block per lane
+
+// x [dim] -> v = norm_weight ? round_bf16(w * (x * rs)) : x; codes [dim], scales [dim / 128] of v;
+// y [dim] (optional, with norm_weight) = v. y may equal x. The norm's fp64 sum of squares repeats
+// rms_norm.cu's fp32 mode operation for operation (same thread count and element order, so the same
+// block sum), then each warp normalizes and quantizes whole 128-column blocks as act_quant.cu does
+// (same amax, scale and e4m3 conversion). Call with blockDim.x == kThreads from every thread (the
+// block sum has barriers); `red` holds 32 doubles of shared memory, free at the call.
+__device__ __forceinline__ void pack_row(const float* x, int64_t dim, const float* norm_weight, float eps, float* y,
+                                         uint8_t* codes, uint8_t* scales, double* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t nb = dim / kBlock;
+  float rs = 1.0f;
+  if (norm_weight) {
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+      const float v = x[i];
+      ss += static_cast<double>(v) * v;
+    }
+    // Every thread has read its elements of x before any is rewritten (y may equal x): the block
+    // sum's barriers order the reads above before the writes below.
+    ss = block_sum(ss, red);
+    const float var = static_cast<float>(ss / static_cast<double>(dim));
+    rs = div_rn(1.0f, sqrtf(add_rn(var, eps)));
+  }
+  for (int64_t b = warp; b < nb; b += kThreads / kWarp) {
+    const int64_t c0 = b * kBlock + lane;
+    float v[kPer];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const float xv = x[c0 + i * kWarp];
+      v[i] = norm_weight ? round_bf16(mul_rn(norm_weight[c0 + i * kWarp], mul_rn(xv, rs))) : xv;
+      const float av = fabsf(v[i]);
+      amax = av > amax ? av : amax;  // NaN compares false: ignored, as the act_quant op
+    }
+    amax = warp_max(amax);
+    const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
+    const float sc = num::pow2_int(e);
+    if (lane == 0) scales[b] = num::e8m0_from_exponent(e);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const float q = clamp_std(div_rn(v[i], sc), -num::kE4m3Max, num::kE4m3Max);
+      codes[c0 + i * kWarp] = num::f32_to_e4m3(is_nan(v[i]) ? v[i] : q);
+      if (norm_weight && y) y[c0 + i * kWarp] = v[i];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda::pack
