@@ -5,13 +5,19 @@
 // uniform lies within 1e-9 of the host's CDF at the boundary between the two tokens (recomputed per
 // mismatch; the sides' fp64 CDFs differ by ~V * 2^-52), counted and reported; any other difference
 // fails.
-// Also: bit-identical reruns, draw frequencies against p, CUDA graph capture and replay.
+// Also: bit-identical reruns, draw frequencies against p, CUDA graph capture and replay; the full
+// vocabulary with 48 rows of each kind and the sampler benchmark's rows; top-p at its extremes; a
+// vocabulary too large for the device's shared-memory slices.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <random>
+#include <sstream>
+#include <string>
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/sample_rows_cases.h"
@@ -80,6 +86,37 @@ bool same_bytes(const std::vector<SampleRowResult>& a, const std::vector<SampleR
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(SampleRowResult)) == 0;
 }
 
+// A mismatching row in words: its parameters, both results, the host's p of both tokens, the
+// uniform that drew it and the host's CDF around the lower token, the first differing top id.
+std::string describe_row(const Batch& b, int i, const SampleRowResult& g, const SampleRowResult& w) {
+  const SampleRow& r = b.rows[static_cast<size_t>(i)];
+  RowSampler s(b.vocab);
+  s.prepare(b.logits.data() + static_cast<int64_t>(r.logits_row) * b.vocab, r, b.host_inputs());
+  auto p = [&](int32_t t) { return t >= 0 && t < b.vocab ? s.prob(t) : -1.0; };
+  std::ostringstream o;
+  o.precision(17);
+  o << "vocab " << b.vocab << " row " << i << " kind " << static_cast<int>(b.kinds[static_cast<size_t>(i)])
+    << " (temperature " << r.temperature << ", top_k " << r.top_k << ", top_p " << r.top_p << ", min_p " << r.min_p
+    << ", draft " << r.draft << ", q_row " << r.q_row << ", mask_row " << r.mask_row << ", top_logprobs "
+    << r.top_logprobs << ", host argmax " << s.argmax() << "): got token " << g.token << " (host p " << p(g.token)
+    << ") accepted " << g.accepted << " num_top " << g.num_top << "; want token " << w.token << " (host p "
+    << p(w.token) << ") accepted " << w.accepted << " num_top " << w.num_top;
+  if (!s.greedy() && g.token != w.token && g.token >= 0 && g.token < b.vocab) {
+    const int32_t lo = std::min(g.token, w.token);
+    double before = 0;
+    for (int64_t v = 0; v < lo; ++v) before += s.prob(static_cast<int32_t>(v));
+    o << "; u_sample " << rng_uniform(r.seed, r.position, RngStream::kSample) << ", u_residual "
+      << rng_uniform(r.seed, r.position, RngStream::kResidual) << ", host p-CDF before/after token " << lo << ": "
+      << before << " / " << before + s.prob(lo);
+  }
+  for (int k = 0; k < std::min(g.num_top, w.num_top); ++k)
+    if (g.top_ids[k] != w.top_ids[k]) {
+      o << "; first differing top id at " << k << ": got " << g.top_ids[k] << " want " << w.top_ids[k];
+      break;
+    }
+  return o.str();
+}
+
 // Runs `b` on both sides and accumulates the comparison into `total`.
 void check_batch(const Batch& b, Comparison& total) {
   DeviceBatch d(b);
@@ -87,9 +124,7 @@ void check_batch(const Batch& b, Comparison& total) {
   const Comparison c = sample_rows_cases::compare(b, got, want);
   if (c.first_bad_row >= 0) {
     const int i = c.first_bad_row;
-    ADD_FAILURE() << "vocab " << b.vocab << " row " << i << " kind " << static_cast<int>(b.kinds[i]) << ": got token "
-                  << got[i].token << " accepted " << got[i].accepted << " num_top " << got[i].num_top << ", want token "
-                  << want[i].token << " accepted " << want[i].accepted << " num_top " << want[i].num_top;
+    ADD_FAILURE() << describe_row(b, i, got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]);
   }
   total.rows += c.rows;
   total.sampled_rows += c.sampled_rows;
@@ -136,6 +171,127 @@ TEST(CudaSampleRows, MatchesHostFullVocab) {
     }
   }
   expect_matches(total, "vocab 129280");
+}
+
+// 48 rows of each kind at the full vocabulary (the rows of a decode step), the noise token in
+// every other batch.
+TEST(CudaSampleRows, MatchesHostFullVocabPerKind) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  for (int k = 0; k < static_cast<int>(Kind::kCount); ++k) {
+    SCOPED_TRACE(::testing::Message() << "kind " << k);
+    Builder bld(kVocab, 900 + k, k % 2 == 0);
+    for (int i = 0; i < 48; ++i) bld.add(static_cast<Kind>(k), 50000 + 100 * k + i, i % 4 == 0 ? 5 : -1);
+    check_batch(bld.take(), total);
+  }
+  expect_matches(total, "48 rows per kind, vocab 129280");
+}
+
+// A batch of `n` rows with logits uniform in [-8, 8) (never 0), each row made by `set(i, row)`.
+template <typename Set>
+Batch uniform_batch(int64_t vocab, int n, uint64_t seed, Kind kind, Set set) {
+  Batch b;
+  b.vocab = vocab;
+  b.eos = 1;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> ud(-8.0f, 8.0f);
+  b.logits.resize(static_cast<size_t>(vocab * n));
+  for (float& x : b.logits) {
+    x = ud(rng);
+    if (x == 0.0f) x = 0.5f;
+  }
+  for (int i = 0; i < n; ++i) {
+    SampleRow r;
+    r.logits_row = i;
+    r.seed = 1000 + static_cast<uint64_t>(i);
+    r.position = 77 + i;
+    set(i, r);
+    b.rows.push_back(r);
+    b.kinds.push_back(kind);
+  }
+  return b;
+}
+
+// The rows bench-kernels' `sampler` section times (48 rows, logits uniform in [-8, 8),
+// temperature 1): greedy, top-p 0.9, top-k 50 + top-p 0.9.
+TEST(CudaSampleRows, MatchesHostBenchmarkRows) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  struct Cfg {
+    const char* name;
+    double temperature, top_p;
+    int top_k;
+    Kind kind;
+  };
+  uint64_t seed = 31;
+  for (const Cfg& c : {Cfg{"greedy", 0.0, 1.0, 0, Kind::kGreedy}, Cfg{"top-p 0.9", 1.0, 0.9, 0, Kind::kTopP},
+                       Cfg{"top-k 50 + top-p 0.9", 1.0, 0.9, 50, Kind::kCombined}}) {
+    SCOPED_TRACE(c.name);
+    check_batch(uniform_batch(kVocab, 48, seed++, c.kind,
+                              [&](int i, SampleRow& r) {
+                                r.temperature = c.temperature;
+                                r.top_p = c.top_p;
+                                r.top_k = c.top_k;
+                                r.top_logprobs = i % 8 == 0 ? 3 : -1;
+                              }),
+                total);
+  }
+  expect_matches(total, "the sampler benchmark's rows, vocab 129280");
+}
+
+// Top-p at its extremes (0, tiny, close to 1), at low and high temperatures, on distinct logits,
+// logits from a few levels (ties at the threshold) and uniform ones, with and without top-k: the
+// device selects top-p's threshold inside a band of coarse buckets of (z - zmax) / T, and these
+// rows put the threshold at the band's edges and fill it with ties.
+TEST(CudaSampleRows, TopPExtremes) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  const double top_ps[] = {0.0, 1e-12, 1e-3, 0.3, 0.9, 0.999, 0.999999999, 1.0 - 0x1p-40};
+  const double temps[] = {0.05, 1.0, 4.0};
+  uint64_t seed = 4000;
+  for (int64_t vocab : {int64_t{1000}, kVocab}) {
+    for (int shape = 0; shape < 3; ++shape) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " shape " << shape);
+      Builder bld(vocab, seed++, shape == 1);
+      Batch b = bld.batch();  // vocab, eos, noise
+      int i = 0;
+      for (double tp : top_ps)
+        for (double t : temps) {
+          std::vector<float> z = shape == 0 ? bld.random_logits(3.0f) : shape == 1 ? bld.tie_logits() : std::vector<float>{};
+          if (shape == 2) {
+            std::uniform_real_distribution<float> ud(-8.0f, 8.0f);
+            std::mt19937_64 rng(seed * 7919 + static_cast<uint64_t>(i));
+            z.resize(static_cast<size_t>(vocab));
+            for (float& x : z) {
+              x = ud(rng);
+              if (x == 0.0f) x = 0.5f;
+            }
+          }
+          SampleRow r;
+          r.logits_row = i;
+          r.temperature = t;
+          r.top_p = tp;
+          r.top_k = i % 3 == 2 ? 100 : 0;
+          r.seed = 777 + static_cast<uint64_t>(i);
+          r.position = 5 * i;
+          b.logits.insert(b.logits.end(), z.begin(), z.end());
+          b.rows.push_back(r);
+          b.kinds.push_back(Kind::kTopP);
+          ++i;
+        }
+      check_batch(b, total);
+    }
+  }
+  expect_matches(total, "top-p extremes, vocab 1000/129280");
+}
+
+// A vocabulary whose slices do not fit in shared memory (z stays in the global scratch), odd, so
+// rows are not 16-byte aligned.
+TEST(CudaSampleRows, MatchesHostLargeVocab) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  check_batch(mixed_batch(200003, 30, 606, true), total);
+  expect_matches(total, "vocab 200003");
 }
 
 // Many rows of one kind: each kind on its own (thousands of (row, seed) cases in all).
@@ -332,28 +488,31 @@ TEST(CudaSampleRows, DeadEndAndNaN) {
 // The op is captured in a CUDA graph and replayed with the same results as an eager launch.
 TEST(CudaSampleRows, GraphReplayMatchesEager) {
   TANDEM_REQUIRE_GPU();
-  const Batch b = mixed_batch(4096, 64, 314, true);
-  DeviceBatch d(b);
-  const std::vector<SampleRowResult> eager = d.run();
-  cudaStream_t s;
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  d.launch(s);
-  TANDEM_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 2; ++rep) {
-    poison(d.out);
-    poison(d.scratch);
-    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-    TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
-    EXPECT_TRUE(same_bytes(to_host(d.out), eager)) << "replay " << rep;
+  for (int64_t vocab : {int64_t{4096}, kVocab}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    const Batch b = mixed_batch(vocab, 64, 314, true);
+    DeviceBatch d(b);
+    const std::vector<SampleRowResult> eager = d.run();
+    cudaStream_t s;
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    d.launch(s);
+    TANDEM_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t exec;
+    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) {
+      poison(d.out);
+      poison(d.scratch);
+      TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+      TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+      EXPECT_TRUE(same_bytes(to_host(d.out), eager)) << "replay " << rep;
+    }
+    TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
+    TANDEM_CUDA_CHECK(cudaStreamDestroy(s));
   }
-  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));
-  TANDEM_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
 }  // namespace

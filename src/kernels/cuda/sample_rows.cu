@@ -1,188 +1,126 @@
-// sample_rows_device (sample_rows.h): one 1024-thread block per row, in the host's order of
-// operations (kernels/cpu/sampling.cpp):
-//   penalties -> noise/grammar masks + argmax (one pass) -> greedy: done
-//   else top-k (radix select of the k-th largest logit over order-preserving keys, 8-bit digits,
-//   integer counts) -> e = exp((z - zmax) / T) in double, then p = e / sum stored over e in the
-//   scratch (one division per id; every later pass reads p) -> top-p (radix select over the bits of
-//   p, 8-bit digits; the probability mass of each bucket is summed in 2^-60 fixed point with integer
-//   atomics, so no sort and no order-dependent float atomics; ties at the threshold are kept in id
-//   order by a block scan) -> min-p -> accept / draw by inverse CDF in id order (sampling_device.cuh).
-// The radix selects add each warp's candidates per digit before one shared atomic per digit (a row's
-// keys crowd into a few digits), and stop as soon as the selected bucket holds a single key (the
-// later passes could only narrow down to it): both leave the result as the full 8-pass select.
-// p after top-p/min-p is recomputed from the stored p with the host's divisions (/ kept_top_p, then
+// sample_rows_device (sample_rows.h): one thread-block cluster of kCtas CTAs per row, each CTA
+// holding a contiguous slice of the row's processed logits z in shared memory (sample_rows_cluster.cuh
+// has the exchanges between the CTAs), in the host's order of operations (kernels/cpu/sampling.cpp):
+//   load + penalties -> noise/grammar masks + argmax -> greedy: done
+//   else top-k (radix select of the k-th largest logit over order-preserving keys, integer counts)
+//   -> softmax sum: e = exp((z - zmax) / T) in double for every kept id, p = e / sum (every later
+//   step recomputes e and p with the same operations, so they are the same bits; nothing stores
+//   them) -> top-p -> min-p -> accept / draw by inverse CDF in id order.
+// Top-p: the exact rule is the host's (sort by p descending, ties by lower id, keep until the sum
+// reaches top_p) with masses in 2^-60 fixed point: the kept set is {p > p*} plus the ties at p* in
+// id order, where p* is the largest p whose mass at or above it reaches top_p. The exp pass also
+// fills a coarse histogram of d = (z - zmax) / T (kBins buckets of width 1/8, masses of e in fixed
+// point), which brackets p* in a band of buckets: one bucket of d on each side of the buckets where
+// the coarse cumulative mass crosses top_p (+- a margin far above the histogram's rounding). A gap
+// of 1/8 in d is a factor e^(1/8) in p, so every id above the band has p > p* and every id below it
+// p < p*; the radix select over the bits of p then runs on the band's ids only (with the exact mass
+// above the band), and its result is the one a select over the whole row gives. In a row of
+// distinct logits the band holds a few hundred ids.
+// p after top-p/min-p is recomputed from p with the host's divisions (/ kept_top_p, then
 // / kept_min_p), so it has the host's rounding steps.
-// Precision: e, p and all masses are double as on the host; sums run in a fixed tree (not the
-// host's sequential order), so p agrees to a few ulps and a draw whose uniform sits within ~1e-15
-// of a CDF boundary may land on the neighbouring id; top-p's cumulative mass agrees with the
-// host's to ~1e-13, so a threshold decided by less than that may differ.
+// Precision: e, p and all masses are double as on the host; sums run in fixed trees (not the host's
+// sequential order), so p agrees to a few ulps and a draw whose uniform sits within ~1e-15 of a CDF
+// boundary may land on the neighbouring id; top-p's cumulative mass agrees with the host's to
+// ~1e-13, so a threshold decided by less than that may differ.
 // NaN logits: the argmax follows the host (a NaN wins only as the first finite-or-NaN element);
 // elsewhere NaN never crashes or hangs a row but its p is not specified (the host's is NaN too).
 #include "kernels/cuda/sample_rows.h"
 
 #include <climits>
 
+#include "common/check.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/sample_rows_cluster.cuh"
 #include "kernels/cuda/sampling_device.cuh"
+#include "kernels/cuda/smem_bounds.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
+using sample_cluster::Ctx;
+using sample_cluster::DrawOut;
+using sample_cluster::kBins;
+using sample_cluster::kCtas;
+using sample_cluster::kThreads;
+using sample_cluster::kWarps;
+using sample_cluster::RadixOut;
+using sample_cluster::Shared;
+using sample_cluster::Slot;
+
+// Three CTAs per SM on an H100/H200 (shared memory: the 64.6 KB slice of a 129,280 vocabulary plus
+// ~8.5 KB; registers: 3 x 192 threads x 112), so 48 rows (384 CTAs) run in one wave on 132 SMs. The
+// register cap is explicit (__maxnreg__): __launch_bounds__(192, 3) lets ptxas stop at 96 and spill.
+constexpr int kMaxRegisters = 112;
+// A slice up to this many floats stays in shared memory (80 KB: with the static part within the
+// 99 KB per block of sm_120); a larger vocabulary keeps z in the global scratch.
+constexpr int64_t kSmemSliceFloats = 20480;
+constexpr double kBucketsPerUnit = 8.0;              // coarse buckets per unit of d
 constexpr double kFixedOne = 1152921504606846976.0;  // 2^60: top-p masses in fixed point
 
 __device__ __forceinline__ uint64_t to_fixed(double p) { return __double2ull_rn(p * kFixedOne); }
+__device__ __forceinline__ uint64_t pkey(double p) { return static_cast<uint64_t>(__double_as_longlong(p)); }
 
 // score_key (device.cuh) back to the float (-0 comes back as +0, which compares equal).
 __device__ __forceinline__ float score_key_value(uint32_t k) {
   return num::bits_f32((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// ---- radix select over a block ----
-struct RadixShared {
-  unsigned long long mass[256];
-  unsigned count[256];
-  unsigned long long sel_above;
-  unsigned long long single_key;
-  unsigned sel_count;
-  int sel;
-};
-struct RadixResult {
-  bool found = false;
-  uint64_t key = 0;    // the selected key
-  uint64_t above = 0;  // weight of the candidates with a larger key
-  uint32_t count = 0;  // candidates with exactly this key
-};
-
-// The largest candidate key K with weight(keys >= K) >= target, where `elem(v, key, weight)` says
-// whether id v is a candidate and gives its key (kKeyBits wide, unsigned order = selection order)
-// and weight. Top-k: weight 1, target k (K = the k-th largest). Top-p: weight = fixed-point p.
-// Not found when the candidates' whole weight is below the target.
-template <int kKeyBits, typename Elem>
-__device__ RadixResult radix_select_desc(int64_t n, Elem elem, uint64_t target, RadixShared& sh) {
-  RadixResult r;
-  uint64_t prefix = 0, above = 0;
-  uint32_t count = 0;
-  const int lane = threadIdx.x & 31;
-  for (int shift = kKeyBits - 8; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-      sh.mass[i] = 0;
-      sh.count[i] = 0;
-    }
-    __syncthreads();
-    const int hi = shift + 8;
-    // Each warp adds its candidates per digit (butterfly sums over the lanes of that digit), then
-    // one atomic per digit present: the loop runs warp-uniformly (the last round's lanes past n
-    // hold no candidate).
-    for (int64_t v0 = 0; v0 < n; v0 += blockDim.x) {
-      const int64_t v = v0 + threadIdx.x;
-      uint64_t key = 0, weight = 0;
-      int digit = -1;
-      if (v < n && elem(v, key, weight) && (hi >= 64 || (key >> hi) == (prefix >> hi)))
-        digit = static_cast<int>((key >> shift) & 255u);
-      unsigned todo = __ballot_sync(0xffffffffu, digit >= 0);
-      while (todo) {
-        const int leader = __ffs(todo) - 1;
-        const int dg = __shfl_sync(0xffffffffu, digit, leader);
-        const bool in = digit == dg;
-        const unsigned group = __ballot_sync(0xffffffffu, in);
-        unsigned long long w = in ? weight : 0ull;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-        if (lane == leader) {
-          atomicAdd(&sh.count[dg], static_cast<unsigned>(__popc(group)));
-          atomicAdd(&sh.mass[dg], w);
-        }
-        todo &= ~group;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      // lane l owns buckets [8l, 8l + 8): the highest bucket whose suffix weight reaches the target
-      unsigned long long lm = 0;
-      for (int j = 0; j < 8; ++j) lm += sh.mass[8 * lane + j];
-      unsigned long long suf = lm;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long y = __shfl_down_sync(0xffffffffu, suf, o);
-        if (lane + o < 32) suf += y;
-      }
-      unsigned long long run = above + (suf - lm);
-      int sel = -1;
-      unsigned long long sel_above = 0;
-      for (int j = 7; j >= 0; --j) {
-        const int b = 8 * lane + j;
-        const unsigned long long before = run;
-        run += sh.mass[b];
-        if (sh.count[b] > 0 && run >= target) {
-          sel = b;
-          sel_above = before;
-          break;
-        }
-      }
-      const unsigned ball = __ballot_sync(0xffffffffu, sel >= 0);
-      if (ball == 0) {
-        if (lane == 0) sh.sel = -1;
-      } else if (lane == 31 - __clz(ball)) {
-        sh.sel = sel;
-        sh.sel_above = sel_above;
-        sh.sel_count = sh.count[sel];
-        sh.single_key = 0;
-      }
-    }
-    __syncthreads();
-    const int sel = sh.sel;
-    if (sel < 0) return r;  // the same in every thread
-    prefix |= static_cast<uint64_t>(sel) << shift;
-    above = sh.sel_above;
-    count = sh.sel_count;
-    if (count == 1 && shift > 0) {
-      // One key left in the bucket: the later passes would select it digit by digit (above and
-      // count unchanged); its holder reports it.
-      for (int64_t v = threadIdx.x; v < n; v += blockDim.x) {
-        uint64_t key, weight;
-        if (elem(v, key, weight) && (key >> shift) == (prefix >> shift)) sh.single_key = key;
-      }
-      __syncthreads();
-      prefix = sh.single_key;
-      break;
-    }
-    // sh.sel and sh.single_key are next written after the next pass's first __syncthreads()
-  }
-  r.found = true;
-  r.key = prefix;
-  r.above = above;
-  r.count = count;
-  return r;
+// Coarse bucket of d <= 0: floor(-d * 8), the last bucket holding everything from d <= -31.875
+// (and NaN). Non-increasing in z, as d is non-decreasing (correctly rounded ops are monotone).
+__device__ __forceinline__ int coarse_bucket(double d) {
+  const double t = -d * kBucketsPerUnit;
+  if (!(t < static_cast<double>(kBins - 1))) return kBins - 1;
+  return t > 0.0 ? static_cast<int>(t) : 0;
 }
 
-// p of a prepared row, from the stored p = e / sum with the host's operations (see the file comment).
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_fold(T v, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// p of a prepared row, recomputed from z with the same operations wherever it is needed.
 struct RowDist {
-  const double* e = nullptr;  // p = e / sum, stored
-  double sum = 1.0;
+  const float* z = nullptr;  // this CTA's slice: z[v - beg]
+  int64_t beg = 0;
+  double zmax = 0.0, inv_t = 1.0, sum = 1.0;
+  float kth = -INFINITY;  // top-k: keep z >= kth
   bool top_p = false;
-  double pstar = 0.0;          // top-p: keep p > pstar, and p == pstar up to id tie_last
+  float za = INFINITY, zb = INFINITY;  // top-p: above the band z >= za, in the band zb <= z < za
+  double pstar = 0.0;                  // top-p: keep p > pstar, and p == pstar up to id tie_last
   int64_t tie_last = -1;
   double kept_p = 1.0;
   bool min_p = false;
   double cut = 0.0;
   double kept_m = 1.0;
 
-  __device__ __forceinline__ double p1(int64_t v) const { return e[v]; }
+  __device__ __forceinline__ bool live(float x) const { return !(x == -INFINITY || x < kth); }
+  __device__ __forceinline__ double dval(float x) const {
+    return __dmul_rn(__dsub_rn(static_cast<double>(x), zmax), inv_t);
+  }
+  __device__ __forceinline__ double p1x(float x) const { return live(x) ? exp(dval(x)) / sum : 0.0; }
+  __device__ __forceinline__ bool above(float x) const { return live(x) && x >= za; }
+  __device__ __forceinline__ bool band(float x) const { return live(x) && x >= zb && !(x >= za); }
+  // may have p > 0 after top-p
+  __device__ __forceinline__ bool cand(float x) const { return live(x) && (!top_p || x >= zb); }
   __device__ __forceinline__ bool in_top_p(double p, int64_t v) const {
     return p > pstar || (p == pstar && v <= tie_last);
   }
-  __device__ __forceinline__ double p2(int64_t v) const {
-    const double p = p1(v);
+  __device__ __forceinline__ double p2x(float x, int64_t v) const {
+    const double p = p1x(x);
     if (!top_p) return p;
-    return in_top_p(p, v) ? p / kept_p : 0.0;
+    if (above(x)) return p / kept_p;
+    return band(x) && in_top_p(p, v) ? p / kept_p : 0.0;
   }
-  __device__ __forceinline__ double p(int64_t v) const {
-    const double q = p2(v);
+  __device__ __forceinline__ double px(float x, int64_t v) const {
+    const double q = p2x(x, v);
     if (!min_p) return q;
     return (q < cut ? 0.0 : q) / kept_m;
   }
+  __device__ __forceinline__ double p(int64_t v) const { return px(z[v - beg], v); }
 };
 
 __device__ __forceinline__ bool sorted_contains(const int32_t* a, int n, int32_t t) {
@@ -195,96 +133,157 @@ __device__ __forceinline__ bool sorted_contains(const int32_t* a, int n, int32_t
   return lo < n && a[lo] == t;
 }
 
-struct RowScratch {
-  float* z;   // [vocab] processed logits
-  double* e;  // [vocab] exp((z - zmax) / T), 0 outside top-k
-};
-
-__global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, const SampleRow* rows, int n,
-                                                                unsigned char* scratch, size_t row_bytes,
-                                                                size_t z_bytes, SampleRowResult* out) {
-  __shared__ BlockReduceScratch red;
-  __shared__ RadixShared radix;
-  const int ri = blockIdx.x;
-  if (ri >= n) return;
+// One cluster per row (blockIdx.x / kCtas), CTA rank r holding ids [r slice, (r + 1) slice). z (the
+// processed logits) lives in shared memory when z_in_smem, else in zscratch [rows, zstride].
+__global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
+    sample_rows_kernel(SampleInputs in, const SampleRow* rows, float* zscratch, int64_t zstride, int64_t slice,
+                       int z_in_smem, SampleRowResult* out) {
+  extern __shared__ float4 zdyn[];  // [slice] floats when z_in_smem
+  __shared__ Shared sh;
+  pdl_wait();
+  const int ri = static_cast<int>(blockIdx.x / kCtas);
   const SampleRow row = rows[ri];
   const int64_t V = in.vocab;
+  Ctx c{sh, sample_cluster::cg::this_cluster(), 0, 0, 0};
+  c.rank = static_cast<int>(c.cl.block_rank());
+  c.beg = static_cast<int64_t>(c.rank) * slice < V ? static_cast<int64_t>(c.rank) * slice : V;
+  c.end = c.beg + slice < V ? c.beg + slice : V;
+  const int64_t beg = c.beg, end = c.end, len = end - beg;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const float kNegInf = -INFINITY;
-  RowScratch rs;
-  rs.z = reinterpret_cast<float*>(scratch + static_cast<size_t>(ri) * row_bytes);
-  rs.e = reinterpret_cast<double*>(scratch + static_cast<size_t>(ri) * row_bytes + z_bytes);
-  float* z = rs.z;
-  const float* logits = in.logits + static_cast<int64_t>(row.logits_row) * V;
+  float* const zrow = z_in_smem ? nullptr : zscratch + static_cast<int64_t>(ri) * zstride;
+  float* const z = z_in_smem ? reinterpret_cast<float*>(zdyn) : zrow + beg;
+  auto zpeer = [&](int q) -> const float* {  // CTA q's slice
+    return z_in_smem ? c.cl.map_shared_rank(reinterpret_cast<float*>(zdyn), q) : zrow + static_cast<int64_t>(q) * slice;
+  };
+  const float* const lg = in.logits + static_cast<int64_t>(row.logits_row) * V;
 
-  // ---- penalties (each listed token is touched by one thread: the lists hold unique tokens) ----
+  // ---- load the slice; penalties; noise/grammar masks and argmax ----
+  // argmax = the first element != -inf when it is NaN (the host's `z[v] > z[best]` never replaces
+  // it), else the first maximum among the non-NaN ones. mxf: the raw maximum without the noise
+  // token (for the log-probabilities).
   const int32_t* prompt = in.prompt_ids ? in.prompt_ids + row.prompt_begin : nullptr;
   const int32_t* counts = in.counts ? in.counts + 2 * static_cast<int64_t>(row.counts_begin) : nullptr;
   const int np = prompt ? row.prompt_count : 0, nc = counts ? row.counts_count : 0;
   const bool rep = row.repetition_penalty != 1.0 && (np > 0 || nc > 0);
   const bool freq = (row.frequency_penalty != 0.0 || row.presence_penalty != 0.0) && nc > 0;
-  const float* src = logits;
-  if (rep || freq) {
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) z[v] = logits[v];
-    __syncthreads();
-    if (rep) {
-      const float r = static_cast<float>(row.repetition_penalty);
-      auto apply = [&](int32_t t) {
-        if (t < 0 || t >= V) return;
-        const float x = z[t];
-        z[t] = x > 0 ? __fdiv_rn(x, r) : __fmul_rn(x, r);
-      };
-      for (int i = threadIdx.x; i < np; i += blockDim.x) apply(prompt[i]);
-      for (int i = threadIdx.x; i < nc; i += blockDim.x)
-        if (!sorted_contains(prompt, np, counts[2 * i])) apply(counts[2 * i]);
-      __syncthreads();
-    }
-    if (freq) {
-      for (int i = threadIdx.x; i < nc; i += blockDim.x) {
-        const int32_t t = counts[2 * i], c = counts[2 * i + 1];
-        if (t < 0 || t >= V) continue;
-        const double pen = __dadd_rn(__dmul_rn(row.frequency_penalty, static_cast<double>(c)),
-                                     __dmul_rn(row.presence_penalty, c > 0 ? 1.0 : 0.0));
-        z[t] = __fsub_rn(z[t], static_cast<float>(pen));
-      }
-      __syncthreads();
-    }
-    src = z;
-  }
-
-  // ---- masks and argmax in one pass ----
-  // argmax = the first element != -inf when it is NaN (the host's `z[v] > z[best]` never replaces
-  // it), else the first maximum among the non-NaN ones.
+  const bool penalties = rep || freq;
   const uint32_t* mask =
       row.mask_row >= 0 && in.masks ? in.masks + static_cast<int64_t>(row.mask_row) * in.mask_words : nullptr;
+  float mxf = kNegInf;
   unsigned long long best = 0;
   int first = INT_MAX;  // 2 * id + isnan of the first element != -inf
   long long nvalid = 0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    float x = src[v];
+  auto mask_argmax = [&](int64_t v, float x) {
     if (v == in.noise) x = kNegInf;
     if (mask && !((mask[v >> 5] >> (v & 31)) & 1u)) x = kNegInf;
-    z[v] = x;
     if (x != kNegInf) {
       ++nvalid;
       const bool nan = is_nan(x);
-      if (first == INT_MAX) first = 2 * static_cast<int>(v) + (nan ? 1 : 0);
+      const int f = 2 * static_cast<int>(v) + (nan ? 1 : 0);
+      first = f < first ? f : first;
       if (!nan) {
         const unsigned long long k = select_key(x, static_cast<uint32_t>(v));
         best = k > best ? k : best;
       }
     }
+    return x;
+  };
+  // Without penalties the masks and the argmax run in the load (the penalties come first).
+  auto load = [&](int64_t v, float x) {
+    if (v != in.noise) mxf = fmaxf(mxf, x);
+    return penalties ? x : mask_argmax(v, x);
+  };
+  {
+    int64_t done = 0;
+    if (((reinterpret_cast<uintptr_t>(lg + beg) | reinterpret_cast<uintptr_t>(z)) & 15u) == 0) {
+      const int64_t n4 = len / 4;
+      const float4* s4 = reinterpret_cast<const float4*>(lg + beg);
+      float4* d4 = reinterpret_cast<float4*>(z);
+      constexpr int kUnroll = 4;  // loads in flight per thread
+      for (int64_t i0 = tid; i0 < n4; i0 += kUnroll * kThreads) {
+        float4 t[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          if (i0 + u * kThreads < n4) t[u] = __ldg(s4 + i0 + u * kThreads);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t i = i0 + u * kThreads;
+          if (i >= n4) continue;
+          const int64_t v = beg + 4 * i;
+          float4 x = t[u];
+          x.x = load(v, x.x);
+          x.y = load(v + 1, x.y);
+          x.z = load(v + 2, x.z);
+          x.w = load(v + 3, x.w);
+          d4[i] = x;
+        }
+      }
+      done = 4 * n4;
+    }
+    for (int64_t i = done + tid; i < len; i += kThreads) z[i] = load(beg + i, lg[beg + i]);
+    __syncthreads();
   }
-  best = block_argmax_key(best, red);
-  first = block_min_int(first, red);
-  nvalid = block_sum_i64(nvalid, red);
+  if (penalties) {  // each listed token is touched by one thread: the lists hold unique tokens
+    if (rep) {
+      const float r = static_cast<float>(row.repetition_penalty);
+      auto apply = [&](int32_t t) {
+        if (t < beg || t >= end) return;  // another CTA's (or outside the vocabulary)
+        const float x = z[t - beg];
+        z[t - beg] = x > 0 ? __fdiv_rn(x, r) : __fmul_rn(x, r);
+      };
+      for (int i = tid; i < np; i += kThreads) apply(prompt[i]);
+      for (int i = tid; i < nc; i += kThreads)
+        if (!sorted_contains(prompt, np, counts[2 * i])) apply(counts[2 * i]);
+      __syncthreads();
+    }
+    if (freq) {
+      for (int i = tid; i < nc; i += kThreads) {
+        const int32_t t = counts[2 * i], k = counts[2 * i + 1];
+        if (t < beg || t >= end) continue;
+        const double pen = __dadd_rn(__dmul_rn(row.frequency_penalty, static_cast<double>(k)),
+                                     __dmul_rn(row.presence_penalty, k > 0 ? 1.0 : 0.0));
+        z[t - beg] = __fsub_rn(z[t - beg], static_cast<float>(pen));
+      }
+      __syncthreads();
+    }
+    for (int64_t i = tid; i < len; i += kThreads) z[i] = mask_argmax(beg + i, z[i]);
+  }
+  best = block_argmax_key(best, sh.red);
+  first = block_min_int(first, sh.red);
+  nvalid = block_sum_i64(nvalid, sh.red);
+  mxf = block_reduce(mxf, MaxOp{}, kNegInf, sh.red);
+  {
+    Slot& s = c.open();
+    if (tid == 0) {
+      s.u[0] = best;
+      s.i[0] = first;
+      s.i[1] = nvalid;
+      s.x[0] = mxf;
+    }
+    c.publish();
+    best = 0;
+    first = INT_MAX;
+    nvalid = 0;
+    mxf = kNegInf;
+    for (int q = 0; q < kCtas; ++q) {
+      const Slot* p = c.peer(q);
+      best = p->u[0] > best ? p->u[0] : best;
+      first = p->i[0] < first ? static_cast<int>(p->i[0]) : first;
+      nvalid += p->i[1];
+      mxf = fmaxf(mxf, p->x[0]);
+    }
+  }
   int64_t argmax;
+  double zmax = 0.0;  // z[argmax] (read from the keys: the argmax may be another CTA's)
   if (mask && nvalid == 0 && in.eos >= 0 && in.eos < V) {  // grammar dead end: EOS ends the output
-    if (threadIdx.x == 0) z[in.eos] = 0.0f;
+    if (in.eos >= beg && in.eos < end && tid == 0) z[in.eos - beg] = 0.0f;
     __syncthreads();
     argmax = in.eos;
     nvalid = 1;
   } else if (first != INT_MAX) {
     argmax = (first & 1) ? (first >> 1) : static_cast<int64_t>(select_key_index(best));
+    zmax = (first & 1) ? static_cast<double>(NAN) : static_cast<double>(score_key_value(static_cast<uint32_t>(best >> 32)));
   } else {
     argmax = in.eos >= 0 && in.eos < V ? in.eos : 0;  // no finite logit: end the output, greedily
   }
@@ -295,48 +294,253 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
   if (greedy) {
     accepted = row.draft >= 0 && row.draft == argmax ? 1 : 0;
   } else {
+    RowDist d;
+    d.z = z;
+    d.beg = beg;
+    d.zmax = zmax;
+    d.inv_t = 1.0 / row.temperature;
+    int64_t wb, we;
+    c.warp_range(wb, we);
+    unsigned* const queue = sh.warp[wid].queue;
     // ---- top-k: keep z >= the k-th largest finite-or-NaN logit ----
-    float kth = kNegInf;
     if (row.top_k > 0 && row.top_k < V && row.top_k < nvalid) {
       auto elem = [&](int64_t v, uint64_t& key, uint64_t& weight) {
-        const float x = z[v];
+        const float x = z[v - beg];
         if (x == kNegInf) return false;
         key = score_key(x);
         weight = 1;
         return true;
       };
-      const RadixResult rr = radix_select_desc<32>(V, elem, static_cast<uint64_t>(row.top_k), radix);
-      if (rr.found) kth = score_key_value(static_cast<uint32_t>(rr.key));
+      const RadixOut rr = sample_cluster::cluster_radix_select<true>(
+          c, 32, 0, 0, static_cast<uint64_t>(row.top_k), [](int64_t) { return true; }, elem);
+      if (rr.found) d.kth = score_key_value(static_cast<uint32_t>(rr.key));
     }
-    // ---- softmax numerators in double ----
-    const double zmax = argmax < V ? static_cast<double>(z[argmax]) : -INFINITY;
-    const double inv_t = 1.0 / row.temperature;
-    double* e = rs.e;
-    double local = 0.0;
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-      const float x = z[v];
-      const double ev = (x == kNegInf || x < kth) ? 0.0 : exp(__dmul_rn(static_cast<double>(x) - zmax, inv_t));
-      e[v] = ev;
-      local += ev;
+    // ---- softmax sum in double; top-p: the coarse histogram of d ----
+    const bool top_p = row.top_p < 1.0;
+    const int vbits = 64 - __clzll(static_cast<unsigned long long>(V));
+    const double wscale = ldexp(1.0, 63 - vbits);  // e <= 1: a row's coarse mass stays below 2^63
+    double p1max = 0.0;                              // the largest p among the ids top-p keeps
+    {
+      Slot& s = c.open();
+      if (top_p)
+        for (int i = tid; i < kBins; i += kThreads) s.mass[i] = 0;
+      __syncthreads();
+      double local = 0.0, emax = 0.0;
+      sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.live(z[v - beg]); },
+                                   [&](int64_t v, bool ok) {
+                                     if (!ok) return;
+                                     const double dv = d.dval(z[v - beg]);
+                                     const double e = exp(dv);
+                                     local += e;
+                                     emax = fmax(emax, e);
+                                     if (top_p) {
+                                       const uint64_t w = e > 0 ? __double2ull_rz(e * wscale) : 0;
+                                       if (w) atomicAdd(&s.mass[coarse_bucket(dv)], static_cast<unsigned long long>(w));
+                                     }
+                                   });
+      local = block_sum_f64(local, sh.red);
+      emax = block_max_f64(emax, sh.red);
+      if (tid == 0) {
+        s.f[0] = local;
+        s.f[1] = emax;
+      }
+      c.publish();
+      double sum = 0.0;
+      emax = 0.0;
+      for (int q = 0; q < kCtas; ++q) {
+        sum = sum + c.peer(q)->f[0];
+        emax = fmax(emax, c.peer(q)->f[1]);
+      }
+      d.sum = sum;
+      p1max = emax / sum;
     }
-    RowDist d;
-    d.e = e;
-    d.sum = block_sum_f64(local, red);
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) e[v] = e[v] / d.sum;  // the host's p = e / sum
-    __syncthreads();  // p is read by other threads from here on
     // ---- top-p ----
-    if (row.top_p < 1.0) {
+    if (top_p) {
       d.top_p = true;
+      // The band of coarse buckets (every CTA computes the same from the summed histogram).
+      {
+        Slot& s = c.open();
+        constexpr int kPer = kBins / kCtas;  // CTA r sums buckets [kPer r, kPer (r + 1))
+        for (int i = tid; i < kPer; i += kThreads) {
+          const int b = kPer * c.rank + i;
+          unsigned long long m = 0;
+          for (int q = 0; q < kCtas; ++q) m += c.peer_prev(q)->mass[b];
+          s.mass[b] = m;
+        }
+        c.publish();
+        if (wid == 0) {
+          unsigned long long m[8], lm = 0;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int b = 8 * lane + j;
+            m[j] = c.peer(b / kPer)->mass[b];
+            lm += m[j];
+          }
+          unsigned long long incl = lm;
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const unsigned long long y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+          }
+          const unsigned long long W = __shfl_sync(0xffffffffu, incl, 31);
+          const double tc = row.top_p * static_cast<double>(W);
+          const uint64_t Tc = tc > 0.0 ? __double2ull_ru(tc) : 0;
+          // The histogram's masses are within V * 2^(vbits - 63) of W of the exact fixed-point
+          // ones (truncation of each e); the margin is 2^6 times that.
+          const int shift = 57 - 2 * vbits;
+          const uint64_t delta = shift <= 0 ? W : (W >> shift);
+          const uint64_t lo_t = Tc > delta ? Tc - delta : 0, hi_t = Tc + delta;
+          unsigned long long run = incl - lm;
+          int jlo = -1, jhi = -1;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            run += m[j];
+            if (jlo < 0 && run >= lo_t) jlo = 8 * lane + j;
+            if (jhi < 0 && run >= hi_t) jhi = 8 * lane + j;
+          }
+          const unsigned blo = __ballot_sync(0xffffffffu, jlo >= 0), bhi = __ballot_sync(0xffffffffu, jhi >= 0);
+          const int glo = blo ? __shfl_sync(0xffffffffu, jlo, __ffs(blo) - 1) : kBins - 1;
+          const int ghi = bhi ? __shfl_sync(0xffffffffu, jhi, __ffs(bhi) - 1) : kBins - 1;
+          if (lane == 0) {
+            sh.bc.band_top = glo > 0 ? glo - 1 : 0;
+            sh.bc.band_bot = ghi + 1 < kBins ? ghi + 1 : kBins - 1;
+          }
+        }
+        __syncthreads();
+      }
+      const int band_top = sh.bc.band_top, band_bot = sh.bc.band_bot;
+      // Above the band: exact fixed-point mass and kept mass. In the band: the keys' range, its
+      // mass and count. The smallest z above / in the band give the thresholds za / zb (z's order
+      // is the buckets' order, so z >= za is exactly "above the band").
+      uint64_t afix = 0, kmin = ~0ull, kmax = 0, wband = 0, cband = 0;
+      double akept = 0.0, amax = 0.0;
+      float amin = INFINITY, bmin = INFINITY;
+      {
+        Slot& s = c.open();
+        sample_cluster::warp_batches(
+            wb, we, queue,
+            [&](int64_t v) {
+              const float x = z[v - beg];
+              return d.live(x) && coarse_bucket(d.dval(x)) <= band_bot;
+            },
+            [&](int64_t v, bool ok) {
+              if (!ok) return;
+              const float x = z[v - beg];
+              const double dv = d.dval(x);
+              const double p = exp(dv) / d.sum;  // = d.p1x(x)
+              if (coarse_bucket(dv) < band_top) {
+                if (p > 0) {
+                  afix += to_fixed(p);
+                  akept += p;
+                  amax = fmax(amax, p);
+                }
+                amin = fminf(amin, x);
+              } else {
+                if (p > 0) {
+                  const uint64_t k = pkey(p);
+                  kmin = k < kmin ? k : kmin;
+                  kmax = k > kmax ? k : kmax;
+                  wband += to_fixed(p);
+                  ++cband;
+                }
+                bmin = fminf(bmin, x);
+              }
+            });
+        auto sum_u = [](unsigned long long a, unsigned long long b) { return a + b; };
+        auto min_u = [](unsigned long long a, unsigned long long b) { return b < a ? b : a; };
+        auto max_u = [](unsigned long long a, unsigned long long b) { return a < b ? b : a; };
+        auto sum_d = [](double a, double b) { return a + b; };
+        auto max_d = [](double a, double b) { return fmax(a, b); };
+        auto min_f = [](float a, float b) { return fminf(a, b); };
+        afix = warp_fold<unsigned long long>(afix, sum_u);
+        kmin = warp_fold<unsigned long long>(kmin, min_u);
+        kmax = warp_fold<unsigned long long>(kmax, max_u);
+        wband = warp_fold<unsigned long long>(wband, sum_u);
+        cband = warp_fold<unsigned long long>(cband, sum_u);
+        akept = warp_fold(akept, sum_d);
+        amax = warp_fold(amax, max_d);
+        amin = warp_fold(amin, min_f);
+        bmin = warp_fold(bmin, min_f);
+        auto& part = sh.warp[wid].part;
+        if (lane == 0) {
+          part.u[0] = afix;
+          part.u[1] = kmin;
+          part.u[2] = kmax;
+          part.u[3] = wband;
+          part.u[4] = cband;
+          part.f[0] = akept;
+          part.f[1] = amax;
+          part.x[0] = amin;
+          part.x[1] = bmin;
+        }
+        __syncthreads();
+        if (tid == 0) {
+          for (int w = 1; w < kWarps; ++w) {
+            const auto& o = sh.warp[w].part;
+            afix += o.u[0];
+            kmin = min_u(kmin, o.u[1]);
+            kmax = max_u(kmax, o.u[2]);
+            wband += o.u[3];
+            cband += o.u[4];
+            akept = akept + o.f[0];
+            amax = fmax(amax, o.f[1]);
+            amin = fminf(amin, o.x[0]);
+            bmin = fminf(bmin, o.x[1]);
+          }
+          s.u[0] = afix;
+          s.u[1] = kmin;
+          s.u[2] = kmax;
+          s.u[3] = wband;
+          s.i[0] = static_cast<long long>(cband);
+          s.f[0] = akept;
+          s.f[1] = amax;
+          s.x[0] = amin;
+          s.x[1] = bmin;
+        }
+        c.publish();
+        afix = 0, kmin = ~0ull, kmax = 0, wband = 0, cband = 0, akept = 0.0, amax = 0.0;
+        amin = INFINITY, bmin = INFINITY;
+        for (int q = 0; q < kCtas; ++q) {
+          const Slot* p = c.peer(q);
+          afix += p->u[0];
+          kmin = min_u(kmin, p->u[1]);
+          kmax = max_u(kmax, p->u[2]);
+          wband += p->u[3];
+          cband += static_cast<uint64_t>(p->i[0]);
+          akept = akept + p->f[0];
+          amax = fmax(amax, p->f[1]);
+          amin = fminf(amin, p->x[0]);
+          bmin = fminf(bmin, p->x[1]);
+        }
+        d.za = amin;
+        d.zb = fminf(amin, bmin);
+      }
+      // ---- the exact select over the band's p ----
       const uint64_t target = row.top_p > 0.0 ? __double2ull_ru(row.top_p * kFixedOne) : 0;
-      auto elem = [&](int64_t v, uint64_t& key, uint64_t& weight) {
-        const double p = d.p1(v);
-        if (!(p > 0)) return false;
-        key = static_cast<uint64_t>(__double_as_longlong(p));
-        weight = to_fixed(p);
-        return true;
-      };
-      const RadixResult rr = radix_select_desc<64>(V, elem, target, radix);
-      if (rr.found) {
+      bool found = cband > 0 && afix + wband >= target;
+      RadixOut rr;
+      if (found) {
+        if (kmin == kmax) {  // one value of p in the band: nothing to select
+          rr.found = true;
+          rr.key = kmax;
+          rr.above = afix;
+          rr.count = static_cast<uint32_t>(cband);
+        } else {
+          const int bits = 64 - __clzll(kmin ^ kmax);
+          const uint64_t prefix = bits < 64 ? (kmax >> bits) << bits : 0;
+          auto elem = [&](int64_t v, uint64_t& key, uint64_t& weight) {
+            const double p = d.p1x(z[v - beg]);
+            if (!(p > 0)) return false;
+            key = pkey(p);
+            weight = to_fixed(p);
+            return true;
+          };
+          rr = sample_cluster::cluster_radix_select<false>(
+              c, bits, prefix, afix, target, [&](int64_t v) { return d.band(z[v - beg]); }, elem);
+        }
+        found = rr.found;
+      }
+      if (found) {
         d.pstar = __longlong_as_double(static_cast<long long>(rr.key));
         d.tie_last = LLONG_MAX;
         // ties at pstar are kept in id order until the cumulative mass reaches top_p
@@ -349,45 +553,78 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
         }
         if (m < rr.count) {
           const double pstar = d.pstar;
-          auto tie = [&](int64_t v) { return d.p1(v) == pstar ? 1.0 : 0.0; };
-          const ChunkScan c = block_chunk_scan(V, tie, red);
-          const int64_t id = block_chunk_find(c, tie, static_cast<double>(m) - 0.5, red);
-          if (id >= 0) d.tie_last = id;
+          const DrawOut t = sample_cluster::cluster_draw(
+              c, [&](int64_t v) { return d.band(z[v - beg]); },
+              [&](int64_t v) { return d.p1x(z[v - beg]) == pstar ? 1.0 : 0.0; }, static_cast<double>(m) - 0.5, false);
+          if (t.token >= 0) d.tie_last = t.token;
         }
-      }  // else the whole mass is below top_p: every p > 0 stays (pstar 0), renormalised
-      double kept = 0.0;
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-        const double p = d.p1(v);
-        if (p > 0 && d.in_top_p(p, v)) kept += p;
+      }  // else the whole mass is below top_p: every p > 0 stays (pstar 0), renormalised; nothing
+         // lies below the band then (its lower margin would have reached top_p)
+      // kept mass: above the band (summed above) + the band's kept ids
+      {
+        Slot& s = c.open();
+        double kb = 0.0, bmax = 0.0;
+        sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.band(z[v - beg]); },
+                                     [&](int64_t v, bool ok) {
+                                       if (!ok) return;
+                                       const double p = d.p1x(z[v - beg]);
+                                       if (p > 0 && d.in_top_p(p, v)) {
+                                         kb += p;
+                                         bmax = fmax(bmax, p);
+                                       }
+                                     });
+        kb = block_sum_f64(kb, sh.red);
+        bmax = block_max_f64(bmax, sh.red);
+        if (tid == 0) {
+          s.f[0] = kb;
+          s.f[1] = bmax;
+        }
+        c.publish();
+        double kept_band = 0.0;
+        for (int q = 0; q < kCtas; ++q) {
+          kept_band = kept_band + c.peer(q)->f[0];
+          amax = fmax(amax, c.peer(q)->f[1]);
+        }
+        d.kept_p = akept + kept_band;
+        p1max = amax;
       }
-      d.kept_p = block_sum_f64(kept, red);
     }
     // ---- min-p ----
     if (row.min_p > 0.0) {
-      double pmax = 0.0;
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) pmax = fmax(pmax, d.p2(v));
-      pmax = block_max_f64(pmax, red);
+      const double pmax = top_p ? p1max / d.kept_p : p1max;  // the largest p after top-p
       const double cut = row.min_p * pmax;
+      Slot& s = c.open();
       double kept = 0.0;
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-        const double p = d.p2(v);
-        kept += p < cut ? 0.0 : p;
-      }
-      d.kept_m = block_sum_f64(kept, red);
+      sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.cand(z[v - beg]); },
+                                   [&](int64_t v, bool ok) {
+                                     if (!ok) return;
+                                     const double p = d.p2x(z[v - beg], v);
+                                     kept += p < cut ? 0.0 : p;
+                                   });
+      kept = block_sum_f64(kept, sh.red);
+      if (tid == 0) s.f[0] = kept;
+      c.publish();
+      double km = 0.0;
+      for (int q = 0; q < kCtas; ++q) km = km + c.peer(q)->f[0];
+      d.kept_m = km;
       d.cut = cut;
       d.min_p = true;
     }
     // ---- accept / draw ----
+    auto cand = [&](int64_t v) { return d.cand(z[v - beg]); };
     auto prob = [&](int64_t v) { return d.p(v); };
     auto draw_p = [&](double u) -> int64_t {
-      const ChunkScan c = block_chunk_scan(V, prob, red);
-      const int64_t t = block_chunk_find(c, prob, u, red);
-      return t >= 0 ? t : (c.last_positive >= 0 ? c.last_positive : argmax);
+      const DrawOut o = sample_cluster::cluster_draw(c, cand, prob, u, false);
+      return o.token >= 0 ? o.token : (o.last_positive >= 0 ? o.last_positive : argmax);
     };
     if (row.draft >= 0) {
       const float* q = row.q_row >= 0 && in.q ? in.q + static_cast<int64_t>(row.q_row) * V : nullptr;
       const bool in_vocab = row.draft < V;
-      const double px = in_vocab ? d.p(row.draft) : 0.0;
+      double px = 0.0;
+      if (in_vocab) {  // z of the draft from the CTA that holds it (written before several barriers)
+        const int owner = static_cast<int>(row.draft / slice);
+        px = d.px(zpeer(owner)[row.draft - static_cast<int64_t>(owner) * slice], row.draft);
+      }
       const double qx = q ? (in_vocab ? static_cast<double>(q[row.draft]) : 0.0) : 1.0;
       accepted = px > 0 && rng_uniform(row.seed, row.position, RngStream::kAccept) * qx < px ? 1 : 0;
       if (accepted) {
@@ -400,10 +637,9 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
           const double r = d.p(v) - qv;
           return r > 0 ? r : 0.0;
         };
-        const ChunkScan c = block_chunk_scan(V, resid, red);
-        if (c.total > 1e-12) {
-          const int64_t t = block_chunk_find(c, resid, u * c.total, red);
-          token = t >= 0 ? t : (c.last_positive >= 0 ? c.last_positive : argmax);
+        const DrawOut o = sample_cluster::cluster_draw(c, cand, resid, u, true);
+        if (o.total > 1e-12) {
+          token = o.token >= 0 ? o.token : (o.last_positive >= 0 ? o.last_positive : argmax);
         } else {
           token = draw_p(u);
         }
@@ -414,8 +650,49 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
   }
 
   // ---- raw log-probabilities (unprocessed logits, the noise token left out) ----
-  SampleRowResult* o = out + ri;
-  if (threadIdx.x == 0) {
+  double lse = 0.0;
+  int nt = 0;
+  if (row.top_logprobs >= 0) {
+    // z is the raw slice unless a mask or a penalty changed it (the noise token is left out anyway)
+    const float* raw = (!mask && !penalties) ? z : lg + beg;
+    const double mx = static_cast<double>(mxf);
+    Slot& s = c.open();
+    double sum = 0.0;
+    for (int64_t i = tid; i < len; i += kThreads)
+      if (beg + i != in.noise) sum += exp(static_cast<double>(raw[i]) - mx);
+    sum = block_sum_f64(sum, sh.red);
+    nt = row.top_logprobs < kMaxTopLogprobs ? row.top_logprobs : kMaxTopLogprobs;
+    const int64_t m = V - (in.noise >= 0 && in.noise < V ? 1 : 0);
+    if (nt > m) nt = static_cast<int>(m);
+    if (tid == 0) {
+      s.f[0] = sum;
+      for (int i = 0; i < kMaxTopLogprobs; ++i) s.top[i] = 0;
+    }
+    // this slice's top nt by (value desc, id asc): repeated block argmax below the previous one
+    unsigned long long prev = ~0ull;
+    for (int k = 0; k < nt; ++k) {
+      unsigned long long b = 0;
+      for (int64_t i = tid; i < len; i += kThreads) {
+        const float x = raw[i];
+        if (beg + i == in.noise || is_nan(x)) continue;
+        const unsigned long long key = select_key(x, static_cast<uint32_t>(beg + i));
+        if (key < prev && key > b) b = key;
+      }
+      b = block_argmax_key(b, sh.red);
+      if (b == 0) break;  // only NaN left
+      if (tid == 0) s.top[k] = b;
+      prev = b;
+    }
+    c.publish();
+    if (c.rank == 0 && tid == 0) {
+      double total = 0.0;
+      for (int q = 0; q < kCtas; ++q) total = total + c.peer(q)->f[0];
+      lse = mx + log(total);
+    }
+  }
+
+  if (c.rank == 0 && tid == 0) {
+    SampleRowResult* o = out + ri;
     o->accepted = accepted;
     o->token = static_cast<int32_t>(token);
     o->token_logprob = 0.0f;
@@ -424,66 +701,91 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleInputs in, 
       o->top_ids[i] = 0;
       o->top_logprobs[i] = 0.0f;
     }
-  }
-  if (row.top_logprobs >= 0) {
-    double mx = -INFINITY;
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-      if (v != in.noise) mx = fmax(mx, static_cast<double>(logits[v]));
-    mx = block_max_f64(mx, red);
-    double s = 0.0;
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-      if (v != in.noise) s += exp(static_cast<double>(logits[v]) - mx);
-    const double lse = mx + log(block_sum_f64(s, red));
-    int nt = row.top_logprobs < kMaxTopLogprobs ? row.top_logprobs : kMaxTopLogprobs;
-    const int64_t m = V - (in.noise >= 0 && in.noise < V ? 1 : 0);
-    if (nt > m) nt = static_cast<int>(m);
-    // the top nt by (value desc, id asc): repeated block argmax over the keys after the previous one
-    unsigned long long prev = ~0ull;
-    int got = 0;
-    for (int i = 0; i < nt; ++i) {
-      unsigned long long b = 0;
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-        const float x = logits[v];
-        if (v == in.noise || is_nan(x)) continue;
-        const unsigned long long k = select_key(x, static_cast<uint32_t>(v));
-        if (k < prev && k > b) b = k;
+    if (row.top_logprobs >= 0) {
+      // merge the CTAs' lists (each sorted, 0-padded; keys are distinct: they hold the id)
+      int head[kCtas] = {};
+      int got = 0;
+      for (int k = 0; k < nt; ++k) {
+        unsigned long long b = 0;
+        int from = -1;
+        for (int q = 0; q < kCtas; ++q) {
+          if (head[q] >= kMaxTopLogprobs) continue;
+          const unsigned long long key = c.peer(q)->top[head[q]];
+          if (key > b) {
+            b = key;
+            from = q;
+          }
+        }
+        if (b == 0) break;  // only NaN left
+        ++head[from];
+        const uint32_t id = select_key_index(b);
+        o->top_ids[k] = static_cast<int32_t>(id);
+        o->top_logprobs[k] = static_cast<float>(static_cast<double>(lg[id]) - lse);
+        ++got;
       }
-      b = block_argmax_key(b, red);
-      if (b == 0) break;  // only NaN left
-      const uint32_t id = select_key_index(b);
-      if (threadIdx.x == 0) {
-        o->top_ids[i] = static_cast<int32_t>(id);
-        o->top_logprobs[i] = static_cast<float>(static_cast<double>(logits[id]) - lse);
-      }
-      prev = b;
-      ++got;
-    }
-    if (threadIdx.x == 0) {
       o->num_top = got;
       o->token_logprob = token >= 0 && token < V && token != in.noise
-                             ? static_cast<float>(static_cast<double>(logits[token]) - lse)
+                             ? static_cast<float>(static_cast<double>(lg[token]) - lse)
                              : kNegInf;
     }
   }
+  c.publish();  // no CTA leaves while another may read its shared memory
 }
 
 size_t align256(size_t b) { return (b + 255) & ~size_t{255}; }
 
+// Ids per CTA: a multiple of 4 (16-byte aligned slices of a vocabulary that is a multiple of 4).
+int64_t slice_of(int64_t vocab) { return ((vocab + kCtas - 1) / kCtas + 3) / 4 * 4; }
+bool slice_in_smem(int64_t vocab) { return slice_of(vocab) <= kSmemSliceFloats; }
+
 }  // namespace
 
 size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab) {
-  const size_t v = static_cast<size_t>(vocab < 0 ? 0 : vocab);
-  return static_cast<size_t>(max_rows < 0 ? 0 : max_rows) * (align256(v * sizeof(float)) + align256(v * sizeof(double)));
+  if (vocab <= 0 || max_rows <= 0 || slice_in_smem(vocab)) return 0;
+  return static_cast<size_t>(max_rows) * align256(static_cast<size_t>(vocab) * sizeof(float));
 }
 
 void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
-  const size_t v = static_cast<size_t>(a.in.vocab);
-  const size_t z_bytes = align256(v * sizeof(float));
-  const size_t row_bytes = z_bytes + align256(v * sizeof(double));
-  sample_rows_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(
-      a.in, a.rows, a.n, static_cast<unsigned char*>(a.scratch), row_bytes, z_bytes, a.out);
+  const int64_t V = a.in.vocab;
+  TANDEM_CHECK_MSG(V > 0 && V < (int64_t{1} << 30), "sample_rows: vocabulary out of range");
+  const int64_t slice = slice_of(V);
+  const bool smem = slice_in_smem(V);
+  TANDEM_CHECK_MSG(smem || a.scratch, "sample_rows: the scratch is missing (sample_rows_scratch_bytes)");
+  const size_t dyn = smem ? static_cast<size_t>(slice) * sizeof(float) : 0;
+  const void* k = reinterpret_cast<const void*>(sample_rows_kernel);
+  allow_dynamic_smem(k, dyn);
+  TANDEM_CUDA_CHECK(
+      cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  const int64_t zstride = static_cast<int64_t>(align256(static_cast<size_t>(V) * sizeof(float)) / sizeof(float));
+  sample_rows_kernel<<<static_cast<unsigned>(a.n) * kCtas, kThreads, dyn, stream>>>(
+      a.in, a.rows, static_cast<float*>(a.scratch), zstride, slice, smem ? 1 : 0, a.out);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+int sample_rows_active_clusters(int64_t vocab) {
+  if (vocab <= 0 || vocab >= (int64_t{1} << 30)) return -1;
+  const size_t dyn = slice_in_smem(vocab) ? static_cast<size_t>(slice_of(vocab)) * sizeof(float) : 0;
+  const void* k = reinterpret_cast<const void*>(sample_rows_kernel);
+  allow_dynamic_smem(k, dyn);
+  TANDEM_CUDA_CHECK(
+      cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kCtas * 64);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = dyn;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return clusters;
+}
+
+SmemBound sample_rows_smem_bound() {
+  return {"sample_rows_kernel", kSmemSliceFloats * static_cast<int64_t>(sizeof(float)),
+          "a slice of 20480 ids (vocabulary up to 163840 in shared memory)",
+          "a larger vocabulary keeps z in the global scratch and asks for none", 0, {}};
 }
 
 }  // namespace tandem::kernels::cuda

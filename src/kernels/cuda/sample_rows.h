@@ -1,6 +1,7 @@
-// The device implementation of the sampling op (kernels/sampling.h): one thread block per row turns
-// the row's logits into its processed distribution and decides the row's token exactly as the host
-// implementation (kernels/cpu/sampling.cpp) does, with the same counter-based RNG.
+// The device implementation of the sampling op (kernels/sampling.h): one thread-block cluster per row
+// (8 CTAs, each a slice of the vocabulary) turns the row's logits into its processed distribution
+// and decides the row's token exactly as the host implementation (kernels/cpu/sampling.cpp) does,
+// with the same counter-based RNG.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,7 +14,8 @@
 namespace tandem::kernels::cuda {
 
 // Scratch bytes sample_rows_device needs for `max_rows` rows of `vocab` (allocate once at start-up):
-// per row the processed logits (float) and the unnormalised probabilities (double).
+// none while a CTA's slice of the processed logits fits in shared memory (vocabulary up to
+// 163,840), else the processed logits of every row (float).
 size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab);
 
 // Runs `n` rows (every pointer is device memory; n <= the scratch's max_rows). Capturable in a
@@ -26,5 +28,9 @@ struct SampleRowsArgs {
   SampleRowResult* out = nullptr;      // [n]
 };
 void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream);
+
+// Rows of `vocab` the device runs at once (clusters resident together), for the benchmark's report;
+// -1 when the occupancy query fails.
+int sample_rows_active_clusters(int64_t vocab);
 
 }  // namespace tandem::kernels::cuda

@@ -39,6 +39,7 @@ std::vector<SmemBound> dynamic_smem_bounds();
 // One per op file that launches with dynamic shared memory (defined next to its launcher).
 SmemBound sparse_attn_smem_bound();
 SmemBound hadamard_smem_bound();
+SmemBound sample_rows_smem_bound();               // sample_rows.cu
 std::vector<SmemBound> decode_gemm_smem_bounds();  // decode_gemm.cu
 std::vector<SmemBound> gemm_tc_smem_bounds();      // gemm_tc.cu
 std::vector<SmemBound> gemm_ws_smem_bounds();      // gemm_ws.cu

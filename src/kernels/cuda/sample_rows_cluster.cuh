@@ -1,0 +1,445 @@
+// Cluster-level building blocks of the sampling op (sample_rows.cu): a row is split over the kCtas
+// CTAs of one thread-block cluster, each holding a contiguous slice of the row's ids, and the CTAs
+// combine partial results through distributed shared memory in "exchanges" (write the own slot,
+// cluster barrier, read every CTA's slot). Partials are combined in rank order and warp/block
+// reductions run fixed trees, so every result is the same bits on every run.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/sampling_device.cuh"
+#include "kernels/sampling.h"
+
+namespace tandem::kernels::cuda::sample_cluster {
+
+namespace cg = cooperative_groups;
+
+constexpr int kCtas = 8;     // CTAs per row: one cluster (8 is the portable cluster size)
+constexpr int kThreads = 192;  // 3 CTAs of 6 warps per SM at 112 registers (sample_rows.cu)
+constexpr int kWarps = kThreads / 32;
+constexpr int kQueue = 64;   // per-warp queue of candidate offsets (warp_batches)
+constexpr int kBins = 256;   // radix digits (8 bits) and coarse buckets
+constexpr int kMaxSegments = 64;  // the draw's segments per CTA
+
+// One CTA's side of an exchange. `mass`/`count` hold a histogram (radix digits, coarse buckets);
+// the draw keeps its segment sums in `dv` (read only by its own CTA).
+struct Slot {
+  union {
+    unsigned long long mass[kBins];
+    double dv[kBins];
+  };
+  unsigned count[kBins];
+  double f[4];
+  unsigned long long u[4];
+  long long i[4];
+  float x[2];
+  unsigned long long top[kMaxTopLogprobs];
+};
+
+// A warp's private shared memory: its candidate queue, or its partial results before a CTA
+// combines them.
+union WarpArea {
+  unsigned queue[kQueue];
+  struct {
+    unsigned long long u[8];
+    double f[8];
+    float x[8];
+  } part;
+};
+
+// Results one thread computes and the whole CTA reads after a __syncthreads().
+struct Broadcast {
+  unsigned long long sel_above;
+  unsigned long long key;
+  long long id;
+  unsigned sel_count;
+  int sel;
+  int band_top, band_bot;
+};
+
+struct Shared {
+  Slot slot[2];
+  WarpArea warp[kWarps];
+  BlockReduceScratch red;
+  Broadcast bc;
+};
+
+// A CTA's view of its row. Exchange protocol: open() returns this exchange's slot (the two slots
+// alternate), the CTA writes it, publish() is the cluster barrier (release/acquire: every CTA's
+// writes before it are visible to every CTA after it), then peer(q) reads CTA q's slot. A slot is
+// written again two exchanges later, after the barrier of the exchange in between, which every CTA
+// reaches only after its reads of this one: no CTA overwrites a slot another may still read. A
+// CTA may also read the previous exchange's slots (peer_prev) until it opens the next exchange's
+// successor, for the same reason. Every CTA runs the same exchanges (their number and order depend
+// only on values all CTAs share), and the kernel ends with a barrier so no CTA exits while another
+// may read its shared memory.
+struct Ctx {
+  Shared& sh;
+  cg::cluster_group cl;
+  int rank;
+  int64_t beg, end;  // this CTA's ids [beg, end) (empty for CTAs past a small vocabulary)
+  int ex = 0;
+
+  __device__ Slot& open() {
+    ++ex;
+    return sh.slot[ex & 1];
+  }
+  __device__ void publish() { cl.sync(); }
+  __device__ Slot* peer(int q) { return cl.map_shared_rank(&sh.slot[ex & 1], q); }
+  __device__ Slot* peer_prev(int q) { return cl.map_shared_rank(&sh.slot[(ex - 1) & 1], q); }
+
+  // This warp's contiguous part of the slice (a multiple of 32 ids long).
+  __device__ void warp_range(int64_t& b, int64_t& e) const {
+    const int64_t len = end - beg;
+    const int64_t wl = ((len + kWarps - 1) / kWarps + 31) / 32 * 32;
+    const int64_t wb = beg + static_cast<int64_t>(threadIdx.x >> 5) * wl;
+    b = wb < end ? wb : end;
+    e = b + wl < end ? b + wl : end;
+  }
+};
+
+// ---- warp-level compaction ----
+// Calls fn(v, ok) with the ids v in [b, e) for which pred(v) holds, 32 at a time, in increasing
+// id order: lane l gets the l-th id of the batch (ok false on the lanes past the last batch's end).
+// Sparse candidates (the kept set of a top-p row) thus cost one exp per 32 of them, not one per
+// 32 ids. Every lane of the warp calls it (fn may use warp shuffles); pred(v) is called only for
+// v < e. The batches depend only on pred, so a second pass sees the same batches.
+template <typename Pred, typename Fn>
+__device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, Pred pred, Fn fn) {
+  const int lane = threadIdx.x & 31;
+  int n = 0;  // queued offsets (< 32 between rounds)
+  for (int64_t v0 = b; v0 < e; v0 += 32) {
+    const int64_t v = v0 + lane;
+    const bool ok = v < e && pred(v);
+    const unsigned ball = __ballot_sync(0xffffffffu, ok);
+    if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
+    n += __popc(ball);
+    __syncwarp();
+    if (n >= 32) {
+      const int64_t w = b + q[lane];
+      if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
+      __syncwarp();
+      n -= 32;
+      fn(w, true);
+    }
+  }
+  if (n > 0) {
+    const bool ok = lane < n;
+    fn(ok ? b + q[lane] : b, ok);
+  }
+  __syncwarp();  // the queue is free for the next use
+}
+
+// The lanes whose digit (0..255) equals this lane's, for lanes with digit >= 0 (8 ballots: cheaper
+// than match_any on the dense first pass of a top-k select).
+__device__ __forceinline__ unsigned same_digit_lanes(int dg) {
+  unsigned peers = __ballot_sync(0xffffffffu, dg >= 0);
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    const bool bit = (dg >> b) & 1;
+    const unsigned set = __ballot_sync(0xffffffffu, bit);
+    peers &= bit ? set : ~set;
+  }
+  return peers;
+}
+
+// ---- radix select over the cluster ----
+struct RadixOut {
+  bool found = false;
+  uint64_t key = 0;    // the selected key
+  uint64_t above = 0;  // weight of the candidates with a larger key (the initial `above` included)
+  uint32_t count = 0;  // candidates with exactly this key
+};
+
+// The largest candidate key K with above + weight(keys >= K) >= target, over the keys' low `bits`
+// bits (every candidate's higher bits equal `prefix`'s), 8-bit digits from the top. `above` is the
+// weight of the elements that rank above every candidate. elem(v, key, weight) says whether id v
+// is a candidate and gives its key (unsigned order = selection order) and weight.
+// kDense: every id of the slice is offered, weight 1 (top-k: counts), warps aggregate equal digits
+// (same_digit_lanes). Else the candidates are the ids with cand(v) (warp_batches), weighted.
+// Stops as soon as the selected bucket holds a single key (the later passes could only narrow
+// down to it). Not found when the weight never reaches the target.
+template <bool kDense, typename Cand, typename Elem>
+__device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint64_t above, uint64_t target,
+                                         Cand cand, Elem elem) {
+  RadixOut r;
+  uint32_t count = 0;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  for (int hi = bits; hi > 0;) {
+    const int lo = hi > 8 ? hi - 8 : 0;
+    const uint64_t dmask = (uint64_t{1} << (hi - lo)) - 1;
+    auto digit_of = [&](uint64_t key) {
+      return (hi >= 64 || (key >> hi) == (prefix >> hi)) ? static_cast<int>((key >> lo) & dmask) : -1;
+    };
+    Slot& s = c.open();
+    for (int i = threadIdx.x; i < kBins; i += kThreads) {
+      s.mass[i] = 0;
+      s.count[i] = 0;
+    }
+    __syncthreads();
+    if constexpr (kDense) {
+      const int64_t len = c.end - c.beg;
+      for (int64_t i0 = 0; i0 < len; i0 += kThreads) {  // the same trip count in every thread
+        const int64_t v = c.beg + i0 + threadIdx.x;
+        uint64_t key = 0, w = 0;
+        int dg = -1;
+        if (v < c.end && elem(v, key, w)) dg = digit_of(key);
+        const unsigned peers = same_digit_lanes(dg);
+        if (dg >= 0 && lane == __ffs(peers) - 1) {
+          const unsigned k = static_cast<unsigned>(__popc(peers));
+          atomicAdd(&s.count[dg], k);
+          atomicAdd(&s.mass[dg], static_cast<unsigned long long>(k));
+        }
+      }
+    } else {
+      int64_t wb, we;
+      c.warp_range(wb, we);
+      warp_batches(wb, we, c.sh.warp[wid].queue, cand, [&](int64_t v, bool ok) {
+        uint64_t key = 0, w = 0;
+        int dg = -1;
+        if (ok && elem(v, key, w)) dg = digit_of(key);
+        // one atomic per distinct digit of the batch (a band's keys crowd into few digits)
+        unsigned todo = __ballot_sync(0xffffffffu, dg >= 0);
+        while (todo) {
+          const int leader = __ffs(todo) - 1;
+          const int d = __shfl_sync(0xffffffffu, dg, leader);
+          const bool in = dg == d;
+          const unsigned group = __ballot_sync(0xffffffffu, in);
+          unsigned long long sw = in ? w : 0ull;
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) sw += __shfl_xor_sync(0xffffffffu, sw, o);
+          if (lane == leader) {
+            atomicAdd(&s.count[d], static_cast<unsigned>(__popc(group)));
+            atomicAdd(&s.mass[d], sw);
+          }
+          todo &= ~group;
+        }
+      });
+    }
+    c.publish();
+    if (wid == 0) {
+      // lane l owns buckets [8l, 8l + 8), summed over the CTAs: the highest bucket whose suffix
+      // weight (with `above`) reaches the target
+      unsigned long long m[8];
+      unsigned cn[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        m[j] = 0;
+        cn[j] = 0;
+      }
+      for (int q = 0; q < kCtas; ++q) {
+        const Slot* p = c.peer(q);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          m[j] += p->mass[8 * lane + j];
+          cn[j] += p->count[8 * lane + j];
+        }
+      }
+      unsigned long long lm = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) lm += m[j];
+      unsigned long long suf = lm;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_down_sync(0xffffffffu, suf, o);
+        if (lane + o < 32) suf += y;
+      }
+      unsigned long long run = above + (suf - lm);
+      int sel = -1;
+      unsigned long long sel_above = 0;
+      unsigned sel_count = 0;
+#pragma unroll
+      for (int j = 7; j >= 0; --j) {
+        const unsigned long long before = run;
+        run += m[j];
+        if (sel < 0 && cn[j] > 0 && run >= target) {
+          sel = 8 * lane + j;
+          sel_above = before;
+          sel_count = cn[j];
+        }
+      }
+      const unsigned ball = __ballot_sync(0xffffffffu, sel >= 0);
+      if (ball == 0) {
+        if (lane == 0) c.sh.bc.sel = -1;
+      } else if (lane == 31 - __clz(ball)) {
+        c.sh.bc.sel = sel;
+        c.sh.bc.sel_above = sel_above;
+        c.sh.bc.sel_count = sel_count;
+      }
+    }
+    __syncthreads();
+    const int sel = c.sh.bc.sel;
+    if (sel < 0) return r;  // the same in every thread of every CTA
+    prefix |= static_cast<uint64_t>(sel) << lo;
+    above = c.sh.bc.sel_above;
+    count = c.sh.bc.sel_count;
+    hi = lo;
+    if (count == 1 && lo > 0) {
+      // One key left: the later passes would select it digit by digit (above and count unchanged);
+      // its holder reports it.
+      Slot& s2 = c.open();
+      if (threadIdx.x == 0) c.sh.bc.key = 0;
+      __syncthreads();
+      auto report = [&](int64_t v) {
+        uint64_t key = 0, w = 0;
+        if (elem(v, key, w) && (key >> lo) == (prefix >> lo)) c.sh.bc.key = key;
+      };
+      if constexpr (kDense) {
+        for (int64_t v = c.beg + threadIdx.x; v < c.end; v += kThreads) report(v);
+      } else {
+        int64_t wb, we;
+        c.warp_range(wb, we);
+        warp_batches(wb, we, c.sh.warp[wid].queue, cand, [&](int64_t v, bool ok) {
+          if (ok) report(v);
+        });
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) s2.u[0] = c.sh.bc.key;
+      c.publish();
+      uint64_t k = 0;
+      for (int q = 0; q < kCtas; ++q) k |= c.peer(q)->u[0];
+      prefix = k;
+      break;
+    }
+  }
+  r.found = true;
+  r.key = prefix;
+  r.above = above;
+  r.count = count;
+  return r;
+}
+
+// ---- inverse-CDF draw in id order over the cluster ----
+// The row's ids form a tree of contiguous ranges: CTAs (rank order), segments of a CTA's slice
+// (<= kMaxSegments, each run by one warp), batches of 32 consecutive candidates of a segment
+// (warp_batches), lanes. A node's mass is a fixed combination of its children's: lanes by a
+// shuffle scan (incl), a batch = incl at its last positive lane, a segment = the running sum of its
+// batches, a CTA = the running sum of its segments, the row = the running sum of the CTAs. The draw
+// descends: the first CTA with positive mass whose running sum exceeds the target, in it the first
+// such segment, batch and lane, every test of the form target < base + (prefix + partial) with the
+// same operands at each level as the one above, so the last positive child always passes its
+// parent's test (a level never comes up empty). It is the first id whose cumulative mass exceeds
+// the target, up to the rounding of the sums: a target within a few ulps of a boundary may land on
+// the neighbouring id. Masses <= 0 (and NaN) are skipped, as the host skips p <= 0.
+struct DrawOut {
+  int64_t token = -1;          // -1: the target is not below the row's mass (rounding, NaN)
+  double total = 0.0;          // the row's mass
+  int64_t last_positive = -1;  // the row's last id with positive mass, or -1
+};
+
+// One segment's batches; returns its mass. With `find`, stops at the first batch and lane where
+// target < base + (sx + (R + incl)) and stores the id in `found`.
+template <typename Cand, typename Mass>
+__device__ double draw_segment(Ctx& c, int64_t sb, int64_t se, Cand cand, Mass mass, bool find, double base,
+                               double sx, double target, long long& found, long long& last_positive) {
+  const int lane = threadIdx.x & 31;
+  double run = 0.0;
+  bool done = false;
+  warp_batches(sb, se, c.sh.warp[threadIdx.x >> 5].queue, cand, [&](int64_t v, bool ok) {
+    if (done) return;  // warp-uniform
+    double m = ok ? mass(v) : 0.0;
+    if (!(m > 0)) m = 0.0;
+    double incl = m;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl = y + incl;
+    }
+    const unsigned pos = __ballot_sync(0xffffffffu, m > 0);
+    if (pos == 0) return;
+    const int lp = 31 - __clz(pos);
+    const double g = __shfl_sync(0xffffffffu, incl, lp);
+    const double next = run + g;
+    const long long vl = static_cast<long long>(v);
+    if (find && target < base + (sx + next)) {
+      // lane lp passes: run + incl[lp] is `next`
+      const unsigned hit = __ballot_sync(0xffffffffu, m > 0 && target < base + (sx + (run + incl)));
+      found = __shfl_sync(0xffffffffu, vl, hit ? __ffs(hit) - 1 : lp);
+      done = true;
+    }
+    run = next;
+    const long long lv = __shfl_sync(0xffffffffu, vl, lp);
+    last_positive = lv > last_positive ? lv : last_positive;
+  });
+  return run;
+}
+
+// The first id (of the candidates cand(v)) whose cumulative mass(v) in id order exceeds the
+// target: u, or u times the row's mass when `scale`. mass(v) must be a pure function of v (it is
+// evaluated again for the segment that holds the draw). Two exchanges.
+template <typename Cand, typename Mass>
+__device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool scale) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  const int64_t len = c.end - c.beg;
+  int64_t seg = ((len + kMaxSegments - 1) / kMaxSegments + 31) / 32 * 32;
+  if (seg < 32) seg = 32;
+  const int nseg = static_cast<int>((len + seg - 1) / seg);
+  Slot& s = c.open();
+  double* st = s.dv;                 // [nseg] segment masses
+  double* sx = s.dv + kMaxSegments;  // [nseg + 1] running sums before each segment
+  long long lastpos = -1;
+  for (int k = wid; k < nseg; k += kWarps) {
+    const int64_t sb = c.beg + k * seg, se = sb + seg < c.end ? sb + seg : c.end;
+    long long unused = -1;
+    const double m = draw_segment(c, sb, se, cand, mass, false, 0.0, 0.0, 0.0, unused, lastpos);
+    if (lane == 0) st[k] = m;
+  }
+  lastpos = block_reduce(lastpos, MaxOp{}, -1ll, c.sh.red);  // contains the __syncthreads() st needs
+  if (threadIdx.x == 0) {
+    double a = 0.0;
+    sx[0] = a;
+    for (int k = 0; k < nseg; ++k) {
+      a = a + st[k];
+      sx[k + 1] = a;
+    }
+    s.f[0] = a;
+    s.i[0] = lastpos;
+  }
+  c.publish();
+  double pre[kCtas], ms[kCtas];
+  double acc = 0.0;
+  long long lp_row = -1;
+  for (int q = 0; q < kCtas; ++q) {
+    const Slot* p = c.peer(q);
+    ms[q] = p->f[0];
+    acc = acc + ms[q];
+    pre[q] = acc;
+    lp_row = p->i[0] > lp_row ? p->i[0] : lp_row;
+  }
+  DrawOut out;
+  out.total = acc;
+  out.last_positive = lp_row;
+  const double target = scale ? u * acc : u;
+  int owner = -1;
+  for (int q = 0; q < kCtas && owner < 0; ++q)
+    if (ms[q] > 0 && target < pre[q]) owner = q;
+  long long found = -1;
+  if (c.rank == owner) {  // block-uniform
+    const double base = owner > 0 ? pre[owner - 1] : 0.0;
+    int first = INT_MAX;
+    for (int k = threadIdx.x; k < nseg; k += kThreads)
+      if (st[k] > 0 && target < base + sx[k + 1] && k < first) first = k;
+    first = block_min_int(first, c.sh.red);
+    if (threadIdx.x == 0) c.sh.bc.id = -1;
+    __syncthreads();
+    if (wid == 0 && first != INT_MAX) {
+      const int64_t sb = c.beg + first * seg, se = sb + seg < c.end ? sb + seg : c.end;
+      long long unused = -1;
+      draw_segment(c, sb, se, cand, mass, true, base, sx[first], target, found, unused);
+      if (lane == 0) c.sh.bc.id = found;
+    }
+    __syncthreads();
+    found = c.sh.bc.id;
+  }
+  Slot& s2 = c.open();
+  if (threadIdx.x == 0) s2.i[0] = found;
+  c.publish();
+  out.token = owner >= 0 ? c.peer(owner)->i[0] : -1;
+  return out;
+}
+
+}  // namespace tandem::kernels::cuda::sample_cluster
