@@ -68,6 +68,8 @@ struct Bench {
   nlohmann::json j;                                // the report
   // Figures the targets read (negative: not measured).
   double decode_b1_us = -1, decode_b16_us = -1, verify_b1_us = -1, verify_b8_us = -1, draft_b1_us = -1;
+  // Unique bytes the same steps read (weights + KV state): their time at the copy bandwidth is a floor.
+  double decode_b1_bytes = -1, decode_b16_bytes = -1, verify_b1_bytes = -1, verify_b8_bytes = -1, draft_b1_bytes = -1;
   int kernels_b1 = -1;
   double moe_layer_b1_us = -1;
   nlohmann::json class_fraction_1row, class_fraction_48rows;

@@ -241,14 +241,28 @@ json targets(const Bench& b) {
     if (!note.empty()) r["note"] = note;
     t.push_back(std::move(r));
   };
+  // The bytes floor of a timed step: its unique bytes at the measured copy bandwidth (a target
+  // below it cannot be met by any kernel on this rank's sharding).
+  auto floor = [&](double bytes, double per = 1.0) {
+    if (bytes <= 0 || b.copy_bw <= 0 || t.empty()) return;
+    t.back()["bytes"] = bytes;
+    t.back()["floor"] = bytes / b.copy_bw * 1e6 / per;
+    t.back()["floor_note"] = per == 1.0 ? "bytes / copy bandwidth, us" : "bytes / copy bandwidth over the batch-1 step's floor";
+  };
+  const double b1_floor_us = b.decode_b1_bytes > 0 && b.copy_bw > 0 ? b.decode_b1_bytes / b.copy_bw * 1e6 : -1;
   add(23, "batch-1 decode step per rank (collective stand-ins included)", 1800, b.decode_b1_us, "us", true);
+  floor(b.decode_b1_bytes);
   add(23, "kernels per batch-1 decode step", 150, b.kernels_b1, "kernels", true);
   add(23, "verify step of 6 tokens / 1-token step at batch 1", 1.3,
       b.verify_b1_us > 0 && b.decode_b1_us > 0 ? b.verify_b1_us / b.decode_b1_us : -1, "x", true);
+  floor(b.verify_b1_bytes, b1_floor_us);
   add(23, "batch 8 x 6 tokens / batch-1 1-token step", 2.5,
       b.verify_b8_us > 0 && b.decode_b1_us > 0 ? b.verify_b8_us / b.decode_b1_us : -1, "x", true);
+  floor(b.verify_b8_bytes, b1_floor_us);
   add(23, "batch-16 decode step", 3000, b.decode_b16_us, "us", true);
+  floor(b.decode_b16_bytes);
   add(23, "DSpark draft step (5 tokens) at batch 1", 250, b.draft_b1_us, "us", true);
+  floor(b.draft_b1_bytes);
   add(23, "one MoE layer (router + routed + shared) at batch 1", 20, b.moe_layer_b1_us, "us", true,
       "kernel time of the MoE classes in one traced replay / layers");
   for (const char* cls : {"dense_projections", "routed_experts", "shared_experts", "lm_head", "compressor",

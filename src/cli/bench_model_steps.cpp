@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 
 #include "cli/bench_model.h"
 #include "kernels/cuda/cuda_util.h"
@@ -188,22 +189,24 @@ Status run_step_sweep(Bench& b) {
       shape.context = b.a.context;
       TANDEM_ASSIGN_OR_RETURN(nlohmann::json r, measure_target(b, n == 1 ? "decode" : "verify", batch_of(b, s, B, n), shape));
       const double med = r["graph_us"].value("median", -1.0);
+      const double bytes = r["bytes_read"].value("total", -1.0);
       if (B == 1 && n == 1) {
         b.decode_b1_us = med;
+        b.decode_b1_bytes = bytes;
         b.kernels_b1 = r["kernels"].get<int>();
         b.class_fraction_1row = r["classes"].value("by_class", nlohmann::json::object());
         const double moe = class_us(r, "routed_experts") + class_us(r, "shared_experts") + class_us(r, "router");
         if (moe > 0) b.moe_layer_b1_us = moe / b.cfg.num_hidden_layers;
       }
-      if (B == 16 && n == 1) b.decode_b16_us = med;
-      if (B == 1 && n > 1) b.verify_b1_us = med;
-      if (B == 8 && n > 1) b.verify_b8_us = med;
+      if (B == 16 && n == 1) b.decode_b16_us = med, b.decode_b16_bytes = bytes;
+      if (B == 1 && n > 1) b.verify_b1_us = med, b.verify_b1_bytes = bytes;
+      if (B == 8 && n > 1) b.verify_b8_us = med, b.verify_b8_bytes = bytes;
       if (B * n == 48) b.class_fraction_48rows = r["classes"].value("by_class", nlohmann::json::object());
       b.j["steps"].push_back(std::move(r));
     }
     if (b.model->has_draft()) {
       TANDEM_ASSIGN_OR_RETURN(nlohmann::json r, measure_draft(b, B, b.a.context, s));
-      if (B == 1) b.draft_b1_us = r["graph_us"].value("median", -1.0);
+      if (B == 1) b.draft_b1_us = r["graph_us"].value("median", -1.0), b.draft_b1_bytes = r["bytes_read"].value("total", -1.0);
       b.j["steps"].push_back(std::move(r));
     }
   }
@@ -276,6 +279,49 @@ Result<nlohmann::json> estimate_prefill(Bench& b, int64_t P, int C) {
                                    "every chunk"}};
 }
 
+// Where a prefill chunk's time goes: one chunk of `C` tokens at offset 0 recorded with CUPTI
+// (eager launches, so each kernel's time is its own), kernels grouped by name, the largest first.
+nlohmann::json prefill_kernel_split(Bench& b, int C) {
+  if (!b.cupti) return {{"available", false}, {"reason", b.cupti_status}};
+  std::vector<int32_t> toks(static_cast<size_t>(C));
+  for (auto& t : toks) t = b.token();
+  std::vector<int32_t> table(static_cast<size_t>(b.blocks_for(C)));
+  for (size_t k = 0; k < table.size(); ++k) table[k] = static_cast<int32_t>(k);
+  if (!b.model->fill_synthetic_context(0, 0, table, b.a.seed + 99).ok()) return {{"available", false}};
+  StepBatch sb;
+  sb.seqs.push_back({0, 0, std::span<const int32_t>(toks.data(), toks.size()), table, LogitsMode::kLast, false});
+  std::string why;
+  Status st;
+  const auto t0 = Clock::now();
+  const std::vector<kernels::cuda::ActivityRecord> recs = b.cupti->record([&] { st = b.model->forward(sb, nullptr, true); }, &why);
+  const double wall_ms = std::chrono::duration<double>(Clock::now() - t0).count() * 1e3;
+  if (!st.ok() || recs.empty()) return {{"available", false}, {"reason", st.ok() ? why : st.to_string()}};
+  std::map<std::string, std::pair<int, double>> names;
+  double kernel_ms = 0, copy_ms = 0;
+  for (const auto& r : recs) {
+    const double ms = static_cast<double>(r.end_ns - r.start_ns) * 1e-6;
+    (r.kernel ? kernel_ms : copy_ms) += ms;
+    auto& n = names[r.kernel ? r.name.substr(0, 160) : r.name];
+    ++n.first;
+    n.second += ms;
+  }
+  const double span_ms = static_cast<double>(recs.back().end_ns - recs.front().start_ns) * 1e-6;
+  std::vector<std::pair<double, std::string>> top;
+  for (const auto& [n, v] : names) top.push_back({v.second, n});
+  std::sort(top.rbegin(), top.rend());
+  std::printf("prefill chunk of %d tokens at offset 0 (CUPTI, eager): wall %.1f ms, span %.1f ms, kernels %.1f ms in %zu "
+              "launches, copies %.1f ms\n",
+              C, wall_ms, span_ms, kernel_ms, recs.size(), copy_ms);
+  nlohmann::json out = {{"available", true}, {"chunk", C}, {"wall_ms", wall_ms}, {"span_ms", span_ms},
+                        {"kernel_ms", kernel_ms}, {"copy_ms", copy_ms}, {"records", recs.size()}};
+  for (size_t i = 0; i < std::min<size_t>(top.size(), 20); ++i) {
+    const auto& [ms, n] = top[i];
+    std::printf("  %9.2f ms %5d x  %s\n", ms, names[n].first, n.c_str());
+    out["top_kernels"].push_back({{"name", n}, {"ms", ms}, {"count", names[n].first}});
+  }
+  return out;
+}
+
 }  // namespace
 
 Status run_prefill(Bench& b) {
@@ -293,6 +339,7 @@ Status run_prefill(Bench& b) {
     TANDEM_ASSIGN_OR_RETURN(nlohmann::json r, estimate_prefill(b, P, b.a.prefill_chunk));
     if (P == 8192) b.prefill_8k_tok_s = r["tokens_per_s"].get<double>();
     b.j["prefill"].push_back(std::move(r));
+    if (!b.j.contains("prefill_chunk_kernels")) b.j["prefill_chunk_kernels"] = prefill_kernel_split(b, b.a.prefill_chunk);
   }
   for (int64_t P : b.a.ttft) {
     if (b.over_budget()) break;
