@@ -1,7 +1,8 @@
-// The per-row bodies of the RMSNorm, RoPE and Hadamard kernels (rms_norm.cu, rope.cu, hadamard.cu),
-// shared with the fused kernels that chain them on one row (model/cuda/norm_rope.cu): one copy of
-// each op's arithmetic, so a fused kernel equals the sequence of the ops bit for bit by construction
-// (its tests check the composition: the order, the barriers between the steps, the operands).
+// The per-row bodies of the RMSNorm, RoPE, Hadamard and FP4 act_quant kernels (rms_norm.cu, rope.cu,
+// hadamard.cu, act_quant.cu), shared with the fused kernels that chain them on one row
+// (model/cuda/norm_rope.cu): one copy of each op's arithmetic, so a fused kernel equals the sequence
+// of the ops bit for bit by construction (its tests check the composition: the order, the barriers
+// between the steps, the operands).
 #pragma once
 
 #include "kernels/cuda/device.cuh"
@@ -111,6 +112,43 @@ __device__ __forceinline__ void hadamard_row(float* x, int n, float scale, bool 
     x[i] = round_out ? round_bf16(y) : y;
   }
   __syncthreads();
+}
+
+// The largest |x[i]| of x[0, block) over the lanes of a warp (lanes stride the block); NaN compares
+// false: ignored, as the CPU op. Every lane gets it.
+__device__ __forceinline__ float warp_amax(const float* x, int block, int lane) {
+  float amax = 0.0f;
+  for (int i = lane; i < block; i += kWarp) {
+    const float a = fabsf(x[i]);
+    amax = a > amax ? a : amax;
+  }
+  return warp_max(amax);  // never NaN here
+}
+
+// act_quant FP4 (e2m1, power-of-two E8M0 scale) of one block xs[0, block) into xd (may equal xs),
+// by the 32 lanes of a warp: exact division by the scale, no FMA; NaN passes through (codes +0).
+// codes (optional): the block's packed codes [block / 2]; scale (optional): its E8M0 byte.
+__device__ __forceinline__ void fp4_block_warp(const float* xs, float* xd, int block, int lane, uint8_t* codes,
+                                               uint8_t* scale) {
+  const float amax = warp_amax(xs, block, lane);
+  const int e = num::ue8m0_scale_exponent(amax, num::kE2m1Max, num::kFp4ActAmaxFloor);
+  const float s = num::pow2_int(e);
+  if (scale && lane == 0) *scale = num::e8m0_from_exponent(e);
+  __syncwarp();  // every lane has read the block before any lane writes it (in place)
+  // Each lane owns element pairs so a packed code byte has one writer.
+  for (int i = 2 * lane; i < block; i += 2 * kWarp) {
+    uint8_t c[2];
+    float out[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float x = xs[i + j];
+      c[j] = num::f32_to_e2m1(clamp_std(div_rn(x, s), -num::kE2m1Max, num::kE2m1Max));
+      out[j] = is_nan(x) ? x : mul_rn(num::e2m1_decode(c[j]), s);
+    }
+    if (codes) codes[i / 2] = static_cast<uint8_t>((c[0] & 0xf) | ((c[1] & 0xf) << 4));
+    xd[i] = out[0];
+    xd[i + 1] = out[1];
+  }
 }
 
 }  // namespace tandem::kernels::cuda::row

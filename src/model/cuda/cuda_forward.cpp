@@ -307,7 +307,8 @@ void CudaModel::Impl::moe_reduce_shared(float* y, const float* shared, int64_t n
 }
 
 // q [n, H, hd] and kv [n, hd] projected, normalized and rotated (positions [n], RoPE table `rope`),
-// kv's cache record in kv_rec.
+// kv's cache record in kv_rec; with the indexer, its queries iq [n, IH, ihd] projected from qr,
+// rotated (RoPE, Hadamard) and FP4-rounded.
 void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n, const float* rope,
                                const int64_t* positions) {
   section(OpClass::kDense);
@@ -317,14 +318,23 @@ void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n, cons
     linear(at.wq_b, qr.get(), n, q.get());
     linear(at.wkv, xx, n, kv.get());
   }
+  // The indexer's query projection of the normed qr (done already when dec_q_and_kv grouped it with wq_b).
+  if (at.has_indexer) linear(at.idx_wq_b, qr.get(), n, iq.get());
   if (n == 0) return;
-  // q's per-head RMSNorm (bf16 chain) and RoPE, kv's RMSNorm (kv_norm), RoPE and record: one kernel.
+  // q's per-head RMSNorm (bf16 chain) and RoPE, the indexer query heads' RoPE, Hadamard and FP4 round
+  // trip, kv's RMSNorm (kv_norm), RoPE and record: one kernel.
   section(OpClass::kAttention);
   dec.packed_x = nullptr;  // rows are rewritten
   cuda_model::NormRopeArgs a;
   a.q = q.get();
   a.heads = at.n_heads;
   a.q_dim = static_cast<int>(cfg.head_dim);
+  if (at.has_indexer) {
+    TANDEM_CHECK(rope == rope_comp.get());  // the indexer's layers are compressed (ratio 4): one table
+    a.iq = iq.get();
+    a.iheads = at.n_idx_heads;
+    a.iq_dim = static_cast<int>(cfg.index_head_dim);
+  }
   a.k = kv.get();
   a.k_dim = static_cast<int>(cfg.head_dim);
   a.k_norm = at.kv_norm;
@@ -444,23 +454,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const int64_t IH = at.n_idx_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
   const bool csa = ratio == 4 && at.has_indexer;
   section(OpClass::kIndexer);
-  if (at.has_indexer) {
-    linear(at.idx_wq_b, qr.get(), n, iq.get());
-    rope_rows(rope_comp.get(), iq.get(), meta.positions, n, IH, ihd, false);
-    kernels::HadamardParams hp;
-    hp.x = iq.get();
-    hp.rows = n * IH;
-    hp.n = ihd;
-    hp.ldx = ihd;
-    hp.round_bf16 = true;
-    kernels::cuda::hadamard(hp, stream);
-    kernels::Fp4ActQuantParams fq;
-    fq.x = iq.get();
-    fq.rows = n * IH;
-    fq.cols = ihd;
-    fq.ldx = ihd;
-    fq.block = 32;
-    kernels::cuda::fp4_act_quant(fq, stream);
+  if (at.has_indexer) {  // iq: projected, rotated and FP4-rounded by q_and_kv
     linear(at.idx_wproj, x.get(), n, iw.get());
     const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) /
                                             std::sqrt(static_cast<double>(cfg.index_n_heads)));
