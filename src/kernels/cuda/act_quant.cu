@@ -1,11 +1,13 @@
 // Activation quantization round trips (FP8 e4m3 / FP4 e2m1 with power-of-two E8M0 block scales)
 // and the elementwise bf16 rounding. Bit-exact with the CPU ops: the same numeric_core.h
 // conversions, exact division by the power-of-two scale, no FMA contraction.
-// One warp per (row, block): lanes stride the block, a warp max gives the block's amax.
+// One warp per (row, block): lanes stride the block, a warp max gives the block's amax (the FP4
+// block's body: row::fp4_block_warp, row_math.cuh).
 #include "kernels/cuda/act_quant.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/row_math.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -14,14 +16,7 @@ constexpr int kWarpsPerCta = 8;
 
 using QuantArgs = QuantRowsArgs;
 
-__device__ __forceinline__ float warp_amax(const float* x, int block, int lane) {
-  float amax = 0.0f;
-  for (int i = lane; i < block; i += kWarp) {
-    const float a = fabsf(x[i]);
-    amax = a > amax ? a : amax;  // NaN compares false: ignored, as the CPU op
-  }
-  return warp_max(amax);  // never NaN here
-}
+using row::warp_amax;
 
 __global__ void fp8_kernel(QuantArgs a) {
   pdl_enter();
@@ -57,28 +52,9 @@ __global__ void fp4_kernel(QuantArgs a) {
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
   for (int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5); gw < total; gw += warps) {
     const int64_t r = gw / nb, b = gw % nb;
-    const float* xs = a.src + r * a.lds + b * a.block;
-    float* xd = a.dst + r * a.ldd + b * a.block;
-    const float amax = warp_amax(xs, a.block, lane);
-    const int e = num::ue8m0_scale_exponent(amax, num::kE2m1Max, num::kFp4ActAmaxFloor);
-    const float s = num::pow2_int(e);
-    if (a.scales && lane == 0) a.scales[r * nb + b] = num::e8m0_from_exponent(e);
     uint8_t* codes = a.codes ? a.codes + r * (a.cols / 2) + b * (a.block / 2) : nullptr;
-    __syncwarp();
-    // Each lane owns element pairs so a packed code byte has one writer.
-    for (int i = 2 * lane; i < a.block; i += 2 * kWarp) {
-      uint8_t c[2];
-      float out[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const float x = xs[i + j];
-        c[j] = num::f32_to_e2m1(clamp_std(div_rn(x, s), -num::kE2m1Max, num::kE2m1Max));
-        out[j] = is_nan(x) ? x : mul_rn(num::e2m1_decode(c[j]), s);
-      }
-      if (codes) codes[i / 2] = static_cast<uint8_t>((c[0] & 0xf) | ((c[1] & 0xf) << 4));
-      xd[i] = out[0];
-      xd[i + 1] = out[1];
-    }
+    uint8_t* scale = a.scales ? a.scales + r * nb + b : nullptr;
+    row::fp4_block_warp(a.src + r * a.lds + b * a.block, a.dst + r * a.ldd + b * a.block, a.block, lane, codes, scale);
   }
 }
 

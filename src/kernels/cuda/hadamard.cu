@@ -5,6 +5,7 @@
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/smem_bounds.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/row_math.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -19,23 +20,7 @@ __global__ void __launch_bounds__(kThreads) hadamard_kernel(HadamardParams p, in
   extern __shared__ float v[];
   const int n = static_cast<int>(p.n);
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    float* x = p.x + r * ldx;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = x[i];
-    __syncthreads();
-    for (int h = 1; h < n; h *= 2) {
-      for (int j = threadIdx.x; j < n / 2; j += blockDim.x) {
-        const int i = (j / h) * 2 * h + j % h;
-        const float a = v[i], b = v[i + h];
-        v[i] = add_rn(a, b);
-        v[i + h] = sub_rn(a, b);
-      }
-      __syncthreads();
-    }
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float y = mul_rn(v[i], scale);
-      x[i] = p.round_bf16 ? round_bf16(y) : y;
-    }
-    __syncthreads();  // v reused by the next row
+    row::hadamard_row(p.x + r * ldx, n, scale, p.round_bf16, v);  // ends with a barrier: v reused by the next row
   }
 }
 

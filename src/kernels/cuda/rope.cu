@@ -1,9 +1,11 @@
 // Interleaved RoPE on the tail dims of every head, one thread per (token, head, pair). The rotation
 // is computed with separately rounded products (no FMA), as the CPU op; cos/sin come from the
-// double-precision sincos rounded to float (the correctly rounded values, as the CPU's cosf/sinf).
+// double-precision sincos rounded to float (the correctly rounded values, as the CPU's cosf/sinf):
+// row::rope_pair (row_math.cuh).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/row_math.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -17,24 +19,8 @@ __global__ void rope_kernel(RopeParams p, int64_t head_stride, int64_t token_str
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < total; g += stride) {
     const int64_t t = g / per_token, rem = g % per_token, h = rem / half;
     const int i = static_cast<int>(rem % half);
-    const float ang = mul_rn(static_cast<float>(p.positions[t]), p.inv_freq[i]);
-    float sn, c;
-    // Double-precision sincos rounded to float: the correctly rounded value, as glibc's cosf/sinf give the CPU op.
-    double sd, cd;
-    sincos(static_cast<double>(ang), &sd, &cd);
-    sn = static_cast<float>(sd);
-    c = static_cast<float>(cd);
-    if (p.inverse) sn = -sn;
-    float* x = p.x + t * token_stride + h * head_stride + p.rope_offset + 2 * i;
-    const float a = x[0], b = x[1];
-    float re = sub_rn(mul_rn(a, c), mul_rn(b, sn));
-    float im = add_rn(mul_rn(a, sn), mul_rn(b, c));
-    if (p.round_bf16) {
-      re = round_bf16(re);
-      im = round_bf16(im);
-    }
-    x[0] = re;
-    x[1] = im;
+    row::rope_pair(p.x + t * token_stride + h * head_stride + p.rope_offset + 2 * i, p.positions[t], p.inv_freq[i],
+                   p.inverse, p.round_bf16);
   }
 }
 

@@ -154,11 +154,12 @@ bool CudaModel::Impl::dec_linear(const DLinear& l, const float* x, int64_t m, fl
   return true;
 }
 
-// wq_a and wkv in one launch on x's codes; q_norm fused with the quantization of qr; wq_b.
+// wq_a and wkv in one launch on x's codes; q_norm fused with the quantization of qr; wq_b (with the
+// indexer's idx_wq_b). The rows are left unnormalized for q_and_kv's norm_rope.
 bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) {
   // Steps with a long sequence are the tensor-core path's (linear() tries it first).
   if (!dec.enabled || n == 0 || n > dec.max_rows || tc_rows(n)) return false;
-  const int64_t H = at.n_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank, D = cfg.hidden_size;
+  const int64_t ql = cfg.q_lora_rank, D = cfg.hidden_size;
   auto fp8 = [&](const DLinear& l) {
     return l.w.format == WeightFormat::kFp8Block && l.act_quant && kc::decode_gemm_supports(l.w, true) &&
            l.w.k <= dec.max_k;
@@ -202,16 +203,7 @@ bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) 
     dec.add_done(&at.idx_wq_b, qr.get(), iq.get(), n, true);
   }
   kc::decode_gemm(b, stream);
-  kernels::RmsNormParams hn;
-  hn.x = q.get();
-  hn.y = q.get();
-  hn.rows = n * H;
-  hn.dim = hd;
-  hn.eps = static_cast<float>(cfg.rms_norm_eps);
-  hn.mode = kernels::RmsNormMode::kBf16Chain;
-  kernels::cuda::rms_norm(hn, stream);
-  norm_rows(kv.get(), n, hd, at.kv_norm);
-  return true;
+  return true;  // q_and_kv normalizes q and kv (norm_rope)
 }
 
 // The bf16 projections of the attention's normed input x that the layer makes after q/kv: the

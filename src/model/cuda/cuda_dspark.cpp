@@ -67,9 +67,20 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
     for (int st = 0; st < c.num_draft_stages; ++st) {
       const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
       m.linear(a.wkv, m.main_x.get(), rn, m.kv.get());
-      m.norm_rows(m.kv.get(), rn, hd, a.kv_norm);
-      m.rope_rows(m.rope_swa.get(), m.kv.get(), m.draft_pos.get(), rn, 1, hd, false);
-      cuda_model::kv_quantize({m.kv.get(), rn, hd, m.lay.rec, m.kv_rec.get()}, m.stream);
+      // kv's RMSNorm, RoPE and records in one kernel (as the target's q_and_kv)
+      cuda_model::NormRopeArgs nr;
+      nr.k = m.kv.get();
+      nr.k_dim = static_cast<int>(hd);
+      nr.k_norm = a.kv_norm;
+      nr.rec = m.lay.rec;
+      nr.records = m.kv_rec.get();
+      nr.positions = m.draft_pos.get();
+      nr.inv_freq = m.rope_swa.get();
+      nr.rope_dim = static_cast<int>(c.qk_rope_head_dim);
+      nr.tokens = rn;
+      nr.eps = static_cast<float>(c.rms_norm_eps);
+      m.dec.packed_x = nullptr;  // as norm_rows: kv is rewritten
+      cuda_model::norm_rope(nr, m.stream);
       uint8_t* ring = m.draft_ctx.get() + slot * m.lay.draft_slot_bytes + st * W * m.lay.rec.bytes;
       cuda_model::ring_write({m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W)}, m.stream);
     }
@@ -121,11 +132,8 @@ void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
   section(OpClass::kMhc);
   hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
   norm_rows(x.get(), N, D, b.attn_norm);
-  q_and_kv(b.attn, x.get(), N);
+  q_and_kv(b.attn, x.get(), N, rope_swa.get(), pos);  // q, kv normalized and rotated, kv's records
   section(OpClass::kAttention);
-  rope_rows(rope_swa.get(), q.get(), pos, N, H, hd, false);
-  rope_rows(rope_swa.get(), kv.get(), pos, N, 1, hd, false);
-  cuda_model::kv_quantize({kv.get(), N, hd, lay.rec, kv_rec.get()}, stream);
   cuda_model::DraftAttnArgs da;
   da.q = q.get();
   da.block_kv = kv.get();

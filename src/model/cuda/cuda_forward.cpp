@@ -306,23 +306,46 @@ void CudaModel::Impl::moe_reduce_shared(float* y, const float* shared, int64_t n
   cuda_model::moe_add_shared({y, shared, n * cfg.hidden_size}, stream);
 }
 
-void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n) {
+// q [n, H, hd] and kv [n, hd] projected, normalized and rotated (positions [n], RoPE table `rope`),
+// kv's cache record in kv_rec; with the indexer, its queries iq [n, IH, ihd] projected from qr,
+// rotated (RoPE, Hadamard) and FP4-rounded.
+void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n, const float* rope,
+                               const int64_t* positions) {
   section(OpClass::kDense);
-  if (dec_q_and_kv(at, xx, n)) return;  // decode-size kernels (cuda_decode.cpp)
-  const int64_t H = at.n_heads, hd = cfg.head_dim, ql = cfg.q_lora_rank;
-  linear(at.wq_a, xx, n, qr.get());
-  norm_rows(qr.get(), n, ql, at.q_norm);
-  linear(at.wq_b, qr.get(), n, q.get());
-  kernels::RmsNormParams hn;
-  hn.x = q.get();
-  hn.y = q.get();
-  hn.rows = n * H;
-  hn.dim = hd;
-  hn.eps = static_cast<float>(cfg.rms_norm_eps);
-  hn.mode = kernels::RmsNormMode::kBf16Chain;
-  kernels::cuda::rms_norm(hn, stream);
-  linear(at.wkv, xx, n, kv.get());
-  norm_rows(kv.get(), n, hd, at.kv_norm);
+  if (!dec_q_and_kv(at, xx, n)) {  // decode-size kernels (cuda_decode.cpp)
+    linear(at.wq_a, xx, n, qr.get());
+    norm_rows(qr.get(), n, cfg.q_lora_rank, at.q_norm);
+    linear(at.wq_b, qr.get(), n, q.get());
+    linear(at.wkv, xx, n, kv.get());
+  }
+  // The indexer's query projection of the normed qr (done already when dec_q_and_kv grouped it with wq_b).
+  if (at.has_indexer) linear(at.idx_wq_b, qr.get(), n, iq.get());
+  if (n == 0) return;
+  // q's per-head RMSNorm (bf16 chain) and RoPE, the indexer query heads' RoPE, Hadamard and FP4 round
+  // trip, kv's RMSNorm (kv_norm), RoPE and record: one kernel.
+  section(OpClass::kAttention);
+  dec.packed_x = nullptr;  // rows are rewritten
+  cuda_model::NormRopeArgs a;
+  a.q = q.get();
+  a.heads = at.n_heads;
+  a.q_dim = static_cast<int>(cfg.head_dim);
+  if (at.has_indexer) {
+    TANDEM_CHECK(rope == rope_comp.get());  // the indexer's layers are compressed (ratio 4): one table
+    a.iq = iq.get();
+    a.iheads = at.n_idx_heads;
+    a.iq_dim = static_cast<int>(cfg.index_head_dim);
+  }
+  a.k = kv.get();
+  a.k_dim = static_cast<int>(cfg.head_dim);
+  a.k_norm = at.kv_norm;
+  a.rec = lay.rec;
+  a.records = kv_rec.get();
+  a.positions = positions;
+  a.inv_freq = rope;
+  a.rope_dim = static_cast<int>(cfg.qk_rope_head_dim);
+  a.tokens = n;
+  a.eps = static_cast<float>(cfg.rms_norm_eps);
+  cuda_model::norm_rope(a, stream);
 }
 
 void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* y) {
@@ -378,23 +401,24 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
   ca.entry_pos = entry_pos.get();
   ca.flag = flag.get();
   cuda_model::compress_entries(ca, stream);
-  norm_rows(entry.get(), n, d, cw.norm);
-  rope_rows(rope_comp.get(), entry.get(), entry_pos.get(), n, 1, d, false);
-  int64_t rec_bytes;
-  if (cw.rotate) {
-    kernels::HadamardParams hp;
-    hp.x = entry.get();
-    hp.rows = n;
-    hp.n = d;
-    hp.ldx = d;
-    hp.round_bf16 = true;
-    kernels::cuda::hadamard(hp, stream);
-    cuda_model::index_key_quantize({entry.get(), n, lay.key, entry_rec.get()}, stream);
-    rec_bytes = lay.key.bytes;
-  } else {
-    cuda_model::kv_quantize({entry.get(), n, d, lay.rec, entry_rec.get()}, stream);
-    rec_bytes = lay.rec.bytes;
+  // The entries' RMSNorm, RoPE, (the indexer's: Hadamard) and records: one kernel.
+  if (n > 0) {
+    cuda_model::NormRopeArgs nr;
+    nr.k = entry.get();
+    nr.k_dim = static_cast<int>(d);
+    nr.k_norm = cw.norm;
+    nr.rotate = cw.rotate;
+    nr.rec = lay.rec;
+    nr.key = lay.key;
+    nr.records = entry_rec.get();
+    nr.positions = entry_pos.get();
+    nr.inv_freq = rope_comp.get();
+    nr.rope_dim = static_cast<int>(cfg.qk_rope_head_dim);
+    nr.tokens = n;
+    nr.eps = static_cast<float>(cfg.rms_norm_eps);
+    cuda_model::norm_rope(nr, stream);
   }
+  const int64_t rec_bytes = cw.rotate ? lay.key.bytes : lay.rec.bytes;
   cuda_model::store_entries(
       {entry_rec.get(), rec_bytes, flag.get(), entry_pos.get(), meta, n, cw.ratio, pool.get(), lay.block_bytes, pool_off},
       stream);
@@ -410,13 +434,10 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const float* rope = ratio ? rope_comp.get() : rope_swa.get();
 
   dec.n_done = 0;  // grouped launches' results belong to the layer that made them
-  q_and_kv(at, x.get(), n);
+  q_and_kv(at, x.get(), n, rope, meta.positions);
   section(OpClass::kCompressor);
   dec_x_projections(at, ratio, x.get(), n, tmp_kv.get(), tmp_gate.get(), tmp_ikv.get(), tmp_igate.get());
   section(OpClass::kAttention);
-  rope_rows(rope, q.get(), meta.positions, n, H, hd, false);
-  rope_rows(rope, kv.get(), meta.positions, n, 1, hd, false);
-  cuda_model::kv_quantize({kv.get(), n, hd, lay.rec, kv_rec.get()}, stream);
 
   if (ratio)
     run_compressor(at.comp, L.comp_off, lay.comp_ring[layer], comp_rows.get(), L.pool_main, x.get(), n, tmp_kv.get(),
@@ -433,23 +454,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const int64_t IH = at.n_idx_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
   const bool csa = ratio == 4 && at.has_indexer;
   section(OpClass::kIndexer);
-  if (at.has_indexer) {
-    linear(at.idx_wq_b, qr.get(), n, iq.get());
-    rope_rows(rope_comp.get(), iq.get(), meta.positions, n, IH, ihd, false);
-    kernels::HadamardParams hp;
-    hp.x = iq.get();
-    hp.rows = n * IH;
-    hp.n = ihd;
-    hp.ldx = ihd;
-    hp.round_bf16 = true;
-    kernels::cuda::hadamard(hp, stream);
-    kernels::Fp4ActQuantParams fq;
-    fq.x = iq.get();
-    fq.rows = n * IH;
-    fq.cols = ihd;
-    fq.ldx = ihd;
-    fq.block = 32;
-    kernels::cuda::fp4_act_quant(fq, stream);
+  if (at.has_indexer) {  // iq: projected, rotated and FP4-rounded by q_and_kv
     linear(at.idx_wproj, x.get(), n, iw.get());
     const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) /
                                             std::sqrt(static_cast<double>(cfg.index_n_heads)));

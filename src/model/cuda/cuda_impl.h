@@ -22,6 +22,7 @@
 #include "model/cuda/kv_record.h"
 #include "model/cuda/model_kernels.h"
 #include "model/cuda/moe_prefill.h"
+#include "model/cuda/norm_rope.h"
 #include "model/math.h"
 
 namespace tandem {
@@ -341,7 +342,7 @@ struct CudaModel::Impl {
     int64_t r0 = 0, rows = 0, lds = 0, cols = 0;
   } last_indexer;
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
-  void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n);
+  void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n, const float* rope, const int64_t* positions);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
   // y = u . wo_b^T: bf16 on one rank; under tensor parallelism fp32 partials, all-reduced, rounded.
   void wo_b(const cuda_model::DAttn& at, int64_t n, float* y);

@@ -1,0 +1,249 @@
+// norm_rope (src/model/cuda/norm_rope.cu), the attention's row finishing in one kernel, against the
+// launches it replaces, bit for bit: q's per-head rms_norm (bf16 chain) and rope, the indexer
+// queries' rope, hadamard and fp4_act_quant, kv's rms_norm (kv_norm, rounded) and rope, kv_quantize
+// (the layer's q/kv, fp8 / nvfp4 / bf16 records); and the
+// compressors' entries: rms_norm, rope, then kv_quantize (the main compressor) or hadamard +
+// index_key_quantize (the indexer's). Every output is compared: q, the key rows' round trip, the
+// records byte for byte. Inputs: bf16 normals at several scales per row, positions up to ~1M, YaRN
+// frequencies, a NaN in one key row (its row is NaN / NaN-coded on both sides).
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "cuda/model_kernel_util.h"
+#include "model/cuda/norm_rope.h"
+
+namespace tandem::kernels::cuda_testing {
+namespace {
+
+using cuda_model::NormRopeArgs;
+
+// Rows of `dim` values, bf16, with a different scale per row.
+std::vector<float> scaled_rows(int64_t rows, int64_t dim, uint64_t seed) {
+  const float scales[] = {1.0f, 0.01f, 30.0f, 3e-4f, 400.0f, 0.2f, 7.0f};
+  std::vector<float> x;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> v = randn(static_cast<size_t>(dim), seed + static_cast<uint64_t>(r), scales[r % 7], true);
+    x.insert(x.end(), v.begin(), v.end());
+  }
+  return x;
+}
+
+std::vector<float> yarn_inv_freq(int rope_dim) {
+  std::vector<float> inv(static_cast<size_t>(rope_dim / 2));
+  RopeFreqParams fp;
+  fp.inv_freq = inv.data();
+  fp.rope_dim = rope_dim;
+  fp.base = 10000.0;
+  fp.original_seq_len = 65536;
+  fp.factor = 16.0;
+  rope_inv_freq(fp);
+  return inv;
+}
+
+struct Case {
+  int64_t tokens;
+  int64_t heads;  // 0: key rows only (a compressor's entries)
+  int dim;        // q_dim and k_dim
+  bool keys;
+  bool rotate;    // keys: Hadamard + index key record, else the KV record of `kind`
+  KvRecordKind kind;
+  int64_t iheads = 0;  // the indexer's query heads, idim wide
+  int idim = 128;
+};
+
+TEST(CudaNormRope, EqualsTheOpSequence) {
+  const Case cases[] = {
+      // the layer's q and kv (model shape: 512-wide heads, 64 RoPE dims; TP=2 ranks hold 32 heads)
+      {1, 64, 512, true, false, KvRecordKind::kFp8},
+      {1, 32, 512, true, false, KvRecordKind::kFp8, 32},  // a CSA layer: the indexer's 64 heads / 2 ranks
+      {1, 64, 512, true, false, KvRecordKind::kFp8, 64},
+      {5, 3, 512, true, false, KvRecordKind::kNvfp4, 2},
+      {3, 2, 512, true, false, KvRecordKind::kBf16, 5, 64},
+      {2, 0, 512, false, false, KvRecordKind::kFp8, 3},  // indexer query heads only
+      {5, 3, 512, true, false, KvRecordKind::kNvfp4},
+      {7, 2, 512, true, false, KvRecordKind::kBf16},
+      {2, 4, 128, true, false, KvRecordKind::kFp8},
+      {3, 5, 512, false, false, KvRecordKind::kFp8},  // query heads only
+      // the main compressor's entries (KV records) and the indexer's (Hadamard, FP4 keys)
+      {1, 0, 512, true, false, KvRecordKind::kFp8},
+      {6, 0, 512, true, false, KvRecordKind::kNvfp4},
+      {1, 0, 128, true, true, KvRecordKind::kFp8},
+      {9, 0, 128, true, true, KvRecordKind::kFp8},
+      {4, 0, 64, true, true, KvRecordKind::kFp8},
+  };
+  const int rope_dim = 64;
+  const float eps = 1e-6f;
+  const std::vector<float> inv = yarn_inv_freq(rope_dim);
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    const KvRecordLayout rec = KvRecordLayout::make(c.kind, c.dim, rope_dim);
+    const IndexKeyLayout key = IndexKeyLayout::make(c.dim);
+    const int64_t rec_bytes = c.rotate ? key.bytes : rec.bytes;
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim
+                                      << (c.keys ? (c.rotate ? " + index keys" : " + KV records ") : " (no keys)")
+                                      << (c.keys && !c.rotate ? kind_name(c.kind) : "") << " indexer heads "
+                                      << c.iheads << " x " << c.idim);
+    const int64_t T = c.tokens, H = c.heads, D = c.dim, IH = c.iheads, ID = c.idim;
+    const std::vector<float> q = scaled_rows(T * H, D, seed);
+    seed += 1000;
+    const std::vector<float> iq = scaled_rows(T * IH, ID, seed + 500);
+    std::vector<float> k = scaled_rows(T, D, seed);
+    seed += 1000;
+    if (T > 2) k[2 * D + 11] = std::numeric_limits<float>::quiet_NaN();  // row 2: NaN throughout after the norm
+    const std::vector<float> w = randn(static_cast<size_t>(D), seed++, 0.5f, true);
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[t] = (t * 7919 * 131 + 17) % 1000003;
+    if (!have_gpu()) continue;
+
+    DeviceBuffer<float> dw = to_dev(w), dinv = to_dev(inv);
+    DeviceBuffer<int64_t> dpos = to_dev(pos);
+    // The op sequence.
+    DeviceBuffer<float> q0 = to_dev(q), k0 = to_dev(k), iq0 = to_dev(iq);
+    auto r0 = poisoned<uint8_t>(static_cast<size_t>(T * rec_bytes));
+    auto sequence = [&] {
+      if (H > 0) {
+        RmsNormParams hn;
+        hn.x = q0.get();
+        hn.y = q0.get();
+        hn.rows = T * H;
+        hn.dim = D;
+        hn.eps = eps;
+        hn.mode = RmsNormMode::kBf16Chain;
+        cuda::rms_norm(hn, kStream);
+        RopeParams rp;
+        rp.x = q0.get();
+        rp.positions = dpos.get();
+        rp.inv_freq = dinv.get();
+        rp.tokens = T;
+        rp.heads = H;
+        rp.head_stride = D;
+        rp.rope_offset = D - rope_dim;
+        rp.rope_dim = rope_dim;
+        rp.round_bf16 = true;
+        cuda::rope(rp, kStream);
+      }
+      if (IH > 0) {  // as attention_target's indexer: rope, hadamard, fp4_act_quant
+        RopeParams rp;
+        rp.x = iq0.get();
+        rp.positions = dpos.get();
+        rp.inv_freq = dinv.get();
+        rp.tokens = T;
+        rp.heads = IH;
+        rp.head_stride = ID;
+        rp.rope_offset = ID - rope_dim;
+        rp.rope_dim = rope_dim;
+        rp.round_bf16 = true;
+        cuda::rope(rp, kStream);
+        HadamardParams hp;
+        hp.x = iq0.get();
+        hp.rows = T * IH;
+        hp.n = ID;
+        hp.ldx = ID;
+        hp.round_bf16 = true;
+        cuda::hadamard(hp, kStream);
+        Fp4ActQuantParams fq;
+        fq.x = iq0.get();
+        fq.rows = T * IH;
+        fq.cols = ID;
+        fq.ldx = ID;
+        fq.block = 32;
+        cuda::fp4_act_quant(fq, kStream);
+      }
+      if (!c.keys) return;
+      RmsNormParams kn;
+      kn.x = k0.get();
+      kn.y = k0.get();
+      kn.weight = dw.get();
+      kn.rows = T;
+      kn.dim = D;
+      kn.eps = eps;
+      kn.round_bf16 = true;
+      cuda::rms_norm(kn, kStream);
+      RopeParams rp;
+      rp.x = k0.get();
+      rp.positions = dpos.get();
+      rp.inv_freq = dinv.get();
+      rp.tokens = T;
+      rp.heads = 1;
+      rp.head_stride = D;
+      rp.rope_offset = D - rope_dim;
+      rp.rope_dim = rope_dim;
+      rp.round_bf16 = true;
+      cuda::rope(rp, kStream);
+      if (c.rotate) {
+        HadamardParams hp;
+        hp.x = k0.get();
+        hp.rows = T;
+        hp.n = D;
+        hp.ldx = D;
+        hp.round_bf16 = true;
+        cuda::hadamard(hp, kStream);
+        cuda_model::index_key_quantize({k0.get(), T, key, r0.get()}, kStream);
+      } else {
+        cuda_model::kv_quantize({k0.get(), T, D, rec, r0.get()}, kStream);
+      }
+    };
+    // The fused kernel.
+    DeviceBuffer<float> q1 = to_dev(q), k1 = to_dev(k), iq1 = to_dev(iq);
+    auto r1 = poisoned<uint8_t>(static_cast<size_t>(T * rec_bytes));
+    auto fused = [&] {
+      NormRopeArgs a;
+      a.q = H > 0 ? q1.get() : nullptr;
+      a.heads = H;
+      a.q_dim = D;
+      a.iq = IH > 0 ? iq1.get() : nullptr;
+      a.iheads = IH;
+      a.iq_dim = static_cast<int>(ID);
+      a.k = c.keys ? k1.get() : nullptr;
+      a.k_dim = D;
+      a.k_norm = dw.get();
+      a.rotate = c.rotate;
+      a.rec = rec;
+      a.key = key;
+      a.records = r1.get();
+      a.positions = dpos.get();
+      a.inv_freq = dinv.get();
+      a.rope_dim = rope_dim;
+      a.tokens = T;
+      a.eps = eps;
+      cuda_model::norm_rope(a, kStream);
+    };
+    sequence();
+    fused();
+    const std::vector<float> gq = to_host(q1), gk = to_host(k1), wq = to_host(q0), wk = to_host(k0);
+    const std::vector<float> giq = to_host(iq1), wiq = to_host(iq0);
+    EXPECT_TRUE(same_bits(gq, wq)) << "q (index / " << D << " = token * heads + head): fused vs rms_norm + rope";
+    EXPECT_TRUE(same_bits(giq, wiq)) << "indexer q (index / " << ID
+                                     << " = token * iheads + head): fused vs rope + hadamard + fp4_act_quant";
+    EXPECT_TRUE(same_bits(gk, wk)) << "key rows (index / " << D << " = token): fused vs the sequence";
+    EXPECT_TRUE(same_values(to_host(r1), to_host(r0), static_cast<size_t>(rec_bytes))) << "records: fused vs the sequence";
+    // The sequence did its work (a test of two no-ops would pass): every row was rewritten.
+    size_t q_changed = 0, k_changed = 0;
+    for (int64_t r = 0; r < T * H; ++r)
+      q_changed += std::memcmp(wq.data() + r * D, q.data() + r * D, sizeof(float) * D) != 0;
+    size_t iq_changed = 0;
+    for (int64_t r = 0; r < T * IH; ++r)
+      iq_changed += std::memcmp(wiq.data() + r * ID, iq.data() + r * ID, sizeof(float) * ID) != 0;
+    EXPECT_EQ(iq_changed, static_cast<size_t>(T * IH)) << "indexer q rows rewritten by the sequence";
+    for (int64_t r = 0; r < T; ++r) k_changed += std::memcmp(wk.data() + r * D, k.data() + r * D, sizeof(float) * D) != 0;
+    EXPECT_EQ(q_changed, static_cast<size_t>(T * H)) << "q rows rewritten by the sequence";
+    if (c.keys) {
+      EXPECT_EQ(k_changed, static_cast<size_t>(T)) << "key rows rewritten by the sequence";
+    }
+    if (T > 2 && c.keys) {
+      size_t nan = 0;
+      for (int64_t d = 0; d < D; ++d) nan += std::isnan(gk[2 * D + d]);
+      EXPECT_EQ(nan, static_cast<size_t>(D)) << "the NaN key row: NaN throughout";
+    }
+    if (T == 1 && D == 512 && H > 0)
+      std::printf("[cuda perf] norm_rope tokens %lld heads %lld indexer heads %lld: fused %.1f us, the %d-launch "
+                  "sequence %.1f us\n",
+                  static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(IH), median_us(fused),
+                  2 + (c.keys ? 3 : 0) + (IH > 0 ? 3 : 0), median_us(sequence));
+  }
+  TANDEM_REQUIRE_GPU();
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda_testing
