@@ -43,6 +43,13 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// The high two e4m3 codes of a word -> f16x2, exact (the conversion reads the upper half directly).
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t four_codes) {
+  uint32_t d;
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, h;\n\t}" : "=r"(d) : "r"(four_codes));
+  return d;
+}
+
 // (lo, hi) fp32 -> bf16x2, round to nearest even (exact for bf16-valued inputs).
 __device__ __forceinline__ uint32_t f32x2_to_bf16x2(float lo, float hi) {
   uint32_t d;

@@ -457,8 +457,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
                 // The group's activation codes of this lane (token tile tt, k quarter t).
                 const uint2 c = mma::ld_act8(a.a_codes + aoff[tt] + kbr * 128 + jb * 32);
                 float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma::mma_f16(blk, a0, mma::e4m3x2_to_f16x2(c.x), mma::e4m3x2_to_f16x2(c.x >> 16));
-                mma::mma_f16(blk, a1, mma::e4m3x2_to_f16x2(c.y), mma::e4m3x2_to_f16x2(c.y >> 16));
+                mma::mma_f16(blk, a0, mma::e4m3x2_to_f16x2(c.x), mma::e4m3x2_hi_to_f16x2(c.x));
+                mma::mma_f16(blk, a1, mma::e4m3x2_to_f16x2(c.y), mma::e4m3x2_hi_to_f16x2(c.y));
                 float* acc_t = acc[tt >> 1][tt & 1];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc_t[i] = fmaf(blk[i], frow[i >> 1] * ftok[tt][i & 1], acc_t[i]);
