@@ -12,9 +12,10 @@
 //  experts down: correctly rounded within the GEMV bound of float64 on those codes;
 //  combine: bit for bit the host's fp32 sum in ascending expert id plus the shared expert, bf16.
 // Then: every row count gives the same bits per token (1, 6, 8, 48, 96 within a 96-token call), a
-// rank's local expert range (routed sum only), hash routing, a captured graph equal to eager (the
-// kernels' arrival counters are left at zero by every call), and a loose end-to-end comparison with
-// the CPU composition (forward.cpp's moe) as a sanity check.
+// rank's local expert range (routed sum only), hash routing, a NaN MXFP4 scale's rows (NaN exactly
+// there), a captured graph equal to eager (the kernels' arrival counters are left at zero by every
+// call), and a loose end-to-end comparison with the CPU composition (forward.cpp's moe) as a sanity
+// check.
 #include <algorithm>
 #include <map>
 
@@ -421,6 +422,65 @@ TEST(CudaMoeDecode, LocalExpertRange) {
       EXPECT_TRUE(same_bits(std::vector<float>(po.begin() + tp[p] * D, po.begin() + (tp[p] + 1) * D),
                             std::vector<float>(po_full.begin() + tp_full[p] * D, po_full.begin() + (tp_full[p] + 1) * D)))
           << "pair " << p;
+    }
+  }
+}
+
+// A NaN E8M0 scale (0xff) in a routed expert's weights: in w2, that weight row's output is NaN for
+// every pair of the expert; in w1, the expert's SwiGLU column is NaN and so every w2 output of its
+// pairs; every other output keeps its bits. Both MXFP4 stage widths (128 k: dim 512, inter 256;
+// 256 k: dim 1024, inter 2048); the NaN group is not the first of its k unit, so the sums of the
+// groups before it must turn NaN too.
+TEST(CudaMoeDecode, NanWeightScaleMakesItsRowsNan) {
+  TANDEM_REQUIRE_GPU();
+  for (auto [dim, inter, E] : {std::tuple<int64_t, int64_t, int>{512, 256, 32}, {1024, 2048, 8}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim << " inter " << inter);
+    Layer L = make_layer(dim, inter, E, 6, 700);
+    const int64_t m = 4, D = dim, I = inter;
+    const int K = L.d.topk;
+    const std::vector<float> x = act_rows(m, D, 71);
+    auto run = [&](std::vector<int32_t>* ids, std::vector<int32_t>* tp) {
+      MoeRun r;
+      prepare(r, L, x, m, m, false, 0, E, true);
+      cuda_model::moe_decode(r.args, kStream);
+      if (ids) *ids = fetch(r.buf.expert_ids, static_cast<size_t>(m * K));
+      if (tp) *tp = fetch(r.buf.token_pair, static_cast<size_t>(m * K));
+      return fetch(r.buf.pair_out, static_cast<size_t>(m * K * D));
+    };
+    std::vector<int32_t> ids, tp;
+    const std::vector<float> clean = run(&ids, &tp);
+    const int e = ids[0];  // the first token's first expert
+    // Each matrix: the expert's weight row `row`, its third-to-last 32-k group.
+    auto poison = [&](HostMatrix& w, int64_t rows_per_expert, int64_t row) {
+      const int64_t groups = w.k / 32;
+      w.scale[static_cast<size_t>((e * rows_per_expert + row) * groups + groups - 3)] = 0xff;
+      w.dscale = to_dev(w.scale);
+    };
+    const int64_t row2 = 37 % D;
+    const std::vector<uint8_t> w2_scale = L.w2.scale;
+    poison(L.w2, D, row2);
+    const std::vector<float> got2 = run(nullptr, nullptr);
+    const int64_t row1 = 5 % I;
+    L.w2.scale = w2_scale;  // w2 as before
+    L.w2.dscale = to_dev(L.w2.scale);
+    poison(L.w1, I, row1);
+    const std::vector<float> got1 = run(nullptr, nullptr);
+    int bad2 = 0, bad1 = 0;
+    for (int64_t p = 0; p < m * K; ++p) {
+      ASSERT_GE(tp[p], 0);
+      const int64_t pos = tp[p];
+      for (int64_t c = 0; c < D; ++c) {
+        const size_t i = static_cast<size_t>(pos * D + c);
+        const bool nan2 = ids[p] == e && c == row2, nan1 = ids[p] == e;
+        const bool ok2 = nan2 ? std::isnan(got2[i]) : num::f32_bits(got2[i]) == num::f32_bits(clean[i]);
+        const bool ok1 = nan1 ? std::isnan(got1[i]) : num::f32_bits(got1[i]) == num::f32_bits(clean[i]);
+        if (!ok2 && bad2++ < 3)
+          ADD_FAILURE() << "w2 NaN scale (expert " << e << ", row " << row2 << "): pair " << p << " (expert " << ids[p]
+                        << ") column " << c << ": " << got2[i] << ", clean " << clean[i];
+        if (!ok1 && bad1++ < 3)
+          ADD_FAILURE() << "w1 NaN scale (expert " << e << ", row " << row1 << "): pair " << p << " (expert " << ids[p]
+                        << ") column " << c << ": " << got1[i] << ", clean " << clean[i];
+      }
     }
   }
 }

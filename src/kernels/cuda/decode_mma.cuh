@@ -43,6 +43,13 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// The high two e4m3 codes of a word -> f16x2, exact (the conversion reads the upper half directly).
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t four_codes) {
+  uint32_t d;
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, h;\n\t}" : "=r"(d) : "r"(four_codes));
+  return d;
+}
+
 // (lo, hi) fp32 -> bf16x2, round to nearest even (exact for bf16-valued inputs).
 __device__ __forceinline__ uint32_t f32x2_to_bf16x2(float lo, float hi) {
   uint32_t d;
@@ -65,15 +72,21 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two_codes) {
   return f32x2_to_bf16x2(f.x, f.y);
 }
 
-// Four packed e2m1 nibble pairs (one 32-bit word = 8 values, element i in bits 4i..4i+3) -> eight
-// e4m3 codes of value * 2^-6 in natural element order: lo word = elements 0..3, hi = 4..7. An
-// e2m1 nibble (sign, 2-bit exponent, 1-bit mantissa) moved into e4m3's sign / low exponent /
-// top mantissa bits is the same value times 2^-6 (bias 7 against 1, subnormal 0.5 included).
-__device__ __forceinline__ void e2m1x8_to_e4m3x8(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  const uint32_t even = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);  // elements 0,2,4,6
-  const uint32_t odd = (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu);          // elements 1,3,5,7
-  lo = __byte_perm(even, odd, 0x5140);  // (e0, o0, e1, o1) = elements 0,1,2,3
-  hi = __byte_perm(even, odd, 0x7362);  // elements 4,5,6,7
+// Eight e2m1 values (one 32-bit word, element i in bits 4i..4i+3) -> four f16x2 of value * 2^-14 in
+// natural order: h[0] = elements (0, 1) (low half first), h[1] = (2, 3), h[2] = (4, 5), h[3] = (6, 7).
+// An e2m1 code's exponent and mantissa bits moved to f16 bits 9..11 (sign to bit 15) are exactly its
+// value times 2^-14 (0.5 becomes the f16 subnormal 2^-15; the f16 mma takes subnormal inputs exactly).
+// Such an f16's low byte is zero: the high bytes are built four at a time with shifts and masks, then
+// spread with a zero byte between them (13 integer instructions, no conversion unit).
+__device__ __forceinline__ void e2m1x8_to_f16x8(uint32_t w, uint32_t (&h)[4]) {
+  const uint32_t ev = ((w << 1) & 0x0e0e0e0eu) | ((w << 4) & 0x80808080u);  // high bytes of elements 0, 2, 4, 6
+  const uint32_t od = ((w >> 3) & 0x0e0e0e0eu) | (w & 0x80808080u);         // elements 1, 3, 5, 7
+  const uint32_t lo = __byte_perm(ev, od, 0x5140);                          // elements 0, 1, 2, 3
+  const uint32_t hi = __byte_perm(ev, od, 0x7362);                          // elements 4, 5, 6, 7
+  h[0] = __byte_perm(lo, 0u, 0x1404);  // (zero, byte 0, zero, byte 1)
+  h[1] = __byte_perm(lo, 0u, 0x3424);
+  h[2] = __byte_perm(hi, 0u, 0x1404);
+  h[3] = __byte_perm(hi, 0u, 0x3424);
 }
 
 // ---- loads ----
@@ -127,6 +140,15 @@ __device__ __forceinline__ void cp_async_wait(int n) {
     case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
     default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
   }
+}
+// ldmatrix .x4 (sm_75 and later, every target): lanes 8i .. 8i + 7 give the shared addresses of the
+// eight 16-byte rows of matrix i; lane (g, t) receives bytes 4t .. 4t + 3 of row g of matrix i in d[i].
+// One instruction reads what four 4-byte loads per lane would.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&d)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(smem_addr)
+               : "memory");
 }
 __device__ __forceinline__ uint4 lds128(const void* p) { return *static_cast<const uint4*>(p); }
 __device__ __forceinline__ uint2 lds64(const void* p) { return *static_cast<const uint2*>(p); }

@@ -18,10 +18,13 @@
 // Routed experts (MXFP4, per-32 E8M0 scales): the weights are the mma's A operand and the expert's
 // tokens its n8 columns, so each weight value is dequantized once per 8 tokens (the largest cost
 // per byte at decode sizes). Each lane reads a quarter (4 bytes, 8 values) of every 32-value group
-// of weight rows g and g + 8 from the ring (16-byte chunks XOR-swizzled: conflict-free), so the 16
-// k-slots of an mma all share one weight scale; e2m1 becomes e4m3 by moving bits (value * 2^-6)
-// and f16 by the hardware conversion; two f16 mmas per group go into a zeroed block accumulator,
-// added with the scale product (exact power of two) into the fp32 total. The shared expert (FP8)
+// of weight rows g and g + 8 from the ring (16-byte chunks XOR-swizzled: conflict-free; one
+// ldmatrix per two groups), so the 16 k-slots of an mma all share one weight scale; e2m1 becomes
+// f16 by moving bits alone (value * 2^-14, integer instructions only); two f16 mmas per group go
+// into a zeroed block accumulator, added with the scale product (exact power of two, the 2^14
+// included) into the fp32 total. A token tile's activation codes are read straight from global
+// memory (L1) at 32-bit offsets fixed per item; a single active token tile (the usual routed
+// expert at decode sizes) has its own compiled loop. The shared expert (FP8)
 // runs the dense decode GEMV's scheme: f16 mma on codes, the accumulator rescaled by an exact power
 // of two between 128-k blocks.
 #include "model/cuda/moe_decode.h"
@@ -41,6 +44,19 @@ using namespace moe_internal;  // NOLINT: this file's half of the decode MoE
 namespace {
 
 __device__ __forceinline__ uint32_t word4(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// MXFP4 scales as fp32 powers of two, with the exact values (and clamps) of mma::exp2i. A weight row's
+// E8M0 byte b of `word` -> 2^(e - 127 + 6) (e <= 254; 255, NaN, is flagged separately by has_ff); an
+// activation's E8M0 e -> 2^(e - 127 + 8). The 2^14 that the e2m1 -> f16 move takes
+// (mma::e2m1x8_to_f16x8) is given back split between them, so that neither leaves fp32's normal range.
+__device__ __forceinline__ float mx_row_scale(uint32_t word, int b) {
+  uint32_t v = __byte_perm(word, 0u, 0x4044u | (static_cast<uint32_t>(b) << 8));  // e << 16
+  v = v < (248u << 16) ? v : (248u << 16);
+  return __uint_as_float(v * 128u + (6u << 23));
+}
+__device__ __forceinline__ float mx_act_scale(uint32_t e) { return __uint_as_float(((e < 246u ? e : 246u) + 8u) << 23); }
+// True when a byte of w is 0xff (the zero-byte test on ~w).
+__device__ __forceinline__ bool has_ff(uint32_t w) { return ((~w - 0x01010101u) & w & 0x80808080u) != 0; }
 
 // Byte offset of 16-byte chunk c (a 32-value group) of row r in an MXFP4 stage with `cpr` chunks
 // per row (8 for 256 k, 4 for 128 k). Lanes (g, t) read chunk j of rows nt * 8 + g at t * 4: the
@@ -95,6 +111,8 @@ struct Ctx {
   bool shared;
   int32_t chunk, tile, off, nrows;  // off: the routed job's first pair; nrows: rows in the chunk
   int32_t expert;                   // the routed job's local expert
+  const uint8_t* wsrc;              // routed: this lane's first weight chunk of the unit (stage 0)
+  const uint8_t* ssrc;              // routed: the scales of row lane % 16 of the tile in the unit (stage 0)
 };
 struct Cur {
   int64_t w;
@@ -120,6 +138,14 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   const int64_t ku = a.k / U;
   const int nst_fp8 = static_cast<int>(ku / 128), nst_mx = static_cast<int>(ku / a.mx_k);  // stages per unit
   const int cpr = a.mx_k / 32;  // MXFP4 chunks (groups) per stage row
+  // This lane's MXFP4 stage geometry (fixed per launch): it copies chunks i = lane + 32 p (row i / cpr,
+  // chunk i % cpr; cpr / 2 of them) to cp_d0 ^ (p odd ? cp_dx : 0) + 512 p, from cp_src0 + p cp_step
+  // bytes into the stage's rows; and gives ldmatrix the address of row lane % 16, chunk lane / 16 (+ 2 p
+  // for the pair of groups p: lm_b ^ 32 p), both as mx_chunk places them.
+  const int cp_d0 = mx_chunk(lane / cpr, lane % cpr, cpr), cp_dx = cpr == 8 ? 64 : 0;
+  const int64_t cp_src0 = static_cast<int64_t>(lane / cpr) * (a.k / 2) + (lane % cpr) * 16;
+  const int64_t cp_step = static_cast<int64_t>(32 / cpr) * (a.k / 2);
+  const int lm_b = mx_chunk(lane & 15, lane >> 4, cpr);
   int64_t total = 0;
   bool routed_known = false;
 
@@ -131,12 +157,18 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     x.tile = static_cast<int32_t>((c.w - jc * a.ipc) * a.tpi + tl);
     x.off = 0;
     x.expert = 0;
+    x.wsrc = x.ssrc = nullptr;
     int64_t rows = a.tokens;
     if (!x.shared) {
       const int r = c.job - a.has_shared;
       x.expert = a.active[1 + r];
       x.off = a.active[1 + a.max_active + r];
       rows = a.active[1 + a.max_active + r + 1] - x.off;
+      const WeightRef& w = mm == 0 ? a.r0 : a.r1;
+      // The tile's first weight row: the expert's rows, then the tile's.
+      const int64_t wrow = static_cast<int64_t>(x.expert) * a.n + static_cast<int64_t>(x.tile) * kRows;
+      x.wsrc = static_cast<const uint8_t*>(w.data) + wrow * (a.k / 2) + unit * ku / 2 + cp_src0;
+      x.ssrc = w.scale + (wrow + (lane & 15)) * (a.k / 32) + unit * ku / 32;
     }
     const int64_t left = rows - static_cast<int64_t>(x.chunk) * kChunk;
     x.nrows = static_cast<int32_t>(left < kChunk ? left : kChunk);
@@ -181,19 +213,16 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         mma::cp_async16(slot + p * 512 + lane * 16, src);
       }
     } else {
-      const WeightRef& w = mm == 0 ? a.r0 : a.r1;
-      const int64_t rowb = a.k / 2, srow = a.k / 32;
-      const int64_t wrow0 = static_cast<int64_t>(x.expert) * a.n;  // the expert's first weight row
-      const uint8_t* base = static_cast<const uint8_t*>(w.data) + (wrow0 + row0) * rowb + unit * ku / 2 +
-                            static_cast<int64_t>(c.st) * (a.mx_k / 2);
-      for (int i = lane; i < kRows * cpr; i += 32) {  // 2 or 4 chunks per lane
-        const int r = i / cpr, ch = i % cpr;
-        mma::cp_async16(slot + mx_chunk(r, ch, cpr), base + r * rowb + ch * 16);
+      const uint8_t* src = x.wsrc + static_cast<int64_t>(c.st) * (a.mx_k / 2);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {  // cpr / 2 chunks per lane
+        if (2 * p >= cpr) break;
+        mma::cp_async16(slot + ((cp_d0 ^ ((p & 1) * cp_dx)) + p * 512), src + p * cp_step);
       }
       if (lane < kRows) {
-        const uint8_t* src = w.scale + (wrow0 + row0 + lane) * srow + unit * ku / 32 + c.st * cpr;
-        if (cpr == 8) mma::cp_async8(slot + kMxDataBytes + lane * 8, src);
-        else mma::cp_async4(slot + kMxDataBytes + lane * 8, src);
+        const uint8_t* ssrc = x.ssrc + c.st * cpr;
+        if (cpr == 8) mma::cp_async8(slot + kMxDataBytes + lane * 8, ssrc);
+        else mma::cp_async4(slot + kMxDataBytes + lane * 8, ssrc);
       }
     }
   };
@@ -261,6 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   float acc[MT][2][4];
   int prev_e[MT][2];
   bool nan_scale = false;
+  int nan_rows = 0;  // MXFP4: bit r set when weight row g + 8 r met a NaN scale in this unit
   int last_ew = 0;
   auto reset = [&] {
 #pragma unroll
@@ -272,6 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
     }
     nan_scale = false;
+    nan_rows = 0;
   };
   reset();
 
@@ -281,7 +312,11 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   // expert (tokens as the mma's A rows): tokens mt * 16 + hh * 8 + g; MXFP4 routed experts (tokens
   // as B columns, token tile tt = 2 mt + hh): token tt * 8 + g, the same set.
   int32_t arow[MT][2];
-  int32_t crow[2 * MT][2];  // MXFP4: activation rows of this lane's C columns, tokens tt * 8 + 2t + q
+  // MXFP4: byte offsets of this lane's activation codes in the unit (token tile tt's token, k quarter
+  // t; below 2^31, moe_decode_supports), and of the unit's activation scales of this lane's C columns
+  // (tokens tt * 8 + 2t + q).
+  int32_t aoff[2 * MT];
+  int32_t asoff[2 * MT][2];
   const uint8_t* wsc = nullptr;
   const int64_t kb0 = unit * ku / 128;   // the unit's first 128-k block
   const int64_t ld_as = a.k / 128;
@@ -303,9 +338,12 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         for (int hh = 0; hh < 2; ++hh) arow[mt][hh] = act_row(mt * 16 + g + hh * 8);
       if (!x.shared)
 #pragma unroll
-        for (int tt = 0; tt < 2 * MT; ++tt)
+        for (int tt = 0; tt < 2 * MT; ++tt) {
+          aoff[tt] = static_cast<int32_t>(static_cast<int64_t>(arow[tt >> 1][tt & 1]) * a.k + unit * ku + t * 8);
 #pragma unroll
-          for (int q = 0; q < 2; ++q) crow[tt][q] = act_row(tt * 8 + 2 * t + q);
+          for (int q = 0; q < 2; ++q)
+            asoff[tt][q] = static_cast<int32_t>(static_cast<int64_t>(act_row(tt * 8 + 2 * t + q)) * ld_as + kb0);
+        }
       if (x.shared) {
         const WeightRef& w = mm == 0 ? a.s0 : a.s1;
         const int64_t sld = w.scale_ld > 0 ? w.scale_ld : (a.k + 127) / 128;
@@ -378,50 +416,59 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       // columns (token tile tt: tokens tt * 8 ..): the weight's dequantization, the largest cost
       // per byte, is done once per 16 x 8 outputs. A lane's k-slots 2t, 2t + 1, 2t + 8, 2t + 9 of
       // the group's first (second) k16 step are its 8 values 8t .. 8t + 3 (8t + 4 .. 8t + 7), for
-      // the weight and the activation alike.
+      // the weight and the activation alike. One ldmatrix reads a lane's quarter of two groups of
+      // both rows; the codes become f16 by bit moves (value * 2^-14; mx_row_scale / mx_act_scale
+      // give the 2^14 back), so each group costs two mmas into a zeroed block accumulator and one
+      // fma per accumulator with the scale product.
       const uint2 sr0 = mma::lds64(slot + kMxDataBytes + g * 8);        // E8M0 of row g's groups
-      const uint2 sr1 = mma::lds64(slot + kMxDataBytes + (g + 8) * 8);  // row g + 8
-      for (int sb = 0; sb < cpr / 4; ++sb) {  // 128-k blocks of the stage: one activation scale each
-        const int64_t kb = kb0 + (static_cast<int64_t>(st) * a.mx_k + sb * 128) / 128;
-        float ftok[2 * MT][2];  // activation scales of this lane's C columns
+      const uint2 sr1 = mma::lds64(slot + kMxDataBytes + (g + 8) * 8);  // row g + 8 (.y: cpr 8 only)
+      // A NaN scale makes its row NaN in every column (as the fma of every later group would).
+      const uint32_t ym = cpr == 8 ? 0xffffffffu : 0u;
+      nan_rows |= static_cast<int>(has_ff(sr0.x) | has_ff(sr0.y & ym)) | (static_cast<int>(has_ff(sr1.x) | has_ff(sr1.y & ym)) << 1);
+      const uint32_t slot_s = mma::smem_u32(slot);
+      // The stage for NT token tiles (those below mt_act): the single-tile case, a routed expert's
+      // usual one at decode sizes, is compiled apart so that it issues nothing for absent tiles.
+      auto stage = [&]<int NT>() {
+        for (int sb = 0; sb < cpr / 4; ++sb) {  // 128-k blocks of the stage: one activation scale each
+          const int kbr = st * (cpr / 4) + sb;  // the block within the unit
+          float ftok[NT][2];                    // activation scales of this lane's C columns
 #pragma unroll
-        for (int tt = 0; tt < 2 * MT; ++tt)
+          for (int tt = 0; tt < NT; ++tt)
 #pragma unroll
-          for (int q = 0; q < 2; ++q)
-            ftok[tt][q] = tt < mt_act ? mma::exp2i(static_cast<int>(
-                                            a.a_scales[static_cast<int64_t>(crow[tt][q]) * ld_as + kb]) - 127)
-                                      : 0.0f;
+            for (int q = 0; q < 2; ++q)
+              ftok[tt][q] = NT == 1 || tt < mt_act ? mx_act_scale(a.a_scales[asoff[tt][q] + kbr]) : 0.0f;
+          const uint32_t wr0 = sb == 0 ? sr0.x : sr0.y, wr1 = sb == 0 ? sr1.x : sr1.y;  // the block's 4 groups
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int jj = sb * 4 + j;  // group within the stage
-          uint32_t lo0, hi0, lo1, hi1;
-          mma::e2m1x8_to_e4m3x8(mma::lds32(slot + mx_chunk(g, jj, cpr) + t * 4), lo0, hi0);
-          mma::e2m1x8_to_e4m3x8(mma::lds32(slot + mx_chunk(g + 8, jj, cpr) + t * 4), lo1, hi1);
-          const uint32_t a0[4] = {mma::e4m3x2_to_f16x2(lo0), mma::e4m3x2_to_f16x2(lo1),
-                                  mma::e4m3x2_to_f16x2(lo0 >> 16), mma::e4m3x2_to_f16x2(lo1 >> 16)};
-          const uint32_t a1[4] = {mma::e4m3x2_to_f16x2(hi0), mma::e4m3x2_to_f16x2(hi1),
-                                  mma::e4m3x2_to_f16x2(hi0 >> 16), mma::e4m3x2_to_f16x2(hi1 >> 16)};
-          float frow[2];  // C rows g, g + 8: weight values carry 2^-6
+          for (int pp = 0; pp < 2; ++pp) {
+            uint32_t wq[4];  // rows g, g + 8 of group 2 pp of the block, then of group 2 pp + 1
+            mma::ldsm_x4(wq, slot_s + (lm_b ^ ((2 * sb + pp) << 5)));
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t word = jj < 4 ? (r == 0 ? sr0.x : sr1.x) : (r == 0 ? sr0.y : sr1.y);
-            const int ew = (word >> (8 * (jj & 3))) & 0xff;
-            frow[r] = ew == 255 ? __int_as_float(0x7fc00000) : mma::exp2i(ew - 127 + 6);
-          }
-          const int64_t kl = unit * ku + static_cast<int64_t>(st) * a.mx_k + jj * 32 + t * 8;
+            for (int h = 0; h < 2; ++h) {
+              const int jb = pp * 2 + h;  // group within the block
+              uint32_t f0[4], f1[4];
+              mma::e2m1x8_to_f16x8(wq[2 * h], f0);
+              mma::e2m1x8_to_f16x8(wq[2 * h + 1], f1);
+              const uint32_t a0[4] = {f0[0], f1[0], f0[1], f1[1]};
+              const uint32_t a1[4] = {f0[2], f1[2], f0[3], f1[3]};
+              const float frow[2] = {mx_row_scale(wr0, jb), mx_row_scale(wr1, jb)};  // C rows g, g + 8
 #pragma unroll
-          for (int tt = 0; tt < 2 * MT; ++tt) {
-            if (tt >= mt_act) break;
-            const uint2 c = mma::ld_act8(a.a_codes + static_cast<int64_t>(arow[tt >> 1][tt & 1]) * a.k + kl);
-            float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma::mma_f16(blk, a0, mma::e4m3x2_to_f16x2(c.x), mma::e4m3x2_to_f16x2(c.x >> 16));
-            mma::mma_f16(blk, a1, mma::e4m3x2_to_f16x2(c.y), mma::e4m3x2_to_f16x2(c.y >> 16));
-            float* acc_t = acc[tt >> 1][tt & 1];
+              for (int tt = 0; tt < NT; ++tt) {
+                if (NT > 1 && tt >= mt_act) break;
+                // The group's activation codes of this lane (token tile tt, k quarter t).
+                const uint2 c = mma::ld_act8(a.a_codes + aoff[tt] + kbr * 128 + jb * 32);
+                float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma::mma_f16(blk, a0, mma::e4m3x2_to_f16x2(c.x), mma::e4m3x2_hi_to_f16x2(c.x));
+                mma::mma_f16(blk, a1, mma::e4m3x2_to_f16x2(c.y), mma::e4m3x2_hi_to_f16x2(c.y));
+                float* acc_t = acc[tt >> 1][tt & 1];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc_t[i] = fmaf(blk[i], frow[i >> 1] * ftok[tt][i & 1], acc_t[i]);
+                for (int i = 0; i < 4; ++i) acc_t[i] = fmaf(blk[i], frow[i >> 1] * ftok[tt][i & 1], acc_t[i]);
+              }
+            }
           }
         }
-      }
+      };
+      if (mt_act == 1) stage.template operator()<1>();
+      else stage.template operator()<2 * MT>();
     }
     __syncwarp();  // every lane is done with the slot before any lane refills it
     if (prod.ok) {
@@ -448,6 +495,14 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
                 v = nan_scale ? __int_as_float(0x7fc00000) : (v * sw) * sx;
               }
           }
+      } else if (nan_rows) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              if ((nan_rows >> (i >> 1)) & 1) acc[mt][nt][i] = __int_as_float(0x7fffffff);  // the fma's NaN
       }
       const bool lead = mm == 0 && unit == 0;  // the tile's warp that sums and stores
       const bool reduce = NM > 1 || U > 1;     // uniform over the CTA
@@ -753,6 +808,8 @@ bool moe_decode_supports(const MoeDecodeArgs& a) {
       (!fp8_ok(a.sh_w1, d.inter, d.dim) || !fp8_ok(a.sh_w3, d.inter, d.dim) || !fp8_ok(a.sh_w2, d.dim, d.inter)))
     return false;
   if (!aligned(a.x_codes, 16) || !aligned(a.buf.act_codes, 16)) return false;
+  // The expert kernels address activation codes with 32-bit offsets.
+  if (d.max_tokens * (d.topk + 1) * std::max(d.dim, d.inter) >= (int64_t{1} << 31)) return false;
   // The routing CTA's scratch (one float per expert per warp) fits one block's shared memory.
   if (route_smem(d.n_experts, a.expert_count) > static_cast<size_t>(kc::decode_launch_limits().smem_per_block))
     return false;
