@@ -488,15 +488,20 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       // The ids at or above the band, coarse_bucket(d.dval(x)) <= band_bot, are the x >= x0 (the
       // bucket is non-increasing in x): x0 found once by bisection over the floats' order, so the
       // pass below compares floats instead of computing every id's bucket. NaN (bucket 255)
-      // passes exactly when every x does (band_bot 255), as the bucket test lets it.
-      const ZThreshold zt = z_threshold([&](float x) { return coarse_bucket(d.dval(x)) <= band_bot; });
+      // passes exactly when every x does (band_bot 255), as the bucket test lets it. Monotone
+      // (down to x = +-inf) needs a finite zmax and a finite positive 1 / T; any other row keeps
+      // the bucket test.
+      const bool monotone = isfinite(d.zmax) && d.inv_t > 0.0 && isfinite(d.inv_t);
+      auto at_or_above = [&](float x) { return coarse_bucket(d.dval(x)) <= band_bot; };
+      ZThreshold zt;
+      if (monotone) zt = z_threshold(at_or_above);
       {
         Slot& s = c.open();
         sample_cluster::warp_batches(
             wb, we, queue,
             [&](int64_t v) {
               const float x = z[v - beg];
-              return d.live(x) && zt.pass(x);
+              return d.live(x) && (monotone ? zt.pass(x) : at_or_above(x));
             },
             [&](int64_t v, bool ok) {
               bool rec = false;
