@@ -6,8 +6,8 @@
 // mismatch; the sides' fp64 CDFs differ by ~V * 2^-52), counted and reported; any other difference
 // fails.
 // Also: bit-identical reruns, draw frequencies against p, CUDA graph capture and replay; the full
-// vocabulary with 48 rows of each kind and the sampler benchmark's rows; top-p at its extremes; a
-// vocabulary too large for the device's shared-memory slices.
+// vocabulary with 48 rows of each kind, the sampler benchmark's rows and more rows than run at
+// once; top-p at its extremes; a vocabulary too large for the device's shared-memory slices.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -237,6 +237,28 @@ TEST(CudaSampleRows, MatchesHostBenchmarkRows) {
                 total);
   }
   expect_matches(total, "the sampler benchmark's rows, vocab 129280");
+}
+
+// More rows than the device holds at once (sample_rows_active_clusters: the later rows wait for a
+// cluster to leave), every kind but greedy mixed, at the full vocabulary: each row's result is its
+// own, whichever wave runs it.
+TEST(CudaSampleRows, MatchesHostBeyondOneWave) {
+  TANDEM_REQUIRE_GPU();
+  const int resident = cuda::sample_rows_active_clusters(kVocab);
+  ASSERT_GT(resident, 0) << "the cluster occupancy query failed";
+  const int n = 2 * resident + 5;
+  std::printf("[sample_rows] %d rows resident at once; running %d\n", resident, n);
+  Comparison total;
+  check_batch(uniform_batch(kVocab, n, 57, Kind::kCombined,
+                            [&](int i, SampleRow& r) {
+                              r.temperature = i % 3 == 0 ? 0.7 : 1.0;
+                              r.top_p = i % 4 == 3 ? 1.0 : 0.9;
+                              r.top_k = i % 5 == 1 ? 50 : 0;
+                              r.min_p = i % 7 == 2 ? 0.01 : 0.0;
+                              r.top_logprobs = i % 16 == 0 ? 2 : -1;
+                            }),
+              total);
+  expect_matches(total, "more rows than one wave, vocab 129280");
 }
 
 // Top-p at its extremes (0, tiny, close to 1), at low and high temperatures, on distinct logits,

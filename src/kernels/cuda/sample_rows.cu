@@ -15,7 +15,12 @@
 // of 1/8 in d is a factor e^(1/8) in p, so every id above the band has p > p* and every id below it
 // p < p*; the radix select over the bits of p then runs on the band's ids only (with the exact mass
 // above the band), and its result is the one a select over the whole row gives. In a row of
-// distinct logits the band holds a few hundred ids.
+// distinct logits the band holds a few hundred ids: the pass that finds the band records each
+// warp's band ids in a short list (kBandCap), and the select's passes and the kept mass run over
+// the lists instead of the slice (a warp whose band overflows its list scans its range).
+// Cost: a top-p row reads its slice in four passes (load + argmax; exp sum + histogram; the ids at
+// or above the band, compacted 32 at a time; the draw's segment sums, compacted likewise), each
+// a few dozen instructions per id; everything else runs over lists or a few hundred ids.
 // p after top-p/min-p is recomputed from p with the host's divisions (/ kept_top_p, then
 // / kept_min_p), so it has the host's rounding steps.
 // Precision: e, p and all masses are double as on the host; sums run in fixed trees (not the host's
@@ -50,9 +55,12 @@ using sample_cluster::Shared;
 using sample_cluster::Slot;
 
 // Three CTAs per SM on an H100/H200 (shared memory: the 64.6 KB slice of a 129,280 vocabulary plus
-// ~8.5 KB; registers: 3 x 192 threads x 112), so 48 rows (384 CTAs) run in one wave on 132 SMs. The
-// register cap is explicit (__maxnreg__): __launch_bounds__(192, 3) lets ptxas stop at 96 and spill.
-constexpr int kMaxRegisters = 112;
+// the static part; registers: 3 CTAs x 4 warps, at most 4 warps on each of the 4 schedulers, whose
+// 16K registers then allow 128 per thread), so 48 rows (384 CTAs) run in one wave on 132 SMs.
+constexpr int kMaxRegisters = 128;
+// ... and the shared memory of 3 CTAs of the 129,280 vocabulary (16,160-float slices) within the
+// 228 KB of an H100/H200 SM (1 KB of each CTA's is the system's).
+static_assert(3 * (sizeof(Shared) + 1024 + 16160 * sizeof(float)) <= 228 * 1024, "3 CTAs per SM");
 // A slice up to this many floats stays in shared memory (80 KB: with the static part within the
 // 99 KB per block of sm_120); a larger vocabulary keeps z in the global scratch.
 constexpr int64_t kSmemSliceFloats = 20480;
@@ -73,6 +81,33 @@ __device__ __forceinline__ int coarse_bucket(double d) {
   const double t = -d * kBucketsPerUnit;
   if (!(t < static_cast<double>(kBins - 1))) return kBins - 1;
   return t > 0.0 ? static_cast<int>(t) : 0;
+}
+
+// {x : f(x)} for a predicate f on floats that is monotone (false below some x0, true from it on),
+// as one comparison: x >= x0, or every x, or none. NaN passes only `all`.
+struct ZThreshold {
+  float x0 = INFINITY;
+  bool all = false, none = false;
+  __device__ __forceinline__ bool pass(float x) const { return all || (!none && x >= x0); }
+};
+template <typename F>
+__device__ ZThreshold z_threshold(F f) {
+  ZThreshold t;
+  if (f(-INFINITY)) {
+    t.all = true;
+  } else if (!f(INFINITY)) {
+    t.none = true;
+  } else {
+    // f(value(lo)) false, f(value(hi)) true over score_key order (-inf .. +inf, no NaN in between)
+    uint32_t lo = score_key(-INFINITY), hi = score_key(INFINITY);
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      if (f(score_key_value(mid))) hi = mid;
+      else lo = mid;
+    }
+    t.x0 = score_key_value(hi);
+  }
+  return t;
 }
 
 template <typename T, typename Op>
@@ -170,59 +205,87 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
   const bool penalties = rep || freq;
   const uint32_t* mask =
       row.mask_row >= 0 && in.masks ? in.masks + static_cast<int64_t>(row.mask_row) * in.mask_words : nullptr;
+  // Per thread: ids visited in increasing order (the loops below), so the first element != -inf
+  // and the first maximum are the first ones met; ids fit int (V < 2^30). The noise token as an id
+  // of this slice, or -1.
+  const int noise = in.noise >= beg && in.noise < end ? static_cast<int>(in.noise) : -1;
   float mxf = kNegInf;
-  unsigned long long best = 0;
+  float bv = kNegInf;  // the thread's maximum (NaN left out) and its first id
+  int bi = -1;
   int first = INT_MAX;  // 2 * id + isnan of the first element != -inf
-  long long nvalid = 0;
-  auto mask_argmax = [&](int64_t v, float x) {
-    if (v == in.noise) x = kNegInf;
+  int nv = 0;           // elements != -inf
+  auto mask_argmax = [&](int v, float x) {
+    if (v == noise) x = kNegInf;
     if (mask && !((mask[v >> 5] >> (v & 31)) & 1u)) x = kNegInf;
     if (x != kNegInf) {
-      ++nvalid;
-      const bool nan = is_nan(x);
-      const int f = 2 * static_cast<int>(v) + (nan ? 1 : 0);
-      first = f < first ? f : first;
-      if (!nan) {
-        const unsigned long long k = select_key(x, static_cast<uint32_t>(v));
-        best = k > best ? k : best;
+      ++nv;
+      if (first == INT_MAX) first = 2 * v + (is_nan(x) ? 1 : 0);
+      if (x > bv) {  // false for NaN; -0 and +0 tie (the lower id stays), as in select_key
+        bv = x;
+        bi = v;
       }
     }
     return x;
   };
-  // Without penalties the masks and the argmax run in the load (the penalties come first).
-  auto load = [&](int64_t v, float x) {
-    if (v != in.noise) mxf = fmaxf(mxf, x);
-    return penalties ? x : mask_argmax(v, x);
-  };
-  {
-    int64_t done = 0;
+  // The load: load_slice(f) stores z[v] = f(v, logit v); each thread meets its ids in increasing
+  // order. Without penalties the masks and the argmax run in it (the penalties come first); the
+  // common row (no mask, no penalty) gets its own copy without the mask's branches.
+  auto load_slice = [&](auto&& f) {
+    const int n = static_cast<int>(len);
+    int done = 0;
     if (((reinterpret_cast<uintptr_t>(lg + beg) | reinterpret_cast<uintptr_t>(z)) & 15u) == 0) {
-      const int64_t n4 = len / 4;
+      const int n4 = n / 4;
       const float4* s4 = reinterpret_cast<const float4*>(lg + beg);
       float4* d4 = reinterpret_cast<float4*>(z);
-      constexpr int kUnroll = 4;  // loads in flight per thread
-      for (int64_t i0 = tid; i0 < n4; i0 += kUnroll * kThreads) {
+      const int v0 = static_cast<int>(beg);
+      constexpr int kUnroll = 8;  // loads in flight per thread (16 KB per CTA)
+      for (int i0 = tid; i0 < n4; i0 += kUnroll * kThreads) {
         float4 t[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
           if (i0 + u * kThreads < n4) t[u] = __ldg(s4 + i0 + u * kThreads);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          const int64_t i = i0 + u * kThreads;
+          const int i = i0 + u * kThreads;
           if (i >= n4) continue;
-          const int64_t v = beg + 4 * i;
+          const int v = v0 + 4 * i;
           float4 x = t[u];
-          x.x = load(v, x.x);
-          x.y = load(v + 1, x.y);
-          x.z = load(v + 2, x.z);
-          x.w = load(v + 3, x.w);
+          x.x = f(v, x.x);
+          x.y = f(v + 1, x.y);
+          x.z = f(v + 2, x.z);
+          x.w = f(v + 3, x.w);
           d4[i] = x;
         }
       }
       done = 4 * n4;
     }
-    for (int64_t i = done + tid; i < len; i += kThreads) z[i] = load(beg + i, lg[beg + i]);
+    for (int i = done + tid; i < n; i += kThreads) z[i] = f(static_cast<int>(beg) + i, lg[beg + i]);
     __syncthreads();
+  };
+  if (penalties) {
+    load_slice([&](int v, float x) {
+      if (v != noise) mxf = fmaxf(mxf, x);
+      return x;
+    });
+  } else if (mask) {
+    load_slice([&](int v, float x) {
+      if (v != noise) mxf = fmaxf(mxf, x);
+      return mask_argmax(v, x);
+    });
+  } else {
+    load_slice([&](int v, float x) {
+      const float y = v == noise ? kNegInf : x;
+      mxf = fmaxf(mxf, y);  // -inf changes no maximum: the noise token stays out
+      if (y != kNegInf) {
+        ++nv;
+        if (first == INT_MAX) first = 2 * v + (is_nan(y) ? 1 : 0);
+        if (y > bv) {
+          bv = y;
+          bi = v;
+        }
+      }
+      return y;
+    });
   }
   if (penalties) {  // each listed token is touched by one thread: the lists hold unique tokens
     if (rep) {
@@ -247,11 +310,11 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       }
       __syncthreads();
     }
-    for (int64_t i = tid; i < len; i += kThreads) z[i] = mask_argmax(beg + i, z[i]);
+    for (int64_t i = tid; i < len; i += kThreads) z[i] = mask_argmax(static_cast<int>(beg + i), z[i]);
   }
-  best = block_argmax_key(best, sh.red);
+  unsigned long long best = block_argmax_key(bi >= 0 ? select_key(bv, static_cast<uint32_t>(bi)) : 0ull, sh.red);
   first = block_min_int(first, sh.red);
-  nvalid = block_sum_i64(nvalid, sh.red);
+  long long nvalid = block_sum_i64(nv, sh.red);
   mxf = block_reduce(mxf, MaxOp{}, kNegInf, sh.red);
   {
     Slot& s = c.open();
@@ -312,7 +375,8 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         return true;
       };
       const RadixOut rr = sample_cluster::cluster_radix_select<true>(
-          c, 32, 0, 0, static_cast<uint64_t>(row.top_k), [](int64_t) { return true; }, elem);
+          c, 32, 0, 0, static_cast<uint64_t>(row.top_k), sample_cluster::WarpList{}, [](int64_t) { return true; },
+          elem);
       if (rr.found) d.kth = score_key_value(static_cast<uint32_t>(rr.key));
     }
     // ---- softmax sum in double; top-p: the coarse histogram of d ----
@@ -326,18 +390,20 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         for (int i = tid; i < kBins; i += kThreads) s.mass[i] = 0;
       __syncthreads();
       double local = 0.0, emax = 0.0;
-      sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.live(z[v - beg]); },
-                                   [&](int64_t v, bool ok) {
-                                     if (!ok) return;
-                                     const double dv = d.dval(z[v - beg]);
-                                     const double e = exp(dv);
-                                     local += e;
-                                     emax = fmax(emax, e);
-                                     if (top_p) {
-                                       const uint64_t w = e > 0 ? __double2ull_rz(e * wscale) : 0;
-                                       if (w) atomicAdd(&s.mass[coarse_bucket(dv)], static_cast<unsigned long long>(w));
-                                     }
-                                   });
+      // Every id in turn (no compaction: a warp's exps run together whether few ids or all are live,
+      // and the queue would cost more than the dead ids' compare).
+      for (int64_t i = tid; i < len; i += kThreads) {
+        const float x = z[i];
+        if (!d.live(x)) continue;
+        const double dv = d.dval(x);
+        const double e = exp(dv);
+        local += e;
+        emax = fmax(emax, e);
+        if (top_p) {
+          const uint64_t w = e > 0 ? __double2ull_rz(e * wscale) : 0;
+          if (w) atomicAdd(&s.mass[coarse_bucket(dv)], static_cast<unsigned long long>(w));
+        }
+      }
       local = block_sum_f64(local, sh.red);
       emax = block_max_f64(emax, sh.red);
       if (tid == 0) {
@@ -415,35 +481,62 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       uint64_t afix = 0, kmin = ~0ull, kmax = 0, wband = 0, cband = 0;
       double akept = 0.0, amax = 0.0;
       float amin = INFINITY, bmin = INFINITY;
+      // The warp's band ids with p > 0 (every id the select and the kept mass below need: an id
+      // of the band (d.band) lies in the band's buckets, see za/zb), in id order, while they fit.
+      unsigned short* const blist = sh.band[wid];
+      int band_n = len <= 65536 ? 0 : -1;  // offsets fit 16 bits
+      // The ids at or above the band, coarse_bucket(d.dval(x)) <= band_bot, are the x >= x0 (the
+      // bucket is non-increasing in x): x0 found once by bisection over the floats' order, so the
+      // pass below compares floats instead of computing every id's bucket. NaN (bucket 255)
+      // passes exactly when every x does (band_bot 255), as the bucket test lets it. Monotone
+      // (down to x = +-inf) needs a finite zmax and a finite positive 1 / T; any other row keeps
+      // the bucket test.
+      const bool monotone = isfinite(d.zmax) && d.inv_t > 0.0 && isfinite(d.inv_t);
+      auto at_or_above = [&](float x) { return coarse_bucket(d.dval(x)) <= band_bot; };
+      ZThreshold zt;
+      if (monotone) zt = z_threshold(at_or_above);
       {
         Slot& s = c.open();
         sample_cluster::warp_batches(
             wb, we, queue,
             [&](int64_t v) {
               const float x = z[v - beg];
-              return d.live(x) && coarse_bucket(d.dval(x)) <= band_bot;
+              return d.live(x) && (monotone ? zt.pass(x) : at_or_above(x));
             },
             [&](int64_t v, bool ok) {
-              if (!ok) return;
-              const float x = z[v - beg];
-              const double dv = d.dval(x);
-              const double p = exp(dv) / d.sum;  // = d.p1x(x)
-              if (coarse_bucket(dv) < band_top) {
-                if (p > 0) {
-                  afix += to_fixed(p);
-                  akept += p;
-                  amax = fmax(amax, p);
+              bool rec = false;
+              if (ok) {
+                const float x = z[v - beg];
+                const double dv = d.dval(x);
+                const double p = exp(dv) / d.sum;  // = d.p1x(x)
+                if (coarse_bucket(dv) < band_top) {
+                  if (p > 0) {
+                    afix += to_fixed(p);
+                    akept += p;
+                    amax = fmax(amax, p);
+                  }
+                  amin = fminf(amin, x);
+                } else {
+                  if (p > 0) {
+                    const uint64_t k = pkey(p);
+                    kmin = k < kmin ? k : kmin;
+                    kmax = k > kmax ? k : kmax;
+                    wband += to_fixed(p);
+                    ++cband;
+                    rec = true;
+                  }
+                  bmin = fminf(bmin, x);
                 }
-                amin = fminf(amin, x);
-              } else {
-                if (p > 0) {
-                  const uint64_t k = pkey(p);
-                  kmin = k < kmin ? k : kmin;
-                  kmax = k > kmax ? k : kmax;
-                  wband += to_fixed(p);
-                  ++cband;
+              }
+              const unsigned ball = __ballot_sync(0xffffffffu, rec);
+              if (band_n >= 0) {  // warp-uniform
+                const int total = band_n + __popc(ball);
+                if (total > sample_cluster::kBandCap) {
+                  band_n = -1;  // too many: the passes below scan the warp's range
+                } else {
+                  if (rec) blist[band_n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned short>(v - beg);
+                  band_n = total;
                 }
-                bmin = fminf(bmin, x);
               }
             });
         auto sum_u = [](unsigned long long a, unsigned long long b) { return a + b; };
@@ -536,7 +629,8 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
             return true;
           };
           rr = sample_cluster::cluster_radix_select<false>(
-              c, bits, prefix, afix, target, [&](int64_t v) { return d.band(z[v - beg]); }, elem);
+              c, bits, prefix, afix, target, sample_cluster::WarpList{blist, band_n},
+              [&](int64_t v) { return d.band(z[v - beg]); }, elem);
         }
         found = rr.found;
       }
@@ -564,8 +658,8 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       {
         Slot& s = c.open();
         double kb = 0.0, bmax = 0.0;
-        sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.band(z[v - beg]); },
-                                     [&](int64_t v, bool ok) {
+        sample_cluster::warp_cands(sample_cluster::WarpList{blist, band_n}, beg, wb, we, queue,
+                                   [&](int64_t v) { return d.band(z[v - beg]); }, [&](int64_t v, bool ok) {
                                        if (!ok) return;
                                        const double p = d.p1x(z[v - beg]);
                                        if (p > 0 && d.in_top_p(p, v)) {
@@ -708,7 +802,8 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       for (int k = 0; k < nt; ++k) {
         unsigned long long b = 0;
         int from = -1;
-        for (int q = 0; q < kCtas; ++q) {
+#pragma unroll
+        for (int q = 0; q < kCtas; ++q) {  // unrolled: head stays in registers
           if (head[q] >= kMaxTopLogprobs) continue;
           const unsigned long long key = c.peer(q)->top[head[q]];
           if (key > b) {
@@ -717,7 +812,8 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           }
         }
         if (b == 0) break;  // only NaN left
-        ++head[from];
+#pragma unroll
+        for (int q = 0; q < kCtas; ++q) head[q] += q == from ? 1 : 0;
         const uint32_t id = select_key_index(b);
         o->top_ids[k] = static_cast<int32_t>(id);
         o->top_logprobs[k] = static_cast<float>(static_cast<double>(lg[id]) - lse);

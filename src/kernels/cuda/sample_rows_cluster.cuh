@@ -19,11 +19,16 @@ namespace tandem::kernels::cuda::sample_cluster {
 namespace cg = cooperative_groups;
 
 constexpr int kCtas = 8;     // CTAs per row: one cluster (8 is the portable cluster size)
-constexpr int kThreads = 192;  // 3 CTAs of 6 warps per SM at 112 registers (sample_rows.cu)
+// 4 warps: 3 CTAs per SM (one wave of 48 rows on 132 SMs) at 128 registers (sample_rows.cu); with
+// 6 warps, 3 CTAs put 5 warps on some scheduler, whose 16K registers then allow only 96 each
+constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kQueue = 64;   // per-warp queue of candidate offsets (warp_batches)
 constexpr int kBins = 256;   // radix digits (8 bits) and coarse buckets
 constexpr int kMaxSegments = 64;  // the draw's segments per CTA
+// A warp's list of top-p band ids (WarpList): a row of distinct logits has a few hundred band ids
+// per CTA; a warp with more scans its range instead. Sized to keep 3 CTAs per SM (sample_rows.cu).
+constexpr int kBandCap = 448;
 
 // One CTA's side of an exchange. `mass`/`count` hold a histogram (radix digits, coarse buckets);
 // the draw keeps its segment sums in `dv` (read only by its own CTA).
@@ -64,6 +69,7 @@ struct Broadcast {
 struct Shared {
   Slot slot[2];
   WarpArea warp[kWarps];
+  unsigned short band[kWarps][kBandCap];  // each warp's WarpList of band ids (offsets from beg)
   BlockReduceScratch red;
   Broadcast bc;
 };
@@ -134,6 +140,33 @@ __device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, 
   __syncwarp();  // the queue is free for the next use
 }
 
+// A warp's candidates recorded by an earlier pass: offsets from the CTA's first id, in increasing
+// order, or n < 0 when they did not fit (the warp then scans its range with the predicate).
+struct WarpList {
+  const unsigned short* off = nullptr;
+  int n = -1;  // the same in every lane
+};
+
+// warp_batches over a recorded list: calls fn(v, ok) for the listed ids, 32 at a time in list order,
+// ok = pred(v) (false on the lanes past the end, whose v is not an id to read). Without a list,
+// warp_batches over [b, e). The list must hold every id of [b, e) with pred true that fn needs.
+template <typename Pred, typename Fn>
+__device__ __forceinline__ void warp_cands(const WarpList& l, int64_t beg, int64_t b, int64_t e, unsigned* q,
+                                           Pred pred, Fn fn) {
+  if (l.n < 0) {
+    warp_batches(b, e, q, pred, fn);
+    return;
+  }
+  __syncwarp();  // the list's writes by every lane are visible
+  const int lane = threadIdx.x & 31;
+  for (int i0 = 0; i0 < l.n; i0 += 32) {
+    const int i = i0 + lane;
+    const bool in = i < l.n;
+    const int64_t v = in ? beg + l.off[i] : b;
+    fn(v, in && pred(v));
+  }
+}
+
 // The lanes whose digit (0..255) equals this lane's, for lanes with digit >= 0 (8 ballots: cheaper
 // than match_any on the dense first pass of a top-k select).
 __device__ __forceinline__ unsigned same_digit_lanes(int dg) {
@@ -163,9 +196,10 @@ struct RadixOut {
 // (same_digit_lanes). Else the candidates are the ids with cand(v) (warp_batches), weighted.
 // Stops as soon as the selected bucket holds a single key (the later passes could only narrow
 // down to it). Not found when the weight never reaches the target.
+// list: the warp's candidates when not kDense (WarpList; n < 0: scan with cand).
 template <bool kDense, typename Cand, typename Elem>
 __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint64_t above, uint64_t target,
-                                         Cand cand, Elem elem) {
+                                         const WarpList& list, Cand cand, Elem elem) {
   RadixOut r;
   uint32_t count = 0;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -188,6 +222,7 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
         uint64_t key = 0, w = 0;
         int dg = -1;
         if (v < c.end && elem(v, key, w)) dg = digit_of(key);
+        if (__ballot_sync(0xffffffffu, dg >= 0) == 0) continue;  // the later passes' common case
         const unsigned peers = same_digit_lanes(dg);
         if (dg >= 0 && lane == __ffs(peers) - 1) {
           const unsigned k = static_cast<unsigned>(__popc(peers));
@@ -198,7 +233,7 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
     } else {
       int64_t wb, we;
       c.warp_range(wb, we);
-      warp_batches(wb, we, c.sh.warp[wid].queue, cand, [&](int64_t v, bool ok) {
+      warp_cands(list, c.beg, wb, we, c.sh.warp[wid].queue, cand, [&](int64_t v, bool ok) {
         uint64_t key = 0, w = 0;
         int dg = -1;
         if (ok && elem(v, key, w)) dg = digit_of(key);
@@ -293,7 +328,7 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
       } else {
         int64_t wb, we;
         c.warp_range(wb, we);
-        warp_batches(wb, we, c.sh.warp[wid].queue, cand, [&](int64_t v, bool ok) {
+        warp_cands(list, c.beg, wb, we, c.sh.warp[wid].queue, cand, [&](int64_t v, bool ok) {
           if (ok) report(v);
         });
       }
@@ -400,9 +435,10 @@ __device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool sca
     s.i[0] = lastpos;
   }
   c.publish();
-  double pre[kCtas], ms[kCtas];
+  double pre[kCtas], ms[kCtas];  // registers: every index below is a constant after unrolling
   double acc = 0.0;
   long long lp_row = -1;
+#pragma unroll
   for (int q = 0; q < kCtas; ++q) {
     const Slot* p = c.peer(q);
     ms[q] = p->f[0];
@@ -414,12 +450,16 @@ __device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool sca
   out.total = acc;
   out.last_positive = lp_row;
   const double target = scale ? u * acc : u;
-  int owner = -1;
-  for (int q = 0; q < kCtas && owner < 0; ++q)
-    if (ms[q] > 0 && target < pre[q]) owner = q;
+  int owner = -1;  // the first CTA with positive mass whose running sum exceeds the target
+  double base = 0.0;  // the running sum before it
+#pragma unroll
+  for (int q = kCtas - 1; q >= 0; --q)
+    if (ms[q] > 0 && target < pre[q]) {
+      owner = q;
+      base = q > 0 ? pre[q - 1] : 0.0;
+    }
   long long found = -1;
   if (c.rank == owner) {  // block-uniform
-    const double base = owner > 0 ? pre[owner - 1] : 0.0;
     int first = INT_MAX;
     for (int k = threadIdx.x; k < nseg; k += kThreads)
       if (st[k] > 0 && target < base + sx[k + 1] && k < first) first = k;
