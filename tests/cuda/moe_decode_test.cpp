@@ -3,7 +3,7 @@
 //  gate logits: within the decode GEMV bound (decode_test_util.h) at the gate's k split;
 //  routing: ids and weights bit for bit those of the CUDA moe_gate op on the same logits, ids equal
 //    to the CPU op's; groups: every local (token, slot) exactly once under its expert, experts
-//    ascending, offsets consistent, other ranks' experts absent;
+//    ascending, offsets consistent, other ranks' experts absent, each token's combine order;
 //  experts up: each SwiGLU row a bf16 value the arithmetic allows: bf16(g), bf16(u) the bf16
 //    rounding of some value within the GEMV bound of g64, u64, then the swiglu op's fp32 SwiGLU
 //    (relative error < 2^-20 against the exact function of those bf16 inputs), then bf16; checked
@@ -11,8 +11,9 @@
 //  act_quant: codes and scales bit for bit the CPU op's on the device rows;
 //  experts down: correctly rounded within the GEMV bound of float64 on those codes;
 //  combine: bit for bit the host's fp32 sum in ascending expert id plus the shared expert, bf16.
-// Then: every row count gives the same bits per token (1, 6, 8, 48, 96 within a 96-token call), a
-// rank's local expert range (routed sum only), hash routing, a captured graph equal to eager (the
+// Then: the gate + routing kernel alone past the routing CTA's shared pairs; every row count gives
+// the same bits per token (1, 6, 8, 48, 96 within a 96-token call), a rank's local expert range
+// (routed sum only), hash routing, a captured graph equal to eager (the
 // kernels' arrival counters are left at zero by every call), and a loose end-to-end comparison with
 // the CPU composition (forward.cpp's moe) as a sanity check.
 #include <algorithm>
