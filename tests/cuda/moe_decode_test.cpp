@@ -1,9 +1,9 @@
 // moe_decode (model/cuda/moe_decode.h) stage by stage, each stage against float64 or bit-exact
 // host arithmetic on the previous stage's device output, so a failure names the stage:
-//  gate logits: within the decode GEMV bound (decode_test_util.h);
+//  gate logits: within the decode GEMV bound (decode_test_util.h) at the gate's k split;
 //  routing: ids and weights bit for bit those of the CUDA moe_gate op on the same logits, ids equal
 //    to the CPU op's; groups: every local (token, slot) exactly once under its expert, experts
-//    ascending, offsets consistent, other ranks' experts absent;
+//    ascending, offsets consistent, other ranks' experts absent, each token's combine order;
 //  experts up: each SwiGLU row a bf16 value the arithmetic allows: bf16(g), bf16(u) the bf16
 //    rounding of some value within the GEMV bound of g64, u64, then the swiglu op's fp32 SwiGLU
 //    (relative error < 2^-20 against the exact function of those bf16 inputs), then bf16; checked
@@ -11,11 +11,11 @@
 //  act_quant: codes and scales bit for bit the CPU op's on the device rows;
 //  experts down: correctly rounded within the GEMV bound of float64 on those codes;
 //  combine: bit for bit the host's fp32 sum in ascending expert id plus the shared expert, bf16.
-// Then: every row count gives the same bits per token (1, 6, 8, 48, 96 within a 96-token call), a
-// rank's local expert range (routed sum only), hash routing, a NaN MXFP4 scale's rows (NaN exactly
-// there), a captured graph equal to eager (the kernels' arrival counters are left at zero by every
-// call), and a loose end-to-end comparison with the CPU composition (forward.cpp's moe) as a sanity
-// check.
+// Then: the gate + routing kernel alone past the routing CTA's shared pairs; every row count gives
+// the same bits per token (1, 6, 8, 48, 96 within a 96-token call), a rank's local expert range
+// (routed sum only), hash routing, a NaN MXFP4 scale's rows (NaN exactly there), a captured graph
+// equal to eager (the kernels' arrival counters are left at zero by every call), and a loose
+// end-to-end comparison with the CPU composition (forward.cpp's moe) as a sanity check.
 #include <algorithm>
 #include <map>
 
@@ -147,27 +147,27 @@ std::vector<T> fetch(const T* p, size_t n) {
   return h;
 }
 
-// The stage checks on one finished call (see the file comment).
-void check_stages(const MoeRun& r, const Layer& L) {
+// What the gate + routing kernel left, for the later stages' checks.
+struct RouteView {
+  std::vector<int32_t> ids, tpair, ptok;
+  std::vector<float> wts, pw;
+  std::vector<int> pair_expert;  // local expert of each pair position
+  int64_t plocal = 0;            // pair positions in use
+  bool complete = false;         // every check ran (no ASSERT returned early)
+};
+
+// Stages 1-3 (gate logits, routing, groups) of a call whose gate + routing kernel has run.
+void check_route(const MoeRun& r, const Layer& L, RouteView& v) {
   const MoeDecodeArgs& a = r.args;
-  const int64_t m = a.tokens, D = a.dims.dim, I = a.dims.inter, E = a.dims.n_experts;
+  const int64_t m = a.tokens, D = a.dims.dim, E = a.dims.n_experts;
   const int K = a.dims.topk;
   // 1. gate logits
   const std::vector<float> logits = fetch(a.buf.gate_logits, static_cast<size_t>(m * E));
-  {
-    cuda::DecodeGemmArgs g;  // the gate's launch, for its k split
-
-    g.x = a.x;
-    g.ldx = D;
-    g.m = m;
-    g.k = D;
-    g.num_segments = 1;
-    g.seg[0].w = a.gate;
-    g.seg[0].y = a.buf.gate_logits;
-    EXPECT_TRUE(within_bound(logits, E, reference(r.x.data(), D, 0, m, L.gate), decode_factor(D, cuda::decode_gemm_k_split(g)),
-                             false))
-        << "gate logits";
-  }
+  // The decode GEMV's bound (tensor-core k16 steps, then fp32 additions of 128-k partials): the
+  // gate adds its partials in two levels, so its k split is the longest chain of additions + 1.
+  EXPECT_TRUE(within_bound(logits, E, reference(r.x.data(), D, 0, m, L.gate),
+                           decode_factor(D, cuda_model::moe_gate_k_split(D)), false))
+      << "gate logits";
   // 2. routing against the moe_gate ops on the same logits
   const std::vector<int32_t> ids = fetch(a.buf.expert_ids, static_cast<size_t>(m * K));
   const std::vector<float> wts = fetch(a.buf.weights, static_cast<size_t>(m * K));
@@ -237,6 +237,39 @@ void check_stages(const MoeRun& r, const Layer& L) {
       EXPECT_EQ(tpair[p], -1) << "pair " << p << " of another rank";
     }
   }
+  // The combine's order: each token's pair positions by ascending (expert id, slot).
+  const std::vector<int32_t> corder = fetch(a.buf.combine_order, static_cast<size_t>(m * K));
+  for (int64_t t = 0; t < m; ++t) {
+    std::vector<std::pair<int, int>> order;  // (expert id, slot)
+    for (int k = 0; k < K; ++k) order.push_back({ids[t * K + k], k});
+    std::sort(order.begin(), order.end());
+    for (int j = 0; j < K; ++j)
+      ASSERT_EQ(corder[t * K + j], tpair[t * K + order[j].second]) << "combine order of token " << t << " rank " << j;
+  }
+  v.ids = ids;
+  v.wts = wts;
+  v.tpair = tpair;
+  v.ptok = ptok;
+  v.pw = pw;
+  v.pair_expert = pair_expert;
+  v.plocal = plocal;
+  v.complete = true;
+}
+
+// The stage checks on one finished call (see the file comment).
+void check_stages(const MoeRun& r, const Layer& L) {
+  const MoeDecodeArgs& a = r.args;
+  const int64_t m = a.tokens, D = a.dims.dim, I = a.dims.inter;
+  const int K = a.dims.topk;
+  RouteView v;
+  check_route(r, L, v);
+  if (!v.complete) return;
+  const std::vector<int32_t>& ids = v.ids;
+  const std::vector<int32_t>& tpair = v.tpair;
+  const std::vector<int32_t>& ptok = v.ptok;
+  const std::vector<float>& pw = v.pw;
+  const std::vector<int>& pair_expert = v.pair_expert;
+  const int64_t plocal = v.plocal;
   // 4. experts up (SwiGLU rows)
   const bool shared = a.sh_w1.data != nullptr;
   const int64_t srow0 = m * K, rows = srow0 + (shared ? m : 0);
@@ -371,6 +404,29 @@ TEST(CudaMoeDecode, HashRouting) {
   TANDEM_REQUIRE_GPU();
   const Layer L = make_layer(512, 256, 32, 6, 300);
   for (int64_t m : {int64_t{1}, int64_t{7}}) run_and_check(L, m, true, 30 + m);
+}
+
+// The gate + routing kernel alone past the routing CTA's shared pairs (kRoutePairs = 1024: the
+// grouping then reads the ids back from global memory), at the real gate width (k split over 4
+// CTAs) and a narrow one, score and hash layers, a local expert range.
+TEST(CudaMoeDecode, GateRouteManyPairs) {
+  TANDEM_REQUIRE_GPU();
+  const Layer L = make_layer(4096, 128, 32, 6, 800);
+  const Layer N = make_layer(512, 256, 32, 8, 900);
+  for (const auto& [layer, m, hash, begin, count] :
+       {std::tuple<const Layer*, int64_t, bool, int, int>{&L, 200, false, 0, 32}, {&L, 171, false, 8, 16},
+        {&N, 160, true, 0, 32}, {&N, 129, false, 8, 16}, {&N, 128, false, 0, 32}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << layer->d.dim << " experts " << layer->d.n_experts << " top "
+                                      << layer->d.topk << " tokens " << m << (hash ? " hash" : "") << " local "
+                                      << begin << ".." << begin + count - 1);
+    MoeRun r;
+    prepare(r, *layer, act_rows(m, layer->d.dim, 80 + m), m, m, hash, begin, count, true);
+    ASSERT_TRUE(cuda_model::moe_decode_supports(r.args));
+    cuda_model::moe_gate_route(r.args, kStream);
+    RouteView v;
+    check_route(r, *layer, v);
+    EXPECT_TRUE(v.complete);
+  }
 }
 
 // A token's output bits do not depend on the other tokens of the call or the buffers' size.

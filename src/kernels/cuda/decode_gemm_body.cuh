@@ -1,6 +1,6 @@
-// The decode GEMV's device code (decode_gemm.h has the contract, decode_gemm.cu the launcher):
-// shared with the kernels that run a decode GEMV and then something of their own on its output
-// (model/cuda/moe_decode.cu: the MoE gate, whose last CTA routes the tokens).
+// The decode GEMV's device code (decode_gemm.h has the contract, decode_gemm.cu the launcher),
+// in a header of its own so that a kernel can run a decode GEMV and then something of its own on
+// the output. (The MoE gate no longer does: model/cuda/moe_decode_route.cu splits its k wider.)
 //
 // Work split. A warp task is (16-row weight tile, k unit); a segment's k is cut into `units`
 // units (a power of two <= 8 chosen from the weight's format, rows and k alone), and one CTA item

@@ -1,5 +1,5 @@
 // MoE gate, one warp per token; the per-token routine is moe_gate.cuh's (shared with the fused
-// decode routing of model/cuda/moe_decode.cu).
+// decode routing of model/cuda/moe_decode_route.cu).
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"

@@ -1,11 +1,12 @@
-// The MoE gate's per-token routing as a warp-level device routine, shared by the moe_gate op
-// (moe_gate.cu) and the fused decode routing (model/cuda/moe_decode.cu) so both give the same
-// expert ids and weights bit for bit. Score layers: s + bias is computed once into the warp's
-// scratch (each lane owns experts lane, lane + 32, ...), then topk passes of a warp-wide max over
-// the selection key (device.cuh's order: NaN first, then larger, then the lower expert id, as the
-// CPU's argmax passes); a per-lane bitmask remembers the taken experts. Hash layers read tid2eid.
-// The routing weights are summed in slot order (shuffles), as the CPU op. The logits are read
-// from L2 (__ldcg): the fused decode routing reads logits other CTAs of its launch wrote.
+// The MoE gate's per-token routing as device routines, shared by the moe_gate op (moe_gate.cu) and
+// the fused decode routing (model/cuda/moe_decode_route.cu) so both give the same expert ids and
+// weights bit for bit. Score layers: s + bias of every expert (moe_gate_sel) is computed once into
+// scratch, then a warp (moe_gate_pick; each lane owns experts lane, lane + 32, ...) makes topk
+// passes of a warp-wide max over the selection key (device.cuh's order: NaN first, then larger,
+// then the lower expert id, as the CPU's argmax passes); a per-lane bitmask remembers the taken
+// experts. Hash layers read tid2eid. The routing weights are summed in slot order (shuffles), as
+// the CPU op. The fused decode routing fills the scratch with all its threads and reads the logits
+// from shared memory; the op does both per warp (moe_gate_token).
 #pragma once
 
 #include "kernels/cuda/device.cuh"
@@ -21,21 +22,31 @@ __device__ __forceinline__ float moe_gate_score(float z) {
   return sqrtf(sp);
 }
 
-// Token t of p (called by all 32 lanes of a warp). sel: warp-private scratch of n_experts floats.
-__device__ __forceinline__ void moe_gate_token(const MoeGateParams& p, int64_t t, float* sel, int lane) {
+// The warp-wide max of select keys (device.cuh's uint64 order: score key, then index key) as two
+// 32-bit reductions (redux.sync, sm_80 and later): the largest score key, then the largest index
+// key among the lanes holding it. The same value as warp_max_u64 in two steps instead of five.
+__device__ __forceinline__ uint64_t moe_gate_warp_max(uint64_t v) {
+  const uint32_t hi = static_cast<uint32_t>(v >> 32), lo = static_cast<uint32_t>(v);
+  const uint32_t mh = __reduce_max_sync(0xffffffffu, hi);
+  const uint32_t ml = __reduce_max_sync(0xffffffffu, hi == mh ? lo : 0u);
+  return (static_cast<uint64_t>(mh) << 32) | ml;
+}
+
+// The selection value of an expert with logit z: its score, plus its bias on score layers.
+__device__ __forceinline__ float moe_gate_sel(float z, bool has_bias, float bias) {
+  return has_bias ? add_rn(moe_gate_score(z), bias) : moe_gate_score(z);
+}
+
+// Token t's experts and weights (called by all 32 lanes of a warp): lane i < topk gets slot i's
+// expert id and weight. z: the token's n_experts logits; sel: their moe_gate_sel values (score
+// layers; unread on hash layers), both visible to the warp (shared or global memory).
+__device__ __forceinline__ void moe_gate_pick(const MoeGateParams& p, int64_t t, const float* z, const float* sel,
+                                              int lane, int32_t& id, float& weight) {
   const int E = p.n_experts, K = p.topk;
-  const float* z = p.logits + t * E;
-  int32_t* ids = p.expert_ids + t * K;
-  float* w = p.weights + t * K;
   int32_t chosen = -1;  // lane i < K holds slot i's expert
   if (p.tid2eid) {
     if (lane < K) chosen = p.tid2eid[static_cast<int64_t>(p.token_ids[t]) * K + lane];
   } else {
-    for (int e = lane; e < E; e += kWarp) {
-      const float ze = __ldcg(z + e);
-      sel[e] = p.bias ? add_rn(moe_gate_score(ze), p.bias[e]) : moe_gate_score(ze);
-    }
-    __syncwarp();
     uint32_t taken = 0;  // bit j: expert lane + 32 j
     for (int i = 0; i < K; ++i) {
       uint64_t best = 0;
@@ -44,7 +55,7 @@ __device__ __forceinline__ void moe_gate_token(const MoeGateParams& p, int64_t t
         const uint64_t key = select_key(sel[e], static_cast<uint32_t>(e));
         best = key > best ? key : best;
       }
-      best = warp_max_u64(best);
+      best = moe_gate_warp_max(best);
       const int e = static_cast<int>(select_key_index(best));
       if (e % kWarp == lane) taken |= 1u << (e / kWarp);
       if (lane == i) chosen = e;
@@ -52,12 +63,27 @@ __device__ __forceinline__ void moe_gate_token(const MoeGateParams& p, int64_t t
   }
   // Valid ids were checked by the caller; a bad one reads no memory and gives a NaN weight.
   const bool ok = chosen >= 0 && chosen < E;
-  const float sv = lane < K ? (ok ? moe_gate_score(__ldcg(z + chosen)) : NAN) : 0.0f;
+  const float sv = lane < K ? (ok ? moe_gate_score(z[chosen]) : NAN) : 0.0f;
   float sum = 0.0f;
   for (int i = 0; i < K; ++i) sum = add_rn(sum, __shfl_sync(0xffffffffu, sv, i));
+  id = chosen;
+  weight = lane < K ? mul_rn(div_rn(sv, sum), p.route_scale) : 0.0f;
+}
+
+// Token t of p (called by all 32 lanes of a warp). sel: warp-private scratch of n_experts floats.
+__device__ __forceinline__ void moe_gate_token(const MoeGateParams& p, int64_t t, float* sel, int lane) {
+  const int E = p.n_experts, K = p.topk;
+  const float* z = p.logits + t * E;
+  if (!p.tid2eid) {
+    for (int e = lane; e < E; e += kWarp) sel[e] = moe_gate_sel(z[e], p.bias != nullptr, p.bias ? p.bias[e] : 0.0f);
+    __syncwarp();
+  }
+  int32_t id;
+  float w;
+  moe_gate_pick(p, t, z, sel, lane, id, w);
   if (lane < K) {
-    ids[lane] = chosen;
-    w[lane] = mul_rn(div_rn(sv, sum), p.route_scale);
+    p.expert_ids[t * K + lane] = id;
+    p.weights[t * K + lane] = w;
   }
   __syncwarp();  // sel is reused by the warp's next token
 }

@@ -1,9 +1,11 @@
 // The decode-size MoE sub-block (see moe_decode.h) in three kernels (the first in
-// moe_decode_route.cu, the experts and the buffers here), each a persistent grid of at
-// most two CTAs per SM streaming weights through per-warp cp.async rings (the decode GEMV's design,
-// kernels/cuda/decode_gemm_body.cuh), launched with programmatic dependent launch:
-//  1. gate + route: the decode GEMV on the bf16 gate; the last CTA to finish (an arrival counter)
-//     routes every token and groups the (token, expert) pairs by distinct expert, ascending.
+// moe_decode_route.cu, the experts and the buffers here), launched with programmatic dependent
+// launch; the experts kernels are persistent grids of at most two CTAs per SM streaming weights
+// through per-warp cp.async rings (the decode GEMV's design, kernels/cuda/decode_gemm_body.cuh):
+//  1. gate + route: the bf16 gate's GEMV with k split over the whole grid (weights held in
+//     registers, not a ring); the last CTA to finish (an arrival counter) adds the CTAs' partial
+//     sums in a fixed order, routes every token and groups the (token, expert) pairs by distinct
+//     expert, ascending.
 //  2. experts up: items are (job, 32-row chunk, 16-column tile) with job 0 the shared expert (FP8,
 //     known before the grid-dependency wait, so its weights are prefetched during kernel 1) and then
 //     each active routed expert (MXFP4). A CTA item is a tile's w1 and w3 x their k units, 8 warps;
@@ -741,6 +743,7 @@ size_t moe_decode_data_bytes(const MoeDecodeDims& d) {
   const int64_t A = max_active_of(d, T), P = T * K, R = P + T;
   size_t b = 0;
   b += align256(sizeof(float) * T * E);                 // gate_logits
+  b += align256(sizeof(float) * gate_split(D, d.n_experts).kb * T * E);  // gate_partial
   b += align256(sizeof(int32_t) * P);                   // expert_ids
   b += align256(sizeof(float) * P);                     // weights
   b += align256(sizeof(int32_t) * (2 * A + 2));         // active
@@ -771,6 +774,7 @@ MoeDecodeBuffers moe_decode_carve(const MoeDecodeDims& d, void* base) {
   };
   MoeDecodeBuffers b;
   b.gate_logits = reinterpret_cast<float*>(take(sizeof(float) * T * E));
+  b.gate_partial = reinterpret_cast<float*>(take(sizeof(float) * gate_split(D, d.n_experts).kb * T * E));
   b.expert_ids = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * P));
   b.weights = reinterpret_cast<float*>(take(sizeof(float) * P));
   b.active = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * (2 * A + 2)));
@@ -793,13 +797,20 @@ void moe_decode_init(const MoeDecodeDims& d, const MoeDecodeBuffers& b, cudaStre
 
 int moe_decode_units(int64_t k, bool /*up*/) { return units_of(k); }
 
+int moe_gate_k_split(int64_t dim) {
+  const GateSplit g = gate_split(dim, 1);
+  return g.upc + g.kb - 1;
+}
+
 bool moe_decode_supports(const MoeDecodeArgs& a) {
   const MoeDecodeDims& d = a.dims;
   if (d.dim % 128 || d.inter % 128 || d.topk < 1 || d.topk > kMaxTopk || d.n_experts < 1 ||
       d.n_experts > kc::kMoeGateMaxExperts || d.max_tokens < 1)
     return false;
-  if (a.gate.format != WeightFormat::kBf16 || a.gate.n != d.n_experts || !kc::decode_gemm_supports(a.gate, false))
+  if (a.gate.format != WeightFormat::kBf16 || a.gate.n != d.n_experts || a.gate.k != d.dim ||
+      !kc::decode_gemm_supports(a.gate, false) || gate_split(d.dim, d.n_experts).kb > kGateMaxKb)
     return false;
+  if (!aligned(a.x, 16)) return false;
   if (a.expert_count < 1 || a.expert_begin < 0 || a.expert_begin + a.expert_count > d.n_experts) return false;
   if (!mxfp4_ok(a.w1, a.expert_count * d.inter, d.dim) || !mxfp4_ok(a.w3, a.expert_count * d.inter, d.dim) ||
       !mxfp4_ok(a.w2, a.expert_count * d.dim, d.inter))
@@ -810,7 +821,8 @@ bool moe_decode_supports(const MoeDecodeArgs& a) {
   if (!aligned(a.x_codes, 16) || !aligned(a.buf.act_codes, 16)) return false;
   // The expert kernels address activation codes with 32-bit offsets.
   if (d.max_tokens * (d.topk + 1) * std::max(d.dim, d.inter) >= (int64_t{1} << 31)) return false;
-  // The routing CTA's scratch (one float per expert per warp) fits one block's shared memory.
+  // The routing CTA's scratch (two floats per expert per warp and the grouping's arrays) fits one
+  // block's shared memory.
   if (route_smem(d.n_experts, a.expert_count) > static_cast<size_t>(kc::decode_launch_limits().smem_per_block))
     return false;
   return true;

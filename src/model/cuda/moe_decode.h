@@ -1,6 +1,7 @@
 // The MoE sub-block at decode size on the device (moe_decode.cu), in three kernels: the gate GEMV
-// whose last CTA routes the tokens (sqrt-softplus scores, bias-corrected top-k or hash routing)
-// and groups the step's (token, expert) pairs by distinct expert; the experts' up projections
+// spread over the whole GPU (k split over CTAs) whose last CTA adds the partial sums and routes
+// the tokens (sqrt-softplus scores, bias-corrected top-k or hash routing) and groups the step's
+// (token, expert) pairs by distinct expert; the experts' up projections
 // (routed MXFP4 w1/w3 and the FP8 shared expert) with the clamped SwiGLU and act_quant of its rows;
 // the down projections (w2) with the combine in ascending expert order. Each expert's weights are
 // read once per step however many tokens chose it, and a token's result does not depend on the
@@ -27,6 +28,7 @@ namespace tandem::cuda_model {
 // Device scratch of one MoE call, sized for `max_tokens` rows at start-up (moe_decode_bytes).
 struct MoeDecodeBuffers {
   float* gate_logits = nullptr;    // [T, n_experts]
+  float* gate_partial = nullptr;   // [kb, T, n_experts] the gate's k-block partial sums (kb <= 8)
   int32_t* expert_ids = nullptr;   // [T, topk] global expert ids (as MoeGateParams)
   float* weights = nullptr;        // [T, topk] routing weights
   int32_t* active = nullptr;       // [1 + max_active + (max_active + 1)]: count, local expert ids
@@ -64,6 +66,10 @@ void moe_decode_init(const MoeDecodeDims& d, const MoeDecodeBuffers& b, cudaStre
 // k units of an expert matrix with k columns (w1/w3: k = dim, w2: k = inter), shared or routed:
 // the error bound's k split (tests).
 int moe_decode_units(int64_t k, bool up);
+// The gate logits' k split in the decode GEMV bound's terms (decode_gemm.h): the gate adds 128-k
+// tensor-core partials in a fixed two-level order (a CTA's units, then the CTAs' sums), so a
+// partial passes through at most moe_gate_k_split(dim) - 1 fp32 additions.
+int moe_gate_k_split(int64_t dim);
 
 struct MoeDecodeArgs {
   MoeDecodeDims dims;

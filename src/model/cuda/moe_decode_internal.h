@@ -52,6 +52,33 @@ inline int units_of(int64_t k) {
   return u;
 }
 
+// The gate kernel's split (moe_decode_route.cu). A warp task is 8 gate rows x 128 k (2 KB of
+// weight, held in registers); a CTA's 8 warps are `tpc` row tiles x `upc` consecutive k units (upc:
+// the largest power of two <= 8 dividing dim / 128), so the CTA adds a tile's units in unit order
+// in shared memory; a row's k is then covered by `kb` CTAs whose partial sums the routing CTA adds
+// in kb order. Depends on dim and the expert count alone (never on tokens).
+constexpr int kGateRows = 8;
+constexpr int kGateUnitK = 128;
+constexpr int kGateMaxKb = 8;
+struct GateSplit {
+  int upc = 1, tpc = 8, kb = 1;
+  int groups = 1;  // CTAs per k block: row tiles / tpc, rounded up
+  int grid() const { return groups * kb; }
+};
+inline GateSplit gate_split(int64_t dim, int n_experts) {
+  GateSplit g;
+  const int64_t units = dim / kGateUnitK;
+  while (g.upc < kWarps && units % (2 * g.upc) == 0) g.upc *= 2;
+  g.tpc = kWarps / g.upc;
+  g.kb = static_cast<int>(units / g.upc);
+  const int tiles = (n_experts + kGateRows - 1) / kGateRows;
+  g.groups = (tiles + g.tpc - 1) / g.tpc;
+  return g;
+}
+// Dynamic shared memory of the gate kernel: the larger of its per-warp partial tiles and the
+// routing CTA's scratch (8 tokens' logits and selection values, the grouping's per-expert arrays,
+// the pairs of up to kRoutePairs (token, slot) pairs).
+constexpr int kRoutePairs = 1024;
 size_t route_smem(int n_experts, int expert_count);
 
 template <typename Kernel, typename... Args>

@@ -1,78 +1,214 @@
-// The decode MoE's first kernel (moe_decode.h): the decode GEMV on the bf16 gate (the dense
-// kernel's device code, kernels/cuda/decode_gemm_body.cuh), whose last CTA to finish (an arrival
-// counter, zero between calls) routes every token (the moe_gate op's device routine) and groups
-// the (token, expert) pairs by distinct local expert, ascending, with each token's combine order.
-#include "kernels/cuda/decode_gemm_body.cuh"
+// The decode MoE's first kernel (moe_decode.h): the bf16 gate's GEMV spread over the whole GPU,
+// whose last CTA to finish (an arrival counter, zero between calls) adds the partial sums, routes
+// every token (the moe_gate op's device routines, moe_gate.cuh) and groups the (token, expert)
+// pairs by distinct local expert, ascending, with each token's combine order.
+//
+// GEMV. The gate is small (256 x 4096 bf16, 2 MB) and every step waits for it, so it is cut into
+// 2 KB warp tasks of 8 rows x 128 k (gate_split: 128 CTAs of 8 warps for the full gate, one per
+// SM): each lane loads its four 16-byte pieces straight into registers before the grid-dependency
+// wait (all 2 MB in flight at once, overlapping the previous kernel), then runs 8 bf16 mmas per
+// 16 tokens (the tokens are the mma's rows, the gate rows its n8 columns; a lane's k-slots are the
+// decode GEMV's, decode_gemm_body.cuh). A CTA's warps that share a row tile add their units in
+// unit order in shared memory; the CTA stores that partial sum per k block, and the routing CTA
+// adds the k blocks in order: one fixed order whatever the token count, so a token's logits never
+// depend on the other tokens of the call.
+//
+// Tail (the last CTA only, no other global round trip than reading the partials): 8 tokens at a
+// time, all threads add the partials and compute every expert's selection value into shared
+// memory, then each warp picks one token's experts; the grouping reads the ids from shared memory
+// (global memory past kRoutePairs pairs) and keeps the offsets there.
+#include "kernels/cuda/decode_mma.cuh"
 #include "model/cuda/moe_decode_internal.h"
 #include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
 
-namespace gemv = kernels::cuda::gemv;
+namespace mma = kernels::cuda::mma;
 using namespace moe_internal;  // NOLINT: this file's half of the decode MoE
 
 namespace {
 
-// ---------------------------------------------------------------- 1. gate + route
-struct RouteArgs {
-  kernels::MoeGateParams gate;   // logits, bias / tid2eid, ids, weights
+struct GateRouteArgs {
+  const uint8_t* w;           // [n_experts, dim] bf16 gate
+  const float* x;             // [tokens, dim] fp32 holding bf16 values
+  int64_t dim, tokens;
+  int upc, tpc, kb;           // gate_split
+  float* partial;             // [kb, tokens, n_experts] per-k-block sums
+  int32_t* ticket;            // arrival counter, zero between calls
+  float* logits;              // [tokens, n_experts] out (the routing reads its shared copy)
+  kernels::MoeGateParams gate;  // bias / tid2eid, ids and weights (out); logits unused
   int expert_begin, expert_count;
   int max_active;
-  int32_t* active;               // [1 + max_active + max_active + 1]
-  int32_t* pair_token;
-  float* pair_weight;
-  int32_t* token_pair;
-  int32_t* combine_order;
+  int32_t* active;            // [1 + max_active + max_active + 1]
+  int32_t* pair_token;        // [tokens * topk]
+  float* pair_weight;         // [tokens * topk]
+  int32_t* token_pair;        // [tokens, topk]
+  int32_t* combine_order;     // [tokens, topk]
 };
 
-// Routing and grouping by the whole CTA (route_smem bytes of shared memory).
-__device__ void route_block(const RouteArgs& a, uint8_t* smem_raw) {
-  float* smem = reinterpret_cast<float*>(smem_raw);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nthreads = blockDim.x, nwarps = nthreads >> 5;
-  const int E = a.gate.n_experts, K = a.gate.topk, EL = a.expert_count;
-  float* sel = smem + warp * E;
-  int* cnt = reinterpret_cast<int*>(smem + nwarps * E);
-  int* cursor = cnt + EL;
-  int* slot_of = cursor + EL;
-  for (int i = threadIdx.x; i < EL; i += nthreads) {
-    cnt[i] = 0;
-    cursor[i] = 0;
+// 16 bytes of weight, read-only and not kept in L1; volatile, so it stays before pdl_wait().
+__device__ __forceinline__ uint4 ld_weight16(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t word4(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// The routing CTA's shared memory (route_smem bytes), carved the same way on both sides.
+struct TailSmem {
+  float* z;        // [kWarps, E] logits of the round's tokens
+  float* sel;      // [kWarps, E] their selection values
+  int* cnt;        // [EL]
+  int* cursor;     // [EL]
+  int* slot_of;    // [EL]
+  int* off;        // [EL + 1] pair offset of each active slot
+  int* excl;       // [EL] pairs of the lower experts of the expert's 32-expert chunk
+  int* chunk;      // [2, 32] active experts and pairs of each 32-expert chunk (EL <= 1024)
+  int32_t* ids;    // [kRoutePairs]
+  float* wts;      // [kRoutePairs]
+};
+__host__ __device__ inline size_t tail_bytes(int E, int EL, TailSmem* t, uint8_t* base) {
+  size_t o = 0;
+  auto take = [&](size_t bytes) {
+    uint8_t* at = base ? base + o : nullptr;
+    o += (bytes + 15) / 16 * 16;
+    return at;
+  };
+  uint8_t* z = take(sizeof(float) * kWarps * E);
+  uint8_t* sel = take(sizeof(float) * kWarps * E);
+  uint8_t* cnt = take(sizeof(int) * EL);
+  uint8_t* cursor = take(sizeof(int) * EL);
+  uint8_t* slot_of = take(sizeof(int) * EL);
+  uint8_t* off = take(sizeof(int) * (EL + 1));
+  uint8_t* excl = take(sizeof(int) * EL);
+  uint8_t* chunk = take(sizeof(int) * 2 * 32);
+  uint8_t* ids = take(sizeof(int32_t) * kRoutePairs);
+  uint8_t* wts = take(sizeof(float) * kRoutePairs);
+  if (t) {
+    t->z = reinterpret_cast<float*>(z);
+    t->sel = reinterpret_cast<float*>(sel);
+    t->cnt = reinterpret_cast<int*>(cnt);
+    t->cursor = reinterpret_cast<int*>(cursor);
+    t->slot_of = reinterpret_cast<int*>(slot_of);
+    t->off = reinterpret_cast<int*>(off);
+    t->excl = reinterpret_cast<int*>(excl);
+    t->chunk = reinterpret_cast<int*>(chunk);
+    t->ids = reinterpret_cast<int32_t*>(ids);
+    t->wts = reinterpret_cast<float*>(wts);
   }
-  for (int64_t t = warp; t < a.gate.tokens; t += nwarps) kc::moe_gate_token(a.gate, t, sel, lane);
-  __syncthreads();  // ids / weights (global, this CTA's writes) and the zeroed counters are visible
-  const int64_t P = a.gate.tokens * K;
-  for (int64_t p = threadIdx.x; p < P; p += nthreads) {
-    const int e = a.gate.expert_ids[p] - a.expert_begin;
-    if (e >= 0 && e < EL) atomicAdd(&cnt[e], 1);
+  return o;
+}
+// The GEMV's per-warp partial tiles: two buffers (alternate m tiles) of 8 warps x 16 tokens x 8 rows.
+constexpr size_t kRedBytes = sizeof(float) * 2 * kWarps * 16 * kGateRows;
+
+// Routing and grouping by the last CTA (see the file comment).
+__device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const kernels::MoeGateParams& gp = a.gate;
+  const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
+  const int64_t T = a.tokens, P = T * K, TE = T * E;
+  TailSmem s;
+  tail_bytes(E, EL, &s, smem);
+  const bool fit = P <= kRoutePairs;
+  const int32_t* ids = fit ? s.ids : gp.expert_ids;  // generic: shared or global, this CTA's writes
+  const float* wts = fit ? s.wts : gp.weights;
+  for (int i = threadIdx.x; i < EL; i += kThreads) {
+    s.cnt[i] = 0;
+    s.cursor[i] = 0;
+  }
+  const bool hash = gp.tid2eid != nullptr;
+  for (int64_t t0 = 0; t0 < T; t0 += kWarps) {
+    const int n = static_cast<int>(T - t0 < kWarps ? T - t0 : kWarps);
+    const int nE = n * E;
+    const float* src = a.partial + t0 * E;
+    // Logits: the k blocks' partials added in order (4 outputs a thread at once, every load issued
+    // before the first add), then each expert's selection value.
+    for (int i0 = threadIdx.x; i0 < nE; i0 += 4 * kThreads) {
+      float v[4][kGateMaxKb], bias[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = i0 + q * kThreads;
+#pragma unroll
+        for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = i < nE && b < a.kb ? __ldcg(src + b * TE + i) : 0.0f;
+        bias[q] = i < nE && gp.bias ? gp.bias[i % E] : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = i0 + q * kThreads;
+        if (i >= nE) break;
+        float z = v[q][0];
+#pragma unroll
+        for (int b = 1; b < kGateMaxKb; ++b)
+          if (b < a.kb) z = kc::add_rn(z, v[q][b]);
+        s.z[i] = z;
+        a.logits[t0 * E + i] = z;
+        if (!hash) s.sel[i] = kc::moe_gate_sel(z, gp.bias != nullptr, bias[q]);
+      }
+    }
+    __syncthreads();
+    if (warp < n) {
+      const int64_t t = t0 + warp;
+      int32_t id;
+      float w;
+      kc::moe_gate_pick(gp, t, s.z + warp * E, s.sel + warp * E, lane, id, w);
+      if (lane < K) {
+        gp.expert_ids[t * K + lane] = id;
+        gp.weights[t * K + lane] = w;
+        if (fit) {
+          s.ids[t * K + lane] = id;
+          s.wts[t * K + lane] = w;
+        }
+      }
+    }
+    __syncthreads();  // ids / weights visible; z and sel are rewritten by the next round
+  }
+  for (int64_t p = threadIdx.x; p < P; p += kThreads) {
+    const int e = ids[p] - a.expert_begin;
+    if (e >= 0 && e < EL) atomicAdd(&s.cnt[e], 1);
   }
   __syncthreads();
   int32_t* act_expert = a.active + 1;
   int32_t* act_off = a.active + 1 + a.max_active;
-  if (warp == 0) {
-    // Active experts in ascending id, each with its pairs' offset: 32 experts per ballot.
-    int base_slot = 0, base_off = 0;
-    for (int c0 = 0; c0 < EL; c0 += 32) {
-      const int e = c0 + lane;
-      const int c = e < EL ? cnt[e] : 0;
-      const uint32_t mask = __ballot_sync(0xffffffffu, c > 0);
-      const int rank = __popc(mask & ((1u << lane) - 1u));
-      int incl = c;
+  // Active experts in ascending id, each with its pairs' offset: a warp per 32-expert chunk ranks
+  // its experts (ballot) and scans their counts, then adds the lower chunks' totals.
+  const int chunks = (EL + 31) / 32;
+  for (int c = warp; c < chunks; c += kWarps) {
+    const int e = c * 32 + lane;
+    const int n = e < EL ? s.cnt[e] : 0;
+    const uint32_t mask = __ballot_sync(0xffffffffu, n > 0);
+    int incl = n;
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      if (e < EL) slot_of[e] = c > 0 ? base_slot + rank : -1;
-      if (c > 0) {
-        act_expert[base_slot + rank] = e;
-        act_off[base_slot + rank] = base_off + incl - c;
-      }
-      base_slot += __popc(mask);
-      base_off += __shfl_sync(0xffffffffu, incl, 31);
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
     }
-    if (lane == 0) {
-      a.active[0] = base_slot;
-      act_off[base_slot] = base_off;
+    if (e < EL) {
+      s.slot_of[e] = n > 0 ? __popc(mask & ((1u << lane) - 1u)) : -1;  // rank within the chunk
+      s.excl[e] = incl - n;
+    }
+    if (lane == 31) {
+      s.chunk[c] = __popc(mask);
+      s.chunk[32 + c] = incl;
+    }
+  }
+  __syncthreads();
+  for (int c = warp; c < chunks; c += kWarps) {
+    const int base_slot = __reduce_add_sync(0xffffffffu, lane < c ? s.chunk[lane] : 0);
+    const int base_off = __reduce_add_sync(0xffffffffu, lane < c ? s.chunk[32 + lane] : 0);
+    const int e = c * 32 + lane;
+    if (e < EL && s.slot_of[e] >= 0) {
+      const int slot = base_slot + s.slot_of[e], off = base_off + s.excl[e];
+      act_expert[slot] = e;
+      act_off[slot] = off;
+      s.off[slot] = off;
+      s.slot_of[e] = slot;
+    }
+    if (c == chunks - 1 && lane == 0) {
+      const int total = base_slot + s.chunk[c];
+      a.active[0] = total;
+      act_off[total] = base_off + s.chunk[32 + c];
     }
   }
   __syncthreads();
@@ -81,115 +217,148 @@ __device__ void route_block(const RouteArgs& a, uint8_t* smem_raw) {
   // token's experts in id order through token_pair).
   // The combine's order: a token's pairs by ascending expert id, ties (a hash table repeating an
   // expert) by slot, as a stable sort: the ranks are a permutation of the token's slots.
-  for (int64_t p = threadIdx.x; p < P; p += nthreads) {
-    const int id = a.gate.expert_ids[p], e = id - a.expert_begin;
+  for (int64_t p = threadIdx.x; p < P; p += kThreads) {
+    const int id = ids[p], e = id - a.expert_begin;
     const int k = static_cast<int>(p % K);
     int pos = -1;
     if (e >= 0 && e < EL) {
-      pos = act_off[slot_of[e]] + atomicAdd(&cursor[e], 1);
+      pos = s.off[s.slot_of[e]] + atomicAdd(&s.cursor[e], 1);
       a.pair_token[pos] = static_cast<int32_t>(p / K);
-      a.pair_weight[pos] = a.gate.weights[p];
+      a.pair_weight[pos] = wts[p];
     }
     a.token_pair[p] = pos;
     const int64_t t0 = p / K * K;
     int rank = 0;
     for (int q = 0; q < K; ++q) {
-      const int iq = a.gate.expert_ids[t0 + q];
+      const int iq = ids[t0 + q];
       rank += iq < id || (iq == id && q < k);
     }
     a.combine_order[t0 + rank] = pos;
   }
 }
 
-struct GateRouteArgs {
-  gemv::KernelArgs gemv;  // the gate GEMV (bf16 weight, fp32 activation, fp32 logits)
-  RouteArgs route;
-  int32_t* ticket;        // arrival counter, zero between calls
-};
-
-template <int MT>
 __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_constant__ GateRouteArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_last;
-  gemv::decode_gemv_body<gemv::Kind::kBf16F32, MT>(a.gemv, smem);
-  // Arrival: every thread's logits stores are ordered before the CTA's ticket; the last CTA sees
-  // all of them (its reads of other CTAs' logits go to L2: moe_gate_token).
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int E = a.gate.n_experts;
+  const int64_t D = a.dim, T = a.tokens;
+  const int rg = static_cast<int>(blockIdx.x) / a.kb, kb = static_cast<int>(blockIdx.x) % a.kb;
+  const int tl = warp / a.upc, u = warp % a.upc;
+  const int row0 = (rg * a.tpc + tl) * kGateRows;
+  const bool live = row0 < E;  // a warp past the last row tile only meets the barriers
+  const int64_t k0 = static_cast<int64_t>(kb * a.upc + u) * kGateUnitK;
+
+  // Row row0 + g, k [k0 + 32 p + 8 t, + 8) for p = 0..3: 16 bytes each (rows past E repeat the last).
+  uint4 wv[4] = {};
+  if (live) {
+    const uint8_t* src = a.w + static_cast<int64_t>(min(row0 + g, E - 1)) * D * 2 + k0 * 2 + t * 16;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) wv[p] = ld_weight16(src + p * 64);
+  }
+  kc::pdl_trigger();
+  kc::pdl_wait();
+
+  float* red = reinterpret_cast<float*>(smem);
+  int buf = 0;
+  for (int64_t m0 = 0; m0 < T; m0 += 16, buf ^= 1) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) {
+      const float* x0 = a.x + min(m0 + g, T - 1) * D + k0 + t * 8;
+      const float* x1 = a.x + min(m0 + g + 8, T - 1) * D + k0 + t * 8;
+#pragma unroll
+      for (int p = 0; p < 4; ++p)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float4 v0 = mma::ld_act_f4(x0 + p * 32 + 4 * j);
+          const float4 v1 = mma::ld_act_f4(x1 + p * 32 + 4 * j);
+          const uint32_t af[4] = {mma::f32x2_to_bf16x2(v0.x, v0.y), mma::f32x2_to_bf16x2(v1.x, v1.y),
+                                  mma::f32x2_to_bf16x2(v0.z, v0.w), mma::f32x2_to_bf16x2(v1.z, v1.w)};
+          mma::mma_bf16(acc, af, word4(wv[p], 2 * j), word4(wv[p], 2 * j + 1));
+        }
+    }
+    // acc: tokens m0 + g (0, 1) and m0 + g + 8 (2, 3), gate rows row0 + 2t (0, 2) and + 1 (1, 3).
+    float* rw = red + (buf * kWarps + warp) * 16 * kGateRows;
+    *reinterpret_cast<float2*>(rw + g * kGateRows + 2 * t) = make_float2(acc[0], acc[1]);
+    *reinterpret_cast<float2*>(rw + (g + 8) * kGateRows + 2 * t) = make_float2(acc[2], acc[3]);
+    // One barrier per m tile: the other buffer's readers (the previous tile) are past it too.
+    __syncthreads();
+    for (int i = threadIdx.x; i < a.tpc * 16 * kGateRows; i += kThreads) {
+      const int tt = i / (16 * kGateRows), tok = (i / kGateRows) % 16, col = i % kGateRows;
+      const int e = (rg * a.tpc + tt) * kGateRows + col;
+      const int64_t token = m0 + tok;
+      if (e >= E || token >= T) continue;
+      const float* src = red + (buf * kWarps + tt * a.upc) * 16 * kGateRows + tok * kGateRows + col;
+      float v = src[0];
+      for (int uu = 1; uu < a.upc; ++uu) v = kc::add_rn(v, src[uu * 16 * kGateRows]);
+      a.partial[(kb * T + token) * E + e] = v;
+    }
+  }
+  // Arrival: every thread's partial stores are ordered before the CTA's ticket; the last CTA sees
+  // all of them (it reads the other CTAs' partials from L2).
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) s_last = atomicAdd(a.ticket, 1) == static_cast<int>(gridDim.x) - 1;
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  route_block(a.route, smem);
+  route_tail(a, smem);  // the red buffers' last readers are past the barriers above
   if (threadIdx.x == 0) *a.ticket = 0;
 }
 
 }  // namespace
 
 size_t moe_internal::route_smem(int n_experts, int expert_count) {
-  return sizeof(float) * kWarps * n_experts + sizeof(int) * 3 * expert_count;
+  return std::max(kRedBytes, tail_bytes(n_experts, expert_count, nullptr, nullptr));
 }
 
 void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   const MoeDecodeDims& d = a.dims;
-  // The gate GEMV's plan (fp32 logits, as the reference's fp32 GEMM; the activation is bf16-valued).
-  kc::DecodeGemmArgs g;
-  g.x = a.x;
-  g.ldx = d.dim;
-  g.m = a.tokens;
-  g.k = d.dim;
-  g.num_segments = 1;
-  g.seg[0].w = a.gate;
-  g.seg[0].y = a.buf.gate_logits;
-  g.seg[0].ldy = d.n_experts;
-  const gemv::Plan p = gemv::plan(g);
-  TANDEM_CHECK(p.kind == gemv::Kind::kBf16F32);
+  const GateSplit sp = gate_split(d.dim, d.n_experts);
+  TANDEM_CHECK(sp.kb <= kGateMaxKb && a.gate.n == d.n_experts && a.gate.k == d.dim);
   GateRouteArgs ga{};
-  ga.gemv = p.ka;
-  RouteArgs& ra = ga.route;
-  ra.gate.logits = a.buf.gate_logits;
-  ra.gate.bias = a.tid2eid ? nullptr : a.bias;
-  ra.gate.token_ids = a.tid2eid ? a.token_ids : nullptr;
-  ra.gate.tid2eid = a.tid2eid;
-  ra.gate.tokens = a.tokens;
-  ra.gate.n_experts = d.n_experts;
-  ra.gate.topk = d.topk;
-  ra.gate.route_scale = a.route_scale;
-  ra.gate.expert_ids = a.buf.expert_ids;
-  ra.gate.weights = a.buf.weights;
-  ra.expert_begin = a.expert_begin;
-  ra.expert_count = a.expert_count;
-  ra.max_active = static_cast<int>(max_active_of(d, d.max_tokens));
-  ra.active = a.buf.active;
-  ra.pair_token = a.buf.pair_token;
-  ra.pair_weight = a.buf.pair_weight;
-  ra.token_pair = a.buf.token_pair;
-  ra.combine_order = a.buf.combine_order;
+  ga.w = static_cast<const uint8_t*>(a.gate.data);
+  ga.x = a.x;
+  ga.dim = d.dim;
+  ga.tokens = a.tokens;
+  ga.upc = sp.upc;
+  ga.tpc = sp.tpc;
+  ga.kb = sp.kb;
+  ga.partial = a.buf.gate_partial;
   ga.ticket = a.buf.counters;
-  const size_t smem = std::max(p.smem, route_smem(d.n_experts, a.expert_count));
-  const dim3 grid(static_cast<unsigned>(p.grid));
-  auto go = [&](auto* kern, std::atomic<bool>& attr) {
-    allow_smem(reinterpret_cast<const void*>(kern), attr);
-    launch(kern, grid, smem, a.pdl, s, ga);
-  };
-  static std::atomic<bool> a1{false}, a2{false}, a3{false}, a6{false};
-  switch (p.mt) {
-    case 1: return go(gate_route_kernel<1>, a1);
-    case 2: return go(gate_route_kernel<2>, a2);
-    case 3: return go(gate_route_kernel<3>, a3);
-    default: return go(gate_route_kernel<6>, a6);
-  }
+  kernels::MoeGateParams& gp = ga.gate;
+  ga.logits = a.buf.gate_logits;
+  gp.logits = a.buf.gate_logits;
+  gp.bias = a.tid2eid ? nullptr : a.bias;
+  gp.token_ids = a.tid2eid ? a.token_ids : nullptr;
+  gp.tid2eid = a.tid2eid;
+  gp.tokens = a.tokens;
+  gp.n_experts = d.n_experts;
+  gp.topk = d.topk;
+  gp.route_scale = a.route_scale;
+  gp.expert_ids = a.buf.expert_ids;
+  gp.weights = a.buf.weights;
+  ga.expert_begin = a.expert_begin;
+  ga.expert_count = a.expert_count;
+  ga.max_active = static_cast<int>(max_active_of(d, d.max_tokens));
+  ga.active = a.buf.active;
+  ga.pair_token = a.buf.pair_token;
+  ga.pair_weight = a.buf.pair_weight;
+  ga.token_pair = a.buf.token_pair;
+  ga.combine_order = a.buf.combine_order;
+  const size_t smem = route_smem(d.n_experts, a.expert_count);
+  static std::atomic<bool> attr{false};
+  allow_smem(reinterpret_cast<const void*>(gate_route_kernel), attr);
+  launch(gate_route_kernel, dim3(static_cast<unsigned>(sp.grid())), smem, a.pdl, s, ga);
 }
 
 kc::SmemBound gate_route_smem_bound(int n_experts) {
-  // The larger of the gate GEMV's ring (sized from the device: the decode GEMV's bound at
-  // sm_120/sm_121's limits) and the routing scratch with every expert on this rank.
-  int64_t gemv_most = 0;
-  for (const auto& b : kc::decode_gemm_smem_bounds()) gemv_most = std::max(gemv_most, b.bytes);
-  const int64_t route = static_cast<int64_t>(route_smem(n_experts, n_experts));
-  return {"gate_route_kernel", std::max(gemv_most, route),
-          "gate GEMV ring " + std::to_string(gemv_most) + " B or routing scratch for " + std::to_string(n_experts) +
-              " experts " + std::to_string(route) + " B",
+  // The routing scratch with every expert on this rank (the partial tiles are smaller).
+  const int64_t b = static_cast<int64_t>(route_smem(n_experts, n_experts));
+  return {"gate_route_kernel", b,
+          "routing scratch for " + std::to_string(n_experts) + " experts and " + std::to_string(kRoutePairs) +
+              " pairs (" + std::to_string(kRedBytes) + " B of GEMV partial tiles)",
           ""};
 }
 
