@@ -6,7 +6,7 @@
 # builtin (bench-model on the built-in model), fullsize (bench-model: rank 0 of TP=2 of
 # deepseek-v4-flash-0731 with synthetic weights, alone on this GPU), tp (tools/gpu-tp-tests.sh:
 # the device collectives and TP=2/4 through CUDA with the ranks sharing this GPU, serve with TP=2
-# and a lost worker), and any stage script tools/gpu-stage-<name>.sh. Logs end up in
+# and a lost worker; FULLSIZE_ARGS adds bench-model flags, FULLSIZE_TAG names its JSON), and any stage script tools/gpu-stage-<name>.sh. Logs end up in
 # $OUT/logs.tar.xz beside the JSON files.
 # Usage: tools/gpu-session.sh STAGE...
 set -uo pipefail
@@ -45,7 +45,8 @@ for s in "$@"; do
     builtin) stage builtin 200 build-cuda/tandem bench-model --model data/builtin --batches 1,2,4,8 --reps 50 \
                --context 200 --long-contexts 4096 --prefill 8192 --ttft none --out "$OUT/bench-model-builtin.json" ;;
     fullsize) stage fullsize "${FULLSIZE_LIMIT:-450}" build-cuda/tandem bench-model --synthetic deepseek-v4-flash-0731 \
-                --tensor-parallel-size 2 --rank 0 --max-seconds 240 --out "$OUT/bench-model-0731-tp2r0.json" ;;
+                --tensor-parallel-size 2 --rank 0 --max-seconds 240 --out "$OUT/bench-model-0731-tp2r0${FULLSIZE_TAG:-}.json" \
+                ${FULLSIZE_ARGS:-} ;;
     tp) stage tp "${TP_LIMIT:-540}" tools/gpu-tp-tests.sh build-cuda "$OUT" ;;
     *) if [[ -x tools/gpu-stage-$s.sh ]]; then stage "$s" "${STAGE_LIMIT:-300}" tools/gpu-stage-$s.sh "$OUT"
        else summary+=("$s: no such stage"); fi ;;
