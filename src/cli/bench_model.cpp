@@ -233,15 +233,25 @@ Status bench(Args a) {
       return Status();
     }
     const auto s0 = Clock::now();
-    TANDEM_RETURN_IF_ERROR(fn(b).with_context(name));
+    Status st = fn(b).with_context(name);
     j["section_seconds"][name] = std::chrono::duration<double>(Clock::now() - s0).count();
-    return Status();
+    if (!st.ok()) {  // recorded; the other sections still run and the JSON is still written
+      std::printf("\n[%s] failed: %s\n", name, st.to_string().c_str());
+      j["section_errors"][name] = st.to_string();
+    }
+    return st;
   };
-  TANDEM_RETURN_IF_ERROR(section("steps", run_step_sweep));
-  TANDEM_RETURN_IF_ERROR(section("long_context", run_long_context));
-  TANDEM_RETURN_IF_ERROR(section("sampler", run_sampler));
-  TANDEM_RETURN_IF_ERROR(section("allocations_under_load", run_allocations_under_load));
-  TANDEM_RETURN_IF_ERROR(section("prefill", run_prefill));
+  Status failed;
+  struct Section {
+    const char* name;
+    Status (*fn)(Bench&);
+  };
+  for (const Section& sec : {Section{"steps", run_step_sweep}, Section{"long_context", run_long_context},
+                             Section{"sampler", run_sampler}, Section{"allocations_under_load", run_allocations_under_load},
+                             Section{"prefill", run_prefill}}) {
+    Status st = section(sec.name, sec.fn);
+    if (failed.ok() && !st.ok()) failed = st;
+  }
   j["kv_capacity"] = kv_capacity(b);
   j["targets"] = targets(b);
   j["wall_seconds"] = b.elapsed_s();
@@ -259,7 +269,7 @@ Status bench(Args a) {
   if (!f) return make_error(StatusCode::kFailedPrecondition, "cannot write {}", path);
   f << j.dump(2) << "\n";
   std::printf("\nwrote %s (%.0f s)\n", path.c_str(), b.elapsed_s());
-  return Status();
+  return failed;
 }
 
 template <typename T>
@@ -310,8 +320,8 @@ int bench_model_main(int argc, char** argv) {
   app.add_option("--long-contexts", longs, "contexts of the batch-1 decode (default 4096,163840,1048576)");
   app.add_option("--prefill", prefill, "prompt lengths for prefill throughput (default 8192,32768,131072; none: skip)");
   app.add_option("--ttft", ttft, "prompt lengths for time to first token (default 163840,1048576; none: skip)");
-  app.add_option("--prefill-chunk", a.prefill_chunk, "chunk of the prefill estimate (default 512)");
-  app.add_option("--ttft-chunk", a.ttft_chunk, "chunk of the time-to-first-token estimate (default 256)");
+  app.add_option("--prefill-chunk", a.prefill_chunk, "chunk of the prefill estimate (default 4096: the canonical runtime profile's --max-num-batched-tokens)");
+  app.add_option("--ttft-chunk", a.ttft_chunk, "chunk of the time-to-first-token estimate (default 4096)");
   app.add_option("--prefill-samples", a.prefill_samples, "timed chunks per prompt (default 3)");
   app.add_option("--reps", a.reps, "most graph replays per step shape (default 30)");
   app.add_option("--shape-seconds", a.shape_seconds, "timing budget per step shape (default 1.5)");

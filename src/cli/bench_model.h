@@ -34,7 +34,8 @@ struct Args {
   std::vector<int64_t> long_contexts = {4096, 163840, 1048576};
   std::vector<int64_t> prefill = {8192, 32768, 131072};
   std::vector<int64_t> ttft = {163840, 1048576};
-  int prefill_chunk = 512, ttft_chunk = 256, prefill_samples = 3;
+  // Chunks of the canonical runtime profile (--max-num-batched-tokens 4096, shared/seeds).
+  int prefill_chunk = 4096, ttft_chunk = 4096, prefill_samples = 3;
   int reps = 30;
   double shape_seconds = 1.5;          // timing budget per step shape (reps adapt to it)
   double max_seconds = 240;            // wall budget: later sections are skipped past it
