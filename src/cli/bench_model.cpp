@@ -320,7 +320,8 @@ int bench_model_main(int argc, char** argv) {
   app.add_option("--long-contexts", longs, "contexts of the batch-1 decode (default 4096,163840,1048576)");
   app.add_option("--prefill", prefill, "prompt lengths for prefill throughput (default 8192,32768,131072; none: skip)");
   app.add_option("--ttft", ttft, "prompt lengths for time to first token (default 163840,1048576; none: skip)");
-  app.add_option("--prefill-chunk", a.prefill_chunk, "chunk of the prefill estimate (default 4096: the canonical runtime profile's --max-num-batched-tokens)");
+  app.add_option("--prefill-chunk", a.prefill_chunk,
+                 "chunk of the prefill estimate (default 4096: the canonical runtime profile's --max-num-batched-tokens)");
   app.add_option("--ttft-chunk", a.ttft_chunk, "chunk of the time-to-first-token estimate (default 4096)");
   app.add_option("--prefill-samples", a.prefill_samples, "timed chunks per prompt (default 3)");
   app.add_option("--reps", a.reps, "most graph replays per step shape (default 30)");
