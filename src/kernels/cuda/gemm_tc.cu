@@ -54,10 +54,14 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quant_kernel(Fp8QuantArgs a)
     amax = warp_max(amax);
     const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
     const float s = num::pow2_int(e);
+    // v / s as v * (1 / s), one division per block instead of one per element: s = 2^e with e in
+    // [-22, 127] (the amax floor 1e-4 / 448 and the cap), so 1 / s = 2^-e is exact (subnormal at
+    // e = 127) and both round the same exact quotient (no overflow: |v| <= amax).
+    const float inv = div_rn(1.0f, s);
     uint32_t word = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float q = clamp_std(div_rn(v[i], s), -num::kE4m3Max, num::kE4m3Max);
+      const float q = clamp_std(mul_rn(v[i], inv), -num::kE4m3Max, num::kE4m3Max);
       word |= static_cast<uint32_t>(num::f32_to_e4m3(is_nan(v[i]) ? v[i] : q)) << (8 * i);
     }
     *reinterpret_cast<uint32_t*>(a.codes + r * a.ldc + b * 128 + lane * 4) = word;
@@ -268,13 +272,18 @@ __global__ void f32_to_bf16_kernel(const float* src, int64_t lds, int64_t rows, 
     dst[r * ldd + c] = num::f32_to_bf16(src[r * lds + c]);
   }
 }
-// Four columns per thread (cols % 4 == 0, 16-byte aligned rows).
+// Four columns per thread (cols % 4 == 0, 16-byte aligned rows). A CTA row covers qpb column quads
+// (qpb <= blockDim.x; short rows: several rows per CTA): thread (threadIdx.x / qpb, threadIdx.x % qpb)
+// converts quad blockIdx.x * qpb + threadIdx.x % qpb of rows (blockIdx.y * rpb + threadIdx.x / qpb),
+// + gridDim.y * rpb, ... (no per-element index division).
 __global__ void f32_to_bf16_vec_kernel(const float* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
-                                       int64_t ldd) {
-  const int64_t q = cols / 4, total = rows * q;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const int64_t r = i / q, c = (i % q) * 4;
+                                       int64_t ldd, int qpb) {
+  const int rpb = blockDim.x / qpb, tr = threadIdx.x / qpb;
+  if (tr >= rpb) return;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * qpb + threadIdx.x % qpb) * 4;
+  if (c >= cols) return;
+  const int64_t rstep = static_cast<int64_t>(gridDim.y) * rpb;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * rpb + tr; r < rows; r += rstep) {
     const float4 v = *reinterpret_cast<const float4*>(src + r * lds + c);
     uint2 o;
     o.x = num::f32_to_bf16(v.x) | (static_cast<uint32_t>(num::f32_to_bf16(v.y)) << 16);
@@ -568,7 +577,11 @@ void f32_to_bf16_rows(const float* src, int64_t lds, int64_t rows, int64_t cols,
   const bool vec = cols % 4 == 0 && lds % 4 == 0 && ldd % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(dst) & 7) == 0;
   if (vec) {
-    f32_to_bf16_vec_kernel<<<grid_for(rows * cols / 4, 256 * 4), 256, 0, s>>>(src, lds, rows, cols, dst, ldd);
+    const int64_t quads = cols / 4;
+    const int qpb = static_cast<int>(quads < 256 ? quads : 256), rpb = 256 / qpb;
+    const int64_t rblocks = (rows + rpb - 1) / rpb;
+    const dim3 grid(ceil_div(quads, qpb), static_cast<unsigned>(rblocks < 65535 ? rblocks : 65535));
+    f32_to_bf16_vec_kernel<<<grid, 256, 0, s>>>(src, lds, rows, cols, dst, ldd, qpb);
   } else {
     f32_to_bf16_kernel<<<grid_for(rows * cols, 256 * 4), 256, 0, s>>>(src, lds, rows, cols, dst, ldd);
   }
