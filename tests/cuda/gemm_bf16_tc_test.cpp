@@ -299,5 +299,29 @@ TEST(CudaBf16GemmTc, Fp8BlockWeightToBf16MatchesTheCpuDequantization) {
   EXPECT_TRUE(same_values(got, want));
 }
 
+// f32_to_bf16_rows' vector kernel at row lengths below, at and above one CTA row (256 quads),
+// padded strides, more rows than one grid column (65535 CTAs of 16 rows), and its scalar
+// fallback (cols % 4 != 0): every element equals the host's rounding, the padding is untouched.
+TEST(CudaBf16GemmTc, F32ToBf16RowsMatchesTheHostRounding) {
+  TANDEM_REQUIRE_GPU();
+  struct C {
+    int64_t rows, cols, lds, ldd;
+  };
+  uint64_t seed = 80;
+  for (const C& c : {C{5, 12, 16, 12}, C{3, 2052, 2056, 2060}, C{7, 1024, 1024, 1028}, C{1048600, 64, 64, 64},
+                     C{4, 10, 12, 10}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " cols " << c.cols);
+    const std::vector<float> src = randn(static_cast<size_t>(c.rows * c.lds), seed++, 3.0f, false);
+    DeviceBuffer<float> ds = to_dev(src);
+    auto dd = poisoned<uint16_t>(static_cast<size_t>(c.rows * c.ldd), 0x5a);
+    cuda::f32_to_bf16_rows(ds.get(), c.lds, c.rows, c.cols, dd.get(), c.ldd, kStream);
+    const std::vector<uint16_t> got = to_host(dd);
+    std::vector<uint16_t> want(got.size(), 0x5a5a);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t k = 0; k < c.cols; ++k) want[r * c.ldd + k] = num::f32_to_bf16(src[r * c.lds + k]);
+    EXPECT_TRUE(same_values(got, want, static_cast<size_t>(c.ldd)));
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kernels::cuda_testing

@@ -19,49 +19,67 @@ namespace tandem::kernels::cuda {
 namespace {
 
 // ---------------------------------------------------------------- activation quantization
-// One warp per (row, 128-column block): 4 elements per lane, the warp's max is the block's amax.
+// One warp per (row, up to kQuantBlocks 128-column blocks): each block's loads are issued before
+// any is used (one warp had one 512-byte load in flight behind the src_rows gather: latency-bound),
+// then per block: 4 elements per lane, the warp's max is the block's amax.
 constexpr int kQuantWarps = 8;
+constexpr int kQuantBlocks = 4;
 
 __global__ void __launch_bounds__(kQuantWarps * 32) quant_kernel(Fp8QuantArgs a) {
   const int lane = threadIdx.x & 31;
-  const int64_t nb = a.cols / 128;
+  const int64_t nb = a.cols / 128, ng = (nb + kQuantBlocks - 1) / kQuantBlocks;
   const int64_t rows = a.rows_limit ? min(a.rows, static_cast<int64_t>(*a.rows_limit)) : a.rows;
-  const int64_t total = rows * nb;
+  const int64_t total = rows * ng;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kQuantWarps;
   for (int64_t gw = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5); gw < total; gw += warps) {
-    const int64_t r = gw / nb, b = gw % nb;
+    const int64_t r = gw / ng, b0 = (gw % ng) * kQuantBlocks;
     const int64_t xr = a.src_rows ? static_cast<int64_t>(a.src_rows[r] / a.src_div) : r;
-    float v[4];
-    if (a.xb) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(a.xb + xr * a.ldx + b * 128 + lane * 4);
-      v[0] = __uint_as_float(raw.x << 16);
-      v[1] = __uint_as_float(raw.x & 0xffff0000u);
-      v[2] = __uint_as_float(raw.y << 16);
-      v[3] = __uint_as_float(raw.y & 0xffff0000u);
-    } else {
-      const float4 f = *reinterpret_cast<const float4*>(a.x + xr * a.ldx + b * 128 + lane * 4);
-      v[0] = f.x;
-      v[1] = f.y;
-      v[2] = f.z;
-      v[3] = f.w;
-    }
-    float amax = 0.0f;
+    float v[kQuantBlocks][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float m = fabsf(v[i]);
-      amax = m > amax ? m : amax;  // NaN compares false: ignored, as the CPU op
+    for (int j = 0; j < kQuantBlocks; ++j) {
+      const int64_t c = (b0 + j) * 128 + lane * 4;
+      if (b0 + j >= nb) {
+        v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.0f;
+      } else if (a.xb) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(a.xb + xr * a.ldx + c);
+        v[j][0] = __uint_as_float(raw.x << 16);
+        v[j][1] = __uint_as_float(raw.x & 0xffff0000u);
+        v[j][2] = __uint_as_float(raw.y << 16);
+        v[j][3] = __uint_as_float(raw.y & 0xffff0000u);
+      } else {
+        const float4 f = *reinterpret_cast<const float4*>(a.x + xr * a.ldx + c);
+        v[j][0] = f.x;
+        v[j][1] = f.y;
+        v[j][2] = f.z;
+        v[j][3] = f.w;
+      }
     }
-    amax = warp_max(amax);
-    const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
-    const float s = num::pow2_int(e);
-    uint32_t word = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float q = clamp_std(div_rn(v[i], s), -num::kE4m3Max, num::kE4m3Max);
-      word |= static_cast<uint32_t>(num::f32_to_e4m3(is_nan(v[i]) ? v[i] : q)) << (8 * i);
+    for (int j = 0; j < kQuantBlocks; ++j) {
+      const int64_t b = b0 + j;
+      if (b >= nb) break;  // the same for the whole warp
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float m = fabsf(v[j][i]);
+        amax = m > amax ? m : amax;  // NaN compares false: ignored, as the CPU op
+      }
+      amax = warp_max(amax);
+      const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
+      const float s = num::pow2_int(e);
+      // v / s as v * (1 / s), one division per block instead of one per element: s = 2^e with e in
+      // [-22, 127] (the amax floor 1e-4 / 448 and the cap), so 1 / s = 2^-e is exact (subnormal at
+      // e = 127) and both round the same exact quotient (no overflow: |v| <= amax).
+      const float inv = div_rn(1.0f, s);
+      uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float q = clamp_std(mul_rn(v[j][i], inv), -num::kE4m3Max, num::kE4m3Max);
+        word |= static_cast<uint32_t>(num::f32_to_e4m3(is_nan(v[j][i]) ? v[j][i] : q)) << (8 * i);
+      }
+      *reinterpret_cast<uint32_t*>(a.codes + r * a.ldc + b * 128 + lane * 4) = word;
+      if (lane == 0) a.scales[a.scale_rows_major ? r * nb + b : b * a.scale_ld + r] = s;
     }
-    *reinterpret_cast<uint32_t*>(a.codes + r * a.ldc + b * 128 + lane * 4) = word;
-    if (lane == 0) a.scales[a.scale_rows_major ? r * nb + b : b * a.scale_ld + r] = s;
   }
 }
 
@@ -268,13 +286,18 @@ __global__ void f32_to_bf16_kernel(const float* src, int64_t lds, int64_t rows, 
     dst[r * ldd + c] = num::f32_to_bf16(src[r * lds + c]);
   }
 }
-// Four columns per thread (cols % 4 == 0, 16-byte aligned rows).
+// Four columns per thread (cols % 4 == 0, 16-byte aligned rows). A CTA row covers qpb column quads
+// (qpb <= blockDim.x; short rows: several rows per CTA): thread (threadIdx.x / qpb, threadIdx.x % qpb)
+// converts quad blockIdx.x * qpb + threadIdx.x % qpb of rows (blockIdx.y * rpb + threadIdx.x / qpb),
+// + gridDim.y * rpb, ... (no per-element index division).
 __global__ void f32_to_bf16_vec_kernel(const float* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
-                                       int64_t ldd) {
-  const int64_t q = cols / 4, total = rows * q;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const int64_t r = i / q, c = (i % q) * 4;
+                                       int64_t ldd, int qpb) {
+  const int rpb = blockDim.x / qpb, tr = threadIdx.x / qpb;
+  if (tr >= rpb) return;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * qpb + threadIdx.x % qpb) * 4;
+  if (c >= cols) return;
+  const int64_t rstep = static_cast<int64_t>(gridDim.y) * rpb;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * rpb + tr; r < rows; r += rstep) {
     const float4 v = *reinterpret_cast<const float4*>(src + r * lds + c);
     uint2 o;
     o.x = num::f32_to_bf16(v.x) | (static_cast<uint32_t>(num::f32_to_bf16(v.y)) << 16);
@@ -383,7 +406,8 @@ void quantize_fp8_act(const Fp8QuantArgs& a, cudaStream_t s) {
   const uintptr_t xp = reinterpret_cast<uintptr_t>(q.xb ? static_cast<const void*>(q.xb) : q.x);
   TANDEM_CHECK((xp & (q.xb ? 7 : 15)) == 0);
   TANDEM_CHECK((reinterpret_cast<uintptr_t>(q.codes) & 3) == 0);
-  quant_kernel<<<grid_for(q.rows * (q.cols / 128), kQuantWarps), kQuantWarps * 32, 0, s>>>(q);
+  const int64_t groups = (q.cols / 128 + kQuantBlocks - 1) / kQuantBlocks;
+  quant_kernel<<<grid_for(q.rows * groups, kQuantWarps), kQuantWarps * 32, 0, s>>>(q);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
@@ -568,7 +592,11 @@ void f32_to_bf16_rows(const float* src, int64_t lds, int64_t rows, int64_t cols,
   const bool vec = cols % 4 == 0 && lds % 4 == 0 && ldd % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(dst) & 7) == 0;
   if (vec) {
-    f32_to_bf16_vec_kernel<<<grid_for(rows * cols / 4, 256 * 4), 256, 0, s>>>(src, lds, rows, cols, dst, ldd);
+    const int64_t quads = cols / 4;
+    const int qpb = static_cast<int>(quads < 256 ? quads : 256), rpb = 256 / qpb;
+    const int64_t rblocks = (rows + rpb - 1) / rpb;
+    const dim3 grid(ceil_div(quads, qpb), static_cast<unsigned>(rblocks < 65535 ? rblocks : 65535));
+    f32_to_bf16_vec_kernel<<<grid, 256, 0, s>>>(src, lds, rows, cols, dst, ldd, qpb);
   } else {
     f32_to_bf16_kernel<<<grid_for(rows * cols, 256 * 4), 256, 0, s>>>(src, lds, rows, cols, dst, ldd);
   }

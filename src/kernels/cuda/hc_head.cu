@@ -12,7 +12,7 @@ constexpr int kMaxHc = 16;
 __global__ void __launch_bounds__(hc::kThreads) hc_head_finish(HcHeadParams p, const double* partial, int ksplit) {
   pdl_enter();
   __shared__ float pre[kMaxHc];
-  __shared__ double stage[hc::kMaxStage];
+  extern __shared__ double stage[];  // hc::stage_bytes
   __shared__ float mix[kMaxHc];
   const int hc = p.hc;
   const int64_t HD = hc * p.dim;
@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(hc::kThreads) hc_head_finish(HcHeadParams p, c
   for (int j = threadIdx.x; j < hc; j += blockDim.x)
     pre[j] = add_rn(hc::sigmoid(add_rn(mul_rn(mix[j], p.scale[0]), p.base[j])), p.hc_eps);
   __syncthreads();
-  hc::collapse(p.h + t * HD, pre, hc, p.dim, p.y + t * p.dim, p.round_bf16);
+  hc::collapse(p.h + t * HD, pre, hc, p.dim, p.y + t * p.dim, p.round_bf16, threadIdx.x, blockDim.x);
 }
 
 }  // namespace
@@ -32,9 +32,10 @@ void hc_head(const HcHeadParams& p, cudaStream_t s) {
   TANDEM_CHECK(p.hc <= kMaxHc);
   TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_head: too many tokens");
   const int64_t HD = p.hc * p.dim;
-  const int ksplit = hc::ksplit_for(HD, p.hc);
+  const int ksplit = hc_mix_ksplit(HD, p.hc);
   const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, p.hc, HD, ksplit, s);
-  launch_pdl(hc_head_finish, static_cast<unsigned>(p.tokens), hc::kThreads, 0, s, p, partial, ksplit);
+  launch_pdl(hc_head_finish, static_cast<unsigned>(p.tokens), hc::kThreads, hc::stage_bytes(p.hc, ksplit), s, p,
+             partial, ksplit);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

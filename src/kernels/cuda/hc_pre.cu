@@ -1,6 +1,7 @@
 // mHC hc_pre: split-K mixing projection (hc_common.cuh), then one CTA per token finishes the
 // mixes, runs the Sinkhorn normalization (hc <= 5: one warp lane per matrix element, sums gathered
-// by shuffles in the CPU's order; wider: one thread) and collapses the streams with all threads.
+// by shuffles in the CPU's order; wider: one thread) while warps 1.. collapse the streams (that
+// needs only the pre weights).
 // hc_pre_pack (decode_gemm.h): the same CTA then normalizes and quantizes its x row
 // (decode_act.cuh's pack_row), one kernel less per layer half on the decode path.
 #include "kernels/cuda/cuda_ops.h"
@@ -8,6 +9,7 @@
 #include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/hc_common.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/smem_bounds.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -22,7 +24,7 @@ __global__ void __launch_bounds__(hc::kThreads)
     hc_pre_finish(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk) {
   pdl_enter();
   __shared__ float pre[kMaxHc];
-  __shared__ double stage[hc::kMaxStage];
+  extern __shared__ double stage[];  // hc::stage_bytes
   __shared__ float mix[(2 + kMaxHc) * kMaxHc];
   const int hc = p.hc;
   const int nmix = (2 + hc) * hc;
@@ -35,37 +37,40 @@ __global__ void __launch_bounds__(hc::kThreads)
     pre[j] = add_rn(hc::sigmoid(add_rn(mul_rn(mix[j], p.scale[0]), p.base[j])), p.hc_eps);
     p.post[t * hc + j] = mul_rn(2.0f, hc::sigmoid(add_rn(mul_rn(mix[j + hc], p.scale[1]), p.base[j + hc])));
   }
-  if (hc * hc <= kWarp) {
+  __syncthreads();  // pre
+  float* x = p.x + t * p.dim;
+  if (threadIdx.x >= kWarp) {
+    // Warps 1.. collapse the streams (which needs pre only) while warp 0 runs the Sinkhorn.
+    hc::collapse(p.h + t * HD, pre, hc, p.dim, x, true, threadIdx.x - kWarp, blockDim.x - kWarp);
+  } else if (hc * hc <= kWarp) {
     // Warp 0, lane l owns C[l / hc][l % hc]; row and column sums gather the hc values by shuffles
     // and add them in the CPU's index order, so every element sees the CPU's arithmetic.
-    if (threadIdx.x < kWarp) {
-      const bool own = lane < hc * hc;
-      const int j = own ? lane / hc : 0, k = own ? lane % hc : 0;
-      auto row_sum = [&](float v) {
-        float s = 0.0f;
-        for (int kk = 0; kk < hc; ++kk) s = add_rn(s, __shfl_sync(0xffffffffu, v, j * hc + kk));
-        return s;
-      };
-      auto col_sum = [&](float v) {
-        float s = 0.0f;
-        for (int jj = 0; jj < hc; ++jj) s = add_rn(s, __shfl_sync(0xffffffffu, v, jj * hc + k));
-        return s;
-      };
-      float c = own ? add_rn(mul_rn(mix[2 * hc + lane], p.scale[2]), p.base[2 * hc + lane]) : 0.0f;
-      float m = __shfl_sync(0xffffffffu, c, j * hc);
-      for (int kk = 1; kk < hc; ++kk) {
-        const float v = __shfl_sync(0xffffffffu, c, j * hc + kk);
-        m = v > m ? v : m;
-      }
-      c = exp_cr(sub_rn(c, m));
-      c = add_rn(div_rn(c, row_sum(c)), p.hc_eps);
-      c = div_rn(c, add_rn(col_sum(c), p.hc_eps));
-      for (int it = 0; it < p.sinkhorn_iters - 1; ++it) {
-        c = div_rn(c, add_rn(row_sum(c), p.hc_eps));
-        c = div_rn(c, add_rn(col_sum(c), p.hc_eps));
-      }
-      if (own) p.comb[t * hc * hc + lane] = c;
+    const bool own = lane < hc * hc;
+    const int j = own ? lane / hc : 0, k = own ? lane % hc : 0;
+    auto row_sum = [&](float v) {
+      float s = 0.0f;
+      for (int kk = 0; kk < hc; ++kk) s = add_rn(s, __shfl_sync(0xffffffffu, v, j * hc + kk));
+      return s;
+    };
+    auto col_sum = [&](float v) {
+      float s = 0.0f;
+      for (int jj = 0; jj < hc; ++jj) s = add_rn(s, __shfl_sync(0xffffffffu, v, jj * hc + k));
+      return s;
+    };
+    float c = own ? add_rn(mul_rn(mix[2 * hc + lane], p.scale[2]), p.base[2 * hc + lane]) : 0.0f;
+    float m = __shfl_sync(0xffffffffu, c, j * hc);
+    for (int kk = 1; kk < hc; ++kk) {
+      const float v = __shfl_sync(0xffffffffu, c, j * hc + kk);
+      m = v > m ? v : m;
     }
+    c = exp_cr(sub_rn(c, m));
+    c = add_rn(div_rn(c, row_sum(c)), p.hc_eps);
+    c = div_rn(c, add_rn(col_sum(c), p.hc_eps));
+    for (int it = 0; it < p.sinkhorn_iters - 1; ++it) {
+      c = div_rn(c, add_rn(row_sum(c), p.hc_eps));
+      c = div_rn(c, add_rn(col_sum(c), p.hc_eps));
+    }
+    if (own) p.comb[t * hc * hc + lane] = c;
   } else if (threadIdx.x == 0) {
     // Wide streams (hc > 5): the same arithmetic on one thread.
     float c[kMaxHc * kMaxHc];
@@ -100,9 +105,6 @@ __global__ void __launch_bounds__(hc::kThreads)
     }
     for (int i = 0; i < hc * hc; ++i) p.comb[t * hc * hc + i] = c[i];
   }
-  __syncthreads();
-  float* x = p.x + t * p.dim;
-  hc::collapse(p.h + t * HD, pre, hc, p.dim, x, true);
   if constexpr (kPack) {
     // pack_row reads x[t] by 128-column blocks, which other threads' collapse wrote: the barrier
     // makes those writes visible. stage is free since finish_mix (its last barrier): the block sum's.
@@ -118,9 +120,10 @@ void launch(const HcPreParams& p, const HcPrePackArgs& pk, cudaStream_t s) {
   TANDEM_CHECK_MSG(p.tokens < (int64_t{1} << 31), "hc_pre: too many tokens");
   const int nmix = (2 + p.hc) * p.hc;
   const int64_t HD = p.hc * p.dim;
-  const int ksplit = hc::ksplit_for(HD, nmix);
+  const int ksplit = hc_mix_ksplit(HD, nmix);
   const double* partial = hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
-  launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, 0, s, p, partial, ksplit, pk);
+  launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, hc::stage_bytes(nmix, ksplit), s, p,
+             partial, ksplit, pk);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
@@ -138,6 +141,14 @@ void hc_pre_pack(const HcPreParams& p, const HcPrePackArgs& pack, cudaStream_t s
   TANDEM_CHECK_MSG(p.dim % pack::kBlock == 0 && p.dim <= kMaxPackDim, "hc_pre_pack: dim");
   TANDEM_CHECK(pack.norm_weight && pack.codes && pack.scales);
   launch<true>(p, pack, s);
+}
+
+std::vector<SmemBound> hc_smem_bounds() {
+  // The finishing CTA stages one token's partials: hc::stage_bytes, at most hc::kMaxStage doubles
+  // (hc_mix_ksplit caps ksplit so); 3.2 KB for hc 4 x 4096.
+  const int64_t most = hc::kMaxStage * static_cast<int64_t>(sizeof(double));
+  const std::string shape = "(nmix + 1) x ksplit partials at hc_mix_ksplit's cap";
+  return {{"hc_pre_finish", most, shape, ""}, {"hc_head_finish", most, shape, ""}};
 }
 
 }  // namespace tandem::kernels::cuda

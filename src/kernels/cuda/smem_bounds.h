@@ -43,5 +43,6 @@ SmemBound sample_rows_smem_bound();               // sample_rows.cu
 std::vector<SmemBound> decode_gemm_smem_bounds();  // decode_gemm.cu
 std::vector<SmemBound> gemm_tc_smem_bounds();      // gemm_tc.cu
 std::vector<SmemBound> gemm_ws_smem_bounds();      // gemm_ws.cu
+std::vector<SmemBound> hc_smem_bounds();           // hc_pre.cu (hc_pre and hc_head)
 
 }  // namespace tandem::kernels::cuda
