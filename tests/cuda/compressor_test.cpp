@@ -5,7 +5,8 @@
 // start (no previous block) and later. comp_rows_build is bit-exact (one add per element); the
 // pooled entries (softmax with exp) are correctly rounded to bf16 against a float64 reference with
 // a stated bound of the fp32 arithmetic, the CPU's result checked against the same reference;
-// store_entries byte for byte.
+// store_entries byte for byte; compress_step (the two launches fused) equals comp_rows_build then
+// compress_entries bit for bit (also at the verify sizes 6 and 96 rows).
 #include <cstdio>
 
 #include "cuda/model_kernel_util.h"
@@ -33,6 +34,10 @@ std::vector<CompCase> cases() {
   v.push_back({4, 128, 16, {{1, 20, 12, {9, 8, 7, 6, 5, 4, 3}}, {0, 31, 1, {2, 1, 0}}}});
   // ratio 128 (no overlap): the entry's 128 rows mostly from the ring.
   v.push_back({128, 512, 256, {{0, 120, 16, {1}}, {2, 250, 8, {0, 2}}}});
+  // Verify sizes: 6 rows (main compressor), 96 rows (indexer's compressor; ratio 128 from ring + step).
+  v.push_back({4, 512, 16, {{0, 37, 6, {5, 1, 9}}}});
+  v.push_back({4, 128, 256, {{1, 200, 96, {2, 7}}}});
+  v.push_back({128, 512, 256, {{2, 100, 96, {3, 4}}}});
   return v;
 }
 
@@ -184,6 +189,26 @@ TEST(CudaCompressor, RowsEntriesAndStoresMatchCpu) {
     for (size_t i = 0; i < got.size(); ++i) same += num::f32_bits(got[i]) == num::f32_bits(want_entry[i]);
     std::printf("[cuda compress_entries] ratio %d d %lld: %zu of %zu values bit-equal to the CPU's\n", c.ratio,
                 static_cast<long long>(c.d), same, got.size());
+
+    // ---- compress_step: comp_rows_build + compress_entries in one launch, bit for bit ----
+    {
+      auto frows = poisoned<float>(step_rows.size());
+      auto fentry = poisoned<float>(want_entry.size());
+      auto fpos = poisoned<int64_t>(want_pos.size());
+      auto fflag = poisoned<int32_t>(want_flag.size());
+      CompressArgs fa = ca;
+      fa.step_rows = nullptr;  // the fused kernel reads this step's rows from kv, gate and ape
+      fa.entry = fentry.get();
+      fa.entry_pos = fpos.get();
+      fa.flag = fflag.get();
+      cuda_model::compress_step(
+          CompRowsArgs{dkv.get(), dgate.get(), dape.get(), st.meta, rows, s.C, c.ratio, frows.get()}, fa, kStream);
+      EXPECT_TRUE(same_bits(to_host(frows), to_host(drows))) << "compress_step's rows vs comp_rows_build";
+      EXPECT_TRUE(same_bits(to_host(fentry), got)) << "compress_step's entries vs compress_entries (element = row * "
+                                                   << s.d << " + channel)";
+      EXPECT_TRUE(same_values(to_host(fflag), want_flag)) << "compress_step's flags";
+      EXPECT_TRUE(same_values(to_host(fpos), want_pos)) << "compress_step's entry positions";
+    }
 
     DeviceBuffer<uint8_t> drec = to_dev(rec), dpool = to_dev(pool);
     DeviceBuffer<int32_t> dwflag = to_dev(want_flag);
