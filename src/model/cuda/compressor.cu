@@ -7,6 +7,7 @@
 #include "common/numeric_core.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "model/cuda/compressor.cuh"
 
 namespace tandem::cuda_model {
 
@@ -135,11 +136,7 @@ __global__ void store_entries_kernel(StoreEntriesArgs a) {
   kernels::cuda::pdl_enter();
   const int64_t t = blockIdx.x;
   if (t >= a.rows || !a.flag[t]) return;
-  const int seq = a.m.row_seq[t];
-  const int64_t pos = a.entry_pos[t];
-  const int32_t blk = a.m.block_tables[static_cast<int64_t>(seq) * a.m.max_blocks + pos / a.m.block_size];
-  const int64_t in_blk = (pos % a.m.block_size) / a.ratio;
-  uint8_t* dst = a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_off + in_blk * a.rec_bytes;
+  uint8_t* dst = entry_slot(a.m, t, a.entry_pos[t], a.ratio, a.pool, a.block_bytes, a.pool_off, a.rec_bytes);
   for (int64_t b = threadIdx.x; b < a.rec_bytes; b += blockDim.x) dst[b] = a.rec[t * a.rec_bytes + b];
 }
 

@@ -384,7 +384,8 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
   ca.entry_pos = entry_pos.get();
   ca.flag = flag.get();
   cuda_model::compress_step({kv_buf, gate_buf, cw.ape, meta, n, C, cw.ratio, rows_buf}, ca, stream);
-  // The entries' RMSNorm, RoPE, (the indexer's: Hadamard) and records: one kernel.
+  // The entries' RMSNorm, RoPE, (the indexer's: Hadamard) and records, and the completed entries'
+  // records into the pool (store_entries): one kernel.
   if (n > 0) {
     cuda_model::NormRopeArgs nr;
     nr.k = entry.get();
@@ -399,12 +400,14 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
     nr.rope_dim = static_cast<int>(cfg.qk_rope_head_dim);
     nr.tokens = n;
     nr.eps = static_cast<float>(cfg.rms_norm_eps);
+    nr.store_flag = flag.get();
+    nr.m = meta;
+    nr.ratio = cw.ratio;
+    nr.pool = pool.get();
+    nr.block_bytes = lay.block_bytes;
+    nr.pool_off = pool_off;
     cuda_model::norm_rope(nr, stream);
   }
-  const int64_t rec_bytes = cw.rotate ? lay.key.bytes : lay.rec.bytes;
-  cuda_model::store_entries(
-      {entry_rec.get(), rec_bytes, flag.get(), entry_pos.get(), meta, n, cw.ratio, pool.get(), lay.block_bytes, pool_off},
-      stream);
   section(prev);
 }
 
