@@ -10,7 +10,8 @@
 // correctly rounded against a float64 reference within a stated bound of the kernel's arithmetic
 // (see attend_ref), the CPU's output is held to the same reference with its own depths, and the
 // count of outputs bit-equal to the CPU's is printed. The target kernel's two launch shapes (split
-// over chunks + fold kernel, and one folding block per row) must agree bit for bit.
+// over chunks + fold kernel, and one folding block per row) must agree bit for bit, and with the
+// output's inverse RoPE in their epilogues (AttnArgs::out_inv_freq) equal the rope op after them.
 #include <cstdio>
 #include <map>
 
@@ -214,6 +215,10 @@ TEST(CudaAttention, MatchesCpu) {
   cases.push_back({KvRecordKind::kFp8, 128, 20, 512, 0, {{0, 1040000, 2, {}}}});
   cases.push_back({KvRecordKind::kFp8, 4, 6, 128, 32, {{0, 500, 3, {}}, {1, 0, 5, {}}}});  // the tiny models
   cases.push_back({KvRecordKind::kNvfp4, 128, 4, 128, 0, {{2, 300, 2, {}}}});
+  // Verify sizes (6 and 96 rows of one sequence), each layer kind: the output's inverse RoPE check.
+  cases.push_back({KvRecordKind::kFp8, 4, 32, 512, 512, {{0, 2100, 6, {}}}});
+  cases.push_back({KvRecordKind::kBf16, 128, 8, 512, 0, {{1, 1500, 96, {}}}});
+  cases.push_back({KvRecordKind::kNvfp4, 0, 8, 512, 0, {{0, 700, 96, {}}}});
   uint64_t seed = 1;
   for (TargetCase& c : cases) {
     const KvRecordLayout l = KvRecordLayout::make(c.kind, c.hd, 64);
@@ -349,6 +354,53 @@ TEST(CudaAttention, MatchesCpu) {
     const std::vector<float> got = to_host(out_split);
     chk.check_gpu(got, "attention");
     EXPECT_TRUE(same_bits(to_host(out_fold), got)) << "folding blocks vs split over chunks";
+    // o's inverse RoPE in the epilogue (AttnArgs::out_inv_freq) in both launch shapes == the rope op
+    // (inverse, rounded to bf16: the forward's former launch) on the plain output, bit for bit.
+    {
+      const int rope_dim = 64;
+      std::vector<float> inv(rope_dim / 2);
+      RopeFreqParams fp;
+      fp.inv_freq = inv.data();
+      fp.rope_dim = rope_dim;
+      fp.base = 10000.0;
+      fp.original_seq_len = 65536;
+      fp.factor = 16.0;
+      rope_inv_freq(fp);
+      DeviceBuffer<float> dinv = to_dev(inv);
+      RopeParams rp;
+      rp.x = out_fold.get();  // == got's bits
+      rp.positions = st.meta.positions;
+      rp.inv_freq = dinv.get();
+      rp.tokens = rows;
+      rp.heads = H;
+      rp.head_stride = hd;
+      rp.rope_offset = static_cast<int>(hd) - rope_dim;
+      rp.rope_dim = rope_dim;
+      rp.inverse = true;
+      rp.round_bf16 = true;
+      kernels::cuda::rope(rp, kStream);
+      const std::vector<float> want = to_host(out_fold);
+      a.out_inv_freq = dinv.get();
+      a.out_rope_dim = rope_dim;
+      auto rot_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
+      a.out = rot_fold.get();
+      cuda_model::attention(a, kStream);  // folding blocks (a.partial is null)
+      auto rot_split = poisoned<float>(static_cast<size_t>(rows * H * hd));
+      a.partial = partial.get();
+      a.partial_slots = rows * nchunks;
+      a.out = rot_split.get();
+      EXPECT_TRUE(cuda_model::attention_splits(a));
+      cuda_model::attention(a, kStream);
+      const std::vector<float> gs = to_host(rot_split), gf = to_host(rot_fold);
+      // (element i = row i / (heads * hd), head i / hd % heads, dim i % hd; the rotated dims are the last 64)
+      EXPECT_TRUE(same_bits(gs, want)) << "attention + inverse RoPE epilogue (split + fold_kernel) vs then rope";
+      EXPECT_TRUE(same_bits(gf, want)) << "attention + inverse RoPE epilogue (folding blocks) vs then rope";
+      a.out_inv_freq = nullptr;
+      a.out_rope_dim = 0;
+      a.partial = nullptr;
+      a.partial_slots = 0;
+      a.out = out_fold.get();
+    }
     if (H == 64)
       std::printf("[cuda perf] attention %s, 64 heads x 512, window 128 + top-%d, %lld rows: %.1f us\n",
                   kind_name(c.kind), c.topk, static_cast<long long>(rows),
@@ -420,6 +472,42 @@ TEST(CudaDraftAttention, MatchesCpu) {
     a.B = B;
     cuda_model::draft_attention(a, kStream);
     chk.check_gpu(to_host(dout), "draft_attention");
+    // The output's inverse RoPE in the epilogue (DraftAttnArgs::out_inv_freq) == the rope op (inverse,
+    // rounded to bf16) after the plain kernel, bit for bit; the block's rows at P + t.
+    {
+      const int rope_dim = 64;
+      std::vector<float> inv(rope_dim / 2);
+      RopeFreqParams fp;
+      fp.inv_freq = inv.data();
+      fp.rope_dim = rope_dim;
+      fp.base = 10000.0;
+      rope_inv_freq(fp);
+      std::vector<int64_t> rpos(static_cast<size_t>(B * K));
+      for (int64_t r = 0; r < B * K; ++r) rpos[r] = P[r / K] + r % K;
+      DeviceBuffer<float> dinv = to_dev(inv);
+      DeviceBuffer<int64_t> drpos = to_dev(rpos);
+      RopeParams rp;
+      rp.x = dout.get();
+      rp.positions = drpos.get();
+      rp.inv_freq = dinv.get();
+      rp.tokens = B * K;
+      rp.heads = H;
+      rp.head_stride = hd;
+      rp.rope_offset = static_cast<int>(hd) - rope_dim;
+      rp.rope_dim = rope_dim;
+      rp.inverse = true;
+      rp.round_bf16 = true;
+      kernels::cuda::rope(rp, kStream);
+      auto drot = poisoned<float>(static_cast<size_t>(B * K * H * hd));
+      a.out = drot.get();
+      a.out_positions = drpos.get();
+      a.out_inv_freq = dinv.get();
+      a.out_rope_dim = rope_dim;
+      cuda_model::draft_attention(a, kStream);
+      EXPECT_TRUE(same_bits(to_host(drot), to_host(dout)))
+          << "draft attention + inverse RoPE epilogue vs draft attention then rope (element = (row * heads + head) * "
+          << hd << " + dim)";
+    }
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -5,11 +5,15 @@
 // start (no previous block) and later. comp_rows_build is bit-exact (one add per element); the
 // pooled entries (softmax with exp) are correctly rounded to bf16 against a float64 reference with
 // a stated bound of the fp32 arithmetic, the CPU's result checked against the same reference;
-// store_entries byte for byte.
+// store_entries byte for byte; compress_step (the two launches fused) equals comp_rows_build then
+// compress_entries bit for bit (also at the verify sizes 6 and 96 rows), and norm_rope with the store
+// (the forward's compressor tail) equals norm_rope then store_entries (entries, records, pool bytes).
+#include <cmath>
 #include <cstdio>
 
 #include "cuda/model_kernel_util.h"
 #include "model/cuda/compressor.h"
+#include "model/cuda/norm_rope.h"
 #include "model/math.h"
 
 namespace tandem::kernels::cuda_testing {
@@ -33,6 +37,10 @@ std::vector<CompCase> cases() {
   v.push_back({4, 128, 16, {{1, 20, 12, {9, 8, 7, 6, 5, 4, 3}}, {0, 31, 1, {2, 1, 0}}}});
   // ratio 128 (no overlap): the entry's 128 rows mostly from the ring.
   v.push_back({128, 512, 256, {{0, 120, 16, {1}}, {2, 250, 8, {0, 2}}}});
+  // Verify sizes: 6 rows (main compressor), 96 rows (indexer's compressor; ratio 128 from ring + step).
+  v.push_back({4, 512, 16, {{0, 37, 6, {5, 1, 9}}}});
+  v.push_back({4, 128, 256, {{1, 200, 96, {2, 7}}}});
+  v.push_back({128, 512, 256, {{2, 100, 96, {3, 4}}}});
   return v;
 }
 
@@ -185,6 +193,26 @@ TEST(CudaCompressor, RowsEntriesAndStoresMatchCpu) {
     std::printf("[cuda compress_entries] ratio %d d %lld: %zu of %zu values bit-equal to the CPU's\n", c.ratio,
                 static_cast<long long>(c.d), same, got.size());
 
+    // ---- compress_step: comp_rows_build + compress_entries in one launch, bit for bit ----
+    {
+      auto frows = poisoned<float>(step_rows.size());
+      auto fentry = poisoned<float>(want_entry.size());
+      auto fpos = poisoned<int64_t>(want_pos.size());
+      auto fflag = poisoned<int32_t>(want_flag.size());
+      CompressArgs fa = ca;
+      fa.step_rows = nullptr;  // the fused kernel reads this step's rows from kv, gate and ape
+      fa.entry = fentry.get();
+      fa.entry_pos = fpos.get();
+      fa.flag = fflag.get();
+      cuda_model::compress_step(
+          CompRowsArgs{dkv.get(), dgate.get(), dape.get(), st.meta, rows, s.C, c.ratio, frows.get()}, fa, kStream);
+      EXPECT_TRUE(same_bits(to_host(frows), to_host(drows))) << "compress_step's rows vs comp_rows_build";
+      EXPECT_TRUE(same_bits(to_host(fentry), got)) << "compress_step's entries vs compress_entries (element = row * "
+                                                   << s.d << " + channel)";
+      EXPECT_TRUE(same_values(to_host(fflag), want_flag)) << "compress_step's flags";
+      EXPECT_TRUE(same_values(to_host(fpos), want_pos)) << "compress_step's entry positions";
+    }
+
     DeviceBuffer<uint8_t> drec = to_dev(rec), dpool = to_dev(pool);
     DeviceBuffer<int32_t> dwflag = to_dev(want_flag);
     DeviceBuffer<int64_t> dwpos = to_dev(want_pos);
@@ -192,6 +220,59 @@ TEST(CudaCompressor, RowsEntriesAndStoresMatchCpu) {
                                                c.ratio, dpool.get(), block_bytes, pool_off},
                               kStream);
     EXPECT_TRUE(same_values(to_host(dpool), want_pool, static_cast<size_t>(block_bytes))) << "store_entries";
+
+    // ---- the forward's compressor tail: norm_rope with the store (NormRopeArgs::pool) == norm_rope,
+    // then store_entries of its records: the same entries, records and pool bytes ----
+    {
+      const bool rotate = c.d == 128;  // the indexer's compressor: Hadamard + index key records
+      std::vector<float> inv(32), knorm = randn(static_cast<size_t>(c.d), seed + 7, 0.2f, true);
+      for (int i = 0; i < 32; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / 64));
+      for (float& w : knorm) w = num::round_bf16(1.0f + w);
+      DeviceBuffer<float> dinv = to_dev(inv), dknorm = to_dev(knorm);
+      for (KvRecordKind kind : {KvRecordKind::kFp8, KvRecordKind::kNvfp4}) {
+        if (rotate && kind != KvRecordKind::kFp8) continue;  // one key layout
+        const KvRecordLayout kvl = KvRecordLayout::make(kind, c.d, 64);
+        const IndexKeyLayout kl = IndexKeyLayout::make(c.d);
+        const int64_t rb = rotate ? kl.bytes : kvl.bytes, bb = pool_off + per_block * rb + 24;
+        std::vector<uint8_t> pool0(static_cast<size_t>(nblocks * bb));
+        for (size_t i = 0; i < pool0.size(); ++i) pool0[i] = static_cast<uint8_t>(mix64(seed * 5 + i));
+        DeviceBuffer<float> x_ref = to_dev(got), x_got = to_dev(got);  // compress_entries' entries
+        auto rec_ref = poisoned<uint8_t>(static_cast<size_t>(rows * rb));
+        auto rec_got = poisoned<uint8_t>(static_cast<size_t>(rows * rb));
+        DeviceBuffer<uint8_t> pool_ref = to_dev(pool0), pool_got = to_dev(pool0);
+        cuda_model::NormRopeArgs nr;
+        nr.k_dim = static_cast<int>(c.d);
+        nr.k_norm = dknorm.get();
+        nr.rotate = rotate;
+        nr.rec = kvl;
+        nr.key = kl;
+        nr.positions = dpos.get();  // compress_entries' entry positions
+        nr.inv_freq = dinv.get();
+        nr.rope_dim = 64;
+        nr.tokens = rows;
+        nr.k = x_ref.get();
+        nr.records = rec_ref.get();
+        cuda_model::norm_rope(nr, kStream);
+        cuda_model::store_entries(StoreEntriesArgs{rec_ref.get(), rb, dflag.get(), dpos.get(), st.meta, rows, c.ratio,
+                                                   pool_ref.get(), bb, pool_off},
+                                  kStream);
+        nr.k = x_got.get();
+        nr.records = rec_got.get();
+        nr.store_flag = dflag.get();
+        nr.m = st.meta;
+        nr.ratio = c.ratio;
+        nr.pool = pool_got.get();
+        nr.block_bytes = bb;
+        nr.pool_off = pool_off;
+        cuda_model::norm_rope(nr, kStream);
+        const char* what = rotate ? "index keys" : kind_name(kind);
+        EXPECT_TRUE(same_bits(to_host(x_got), to_host(x_ref))) << "norm_rope + store: entries (" << what << ")";
+        EXPECT_TRUE(same_values(to_host(rec_got), to_host(rec_ref), static_cast<size_t>(rb)))
+            << "norm_rope + store: records (" << what << ", record = row)";
+        EXPECT_TRUE(same_values(to_host(pool_got), to_host(pool_ref), static_cast<size_t>(bb)))
+            << "norm_rope + store vs norm_rope then store_entries: the pool (" << what << ", record = block)";
+      }
+    }
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -10,7 +10,9 @@
 // visibility, 64, 32 (one rank of TP=2) and 5 heads, one row per block and four (spans of one
 // sequence sharing the key tiles). The forward's top-k after it (the indexer's
 // histogram as pass 1) against kernels::cpu::topk on the CPU's scores. Also the weights'
-// scale_round against model::scale_round_bf16.
+// scale_round against model::scale_round_bf16, and the kernel's own weight scaling (w_scale, the
+// forward's path) against scale_round then the kernel, bit for bit (also at verify sizes 6 and 96).
+#include <cmath>
 #include <cstdio>
 
 #include "cuda/model_kernel_util.h"
@@ -39,6 +41,9 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
   std::vector<C> cases;
   cases.push_back({64, 128, 256, {{0, 0, 9, {3}}, {1, 400, 3, {1, 0}}, {2, 1000, 1, {4, 2, 5, 6}}}});
   cases.push_back({5, 64, 16, {{0, 0, 2, {0}}, {1, 61, 6, {7, 1, 6, 2}}, {2, 30, 4, {3, 4}}}});
+  // verify sizes: 6 rows (64 heads), 96 rows (one rank of TP=2: 32 heads)
+  cases.push_back({64, 128, 256, {{1, 1100, 6, {4, 0, 2, 3, 1}}}});
+  cases.push_back({32, 128, 256, {{0, 600, 96, {2, 0, 1}}}});
   {
     // one rank of TP=2 (32 heads), 10,000 positions: 2,500 entries (20 tiles of 128, top-512 of them)
     C c{32, 128, 256, {{0, 9990, 3, {}}, {1, 3000, 1, {}}}};
@@ -188,6 +193,36 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
       for (int64_t t = 0; t < rows; ++t)
         for (int64_t e = 0; e < n_cols; ++e) got4[t * n_cols + e] = num::bf16_to_f32(bits4[t * lds + e]);
       EXPECT_TRUE(same_bits(got4, want)) << "4 rows per block";
+    }
+    // the head weights' scale applied by the kernel (IndexerArgs::w_scale, the forward's path) ==
+    // scale_round on unscaled weights, then the kernel: the same score bits, 1 and 4 rows per block
+    {
+      const float wsc = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)) / std::sqrt(64.0));
+      const std::vector<float> u = randn(static_cast<size_t>(rows * H), seed + 3, 3.0f, true);  // GEMM rows (bf16)
+      DeviceBuffer<float> du = to_dev(u), dscaled = to_dev(u);
+      cuda_model::scale_round(ScaleRoundArgs{dscaled.get(), rows * H, wsc}, kStream);
+      for (int rpb : {0, 4}) {
+        auto d_ref = poisoned<uint16_t>(static_cast<size_t>(rows * lds));
+        auto d_got = poisoned<uint16_t>(static_cast<size_t>(rows * lds));
+        IndexerArgs ir = ia;
+        ir.hist = nullptr;
+        ir.rows_per_block = rpb;
+        ir.w = dscaled.get();
+        ir.scores = d_ref.get();
+        cuda_model::indexer_scores_paged(ir, kStream);
+        IndexerArgs ig = ir;
+        ig.w = du.get();
+        ig.w_scale = wsc;
+        ig.scores = d_got.get();
+        cuda_model::indexer_scores_paged(ig, kStream);
+        std::vector<uint16_t> r = to_host(d_ref), g = to_host(d_got);
+        for (int64_t t = 0; t < rows; ++t) {  // the padding columns past n_cols are not written
+          std::fill(r.begin() + t * lds + n_cols, r.begin() + (t + 1) * lds, uint16_t{0});
+          std::fill(g.begin() + t * lds + n_cols, g.begin() + (t + 1) * lds, uint16_t{0});
+        }
+        EXPECT_TRUE(same_values(g, r, static_cast<size_t>(lds)))
+            << "scores with w_scale vs scale_round then scores (record = row), rows per block " << rpb;
+      }
     }
     // the forward's top-k, pass 1 from the indexer
     auto dtop = poisoned<int32_t>(static_cast<size_t>(rows * (TK + 3)));

@@ -3,8 +3,10 @@
 // score), -1 past min(k, visible). Rows with nothing visible, fewer than k, exactly k, one more,
 // thousands and a hundred thousand entries (many slices); scores with massive ties (a handful of
 // distinct values: the threshold value shared by thousands of entries, taken lowest id first),
-// NaN (above everything) and -inf among the visible entries; k = 512 and the tiny models' 16. Two
-// calls on the same state (the counters it leaves zero are reused).
+// NaN (above everything) and -inf among the visible entries; k = 512 and the tiny models' 16. Three
+// calls on the same state (the counters it leaves zero are reused), the third forced to the three
+// passes: rows of one slice (up to 2048 columns, also 6 and 96 rows) run as one launch by default,
+// and both forms must give the CPU's ids exactly (so each other's).
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -40,9 +42,17 @@ TEST(CudaIndexerTopk, MatchesCpuTopkSet) {
   const std::vector<Case> cases = {
       {512, {{0, 0}, {1, 0}, {300, 0}, {512, 0}, {513, 0}, {5000, 0}, {5000, 1}, {4097, 2}, {100000, 0}, {100000, 1}}},
       {16, {{3, 0}, {16, 1}, {17, 1}, {2048, 0}, {2049, 2}, {70000, 1}}},
+      // one slice per row (n_cols <= 2048: one launch, or the three passes): 6 rows (a verify step)
+      {512, {{0, 0}, {513, 1}, {2027, 0}, {1500, 1}, {1200, 2}, {512, 0}}},
+      {16, {{3, 0}, {16, 1}, {17, 1}, {700, 2}}},
   };
+  // 96 rows of one slice (a verify step of 96 tokens), visibility rising as a sequence's does
+  Case verify{512, {}};
+  for (int i = 0; i < 96; ++i) verify.rows.push_back({1900 + i, i % 3});
+  std::vector<Case> all_cases = cases;
+  all_cases.push_back(verify);
   uint64_t seed = 3;
-  for (const Case& c : cases) {
+  for (const Case& c : all_cases) {
     const int64_t rows = static_cast<int64_t>(c.rows.size());
     int64_t n_cols = 0;
     for (const Row& r : c.rows) n_cols = std::max<int64_t>(n_cols, r.visible);
@@ -55,7 +65,9 @@ TEST(CudaIndexerTopk, MatchesCpuTopkSet) {
       work.reset(cuda_model::topk_work_bytes(rows, n_cols));
       TANDEM_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
     }
-    for (int call = 0; call < 2; ++call) {
+    // calls 0, 1: the default launch (one launch for one slice); 2: the three passes, which must give
+    // the same ids (both equal the CPU's exactly)
+    for (int call = 0; call < 3; ++call) {
       std::vector<float> scores(static_cast<size_t>(rows * n_cols), -std::numeric_limits<float>::infinity());
       std::vector<uint16_t> bits(static_cast<size_t>(rows * lds), 0x7fc1);  // NaN padding: never read
       std::vector<int32_t> vis(static_cast<size_t>(rows));
@@ -95,12 +107,15 @@ TEST(CudaIndexerTopk, MatchesCpuTopkSet) {
       a.out = dout.get();
       a.ldo = ldo;
       a.state = cuda_model::topk_state(counters.get(), rows, work.get(), work.bytes());
+      a.one_launch = call < 2;
       cuda_model::indexer_topk(a, kStream);
       const std::vector<int32_t> all = to_host(dout);
       std::vector<int32_t> got(static_cast<size_t>(rows * c.k));
       for (int64_t t = 0; t < rows; ++t)
         std::copy(all.begin() + t * ldo, all.begin() + t * ldo + c.k, got.begin() + t * c.k);
-      EXPECT_TRUE(same_values(got, want, static_cast<size_t>(c.k))) << "call " << call << " (record = row)";
+      EXPECT_TRUE(same_values(got, want, static_cast<size_t>(c.k)))
+          << "call " << call << (n_cols <= cuda_model::kTopkSlice && call < 2 ? " (one launch)" : " (three passes)")
+          << " (record = row)";
       std::vector<uint8_t> left(counters.bytes());
       TANDEM_CUDA_CHECK(cudaMemcpy(left.data(), counters.get(), left.size(), cudaMemcpyDeviceToHost));
       EXPECT_EQ(std::count(left.begin(), left.end(), 0), static_cast<std::ptrdiff_t>(left.size()))

@@ -19,6 +19,7 @@
 #include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/row_math.cuh"
 #include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
@@ -203,6 +204,15 @@ __device__ __forceinline__ float fold(float acc, float part, float alpha, float 
 }
 // zt = z + exp(sink - m): out = bf16(o / zt).
 __device__ __forceinline__ float finish(float o, float zt) { return num::round_bf16(div_rn(o, zt)); }
+
+// The output's inverse RoPE (AttnArgs::out_inv_freq) of the pair (x[0], x[1]) at dims (dim, dim + 1)
+// of a head (dim even), row position pos: rope()'s pair operation where the pair is in the rotated tail.
+template <int D>
+__device__ __forceinline__ void out_rope(const AttnArgs& a, int dim, int64_t pos, float (&x)[2]) {
+  const int r0 = D - a.out_rope_dim;
+  if (!a.out_inv_freq || dim < r0) return;
+  kernels::cuda::row::rope_pair(x, pos, a.out_inv_freq[(dim - r0) / 2], true, true);
+}
 
 // The block's 16 query heads [h0, h0 + 16) of row t as bf16 rows (zeros past the last head).
 template <int D>
@@ -451,8 +461,11 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
     const float zt = add_rn(zrun[i], expf(sub_rn(a.sink[h], mrun[i])));
     float* o = a.out + (t * a.heads + h) * D + dim0;
 #pragma unroll
-    for (int n = 0; n < kParts * NTP; ++n)
-      *reinterpret_cast<float2*>(o + 8 * n) = make_float2(finish(orun[n][2 * i], zt), finish(orun[n][2 * i + 1], zt));
+    for (int n = 0; n < kParts * NTP; ++n) {
+      float pr[2] = {finish(orun[n][2 * i], zt), finish(orun[n][2 * i + 1], zt)};
+      out_rope<D>(a, dim0 + 8 * n, a.m.positions[t], pr);  // dim0 is even: the pair is this thread's
+      *reinterpret_cast<float2*>(o + 8 * n) = make_float2(pr[0], pr[1]);
+    }
   }
 }
 
@@ -514,7 +527,13 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
     s_zrun = zrun;
   }
   __syncthreads();
-  a.out[(t * H + h) * D + tid] = finish(o, add_rn(s_zrun, expf(sub_rn(a.sink[h], s_mrun))));
+  const float v = finish(o, add_rn(s_zrun, expf(sub_rn(a.sink[h], s_mrun))));
+  // The inverse RoPE's pair (tid & ~1, tid | 1) lives in two lanes of a warp (blockDim = D, full
+  // warps): both compute it, each keeps its half. Every thread shuffles (no divergence around it).
+  const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+  float pr[2] = {(tid & 1) ? other : v, (tid & 1) ? v : other};
+  out_rope<D>(a, tid & ~1, a.m.positions[t], pr);
+  a.out[(t * H + h) * D + tid] = pr[tid & 1];
 }
 
 template <int D>
@@ -562,6 +581,7 @@ void attention(const AttnArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
   TANDEM_CHECK_MSG(attention_supports_head_dim(a.hd), "attention: head_dim must be 128, 256 or 512");
   TANDEM_CHECK(a.heads > 0 && a.max_keys >= 0);
+  if (a.out_inv_freq) TANDEM_CHECK(a.out_rope_dim > 0 && a.out_rope_dim % 2 == 0 && a.out_rope_dim <= a.hd);
   const int nchunks = chunks_of(a);
   const unsigned tiles = static_cast<unsigned>((a.heads + kHeads - 1) / kHeads);
   // The CPU's score scale: fl(1 / fl(sqrt(hd))) (model::attend).

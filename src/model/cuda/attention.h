@@ -57,6 +57,11 @@ struct AttnArgs {
   KvRecordLayout rec;
   int max_keys = 0;                  // bound on keys per row (the launch covers ceil(max_keys/64) chunks)
   float* out = nullptr;              // [rows, heads, hd]
+  // Optional (out_inv_freq != null): the inverse RoPE of each output head's last out_rope_dim dims
+  // at the row's position, rounded to bf16, in the epilogue: the bits of rope(inverse, round_bf16)
+  // on `out` after the attention (the same row::rope_pair on the same values), one launch fewer.
+  const float* out_inv_freq = nullptr;  // [out_rope_dim / 2]
+  int out_rope_dim = 0;              // even, <= hd
   StepMeta m;
   int64_t rows = 0;
   // Split-K scratch: attn_partial_floats(heads, hd, slots) floats for `partial_slots` (row, chunk)
@@ -92,6 +97,11 @@ struct DraftAttnArgs {
   KvRecordLayout rec;
   float* out = nullptr;              // [B*K, heads, hd]
   int64_t B = 0;
+  // Optional (out_inv_freq != null): the output's inverse RoPE as AttnArgs::out_inv_freq, row r at
+  // out_positions[r] (hd a multiple of 64).
+  const int64_t* out_positions = nullptr;  // [B*K]
+  const float* out_inv_freq = nullptr;     // [out_rope_dim / 2]
+  int out_rope_dim = 0;                    // even, <= hd
 };
 void draft_attention(const DraftAttnArgs& a, cudaStream_t s);
 

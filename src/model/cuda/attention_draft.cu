@@ -1,12 +1,15 @@
 // DSpark's draft attention (attention.h): one block per (row, head). The key list (the context
 // ring, then the draft block) is gathered as pointers into shared memory, then attend_keys scores
-// every key, takes one global max, normalises with the sink and writes the bf16 output.
+// every key, takes one global max, normalises with the sink and writes the bf16 output (optionally
+// rotated back: the output's inverse RoPE, DraftAttnArgs::out_inv_freq).
 #include "model/cuda/attention.h"
 
 #include <cuda_runtime.h>
 
 #include "common/numeric_core.h"
+#include "common/check.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/row_math.cuh"
 #include "model/cuda/smem_bounds.h"
 
 namespace tandem::cuda_model {
@@ -29,9 +32,13 @@ __device__ __forceinline__ float key_elem(uint64_t kp, const KvRecordLayout& l, 
 __device__ __forceinline__ float attn_scale(int hd) { return __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(hd))); }
 
 // Scores of the listed keys for head h of query qh, then the sink-normalised weighted sum, written
-// (bf16-rounded) to out[hd]. s_keys/s_p in shared memory, nk keys. blockDim.x threads.
+// (bf16-rounded) to out[hd], with inv_freq its inverse RoPE at pos on the last rope_dim dims (rope()'s
+// pair operation; the pair (d, d + 1) is in lanes d, d + 1 of one warp: hd is a multiple of 64, so
+// every lane of a warp runs the same iterations). s_keys/s_p in shared memory, nk keys. blockDim.x
+// threads (a multiple of 32).
 __device__ void attend_keys(const float* qh, const uint64_t* s_keys, float* s_p, int nk, const KvRecordLayout& l,
-                            int hd, float scale, float sink, float* out, float* s_red) {
+                            int hd, float scale, float sink, float* out, float* s_red, const float* inv_freq,
+                            int rope_dim, int64_t pos) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   for (int i = warp; i < nk; i += nw) {
     float acc = 0.0f;
@@ -56,7 +63,17 @@ __device__ void attend_keys(const float* qh, const uint64_t* s_keys, float* s_p,
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.0f;
     for (int i = 0; i < nk; ++i) acc += s_p[i] * key_elem(s_keys[i], l, d);
-    out[d] = nk > 0 ? num::round_bf16(acc / z) : 0.0f;
+    float v = nk > 0 ? num::round_bf16(acc / z) : 0.0f;
+    if (inv_freq) {
+      const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+      const int r0 = hd - rope_dim;
+      if (d >= r0) {
+        float pr[2] = {(d & 1) ? other : v, (d & 1) ? v : other};
+        kernels::cuda::row::rope_pair(pr, pos, inv_freq[(d - r0) / 2], true, true);
+        v = pr[d & 1];
+      }
+    }
+    out[d] = v;
   }
 }
 
@@ -83,7 +100,8 @@ __global__ void draft_attention_kernel(DraftAttnArgs a) {
   for (int d = threadIdx.x; d < a.hd; d += blockDim.x) s_q[d] = qh[d];
   __syncthreads();
   attend_keys(s_q, s_keys, s_p, nctx + a.K, a.rec, a.hd, attn_scale(a.hd), a.sink[h],
-              a.out + (r * a.heads + h) * a.hd, s_red);
+              a.out + (r * a.heads + h) * a.hd, s_red, a.out_inv_freq, a.out_rope_dim,
+              a.out_inv_freq ? a.out_positions[r] : 0);
 }
 
 size_t attn_smem(int max_keys, int hd) {
@@ -94,6 +112,9 @@ size_t attn_smem(int max_keys, int hd) {
 
 void draft_attention(const DraftAttnArgs& a, cudaStream_t s) {
   if (a.B == 0) return;
+  if (a.out_inv_freq)
+    TANDEM_CHECK(a.out_positions && a.out_rope_dim > 0 && a.out_rope_dim % 2 == 0 && a.out_rope_dim <= a.hd &&
+                 a.hd % 64 == 0);
   const size_t smem = attn_smem(a.window + a.K, a.hd);
   kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(draft_attention_kernel), smem);
   dim3 grid(static_cast<unsigned>(a.B * a.K), static_cast<unsigned>(a.heads));

@@ -1,7 +1,8 @@
 // The KV compressor state machine on the device (the CPU: run_compressor in
 // DsV4Model::Impl::attention_target, src/model/forward.cpp, pooling with kernels::cpu::compress_pool):
 // per-row compressor rows, the gated pooling of every entry a step completes (reading this step's
-// rows or the slot's row ring), and the store of the finished entries' records into the pool.
+// rows or the slot's row ring; the two also as one launch, compress_step), and the store of the
+// finished entries' records into the pool.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -45,6 +46,14 @@ struct CompressArgs {
   int32_t* flag = nullptr;           // [rows] out
 };
 void compress_entries(const CompressArgs& a, cudaStream_t s);
+
+// comp_rows_build(rows) then compress_entries(entries) as one launch, with the same outputs bit for
+// bit (rows.out, entry, entry_pos, flag): each block writes its row's compressor row and pools its
+// entry reading this step's candidate rows from their operands (rows.kv, rows.gate + rows.ape, the
+// same one add per element) instead of rows.out, so no block reads another's output.
+// entries.step_rows is not read (null, or rows.out); rows.rows == entries.rows, rows.chans ==
+// entries.chans, rows.ratio == entries.ratio.
+void compress_step(const CompRowsArgs& rows, const CompressArgs& entries, cudaStream_t s);
 
 // Copies the records of flagged rows into the pool at the entry's block:
 // pool[block_tables[seq][pos / bs]] + pool_off + ((pos % bs) / ratio) * rec_bytes.

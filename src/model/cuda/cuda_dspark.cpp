@@ -150,8 +150,10 @@ void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
   da.rec = lay.rec;
   da.out = o.get();
   da.B = B;
+  da.out_positions = pos;  // o's inverse RoPE in the attention's epilogue
+  da.out_inv_freq = rope_swa.get();
+  da.out_rope_dim = static_cast<int>(c.qk_rope_head_dim);
   cuda_model::draft_attention(da, stream);
-  rope_rows(rope_swa.get(), o.get(), pos, N, H, hd, true);
   output_proj(b.attn, o.get(), N, a.get());
   section(OpClass::kMhc);
   hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing

@@ -151,23 +151,6 @@ void CudaModel::Impl::norm_rows(float* xx, int64_t rows, int64_t dim, const floa
   kernels::cuda::rms_norm(p, stream);
 }
 
-void CudaModel::Impl::rope_rows(const float* inv_freq, float* xx, const int64_t* positions, int64_t tokens,
-                                int64_t heads, int64_t head_stride, bool inverse) {
-  if (tokens == 0) return;
-  kernels::RopeParams p;
-  p.x = xx;
-  p.positions = positions;
-  p.inv_freq = inv_freq;
-  p.tokens = tokens;
-  p.heads = heads;
-  p.head_stride = head_stride;
-  p.rope_offset = static_cast<int>(head_stride - cfg.qk_rope_head_dim);
-  p.rope_dim = cfg.qk_rope_head_dim;
-  p.inverse = inverse;
-  p.round_bf16 = true;
-  kernels::cuda::rope(p, stream);
-}
-
 void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base,
                              float* xo, float* posto, float* combo, const float* norm_weight) {
   dec.packed_x = nullptr;  // xo is rewritten
@@ -384,7 +367,7 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
   const int64_t d = cw.head_dim, C = (cw.overlap ? 2 : 1) * d;
   linear(cw.wkv, xx, n, kv_buf, false);
   linear(cw.wgate, xx, n, gate_buf, false);
-  cuda_model::comp_rows_build({kv_buf, gate_buf, cw.ape, meta, n, C, cw.ratio, rows_buf}, stream);
+  // The step's compressor rows and the entries they complete: one launch (comp_rows_build + compress_entries).
   cuda_model::CompressArgs ca;
   ca.step_rows = rows_buf;
   ca.slot_state = slot_state.get();
@@ -400,8 +383,9 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
   ca.entry = entry.get();
   ca.entry_pos = entry_pos.get();
   ca.flag = flag.get();
-  cuda_model::compress_entries(ca, stream);
-  // The entries' RMSNorm, RoPE, (the indexer's: Hadamard) and records: one kernel.
+  cuda_model::compress_step({kv_buf, gate_buf, cw.ape, meta, n, C, cw.ratio, rows_buf}, ca, stream);
+  // The entries' RMSNorm, RoPE, (the indexer's: Hadamard) and records, and the completed entries'
+  // records into the pool (store_entries): one kernel.
   if (n > 0) {
     cuda_model::NormRopeArgs nr;
     nr.k = entry.get();
@@ -416,12 +400,14 @@ void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring
     nr.rope_dim = static_cast<int>(cfg.qk_rope_head_dim);
     nr.tokens = n;
     nr.eps = static_cast<float>(cfg.rms_norm_eps);
+    nr.store_flag = flag.get();
+    nr.m = meta;
+    nr.ratio = cw.ratio;
+    nr.pool = pool.get();
+    nr.block_bytes = lay.block_bytes;
+    nr.pool_off = pool_off;
     cuda_model::norm_rope(nr, stream);
   }
-  const int64_t rec_bytes = cw.rotate ? lay.key.bytes : lay.rec.bytes;
-  cuda_model::store_entries(
-      {entry_rec.get(), rec_bytes, flag.get(), entry_pos.get(), meta, n, cw.ratio, pool.get(), lay.block_bytes, pool_off},
-      stream);
   section(prev);
 }
 
@@ -454,12 +440,10 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const int64_t IH = at.n_idx_heads, ihd = cfg.index_head_dim, TK = cfg.index_topk;
   const bool csa = ratio == 4 && at.has_indexer;
   section(OpClass::kIndexer);
-  if (at.has_indexer) {  // iq: projected, rotated and FP4-rounded by q_and_kv
-    linear(at.idx_wproj, x.get(), n, iw.get());
-    const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) /
-                                            std::sqrt(static_cast<double>(cfg.index_n_heads)));
-    cuda_model::scale_round({iw.get(), n * IH, wscale}, stream);
-  }
+  // The head weights' scale (scale_round's) is applied by the score kernel as it loads them (IndexerArgs::w_scale).
+  const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) /
+                                          std::sqrt(static_cast<double>(cfg.index_n_heads)));
+  if (at.has_indexer) linear(at.idx_wproj, x.get(), n, iw.get());  // iq: projected, rotated and FP4-rounded by q_and_kv
   if (csa && max_vis4 > 0) {
     // Scores and top-k in chunks of rows that the score buffer and the top-k's work hold. (Under
     // tensor parallelism the bf16 scores are summed over ranks before the top-k: then the indexer
@@ -480,6 +464,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
       cuda_model::IndexerArgs ia;
       ia.q = iq.get() + r0 * IH * ihd;
       ia.w = iw.get() + r0 * IH;
+      ia.w_scale = wscale;
       ia.m = mc;
       ia.rows = rows;
       ia.heads = static_cast<int>(IH);
@@ -536,6 +521,8 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   aa.rec = lay.rec;
   aa.max_keys = cuda_model::attention_max_keys(cfg, ratio, csa, step.end_bound);
   aa.out = o.get();
+  aa.out_inv_freq = rope;  // o's inverse RoPE in the attention's epilogue
+  aa.out_rope_dim = static_cast<int>(cfg.qk_rope_head_dim);
   if (csa && max_vis4 == 0) aa.topk_k = 0;
   aa.m = meta;
   aa.rows = n;
@@ -543,7 +530,6 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   aa.partial_slots = attn_partial_slots;
   aa.sm_count = sm_count;
   cuda_model::attention(aa, stream);
-  rope_rows(rope, o.get(), meta.positions, n, H, hd, true);
   output_proj(at, o.get(), n, y);
 
   // Commit this step's rows into the slot rings (after every read of the old rows), in one launch.

@@ -319,8 +319,6 @@ struct CudaModel::Impl {
   void linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out = true,
               int64_t ldy = 0);
   void norm_rows(float* x, int64_t rows, int64_t dim, const float* weight);
-  void rope_rows(const float* inv_freq, float* x, const int64_t* positions, int64_t tokens, int64_t heads,
-                 int64_t head_stride, bool inverse);
   // With norm_weight: then xo = RMSNorm(xo) as dec_norm_rows does (x's codes packed for the decode
   // q/kv or MoE), fused into hc_pre's last kernel where the decode pack applies.
   void hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base, float* xo,

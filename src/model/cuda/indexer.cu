@@ -35,6 +35,10 @@ constexpr int kMaxRows = 4;                // rows of one sequence sharing a blo
 constexpr int kMaxM = 128;                 // query rows (rows x heads) of a block: 8 m-tiles
 constexpr uint16_t kBf16NegInf = 0xff80u;
 
+// A head weight scaled as scale_round does (one product, rounded to bf16): shared by scale_round
+// and the score kernel's IndexerArgs::w_scale, so the two give the same bits.
+__device__ __forceinline__ float scaled_weight(float w, float scale) { return num::round_bf16(mul_rn(w, scale)); }
+
 template <int D>
 struct Layout {
   static constexpr int kPitch = 2 * D + 16;                          // bytes per bf16 row (key, query)
@@ -124,7 +128,10 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerArgs a, int R)
       }
       *reinterpret_cast<uint4*>(sQ + m * L::kPitch + piece * 16) = v;
     }
-    for (int i = tid; i < MT * 16; i += kThreads) sW[i] = i < mrows ? a.w[ta * H + i] : 0.0f;
+    for (int i = tid; i < MT * 16; i += kThreads) {
+      const float w = i < mrows ? a.w[ta * H + i] : 0.0f;
+      sW[i] = a.w_scale != 0.0f ? scaled_weight(w, a.w_scale) : w;  // scale_round's values (0 stays 0)
+    }
     for (int i = tid; i < kMaxRows * 256; i += kThreads) sHist[i] = 0;
 
     for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
@@ -261,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerArgs a, int R)
 
 __global__ void scale_round_kernel(ScaleRoundArgs a) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < a.n) a.x[i] = num::round_bf16(a.x[i] * a.scale);
+  if (i < a.n) a.x[i] = scaled_weight(a.x[i], a.scale);
 }
 
 template <int D, int MT>

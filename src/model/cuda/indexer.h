@@ -26,7 +26,10 @@ namespace tandem::cuda_model {
 // (indexer_topk.h), the first pass of the top-k selection.
 struct IndexerArgs {
   const float* q = nullptr;          // [rows, heads, dim] (after RoPE, Hadamard, FP4 round trip)
-  const float* w = nullptr;          // [rows, heads] bf16-scaled head weights
+  const float* w = nullptr;          // [rows, heads] bf16-scaled head weights (w_scale == 0), or the
+                                     // unscaled ones, which the kernel scales as scale_round(w_scale)
+                                     // does (the same bits, one launch fewer)
+  float w_scale = 0.0f;
   StepMeta m;
   int64_t rows = 0;                  // <= 65535 (grid.y)
   int heads = 64;                    // 1..64

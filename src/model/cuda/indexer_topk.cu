@@ -1,5 +1,5 @@
 // The indexer's top-k selection (indexer_topk.h): three grids of (slices, rows) blocks over bf16
-// scores. Only integer counts are accumulated (shared and global atomics, whose order does not
+// scores, or one grid of a block per row when the rows are one slice. Only integer counts are accumulated (shared and global atomics, whose order does not
 // change a count), and every decision is a function of the counts, so the result is deterministic.
 #include "model/cuda/indexer_topk.h"
 
@@ -297,6 +297,87 @@ __global__ void __launch_bounds__(kThreads) topk_write_kernel(IndexerTopkArgs a,
     }
 }
 
+// Rows of one slice (n_cols <= kTopkSlice): passes 1-3 in one block per row, the same decisions on
+// the same counts (the row's histograms are the block's own; its slice's bases are 0), so the same ids.
+// Pass 1 is the indexer's (hist_ready: read, then left zero) or counted here; hist2 and the ticket
+// are not used.
+__global__ void __launch_bounds__(kThreads) topk_one_slice_kernel(IndexerTopkArgs a) {
+  __shared__ uint32_t s_h1[256], s_h2[256], s_warp[kWarps];
+  __shared__ int s_T1, s_T2;
+  __shared__ uint32_t s_A1, s_A2;
+  kernels::cuda::pdl_wait();
+  const int64_t t = blockIdx.y;
+  const int tid = threadIdx.x;
+  if (t >= a.rows) return;
+  const Row r = row_of(a, t);
+  uint32_t key[kPer];
+  bool valid[kPer];
+  const int64_t e0 = static_cast<int64_t>(tid) * kPer;
+  load_keys(a.scores + t * a.lds, e0, r.nv, key, valid);
+  // pass 1
+  if (a.hist_ready) {
+    s_h1[tid] = a.state.hist1[t * 256 + tid];
+    a.state.hist1[t * 256 + tid] = 0;
+  } else {
+    s_h1[tid] = 0;
+  }
+  s_h2[tid] = 0;
+  if (tid == 0) {
+    s_T1 = -1;
+    s_A1 = 0;
+  }
+  __syncthreads();
+  if (!a.hist_ready) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (valid[i]) atomicAdd(&s_h1[key[i] >> 8], 1u);
+    __syncthreads();
+  }
+  // pass 2: the threshold byte T1, the next byte's histogram of the entries in it, T and R
+  if (!r.all && tid < 32) find_bin(s_h1, static_cast<uint32_t>(r.kk), &s_T1, &s_A1);
+  __syncthreads();
+  const int T1 = s_T1;  // -1: every visible entry is selected
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (valid[i] && static_cast<int>(key[i] >> 8) == T1) atomicAdd(&s_h2[key[i] & 255u], 1u);
+  __syncthreads();
+  int32_t T = -1;
+  uint32_t R = 0;
+  if (!r.all) {  // (uniform over the block)
+    const uint32_t R1 = static_cast<uint32_t>(r.kk) - s_A1;  // >= 1
+    if (tid < 32) find_bin(s_h2, R1, &s_T2, &s_A2);
+    __syncthreads();
+    T = (T1 << 8) | s_T2;
+    R = R1 - s_A2;
+  }
+  // pass 3: topk_write_kernel's selection with out_base = eq_base = 0
+  const int kk = r.kk;
+  int32_t* out = a.out + t * a.ldo;
+  for (int i = kk + tid; i < a.k; i += kThreads) out[i] = -1;
+  uint32_t n_eq = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) n_eq += valid[i] && static_cast<int32_t>(key[i]) == T ? 1u : 0u;
+  uint32_t tot;
+  uint32_t eq_rank = block_excl_scan(n_eq, s_warp, tot);
+  bool sel[kPer];
+  uint32_t n_sel = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int32_t k = static_cast<int32_t>(key[i]);
+    sel[i] = valid[i] && k > T;
+    if (valid[i] && k == T) sel[i] = eq_rank++ < R;
+    n_sel += sel[i] ? 1u : 0u;
+  }
+  uint32_t pos = block_excl_scan(n_sel, s_warp, tot);
+  kernels::cuda::pdl_trigger();
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (sel[i]) {
+      if (pos < static_cast<uint32_t>(kk)) out[pos] = static_cast<int32_t>(e0 + i);
+      ++pos;
+    }
+}
+
 size_t align256(size_t b) { return (b + 255) & ~size_t{255}; }
 
 }  // namespace
@@ -340,6 +421,10 @@ void indexer_topk(const IndexerTopkArgs& a, cudaStream_t s) {
   w.bases = reinterpret_cast<uint32_t*>(a.state.work + align256(R * S * kInfo * 4));
   w.thr = reinterpret_cast<int32_t*>(a.state.work + align256(R * S * kInfo * 4) + align256(R * S * 2 * 4));
   const dim3 grid(static_cast<unsigned>(nsl), static_cast<unsigned>(a.rows));
+  if (nsl == 1 && a.one_launch) {
+    kernels::cuda::launch_pdl(topk_one_slice_kernel, grid, dim3(kThreads), 0, s, a);
+    return;
+  }
   if (!a.hist_ready) kernels::cuda::launch_pdl(topk_hist_kernel, grid, dim3(kThreads), 0, s, a);
   kernels::cuda::launch_pdl(topk_select_kernel, grid, dim3(kThreads), 0, s, a, w);
   kernels::cuda::launch_pdl(topk_write_kernel, grid, dim3(kThreads), 0, s, a, w);

@@ -10,6 +10,8 @@
 //     in it (with suffix sums); the row's last block finds the exact threshold key T, how many entries
 //     equal to T are taken (the R lowest ids), and every slice's output offset;
 //  3. per slice: the selected ids written in id order at the slice's offset.
+// Rows of one slice (n_cols <= kTopkSlice: contexts up to 8K positions) run the three passes in one
+// block per row, one launch.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,6 +58,9 @@ struct IndexerTopkArgs {
   int64_t ldo = 0;                   // >= k
   TopkState state;
   bool hist_ready = false;           // state.hist1 already holds this call's pass 1 (the indexer's)
+  // n_cols <= kTopkSlice (one slice per row): the three passes as one launch of a block per row
+  // (the same ids: the same decisions on the same counts); false runs the three (for tests).
+  bool one_launch = true;
 };
 void indexer_topk(const IndexerTopkArgs& a, cudaStream_t s);
 

@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/row_math.cuh"
+#include "model/cuda/compressor.cuh"
 #include "model/cuda/kv_record.cuh"
 
 namespace tandem::cuda_model {
@@ -49,11 +50,18 @@ __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a, flo
   row::rms_norm_row(x, x, a.k_dim, a.k_norm, nullptr, a.eps, RmsNormMode::kF32, true, sm);  // ends with a barrier
   row::rope_row(x + (a.k_dim - a.rope_dim), a.positions[t], a.inv_freq, a.rope_dim, false, true);
   __syncthreads();  // the rotated dims are read by other threads below
+  const int64_t bytes = a.rotate ? a.key.bytes : a.rec.bytes;
+  uint8_t* record = a.records + t * bytes;
   if (a.rotate) {
     row::hadamard_row(x, a.k_dim, k_scale, true, sm.sq);  // ends with a barrier
-    rec::index_key_quantize_row(x, a.records + t * a.key.bytes, a.key, rs);
+    rec::index_key_quantize_row(x, record, a.key, rs);    // ends with a barrier
   } else {
-    rec::kv_quantize_row(x, a.records + t * a.rec.bytes, a.rec, rs);
+    rec::kv_quantize_row(x, record, a.rec, rs);  // ends with a barrier: the record's bytes are the block's
+  }
+  // The compressor's store (store_entries_kernel's copy): the block's row, a uniform branch.
+  if (a.pool && a.store_flag[t]) {
+    uint8_t* dst = entry_slot(a.m, t, a.positions[t], a.ratio, a.pool, a.block_bytes, a.pool_off, bytes);
+    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = record[i];
   }
 }
 
@@ -74,6 +82,7 @@ void norm_rope(const NormRopeArgs& a, cudaStream_t s) {
     iq_scale = hadamard_scale(a.iq_dim);
   }
   const bool keys = a.k != nullptr;
+  if (a.pool) TANDEM_CHECK(keys && a.store_flag && a.ratio > 0 && a.block_bytes > 0);
   if (keys) {
     TANDEM_CHECK(a.k_norm && a.records && a.k_dim >= a.rope_dim);
     if (a.rotate) {  // the key groups are 32 wide, their exponents in RecSmem

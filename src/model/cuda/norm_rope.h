@@ -3,8 +3,9 @@
 // KV record, or for the indexer's compressed keys a Hadamard rotation and an FP4 key record). It
 // replaces the launches rms_norm (q heads), rms_norm (kv), rope (q), rope (kv), kv_quantize, rope
 // (iq), hadamard (iq), fp4_act_quant (iq) of a layer's q/kv, and rms_norm, rope, [hadamard],
-// kv_quantize / index_key_quantize of a compressor's entries, with their arithmetic (shared row
-// bodies: kernels/cuda/row_math.cuh, kv_record.cuh), so its outputs equal theirs bit for bit.
+// kv_quantize / index_key_quantize of a compressor's entries (and then its store_entries), with
+// their arithmetic (shared row bodies: kernels/cuda/row_math.cuh, kv_record.cuh, compressor.cuh), so
+// its outputs equal theirs bit for bit.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "model/cuda/kv_record.h"
+#include "model/cuda/step_meta.h"
 
 namespace tandem::cuda_model {
 
@@ -36,6 +38,15 @@ struct NormRopeArgs {
   KvRecordLayout rec;                  // !rotate: rec.head_dim == k_dim
   IndexKeyLayout key;                  // rotate: key.dim == k_dim (a power of two <= 2048)
   uint8_t* records = nullptr;          // [tokens, rec.bytes] (!rotate) or [tokens, key.bytes] (rotate)
+  // Optional (pool != null): a compressor's store_entries in the same launch: the record of key row t
+  // with store_flag[t] != 0 also copied to its entry's pool slot (compressor.cuh's entry_slot at
+  // positions[t], the entry's position), the bytes store_entries(records, ...) writes.
+  const int32_t* store_flag = nullptr;  // [tokens]
+  StepMeta m;                           // the step's rows (row_seq, block tables)
+  int ratio = 0;
+  uint8_t* pool = nullptr;              // [num_blocks, block_bytes]
+  int64_t block_bytes = 0;
+  int64_t pool_off = 0;
   // Both row kinds.
   const int64_t* positions = nullptr;  // [tokens]
   const float* inv_freq = nullptr;     // [rope_dim / 2]
