@@ -6,8 +6,9 @@
 // mismatch; the sides' fp64 CDFs differ by ~V * 2^-52), counted and reported; any other difference
 // fails.
 // Also: bit-identical reruns, draw frequencies against p, CUDA graph capture and replay; the full
-// vocabulary with 48 rows of each kind, the sampler benchmark's rows and more rows than run at
-// once; top-p at its extremes; a vocabulary too large for the device's shared-memory slices.
+// vocabulary with 48 rows of each kind, the sampler benchmark's rows (also with its bf16-valued
+// logits: bands of ties) and more rows than run at once; top-p at its extremes; a vocabulary too
+// large for the device's shared-memory slices.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "cuda/cuda_test_util.h"
+#include "common/numeric_core.h"
 #include "cuda/sample_rows_cases.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cuda/sample_rows.h"
@@ -187,9 +189,11 @@ TEST(CudaSampleRows, MatchesHostFullVocabPerKind) {
   expect_matches(total, "48 rows per kind, vocab 129280");
 }
 
-// A batch of `n` rows with logits uniform in [-8, 8) (never 0), each row made by `set(i, row)`.
+// A batch of `n` rows with logits uniform in [-8, 8) (never 0), each row made by `set(i, row)`;
+// `bf16`: rounded to bf16 values, as bench-kernels fills them (RandomFill::kF32Bf16): 32 levels
+// per unit near the top, so every key of top-p's band is shared by a few hundred ids.
 template <typename Set>
-Batch uniform_batch(int64_t vocab, int n, uint64_t seed, Kind kind, Set set) {
+Batch uniform_batch(int64_t vocab, int n, uint64_t seed, Kind kind, Set set, bool bf16 = false) {
   Batch b;
   b.vocab = vocab;
   b.eos = 1;
@@ -198,6 +202,7 @@ Batch uniform_batch(int64_t vocab, int n, uint64_t seed, Kind kind, Set set) {
   b.logits.resize(static_cast<size_t>(vocab * n));
   for (float& x : b.logits) {
     x = ud(rng);
+    if (bf16) x = num::round_bf16(x);
     if (x == 0.0f) x = 0.5f;
   }
   for (int i = 0; i < n; ++i) {
@@ -237,6 +242,33 @@ TEST(CudaSampleRows, MatchesHostBenchmarkRows) {
                 total);
   }
   expect_matches(total, "the sampler benchmark's rows, vocab 129280");
+}
+
+// The benchmark's rows with its bf16-valued logits: top-p's band is a few keys of a few hundred
+// ids each, so its radix select ends on a bucket of one key (the pass after it is selected sees
+// its smallest and largest key equal) and its tie rule keeps part of the threshold's run; top-p
+// values and temperatures around the benchmark's move the threshold across the levels.
+TEST(CudaSampleRows, MatchesHostBenchmarkRowsBf16Logits) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  const double top_ps[] = {0.5, 0.9, 0.95, 0.999};
+  const double temps[] = {0.3, 1.0, 2.0};
+  uint64_t seed = 8100;
+  for (int top_k : {0, 50, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "top_k " << top_k);
+    check_batch(uniform_batch(
+                    kVocab, 48, seed++, top_k > 0 ? Kind::kCombined : Kind::kTopP,
+                    [&](int i, SampleRow& r) {
+                      r.temperature = temps[i % 3];
+                      r.top_p = top_ps[(i / 3) % 4];
+                      r.top_k = top_k;
+                      r.seed = 1000 + static_cast<uint64_t>(i) + 100 * static_cast<uint64_t>(top_k);
+                      r.top_logprobs = i % 8 == 0 ? 3 : -1;
+                    },
+                    true),
+                total);
+  }
+  expect_matches(total, "bf16-valued uniform logits, vocab 129280");
 }
 
 // More rows than the device holds at once (sample_rows_active_clusters: the later rows wait for a

@@ -383,11 +383,23 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     const bool top_p = row.top_p < 1.0;
     const int vbits = 64 - __clzll(static_cast<unsigned long long>(V));
     const double wscale = ldexp(1.0, 63 - vbits);  // e <= 1: a row's coarse mass stays below 2^63
+    // The coarse masses in 16-bit limbs (Slot) while a CTA's bucket sums of each limb fit 32 bits:
+    // at most `slice` ids of w <= 2^(63 - vbits) (the top limb's sum is below 2^31 for any slice,
+    // as a CTA has fewer than 2^vbits ids). Decided by the slice, so every CTA reads the same way.
+    const bool limbs = slice <= 65536;
     double p1max = 0.0;                              // the largest p among the ids top-p keeps
     {
       Slot& s = c.open();
       if (top_p)
-        for (int i = tid; i < kBins; i += kThreads) s.mass[i] = 0;
+        for (int i = tid; i < kBins; i += kThreads) {
+          if (limbs) {
+            s.limb[0][i] = 0;
+            s.limb[1][i] = 0;
+            s.count[i] = 0;
+          } else {
+            s.mass[i] = 0;
+          }
+        }
       __syncthreads();
       double local = 0.0, emax = 0.0;
       // Every id in turn (no compaction: a warp's exps run together whether few ids or all are live,
@@ -401,7 +413,16 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         emax = fmax(emax, e);
         if (top_p) {
           const uint64_t w = e > 0 ? __double2ull_rz(e * wscale) : 0;
-          if (w) atomicAdd(&s.mass[coarse_bucket(dv)], static_cast<unsigned long long>(w));
+          if (w) {
+            const int b = coarse_bucket(dv);
+            if (limbs) {
+              atomicAdd(&s.limb[0][b], static_cast<unsigned>(w & 0xffffu));
+              atomicAdd(&s.limb[1][b], static_cast<unsigned>((w >> 16) & 0xffffu));
+              atomicAdd(&s.count[b], static_cast<unsigned>(w >> 32));
+            } else {
+              atomicAdd(&s.mass[b], static_cast<unsigned long long>(w));
+            }
+          }
         }
       }
       local = block_sum_f64(local, sh.red);
@@ -430,7 +451,12 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         for (int i = tid; i < kPer; i += kThreads) {
           const int b = kPer * c.rank + i;
           unsigned long long m = 0;
-          for (int q = 0; q < kCtas; ++q) m += c.peer_prev(q)->mass[b];
+          for (int q = 0; q < kCtas; ++q) {
+            const Slot* p = c.peer_prev(q);
+            m += limbs ? p->limb[0][b] + (static_cast<unsigned long long>(p->limb[1][b]) << 16) +
+                             (static_cast<unsigned long long>(p->count[b]) << 32)
+                       : p->mass[b];
+          }
           s.mass[b] = m;
         }
         c.publish();
