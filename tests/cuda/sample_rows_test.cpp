@@ -166,10 +166,12 @@ TEST(CudaSampleRows, MatchesHostFullVocab) {
   TANDEM_REQUIRE_GPU();
   Comparison total;
   uint64_t seed = 101;
-  for (int rep = 0; rep < 2; ++rep) {
+  // 64 rows keep part of each slice in the global scratch (4 CTAs per SM), 24 the whole slice in
+  // shared memory (sample_rows.cu: ZSlice)
+  for (int rows : {64, 24}) {
     for (bool noise : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "rep " << rep << (noise ? " noise" : ""));
-      check_batch(mixed_batch(kVocab, 64, seed++, noise), total);
+      SCOPED_TRACE(::testing::Message() << rows << " rows" << (noise ? " noise" : ""));
+      check_batch(mixed_batch(kVocab, rows, seed++, noise), total);
     }
   }
   expect_matches(total, "vocab 129280");
@@ -276,9 +278,10 @@ TEST(CudaSampleRows, MatchesHostBenchmarkRowsBf16Logits) {
 // own, whichever wave runs it.
 TEST(CudaSampleRows, MatchesHostBeyondOneWave) {
   TANDEM_REQUIRE_GPU();
-  const int resident = cuda::sample_rows_active_clusters(kVocab);
+  const int resident = cuda::sample_rows_active_clusters(kVocab, 1024);  // many rows: split slices
   ASSERT_GT(resident, 0) << "the cluster occupancy query failed";
   const int n = 2 * resident + 5;
+  ASSERT_EQ(cuda::sample_rows_active_clusters(kVocab, n), resident);
   std::printf("[sample_rows] %d rows resident at once; running %d\n", resident, n);
   Comparison total;
   check_batch(uniform_batch(kVocab, n, 57, Kind::kCombined,
