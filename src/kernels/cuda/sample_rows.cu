@@ -410,16 +410,15 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     unsigned* const queue = sh.warp[wid].queue;
     // ---- top-k: keep z >= the k-th largest finite-or-NaN logit ----
     if (row.top_k > 0 && row.top_k < V && row.top_k < nvalid) {
-      auto elem = [&](int64_t v, uint64_t& key, uint64_t& weight) {
-        const float x = z[v - beg];
+      auto elem = [&](float x, uint64_t& key, uint64_t& weight) {
         if (x == kNegInf) return false;
         key = score_key(x);
         weight = 1;
         return true;
       };
       const RadixOut rr = sample_cluster::cluster_radix_select<true>(
-          c, 32, 0, 0, static_cast<uint64_t>(row.top_k), sample_cluster::WarpList{}, [](int64_t) { return true; },
-          elem);
+          c, 32, 0, 0, static_cast<uint64_t>(row.top_k), sample_cluster::WarpList{},
+          [&](int64_t v) { return z[v - beg]; }, elem);
       if (rr.found) d.kth = score_key_value(static_cast<uint32_t>(rr.key));
     }
     // ---- softmax sum in double; top-p: the coarse histogram of d ----

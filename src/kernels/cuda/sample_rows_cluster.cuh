@@ -198,7 +198,9 @@ struct RadixOut {
 // weight of the elements that rank above every candidate. elem(v, key, weight) says whether id v
 // is a candidate and gives its key (unsigned order = selection order) and weight.
 // kDense: every id of the slice is offered, weight 1 (top-k: counts), warps aggregate equal digits
-// (same_digit_lanes). Else the candidates are the ids with cand(v) (warp_batches), weighted.
+// (same_digit_lanes); cand(v) then loads id v's value x (one iteration ahead: part of a slice may
+// be in global memory) and elem(x, key, weight) takes it. Else the candidates are the ids with
+// cand(v) (warp_batches), weighted.
 // Each pass also finds the smallest and largest key of the bucket the previous pass selected (the
 // candidates with the current prefix): when they are equal, that bucket holds one key, which is
 // the answer (its `above` and count are the previous pass's), so a bucket of ties (logits of a
@@ -229,11 +231,14 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
     unsigned long long kmn = ~0ull, kmx = 0;  // keys with the current prefix, this thread's
     if constexpr (kDense) {
       const int64_t len = c.end - c.beg;
+      auto xn = tid < len ? cand(c.beg + tid) : decltype(cand(c.beg)){};
       for (int64_t i0 = 0; i0 < len; i0 += kThreads) {  // the same trip count in every thread
         const int64_t v = c.beg + i0 + tid;
+        const auto x = xn;
+        if (v + kThreads < c.end) xn = cand(v + kThreads);
         uint64_t key = 0, w = 0;
         int dg = -1;
-        if (v < c.end && elem(v, key, w)) dg = digit_of(key);
+        if (v < c.end && elem(x, key, w)) dg = digit_of(key);
         if (__ballot_sync(0xffffffffu, dg >= 0) == 0) continue;  // the later passes' common case
         if (dg >= 0) {
           kmn = key < kmn ? key : kmn;
