@@ -463,7 +463,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
             if (limbs) {
               atomicAdd(&s.limb[0][b], static_cast<unsigned>(w & 0xffffu));
               atomicAdd(&s.limb[1][b], static_cast<unsigned>((w >> 16) & 0xffffu));
-              atomicAdd(&s.count[b], static_cast<unsigned>(w >> 32));
+              if (w >> 32) atomicAdd(&s.count[b], static_cast<unsigned>(w >> 32));  // the larger e only
             } else {
               atomicAdd(&s.mass[b], static_cast<unsigned long long>(w));
             }
