@@ -402,7 +402,7 @@ nlohmann::json Bench::sampler() {
   in.eos = 1;
   nlohmann::json res = nlohmann::json::array();
   // one cluster of CTAs per row: how many rows the device holds at once (48 in one wave is the design)
-  const int resident = kc::sample_rows_active_clusters(V);
+  const int resident = kc::sample_rows_active_clusters(V, n);
   std::printf("\n%-38s %6s %9s   (rows resident at once: %d)\n", "sampler (vocab 129280)", "rows", "us", resident);
   struct Cfg {
     const char* name;

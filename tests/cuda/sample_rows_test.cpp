@@ -6,8 +6,9 @@
 // mismatch; the sides' fp64 CDFs differ by ~V * 2^-52), counted and reported; any other difference
 // fails.
 // Also: bit-identical reruns, draw frequencies against p, CUDA graph capture and replay; the full
-// vocabulary with 48 rows of each kind, the sampler benchmark's rows and more rows than run at
-// once; top-p at its extremes; a vocabulary too large for the device's shared-memory slices.
+// vocabulary with 48 rows of each kind, the sampler benchmark's rows (also with its bf16-valued
+// logits: bands of ties) and more rows than run at once; top-p at its extremes; a vocabulary too
+// large for the device's shared-memory slices.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "cuda/cuda_test_util.h"
+#include "common/numeric_core.h"
 #include "cuda/sample_rows_cases.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cuda/sample_rows.h"
@@ -164,10 +166,12 @@ TEST(CudaSampleRows, MatchesHostFullVocab) {
   TANDEM_REQUIRE_GPU();
   Comparison total;
   uint64_t seed = 101;
-  for (int rep = 0; rep < 2; ++rep) {
+  // 64 rows keep part of each slice in the global scratch (4 CTAs per SM), 24 the whole slice in
+  // shared memory (sample_rows.cu: ZSlice)
+  for (int rows : {64, 24}) {
     for (bool noise : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "rep " << rep << (noise ? " noise" : ""));
-      check_batch(mixed_batch(kVocab, 64, seed++, noise), total);
+      SCOPED_TRACE(::testing::Message() << rows << " rows" << (noise ? " noise" : ""));
+      check_batch(mixed_batch(kVocab, rows, seed++, noise), total);
     }
   }
   expect_matches(total, "vocab 129280");
@@ -187,9 +191,11 @@ TEST(CudaSampleRows, MatchesHostFullVocabPerKind) {
   expect_matches(total, "48 rows per kind, vocab 129280");
 }
 
-// A batch of `n` rows with logits uniform in [-8, 8) (never 0), each row made by `set(i, row)`.
+// A batch of `n` rows with logits uniform in [-8, 8) (never 0), each row made by `set(i, row)`;
+// `bf16`: rounded to bf16 values, as bench-kernels fills them (RandomFill::kF32Bf16): 32 levels
+// per unit near the top, so every key of top-p's band is shared by a few hundred ids.
 template <typename Set>
-Batch uniform_batch(int64_t vocab, int n, uint64_t seed, Kind kind, Set set) {
+Batch uniform_batch(int64_t vocab, int n, uint64_t seed, Kind kind, Set set, bool bf16 = false) {
   Batch b;
   b.vocab = vocab;
   b.eos = 1;
@@ -198,6 +204,7 @@ Batch uniform_batch(int64_t vocab, int n, uint64_t seed, Kind kind, Set set) {
   b.logits.resize(static_cast<size_t>(vocab * n));
   for (float& x : b.logits) {
     x = ud(rng);
+    if (bf16) x = num::round_bf16(x);
     if (x == 0.0f) x = 0.5f;
   }
   for (int i = 0; i < n; ++i) {
@@ -239,14 +246,42 @@ TEST(CudaSampleRows, MatchesHostBenchmarkRows) {
   expect_matches(total, "the sampler benchmark's rows, vocab 129280");
 }
 
+// The benchmark's rows with its bf16-valued logits: top-p's band is a few keys of a few hundred
+// ids each, so its radix select ends on a bucket of one key (the pass after it is selected sees
+// its smallest and largest key equal) and its tie rule keeps part of the threshold's run; top-p
+// values and temperatures around the benchmark's move the threshold across the levels.
+TEST(CudaSampleRows, MatchesHostBenchmarkRowsBf16Logits) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  const double top_ps[] = {0.5, 0.9, 0.95, 0.999};
+  const double temps[] = {0.3, 1.0, 2.0};
+  uint64_t seed = 8100;
+  for (int top_k : {0, 50, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "top_k " << top_k);
+    check_batch(uniform_batch(
+                    kVocab, 48, seed++, top_k > 0 ? Kind::kCombined : Kind::kTopP,
+                    [&](int i, SampleRow& r) {
+                      r.temperature = temps[i % 3];
+                      r.top_p = top_ps[(i / 3) % 4];
+                      r.top_k = top_k;
+                      r.seed = 1000 + static_cast<uint64_t>(i) + 100 * static_cast<uint64_t>(top_k);
+                      r.top_logprobs = i % 8 == 0 ? 3 : -1;
+                    },
+                    true),
+                total);
+  }
+  expect_matches(total, "bf16-valued uniform logits, vocab 129280");
+}
+
 // More rows than the device holds at once (sample_rows_active_clusters: the later rows wait for a
 // cluster to leave), every kind but greedy mixed, at the full vocabulary: each row's result is its
 // own, whichever wave runs it.
 TEST(CudaSampleRows, MatchesHostBeyondOneWave) {
   TANDEM_REQUIRE_GPU();
-  const int resident = cuda::sample_rows_active_clusters(kVocab);
+  const int resident = cuda::sample_rows_active_clusters(kVocab, 1024);  // many rows: split slices
   ASSERT_GT(resident, 0) << "the cluster occupancy query failed";
   const int n = 2 * resident + 5;
+  ASSERT_EQ(cuda::sample_rows_active_clusters(kVocab, n), resident);
   std::printf("[sample_rows] %d rows resident at once; running %d\n", resident, n);
   Comparison total;
   check_batch(uniform_batch(kVocab, n, 57, Kind::kCombined,

@@ -1,6 +1,8 @@
 // sample_rows_device (sample_rows.h): one thread-block cluster of kCtas CTAs per row, each CTA
-// holding a contiguous slice of the row's processed logits z in shared memory (sample_rows_cluster.cuh
-// has the exchanges between the CTAs), in the host's order of operations (kernels/cpu/sampling.cpp):
+// holding a contiguous slice of the row's processed logits z in shared memory (when more than 32
+// rows run, about 30% of a 129,280 vocabulary's slice in the global scratch, so that 4 CTAs fit on
+// an SM and 48 rows in one wave: ZSlice; sample_rows_cluster.cuh has the exchanges between the
+// CTAs), in the host's order of operations (kernels/cpu/sampling.cpp):
 //   load + penalties -> noise/grammar masks + argmax -> greedy: done
 //   else top-k (radix select of the k-th largest logit over order-preserving keys, integer counts)
 //   -> softmax sum: e = exp((z - zmax) / T) in double for every kept id, p = e / sum (every later
@@ -54,16 +56,21 @@ using sample_cluster::RadixOut;
 using sample_cluster::Shared;
 using sample_cluster::Slot;
 
-// Three CTAs per SM on an H100/H200 (shared memory: the 64.6 KB slice of a 129,280 vocabulary plus
-// the static part; registers: 3 CTAs x 4 warps, at most 4 warps on each of the 4 schedulers, whose
-// 16K registers then allow 128 per thread), so 48 rows (384 CTAs) run in one wave on 132 SMs.
+// Four CTAs per SM on an H100/H200, so that 48 rows (384 CTAs in clusters of 8) run in one wave:
+// with three, the clusters fit in the GPCs 45 at a time (sample_rows_active_clusters) and 48 rows
+// took two waves. Registers: 4 CTAs x 4 warps x 32 x 128 = the SM's 64K.
 constexpr int kMaxRegisters = 128;
-// ... and the shared memory of 3 CTAs of the 129,280 vocabulary (16,160-float slices) within the
-// 228 KB of an H100/H200 SM (1 KB of each CTA's is the system's).
-static_assert(3 * (sizeof(Shared) + 1024 + 16160 * sizeof(float)) <= 228 * 1024, "3 CTAs per SM");
-// A slice up to this many floats stays in shared memory (80 KB: with the static part within the
-// 99 KB per block of sm_120); a larger vocabulary keeps z in the global scratch.
+// Shared memory: 4 x (static part + 1 KB of the system's + the slice's shared part) within the
+// 228 KB of an H100/H200 SM, so a CTA keeps at most kQuadSliceFloats of its slice in shared memory
+// when many rows run; the rest lives in the global scratch (ZSlice). Fewer rows keep a slice of up
+// to kSmemSliceFloats in shared memory (3 CTAs per SM; 80 KB: with the static part within the 99 KB
+// per block of sm_120).
+constexpr int64_t kQuadSliceFloats = 11264;
+static_assert(4 * (sizeof(Shared) + 1024 + kQuadSliceFloats * sizeof(float)) <= 228 * 1024, "4 CTAs per SM");
 constexpr int64_t kSmemSliceFloats = 20480;
+// Rows up to which a launch keeps whole slices in shared memory (3 CTAs per SM): one wave of 3
+// CTAs per SM holds 45 clusters on an H200.
+constexpr int kWholeSliceRows = 32;
 constexpr double kBucketsPerUnit = 8.0;              // coarse buckets per unit of d
 constexpr double kFixedOne = 1152921504606846976.0;  // 2^60: top-p masses in fixed point
 
@@ -117,9 +124,38 @@ __device__ __forceinline__ T warp_fold(T v, Op op) {
   return v;
 }
 
+// A CTA's slice of z: ids in chunks of 32; of each group of 16 chunks, the first `nsh` live in
+// shared memory and the others in the CTA's region of the global scratch. Every warp's range and
+// every stretch of a few hundred ids see the same mix, so no warp waits on global memory alone.
+// nsh 16: all in shared memory; 0: all in the scratch.
+constexpr int kChunk = 32, kGroupChunks = 16;
+struct ZSlice {
+  float* s = nullptr;  // shared part
+  float* g = nullptr;  // global part
+  int nsh = kGroupChunks;
+  // id offset i's value (a value, not a reference: each part is read with its own address space)
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    const int k = static_cast<int>(i >> 5), grp = k >> 4, r = k & (kGroupChunks - 1), l = static_cast<int>(i) & 31;
+    return r < nsh ? s[(grp * nsh + r) * kChunk + l] : g[(grp * (kGroupChunks - nsh) + r - nsh) * kChunk + l];
+  }
+  __device__ __forceinline__ float* ptr(int64_t i) const {
+    const int k = static_cast<int>(i >> 5), grp = k >> 4, r = k & (kGroupChunks - 1), l = static_cast<int>(i) & 31;
+    return r < nsh ? s + (grp * nsh + r) * kChunk + l : g + (grp * (kGroupChunks - nsh) + r - nsh) * kChunk + l;
+  }
+};
+// Floats of a slice of `n` ids in shared memory / in the global scratch, with nsh of 16 chunks shared.
+__host__ __device__ inline int64_t zslice_shared_floats(int64_t n, int nsh) {
+  const int64_t k = (n + kChunk - 1) / kChunk, rem = k % kGroupChunks;
+  return kChunk * (nsh * (k / kGroupChunks) + (rem < nsh ? rem : nsh));
+}
+__host__ __device__ inline int64_t zslice_global_floats(int64_t n, int nsh) {
+  const int64_t k = (n + kChunk - 1) / kChunk, rem = k % kGroupChunks;
+  return kChunk * ((kGroupChunks - nsh) * (k / kGroupChunks) + (rem > nsh ? rem - nsh : 0));
+}
+
 // p of a prepared row, recomputed from z with the same operations wherever it is needed.
 struct RowDist {
-  const float* z = nullptr;  // this CTA's slice: z[v - beg]
+  ZSlice z;  // this CTA's slice: z[v - beg]
   int64_t beg = 0;
   double zmax = 0.0, inv_t = 1.0, sum = 1.0;
   float kth = -INFINITY;  // top-k: keep z >= kth
@@ -169,11 +205,12 @@ __device__ __forceinline__ bool sorted_contains(const int32_t* a, int n, int32_t
 }
 
 // One cluster per row (blockIdx.x / kCtas), CTA rank r holding ids [r slice, (r + 1) slice). z (the
-// processed logits) lives in shared memory when z_in_smem, else in zscratch [rows, zstride].
+// processed logits) lives in shared memory and in zscratch [rows, kCtas, zstride] as ZSlice lays it
+// out with nsh of 16 chunks shared.
 __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     sample_rows_kernel(SampleInputs in, const SampleRow* rows, float* zscratch, int64_t zstride, int64_t slice,
-                       int z_in_smem, SampleRowResult* out) {
-  extern __shared__ float4 zdyn[];  // [slice] floats when z_in_smem
+                       int nsh, SampleRowResult* out) {
+  extern __shared__ float4 zdyn[];  // zslice_shared_floats(slice, nsh) floats
   __shared__ Shared sh;
   pdl_wait();
   const int ri = static_cast<int>(blockIdx.x / kCtas);
@@ -186,11 +223,17 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
   const int64_t beg = c.beg, end = c.end, len = end - beg;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const float kNegInf = -INFINITY;
-  float* const zrow = z_in_smem ? nullptr : zscratch + static_cast<int64_t>(ri) * zstride;
-  float* const z = z_in_smem ? reinterpret_cast<float*>(zdyn) : zrow + beg;
-  auto zpeer = [&](int q) -> const float* {  // CTA q's slice
-    return z_in_smem ? c.cl.map_shared_rank(reinterpret_cast<float*>(zdyn), q) : zrow + static_cast<int64_t>(q) * slice;
+  auto zpeer = [&](int q) {  // CTA q's slice
+    ZSlice t;
+    t.s = c.cl.map_shared_rank(reinterpret_cast<float*>(zdyn), q);
+    t.g = nsh < kGroupChunks ? zscratch + (static_cast<int64_t>(ri) * kCtas + q) * zstride : nullptr;
+    t.nsh = nsh;
+    return t;
   };
+  ZSlice z;
+  z.s = reinterpret_cast<float*>(zdyn);
+  z.g = nsh < kGroupChunks ? zscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * zstride : nullptr;
+  z.nsh = nsh;
   const float* const lg = in.logits + static_cast<int64_t>(row.logits_row) * V;
 
   // ---- load the slice; penalties; noise/grammar masks and argmax ----
@@ -233,10 +276,10 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
   auto load_slice = [&](auto&& f) {
     const int n = static_cast<int>(len);
     int done = 0;
-    if (((reinterpret_cast<uintptr_t>(lg + beg) | reinterpret_cast<uintptr_t>(z)) & 15u) == 0) {
+    // z's parts are 16-byte aligned and a float4 of ids never straddles a chunk
+    if ((reinterpret_cast<uintptr_t>(lg + beg) & 15u) == 0) {
       const int n4 = n / 4;
       const float4* s4 = reinterpret_cast<const float4*>(lg + beg);
-      float4* d4 = reinterpret_cast<float4*>(z);
       const int v0 = static_cast<int>(beg);
       constexpr int kUnroll = 8;  // loads in flight per thread (16 KB per CTA)
       for (int i0 = tid; i0 < n4; i0 += kUnroll * kThreads) {
@@ -254,12 +297,12 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           x.y = f(v + 1, x.y);
           x.z = f(v + 2, x.z);
           x.w = f(v + 3, x.w);
-          d4[i] = x;
+          *reinterpret_cast<float4*>(z.ptr(4 * static_cast<int64_t>(i))) = x;
         }
       }
       done = 4 * n4;
     }
-    for (int i = done + tid; i < n; i += kThreads) z[i] = f(static_cast<int>(beg) + i, lg[beg + i]);
+    for (int i = done + tid; i < n; i += kThreads) *z.ptr(i) = f(static_cast<int>(beg) + i, lg[beg + i]);
     __syncthreads();
   };
   if (penalties) {
@@ -293,7 +336,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       auto apply = [&](int32_t t) {
         if (t < beg || t >= end) return;  // another CTA's (or outside the vocabulary)
         const float x = z[t - beg];
-        z[t - beg] = x > 0 ? __fdiv_rn(x, r) : __fmul_rn(x, r);
+        *z.ptr(t - beg) = x > 0 ? __fdiv_rn(x, r) : __fmul_rn(x, r);
       };
       for (int i = tid; i < np; i += kThreads) apply(prompt[i]);
       for (int i = tid; i < nc; i += kThreads)
@@ -306,11 +349,11 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         if (t < beg || t >= end) continue;
         const double pen = __dadd_rn(__dmul_rn(row.frequency_penalty, static_cast<double>(k)),
                                      __dmul_rn(row.presence_penalty, k > 0 ? 1.0 : 0.0));
-        z[t - beg] = __fsub_rn(z[t - beg], static_cast<float>(pen));
+        *z.ptr(t - beg) = __fsub_rn(z[t - beg], static_cast<float>(pen));
       }
       __syncthreads();
     }
-    for (int64_t i = tid; i < len; i += kThreads) z[i] = mask_argmax(static_cast<int>(beg + i), z[i]);
+    for (int64_t i = tid; i < len; i += kThreads) *z.ptr(i) = mask_argmax(static_cast<int>(beg + i), z[i]);
   }
   unsigned long long best = block_argmax_key(bi >= 0 ? select_key(bv, static_cast<uint32_t>(bi)) : 0ull, sh.red);
   first = block_min_int(first, sh.red);
@@ -340,7 +383,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
   int64_t argmax;
   double zmax = 0.0;  // z[argmax] (read from the keys: the argmax may be another CTA's)
   if (mask && nvalid == 0 && in.eos >= 0 && in.eos < V) {  // grammar dead end: EOS ends the output
-    if (in.eos >= beg && in.eos < end && tid == 0) z[in.eos - beg] = 0.0f;
+    if (in.eos >= beg && in.eos < end && tid == 0) *z.ptr(in.eos - beg) = 0.0f;
     __syncthreads();
     argmax = in.eos;
     nvalid = 1;
@@ -367,33 +410,47 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     unsigned* const queue = sh.warp[wid].queue;
     // ---- top-k: keep z >= the k-th largest finite-or-NaN logit ----
     if (row.top_k > 0 && row.top_k < V && row.top_k < nvalid) {
-      auto elem = [&](int64_t v, uint64_t& key, uint64_t& weight) {
-        const float x = z[v - beg];
+      auto elem = [&](float x, uint64_t& key, uint64_t& weight) {
         if (x == kNegInf) return false;
         key = score_key(x);
         weight = 1;
         return true;
       };
       const RadixOut rr = sample_cluster::cluster_radix_select<true>(
-          c, 32, 0, 0, static_cast<uint64_t>(row.top_k), sample_cluster::WarpList{}, [](int64_t) { return true; },
-          elem);
+          c, 32, 0, 0, static_cast<uint64_t>(row.top_k), sample_cluster::WarpList{},
+          [&](int64_t v) { return z[v - beg]; }, elem);
       if (rr.found) d.kth = score_key_value(static_cast<uint32_t>(rr.key));
     }
     // ---- softmax sum in double; top-p: the coarse histogram of d ----
     const bool top_p = row.top_p < 1.0;
     const int vbits = 64 - __clzll(static_cast<unsigned long long>(V));
     const double wscale = ldexp(1.0, 63 - vbits);  // e <= 1: a row's coarse mass stays below 2^63
+    // The coarse masses in 16-bit limbs (Slot) while a CTA's bucket sums of each limb fit 32 bits:
+    // at most `slice` ids of w <= 2^(63 - vbits) (the top limb's sum is below 2^31 for any slice,
+    // as a CTA has fewer than 2^vbits ids). Decided by the slice, so every CTA reads the same way.
+    const bool limbs = slice <= 65536;
     double p1max = 0.0;                              // the largest p among the ids top-p keeps
     {
       Slot& s = c.open();
       if (top_p)
-        for (int i = tid; i < kBins; i += kThreads) s.mass[i] = 0;
+        for (int i = tid; i < kBins; i += kThreads) {
+          if (limbs) {
+            s.limb[0][i] = 0;
+            s.limb[1][i] = 0;
+            s.count[i] = 0;
+          } else {
+            s.mass[i] = 0;
+          }
+        }
       __syncthreads();
       double local = 0.0, emax = 0.0;
       // Every id in turn (no compaction: a warp's exps run together whether few ids or all are live,
-      // and the queue would cost more than the dead ids' compare).
+      // and the queue would cost more than the dead ids' compare). The next id's z is loaded before
+      // this one's exp (a part of the slice is in global memory).
+      float xn = tid < len ? z[tid] : 0.0f;
       for (int64_t i = tid; i < len; i += kThreads) {
-        const float x = z[i];
+        const float x = xn;
+        if (i + kThreads < len) xn = z[i + kThreads];
         if (!d.live(x)) continue;
         const double dv = d.dval(x);
         const double e = exp(dv);
@@ -401,7 +458,16 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         emax = fmax(emax, e);
         if (top_p) {
           const uint64_t w = e > 0 ? __double2ull_rz(e * wscale) : 0;
-          if (w) atomicAdd(&s.mass[coarse_bucket(dv)], static_cast<unsigned long long>(w));
+          if (w) {
+            const int b = coarse_bucket(dv);
+            if (limbs) {
+              atomicAdd(&s.limb[0][b], static_cast<unsigned>(w & 0xffffu));
+              atomicAdd(&s.limb[1][b], static_cast<unsigned>((w >> 16) & 0xffffu));
+              if (w >> 32) atomicAdd(&s.count[b], static_cast<unsigned>(w >> 32));  // the larger e only
+            } else {
+              atomicAdd(&s.mass[b], static_cast<unsigned long long>(w));
+            }
+          }
         }
       }
       local = block_sum_f64(local, sh.red);
@@ -430,7 +496,12 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         for (int i = tid; i < kPer; i += kThreads) {
           const int b = kPer * c.rank + i;
           unsigned long long m = 0;
-          for (int q = 0; q < kCtas; ++q) m += c.peer_prev(q)->mass[b];
+          for (int q = 0; q < kCtas; ++q) {
+            const Slot* p = c.peer_prev(q);
+            m += limbs ? p->limb[0][b] + (static_cast<unsigned long long>(p->limb[1][b]) << 16) +
+                             (static_cast<unsigned long long>(p->count[b]) << 32)
+                       : p->mass[b];
+          }
           s.mass[b] = m;
         }
         c.publish();
@@ -748,12 +819,13 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
   int nt = 0;
   if (row.top_logprobs >= 0) {
     // z is the raw slice unless a mask or a penalty changed it (the noise token is left out anyway)
-    const float* raw = (!mask && !penalties) ? z : lg + beg;
+    const bool raw_z = !mask && !penalties;
+    auto raw = [&](int64_t i) { return raw_z ? z[i] : lg[beg + i]; };
     const double mx = static_cast<double>(mxf);
     Slot& s = c.open();
     double sum = 0.0;
     for (int64_t i = tid; i < len; i += kThreads)
-      if (beg + i != in.noise) sum += exp(static_cast<double>(raw[i]) - mx);
+      if (beg + i != in.noise) sum += exp(static_cast<double>(raw(i)) - mx);
     sum = block_sum_f64(sum, sh.red);
     nt = row.top_logprobs < kMaxTopLogprobs ? row.top_logprobs : kMaxTopLogprobs;
     const int64_t m = V - (in.noise >= 0 && in.noise < V ? 1 : 0);
@@ -767,7 +839,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     for (int k = 0; k < nt; ++k) {
       unsigned long long b = 0;
       for (int64_t i = tid; i < len; i += kThreads) {
-        const float x = raw[i];
+        const float x = raw(i);
         if (beg + i == in.noise || is_nan(x)) continue;
         const unsigned long long key = select_key(x, static_cast<uint32_t>(beg + i));
         if (key < prev && key > b) b = key;
@@ -828,17 +900,44 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
   c.publish();  // no CTA leaves while another may read its shared memory
 }
 
-size_t align256(size_t b) { return (b + 255) & ~size_t{255}; }
-
 // Ids per CTA: a multiple of 4 (16-byte aligned slices of a vocabulary that is a multiple of 4).
 int64_t slice_of(int64_t vocab) { return ((vocab + kCtas - 1) / kCtas + 3) / 4 * 4; }
-bool slice_in_smem(int64_t vocab) { return slice_of(vocab) <= kSmemSliceFloats; }
+
+// ZSlice's nsh for a launch of `rows` rows: few rows keep whole slices of up to kSmemSliceFloats in
+// shared memory (3 CTAs per SM: they run in one wave anyway); more rows keep the most chunks that
+// allow 4 CTAs per SM (kQuadSliceFloats), the rest in the global scratch.
+int nsh_of(int64_t vocab, int rows) {
+  const int64_t slice = slice_of(vocab);
+  if (rows <= kWholeSliceRows && zslice_shared_floats(slice, kGroupChunks) <= kSmemSliceFloats) return kGroupChunks;
+  for (int k = kGroupChunks; k > 0; --k)
+    if (zslice_shared_floats(slice, k) <= kQuadSliceFloats) return k;
+  return 0;
+}
+
+// Floats of a CTA's region of the scratch: the global part of the fewest chunks any launch keeps
+// shared (nsh only falls as rows grow), a multiple of 64 (256-byte aligned regions).
+int64_t zstride_of(int64_t vocab) {
+  const int64_t g = zslice_global_floats(slice_of(vocab), nsh_of(vocab, INT_MAX));
+  return (g + 63) / 64 * 64;
+}
+
+// Dynamic shared memory of a launch; the kernel's limit is raised once to the largest any launch
+// asks (kSmemSliceFloats floats: the attribute only bounds, occupancy follows each launch's size).
+size_t dyn_bytes(int64_t vocab, int rows) {
+  return static_cast<size_t>(zslice_shared_floats(slice_of(vocab), nsh_of(vocab, rows))) * sizeof(float);
+}
+void prepare_kernel(const void* k) {
+  static_assert(kQuadSliceFloats <= kSmemSliceFloats, "the limit covers every launch");
+  allow_dynamic_smem(k, static_cast<size_t>(kSmemSliceFloats) * sizeof(float));
+  TANDEM_CUDA_CHECK(
+      cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
 
 }  // namespace
 
 size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab) {
-  if (vocab <= 0 || max_rows <= 0 || slice_in_smem(vocab)) return 0;
-  return static_cast<size_t>(max_rows) * align256(static_cast<size_t>(vocab) * sizeof(float));
+  if (vocab <= 0 || max_rows <= 0) return 0;
+  return static_cast<size_t>(max_rows) * kCtas * static_cast<size_t>(zstride_of(vocab)) * sizeof(float);
 }
 
 void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
@@ -846,30 +945,25 @@ void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
   const int64_t V = a.in.vocab;
   TANDEM_CHECK_MSG(V > 0 && V < (int64_t{1} << 30), "sample_rows: vocabulary out of range");
   const int64_t slice = slice_of(V);
-  const bool smem = slice_in_smem(V);
-  TANDEM_CHECK_MSG(smem || a.scratch, "sample_rows: the scratch is missing (sample_rows_scratch_bytes)");
-  const size_t dyn = smem ? static_cast<size_t>(slice) * sizeof(float) : 0;
+  const int nsh = nsh_of(V, a.n);
+  const int64_t zstride = zstride_of(V);
+  TANDEM_CHECK_MSG(nsh == kGroupChunks || a.scratch, "sample_rows: the scratch is missing (sample_rows_scratch_bytes)");
+  TANDEM_CHECK(zslice_global_floats(slice, nsh) <= zstride);
   const void* k = reinterpret_cast<const void*>(sample_rows_kernel);
-  allow_dynamic_smem(k, dyn);
-  TANDEM_CUDA_CHECK(
-      cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  const int64_t zstride = static_cast<int64_t>(align256(static_cast<size_t>(V) * sizeof(float)) / sizeof(float));
-  sample_rows_kernel<<<static_cast<unsigned>(a.n) * kCtas, kThreads, dyn, stream>>>(
-      a.in, a.rows, static_cast<float*>(a.scratch), zstride, slice, smem ? 1 : 0, a.out);
+  prepare_kernel(k);
+  sample_rows_kernel<<<static_cast<unsigned>(a.n) * kCtas, kThreads, dyn_bytes(V, a.n), stream>>>(
+      a.in, a.rows, static_cast<float*>(a.scratch), zstride, slice, nsh, a.out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
-int sample_rows_active_clusters(int64_t vocab) {
-  if (vocab <= 0 || vocab >= (int64_t{1} << 30)) return -1;
-  const size_t dyn = slice_in_smem(vocab) ? static_cast<size_t>(slice_of(vocab)) * sizeof(float) : 0;
+int sample_rows_active_clusters(int64_t vocab, int rows) {
+  if (vocab <= 0 || vocab >= (int64_t{1} << 30) || rows <= 0) return -1;
   const void* k = reinterpret_cast<const void*>(sample_rows_kernel);
-  allow_dynamic_smem(k, dyn);
-  TANDEM_CUDA_CHECK(
-      cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  prepare_kernel(k);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(kCtas * 64);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = dyn;
+  cfg.dynamicSmemBytes = dyn_bytes(vocab, rows);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess) {
     cudaGetLastError();
@@ -880,8 +974,9 @@ int sample_rows_active_clusters(int64_t vocab) {
 
 SmemBound sample_rows_smem_bound() {
   return {"sample_rows_kernel", kSmemSliceFloats * static_cast<int64_t>(sizeof(float)),
-          "a slice of 20480 ids (vocabulary up to 163840 in shared memory)",
-          "a larger vocabulary keeps z in the global scratch and asks for none", 0, {}};
+          "a whole slice of 20480 ids (up to 32 rows of a vocabulary up to 163840)",
+          "more rows or a larger vocabulary keep part of each slice in the global scratch (at most 44 KB shared)",
+          0, {}};
 }
 
 }  // namespace tandem::kernels::cuda

@@ -14,8 +14,8 @@
 namespace tandem::kernels::cuda {
 
 // Scratch bytes sample_rows_device needs for `max_rows` rows of `vocab` (allocate once at start-up):
-// none while a CTA's slice of the processed logits fits in shared memory (vocabulary up to
-// 163,840), else the processed logits of every row (float).
+// the part of each CTA's slice of the processed logits (float) that does not stay in shared memory
+// when many rows run (none up to a vocabulary of 90,112; about 30% of the 129,280 vocabulary).
 size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab);
 
 // Runs `n` rows (every pointer is device memory; n <= the scratch's max_rows). Capturable in a
@@ -29,8 +29,9 @@ struct SampleRowsArgs {
 };
 void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream);
 
-// Rows of `vocab` the device runs at once (clusters resident together), for the benchmark's report;
-// -1 when the occupancy query fails.
-int sample_rows_active_clusters(int64_t vocab);
+// Rows of `vocab` the device runs at once (clusters resident together) in a launch of `rows` rows
+// (a launch of more than 32 keeps less of each slice in shared memory, to fit 4 CTAs per SM), for
+// the benchmark's report; -1 when the occupancy query fails.
+int sample_rows_active_clusters(int64_t vocab, int rows);
 
 }  // namespace tandem::kernels::cuda

@@ -31,16 +31,22 @@ constexpr int kMaxSegments = 64;  // the draw's segments per CTA
 constexpr int kBandCap = 448;
 
 // One CTA's side of an exchange. `mass`/`count` hold a histogram (radix digits, coarse buckets);
-// the draw keeps its segment sums in `dv` (read only by its own CTA).
-struct Slot {
+// the softmax pass keeps its coarse masses as three 16-bit limbs in `limb` and `count`, summed with
+// native 32-bit shared atomics (a 64-bit shared atomicAdd is a compare-and-swap loop, and the lanes
+// of a warp often hit the same bucket); the draw keeps its segment sums in `dv` (read only by its
+// own CTA). kmin/kmax: each warp's smallest / largest key of the radix select's current bucket.
+// 16-byte aligned: the select reads two buckets' masses with one load.
+struct alignas(16) Slot {
   union {
     unsigned long long mass[kBins];
     double dv[kBins];
+    unsigned limb[2][kBins];
   };
   unsigned count[kBins];
   double f[4];
   unsigned long long u[4];
   long long i[4];
+  unsigned long long kmin[kWarps], kmax[kWarps];
   float x[2];
   unsigned long long top[kMaxTopLogprobs];
 };
@@ -59,7 +65,6 @@ union WarpArea {
 // Results one thread computes and the whole CTA reads after a __syncthreads().
 struct Broadcast {
   unsigned long long sel_above;
-  unsigned long long key;
   long long id;
   unsigned sel_count;
   int sel;
@@ -193,16 +198,24 @@ struct RadixOut {
 // weight of the elements that rank above every candidate. elem(v, key, weight) says whether id v
 // is a candidate and gives its key (unsigned order = selection order) and weight.
 // kDense: every id of the slice is offered, weight 1 (top-k: counts), warps aggregate equal digits
-// (same_digit_lanes). Else the candidates are the ids with cand(v) (warp_batches), weighted.
-// Stops as soon as the selected bucket holds a single key (the later passes could only narrow
-// down to it). Not found when the weight never reaches the target.
+// (same_digit_lanes); cand(v) then loads id v's value x (one iteration ahead: part of a slice may
+// be in global memory) and elem(x, key, weight) takes it. Else the candidates are the ids with
+// cand(v) (warp_batches), weighted.
+// Each pass also finds the smallest and largest key of the bucket the previous pass selected (the
+// candidates with the current prefix): when they are equal, that bucket holds one key, which is
+// the answer (its `above` and count are the previous pass's), so a bucket of ties (logits of a
+// few levels: hundreds of ids per key) ends the select one pass after it is selected instead of
+// after every digit. One exchange per pass. Not found when the weight never reaches the target.
 // list: the warp's candidates when not kDense (WarpList; n < 0: scan with cand).
 template <bool kDense, typename Cand, typename Elem>
 __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint64_t above, uint64_t target,
                                          const WarpList& list, Cand cand, Elem elem) {
+  static_assert(kBins == 2 * kThreads, "thread t combines buckets 2t and 2t + 1");
+  static_assert(kCtas * kWarps == 32, "one lane per (CTA, warp) for the bucket's key range");
   RadixOut r;
   uint32_t count = 0;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  bool selected = false;  // a previous pass selected the current prefix's bucket
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   for (int hi = bits; hi > 0;) {
     const int lo = hi > 8 ? hi - 8 : 0;
     const uint64_t dmask = (uint64_t{1} << (hi - lo)) - 1;
@@ -210,19 +223,27 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
       return (hi >= 64 || (key >> hi) == (prefix >> hi)) ? static_cast<int>((key >> lo) & dmask) : -1;
     };
     Slot& s = c.open();
-    for (int i = threadIdx.x; i < kBins; i += kThreads) {
+    for (int i = tid; i < kBins; i += kThreads) {
       s.mass[i] = 0;
       s.count[i] = 0;
     }
     __syncthreads();
+    unsigned long long kmn = ~0ull, kmx = 0;  // keys with the current prefix, this thread's
     if constexpr (kDense) {
       const int64_t len = c.end - c.beg;
+      auto xn = tid < len ? cand(c.beg + tid) : decltype(cand(c.beg)){};
       for (int64_t i0 = 0; i0 < len; i0 += kThreads) {  // the same trip count in every thread
-        const int64_t v = c.beg + i0 + threadIdx.x;
+        const int64_t v = c.beg + i0 + tid;
+        const auto x = xn;
+        if (v + kThreads < c.end) xn = cand(v + kThreads);
         uint64_t key = 0, w = 0;
         int dg = -1;
-        if (v < c.end && elem(v, key, w)) dg = digit_of(key);
+        if (v < c.end && elem(x, key, w)) dg = digit_of(key);
         if (__ballot_sync(0xffffffffu, dg >= 0) == 0) continue;  // the later passes' common case
+        if (dg >= 0) {
+          kmn = key < kmn ? key : kmn;
+          kmx = key > kmx ? key : kmx;
+        }
         const unsigned peers = same_digit_lanes(dg);
         if (dg >= 0 && lane == __ffs(peers) - 1) {
           const unsigned k = static_cast<unsigned>(__popc(peers));
@@ -237,6 +258,10 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
         uint64_t key = 0, w = 0;
         int dg = -1;
         if (ok && elem(v, key, w)) dg = digit_of(key);
+        if (dg >= 0) {
+          kmn = key < kmn ? key : kmn;
+          kmx = key > kmx ? key : kmx;
+        }
         // one atomic per distinct digit of the batch (a band's keys crowd into few digits)
         unsigned todo = __ballot_sync(0xffffffffu, dg >= 0);
         while (todo) {
@@ -255,91 +280,82 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
         }
       });
     }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long a = __shfl_xor_sync(0xffffffffu, kmn, o), b = __shfl_xor_sync(0xffffffffu, kmx, o);
+      kmn = a < kmn ? a : kmn;
+      kmx = b > kmx ? b : kmx;
+    }
+    if (lane == 0) {
+      s.kmin[wid] = kmn;
+      s.kmax[wid] = kmx;
+    }
     c.publish();
-    if (wid == 0) {
-      // lane l owns buckets [8l, 8l + 8), summed over the CTAs: the highest bucket whose suffix
-      // weight (with `above`) reaches the target
-      unsigned long long m[8];
-      unsigned cn[8];
+    // Every CTA's bucket range (each warp reads it: one load per lane, no broadcast needed).
+    kmn = c.peer(lane / kWarps)->kmin[lane % kWarps];
+    kmx = c.peer(lane / kWarps)->kmax[lane % kWarps];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        m[j] = 0;
-        cn[j] = 0;
-      }
-      for (int q = 0; q < kCtas; ++q) {
-        const Slot* p = c.peer(q);
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long a = __shfl_xor_sync(0xffffffffu, kmn, o), b = __shfl_xor_sync(0xffffffffu, kmx, o);
+      kmn = a < kmn ? a : kmn;
+      kmx = b > kmx ? b : kmx;
+    }
+    if (selected && kmn == kmx) {  // the same in every thread of every CTA
+      prefix = kmn;
+      break;
+    }
+    // thread t's two buckets summed over the CTAs (unrolled: the loads are independent, so they
+    // are in flight together rather than one round trip per CTA)
+    unsigned long long m0 = 0, m1 = 0;  // buckets 2t, 2t + 1
+    unsigned n0 = 0, n1 = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          m[j] += p->mass[8 * lane + j];
-          cn[j] += p->count[8 * lane + j];
-        }
-      }
-      unsigned long long lm = 0;
+    for (int q = 0; q < kCtas; ++q) {
+      const Slot* p = c.peer(q);
+      const ulonglong2 pm = *reinterpret_cast<const ulonglong2*>(&p->mass[2 * tid]);
+      const uint2 pc = *reinterpret_cast<const uint2*>(&p->count[2 * tid]);
+      m0 += pm.x;
+      m1 += pm.y;
+      n0 += pc.x;
+      n1 += pc.y;
+    }
+    // the mass of the buckets above 2t + 1: a suffix scan over the lanes, then over the warps
+    const unsigned long long lm = m0 + m1;
+    unsigned long long suf = lm;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) lm += m[j];
-      unsigned long long suf = lm;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long y = __shfl_down_sync(0xffffffffu, suf, o);
-        if (lane + o < 32) suf += y;
-      }
-      unsigned long long run = above + (suf - lm);
-      int sel = -1;
-      unsigned long long sel_above = 0;
-      unsigned sel_count = 0;
-#pragma unroll
-      for (int j = 7; j >= 0; --j) {
-        const unsigned long long before = run;
-        run += m[j];
-        if (sel < 0 && cn[j] > 0 && run >= target) {
-          sel = 8 * lane + j;
-          sel_above = before;
-          sel_count = cn[j];
-        }
-      }
-      const unsigned ball = __ballot_sync(0xffffffffu, sel >= 0);
-      if (ball == 0) {
-        if (lane == 0) c.sh.bc.sel = -1;
-      } else if (lane == 31 - __clz(ball)) {
-        c.sh.bc.sel = sel;
-        c.sh.bc.sel_above = sel_above;
-        c.sh.bc.sel_count = sel_count;
-      }
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned long long y = __shfl_down_sync(0xffffffffu, suf, o);
+      if (lane + o < 32) suf += y;
+    }
+    unsigned long long* wsum = reinterpret_cast<unsigned long long*>(c.sh.red.bytes);
+    if (lane == 0) wsum[wid] = suf;  // the cluster barrier above ended every earlier read of red
+    __syncthreads();
+    unsigned long long run = above + (suf - lm);
+    for (int w = wid + 1; w < kWarps; ++w) run += wsum[w];
+    // the highest bucket with candidates whose suffix weight (with `above`) reaches the target
+    int sel = -1;
+    unsigned long long sel_above = 0;
+    unsigned sel_count = 0;
+    if (n1 > 0 && run + m1 >= target) {
+      sel = 2 * tid + 1;
+      sel_above = run;
+      sel_count = n1;
+    } else if (n0 > 0 && run + m1 + m0 >= target) {
+      sel = 2 * tid;
+      sel_above = run + m1;
+      sel_count = n0;
+    }
+    const int best = block_max_int(sel, c.sh.red);  // begins with a __syncthreads(): wsum is read
+    if (best < 0) return r;                         // the same in every thread of every CTA
+    if (sel == best) {
+      c.sh.bc.sel_above = sel_above;
+      c.sh.bc.sel_count = sel_count;
     }
     __syncthreads();
-    const int sel = c.sh.bc.sel;
-    if (sel < 0) return r;  // the same in every thread of every CTA
-    prefix |= static_cast<uint64_t>(sel) << lo;
+    prefix |= static_cast<uint64_t>(best) << lo;
     above = c.sh.bc.sel_above;
     count = c.sh.bc.sel_count;
     hi = lo;
-    if (count == 1 && lo > 0) {
-      // One key left: the later passes would select it digit by digit (above and count unchanged);
-      // its holder reports it.
-      Slot& s2 = c.open();
-      if (threadIdx.x == 0) c.sh.bc.key = 0;
-      __syncthreads();
-      auto report = [&](int64_t v) {
-        uint64_t key = 0, w = 0;
-        if (elem(v, key, w) && (key >> lo) == (prefix >> lo)) c.sh.bc.key = key;
-      };
-      if constexpr (kDense) {
-        for (int64_t v = c.beg + threadIdx.x; v < c.end; v += kThreads) report(v);
-      } else {
-        int64_t wb, we;
-        c.warp_range(wb, we);
-        warp_cands(list, c.beg, wb, we, c.sh.warp[wid].queue, cand, [&](int64_t v, bool ok) {
-          if (ok) report(v);
-        });
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) s2.u[0] = c.sh.bc.key;
-      c.publish();
-      uint64_t k = 0;
-      for (int q = 0; q < kCtas; ++q) k |= c.peer(q)->u[0];
-      prefix = k;
-      break;
-    }
+    selected = true;
   }
   r.found = true;
   r.key = prefix;
