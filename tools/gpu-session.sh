@@ -37,8 +37,15 @@ stage() {  # name limit_s command...
 }
 for s in "$@"; do
   case $s in
-    tests) stage tests "${TESTS_LIMIT:-420}" build-cuda/test_cuda --gtest_output="json:$OUT/test_cuda.json" \
-             ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} ;;
+    tests) if [[ -n ${TEST_FIRST:-} ]]; then  # the tests of the latest changes first, then every other one
+             stage tests-first "${TESTS_FIRST_LIMIT:-240}" build-cuda/test_cuda --gtest_output="json:$OUT/test_cuda_first.json" \
+               --gtest_filter="$TEST_FIRST"
+             stage tests "${TESTS_LIMIT:-420}" build-cuda/test_cuda --gtest_output="json:$OUT/test_cuda.json" \
+               --gtest_filter="*-$TEST_FIRST"
+           else
+             stage tests "${TESTS_LIMIT:-420}" build-cuda/test_cuda --gtest_output="json:$OUT/test_cuda.json" \
+               ${TEST_FILTER:+--gtest_filter=$TEST_FILTER}
+           fi ;;
     kernels) stage kernels 150 build-cuda/tandem bench-kernels --out "$OUT/bench-kernels.json" \
                ${KERNELS_ONLY:+--only=$KERNELS_ONLY} ;;
     gemm) stage gemm 150 build-cuda/tandem bench-gemm --out "$OUT/bench-gemm.json" ;;
@@ -53,9 +60,9 @@ for s in "$@"; do
   esac
 done
 if [[ -f "$OUT/test_cuda.json" ]]; then
-  python3 - "$OUT/test_cuda.json" <<'PY'
+  python3 - "$OUT/test_cuda.json" $([[ -f $OUT/test_cuda_first.json ]] && echo "$OUT/test_cuda_first.json") <<'PY'
 import json, sys
-cases = [(s["name"], c) for s in json.load(open(sys.argv[1])).get("testsuites", []) for c in s.get("testsuite", [])]
+cases = [(s["name"], c) for f in sys.argv[1:] for s in json.load(open(f)).get("testsuites", []) for c in s.get("testsuite", [])]
 fails = [f"{s}.{c['name']}" for s, c in cases if c.get("failures")]
 skips = [f"{s}.{c['name']}" for s, c in cases if c.get("result") == "SKIPPED"]
 print(f"test_cuda: {len(cases)} cases, {len(fails)} failed, {len(skips)} skipped")
