@@ -2,7 +2,7 @@
 # On the lent GPU machine (development aid for this project's workplace; users run `make test-gpu`):
 # unpacks the build carried by tools/gpu-pack.sh and runs the stages named on the command line, each
 # with its own time limit, writing logs and JSON under $OUT. Stages: tests (test_cuda as one process,
-# optional gtest filter in TEST_FILTER), kernels (tandem bench-kernels, sections in KERNELS_ONLY), gemm (tandem bench-gemm),
+# optional gtest filter in TEST_FILTER; TEST_FIRST=<filter>: those tests first, then the rest), kernels (tandem bench-kernels, sections in KERNELS_ONLY), gemm (tandem bench-gemm),
 # builtin (bench-model on the built-in model), fullsize (bench-model: rank 0 of TP=2 of
 # deepseek-v4-flash-0731 with synthetic weights, alone on this GPU), tp (tools/gpu-tp-tests.sh:
 # the device collectives and TP=2/4 through CUDA with the ranks sharing this GPU, serve with TP=2
