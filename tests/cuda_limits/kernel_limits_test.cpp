@@ -247,9 +247,15 @@ TEST(KernelLimits, SourceScanFindsDynamicSharedMemoryKernels) {
       "                              int n) {\n"
       "  extern __shared__ unsigned char raw[];\n"
       "}\n"
-      "__device__ float helper() { extern __shared__ float s[]; return s[0]; }\n";
+      "__device__ float helper() { extern __shared__ float s[]; return s[0]; }\n"
+      "__global__ void __cluster_dims__(8, 1, 1) __maxnreg__(kRegs)\n"
+      "    third_kernel(int n) {\n"
+      "  extern __shared__ float4 z[];\n"
+      "}\n";
   const auto found = kernels_with_dynamic_smem_in(text, "x.cu");
-  ASSERT_EQ(found.size(), 3u);
+  ASSERT_EQ(found.size(), 4u);
+  EXPECT_EQ(found[3].kernel, "third_kernel");
+  EXPECT_EQ(found[3].where, "x.cu:13");
   EXPECT_EQ(found[0].kernel, "first_kernel");
   EXPECT_EQ(found[0].where, "x.cu:3");
   EXPECT_EQ(found[1].kernel, "second_kernel");

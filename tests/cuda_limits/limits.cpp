@@ -181,10 +181,10 @@ std::vector<SourceKernel> kernels_with_dynamic_smem_in(const std::string& text, 
       out.push_back(k);
       continue;
     }
-    // __global__ [void] [__launch_bounds__(...)] name(
+    // __global__ [void] [__launch_bounds__(...)] [__cluster_dims__(...)] [__maxnreg__(...)] name(
     size_t p = g + 10;
     for (std::string id = ident_at(p); !id.empty(); id = ident_at(p)) {
-      if (id == "__launch_bounds__") {
+      if (id == "__launch_bounds__" || id == "__cluster_dims__" || id == "__maxnreg__") {
         int depth = 0;
         for (; p < code.size(); ++p) {
           if (code[p] == '(') ++depth;
