@@ -1,38 +1,42 @@
 #!/usr/bin/env bash
-# Stage of tools/gpu-session.sh: `tandem bench` against `tandem serve --device cuda` on the built-in
+# Stage of tools/gpu-session.sh (and the serving part of `make test-gpu`, tools/run-gpu-tests.sh):
+# `tandem bench` against `tandem serve --device cuda` on the built-in
 # model, DSpark K=5 and no speculation (issue 23's serving target: counting at one stream >= 4,000
 # tok/s with DSpark). SERVING_WORKLOADS (default count,dataclasses,prose) and SERVING_CONCURRENCY
-# (default "1 8") narrow it. JSON $1/serving-builtin.json, the arms' reports and logs under $1/serving/.
+# (default "1 8") narrow it; SERVING_BUILD is the build directory (default build-cuda). JSON
+# $1/serving-builtin.json, the arms' reports and logs under $1/serving/.
 set -uo pipefail
 OUT=$1
 cd "$(dirname "$0")/.."
 arms_dir=$OUT/serving
 mkdir -p "$arms_dir"
 port=${SERVING_PORT:-18779}
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+build=${SERVING_BUILD:-build-cuda}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
 rc=0
 for arm in dspark plain; do
   args=()
   [[ $arm == dspark ]] && args=(--speculative-config '{"method":"dspark","num_speculative_tokens":5}')
-  build-cuda/tandem serve --model data/builtin --device "${SERVING_DEVICE:-cuda}" --served-model-name builtin --port "$port" "${args[@]}" \
+  "$build/tandem" serve --model data/builtin --device "${SERVING_DEVICE:-cuda}" --served-model-name builtin --port "$port" "${args[@]}" \
     > "$arms_dir/serve-$arm.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 1; done
   # shellcheck disable=SC2086
-  build-cuda/tandem bench --base-url "http://127.0.0.1:$port" --model builtin \
+  "$build/tandem" bench --base-url "http://127.0.0.1:$port" --model builtin \
     --workloads "${SERVING_WORKLOADS:-count,dataclasses,prose}" --concurrency ${SERVING_CONCURRENCY:-1 8} --repeats 2 \
     --max-tokens 512 --notes "$gpu, tandem serve --device cuda, $arm" --output "$arms_dir/bench-$arm.json" \
     > "$arms_dir/bench-$arm.log" 2>&1 || rc=1
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
 done
-python3 - "$OUT" "$arms_dir" "$gpu" "${TANDEM_COMMIT:-unknown}" <<'PY' || rc=1
+python3 - "$OUT" "$arms_dir" "$gpu" "$driver" "${TANDEM_COMMIT:-unknown}" <<'PY' || rc=1
 import json, sys, datetime
-out, arms_dir, gpu, commit = sys.argv[1:]
+out, arms_dir, gpu, driver, commit = sys.argv[1:]
 arms = {}
 for arm in ("dspark", "plain"):
     r = json.load(open(f"{arms_dir}/bench-{arm}.json"))
     arms[arm] = {k: r.get(k) for k in ("settings", "summary", "totals", "target")}
-json.dump({"date": datetime.date.today().isoformat(), "commit": commit, "gpu": gpu,
+json.dump({"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(), "commit": commit, "gpu": gpu, "driver": driver,
            "what": "tandem bench (streamed chat completions, greedy, 512 tokens) against tandem serve --device cuda "
                    "on the built-in model, DSpark K=5 vs no speculation", "arms": arms},
           open(f"{out}/serving-builtin.json", "w"), indent=1)

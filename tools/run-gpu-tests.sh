@@ -111,33 +111,12 @@ grep -m3 -i "cuda\|device" /tmp/tandem-gpu-serve.log || true
 
 echo "== serving benchmark: tandem bench against tandem serve --device cuda (built-in model, DSpark on and off)"
 serving="$RESULTS/serving-builtin-$date-$tag.json"
-for arm in dspark plain; do
-  args=()
-  [[ $arm == dspark ]] && args=(--speculative-config '{"method":"dspark","num_speculative_tokens":5}')
-  "$BUILD/tandem" serve --model data/builtin --device cuda --served-model-name builtin --port "$port" "${args[@]}" \
-    > "/tmp/tandem-gpu-bench-$arm.log" 2>&1 &
-  bpid=$!
-  for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 1; done
-  "$BUILD/tandem" bench --base-url "http://127.0.0.1:$port" --model builtin --workloads count,dataclasses,prose \
-    --concurrency 1 8 --repeats 2 --max-tokens 512 --notes "$gpu, tandem serve --device cuda, $arm" \
-    --output "/tmp/tandem-gpu-bench-$arm.json" --svg "/tmp/tandem-gpu-bench-$arm.svg" || rc=1
-  kill "$bpid" 2>/dev/null; wait "$bpid" 2>/dev/null
-done
-python3 - "$serving" "$date" "$commit" "$gpu" "$driver" <<'PY' || rc=1
-import json, sys
-dst, date, commit, gpu, driver = sys.argv[1:]
-arms = {}
-for arm in ("dspark", "plain"):
-    r = json.load(open(f"/tmp/tandem-gpu-bench-{arm}.json"))
-    arms[arm] = {k: r.get(k) for k in ("settings", "summary", "totals", "target")}
-json.dump({"date": date, "commit": commit, "gpu": gpu, "driver": driver,
-           "what": "tandem bench (streamed chat completions, greedy, 512 tokens) against tandem serve --device cuda "
-                   "on the built-in model, DSpark K=5 vs no speculation", "arms": arms}, open(dst, "w"), indent=1)
-for arm, a in arms.items():
-    for row in a["summary"]:
-        print(arm, json.dumps({k: row.get(k) for k in ("workload", "concurrency", "aggregate_tok_s", "per_stream_decode_tok_s", "ttft_s", "acceptance_rate")}))
-print("wrote", dst)
-PY
+sdir=$(mktemp -d /tmp/tandem-gpu-serving.XXXXXX)
+if SERVING_BUILD="$BUILD" SERVING_PORT="$port" TANDEM_COMMIT="$commit" bash tools/gpu-stage-serving.sh "$sdir"; then
+  cp "$sdir/serving-builtin.json" "$serving" && echo "wrote $serving"
+else
+  rc=1
+fi
 
 python3 - "$RESULTS/.gtest" "$RESULTS/gpu-tests-$date-$tag.json" "$date" "$commit" "$gpu" "$driver" "$smoke" "$log" <<'PY'
 import glob, json, os, sys
