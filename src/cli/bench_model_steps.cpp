@@ -234,13 +234,25 @@ namespace {
 // Time to prefill `P` tokens in chunks of `C`: chunks timed at `samples` offsets over a
 // synthetically filled context, per-token time interpolated between them and summed over every
 // chunk (today's kernels make a full-size prompt too slow to run whole in a benchmark).
+// A chunk's C tokens and a block table for P positions (blocks 0, 1, ...).
+struct ChunkInput {
+  std::vector<int32_t> toks, table;
+};
+ChunkInput chunk_input(Bench& b, int C, int64_t P) {
+  ChunkInput in;
+  in.toks.resize(static_cast<size_t>(C));
+  for (auto& t : in.toks) t = b.token();
+  in.table.resize(static_cast<size_t>(b.blocks_for(P)));
+  for (size_t k = 0; k < in.table.size(); ++k) in.table[k] = static_cast<int32_t>(k);
+  return in;
+}
+
 Result<nlohmann::json> estimate_prefill(Bench& b, int64_t P, int C) {
   const int64_t chunks = (P + C - 1) / C;
   const int S = static_cast<int>(std::min<int64_t>(b.a.prefill_samples, chunks));
-  std::vector<int32_t> toks(static_cast<size_t>(C));
-  for (auto& t : toks) t = b.token();
-  std::vector<int32_t> table(static_cast<size_t>(b.blocks_for(P)));
-  for (size_t k = 0; k < table.size(); ++k) table[k] = static_cast<int32_t>(k);
+  const ChunkInput in = chunk_input(b, C, P);
+  const std::vector<int32_t>& toks = in.toks;
+  const std::vector<int32_t>& table = in.table;
   std::vector<int64_t> offs;
   std::vector<double> per_token_s;
   nlohmann::json samples = nlohmann::json::array();
@@ -283,13 +295,11 @@ Result<nlohmann::json> estimate_prefill(Bench& b, int64_t P, int C) {
 // (eager launches, so each kernel's time is its own), kernels grouped by name, the largest first.
 nlohmann::json prefill_kernel_split(Bench& b, int C) {
   if (!b.cupti) return {{"available", false}, {"reason", b.cupti_status}};
-  std::vector<int32_t> toks(static_cast<size_t>(C));
-  for (auto& t : toks) t = b.token();
-  std::vector<int32_t> table(static_cast<size_t>(b.blocks_for(C)));
-  for (size_t k = 0; k < table.size(); ++k) table[k] = static_cast<int32_t>(k);
-  if (!b.model->fill_synthetic_context(0, 0, table, b.a.seed + 99).ok()) return {{"available", false}};
+  const ChunkInput in = chunk_input(b, C, C);
+  if (!b.model->fill_synthetic_context(0, 0, in.table, b.a.seed + 99).ok()) return {{"available", false}};
   StepBatch sb;
-  sb.seqs.push_back({0, 0, std::span<const int32_t>(toks.data(), toks.size()), table, LogitsMode::kLast, false});
+  sb.seqs.push_back(
+      {0, 0, std::span<const int32_t>(in.toks.data(), in.toks.size()), in.table, LogitsMode::kLast, false});
   std::string why;
   Status st;
   const auto t0 = Clock::now();
