@@ -1,10 +1,13 @@
 // Grouped MXFP4 expert GEMMs on sm_90 (moe_prefill_ws.h), warp-specialized as kernels/cuda/
 // tc_ws.cuh describes, persistent over (tile of 128 sorted slots, column block):
-//  * producer warp 0: per K block, the TMA copies of the A tile (128 slots x 128 e4m3 codes) and of
-//    the raw e2m1 weights (128 weight rows x 64 bytes; up: 64 rows of w1 and 64 of w3);
-//  * producer warps 1-3, the converters: the raw weights into the e4m3 B tile
+//  * the producer warpgroup, 128 converters: the raw weights of each K block into the e4m3 B tile
 //    (tc::mxfp4_group_to_e4m3: each row's four 32-element groups scaled to the row's K-block reference
-//    exponent, 2^(ref - 127) kept as the column scale), then a third mbarrier per stage;
+//    exponent, 2^(ref - 127) kept as the column scale), then a third mbarrier per stage; thread 0
+//    also issues, kLead K blocks ahead, the TMA copies of the A tile (128 slots x 128 e4m3 codes) and
+//    of the raw e2m1 weights (128 weight rows x 64 bytes; up: 64 rows of w1 and 64 of w3). The
+//    conversion (~60 integer instructions per 32 weights, one warp per SM sub-partition) is this
+//    kernel's likely bound (PERFORMANCE.md: ~2,100 cycles per K block against ~520 of FP8 MMA), so
+//    it has all four warps; before, warp 0 only issued copies and three warps converted;
 //  * two consumer warpgroups: 4 x wgmma.m64n128k32 per K block into a partial, promoted with the
 //    slot's activation scale times the column scale, as tc::mainloop does (the same bits wherever
 //    the tensor cores sum a block exactly).
@@ -32,8 +35,9 @@ namespace ws = kernels::cuda::ws;
 namespace {
 
 constexpr int kStages = 5;
-constexpr int kConverterThreads = 96;  // warps 1-3 of the producer warpgroup
-constexpr int kItems = 6;              // (row, group) items per converter thread: ceil(128 * 4 / 96)
+constexpr int kLead = kStages - 2;      // K blocks the copies run ahead of the conversion
+constexpr int kConverterThreads = 128;  // the whole producer warpgroup (thread 0 also issues the copies)
+constexpr int kItems = 4;               // (row, group) items per converter thread: 128 * 4 / 128
 constexpr int kProducerRegs = 88, kConsumerRegs = 200;  // 128 * 88 + 256 * 200 <= 64512 (no spills)
 
 // Shared memory (offsets from a 1024-byte aligned base).
@@ -87,80 +91,111 @@ __device__ __forceinline__ MoeTile moe_tile(const MoeWsParams& p, int t) {
   return r;
 }
 
+// The copies' side of the (tile, K block) sequence, run by thread 0 between its conversions:
+// issue() requests the next K block's A tile and raw weights into the next stage once the consumers
+// have released it; nothing past the last tile.
 template <bool kUp>
-__device__ __forceinline__ void moe_produce(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* empty,
-                                            int total) {
-  using L = MoeSmem;
+struct MoeLoader {
+  int t = 0, kb = 0, slot0 = 0, wrow = 0;
   ws::Ring<kStages> ring;
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+  __device__ __forceinline__ void locate(const MoeWsParams& p, int total) {
+    if (t >= total) return;
     const MoeTile tl = moe_tile<kUp>(p, t);
-    const int wrow = static_cast<int>(tl.e * p.n + tl.n0);
-    for (int kb = 0; kb < p.nk; ++kb) {
-      uint64_t* bar = &full_ld[ring.stage];
-      ws::mbar_wait(&empty[ring.stage], ring.phase ^ 1u);
-      ws::mbar_arrive_expect_tx(bar, L::kTile + L::kRawTile);
-      ws::tma_load_2d(smem + L::kA + ring.stage * L::kTile, &p.a, kb * 128, tl.slot0, bar);
-      uint8_t* raw = smem + L::kRaw + ring.stage * L::kRawTile;
-      ws::tma_load_2d(raw, &p.b, kb * 64, wrow, bar);
-      if constexpr (kUp) ws::tma_load_2d(raw + L::kRawTile / 2, &p.b3, kb * 64, wrow, bar);
-      ring.next();
+    slot0 = tl.slot0;
+    wrow = static_cast<int>(tl.e * p.n + tl.n0);
+  }
+  __device__ __forceinline__ void begin(const MoeWsParams& p, int total) {
+    t = static_cast<int>(blockIdx.x);
+    locate(p, total);
+  }
+  __device__ __forceinline__ void issue(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* empty,
+                                        int total) {
+    using L = MoeSmem;
+    if (t >= total) return;
+    uint64_t* bar = &full_ld[ring.stage];
+    ws::mbar_wait(&empty[ring.stage], ring.phase ^ 1u);
+    ws::mbar_arrive_expect_tx(bar, L::kTile + L::kRawTile);
+    ws::tma_load_2d(smem + L::kA + ring.stage * L::kTile, &p.a, kb * 128, slot0, bar);
+    uint8_t* raw = smem + L::kRaw + ring.stage * L::kRawTile;
+    ws::tma_load_2d(raw, &p.b, kb * 64, wrow, bar);
+    if constexpr (kUp) ws::tma_load_2d(raw + L::kRawTile / 2, &p.b3, kb * 64, wrow, bar);
+    ring.next();
+    if (++kb == p.nk) {
+      kb = 0;
+      t += static_cast<int>(gridDim.x);
+      locate(p, total);
     }
   }
-}
+};
 
-// Converter thread ct (0..95): items i = ct + 96 j (< 512) of each K block, item i = B tile column
-// i / 4 (a weight row), 32-element group i % 4. A warp's 32 consecutive items cover 8 rows x 4
-// groups: conflict-free reads of 512 raw bytes and swizzled 16-byte stores.
+// The producer warpgroup, converter thread ct = 0..127: items i = ct + 128 j (j < 4) of each K block,
+// item i = B tile column i / 4 (a weight row), 32-element group i % 4 (= ct % 4 for all four). A
+// warp's 32 consecutive items cover 8 rows x 4 groups: conflict-free reads of 512 raw bytes and
+// swizzled 16-byte stores. Thread 0 also issues the copies, kLead K blocks ahead of the conversion:
+// the stage it refills was released by the consumers of K block (current - 2), which needs only
+// conversions already done, so the wait cannot block on this warpgroup.
 template <bool kUp>
 __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* full_b,
-                                            int total) {
+                                            uint64_t* empty, int total) {
   using L = MoeSmem;
-  const int ct = static_cast<int>(threadIdx.x) - 32;
+  const int ct = static_cast<int>(threadIdx.x), q = ct & 3;
   const int64_t scale_words = p.k / 128;  // uint32 words (one K block's four E8M0 scales) per weight row
+  // Per item, the same in every tile: offset in the raw tile, of the first of the two 16-byte
+  // chunks in the B tile, and the weight row (within the tile's w1 or w3 rows, or w2 rows).
+  uint32_t roff[kItems], doff[kItems];
+  int wr[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int cc = (ct >> 2) + 32 * j;
+    if constexpr (kUp) {
+      const int w3 = (cc >> 3) & 1, rr = 8 * (cc >> 4) + (cc & 7);
+      roff[j] = static_cast<uint32_t>(w3 * (L::kRawTile / 2) + rr * 64 + q * 16);
+      wr[j] = rr;
+    } else {
+      roff[j] = static_cast<uint32_t>(cc * 64 + q * 16);
+      wr[j] = cc;
+    }
+    doff[j] = static_cast<uint32_t>(tc::swz(cc, 2 * q));
+  }
+  MoeLoader<kUp> ld;
+  if (ct == 0) {
+    ld.begin(p, total);
+    for (int i = 0; i < kLead; ++i) ld.issue(p, smem, full_ld, empty, total);
+  }
+  __syncwarp();
   ws::Ring<kStages> ring;
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     const MoeTile tl = moe_tile<kUp>(p, t);
     const uint32_t* sc[kItems];
-    uint32_t roff[kItems], word[kItems];
+    uint32_t word[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const int i = ct + kConverterThreads * j, cc = (i >> 2) & 127, q = i & 3;
-      int64_t wrow;
-      const uint8_t* base = p.b_scale;
-      if constexpr (kUp) {
-        const int w3 = (cc >> 3) & 1, rr = 8 * (cc >> 4) + (cc & 7);
-        roff[j] = static_cast<uint32_t>(w3 * (L::kRawTile / 2) + rr * 64 + q * 16);
-        wrow = tl.e * p.n + tl.n0 + rr;
-        if (w3) base = p.b3_scale;
-      } else {
-        roff[j] = static_cast<uint32_t>(cc * 64 + q * 16);
-        wrow = tl.e * p.n + tl.n0 + cc;
-      }
-      sc[j] = reinterpret_cast<const uint32_t*>(base) + wrow * scale_words;
-      word[j] = (j + 1 < kItems || ct + kConverterThreads * j < 512) ? __ldg(sc[j]) : 0u;
+      const bool w3 = kUp && (((ct >> 2) + 32 * j) >> 3 & 1);
+      const uint8_t* base = w3 ? p.b3_scale : p.b_scale;
+      sc[j] = reinterpret_cast<const uint32_t*>(base) + (tl.e * p.n + tl.n0 + wr[j]) * scale_words;
+      word[j] = __ldg(sc[j]);
     }
     for (int kb = 0; kb < p.nk; ++kb) {
       uint32_t next[kItems];
 #pragma unroll
-      for (int j = 0; j < kItems; ++j)
-        next[j] = (kb + 1 < p.nk && (j + 1 < kItems || ct + kConverterThreads * j < 512)) ? __ldg(sc[j] + kb + 1) : 0u;
+      for (int j = 0; j < kItems; ++j) next[j] = kb + 1 < p.nk ? __ldg(sc[j] + kb + 1) : 0u;
+      if (ct == 0) ld.issue(p, smem, full_ld, empty, total);  // K block (this one + kLead)
+      __syncwarp();  // warp 0 converts together again after thread 0's copies
       ws::mbar_wait(&full_ld[ring.stage], ring.phase);
       const uint8_t* raw = smem + L::kRaw + ring.stage * L::kRawTile;
       uint8_t* dst = smem + L::kB + ring.stage * L::kTile;
       float* cs = reinterpret_cast<float*>(smem + L::kCs + ring.stage * 128 * 4);
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
-        const int i = ct + kConverterThreads * j;
-        if (j + 1 == kItems && i >= 512) continue;
-        const int cc = i >> 2, q = i & 3;
         const uint4 v = *reinterpret_cast<const uint4*>(raw + roff[j]);
         const int ref = tc::mxfp4_block_ref(word[j]);
         const int d = static_cast<int>((word[j] >> (8 * q)) & 0xffu) - ref;
         uint4 o0, o1;
         tc::mxfp4_group_to_e4m3(v, d, o0, o1);
-        *reinterpret_cast<uint4*>(dst + tc::swz(cc, 2 * q)) = o0;
-        *reinterpret_cast<uint4*>(dst + tc::swz(cc, 2 * q + 1)) = o1;
-        if (q == 0) cs[cc] = tc::pow2_any(ref - 127);
+        // The group's chunks 2q, 2q + 1 of row cc: swizzled positions differ in bit 4 alone.
+        *reinterpret_cast<uint4*>(dst + doff[j]) = o0;
+        *reinterpret_cast<uint4*>(dst + (doff[j] ^ 16u)) = o1;
+        if (q == 0) cs[(ct >> 2) + 32 * j] = tc::pow2_any(ref - 127);
       }
       tc::fence_proxy_async();  // the generic-proxy stores above are read next by wgmma
       ws::mbar_arrive(&full_b[ring.stage]);
@@ -185,6 +220,10 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
     const int r0 = tl.slot0 + 64 * g + ws::acc_row(0, w, lane);
     const float* as0 = p.a_scale + min(r0, slot_end - 1);
     const float* as1 = p.a_scale + min(r0 + 8, slot_end - 1);
+    // An expert's last tile with at most 64 slots: the second warpgroup has no row to compute and
+    // only releases each stage after it is filled, as the ring's arrival count expects (uniform
+    // over the warpgroup, so the .aligned wgmma of the other one are unaffected).
+    const bool idle = tl.slot0 + 64 * g >= slot_end;
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     for (int kb = 0; kb < p.nk; ++kb) {
@@ -192,6 +231,11 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
       ws::mbar_wait(&full_ld[ring.stage], ring.phase);
       ws::mbar_wait(&full_b[ring.stage], ring.phase);
       __syncwarp();  // lanes may leave the wait loops apart: reconverge before the .aligned wgmma
+      if (idle) {
+        if (lane == 0) ws::mbar_arrive(&empty[ring.stage]);
+        ring.next();
+        continue;
+      }
       const uint32_t a0 = tc::smem_u32(smem + L::kA + ring.stage * L::kTile) + g * 64 * 128;
       const uint32_t b0 = tc::smem_u32(smem + L::kB + ring.stage * L::kTile);
       tc::fence_regs(part);
@@ -221,6 +265,7 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
         }
       }
     }
+    if (idle) continue;
     if constexpr (kUp) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
@@ -279,14 +324,12 @@ __global__ void __launch_bounds__(ws::kThreads, 1) moe_ws_kernel(const __grid_co
   const int total = __ldg(p.tile_count) * p.num_n;
   if (threadIdx.x < 128) {
     ws::reg_dealloc<kProducerRegs>();
-    if (threadIdx.x >= 32) {
-      moe_convert<kUp>(p, smem, full_ld, full_b, total);
-    } else if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {
       ws::tma_prefetch_map(&p.a);
       ws::tma_prefetch_map(&p.b);
       if constexpr (kUp) ws::tma_prefetch_map(&p.b3);
-      moe_produce<kUp>(p, smem, full_ld, empty, total);
     }
+    moe_convert<kUp>(p, smem, full_ld, full_b, empty, total);
   } else {
     ws::reg_alloc<kConsumerRegs>();
     moe_consume<kUp>(p, smem, full_ld, full_b, empty, total, (threadIdx.x >> 7) - 1);
