@@ -1,13 +1,13 @@
 // Grouped MXFP4 expert GEMMs on sm_90 (moe_prefill_ws.h), warp-specialized as kernels/cuda/
 // tc_ws.cuh describes, persistent over (tile of 128 sorted slots, column block):
-//  * the producer warpgroup, 128 converters: the raw weights of each K block into the e4m3 B tile
-//    (tc::mxfp4_group_to_e4m3: each row's four 32-element groups scaled to the row's K-block reference
-//    exponent, 2^(ref - 127) kept as the column scale), then a third mbarrier per stage; thread 0
-//    also issues, kLead K blocks ahead, the TMA copies of the A tile (128 slots x 128 e4m3 codes) and
-//    of the raw e2m1 weights (128 weight rows x 64 bytes; up: 64 rows of w1 and 64 of w3). The
-//    conversion (~60 integer instructions per 32 weights, one warp per SM sub-partition) is this
-//    kernel's likely bound (PERFORMANCE.md: ~2,100 cycles per K block against ~520 of FP8 MMA), so
-//    it has all four warps; before, warp 0 only issued copies and three warps converted;
+//  * two producer warpgroups, 256 converters (8 warps, two per SM sub-partition): the raw weights
+//    of each K block into the e4m3 B tile (tc::mxfp4_group_to_e4m3: each row's four 32-element
+//    groups scaled to the row's K-block reference exponent, 2^(ref - 127) kept as the column
+//    scale), then a third mbarrier per stage; thread 0 also issues, kLead K blocks ahead, the TMA
+//    copies of the A tile (128 slots x 128 e4m3 codes) and of the raw e2m1 weights (128 weight rows
+//    x 64 bytes; up: 64 rows of w1 and 64 of w3). The conversion (~60 integer instructions per 32
+//    weights) was this kernel's bound with three converter warps, one per sub-partition
+//    (PERFORMANCE.md: ~2,100 cycles per K block against ~520 of FP8 MMA);
 //  * two consumer warpgroups: 4 x wgmma.m64n128k32 per K block into a partial, promoted with the
 //    slot's activation scale times the column scale, as tc::mainloop does (the same bits wherever
 //    the tensor cores sum a block exactly).
@@ -36,9 +36,18 @@ namespace {
 
 constexpr int kStages = 5;
 constexpr int kLead = kStages - 2;      // K blocks the copies run ahead of the conversion
-constexpr int kConverterThreads = 128;  // the whole producer warpgroup (thread 0 also issues the copies)
-constexpr int kItems = 4;               // (row, group) items per converter thread: 128 * 4 / 128
-constexpr int kProducerRegs = 88, kConsumerRegs = 200;  // 128 * 88 + 256 * 200 <= 64512 (no spills)
+// 512 threads: two producer warpgroups (8 converter warps, two per SM sub-partition so one's
+// latencies hide behind the other's work; thread 0 also issues the copies), then the two consumer
+// warpgroups of tc_ws.cuh's layout.
+constexpr int kThreads = 512;
+constexpr int kConverterThreads = 256;
+constexpr int kConverterWarps = kConverterThreads / 32;  // arrivals on a "B converted" barrier per K block
+constexpr int kItems = 2;  // (row, group) items per converter thread: 128 * 4 / 256
+// 256 * 56 + 256 * 200 = 65536, the register file (launched at 128 each; ptxas allocates each side
+// to its setmaxnreg count: no spills on either, checked with -Xptxas -v).
+constexpr int kProducerRegs = 56, kConsumerRegs = 200;
+static_assert(kConverterThreads * kProducerRegs + (kThreads - kConverterThreads) * kConsumerRegs <= 65536);
+static_assert((kThreads - kConverterThreads) / 32 == ws::kConsumerWarps);
 
 // Shared memory (offsets from a 1024-byte aligned base).
 struct MoeSmem {
@@ -128,12 +137,12 @@ struct MoeLoader {
   }
 };
 
-// The producer warpgroup, converter thread ct = 0..127: items i = ct + 128 j (j < 4) of each K block,
-// item i = B tile column i / 4 (a weight row), 32-element group i % 4 (= ct % 4 for all four). A
+// The producer warpgroups, converter thread ct = 0..255: items i = ct + 256 j (j < 2) of each K block,
+// item i = B tile column i / 4 (a weight row), 32-element group i % 4 (= ct % 4 for both). A
 // warp's 32 consecutive items cover 8 rows x 4 groups: conflict-free reads of 512 raw bytes and
 // swizzled 16-byte stores. Thread 0 also issues the copies, kLead K blocks ahead of the conversion:
 // the stage it refills was released by the consumers of K block (current - 2), which needs only
-// conversions already done, so the wait cannot block on this warpgroup.
+// conversions already done, so the wait cannot block on the converters.
 template <bool kUp>
 __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* full_b,
                                             uint64_t* empty, int total) {
@@ -146,7 +155,7 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
   int wr[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    const int cc = (ct >> 2) + 32 * j;
+    const int cc = (ct >> 2) + 64 * j;
     if constexpr (kUp) {
       const int w3 = (cc >> 3) & 1, rr = 8 * (cc >> 4) + (cc & 7);
       roff[j] = static_cast<uint32_t>(w3 * (L::kRawTile / 2) + rr * 64 + q * 16);
@@ -170,7 +179,7 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
     uint32_t word[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const bool w3 = kUp && (((ct >> 2) + 32 * j) >> 3 & 1);
+      const bool w3 = kUp && (((ct >> 2) + 64 * j) >> 3 & 1);
       const uint8_t* base = w3 ? p.b3_scale : p.b_scale;
       sc[j] = reinterpret_cast<const uint32_t*>(base) + (tl.e * p.n + tl.n0 + wr[j]) * scale_words;
       word[j] = __ldg(sc[j]);
@@ -195,10 +204,13 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
         // The group's chunks 2q, 2q + 1 of row cc: swizzled positions differ in bit 4 alone.
         *reinterpret_cast<uint4*>(dst + doff[j]) = o0;
         *reinterpret_cast<uint4*>(dst + (doff[j] ^ 16u)) = o1;
-        if (q == 0) cs[(ct >> 2) + 32 * j] = tc::pow2_any(ref - 127);
+        if (q == 0) cs[(ct >> 2) + 64 * j] = tc::pow2_any(ref - 127);
       }
-      tc::fence_proxy_async();  // the generic-proxy stores above are read next by wgmma
-      ws::mbar_arrive(&full_b[ring.stage]);
+      // The generic-proxy stores above are read next by wgmma: each thread fences its own, the warp
+      // meets, and one release arrival per warp publishes them all (as a TMA store after a CTA barrier).
+      tc::fence_proxy_async();
+      __syncwarp();
+      if ((ct & 31) == 0) ws::mbar_arrive(&full_b[ring.stage]);
 #pragma unroll
       for (int j = 0; j < kItems; ++j) word[j] = next[j];
       ring.next();
@@ -302,7 +314,7 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
 }
 
 template <bool kUp>
-__global__ void __launch_bounds__(ws::kThreads, 1) moe_ws_kernel(const __grid_constant__ MoeWsParams p) {
+__global__ void __launch_bounds__(kThreads, 1) moe_ws_kernel(const __grid_constant__ MoeWsParams p) {
 #if !TANDEM_TC_WGMMA
   __trap();  // sm_90a only: never launched elsewhere (tc_resolve)
 #endif
@@ -315,14 +327,14 @@ __global__ void __launch_bounds__(ws::kThreads, 1) moe_ws_kernel(const __grid_co
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       ws::mbar_init(&full_ld[s], 1);
-      ws::mbar_init(&full_b[s], kConverterThreads);
+      ws::mbar_init(&full_b[s], kConverterWarps);
       ws::mbar_init(&empty[s], ws::kConsumerWarps);
     }
     ws::mbar_fence_init();
   }
   __syncthreads();
   const int total = __ldg(p.tile_count) * p.num_n;
-  if (threadIdx.x < 128) {
+  if (threadIdx.x < kConverterThreads) {
     ws::reg_dealloc<kProducerRegs>();
     if (threadIdx.x == 0) {
       ws::tma_prefetch_map(&p.a);
@@ -332,7 +344,7 @@ __global__ void __launch_bounds__(ws::kThreads, 1) moe_ws_kernel(const __grid_co
     moe_convert<kUp>(p, smem, full_ld, full_b, empty, total);
   } else {
     ws::reg_alloc<kConsumerRegs>();
-    moe_consume<kUp>(p, smem, full_ld, full_b, empty, total, (threadIdx.x >> 7) - 1);
+    moe_consume<kUp>(p, smem, full_ld, full_b, empty, total, (threadIdx.x - kConverterThreads) >> 7);
   }
 }
 
@@ -405,8 +417,8 @@ void moe_group_ws(const MoeWsArgs& a, cudaStream_t st) {
   const int64_t bound = a.max_tiles * p.num_n;
   TANDEM_CHECK_MSG(bound < (int64_t{1} << 31), "moe_group_ws: too many tiles");
   const int grid = static_cast<int>(std::min<int64_t>(bound, kc::tc_sm_count()));
-  if (a.up) moe_ws_kernel<true><<<grid, ws::kThreads, MoeSmem::kAlloc, st>>>(p);
-  else moe_ws_kernel<false><<<grid, ws::kThreads, MoeSmem::kAlloc, st>>>(p);
+  if (a.up) moe_ws_kernel<true><<<grid, kThreads, MoeSmem::kAlloc, st>>>(p);
+  else moe_ws_kernel<false><<<grid, kThreads, MoeSmem::kAlloc, st>>>(p);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
