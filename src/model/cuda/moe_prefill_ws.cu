@@ -256,13 +256,14 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
       for (int s = 0; s < 4; ++s)
         tc::wgmma_m64n128k32(part, tc::sw128_desc(a0 + 32 * s), tc::sw128_desc(b0 + 32 * s), s);
       tc::wgmma_commit();
-      ws::wgmma_wait<0>();
-      tc::fence_regs(part);
-      // The column scales of this thread's 32 columns, read before the stage is released.
+      // The column scales of this thread's 32 columns, read while the MMAs run (the converters
+      // wrote them before the stage's "B converted" barrier) and before the stage is released.
       const float* cs = reinterpret_cast<const float*>(smem + L::kCs + ring.stage * 128 * 4);
       float2 c2[16];
 #pragma unroll
       for (int j = 0; j < 16; ++j) c2[j] = *reinterpret_cast<const float2*>(cs + 8 * j + 2 * (lane & 3));
+      ws::wgmma_wait<0>();
+      tc::fence_regs(part);
       if (lane == 0) ws::mbar_arrive(&empty[ring.stage]);
       ring.next();
       // Promotion: activation scale x column scale, both powers of two (exact), one rounding.
