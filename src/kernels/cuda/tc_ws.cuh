@@ -3,9 +3,9 @@
 // list of output tiles, 384 threads in three warpgroups:
 //  * warpgroup 0, the producer: one thread issues the bulk tensor copies (TMA) of each K block's
 //    operand tiles into a ring of shared-memory stages, each stage guarded by two mbarriers ("full":
-//    the copies' bytes landed; "empty": every consumer warp is done reading). The grouped experts'
-//    other producer warps convert the MXFP4 weights into e4m3 tiles (a third mbarrier per stage).
-//    setmaxnreg gives its registers to
+//    the copies' bytes landed; "empty": every consumer warp is done reading). The grouped experts
+//    run 512 threads: two producer warpgroups convert the MXFP4 weights into e4m3 tiles (a third
+//    mbarrier per stage), their thread 0 also issuing the copies. setmaxnreg gives its registers to
 //  * warpgroups 1 and 2, the consumers: 64 rows of the 128-row tile each, wgmma on the stage's tiles,
 //    the FP8 promotion (fp32 partial of a K block scaled into the accumulator) after each block,
 //    the epilogue straight from the accumulator registers.
