@@ -69,6 +69,14 @@ __device__ __forceinline__ int mx_chunk(int r, int c, int cpr) {
 }
 
 // ---------------------------------------------------------------- 2, 3. experts
+// Named barriers (0 is __syncthreads) of the item-end reduction, each over the whole CTA: kBarFull:
+// the partials are in red (the non-lead warps arrive, the leads wait); kBarFree: the leads have
+// read them (the leads arrive, the other warps wait before writing the next item's). bar.arrive
+// orders the arriving warp's earlier shared-memory accesses before the waiters' later ones.
+constexpr int kBarFull = 1, kBarFree = 2;
+__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kThreads) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kThreads) : "memory"); }
+
 struct ExpertArgs {
   const uint8_t* a_codes;     // activation codes [rows, k] (up: x codes by token; down: act codes)
   const uint8_t* a_scales;    // [rows, k / 128]
@@ -294,6 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   bool nan_scale = false;
   int nan_rows = 0;  // MXFP4: bit r set when weight row g + 8 r met a NaN scale in this unit
   int last_ew = 0;
+  bool reduced = false;  // this CTA has done an item's reduction through red (uniform)
   auto reset = [&] {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -513,7 +522,13 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         return red[(static_cast<int64_t>((tl * NM + m2) * U + u) * kPer + (mt * 2 + nt) * 4 + i) * 32 + lane];
       };
       if (reduce) {
+        // No CTA-wide barrier: the other warps hand their partials to the leads (kBarFull) and go on
+        // streaming their next item; they wait only before overwriting red, until the leads have
+        // read it (kBarFree), so a lead's epilogue (stores, counter, act_quant / combine) overlaps
+        // the next item. A lead releases red only when another item follows, so that every arrival
+        // meets a wait.
         if (!lead) {
+          if (reduced) bar_sync(kBarFree);
           float* dst = red + static_cast<int64_t>(warp) * kPer * 32;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
@@ -521,9 +536,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
               for (int i = 0; i < 4; ++i) dst[((mt * 2 + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i];
-        }
-        __syncthreads();
-        if (lead)  // w1 (down: w2): the units in order
+          bar_arrive(kBarFull);
+        } else {
+          bar_sync(kBarFull);
+          // w1 (down: w2): the units in order
           for (int u = 1; u < U; ++u)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -531,6 +547,23 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[mt][nt][i] = kc::add_rn(acc[mt][nt][i], part(0, u, mt, nt, i));
+          if constexpr (UP) {
+            // w3: its units in order, the sum kept in the lead's own slot of red (part(0, 0), which
+            // no other warp writes or reads) so that red can be released before the stores.
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+              for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  float v = part(NM - 1, 0, mt, nt, i);
+                  for (int u = 1; u < U; ++u) v = kc::add_rn(v, part(NM - 1, u, mt, nt, i));
+                  red[(static_cast<int64_t>(warp) * kPer + (mt * 2 + nt) * 4 + i) * 32 + lane] = v;
+                }
+          }
+          if (cons.w + gridDim.x < total) bar_arrive(kBarFree);
+        }
+        reduced = true;
       }
       if (lead) {
         const int64_t row0 = static_cast<int64_t>(x.tile) * kRows;
@@ -548,9 +581,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
               if constexpr (UP) {
                 // The linears' bf16 outputs, then SwiGLU exactly as the swiglu op (and the routing weight).
-                float u3 = part(NM - 1, 0, mt, nt, i);  // w3: its units in order
-                for (int u = 1; u < U; ++u) u3 = kc::add_rn(u3, part(NM - 1, u, mt, nt, i));
-                float gv = kc::round_bf16(acc[mt][nt][i]), uv = kc::round_bf16(u3);
+                float gv = kc::round_bf16(acc[mt][nt][i]), uv = kc::round_bf16(part(0, 0, mt, nt, i));  // w3's sum, above
                 if (a.limit > 0.0f) {
                   uv = kc::clamp_std(uv, -a.limit, a.limit);
                   gv = kc::min_std(gv, a.limit);
@@ -639,7 +670,6 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           }
         }
       }
-      if (reduce) __syncthreads();  // red is read above (w3) and written again at the next item's end
       reset();
     }
     next(cons);
