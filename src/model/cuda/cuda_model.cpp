@@ -132,6 +132,7 @@ CudaModel::Memory CudaModel::memory() const {
   r.slot_state = static_cast<int64_t>(m.slot_state.bytes());
   r.draft_state = static_cast<int64_t>(m.draft_ctx.bytes());
   r.scratch = m.own_bytes - r.weights - r.pool - r.slot_state - r.draft_state;
+  r.snapshots = static_cast<int64_t>(m.snapshots.bytes());  // allocated after own_bytes was measured
   return r;
 }
 
@@ -761,6 +762,70 @@ Status CudaModel::import_slot_state(int slot, std::span<const uint8_t> in) {
                                       parts.draft.size(), cudaMemcpyHostToDevice, m.stream));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   m.slot_len[slot] = parts.length;
+  return Status();
+}
+
+size_t CudaModel::snapshot_device_bytes() const {
+  return static_cast<size_t>(impl_->lay.slot_bytes + impl_->lay.draft_slot_bytes);
+}
+
+int CudaModel::num_snapshots() const { return static_cast<int>(impl_->snap_len.size()); }
+
+Status CudaModel::allocate_snapshots(int count) {
+  Impl& m = *impl_;
+  if (count < 0) return invalid_argument("allocate_snapshots: count {} < 0", count);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // no copy may still use the old pool
+  m.snapshots.release();
+  m.snap_len.clear();
+  if (count == 0) return Status();
+  const size_t each = snapshot_device_bytes();
+  const size_t want = each * static_cast<size_t>(count);
+  size_t free_b = 0, total_b = 0;
+  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (want > free_b)
+    return make_error(StatusCode::kResourceExhausted,
+                      "prefix-cache snapshots: {} x {} bytes = {:.1f} MiB on the device, {:.1f} MiB free", count, each,
+                      want / 1048576.0, free_b / 1048576.0);
+  m.snapshots.reset(want);  // 0 bytes (a config without rings): only the lengths are kept
+  m.snap_len.assign(static_cast<size_t>(count), -1);
+  return Status();
+}
+
+namespace {
+Status check_snapshot_index(const CudaModel::Impl& m, int slot, int index, const char* what) {
+  TANDEM_RETURN_IF_ERROR(model::check_slot(engine_slots(m), slot, what));
+  if (index < 0 || static_cast<size_t>(index) >= m.snap_len.size())
+    return invalid_argument("{}: snapshot {} outside the {} on the device", what, index, m.snap_len.size());
+  return Status();
+}
+}  // namespace
+
+Status CudaModel::save_snapshot(int slot, int index) {
+  Impl& m = *impl_;
+  TANDEM_RETURN_IF_ERROR(check_snapshot_index(m, slot, index, "save_snapshot"));
+  uint8_t* dst = m.snapshots.get() + static_cast<size_t>(index) * snapshot_device_bytes();
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, m.slot_state.get() + slot * m.lay.slot_bytes,
+                                    static_cast<size_t>(m.lay.slot_bytes), cudaMemcpyDeviceToDevice, m.stream));
+  if (m.lay.draft_slot_bytes)
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst + m.lay.slot_bytes, m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
+                                      static_cast<size_t>(m.lay.draft_slot_bytes), cudaMemcpyDeviceToDevice,
+                                      m.stream));
+  m.snap_len[index] = m.slot_len[slot];
+  return Status();
+}
+
+Status CudaModel::load_snapshot(int slot, int index) {
+  Impl& m = *impl_;
+  TANDEM_RETURN_IF_ERROR(check_snapshot_index(m, slot, index, "load_snapshot"));
+  if (m.snap_len[index] < 0) return invalid_argument("load_snapshot: snapshot {} was never saved", index);
+  const uint8_t* src = m.snapshots.get() + static_cast<size_t>(index) * snapshot_device_bytes();
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.slot_state.get() + slot * m.lay.slot_bytes, src,
+                                    static_cast<size_t>(m.lay.slot_bytes), cudaMemcpyDeviceToDevice, m.stream));
+  if (m.lay.draft_slot_bytes)
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes, src + m.lay.slot_bytes,
+                                      static_cast<size_t>(m.lay.draft_slot_bytes), cudaMemcpyDeviceToDevice,
+                                      m.stream));
+  m.slot_len[slot] = m.snap_len[index];
   return Status();
 }
 
