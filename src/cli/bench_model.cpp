@@ -247,7 +247,8 @@ Status bench(Args a) {
     Status (*fn)(Bench&);
   };
   for (const Section& sec : {Section{"steps", run_step_sweep}, Section{"long_context", run_long_context},
-                             Section{"sampler", run_sampler}, Section{"allocations_under_load", run_allocations_under_load},
+                             Section{"sampler", run_sampler}, Section{"snapshots", run_snapshots},
+                             Section{"allocations_under_load", run_allocations_under_load},
                              Section{"prefill", run_prefill}}) {
     Status st = section(sec.name, sec.fn);
     if (failed.ok() && !st.ok()) failed = st;

@@ -77,6 +77,8 @@ struct Bench {
   double ctx_us[3] = {-1, -1, -1};                 // decode at long_contexts[0..2]
   double prefill_8k_tok_s = -1, ttft_160k_s = -1, ttft_1m_s = -1;
   double sample_greedy_us = -1, sample_top_p_us = -1;
+  double snapshot_save_us = -1, snapshot_load_us = -1, snapshot_host_us = -1;  // one slot's prefix-cache snapshot
+  int64_t snapshot_bytes = -1;
 
   double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
   bool over_budget() const { return elapsed_s() > a.max_seconds; }
@@ -90,6 +92,7 @@ Status run_long_context(Bench& b);
 Status run_prefill(Bench& b);
 Status run_allocations_under_load(Bench& b);
 Status run_sampler(Bench& b);
+Status run_snapshots(Bench& b);
 
 // bench_model_bytes.cpp
 // Bytes one step reads, by op class: this rank's weights actually touched (routed experts: the

@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "cli/bench_model.h"
 #include "model/cuda/cuda_impl.h"
 
@@ -281,8 +283,12 @@ json targets(const Bench& b) {
   add(23, "sampler inside the step's graph", 1, 0, "bool", false, "the sampler runs after the step's graph today");
   add(23, "top-p sampling of 48 rows at the model's vocabulary", 100, b.sample_top_p_us, "us", true);
   add(23, "greedy sampling of 48 rows at the model's vocabulary", 20, b.sample_greedy_us, "us", true);
-  add(23, "slot snapshots for prefix caching stay on the device", 1, 0, "bool", false,
-      "export/import_slot_state copy through host memory today");
+  add(23, "slot snapshots for prefix caching stay on the device", 1, b.snapshot_save_us > 0 && b.snapshot_load_us > 0,
+      "bool", false,
+      b.snapshot_save_us > 0
+          ? fmt::format("{:.2f} MiB per slot: save {:.1f} us, load {:.1f} us device to device (host round trip: {:.0f} us)",
+                        b.snapshot_bytes / 1048576.0, b.snapshot_save_us, b.snapshot_load_us, b.snapshot_host_us)
+          : std::string("the snapshot section did not run"));
   add(24, "prefill throughput on 8K prompts", 40000, b.prefill_8k_tok_s, "tokens/s", false,
       "estimated from timed chunks (see prefill[].method)");
   add(24, "time to first token, uncached 160K prompt", 6, b.ttft_160k_s, "s", true, "estimated from timed chunks");

@@ -453,6 +453,57 @@ Status run_sampler(Bench& b) {
   return Status();
 }
 
+Status run_snapshots(Bench& b) {
+  // Prefix-cache snapshots as the CUDA runner keeps them: device to device into a pool allocated
+  // at start-up (save at a block boundary, load on a hit), against the host round trip the runner
+  // used before (export_slot_state / import_slot_state: copies to and from a host buffer, a
+  // synchronize each). Wall time of the call and a synchronize of the model's stream, median.
+  CudaModel& m = *b.model;
+  const int s0 = 0, s1 = 1;  // the model has at least 16 slots (bench_model.cpp)
+  TANDEM_RETURN_IF_ERROR(m.allocate_snapshots(2));
+  const size_t bytes = m.slot_state_bytes();
+  auto time_us = [&](const std::function<Status()>& f, double& out) -> Status {
+    std::vector<double> us;
+    for (int r = 0; r < 11; ++r) {
+      m.synchronize();
+      const auto t0 = Clock::now();
+      TANDEM_RETURN_IF_ERROR(f());
+      m.synchronize();
+      const double wall = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      if (r > 0) us.push_back(wall);
+    }
+    std::sort(us.begin(), us.end());
+    out = us[us.size() / 2];
+    return Status();
+  };
+  double save_us = -1, load_us = -1, host_us = -1;
+  Status st = time_us([&] { return m.save_snapshot(s0, 0); }, save_us);
+  if (st.ok()) st = time_us([&] { return m.load_snapshot(s1, 0); }, load_us);
+  std::vector<uint8_t> host(bytes);
+  if (st.ok())
+    st = time_us([&]() -> Status {
+      TANDEM_RETURN_IF_ERROR(m.export_slot_state(s0, host));
+      return m.import_slot_state(s1, host);
+    }, host_us);
+  const Status freed = m.allocate_snapshots(0);
+  TANDEM_RETURN_IF_ERROR(st);
+  TANDEM_RETURN_IF_ERROR(freed);
+  b.snapshot_save_us = save_us;
+  b.snapshot_load_us = load_us;
+  b.snapshot_host_us = host_us;
+  b.snapshot_bytes = static_cast<int64_t>(bytes);
+  std::printf("\nprefix-cache snapshot of one slot: %.2f MiB; on the device: save %.1f us, load %.1f us (%.0f GB/s "
+              "each way); through host memory (before): %.0f us for export + import\n",
+              bytes / 1048576.0, save_us, load_us, save_us > 0 ? bytes / save_us / 1e3 : 0.0, host_us);
+  b.j["snapshots"] = {{"bytes_per_slot", bytes},
+                      {"device_save_us", save_us},
+                      {"device_load_us", load_us},
+                      {"host_export_import_us", host_us},
+                      {"note", "wall time of the call plus a stream synchronize, median of 10; the engine's "
+                               "save/load are not synchronized (stream-ordered with the step)"}};
+  return Status();
+}
+
 }  // namespace tandem::bench_model
 
 #endif  // TANDEM_HAVE_CUDA_RUNNER

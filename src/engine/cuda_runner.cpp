@@ -73,6 +73,12 @@ class CudaRunner : public SlotRunner<CudaModel> {
       TANDEM_ASSIGN_OR_RETURN(model_, CudaModel::synthetic(ck_.config, o, synthetic_));
     }
     set_max_slots(alloc.max_slots);
+    // Prefix-cache snapshots on the device, allocated before the graphs and the allocation count.
+    TANDEM_RETURN_IF_ERROR(init_snapshots(alloc.num_snapshots));
+    if (alloc.num_snapshots > 0)
+      TLOG_INFO("engine", "prefix-cache snapshots on {}: {} x {} bytes = {:.1f} MiB", device(), alloc.num_snapshots,
+                model_->snapshot_device_bytes(),
+                static_cast<double>(alloc.num_snapshots) * model_->snapshot_device_bytes() / 1048576.0);
     q_rows_.assign(static_cast<size_t>(alloc.max_slots), 0);
     // Every decode/verify/draft shape the engine replays is captured now, not on a request's path.
     const auto t0 = std::chrono::steady_clock::now();
@@ -157,6 +163,9 @@ class CudaRunner : public SlotRunner<CudaModel> {
     plan.add(kPoolKv, domain, int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype),
              "real bytes of the " + alloc.kv_cache_dtype + " records" + on);
     plan.add(kPoolSlotState, domain, int64_t{alloc.max_slots} * slot_state_bytes(), on.empty() ? "" : on.substr(1));
+    if (alloc.num_snapshots > 0)
+      plan.add(kPoolPrefixSnapshots, domain, int64_t{alloc.num_snapshots} * slot_state_bytes(),
+               "prefix-cache slot snapshots, device to device" + on);
   }
   int64_t device_allocations_after_start() const override {
     return model_ ? kernels::cuda::alloc_stats().count - allocs_at_start_ : -1;
@@ -216,6 +225,10 @@ class CudaRunner : public SlotRunner<CudaModel> {
     return model_->draft_insert_context_from_step(slot, start_pos, batch_index, rows);
   }
   void reset_draft_store(int slot) override { q_rows_[slot] = 0; }
+  // Snapshots stay on the device: copies on the model's stream, no synchronization.
+  Status allocate_snapshots(int count) override { return model_->allocate_snapshots(count); }
+  Status save_snapshot(int slot, int index) override { return model_->save_snapshot(slot, index); }
+  Status load_snapshot(int slot, int index) override { return model_->load_snapshot(slot, index); }
 
  private:
   int max_graph_batch_ = 0;

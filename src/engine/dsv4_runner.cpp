@@ -46,8 +46,10 @@ class Dsv4Runner : public SlotRunner<DsV4Model> {
       if (e.path().extension() == ".safetensors") weights += static_cast<int64_t>(e.file_size(ec));
     plan.add(kPoolWeights, "host", weights, "file-backed mmap of the shards", /*already_counted=*/true);
     ModelRunner::plan_memory(alloc, plan);
-    plan.pools.back().note = "estimate before load";
-    plan.pools[plan.pools.size() - 2].note = "fp32 values whatever the KV dtype";
+    for (MemoryPool& p : plan.pools) {
+      if (p.name == kPoolSlotState) p.note = "estimate before load";
+      if (p.name == kPoolKv) p.note = "fp32 values whatever the KV dtype";
+    }
   }
 
   Status allocate(const RunnerAllocation& alloc) override {
@@ -60,6 +62,7 @@ class Dsv4Runner : public SlotRunner<DsV4Model> {
     model_.reset();
     TANDEM_ASSIGN_OR_RETURN(model_, DsV4Model::load(ck_.dir, o));
     set_max_slots(alloc.max_slots);
+    TANDEM_RETURN_IF_ERROR(init_snapshots(alloc.num_snapshots));
     sampling_.init(ck_.config.vocab_size, eos_token_id(), noise_token_id(), alloc.max_slots);
     TLOG_INFO("engine", "model loaded from {} (KV dtype {}): {}", ck_.dir, kv_dtype_name(o.kv_dtype),
               model_->load_report().summary());

@@ -30,10 +30,10 @@ struct EngineCore::Seq {
   std::vector<uint64_t> block_hashes;
   DraftProposal draft;
   bool has_draft = false;
-  // Admitted this step: the runner resets the slot before the forward (and imports `restore`, the
-  // prefix hit's snapshot, when not empty).
+  // Admitted this step: the runner resets the slot before the forward (and loads `restore`, the
+  // prefix hit's snapshot number, when >= 0).
   bool fresh = false;
-  std::span<const uint8_t> restore;
+  int restore = -1;
   SpecRequestState spec;        // what the planner has learned about this request's drafts
   int num_verify = 0;           // drafts verified in this step
   int sample_begin = -1;        // this step's first row in samples_ (-1: a prefill chunk)
@@ -196,13 +196,13 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   info_.device = runner_->device();
 
   alloc.num_blocks = static_cast<int>(num_blocks);
+  alloc.num_snapshots = static_cast<int>(num_snapshots);  // the runner keeps them where it computes
   // ---- the memory plan: every pool named and checked against the headroom floor before any
   // of them is allocated (the seeds' OOM came from the host running out under load) ----
   MemoryPlan& plan = info_.memory;
   plan = MemoryPlan();
   plan.headroom_floor_bytes = config.memory_headroom_floor;
   runner_->plan_memory(alloc, plan);
-  if (num_snapshots > 0) plan.add(kPoolPrefixSnapshots, "host", num_snapshots * snapshot_bytes, "prefix-cache slot snapshots");
   if (!plan.find_domain("host")) {
     auto avail = read_host_mem_available();
     int64_t phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
@@ -216,7 +216,7 @@ Status EngineCore::init(std::unique_ptr<ModelRunner> runner, const EngineConfig&
   // The runner knows its exact slot-state size only once its pools exist.
   const int64_t final_snapshot_bytes = config.enable_prefix_caching ? runner_->slot_state_bytes() : 0;
   kv_ = std::make_unique<KvBlockManager>(static_cast<int>(num_blocks), bs, config.enable_prefix_caching,
-                                         final_snapshot_bytes, static_cast<int>(num_snapshots));
+                                         static_cast<int>(num_snapshots));
   rows_builder_.vocab = runner_->vocab_size();
   rows_builder_.eos = runner_->eos_token_id();
   for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
@@ -304,7 +304,7 @@ Status EngineCore::profile_costs() {
     r.reset = true;
     batch.assign(1, r);
     st = runner_->forward(batch, nullptr, out);
-    if (st.ok()) st = runner_->commit(std::vector<SlotCommit>{{slots[b], 0, ctx, ctx, {}}});
+    if (st.ok()) st = runner_->commit(std::vector<SlotCommit>{{slots[b], 0, ctx, ctx, -1}});
   }
   // Every timed row samples greedily over a draft, as a verify step does.
   StepSamples samples;
@@ -566,7 +566,7 @@ EngineCore::Admit EngineCore::try_admit(Seq& s, int64_t& budget, bool contended,
   // The slot starts over in this step's forward, from the hit's snapshot when there is one (the
   // hit blocks are held, so their snapshot stays put until then).
   s.fresh = true;
-  s.restore = {};
+  s.restore = -1;
   if (hit > 0) {
     kv_->touch_snapshot(hit_blocks.back());
     s.restore = kv_->snapshot(hit_blocks.back());
@@ -688,7 +688,7 @@ Status EngineCore::step() {
       r.reset = s->fresh;
       r.restore = s->restore;
       s->fresh = false;
-      s->restore = {};
+      s->restore = -1;
       s->sample_begin = -1;
       if (s->num_computed + s->scheduled - s->num_verify == static_cast<int64_t>(s->tokens.size())) {  // not a chunk
         r.sample_rows = 1 + s->num_verify;
@@ -840,7 +840,7 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
   s.num_verify = 0;
 
   if (fin != FinishReason::kNone) {
-    commits_.push_back({s.slot, static_cast<int>(index), keep, 0, {}});
+    commits_.push_back({s.slot, static_cast<int>(index), keep, 0, -1});
     finish(s, fin, "", &ev);
     return;
   }
@@ -859,8 +859,8 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
   }
 }
 
-std::span<uint8_t> EngineCore::cache_blocks(Seq& s) {
-  if (!kv_->prefix_caching()) return {};
+int EngineCore::cache_blocks(Seq& s) {
+  if (!kv_->prefix_caching()) return -1;
   const int bs = kv_->block_size();
   const int full = static_cast<int>(s.num_computed / bs);
   kv_->register_full_blocks(s.tokens, s.block_table, s.block_hashes, full);
@@ -868,7 +868,7 @@ std::span<uint8_t> EngineCore::cache_blocks(Seq& s) {
     int owner = kv_->cached_block(s.block_hashes[full - 1]);
     if (owner >= 0 && !kv_->has_snapshot(owner) && kv_->num_snapshots() > 0) return kv_->take_snapshot(owner);
   }
-  return {};
+  return -1;
 }
 
 void EngineCore::emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason finish_reason) {

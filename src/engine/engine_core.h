@@ -103,9 +103,9 @@ class EngineCore {
   int64_t pending_prefill_tokens() const;     // prompt tokens the next forward may carry
   Status profile_costs();
   void process_output(Seq& s, const RunnerOutput& out, size_t index, std::vector<DraftQuery>& drafts);
-  // Registers the sequence's full blocks for prefix caching; the snapshot buffer its slot state
-  // goes to when it just reached a block boundary that has none yet (else empty).
-  std::span<uint8_t> cache_blocks(Seq& s);
+  // Registers the sequence's full blocks for prefix caching; the number of the runner's snapshot
+  // buffer its slot state goes to when it just reached a block boundary that has none yet (else -1).
+  int cache_blocks(Seq& s);
   void log_long_prefill(Seq& s, int64_t old);
   void emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason finish);
   void finish(Seq& s, FinishReason reason, const std::string& error, RequestEvent* ev);

@@ -118,6 +118,8 @@ int64_t FakeModelRunner::slot_state_bytes() const { return sizeof(SlotState); }
 Status FakeModelRunner::allocate(const RunnerAllocation& alloc) {
   alloc_ = alloc;
   slots_.assign(alloc.max_slots, SlotState{});
+  snapshots_.assign(static_cast<size_t>(std::max(alloc.num_snapshots, 0)), SlotState{});
+  snap_saved_.assign(snapshots_.size(), 0);
   pool_.assign(static_cast<size_t>(alloc.num_blocks) * alloc.block_size, -1);
   scratch_.resize(config_.vocab_size);
   sampling_.init(config_.vocab_size, eos_token_id(), noise_token_id(), alloc.max_slots);
@@ -161,9 +163,9 @@ Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, const StepSamp
   for (const auto& s : batch) {
     if (s.slot < 0 || s.slot >= static_cast<int>(slots_.size()))
       return make_error(StatusCode::kInternal, "fake model: bad slot {}", s.slot);
-    if (s.reset && !s.restore.empty() && s.restore.size() != sizeof(SlotState))
-      return make_error(StatusCode::kInternal, "fake model: slot state of {} bytes, want {}", s.restore.size(),
-                        sizeof(SlotState));
+    if (s.reset && s.restore >= 0 && (static_cast<size_t>(s.restore) >= snapshots_.size() || !snap_saved_[s.restore]))
+      return make_error(StatusCode::kInternal, "fake model: snapshot {} of {} was never saved", s.restore,
+                        snapshots_.size());
   }
   last_.clear();
   for (const auto& s : batch) {
@@ -171,8 +173,8 @@ Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, const StepSamp
     if (!s.reset) continue;
     slots_[s.slot] = SlotState{};
     sampling_.clear_q(s.slot);
-    if (s.restore.empty()) continue;
-    std::memcpy(&slots_[s.slot], s.restore.data(), sizeof(SlotState));
+    if (s.restore < 0) continue;
+    slots_[s.slot] = snapshots_[s.restore];
     slots_[s.slot].draft_len = slots_[s.slot].len;
   }
   int64_t rows = 0, ntok = 0, tap_rows = 0;
@@ -260,11 +262,12 @@ Status FakeModelRunner::commit(std::span<const SlotCommit> commits) {
     st.len = c.length;
     st.draft_len = std::min(st.draft_len, c.length);
     if (c.context_rows > 0 && config_.has_draft) insert_context(c, last_[c.batch_index].second);
-    if (!c.snapshot.empty()) {
-      if (c.snapshot.size() != sizeof(SlotState))
-        return make_error(StatusCode::kInternal, "fake model: a {}-byte snapshot buffer, want {}", c.snapshot.size(),
-                          sizeof(SlotState));
-      std::memcpy(c.snapshot.data(), &st, sizeof(SlotState));
+    if (c.snapshot >= 0) {
+      if (static_cast<size_t>(c.snapshot) >= snapshots_.size())
+        return make_error(StatusCode::kInternal, "fake model: snapshot {} of {}", c.snapshot, snapshots_.size());
+      snapshots_[c.snapshot] = st;
+      snap_saved_[c.snapshot] = 1;
+      ++snapshots_saved_;
     }
   }
   return Status();

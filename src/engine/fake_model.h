@@ -72,6 +72,8 @@ class FakeModelRunner : public ModelRunner {
   const float* stored_q(int slot) const { return sampling_.q(slot); }
   int64_t forward_calls() const { return forward_calls_; }
   int64_t forward_tokens() const { return forward_tokens_; }
+  int num_snapshots() const { return static_cast<int>(snapshots_.size()); }  // RunnerAllocation's
+  int64_t snapshots_saved() const { return snapshots_saved_; }
   const FakeModelConfig& config() const { return config_; }
 
  private:
@@ -92,6 +94,9 @@ class FakeModelRunner : public ModelRunner {
   FakeTokenizer tokenizer_;
   RunnerAllocation alloc_;
   std::vector<SlotState> slots_;
+  std::vector<SlotState> snapshots_;   // the prefix-cache snapshots, by number
+  std::vector<uint8_t> snap_saved_;
+  int64_t snapshots_saved_ = 0;
   std::vector<int32_t> pool_;      // [num_blocks * block_size] token written at each KV position
   std::vector<float> scratch_;
   std::vector<float> logits_;              // the last forward's sampled rows

@@ -2,26 +2,19 @@
 #include "engine/kv_cache_manager.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/check.h"
 #include "common/hash.h"
 
 namespace tandem {
 
-KvBlockManager::KvBlockManager(int num_blocks, int block_size, bool enable_prefix_caching,
-                               int64_t snapshot_bytes, int num_snapshots)
-    : num_blocks_(num_blocks),
-      block_size_(block_size),
-      prefix_caching_(enable_prefix_caching),
-      snapshot_bytes_(enable_prefix_caching ? snapshot_bytes : 0),
-      meta_(num_blocks) {
+KvBlockManager::KvBlockManager(int num_blocks, int block_size, bool enable_prefix_caching, int num_snapshots)
+    : num_blocks_(num_blocks), block_size_(block_size), prefix_caching_(enable_prefix_caching), meta_(num_blocks) {
   TANDEM_CHECK(num_blocks > 0 && block_size > 0);
   for (int b = 0; b < num_blocks; ++b) push_back(b);
   if (prefix_caching_) {
     block_tokens_.assign(static_cast<size_t>(num_blocks) * block_size, 0);
     int n = num_snapshots < 0 ? num_blocks : num_snapshots;
-    snapshots_.reset(new uint8_t[static_cast<size_t>(n) * snapshot_bytes_ + 1]);
     snap_owner_.assign(n, -1);
     snap_stamp_.assign(n, 0);
     for (int i = n - 1; i >= 0; --i) free_snaps_.push_back(i);
@@ -89,7 +82,7 @@ void KvBlockManager::drop_snapshot(int b) {
   meta_[b].snap = -1;
 }
 
-std::span<uint8_t> KvBlockManager::take_snapshot(int block) {
+int KvBlockManager::take_snapshot(int block) {
   TANDEM_CHECK(prefix_caching_ && !snap_owner_.empty());
   int slot = meta_[block].snap;
   if (slot < 0) {
@@ -104,7 +97,7 @@ std::span<uint8_t> KvBlockManager::take_snapshot(int block) {
     meta_[block].snap = slot;
   }
   snap_stamp_[slot] = ++snap_clock_;
-  return {snapshots_.get() + static_cast<size_t>(slot) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
+  return slot;
 }
 
 void KvBlockManager::touch_snapshot(int block) {
@@ -196,10 +189,10 @@ int KvBlockManager::cached_block(uint64_t hash) const {
   return it == cached_.end() ? -1 : it->second;
 }
 
-std::span<const uint8_t> KvBlockManager::snapshot(int block) const {
+int KvBlockManager::snapshot(int block) const {
   int slot = meta_[block].snap;
   TANDEM_CHECK(slot >= 0);
-  return {snapshots_.get() + static_cast<size_t>(slot) * snapshot_bytes_, static_cast<size_t>(snapshot_bytes_)};
+  return slot;
 }
 
 Status KvBlockManager::check(std::span<const int> expected_refs, int64_t* leaked) const {

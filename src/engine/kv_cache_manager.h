@@ -4,13 +4,13 @@
 // may also carry a snapshot of the model's per-slot state (window ring + compressor state) taken
 // when a sequence's length reached the block's end: a prefix hit must end at such a block.
 // Snapshots can be far larger than a block's KV, so there may be fewer snapshot buffers than
-// blocks; they are recycled least-recently-used first.
+// blocks; they are recycled least-recently-used first. The buffers are the model runner's (device
+// memory on a GPU, RunnerAllocation::num_snapshots); this manager only numbers them.
 // Free blocks sit in one LRU list (intrusive, no allocation): uncached blocks at the head (reused
 // first), cached ones appended at the tail in reverse table order, so a request's tail goes first.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -23,8 +23,7 @@ namespace tandem {
 class KvBlockManager {
  public:
   // num_snapshots: slot-state snapshots kept at once (LRU beyond that); -1 = one per block.
-  KvBlockManager(int num_blocks, int block_size, bool enable_prefix_caching, int64_t snapshot_bytes,
-                 int num_snapshots = -1);
+  KvBlockManager(int num_blocks, int block_size, bool enable_prefix_caching, int num_snapshots = -1);
 
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
@@ -50,12 +49,11 @@ class KvBlockManager {
   // The block that owns `hash` in the cache, or -1.
   int cached_block(uint64_t hash) const;
   bool has_snapshot(int block) const { return meta_[block].snap >= 0; }
-  // Gives `block` a snapshot buffer to fill (evicting the least recently used snapshot if all are
-  // taken); the block then counts as having a snapshot.
-  std::span<uint8_t> take_snapshot(int block);
-  std::span<const uint8_t> snapshot(int block) const;
+  // Gives `block` the number of a snapshot buffer to fill (evicting the least recently used
+  // snapshot if all are taken); the block then counts as having a snapshot.
+  int take_snapshot(int block);
+  int snapshot(int block) const;   // the block's snapshot number (CHECKs it has one)
   void touch_snapshot(int block);  // a prefix hit used it: most recently used
-  int64_t snapshot_bytes() const { return snapshot_bytes_; }
   int num_snapshots() const { return static_cast<int>(snap_owner_.size()); }
 
   // Integrity: reference counts must equal `expected_refs` (one entry per block, counted from every
@@ -85,14 +83,11 @@ class KvBlockManager {
   int num_blocks_;
   int block_size_;
   bool prefix_caching_;
-  int64_t snapshot_bytes_;
   std::vector<Meta> meta_;
   int head_ = -1, tail_ = -1;
   int num_free_ = 0;
   std::unordered_map<uint64_t, int> cached_;
   std::vector<int32_t> block_tokens_;  // tokens of each cached block, to rule out hash collisions
-  // [num_snapshots * snapshot_bytes], left uninitialized so only pages of taken snapshots get touched.
-  std::unique_ptr<uint8_t[]> snapshots_;
   std::vector<int> snap_owner_;        // block owning each snapshot slot, -1 = free
   std::vector<uint64_t> snap_stamp_;   // last use, for LRU
   std::vector<int> free_snaps_;

@@ -36,6 +36,9 @@ DeviceFacts ModelRunner::device_facts() const {
 void ModelRunner::plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const {
   plan.add(kPoolKv, "host", int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype));
   plan.add(kPoolSlotState, "host", int64_t{alloc.max_slots} * slot_state_bytes());
+  if (alloc.num_snapshots > 0)
+    plan.add(kPoolPrefixSnapshots, "host", int64_t{alloc.num_snapshots} * slot_state_bytes(),
+             "prefix-cache slot snapshots");
 }
 
 }  // namespace tandem

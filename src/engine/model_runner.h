@@ -5,7 +5,9 @@
 // keeps logits, draft distributions and taps on its device. A step crosses this seam as three
 // calls: forward (the batch, with each new sequence's slot reset or restore folded in), commit
 // (what the engine keeps of each sequence after sampling: rollback, draft context, snapshot) and
-// draft_propose; under tensor parallelism each call is one plan to every rank. The engine is built
+// draft_propose; under tensor parallelism each call is one plan to every rank. Prefix-cache
+// snapshots live in the runner (device memory on a GPU), numbered 0 .. num_snapshots-1; the
+// engine only decides which number holds what. The engine is built
 // and tested against this interface; dsv4_runner.cpp adapts the CPU model, cuda_runner.cpp the
 // CUDA one (both through slot_runner.h), fake_model.h a toy one.
 #pragma once
@@ -34,6 +36,9 @@ struct RunnerAllocation {
   int max_verify_tokens = 1;    // K+1 (SpeculativeConfig::max_verify_tokens): the most a slot rolls back in one step
   int num_draft_tokens = 0;     // K: tokens each draft_propose drafts (0 = no drafting)
   std::string kv_cache_dtype;   // canonical: "bf16" | "fp8" | "nvfp4"
+  // Prefix-cache snapshot buffers the runner keeps (slot_state_bytes() each, in the memory it
+  // computes in), named by SlotCommit::snapshot and RunnerSeq::restore; 0 = no prefix caching.
+  int num_snapshots = 0;
 };
 
 // One sequence's slice of a step: tokens at positions [start_pos, start_pos + tokens.size()).
@@ -50,23 +55,22 @@ struct RunnerSeq {
   bool collect_taps = false;             // DSpark target taps for every new token (kept in the runner)
   // The slot starts over with this step (a new, resumed or preempted request): before the forward
   // the runner resets it (target state, draft context, stored draft distributions), then, when
-  // `restore` is not empty, imports that prefix-cache snapshot (SlotCommit::snapshot's format; the
-  // bytes stay valid until forward returns).
+  // `restore` >= 0, loads the prefix-cache snapshot of that number (saved by an earlier commit).
   bool reset = false;
-  std::span<const uint8_t> restore;
+  int restore = -1;
 };
 
 // What the engine keeps of one sequence of the last forward, decided after sampling. The runner
 // applies, in this order: the slot's length becomes `length` (positions past it, at most
 // max_verify_tokens, are rolled back); the first `context_rows` taps rows of that batch entry
-// (positions start_pos..) enter the slot's draft context; then the slot's state is exported into
-// `snapshot` when it is not empty (slot_state_bytes() bytes, for prefix caching).
+// (positions start_pos..) enter the slot's draft context; then, when `snapshot` >= 0, the slot's
+// state is saved as prefix-cache snapshot of that number (replacing what it held).
 struct SlotCommit {
   int slot = 0;
   int batch_index = 0;      // the sequence's entry in the last forward's batch
   int64_t length = 0;       // start_pos + tokens, less the rejected drafts
   int64_t context_rows = 0; // 0: nothing enters the draft's context (no draft, or none accepted)
-  std::span<uint8_t> snapshot;
+  int snapshot = -1;
 };
 
 // The rows a step samples and the arrays they index (host arrays, built by the engine; see
@@ -146,7 +150,7 @@ class ModelRunner {
   // CPU, "cpu-reference" (src/kernels/cpu) for every op class, no graph capture.
   virtual DeviceFacts device_facts() const;
   // Adds this runner's named pools for `alloc` to `plan` (called before allocate()). Default: the
-  // KV pool and per-slot state on the host. A device runner adds weights, activations for the
+  // KV pool, per-slot state and the prefix-cache snapshots (kPoolPrefixSnapshots) on the host. A device runner adds weights, activations for the
   // largest step and graph shape, workspaces and communication buffers on its device, and that
   // device's free memory as a MemoryDomain; the engine adds the host's MemAvailable.
   virtual void plan_memory(const RunnerAllocation& alloc, MemoryPlan& plan) const;

@@ -1,8 +1,9 @@
 // SlotRunner<Model>: what the two model runners share (dsv4_runner.cpp over the CPU oracle
 // DsV4Model, cuda_runner.cpp over CudaModel): the checkpoint's facts before the model is loaded
 // (config.json, tokenizer, the sizes Model::state_sizes reports), the model options an allocation
-// becomes, a step's slot life cycle (reset or restore before the forward, SlotCommit after it) and
-// the translation of batches and draft results. A runner adds its model's loading, forward and
+// becomes, a step's slot life cycle (reset or restore before the forward, SlotCommit after it), the
+// prefix-cache snapshots' numbering (host buffers by default; a device runner keeps them on its
+// device) and the translation of batches and draft results. A runner adds its model's loading, forward and
 // sampling, where a draft context's taps come from, and where sampled drafts' q are kept.
 #pragma once
 
@@ -104,7 +105,13 @@ class SlotRunner : public ModelRunner {
           TLOG_WARN("engine", "draft context insert (slot {}, pos {}): {}", c.slot, last_[c.batch_index].start_pos,
                     st.message());
       }
-      if (!c.snapshot.empty()) TANDEM_RETURN_IF_ERROR(model_->export_slot_state(c.slot, c.snapshot));
+      if (c.snapshot >= 0) {
+        if (static_cast<size_t>(c.snapshot) >= snap_saved_.size())
+          return make_error(StatusCode::kInternal, "commit: slot {} into snapshot {} of {}", c.slot, c.snapshot,
+                            snap_saved_.size());
+        TANDEM_RETURN_IF_ERROR(save_snapshot(c.slot, c.snapshot));
+        snap_saved_[c.snapshot] = 1;
+      }
     }
     return Status();
   }
@@ -119,9 +126,10 @@ class SlotRunner : public ModelRunner {
       const RunnerSeq& r = batch[i];
       if (r.slot < 0 || r.slot >= max_slots_)
         return make_error(StatusCode::kInternal, "step seq {}: slot {} outside [0, {})", i, r.slot, max_slots_);
-      if (r.reset && !r.restore.empty() && r.restore.size() != model_->slot_state_bytes())
-        return make_error(StatusCode::kInternal, "step seq {}: a {}-byte snapshot for a {}-byte slot state", i,
-                          r.restore.size(), model_->slot_state_bytes());
+      if (r.reset && r.restore >= 0 &&
+          (static_cast<size_t>(r.restore) >= snap_saved_.size() || !snap_saved_[r.restore]))
+        return make_error(StatusCode::kInternal, "step seq {}: snapshot {} of {} was never saved", i, r.restore,
+                          snap_saved_.size());
     }
     last_.clear();  // no allocation once grown to the largest batch
     for (const RunnerSeq& r : batch) {
@@ -131,11 +139,31 @@ class SlotRunner : public ModelRunner {
       reset_draft_store(r.slot);
       // The snapshot carries the draft's context windows too, so a prefix hit restores the draft
       // exactly as a cold run would have it.
-      if (!r.restore.empty()) TANDEM_RETURN_IF_ERROR(model_->import_slot_state(r.slot, r.restore));
+      if (r.restore >= 0) TANDEM_RETURN_IF_ERROR(load_snapshot(r.slot, r.restore));
     }
     return Status();
   }
   void set_max_slots(int n) { max_slots_ = n; }
+
+  // The prefix-cache snapshots, made once by allocate() after the model exists. By default host
+  // buffers that the model's export/import_slot_state fill (the CPU model); a device runner
+  // overrides the three to keep them on its device. save/load get a checked number.
+  Status init_snapshots(int count) {
+    snap_saved_.assign(static_cast<size_t>(std::max(count, 0)), 0);
+    return allocate_snapshots(std::max(count, 0));
+  }
+  virtual Status allocate_snapshots(int count) {
+    snap_bytes_ = model_->slot_state_bytes();
+    // Uninitialized: only the pages of snapshots taken get touched.
+    snap_host_.reset(count > 0 ? new uint8_t[static_cast<size_t>(count) * snap_bytes_] : nullptr);
+    return Status();
+  }
+  virtual Status save_snapshot(int slot, int index) {
+    return model_->export_slot_state(slot, {snap_host_.get() + static_cast<size_t>(index) * snap_bytes_, snap_bytes_});
+  }
+  virtual Status load_snapshot(int slot, int index) {
+    return model_->import_slot_state(slot, {snap_host_.get() + static_cast<size_t>(index) * snap_bytes_, snap_bytes_});
+  }
 
   // The first `rows` taps rows of the last forward's entry `batch_index` into the slot's draft
   // context at positions start_pos.. .
@@ -154,6 +182,9 @@ class SlotRunner : public ModelRunner {
     int64_t start_pos = 0;
   };
   std::vector<Entry> last_;  // the last forward's batch
+  std::vector<uint8_t> snap_saved_;  // per snapshot number: 1 once saved
+  std::unique_ptr<uint8_t[]> snap_host_;
+  size_t snap_bytes_ = 0;
 };
 
 }  // namespace tandem

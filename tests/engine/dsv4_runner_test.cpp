@@ -167,7 +167,7 @@ TEST_F(TinyCheckpoint, DraftDraftsKTokens) {
   RunnerOutput out;
   ASSERT_TRUE(r.forward(batch, nullptr, out).ok());
   const int64_t n = static_cast<int64_t>(prompt.size());
-  ASSERT_TRUE(r.commit(std::vector<SlotCommit>{{0, 0, n, n, {}}}).ok());
+  ASSERT_TRUE(r.commit(std::vector<SlotCommit>{{0, 0, n, n, -1}}).ok());
   std::vector<DraftQuery> q(1);
   q[0].slot = 0;
   q[0].anchor_token = prompt.back();
@@ -261,6 +261,7 @@ TEST_F(TinyCheckpoint, PrefixHitRestoresTheDraftContext) {
   a.max_tokens_per_step = 512;
   a.max_verify_tokens = 6;
   a.kv_cache_dtype = "fp8";
+  a.num_snapshots = 1;
   ASSERT_TRUE(runner.allocate(a).ok());
   EXPECT_EQ(runner.slot_state_bytes(), slot_bytes_before);
   EXPECT_EQ(runner.kv_bytes_per_block(128, "fp8"), block_bytes_before);
@@ -268,17 +269,17 @@ TEST_F(TinyCheckpoint, PrefixHitRestoresTheDraftContext) {
 
   const std::vector<int32_t> toks = tiny_prompts(*dir_, 1, 150)[0];
   RunnerOutput out;
-  // One step of n tokens from `start` (the slot starts over when `restore` is given or start is
-  // 0), every row into the draft's context, the slot's state exported into `snapshot` if given.
-  auto step = [&](int slot, int64_t start, int64_t n, const std::vector<int32_t>& table,
-                  std::span<const uint8_t> restore = {}, std::span<uint8_t> snapshot = {}) {
+  // One step of n tokens from `start` (the slot starts over when `restore` >= 0 or start is 0),
+  // every row into the draft's context, the slot's state saved as snapshot `snapshot` if >= 0.
+  auto step = [&](int slot, int64_t start, int64_t n, const std::vector<int32_t>& table, int restore = -1,
+                  int snapshot = -1) {
     RunnerSeq s;
     s.slot = slot;
     s.start_pos = start;
     s.tokens = std::span<const int32_t>(toks.data() + start, n);
     s.block_table = table;
     s.collect_taps = true;
-    s.reset = start == 0 || !restore.empty();
+    s.reset = start == 0 || restore >= 0;
     s.restore = restore;
     ASSERT_TRUE(runner.forward(std::span<const RunnerSeq>(&s, 1), nullptr, out).ok());
     ASSERT_TRUE(runner.commit(std::vector<SlotCommit>{{slot, 0, start + n, n, snapshot}}).ok());
@@ -294,13 +295,22 @@ TEST_F(TinyCheckpoint, PrefixHitRestoresTheDraftContext) {
   };
   // cold: slot 0 runs 128 tokens (snapshot at the block boundary), then 12 more
   const std::vector<int32_t> cold_table = {0, 1};
-  std::vector<uint8_t> snap(static_cast<size_t>(runner.slot_state_bytes()));
-  step(0, 0, 128, cold_table, {}, snap);
+  {  // a snapshot never saved is refused before anything changes
+    RunnerSeq s;
+    s.slot = 1;
+    s.tokens = std::span<const int32_t>(toks.data() + 128, 12);
+    s.start_pos = 128;
+    s.block_table = cold_table;
+    s.reset = true;
+    s.restore = 0;
+    EXPECT_FALSE(runner.forward(std::span<const RunnerSeq>(&s, 1), nullptr, out).ok());
+  }
+  step(0, 0, 128, cold_table, -1, /*snapshot=*/0);
   step(0, 128, 12, cold_table);
   const DraftProposal cold = propose(0);
   // prefix hit: slot 1 starts from the snapshot, shares block 0, runs the same 12 tokens
   const std::vector<int32_t> hit_table = {0, 2};
-  step(1, 128, 12, hit_table, snap);
+  step(1, 128, 12, hit_table, /*restore=*/0);
   const DraftProposal hit = propose(1);
   ASSERT_EQ(cold.tokens.size(), 5u);
   EXPECT_EQ(hit.tokens, cold.tokens);

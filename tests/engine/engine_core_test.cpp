@@ -413,6 +413,9 @@ TEST(EngineCore, PrefixHitsWithRecycledSnapshotsStayExact) {
     cached += c.usage.cached_tokens;
   }
   EXPECT_GT(cached, 0);
+  // The runner holds the 64 buffers (RunnerAllocation::num_snapshots) and the engine recycled them.
+  EXPECT_EQ(h.fake->num_snapshots(), 64);
+  EXPECT_GT(h.fake->snapshots_saved(), 64);
 }
 
 TEST(EngineCore, StopConditions) {

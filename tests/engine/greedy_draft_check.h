@@ -35,7 +35,7 @@ inline void expect_tiny_temperature_drafts_greedily(ModelRunner& r, std::span<co
   RunnerOutput out;
   ASSERT_TRUE(r.forward(std::span<const RunnerSeq>(&s, 1), nullptr, out).ok());
   const int64_t n = static_cast<int64_t>(s.tokens.size());
-  ASSERT_TRUE(r.commit(std::vector<SlotCommit>{{0, 0, n, n, {}}}).ok());
+  ASSERT_TRUE(r.commit(std::vector<SlotCommit>{{0, 0, n, n, -1}}).ok());
   auto propose = [&](double temperature) {
     std::vector<DraftQuery> q = {{0, prompt.back(), n, temperature, 11}};
     std::vector<DraftProposal> p;

@@ -241,14 +241,14 @@ TEST(TpPlans, AFailedControlPlaneFailsTheCallCarryingACommit) {
   s.reset = true;
   RunnerOutput out;
   ASSERT_TRUE(head.forward(std::span<const RunnerSeq>(&s, 1), nullptr, out).ok());
-  ASSERT_TRUE(head.commit(std::vector<SlotCommit>{{0, 0, 20, 20, {}}}).ok());
+  ASSERT_TRUE(head.commit(std::vector<SlotCommit>{{0, 0, 20, 20, -1}}).ok());
   std::vector<DraftQuery> q = {{0, prompt.back(), 20, 0.0, 1}};
   std::vector<DraftProposal> props;
   ASSERT_TRUE(head.draft_propose(q, props).ok());  // carried the commit to the worker
   EXPECT_EQ(ranks.worker_model.draft_context_errors(), 0);
   // The worker goes away: the next commit and the call that would carry it both fail.
   ranks.worker_comm->fail("rank 1 exited");
-  Status c = head.commit(std::vector<SlotCommit>{{0, 0, 20, 0, {}}});
+  Status c = head.commit(std::vector<SlotCommit>{{0, 0, 20, 0, -1}});
   EXPECT_FALSE(c.ok());
   EXPECT_NE(c.message().find("rank 1 exited"), std::string::npos) << c.message();
   EXPECT_FALSE(head.draft_propose(q, props).ok());

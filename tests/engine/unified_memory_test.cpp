@@ -27,8 +27,8 @@ std::string write_meminfo(int64_t total, int64_t available, int64_t free) {
   return p;
 }
 
-// The fake model behind a simulated GPU: its weights, KV pool and slot states are the device's
-// pools, planned through the same add_gpu_domain as the CUDA runner's.
+// The fake model behind a simulated GPU: its weights, KV pool, slot states and prefix-cache
+// snapshots are the device's pools, planned through the same add_gpu_domain as the CUDA runner's.
 class SimulatedGpuRunner : public FakeModelRunner {
  public:
   SimulatedGpuRunner(FakeModelConfig c, GpuMemoryReport gpu, std::string meminfo, int64_t weights)
@@ -38,6 +38,7 @@ class SimulatedGpuRunner : public FakeModelRunner {
     plan.add(kPoolWeights, d, weights_);
     plan.add(kPoolKv, d, int64_t{alloc.num_blocks} * kv_bytes_per_block(alloc.block_size, alloc.kv_cache_dtype));
     plan.add(kPoolSlotState, d, int64_t{alloc.max_slots} * slot_state_bytes());
+    if (alloc.num_snapshots > 0) plan.add(kPoolPrefixSnapshots, d, int64_t{alloc.num_snapshots} * slot_state_bytes());
   }
 
  private:
@@ -152,6 +153,14 @@ TEST(UnifiedMemory, DiscreteGpuIsPlannedAgainstItsOwnFreeMemory) {
   EXPECT_EQ(pool(plan, kPoolWeights), 448 * kMiB);
   ASSERT_NE(plan.find_domain("cuda:0"), nullptr);
   ASSERT_NE(plan.find_domain("host"), nullptr);  // the host's own pools are still checked
+  // The prefix-cache snapshots are the runner's, on its device, inside the utilization's budget:
+  // every pool the plan holds is on cuda:0 and they add up to at most 0.5 x 1 GiB.
+  const int64_t snaps = pool(plan, kPoolPrefixSnapshots);
+  EXPECT_GT(snaps, 0);
+  EXPECT_EQ(snaps, int64_t{(*core)->kv().num_snapshots()} * FakeModelRunner(long_model()).slot_state_bytes());
+  for (const auto& p : plan.pools) EXPECT_EQ(p.domain, "cuda:0") << p.name;
+  EXPECT_LE(plan.planned_bytes("cuda:0"), 512 * kMiB);
+  EXPECT_EQ(plan.planned_bytes("host"), 0);
 }
 
 TEST(UnifiedMemory, KvPoolNeverExceedsEverySequenceAtFullLength) {

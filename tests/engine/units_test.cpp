@@ -24,7 +24,7 @@ std::vector<int32_t> seq_tokens(int n, int base) {
 }
 
 TEST(KvBlockManager, AllocatesInOrderAndFreesTailFirst) {
-  KvBlockManager kv(6, 4, true, 8);
+  KvBlockManager kv(6, 4, true);
   std::vector<int32_t> a, b;
   ASSERT_TRUE(kv.allocate(3, a));
   EXPECT_EQ(a, (std::vector<int32_t>{0, 1, 2}));
@@ -54,7 +54,7 @@ TEST(KvBlockManager, AllocatesInOrderAndFreesTailFirst) {
 }
 
 TEST(KvBlockManager, PrefixHitNeedsSnapshotAtItsEnd) {
-  KvBlockManager kv(8, 4, true, 16);
+  KvBlockManager kv(8, 4, true);
   std::vector<int32_t> a;
   ASSERT_TRUE(kv.allocate(3, a));
   auto toks = seq_tokens(12, 7);
@@ -88,22 +88,33 @@ TEST(KvBlockManager, PrefixHitNeedsSnapshotAtItsEnd) {
 }
 
 TEST(KvBlockManager, SnapshotsAreRecycledLeastRecentlyUsedFirst) {
-  KvBlockManager kv(6, 4, true, 8, /*num_snapshots=*/2);
+  KvBlockManager kv(6, 4, true, /*num_snapshots=*/2);
   EXPECT_EQ(kv.num_snapshots(), 2);
   std::vector<int32_t> a;
   ASSERT_TRUE(kv.allocate(3, a));
   auto toks = seq_tokens(12, 40);
   std::vector<uint64_t> hashes;
   kv.register_full_blocks(toks, a, hashes, 3);
-  kv.take_snapshot(a[0])[0] = 10;
-  kv.take_snapshot(a[1])[0] = 11;
-  kv.touch_snapshot(a[0]);            // a[1] is now the least recently used
-  kv.take_snapshot(a[2])[0] = 12;     // recycles a[1]'s buffer
+  // The numbers name the runner's buffers: two distinct ones in [0, 2).
+  const int s0 = kv.take_snapshot(a[0]);
+  const int s1 = kv.take_snapshot(a[1]);
+  EXPECT_NE(s0, s1);
+  EXPECT_TRUE(s0 >= 0 && s0 < 2 && s1 >= 0 && s1 < 2) << s0 << " " << s1;
+  EXPECT_EQ(kv.take_snapshot(a[0]), s0);  // taking it again keeps its buffer (and makes it recent)
+  kv.touch_snapshot(a[0]);                // a[1] is now the least recently used
+  const int s2 = kv.take_snapshot(a[2]);  // recycles a[1]'s buffer
+  EXPECT_EQ(s2, s1);
   EXPECT_TRUE(kv.has_snapshot(a[0]));
   EXPECT_FALSE(kv.has_snapshot(a[1]));
   EXPECT_TRUE(kv.has_snapshot(a[2]));
-  EXPECT_EQ(kv.snapshot(a[0])[0], 10);
-  EXPECT_EQ(kv.snapshot(a[2])[0], 12);
+  EXPECT_EQ(kv.snapshot(a[0]), s0);
+  EXPECT_EQ(kv.snapshot(a[2]), s1);
+  // A hit touches a[2]: a[0] is now the least recently used, so a[1] gets its buffer.
+  kv.touch_snapshot(a[2]);
+  EXPECT_EQ(kv.take_snapshot(a[1]), s0);
+  EXPECT_FALSE(kv.has_snapshot(a[0]));
+  EXPECT_EQ(kv.snapshot(a[1]), s0);
+  EXPECT_EQ(kv.snapshot(a[2]), s1);
   std::vector<int32_t> hit;
   std::vector<uint64_t> hh;
   kv.find_cached_prefix(toks, 3, hit, hh);
@@ -121,7 +132,7 @@ TEST(KvBlockManager, SnapshotsAreRecycledLeastRecentlyUsedFirst) {
 }
 
 TEST(KvBlockManager, IntegrityCheckFindsLeaks) {
-  KvBlockManager kv(4, 4, true, 0);
+  KvBlockManager kv(4, 4, true);
   std::vector<int32_t> a;
   ASSERT_TRUE(kv.allocate(2, a));
   std::vector<int> refs(4, 0);
@@ -134,14 +145,14 @@ TEST(KvBlockManager, IntegrityCheckFindsLeaks) {
 }
 
 TEST(KvBlockManager, NoCachingWhenDisabled) {
-  KvBlockManager kv(4, 4, false, 100);
+  KvBlockManager kv(4, 4, false);
   std::vector<int32_t> a;
   ASSERT_TRUE(kv.allocate(2, a));
   auto toks = seq_tokens(8, 1);
   std::vector<uint64_t> hashes;
   kv.register_full_blocks(toks, a, hashes, 2);
   EXPECT_EQ(kv.num_cached_blocks(), 0);
-  EXPECT_EQ(kv.snapshot_bytes(), 0);
+  EXPECT_EQ(kv.num_snapshots(), 0);
 }
 
 // ---------------- Sampler ----------------

@@ -4,9 +4,10 @@
 // next plan (the draft's or the next forward's), so a step is one forward plan plus one draft plan
 // when it drafts, whatever the number of sequences. Workers apply plans in order to their own
 // Dsv4Runner; the head runs the same call right after sending it, so all ranks enter the model's
-// collectives (the data plane) together. Slot-state export is not forwarded: the KV and slot
-// state are whole on every rank (one KV head), so rank 0's snapshot is every rank's; a restore
-// sends the bytes along with the forward that needs them.
+// collectives (the data plane) together. Prefix-cache snapshots are numbered by the engine and
+// kept by every rank's runner (on its device for a GPU rank): a commit's snapshot number travels
+// with the commit and a restore's with the forward, so each rank saves and loads its own copy and
+// no state bytes cross the control plane.
 #include "engine/parallel/tp_runner.h"
 
 #include <signal.h>
@@ -250,12 +251,14 @@ class Reader {
 // rank that dies or stops meanwhile).
 constexpr auto kLoadTimeout = std::chrono::hours(1);
 
-// A commit as it travels (the snapshot buffer stays on the head).
+// A commit as it travels.
 struct WireCommit {
   int32_t slot = 0;
   int32_t batch_index = 0;
   int64_t length = 0;
   int64_t context_rows = 0;
+  int32_t snapshot = -1;
+  int32_t pad = 0;  // no indeterminate bytes on the wire
 };
 
 class TpHeadRunner : public ForwardingRunner {
@@ -290,6 +293,7 @@ class TpHeadRunner : public ForwardingRunner {
     w.put(a.max_verify_tokens);
     w.put(a.num_draft_tokens);  // K: every rank drafts the same number of tokens (the collectives' sizes)
     w.put_str(a.kv_cache_dtype);
+    w.put(a.num_snapshots);
     TANDEM_RETURN_IF_ERROR(send());
     TANDEM_RETURN_IF_ERROR(inner_->allocate(a));
     Status st = control_->barrier(kLoadTimeout);  // every rank has its shard before the first step
@@ -308,7 +312,7 @@ class TpHeadRunner : public ForwardingRunner {
       w.put<uint8_t>(s.reset);
       w.put_span(s.tokens);
       w.put_span(s.block_table);
-      w.put_span(s.restore);
+      w.put(s.restore);
     }
     TANDEM_RETURN_IF_ERROR(send());
     return inner_->forward(batch, samples, out);  // the head samples; the workers only compute
@@ -318,7 +322,8 @@ class TpHeadRunner : public ForwardingRunner {
   Status commit(std::span<const SlotCommit> commits) override {
     TANDEM_RETURN_IF_ERROR(health());
     TANDEM_RETURN_IF_ERROR(inner_->commit(commits));
-    for (const SlotCommit& c : commits) pending_.push_back({c.slot, c.batch_index, c.length, c.context_rows});
+    for (const SlotCommit& c : commits)
+      pending_.push_back({c.slot, c.batch_index, c.length, c.context_rows, c.snapshot, 0});
     return Status();
   }
 
@@ -372,7 +377,6 @@ class TpHeadRunner : public ForwardingRunner {
 int worker_loop(ControlComm& comm, ModelRunner& runner) {
   std::vector<uint8_t> plan;
   std::vector<std::vector<int32_t>> toks, tables;
-  std::vector<std::vector<uint8_t>> restores;
   std::vector<RunnerSeq> seqs;
   RunnerOutput out;
   std::vector<WireCommit> wire;
@@ -390,7 +394,7 @@ int worker_loop(ControlComm& comm, ModelRunner& runner) {
     r.get_vec(wire);
     if (r.ok() && !wire.empty()) {
       commits.clear();
-      for (const WireCommit& c : wire) commits.push_back({c.slot, c.batch_index, c.length, c.context_rows, {}});
+      for (const WireCommit& c : wire) commits.push_back({c.slot, c.batch_index, c.length, c.context_rows, c.snapshot});
       st = runner.commit(commits);
     }
     // A malformed plan or a failed commit skips the op: reported below.
@@ -408,6 +412,7 @@ int worker_loop(ControlComm& comm, ModelRunner& runner) {
           a.max_verify_tokens = r.get<int>();
           a.num_draft_tokens = r.get<int>();
           a.kv_cache_dtype = r.get_str();
+          a.num_snapshots = r.get<int>();
           if (!r.ok()) break;
           st = runner.allocate(a);
           if (st.ok()) st = comm.barrier(kLoadTimeout);
@@ -421,7 +426,6 @@ int worker_loop(ControlComm& comm, ModelRunner& runner) {
           }
           toks.resize(n);
           tables.resize(n);
-          restores.resize(n);
           seqs.resize(n);
           for (uint32_t i = 0; i < n; ++i) {
             seqs[i].slot = r.get<int>();
@@ -431,10 +435,9 @@ int worker_loop(ControlComm& comm, ModelRunner& runner) {
             seqs[i].reset = r.get<uint8_t>() != 0;
             r.get_vec(toks[i]);
             r.get_vec(tables[i]);
-            r.get_vec(restores[i]);
+            seqs[i].restore = r.get<int>();
             seqs[i].tokens = toks[i];
             seqs[i].block_table = tables[i];
-            seqs[i].restore = restores[i];
           }
           if (!r.ok()) break;
           st = runner.forward(seqs, nullptr, out);

@@ -141,6 +141,10 @@ struct CudaModel::Impl {
   Buf<uint8_t> pool;                // [num_blocks, lay.block_bytes]
   Buf<uint8_t> draft_ctx;           // [max_slots, lay.draft_slot_bytes]
   std::vector<int64_t> slot_len;
+  // Prefix-cache snapshots (allocate_snapshots): [count, lay.slot_bytes + lay.draft_slot_bytes],
+  // each a slot's rings then its draft context; the lengths stay on the host (-1: never saved).
+  Buf<uint8_t> snapshots;
+  std::vector<int64_t> snap_len;
 
   // ---- step plan: one pinned host staging area mirrored on the device, copied once per step ----
   struct PlanLayout {

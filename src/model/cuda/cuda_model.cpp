@@ -85,15 +85,12 @@ DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool h
 
 
 namespace {
-// Snapshot: [length int64][slot rings][draft context rings] (model/slot_state.h).
+// Snapshot: [length int64][slot rings][draft context rings] (model/slot_state.h, cuda_snapshots.cpp).
 model::SnapshotFormat snapshot_format(const cuda_model::DeviceLayout& l) {
   return {static_cast<size_t>(l.slot_bytes), static_cast<size_t>(l.draft_slot_bytes)};
 }
 // The engine's slots' lengths (the padding slot of graph steps follows them).
 std::span<int64_t> engine_slots(CudaModel::Impl& m) { return {m.slot_len.data(), static_cast<size_t>(m.opt.max_slots)}; }
-std::span<const int64_t> engine_slots(const CudaModel::Impl& m) {
-  return {m.slot_len.data(), static_cast<size_t>(m.opt.max_slots)};
-}
 }  // namespace
 
 CudaModel::Impl::~Impl() {
@@ -132,6 +129,7 @@ CudaModel::Memory CudaModel::memory() const {
   r.slot_state = static_cast<int64_t>(m.slot_state.bytes());
   r.draft_state = static_cast<int64_t>(m.draft_ctx.bytes());
   r.scratch = m.own_bytes - r.weights - r.pool - r.slot_state - r.draft_state;
+  r.snapshots = static_cast<int64_t>(m.snapshots.bytes());  // allocated after own_bytes was measured
   return r;
 }
 
@@ -737,31 +735,6 @@ void CudaModel::draft_reset(int slot) {
   if (!m.lay.draft_slot_bytes) return;
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes, 0,
                                     static_cast<size_t>(m.lay.draft_slot_bytes), m.stream));
-}
-
-Status CudaModel::export_slot_state(int slot, std::span<uint8_t> out) const {
-  const Impl& m = *impl_;
-  TANDEM_ASSIGN_OR_RETURN(model::SnapshotOut parts, model::begin_export(engine_slots(m), snapshot_format(m.lay), slot, out));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(parts.state.data(), m.slot_state.get() + slot * m.lay.slot_bytes,
-                                    parts.state.size(), cudaMemcpyDeviceToHost, m.stream));
-  if (!parts.draft.empty())
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(parts.draft.data(), m.draft_ctx.get() + slot * m.lay.draft_slot_bytes,
-                                      parts.draft.size(), cudaMemcpyDeviceToHost, m.stream));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  return Status();
-}
-
-Status CudaModel::import_slot_state(int slot, std::span<const uint8_t> in) {
-  Impl& m = *impl_;
-  TANDEM_ASSIGN_OR_RETURN(model::SnapshotIn parts, model::read_snapshot(engine_slots(m), snapshot_format(m.lay), slot, in));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.slot_state.get() + slot * m.lay.slot_bytes, parts.state.data(),
-                                    parts.state.size(), cudaMemcpyHostToDevice, m.stream));
-  if (!parts.draft.empty())
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.draft_ctx.get() + slot * m.lay.draft_slot_bytes, parts.draft.data(),
-                                      parts.draft.size(), cudaMemcpyHostToDevice, m.stream));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  m.slot_len[slot] = parts.length;
-  return Status();
 }
 
 }  // namespace tandem

@@ -92,8 +92,8 @@ class CudaModel {
   int capture_graphs(bool taps);
   // Bytes of device memory held: weights, KV pool, slot states, scratch.
   struct Memory {
-    int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0;
-    int64_t total() const { return weights + pool + slot_state + draft_state + scratch; }
+    int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0, snapshots = 0;
+    int64_t total() const { return weights + pool + slot_state + draft_state + scratch + snapshots; }
   };
   Memory memory() const;
   std::string device_name() const;
@@ -142,6 +142,17 @@ class CudaModel {
   Status export_slot_state(int slot, std::span<uint8_t> out) const;
   Status import_slot_state(int slot, std::span<const uint8_t> in);
   size_t pool_block_bytes() const;
+  // Prefix-cache snapshots kept on the device: `count` buffers of one slot's rings and draft
+  // context (slot_state_bytes() less the length, which stays on the host), allocated once at
+  // start-up (kResourceExhausted, with the numbers, when the device lacks the memory; 0 frees
+  // them). save/load copy a slot to/from buffer `index` device to device on the model's stream and
+  // return without synchronizing: stream order puts a load after the save it reads and a save
+  // after the step it snapshots. load needs a buffer that was saved (InvalidArgument otherwise).
+  Status allocate_snapshots(int count);
+  int num_snapshots() const;
+  size_t snapshot_device_bytes() const;  // one buffer
+  Status save_snapshot(int slot, int index);
+  Status load_snapshot(int slot, int index);
 
   Status draft_insert_context(int slot, int64_t start_pos, std::span<const float> taps_rows);
   // The same from the last forward's taps on the device: the first `rows` taps rows of batch entry
