@@ -207,13 +207,16 @@ std::vector<float> run_tc(const HostAct& a, const HostW& w, const Case& c, const
 TEST(CudaFp8Quant, MatchesActQuantBitExact) {
   TANDEM_REQUIRE_GPU();
   for (bool bf16_in : {false, true}) {
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {5, 384}, {97, 1024}, {300, 256}}) {
+    // ... and a prefill chunk's activation (4,096 x 4,096: the encoder's every exponent and subnormal code).
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {5, 384}, {97, 1024}, {300, 256}, {4096, 4096}}) {
       SCOPED_TRACE(::testing::Message() << "rows " << rows << " cols " << cols << (bf16_in ? " bf16" : " f32"));
       std::vector<float> x = randn(static_cast<size_t>(rows * cols), 7 + rows, 2.0f, bf16_in);
       for (int64_t r = 0; r < rows; ++r) x[r * cols + (r * 37) % cols] *= 1e4f;  // per-row scale variety
       if (rows > 4) {
         x[3] = std::numeric_limits<float>::quiet_NaN();
+        x[7] = -std::numeric_limits<float>::quiet_NaN();  // its code keeps the sign (0xff)
         x[cols + 5] = std::numeric_limits<float>::infinity();
+        x[cols + 9] = -std::numeric_limits<float>::infinity();
         for (int64_t c = 128; c < 256 && c < cols; ++c) x[2 * cols + c] = 1e-6f;  // the amax floor
       }
       if (bf16_in)

@@ -71,11 +71,16 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quant_kernel(Fp8QuantArgs a)
       // [-22, 127] (the amax floor 1e-4 / 448 and the cap), so 1 / s = 2^-e is exact (subnormal at
       // e = 127) and both round the same exact quotient (no overflow: |v| <= amax).
       const float inv = div_rn(1.0f, s);
+      // The codes by the branch-free encoder (num::e4m3_from_clamped, f32_to_e4m3's codes on every
+      // clamped float; the branchy encoder made this loop issue-bound, ~4x its bytes' time); NaN
+      // keeps f32_to_e4m3's code (0x7f with its sign).
       uint32_t word = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float q = clamp_std(mul_rn(v[j][i], inv), -num::kE4m3Max, num::kE4m3Max);
-        word |= static_cast<uint32_t>(num::f32_to_e4m3(is_nan(v[j][i]) ? v[j][i] : q)) << (8 * i);
+        const uint32_t code = is_nan(v[j][i]) ? ((__float_as_uint(v[j][i]) >> 24) & 0x80u) | 0x7fu
+                                              : num::e4m3_from_clamped(q);
+        word |= code << (8 * i);
       }
       *reinterpret_cast<uint32_t*>(a.codes + r * a.ldc + b * 128 + lane * 4) = word;
       if (lane == 0) a.scales[a.scale_rows_major ? r * nb + b : b * a.scale_ld + r] = s;
@@ -516,7 +521,8 @@ bool fp8_linear_supported(const GemmParams& p, const TcLinearScratch& s) {
          (reinterpret_cast<uintptr_t>(p.w.data) & 15) == 0;
 }
 
-void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st) {
+void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st,
+                     bool x_ready) {
   if (p.m == 0 || p.n == 0) return;
   TANDEM_CHECK(fp8_linear_supported(p, s));
   const int64_t sld = (p.m + 3) / 4 * 4;
@@ -529,7 +535,7 @@ void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend ba
   q.ldc = p.k;
   q.scales = s.scales;
   q.scale_ld = sld;
-  quantize_fp8_act(q, st);
+  if (!x_ready) quantize_fp8_act(q, st);
   Fp8GemmArgs g;
   g.a = s.codes;
   g.a_scale = s.scales;
@@ -578,11 +584,12 @@ bool bf16_linear_supported(const GemmParams& p, const TcLinearScratch& s) {
   return bf16_gemm_problem(bf16_linear_args(p, s)) == nullptr;
 }
 
-void gemm_bf16_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st) {
+void gemm_bf16_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st,
+                      bool x_ready) {
   if (p.m == 0 || p.n == 0) return;
   TANDEM_CHECK(bf16_linear_supported(p, s));
   const int64_t cols = p.batch * p.k;
-  f32_to_bf16_rows(p.x, p.ldx > 0 ? p.ldx : p.k, p.m, cols, s.xb, cols, st);
+  if (!x_ready) f32_to_bf16_rows(p.x, p.ldx > 0 ? p.ldx : p.k, p.m, cols, s.xb, cols, st);
   bf16_gemm_tc(bf16_linear_args(p, s), backend, st);
 }
 
