@@ -311,6 +311,16 @@ __global__ void f32_to_bf16_vec_kernel(const float* src, int64_t lds, int64_t ro
   }
 }
 
+// E8M0 scales [rows, nb] (row-major) -> the quantizer's fp32 grid [nb, ld].
+__global__ void e8m0_rows_to_grid_kernel(const uint8_t* src, int64_t rows, int64_t nb, float* dst, int64_t ld) {
+  const int64_t total = rows * nb;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t r = i / nb, b = i % nb;
+    dst[b * ld + r] = num::e8m0_to_f32(src[i]);
+  }
+}
+
 __global__ void e8m0_grid_kernel(const uint8_t* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
                                  int64_t ldd) {
   const int64_t total = rows * cols;
@@ -521,6 +531,28 @@ bool fp8_linear_supported(const GemmParams& p, const TcLinearScratch& s) {
          (reinterpret_cast<uintptr_t>(p.w.data) & 15) == 0;
 }
 
+namespace {
+// The GEMM of gemm_fp8_linear on codes [m, k] with their fp32 scale grid in s.scales (ld sld).
+void fp8_linear_gemm(const GemmParams& p, const uint8_t* codes, const TcLinearScratch& s, int64_t sld,
+                     TcBackend backend, cudaStream_t st) {
+  Fp8GemmArgs g;
+  g.a = codes;
+  g.a_scale = s.scales;
+  g.a_scale_ld = sld;
+  g.w = static_cast<const uint8_t*>(p.w.data);
+  g.w_scale = p.w.scale;
+  g.w_scale_ld = p.w.scale_ld;
+  g.y = p.y;
+  g.ldy = p.ldy;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.accumulate = p.accumulate;
+  g.round_bf16 = p.round_bf16;
+  fp8_gemm_tc(g, backend, st);
+}
+}  // namespace
+
 void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st,
                      bool x_ready) {
   if (p.m == 0 || p.n == 0) return;
@@ -536,21 +568,17 @@ void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend ba
   q.scales = s.scales;
   q.scale_ld = sld;
   if (!x_ready) quantize_fp8_act(q, st);
-  Fp8GemmArgs g;
-  g.a = s.codes;
-  g.a_scale = s.scales;
-  g.a_scale_ld = sld;
-  g.w = static_cast<const uint8_t*>(p.w.data);
-  g.w_scale = p.w.scale;
-  g.w_scale_ld = p.w.scale_ld;
-  g.y = p.y;
-  g.ldy = p.ldy;
-  g.m = p.m;
-  g.n = p.n;
-  g.k = p.k;
-  g.accumulate = p.accumulate;
-  g.round_bf16 = p.round_bf16;
-  fp8_gemm_tc(g, backend, st);
+  fp8_linear_gemm(p, s.codes, s, sld, backend, st);
+}
+
+void gemm_fp8_linear_packed(const GemmParams& p, const uint8_t* codes, const uint8_t* e8m0_scales,
+                            const TcLinearScratch& s, TcBackend backend, cudaStream_t st) {
+  if (p.m == 0 || p.n == 0) return;
+  TANDEM_CHECK(fp8_linear_supported(p, s) && codes && e8m0_scales && (reinterpret_cast<uintptr_t>(codes) & 15) == 0);
+  const int64_t sld = (p.m + 3) / 4 * 4, nb = p.k / 128;
+  e8m0_rows_to_grid_kernel<<<grid_for(p.m * nb, 256), 256, 0, st>>>(e8m0_scales, p.m, nb, s.scales, sld);
+  TANDEM_CUDA_LAUNCH_CHECK();
+  fp8_linear_gemm(p, codes, s, sld, backend, st);
 }
 
 namespace {

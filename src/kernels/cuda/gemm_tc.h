@@ -134,6 +134,12 @@ bool fp8_linear_supported(const GemmParams& p, const TcLinearScratch& s);
 // row stride, and x is unchanged since): linears sharing an input quantize it once.
 void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st,
                      bool x_ready = false);
+// gemm_fp8_linear on codes made elsewhere (decode_act's pack, hc_pre_pack: act_quant of the same x,
+// the same codes): codes [m, p.k] (row stride p.k, 16-byte aligned) and E8M0 scales [m, p.k / 128]
+// (row-major); the scales are expanded into s.scales (2^e as the quantizer writes them), x is not
+// read. The same y bits as gemm_fp8_linear(p, ...).
+void gemm_fp8_linear_packed(const GemmParams& p, const uint8_t* codes, const uint8_t* e8m0_scales,
+                            const TcLinearScratch& s, TcBackend backend, cudaStream_t st);
 // True when gemm_bf16_linear can run `p`: a bf16 weight without activation quantization, k % 64 == 0,
 // batches side by side in x's rows (x_batch_stride == k), rows and batch * k within the scratch.
 bool bf16_linear_supported(const GemmParams& p, const TcLinearScratch& s);

@@ -141,6 +141,13 @@ bool CudaModel::Impl::linear_tc(const DLinear& l, const float* xx, int64_t m, fl
   p.quantize_x_block = l.act_quant ? 128 : 0;
   if (l.w.format == kernels::WeightFormat::kFp8Block) {
     if (!kernels::cuda::fp8_linear_supported(p, tc)) return false;
+    if (dec.packed_x == xx && dec.packed_rows == m && dec.packed_dim == p.k) {
+      // x's codes from its norm (hc_pre_pack / dec_norm_rows): the same act_quant, so no quantization.
+      kernels::cuda::gemm_fp8_linear_packed(p, dec.codes.get(), dec.scales.get(), tc, kernels::cuda::TcBackend::kAuto,
+                                            stream);
+      tc_codes_of = {};  // the scratch's scales are x's now, its codes not
+      return true;
+    }
     const TcHeld held{xx, m, p.k, p.k};  // x's rows are dense (p.ldx unset)
     const bool ready = tc_share_src != nullptr && xx == tc_share_src && tc_codes_of == held;
     kernels::cuda::gemm_fp8_linear(p, tc, kernels::cuda::TcBackend::kAuto, stream, ready);
