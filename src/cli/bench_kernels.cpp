@@ -7,7 +7,8 @@
 // run: the faster of a streaming copy kernel and cudaMemcpy over 2 GiB buffers, after warm-up
 // passes, median of 15 (a streaming read is measured and reported beside it). One MoE layer
 // (routed + shared) at batch 1, 8, 16, with the new path's three kernels; the attention, indexer
-// and top-k at 4K / 160K / 1M context (bench_long_context.cpp). Table on stdout, JSON to --out.
+// and top-k at 4K / 160K / 1M context (bench_long_context.cpp); the prefill chunk's row kernels at
+// 4,096 rows (bench_prefill.cpp). Table on stdout, JSON to --out.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -36,6 +37,7 @@
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/decode_gemm.h"
 #include "cli/bench_long_context.h"
+#include "cli/bench_prefill.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/sample_rows.h"
 #include "model/cuda/model_kernels.h"
@@ -597,7 +599,7 @@ void Bench::moe_layers() {
   }
 }
 
-// `only`: the sections to run (linear, moe, long, sampler; empty: all), e.g. to profile one.
+// `only`: the sections to run (linear, moe, long, sampler, prefill; empty: all), e.g. to profile one.
 Status run(const std::string& out_path, const std::set<std::string>& only) {
   auto want = [&](const char* sec) { return only.empty() || only.count(sec) > 0; };
   if (kc::device_count() == 0) return make_error(StatusCode::kUnavailable, "no CUDA device visible");
@@ -633,6 +635,8 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
   const nlohmann::json lc = want("long") ? bench_kernels::long_context(b.s, b.copy_bps, time_calls)
                                          : nlohmann::json::object({{"targets", nlohmann::json::array()}});
   const nlohmann::json smp = want("sampler") ? b.sampler() : nlohmann::json::array();
+  const nlohmann::json pre =
+      want("prefill") ? bench_kernels::prefill_kernels(b.s, b.copy_bps, time_calls) : nlohmann::json::array();
 
   nlohmann::json j;
   j["date"] = today_utc();
@@ -652,6 +656,7 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
   j["moe_layers"] = b.moe;
   j["long_context"] = lc;
   j["sampler"] = smp;
+  j["prefill"] = pre;
   // The targets that this benchmark measures (met or not).
   double moe_b1 = 0;
   for (const auto& r : b.moe)
@@ -691,9 +696,9 @@ int bench_kernels_main(int argc, char** argv) {
   app.add_option("--out", out, "JSON output path (default bench/results/bench-kernels-<date>.json, or ./ without "
                                "bench/results)");
   std::vector<std::string> only;
-  app.add_option("--only", only, "sections to run: linear, moe, long, sampler (default: all)")
+  app.add_option("--only", only, "sections to run: linear, moe, long, sampler, prefill (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"linear", "moe", "long", "sampler"}));
+      ->check(CLI::IsMember({"linear", "moe", "long", "sampler", "prefill"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -85,6 +85,20 @@ TANDEM_HD uint8_t f32_to_e4m3(float x) {
   if (code > 0x7eu) code = 0x7e;
   return static_cast<uint8_t>(sign | code);
 }
+// f32_to_e4m3 of a value already clamped to [-448, 448] (not NaN), without branches, for the
+// GPU's per-element loops (the quantizers of prefill activations): the same code for every such
+// float (NumericCore.E4m3FromClampedMatchesTheEncoderOnEveryFloat checks every float of [-448, 448]). Normal
+// codes (|x| >= 2^-6): the f32 bits rounded to 3 mantissa bits, to nearest even (a carry moves into
+// the exponent); subnormal codes: |x| + 2^14 rounds |x| to a multiple of 2^-9 (2^14's ulp), to
+// nearest even by the fp32 add, and the code is that multiple (8 = 2^-6, the smallest normal code).
+TANDEM_HD uint8_t e4m3_from_clamped(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  const uint32_t sub = f32_bits(bits_f32(a) + 16384.0f) - 0x46800000u;  // 16384 = 2^14
+  return static_cast<uint8_t>(sign | (a >= 0x3c800000u ? normal : sub));  // 0x3c800000 = 2^-6
+}
 // e4m3fn -> f32 by arithmetic (the CPU keeps a table built from this: kE4m3Table).
 TANDEM_HD float e4m3_decode(uint8_t b) {
   const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;

@@ -37,5 +37,21 @@ TEST(NumericCore, E4m3EncodeRoundTripsEveryFiniteCode) {
   }
 }
 
+// The branch-free encoder the GPU quantizers use, against f32_to_e4m3 on every float of [-448, 448]
+// (what they pass it after clamping; NaN is not its input).
+TEST(NumericCore, E4m3FromClampedMatchesTheEncoderOnEveryFloat) {
+  uint64_t bad = 0;
+  uint32_t first = 0;
+  const uint32_t top = f32_bits(kE4m3Max);
+  for (uint32_t u = 0; u <= top; ++u) {
+    for (const uint32_t bits : {u, u | 0x80000000u}) {
+      const float x = bits_f32(bits);
+      if (e4m3_from_clamped(x) != f32_to_e4m3(x) && bad++ == 0) first = bits;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "first input bits 0x" << std::hex << first << " -> " << int{e4m3_from_clamped(bits_f32(first))}
+                     << " want " << int{f32_to_e4m3(bits_f32(first))};
+}
+
 }  // namespace
 }  // namespace tandem::num

@@ -23,6 +23,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/tc_bound.h"
+#include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
 #include "kernels/cuda/tma.h"
@@ -207,13 +208,16 @@ std::vector<float> run_tc(const HostAct& a, const HostW& w, const Case& c, const
 TEST(CudaFp8Quant, MatchesActQuantBitExact) {
   TANDEM_REQUIRE_GPU();
   for (bool bf16_in : {false, true}) {
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {5, 384}, {97, 1024}, {300, 256}}) {
+    // ... and a prefill chunk's activation (4,096 x 4,096: the encoder's every exponent and subnormal code).
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {5, 384}, {97, 1024}, {300, 256}, {4096, 4096}}) {
       SCOPED_TRACE(::testing::Message() << "rows " << rows << " cols " << cols << (bf16_in ? " bf16" : " f32"));
       std::vector<float> x = randn(static_cast<size_t>(rows * cols), 7 + rows, 2.0f, bf16_in);
       for (int64_t r = 0; r < rows; ++r) x[r * cols + (r * 37) % cols] *= 1e4f;  // per-row scale variety
       if (rows > 4) {
         x[3] = std::numeric_limits<float>::quiet_NaN();
+        x[7] = -std::numeric_limits<float>::quiet_NaN();  // its code keeps the sign (0xff)
         x[cols + 5] = std::numeric_limits<float>::infinity();
+        x[cols + 9] = -std::numeric_limits<float>::infinity();
         for (int64_t c = 128; c < 256 && c < cols; ++c) x[2 * cols + c] = 1e-6f;  // the amax floor
       }
       if (bf16_in)
@@ -402,6 +406,68 @@ TEST(CudaFp8GemmTc, LinearMatchesCpuAndRowsAreIndependent) {
 
 // quantize_fp8_act with src_rows: output row r quantizes input row src_rows[r] / src_div (the grouped
 // experts' slot order), rows past rows_limit untouched.
+// gemm_fp8_linear_packed on the codes of a norm's pack (decode_act_pack with the norm weight, as
+// hc_pre_pack leaves them for the prefill's x) equals gemm_fp8_linear on the normed rows, bit for
+// bit: the same codes, the E8M0 scales expanded to the quantizer's grid. A prefill chunk's rows
+// and a ragged count.
+TEST(CudaFp8GemmTc, PackedCodesGiveTheLinearsBits) {
+  TANDEM_REQUIRE_GPU();
+  const int64_t n = 384, k = 1024;
+  const HostW w = make_w_normal(n, k, 51);
+  DeviceBuffer<uint8_t> dw = to_dev(w.codes), ds = to_dev(w.scale);
+  for (const int64_t m : {int64_t{97}, int64_t{4096}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << m);
+    std::vector<float> x = randn(static_cast<size_t>(m * k), 52 + m, 3.0f, true);
+    for (int64_t r = 0; r < m; ++r) x[r * k + (r * 41) % k] *= 300.0f;  // per-block scale variety
+    const std::vector<float> nw = randn(static_cast<size_t>(k), 53, 1.0f, true);
+    DeviceBuffer<float> dx = to_dev(x), dnw = to_dev(nw);
+    auto normed = poisoned<float>(x.size());
+    auto pcodes = poisoned<uint8_t>(x.size());
+    auto pscales = poisoned<uint8_t>(static_cast<size_t>(m * (k / 128)));
+    cuda::DecodeActPackArgs pa;
+    pa.x = dx.get();
+    pa.rows = m;
+    pa.dim = k;
+    pa.norm_weight = dnw.get();
+    pa.y = normed.get();
+    pa.codes = pcodes.get();
+    pa.scales = pscales.get();
+    cuda::decode_act_pack(pa, kStream);
+    DeviceBuffer<uint8_t> codes(cuda::TcLinearScratch::codes_bytes(m, k));
+    DeviceBuffer<float> scales(cuda::TcLinearScratch::scale_floats(m, k));
+    cuda::TcLinearScratch s;
+    s.codes = codes.get();
+    s.scales = scales.get();
+    s.rows = m;
+    s.max_k = k;
+    GemmParams p;
+    p.w.format = WeightFormat::kFp8Block;
+    p.w.data = dw.get();
+    p.w.scale = ds.get();
+    p.w.n = n;
+    p.w.k = k;
+    p.x = normed.get();
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.round_bf16 = true;
+    p.quantize_x_block = 128;
+    for (TcBackend be : backends()) {
+      SCOPED_TRACE(cuda::tc_backend_name(be));
+      auto y0 = poisoned<float>(static_cast<size_t>(m * n)), y1 = poisoned<float>(static_cast<size_t>(m * n));
+      GemmParams q = p;
+      q.y = y0.get();
+      cuda::gemm_fp8_linear(q, s, be, kStream);
+      const std::vector<uint8_t> quant_codes = to_host(codes);
+      poison(scales);
+      q.y = y1.get();
+      cuda::gemm_fp8_linear_packed(q, pcodes.get(), pscales.get(), s, be, kStream);
+      EXPECT_TRUE(same_values(to_host(pcodes), quant_codes)) << "the pack's codes vs the quantizer's";
+      EXPECT_TRUE(same_bits(to_host(y1), to_host(y0))) << "y (index / " << n << " = row)";
+    }
+  }
+}
+
 TEST(CudaFp8Quant, GathersRowsThroughSrcRows) {
   TANDEM_REQUIRE_GPU();
   const int64_t tokens = 37, cols = 256, topk = 3, rows = tokens * topk;

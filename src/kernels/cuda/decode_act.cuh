@@ -54,7 +54,9 @@ __device__ __forceinline__ void pack_row(const float* x, int64_t dim, const floa
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const float q = clamp_std(div_rn(v[i], sc), -num::kE4m3Max, num::kE4m3Max);
-      codes[c0 + i * kWarp] = num::f32_to_e4m3(is_nan(v[i]) ? v[i] : q);
+      // num::e4m3_from_clamped: f32_to_e4m3's code on every clamped float, without its branches.
+      codes[c0 + i * kWarp] = is_nan(v[i]) ? static_cast<uint8_t>(((__float_as_uint(v[i]) >> 24) & 0x80u) | 0x7fu)
+                                           : num::e4m3_from_clamped(q);
       if (norm_weight && y) y[c0 + i * kWarp] = v[i];
     }
   }

@@ -71,11 +71,16 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quant_kernel(Fp8QuantArgs a)
       // [-22, 127] (the amax floor 1e-4 / 448 and the cap), so 1 / s = 2^-e is exact (subnormal at
       // e = 127) and both round the same exact quotient (no overflow: |v| <= amax).
       const float inv = div_rn(1.0f, s);
+      // The codes by the branch-free encoder (num::e4m3_from_clamped, f32_to_e4m3's codes on every
+      // clamped float; the branchy encoder made this loop issue-bound, ~4x its bytes' time); NaN
+      // keeps f32_to_e4m3's code (0x7f with its sign).
       uint32_t word = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float q = clamp_std(mul_rn(v[j][i], inv), -num::kE4m3Max, num::kE4m3Max);
-        word |= static_cast<uint32_t>(num::f32_to_e4m3(is_nan(v[j][i]) ? v[j][i] : q)) << (8 * i);
+        const uint32_t code = is_nan(v[j][i]) ? ((__float_as_uint(v[j][i]) >> 24) & 0x80u) | 0x7fu
+                                              : num::e4m3_from_clamped(q);
+        word |= code << (8 * i);
       }
       *reinterpret_cast<uint32_t*>(a.codes + r * a.ldc + b * 128 + lane * 4) = word;
       if (lane == 0) a.scales[a.scale_rows_major ? r * nb + b : b * a.scale_ld + r] = s;
@@ -306,6 +311,16 @@ __global__ void f32_to_bf16_vec_kernel(const float* src, int64_t lds, int64_t ro
   }
 }
 
+// E8M0 scales [rows, nb] (row-major) -> the quantizer's fp32 grid [nb, ld].
+__global__ void e8m0_rows_to_grid_kernel(const uint8_t* src, int64_t rows, int64_t nb, float* dst, int64_t ld) {
+  const int64_t total = rows * nb;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t r = i / nb, b = i % nb;
+    dst[b * ld + r] = num::e8m0_to_f32(src[i]);
+  }
+}
+
 __global__ void e8m0_grid_kernel(const uint8_t* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
                                  int64_t ldd) {
   const int64_t total = rows * cols;
@@ -516,22 +531,12 @@ bool fp8_linear_supported(const GemmParams& p, const TcLinearScratch& s) {
          (reinterpret_cast<uintptr_t>(p.w.data) & 15) == 0;
 }
 
-void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st) {
-  if (p.m == 0 || p.n == 0) return;
-  TANDEM_CHECK(fp8_linear_supported(p, s));
-  const int64_t sld = (p.m + 3) / 4 * 4;
-  Fp8QuantArgs q;
-  q.x = p.x;
-  q.ldx = p.ldx > 0 ? p.ldx : p.k;
-  q.rows = p.m;
-  q.cols = p.k;
-  q.codes = s.codes;
-  q.ldc = p.k;
-  q.scales = s.scales;
-  q.scale_ld = sld;
-  quantize_fp8_act(q, st);
+namespace {
+// The GEMM of gemm_fp8_linear on codes [m, k] with their fp32 scale grid in s.scales (ld sld).
+void fp8_linear_gemm(const GemmParams& p, const uint8_t* codes, const TcLinearScratch& s, int64_t sld,
+                     TcBackend backend, cudaStream_t st) {
   Fp8GemmArgs g;
-  g.a = s.codes;
+  g.a = codes;
   g.a_scale = s.scales;
   g.a_scale_ld = sld;
   g.w = static_cast<const uint8_t*>(p.w.data);
@@ -545,6 +550,35 @@ void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend ba
   g.accumulate = p.accumulate;
   g.round_bf16 = p.round_bf16;
   fp8_gemm_tc(g, backend, st);
+}
+}  // namespace
+
+void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st,
+                     bool x_ready) {
+  if (p.m == 0 || p.n == 0) return;
+  TANDEM_CHECK(fp8_linear_supported(p, s));
+  const int64_t sld = (p.m + 3) / 4 * 4;
+  Fp8QuantArgs q;
+  q.x = p.x;
+  q.ldx = p.ldx > 0 ? p.ldx : p.k;
+  q.rows = p.m;
+  q.cols = p.k;
+  q.codes = s.codes;
+  q.ldc = p.k;
+  q.scales = s.scales;
+  q.scale_ld = sld;
+  if (!x_ready) quantize_fp8_act(q, st);
+  fp8_linear_gemm(p, s.codes, s, sld, backend, st);
+}
+
+void gemm_fp8_linear_packed(const GemmParams& p, const uint8_t* codes, const uint8_t* e8m0_scales,
+                            const TcLinearScratch& s, TcBackend backend, cudaStream_t st) {
+  if (p.m == 0 || p.n == 0) return;
+  TANDEM_CHECK(fp8_linear_supported(p, s) && codes && e8m0_scales && (reinterpret_cast<uintptr_t>(codes) & 15) == 0);
+  const int64_t sld = (p.m + 3) / 4 * 4, nb = p.k / 128;
+  e8m0_rows_to_grid_kernel<<<grid_for(p.m * nb, 256), 256, 0, st>>>(e8m0_scales, p.m, nb, s.scales, sld);
+  TANDEM_CUDA_LAUNCH_CHECK();
+  fp8_linear_gemm(p, codes, s, sld, backend, st);
 }
 
 namespace {
@@ -578,11 +612,12 @@ bool bf16_linear_supported(const GemmParams& p, const TcLinearScratch& s) {
   return bf16_gemm_problem(bf16_linear_args(p, s)) == nullptr;
 }
 
-void gemm_bf16_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st) {
+void gemm_bf16_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st,
+                      bool x_ready) {
   if (p.m == 0 || p.n == 0) return;
   TANDEM_CHECK(bf16_linear_supported(p, s));
   const int64_t cols = p.batch * p.k;
-  f32_to_bf16_rows(p.x, p.ldx > 0 ? p.ldx : p.k, p.m, cols, s.xb, cols, st);
+  if (!x_ready) f32_to_bf16_rows(p.x, p.ldx > 0 ? p.ldx : p.k, p.m, cols, s.xb, cols, st);
   bf16_gemm_tc(bf16_linear_args(p, s), backend, st);
 }
 

@@ -130,13 +130,24 @@ struct TcLinearScratch {
 bool fp8_linear_supported(const GemmParams& p, const TcLinearScratch& s);
 // GemmParams with an FP8 weight and quantize_x_block = 128 (the reference's linear()): quantize x,
 // then fp8_gemm_tc. Same contract as kernels::cuda::gemm, up to summation order (bound above).
-void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st);
+// x_ready: s already holds x's codes and scales (the previous call quantized the same x, rows, k and
+// row stride, and x is unchanged since): linears sharing an input quantize it once.
+void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st,
+                     bool x_ready = false);
+// gemm_fp8_linear on codes made elsewhere (decode_act's pack, hc_pre_pack: act_quant of the same x,
+// the same codes): codes [m, p.k] (row stride p.k, 16-byte aligned) and E8M0 scales [m, p.k / 128]
+// (row-major); the scales are expanded into s.scales (2^e as the quantizer writes them), x is not
+// read. The same y bits as gemm_fp8_linear(p, ...).
+void gemm_fp8_linear_packed(const GemmParams& p, const uint8_t* codes, const uint8_t* e8m0_scales,
+                            const TcLinearScratch& s, TcBackend backend, cudaStream_t st);
 // True when gemm_bf16_linear can run `p`: a bf16 weight without activation quantization, k % 64 == 0,
 // batches side by side in x's rows (x_batch_stride == k), rows and batch * k within the scratch.
 bool bf16_linear_supported(const GemmParams& p, const TcLinearScratch& s);
 // x (fp32 holding bf16 values: copied to bf16 exactly) times a bf16 weight on the tensor cores,
 // rounding to bf16 when p.round_bf16. Same contract as kernels::cuda::gemm up to summation order.
-void gemm_bf16_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st);
+// x_ready: s already holds x's bf16 copy (as gemm_fp8_linear's).
+void gemm_bf16_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend backend, cudaStream_t st,
+                      bool x_ready = false);
 
 // bf16 copy of fp32 values that hold bf16 values (exact; other values round to nearest even):
 // dst[r * ldd + c] = bf16(src[r * lds + c]), r < rows, c < cols.

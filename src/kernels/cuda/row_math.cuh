@@ -20,6 +20,12 @@ struct NormSmem {
   float sq[kNormChunk];
 };
 
+// The bf16 chain's scale 1 / RMS from the row's sum of bf16-rounded squares (summed in index order).
+__device__ __forceinline__ float bf16_chain_rs(float sum, int64_t dim, float eps) {
+  const float mean = round_bf16(div_rn(sum, static_cast<float>(dim)));
+  return round_bf16(div_rn(1.0f, sqrtf(round_bf16(add_rn(mean, eps)))));
+}
+
 // y[0, dim) = RMSNorm(x[0, dim)) as rms_norm's mode `mode` (y may equal x). Called by every thread
 // of a block of kNormThreads threads; ends with a barrier (the smem may be reused, y read by any thread).
 __device__ __forceinline__ void rms_norm_row(const float* x, float* y, int64_t dim, const float* weight,
@@ -37,10 +43,7 @@ __device__ __forceinline__ void rms_norm_row(const float* x, float* y, int64_t d
         for (int64_t i = 0; i < n; ++i) sum = add_rn(sum, sm.sq[i]);
       __syncthreads();
     }
-    if (threadIdx.x == 0) {
-      const float mean = round_bf16(div_rn(sum, static_cast<float>(dim)));
-      sm.rs = round_bf16(div_rn(1.0f, sqrtf(round_bf16(add_rn(mean, eps)))));
-    }
+    if (threadIdx.x == 0) sm.rs = bf16_chain_rs(sum, dim, eps);
     __syncthreads();
     const float rs = sm.rs;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -68,22 +71,33 @@ __device__ __forceinline__ void rms_norm_row(const float* x, float* y, int64_t d
 // RoPE of one interleaved pair x[0], x[1] (frequency inv_freq_i) at position pos: separately rounded
 // products (no FMA), cos/sin the double-precision sincos rounded to float (the correctly rounded
 // values, as glibc's cosf/sinf give the CPU op).
-__device__ __forceinline__ void rope_pair(float* x, int64_t pos, float inv_freq_i, bool inverse, bool round_out) {
+// (cos, sin) of the pair's angle; a table of these (one per token and pair) lets the rows of a
+// token share them (norm_rope's prefill kernels).
+__device__ __forceinline__ float2 rope_cos_sin(int64_t pos, float inv_freq_i) {
   const float ang = mul_rn(static_cast<float>(pos), inv_freq_i);
   double sd, cd;
   sincos(static_cast<double>(ang), &sd, &cd);
-  float sn = static_cast<float>(sd);
-  const float c = static_cast<float>(cd);
-  if (inverse) sn = -sn;
-  const float a = x[0], b = x[1];
+  return make_float2(static_cast<float>(cd), static_cast<float>(sd));
+}
+
+// The pair (a, b) rotated by cs = rope_cos_sin(...).
+__device__ __forceinline__ void rope_rotate(float& a, float& b, float2 cs, bool inverse, bool round_out) {
+  const float c = cs.x, sn = inverse ? -cs.y : cs.y;
   float re = sub_rn(mul_rn(a, c), mul_rn(b, sn));
   float im = add_rn(mul_rn(a, sn), mul_rn(b, c));
   if (round_out) {
     re = round_bf16(re);
     im = round_bf16(im);
   }
-  x[0] = re;
-  x[1] = im;
+  a = re;
+  b = im;
+}
+
+__device__ __forceinline__ void rope_pair(float* x, int64_t pos, float inv_freq_i, bool inverse, bool round_out) {
+  float a = x[0], b = x[1];
+  rope_rotate(a, b, rope_cos_sin(pos, inv_freq_i), inverse, round_out);
+  x[0] = a;
+  x[1] = b;
 }
 
 // RoPE of the rope_dim dims at x (one head's tail) by the threads of a block; no barrier.

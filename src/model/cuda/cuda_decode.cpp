@@ -97,6 +97,7 @@ void CudaModel::Impl::dec_norm_rows(float* xx, int64_t rows, int64_t dim, const 
   dec_pack(xx, rows, dim, weight, xx);  // bit for bit norm_rows' output, plus the codes
   dec.packed_x = xx;
   dec.packed_rows = rows;
+  dec.packed_dim = dim;
 }
 
 // The layer halves' hc_pre + dec_norm_rows as one kernel: the same x, post, comb and codes.
@@ -110,6 +111,7 @@ bool CudaModel::Impl::dec_hc_pre_norm(const kernels::HcPreParams& p, const float
   kc::hc_pre_pack(p, k, stream);
   dec.packed_x = p.x;
   dec.packed_rows = p.tokens;
+  dec.packed_dim = p.dim;
   return true;
 }
 

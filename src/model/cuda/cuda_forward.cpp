@@ -9,6 +9,7 @@
 // model's stream, whichever path (generic, decode-size, tensor-core prefill) computed the partials.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "common/check.h"
 #include "common/comm.h"
@@ -257,8 +258,11 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   }
 
   section(OpClass::kSharedExperts);
-  linear(m.sh_w1, xx, n, sh_g.get());
-  linear(m.sh_w3, xx, n, sh_u.get());
+  {
+    TcShare share(*this, xx);  // sh_w1 and sh_w3 read x: quantized once (prefill rows)
+    linear(m.sh_w1, xx, n, sh_g.get());
+    linear(m.sh_w3, xx, n, sh_u.get());
+  }
   kernels::SwigluParams sw;
   sw.gate = sh_g.get();
   sw.up = sh_u.get();
@@ -296,13 +300,19 @@ void CudaModel::Impl::q_and_kv(const DAttn& at, const float* xx, int64_t n, cons
                                const int64_t* positions) {
   section(OpClass::kDense);
   if (!dec_q_and_kv(at, xx, n)) {  // decode-size kernels (cuda_decode.cpp)
-    linear(at.wq_a, xx, n, qr.get());
+    {
+      TcShare share(*this, xx);  // wq_a and wkv read x: quantized once (prefill rows)
+      linear(at.wq_a, xx, n, qr.get());
+      linear(at.wkv, xx, n, kv.get());
+    }
     norm_rows(qr.get(), n, cfg.q_lora_rank, at.q_norm);
+    TcShare share(*this, qr.get());  // wq_b and the indexer's wq_b read the normed qr
     linear(at.wq_b, qr.get(), n, q.get());
-    linear(at.wkv, xx, n, kv.get());
+    if (at.has_indexer) linear(at.idx_wq_b, qr.get(), n, iq.get());
+  } else if (at.has_indexer) {
+    // The indexer's query projection of the normed qr (done already when dec_q_and_kv grouped it with wq_b).
+    linear(at.idx_wq_b, qr.get(), n, iq.get());
   }
-  // The indexer's query projection of the normed qr (done already when dec_q_and_kv grouped it with wq_b).
-  if (at.has_indexer) linear(at.idx_wq_b, qr.get(), n, iq.get());
   if (n == 0) return;
   // q's per-head RMSNorm (bf16 chain) and RoPE, the indexer query heads' RoPE, Hadamard and FP4 round
   // trip, kv's RMSNorm (kv_norm), RoPE and record: one kernel.
@@ -425,6 +435,9 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   dec_x_projections(at, ratio, x.get(), n, tmp_kv.get(), tmp_gate.get(), tmp_ikv.get(), tmp_igate.get());
   section(OpClass::kAttention);
 
+  // The compressors' wkv and wgate and the indexer's weights_proj read x: one bf16 copy (prefill rows).
+  std::optional<TcShare> share_x;
+  share_x.emplace(*this, x.get());
   if (ratio)
     run_compressor(at.comp, L.comp_off, lay.comp_ring[layer], comp_rows.get(), L.pool_main, x.get(), n, tmp_kv.get(),
                    tmp_gate.get());
@@ -444,6 +457,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) /
                                           std::sqrt(static_cast<double>(cfg.index_n_heads)));
   if (at.has_indexer) linear(at.idx_wproj, x.get(), n, iw.get());  // iq: projected, rotated and FP4-rounded by q_and_kv
+  share_x.reset();
   if (csa && max_vis4 > 0) {
     // Scores and top-k in chunks of rows that the score buffer and the top-k's work hold. (Under
     // tensor parallelism the bf16 scores are summed over ranks before the top-k: then the indexer

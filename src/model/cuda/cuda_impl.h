@@ -294,6 +294,31 @@ struct CudaModel::Impl {
   // Each returns false when the shape has no tensor-core path (the caller runs the GEMV kernels).
   bool linear_tc(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy = 0);
   bool gemm_bf16_tc(const kernels::GemmParams& p);
+  // Linears that share an input convert it once (FP8 codes, bf16 copy) inside a TcShare scope: the
+  // scope names an input its code does not write; a conversion of it still held in the scratch (the
+  // same rows, k and stride, no other input converted since) is reused. Outside a scope: never.
+  struct TcHeld {
+    const float* x = nullptr;
+    int64_t m = 0, k = 0, ldx = 0;
+    bool operator==(const TcHeld&) const = default;
+  };
+  const float* tc_share_src = nullptr;
+  TcHeld tc_codes_of, tc_xb_of;  // what the scratch's codes / bf16 copy hold (in the scope)
+  struct TcShare {
+    Impl& im;
+    TcShare(Impl& i, const float* src) : im(i) {
+      im.tc_share_src = src;
+      im.tc_codes_of = {};
+      im.tc_xb_of = {};
+    }
+    ~TcShare() {
+      im.tc_share_src = nullptr;
+      im.tc_codes_of = {};
+      im.tc_xb_of = {};
+    }
+    TcShare(const TcShare&) = delete;
+    TcShare& operator=(const TcShare&) = delete;
+  };
   bool moe_routed_tc(const cuda_model::DMoE& mo, const float* x, int64_t n);  // -> pair_out
 
   // ---- decode-size kernels (cuda_decode.cpp): each returns false, launching nothing, when the

@@ -141,7 +141,17 @@ bool CudaModel::Impl::linear_tc(const DLinear& l, const float* xx, int64_t m, fl
   p.quantize_x_block = l.act_quant ? 128 : 0;
   if (l.w.format == kernels::WeightFormat::kFp8Block) {
     if (!kernels::cuda::fp8_linear_supported(p, tc)) return false;
-    kernels::cuda::gemm_fp8_linear(p, tc, kernels::cuda::TcBackend::kAuto, stream);
+    if (dec.packed_x == xx && dec.packed_rows == m && dec.packed_dim == p.k) {
+      // x's codes from its norm (hc_pre_pack / dec_norm_rows): the same act_quant, so no quantization.
+      kernels::cuda::gemm_fp8_linear_packed(p, dec.codes.get(), dec.scales.get(), tc, kernels::cuda::TcBackend::kAuto,
+                                            stream);
+      tc_codes_of = {};  // the scratch's scales are x's now, its codes not
+      return true;
+    }
+    const TcHeld held{xx, m, p.k, p.k};  // x's rows are dense (p.ldx unset)
+    const bool ready = tc_share_src != nullptr && xx == tc_share_src && tc_codes_of == held;
+    kernels::cuda::gemm_fp8_linear(p, tc, kernels::cuda::TcBackend::kAuto, stream, ready);
+    tc_codes_of = tc_share_src ? held : TcHeld{};
     return true;
   }
   if (l.w.format == kernels::WeightFormat::kBf16 && !l.act_quant) return gemm_bf16_tc(p);
@@ -157,7 +167,10 @@ bool CudaModel::Impl::gemm_bf16_tc(const kernels::GemmParams& p) {
     q.w = it->second;
   }
   if (!kernels::cuda::bf16_linear_supported(q, tc)) return false;
-  kernels::cuda::gemm_bf16_linear(q, tc, kernels::cuda::TcBackend::kAuto, stream);
+  const TcHeld held{q.x, q.m, q.batch * q.k, q.ldx > 0 ? q.ldx : q.k};
+  const bool ready = tc_share_src != nullptr && q.x == tc_share_src && tc_xb_of == held;
+  kernels::cuda::gemm_bf16_linear(q, tc, kernels::cuda::TcBackend::kAuto, stream, ready);
+  tc_xb_of = tc_share_src ? held : TcHeld{};
   return true;
 }
 

@@ -22,8 +22,11 @@ struct DecodePath {
   // The codes in `codes` are those of rows [0, packed_rows) of packed_x, left by dec_norm_rows or
   // dec_hc_pre_norm for the next consumer (q/kv or the MoE), which clears it; any other pack
   // clears it too.
+  // Prefill rows (cuda_prefill.cpp's linear_tc) read them too, without clearing: x's FP8 linears
+  // then skip their own quantization.
   const float* packed_x = nullptr;
   int64_t packed_rows = 0;
+  int64_t packed_dim = 0;  // the codes' columns (row stride)
   // Projections already computed by a grouped launch (the indexer's wq_b with wq_b; the
   // compressors' and the indexer weights' projections of x): the linear() call that asks for one
   // with the same input, output, rows, rounding and output stride returns at once. Cleared at the start of every layer's
