@@ -202,16 +202,18 @@ TEST(CudaSnapshot, RecycledBufferHoldsItsNewSlotAndBadNumbersChangeNothing) {
   m.reset(2);
   ASSERT_TRUE(m.load_snapshot(2, 1).ok());
   EXPECT_EQ(m.slot_length(2), 261);
-  // Slot 2 (B's state, B's blocks) and slot 1 continue B with the same tokens: the same logits, bit
-  // for bit. Slot 2 first, then slot 1 rewrites the same records with the same values.
+  // Slot 2 (B's state, B's blocks) and slot 1 continue B with the same 12 tokens (eager steps, more
+  // than a graph step's): the same logits, bit for bit. Slot 2 first, then slot 1 rewrites the same
+  // records with the same values.
   const int64_t V = m.vocab_size();
   StepOutput o2, o1;
   b.seqs.clear();
-  b.seqs.push_back({2, 261, std::span<const int32_t>(toks_b.data() + 261, 3), tb, LogitsMode::kAll, false});
+  b.seqs.push_back({2, 261, std::span<const int32_t>(toks_b.data() + 261, 12), tb, LogitsMode::kAll, false});
   ASSERT_TRUE(m.forward(b, &o2).ok());
   b.seqs[0].slot = 1;
   ASSERT_TRUE(m.forward(b, &o1).ok());
-  std::vector<float> l2(o2.logits.begin(), o2.logits.begin() + 3 * V), l1(o1.logits.begin(), o1.logits.begin() + 3 * V);
+  std::vector<float> l2(o2.logits.begin(), o2.logits.begin() + 12 * V),
+      l1(o1.logits.begin(), o1.logits.begin() + 12 * V);
   const std::string diff = first_bit_difference(l1, l2, V);
   std::printf("[cuda-snapshot] recycled buffer: slot loaded from it vs the slot it was saved from: %s\n",
               diff.empty() ? "bit-identical" : diff.c_str());
@@ -234,7 +236,7 @@ TEST(CudaSnapshot, EnginePrefixHitRestoresFromTheDeviceAndMatchesTheColdRun) {
   auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   std::string text;
-  for (int i = 1; i <= 140; ++i) text += std::to_string(i) + " ";
+  for (int i = 1; i <= 200; ++i) text += std::to_string(i) + " ";  // about 410 tokens
   const std::vector<int32_t> prompt = (*tok)->encode("<｜begin▁of▁sentence｜><｜User｜>Continue: " + text +
                                                       "<｜Assistant｜></think>");
   ASSERT_GT(prompt.size(), 300u) << "the prompt must cover more than one block";
