@@ -72,7 +72,7 @@ nlohmann::json prefill_kernels(cudaStream_t s, double copy_bps, const TimeCalls&
   kc::random_fill(kv.get(), kv.size(), kc::RandomFill::kF32Bf16, 34, s, 2.0f);
   const KvRecordLayout rec = KvRecordLayout::make(KvRecordKind::kFp8, static_cast<int>(D), rope_dim);
   kc::DeviceBuffer<uint8_t> records(static_cast<size_t>(T * rec.bytes));
-  auto args = [&](bool qh, bool ih, bool keys) {
+  auto args = [&](bool qh, bool ih, bool keys, int rpb) {
     NormRopeArgs a;
     if (qh) {
       a.q = q.get();
@@ -95,15 +95,21 @@ nlohmann::json prefill_kernels(cudaStream_t s, double copy_bps, const TimeCalls&
     a.inv_freq = dinv.get();
     a.rope_dim = rope_dim;
     a.tokens = T;
+    a.rows_per_block = rpb;
     return a;
   };
   const double qb = 2.0 * T * H * D * 4, ib = 2.0 * T * IH * ID * 4, kb = 2.0 * T * D * 4 + T * rec.bytes;
-  // One block per row (query head, indexer query head, key row): the decode kernel at prefill rows.
-  tab.add("norm_rope q heads 32 x 512", qb, [&](int) { cuda_model::norm_rope(args(true, false, false), s); });
-  tab.add("norm_rope indexer q heads 32 x 128", ib, [&](int) { cuda_model::norm_rope(args(false, true, false), s); });
-  tab.add("norm_rope key rows 512 + fp8 records", kb, [&](int) { cuda_model::norm_rope(args(false, false, true), s); });
+  for (int rpb : {0, 1}) {
+    const std::string tail = rpb == 0 ? " (prefill kernel)" : " (decode kernel)";
+    tab.add("norm_rope q heads 32 x 512" + tail, qb,
+            [&](int) { cuda_model::norm_rope(args(true, false, false, rpb), s); });
+    tab.add("norm_rope indexer q heads 32 x 128" + tail, ib,
+            [&](int) { cuda_model::norm_rope(args(false, true, false, rpb), s); });
+  }
+  tab.add("norm_rope key rows 512 + fp8 records", kb,
+          [&](int) { cuda_model::norm_rope(args(false, false, true, 0), s); });
   tab.add("norm_rope CSA layer: q + indexer q + kv", qb + ib + kb,
-          [&](int) { cuda_model::norm_rope(args(true, true, true), s); });
+          [&](int) { cuda_model::norm_rope(args(true, true, true, 0), s); });
 
   // ---- FP8 activation quantization (quant_kernel) and the bf16 copy (f32_to_bf16_rows).
   const int64_t K = hidden, sld = (T + 3) / 4 * 4;

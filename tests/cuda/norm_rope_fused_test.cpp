@@ -187,6 +187,7 @@ TEST(CudaNormRope, EqualsTheOpSequence) {
     // The fused kernel.
     DeviceBuffer<float> q1 = to_dev(q), k1 = to_dev(k), iq1 = to_dev(iq);
     auto r1 = poisoned<uint8_t>(static_cast<size_t>(T * rec_bytes));
+    int rpb = 0;  // NormRopeArgs::rows_per_block
     auto fused = [&] {
       NormRopeArgs a;
       a.q = H > 0 ? q1.get() : nullptr;
@@ -207,9 +208,19 @@ TEST(CudaNormRope, EqualsTheOpSequence) {
       a.rope_dim = rope_dim;
       a.tokens = T;
       a.eps = eps;
+      a.rows_per_block = rpb;
       cuda_model::norm_rope(a, kStream);
     };
     sequence();
+    // Every kernel choice: by the row count (these rows: the decode kernel), and the prefill kernels
+    // with 2 and 16 query heads per block (blocks spanning tokens, ragged last blocks).
+    for (const int choice : {0, 2, 16}) {
+    SCOPED_TRACE(::testing::Message() << "rows_per_block " << choice);
+    rpb = choice;
+    upload(q1, q);
+    upload(k1, k);
+    upload(iq1, iq);
+    poison(r1);
     fused();
     const std::vector<float> gq = to_host(q1), gk = to_host(k1), wq = to_host(q0), wk = to_host(k0);
     const std::vector<float> giq = to_host(iq1), wiq = to_host(iq0);
@@ -236,11 +247,80 @@ TEST(CudaNormRope, EqualsTheOpSequence) {
       for (int64_t d = 0; d < D; ++d) nan += std::isnan(gk[2 * D + d]);
       EXPECT_EQ(nan, static_cast<size_t>(D)) << "the NaN key row: NaN throughout";
     }
-    if (T == 1 && D == 512 && H > 0)
+    if (T == 1 && D == 512 && H > 0 && choice == 0)
       std::printf("[cuda perf] norm_rope tokens %lld heads %lld indexer heads %lld: fused %.1f us, the %d-launch "
                   "sequence %.1f us\n",
                   static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(IH), median_us(fused),
                   2 + (c.keys ? 3 : 0) + (IH > 0 ? 3 : 0), median_us(sequence));
+    }
+  }
+  TANDEM_REQUIRE_GPU();
+}
+
+// The prefill kernels at prefill row counts against the decode kernel (EqualsTheOpSequence ties
+// that one to the ops), bit for bit: the model's rank shapes (32 heads of 512, 32 indexer heads of
+// 128) at 1, 97 and 4,096 tokens, and odd shapes whose blocks span tokens with ragged tails (3 heads
+// of 128, indexer heads of 64 and 256). A NaN in one query row and one indexer row stays in its row.
+TEST(CudaNormRope, PrefillKernelsEqualTheDecodeKernel) {
+  struct Shape {
+    int64_t tokens, heads;
+    int dim;
+    int64_t iheads;
+    int idim;
+  };
+  const Shape shapes[] = {{1, 32, 512, 32, 128}, {97, 32, 512, 32, 128}, {4096, 32, 512, 32, 128},
+                          {131, 3, 128, 5, 64},  {200, 7, 256, 3, 256},  {129, 1, 512, 0, 128}};
+  const int rope_dim = 64;
+  const std::vector<float> inv = yarn_inv_freq(rope_dim);
+  uint64_t seed = 7000;
+  for (const Shape& c : shapes) {
+    const int64_t T = c.tokens, H = c.heads, D = c.dim, IH = c.iheads, ID = c.idim;
+    SCOPED_TRACE(::testing::Message() << "tokens " << T << " heads " << H << " x " << D << " indexer heads " << IH
+                                      << " x " << ID);
+    std::vector<float> q = scaled_rows(T * H, D, seed), iq = scaled_rows(T * IH, ID, seed + 1000000);
+    seed += 17;
+    if (T * H > 5) q[5 * D + 3] = std::numeric_limits<float>::quiet_NaN();
+    if (T * IH > 9) iq[9 * ID + 1] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[t] = (t * 7919 * 131 + 17) % 1000003;
+    if (!have_gpu()) continue;
+    DeviceBuffer<float> dinv = to_dev(inv);
+    DeviceBuffer<int64_t> dpos = to_dev(pos);
+    DeviceBuffer<float> q0 = to_dev(q), iq0 = to_dev(iq), q1 = to_dev(q), iq1 = to_dev(iq);
+    auto run = [&](DeviceBuffer<float>& dq, DeviceBuffer<float>& diq, int rpb) {
+      NormRopeArgs a;
+      a.q = H > 0 ? dq.get() : nullptr;
+      a.heads = H;
+      a.q_dim = static_cast<int>(D);
+      a.iq = IH > 0 ? diq.get() : nullptr;
+      a.iheads = IH;
+      a.iq_dim = static_cast<int>(ID);
+      a.positions = dpos.get();
+      a.inv_freq = dinv.get();
+      a.rope_dim = rope_dim;
+      a.tokens = T;
+      a.rows_per_block = rpb;
+      cuda_model::norm_rope(a, kStream);
+    };
+    run(q0, iq0, 1);  // the decode kernel
+    const std::vector<float> wq = to_host(q0), wiq = to_host(iq0);
+    for (const int choice : {0, 2, 5, 16, 32}) {
+      if (choice == 0 && T < cuda_model::kNormRopePrefillTokens) continue;  // that is the decode kernel
+      SCOPED_TRACE(::testing::Message() << "rows_per_block " << choice);
+      upload(q1, q);
+      upload(iq1, iq);
+      run(q1, iq1, choice);
+      EXPECT_TRUE(same_bits(to_host(q1), wq)) << "q (index / " << D << " = token * heads + head)";
+      EXPECT_TRUE(same_bits(to_host(iq1), wiq)) << "indexer q (index / " << ID << " = token * iheads + head)";
+    }
+    size_t changed = 0;
+    for (size_t i = 0; i < q.size(); ++i) changed += std::memcmp(&q[i], &wq[i], 4) != 0;
+    EXPECT_GT(changed, q.size() / 2) << "the decode kernel rewrote q";
+    if (T * H > 5) {
+      size_t nan = 0;
+      for (int64_t d = 0; d < D; ++d) nan += std::isnan(wq[5 * D + d]);
+      EXPECT_EQ(nan, static_cast<size_t>(D)) << "the NaN query row: NaN throughout";
+    }
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -53,9 +53,22 @@ struct NormRopeArgs {
   int rope_dim = 64;
   int64_t tokens = 0;
   float eps = 1e-6f;                   // both RMSNorms
+  // The kernels: 0 = by the row count (tokens >= kNormRopePrefillTokens: the prefill kernels);
+  // 1 = one block per row (the decode kernel); 2..32 = the prefill kernels with up to this many query
+  // heads per block (capped by what fits; the tests pin it). Every choice gives the same bits.
+  int rows_per_block = 0;
 };
 
-// One block per query head, indexer query head and key row; graph-capturable, launched with PDL.
+constexpr int64_t kNormRopePrefillTokens = 128;
+
+// Decode rows: one block per query head, indexer query head and key row. Prefill rows: several query
+// heads per block, a warp per indexer query head, then the key rows as decode. Graph-capturable,
+// launched with PDL (up to three launches).
 void norm_rope(const NormRopeArgs& a, cudaStream_t s);
+
+// The query heads per block the prefill kernel would take for `a` (1: it does not fit `a`'s shapes).
+int norm_rope_q_rows_per_block(const NormRopeArgs& a);
+// Whether the indexer's query heads fit the warp-per-row prefill kernel (iq_dim 64, 128 or 256).
+bool norm_rope_iq_warp_fits(const NormRopeArgs& a);
 
 }  // namespace tandem::cuda_model

@@ -13,6 +13,7 @@ std::vector<kernels::cuda::SmemBound> dynamic_smem_bounds(const ModelConfig& c) 
   std::vector<kernels::cuda::SmemBound> out = attention_smem_bounds();
   if (c.has_dspark()) out.push_back(draft_attention_smem_bound(c.sliding_window, c.dspark_block_size, c.head_dim));
   out.push_back(indexer_smem_bound());
+  out.push_back(norm_rope_smem_bound());
   out.push_back(moe_up_smem_bound(c.hidden_size));
   out.push_back(moe_down_smem_bound(c.moe_intermediate_size));
   out.push_back(expert_smem_bound());
