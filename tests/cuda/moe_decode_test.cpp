@@ -544,6 +544,48 @@ TEST(CudaMoeDecode, NanWeightScaleMakesItsRowsNan) {
   }
 }
 
+// moe_decode runs the shared expert's up projection before the experts-up kernel's dependency wait
+// (over the gate + routing kernel's run; the ring then starts over for the routed items); the three
+// kernels called one by one run it after the wait. Every buffer the call writes must have the same
+// bits both ways: batch 1 (every routed expert one row), 16 (one m tile), 48 and 96 (two m tiles;
+// at 96 the 384 shared items at full width outnumber the grid, so a CTA does two shared items
+// before the wait), and local expert ranges down to one expert (a rank with no routed item, whose
+// lead must not release the reduction buffer for an item that never comes).
+TEST(CudaMoeDecode, EarlySharedExpertEqualsThePlainLaunch) {
+  TANDEM_REQUIRE_GPU();
+  const Layer F = make_layer(4096, 2048, 8, 6, 1200);
+  const Layer N = make_layer(512, 256, 32, 6, 1300);
+  for (const auto& [layer, m, begin, count, routed_only] :
+       {std::tuple<const Layer*, int64_t, int, int, bool>{&F, 1, 0, 8, false}, {&F, 16, 0, 8, false},
+        {&F, 48, 0, 8, false}, {&F, 96, 0, 8, false}, {&F, 1, 3, 1, true}, {&N, 1, 0, 32, false},
+        {&N, 1, 31, 1, true}, {&N, 6, 20, 1, true}, {&N, 8, 16, 16, true}, {&N, 96, 0, 32, false}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << layer->d.dim << " tokens " << m << " local " << begin << ".."
+                                      << begin + count - 1);
+    const std::vector<float> x = act_rows(m, layer->d.dim, 90 + m);
+    MoeRun early, plain;
+    prepare(early, *layer, x, m, m, false, begin, count, routed_only);
+    prepare(plain, *layer, x, m, m, false, begin, count, routed_only);
+    ASSERT_TRUE(cuda_model::moe_decode_supports(early.args));
+    cuda_model::moe_decode(early.args, kStream);
+    cuda_model::moe_gate_route(plain.args, kStream);
+    cuda_model::moe_experts_up(plain.args, kStream);
+    cuda_model::moe_experts_down(plain.args, kStream);
+    const int64_t local = fetch(early.buf.active, 1)[0];
+    const MoeDecodeDims& d = early.args.dims;
+    const size_t R = static_cast<size_t>(m * (d.topk + 1)), P = static_cast<size_t>(m * d.topk);
+    const size_t I = static_cast<size_t>(d.inter), D = static_cast<size_t>(d.dim);
+    EXPECT_TRUE(same_bits(fetch(early.buf.act, R * I), fetch(plain.buf.act, R * I))) << "act (" << local << " experts)";
+    EXPECT_TRUE(same_values(fetch(early.buf.act_codes, R * I), fetch(plain.buf.act_codes, R * I))) << "act codes";
+    EXPECT_TRUE(same_values(fetch(early.buf.act_scales, R * (I / 128)), fetch(plain.buf.act_scales, R * (I / 128))))
+        << "act scales";
+    EXPECT_TRUE(same_bits(fetch(early.buf.pair_out, P * D), fetch(plain.buf.pair_out, P * D))) << "pair outputs";
+    const size_t MD = static_cast<size_t>(m) * D;
+    EXPECT_TRUE(same_bits(fetch(early.buf.shared_out, MD), fetch(plain.buf.shared_out, MD))) << "shared";
+    EXPECT_TRUE(same_bits(to_host(early.y), to_host(plain.y))) << "y";
+    if (layer == &N && m == 1 && count == 32) check_stages(early, *layer);
+  }
+}
+
 TEST(CudaMoeDecode, GraphReplayEqualsEager) {
   TANDEM_REQUIRE_GPU();
   const Layer L = make_layer(512, 256, 32, 6, 600);
