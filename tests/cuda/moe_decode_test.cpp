@@ -555,35 +555,58 @@ TEST(CudaMoeDecode, EarlySharedExpertEqualsThePlainLaunch) {
   TANDEM_REQUIRE_GPU();
   const Layer F = make_layer(4096, 2048, 8, 6, 1200);
   const Layer N = make_layer(512, 256, 32, 6, 1300);
-  for (const auto& [layer, m, begin, count, routed_only] :
-       {std::tuple<const Layer*, int64_t, int, int, bool>{&F, 1, 0, 8, false}, {&F, 16, 0, 8, false},
-        {&F, 48, 0, 8, false}, {&F, 96, 0, 8, false}, {&F, 1, 3, 1, true}, {&N, 1, 0, 32, false},
-        {&N, 1, 31, 1, true}, {&N, 6, 20, 1, true}, {&N, 8, 16, 16, true}, {&N, 96, 0, 32, false}}) {
-    SCOPED_TRACE(::testing::Message() << "dim " << layer->d.dim << " tokens " << m << " local " << begin << ".."
-                                      << begin + count - 1);
-    const std::vector<float> x = act_rows(m, layer->d.dim, 90 + m);
+  // An expert no token of x chooses (the routing of a full-range call), for a rank without work.
+  auto unchosen = [&](const Layer& L, const std::vector<float>& x, int64_t m) {
+    MoeRun r;
+    prepare(r, L, x, m, m, false, 0, L.d.n_experts, false);
+    cuda_model::moe_gate_route(r.args, kStream);
+    const std::vector<int32_t> ids = fetch(r.buf.expert_ids, static_cast<size_t>(m * L.d.topk));
+    for (int e = L.d.n_experts - 1; e >= 0; --e)
+      if (std::find(ids.begin(), ids.end(), e) == ids.end()) return e;
+    return -1;
+  };
+  struct Case {
+    const Layer* layer;
+    int64_t m;
+    int begin, count;
+    bool routed_only;
+  };
+  std::vector<Case> cases = {{&F, 1, 0, 8, false},  {&F, 16, 0, 8, false}, {&F, 48, 0, 8, false},
+                             {&F, 96, 0, 8, false}, {&F, 1, 3, 1, true},   {&N, 1, 0, 32, false},
+                             {&N, 6, 20, 1, true},  {&N, 8, 16, 16, true}, {&N, 96, 0, 32, false}};
+  const int idle = unchosen(N, act_rows(1, N.d.dim, 91), 1);
+  ASSERT_GE(idle, 0);
+  cases.push_back({&N, 1, idle, 1, true});
+  int without_work = 0;
+  for (const Case& c : cases) {
+    const Layer& L = *c.layer;
+    const int64_t m = c.m;
+    SCOPED_TRACE(::testing::Message() << "dim " << L.d.dim << " tokens " << m << " local " << c.begin << ".."
+                                      << c.begin + c.count - 1);
+    const std::vector<float> x = act_rows(m, L.d.dim, 90 + m);
     MoeRun early, plain;
-    prepare(early, *layer, x, m, m, false, begin, count, routed_only);
-    prepare(plain, *layer, x, m, m, false, begin, count, routed_only);
+    prepare(early, L, x, m, m, false, c.begin, c.count, c.routed_only);
+    prepare(plain, L, x, m, m, false, c.begin, c.count, c.routed_only);
     ASSERT_TRUE(cuda_model::moe_decode_supports(early.args));
     cuda_model::moe_decode(early.args, kStream);
     cuda_model::moe_gate_route(plain.args, kStream);
     cuda_model::moe_experts_up(plain.args, kStream);
     cuda_model::moe_experts_down(plain.args, kStream);
-    const int64_t local = fetch(early.buf.active, 1)[0];
+    const int local = fetch(early.buf.active, 1)[0];
+    without_work += local == 0;
     const MoeDecodeDims& d = early.args.dims;
     const size_t R = static_cast<size_t>(m * (d.topk + 1)), P = static_cast<size_t>(m * d.topk);
-    const size_t I = static_cast<size_t>(d.inter), D = static_cast<size_t>(d.dim);
+    const size_t I = static_cast<size_t>(d.inter), D = static_cast<size_t>(d.dim), MD = static_cast<size_t>(m) * D;
     EXPECT_TRUE(same_bits(fetch(early.buf.act, R * I), fetch(plain.buf.act, R * I))) << "act (" << local << " experts)";
     EXPECT_TRUE(same_values(fetch(early.buf.act_codes, R * I), fetch(plain.buf.act_codes, R * I))) << "act codes";
     EXPECT_TRUE(same_values(fetch(early.buf.act_scales, R * (I / 128)), fetch(plain.buf.act_scales, R * (I / 128))))
         << "act scales";
     EXPECT_TRUE(same_bits(fetch(early.buf.pair_out, P * D), fetch(plain.buf.pair_out, P * D))) << "pair outputs";
-    const size_t MD = static_cast<size_t>(m) * D;
     EXPECT_TRUE(same_bits(fetch(early.buf.shared_out, MD), fetch(plain.buf.shared_out, MD))) << "shared";
     EXPECT_TRUE(same_bits(to_host(early.y), to_host(plain.y))) << "y";
-    if (layer == &N && m == 1 && count == 32) check_stages(early, *layer);
+    if (c.layer == &N && m == 1 && c.count == 32) check_stages(early, L);
   }
+  EXPECT_GE(without_work, 1) << "no case left the rank without a routed expert";
 }
 
 TEST(CudaMoeDecode, GraphReplayEqualsEager) {
