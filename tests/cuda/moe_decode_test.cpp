@@ -18,6 +18,8 @@
 // end-to-end comparison with the CPU composition (forward.cpp's moe) as a sanity check.
 #include <algorithm>
 #include <map>
+#include <string>
+#include <type_traits>
 
 #include "cuda/decode_test_util.h"
 #include "model/cuda/moe_decode.h"
@@ -506,7 +508,9 @@ TEST(CudaMoeDecode, NanWeightScaleMakesItsRowsNan) {
       if (tp) *tp = fetch(r.buf.token_pair, static_cast<size_t>(m * K));
       return fetch(r.buf.pair_out, static_cast<size_t>(m * K * D));
     };
-    std::vector<int32_t> ids, tp;
+    // Each run's pair rows through its own token_pair (the order of an expert's pairs is the
+    // routing's atomics', not fixed from run to run).
+    std::vector<int32_t> ids, tp, tp2, tp1;
     const std::vector<float> clean = run(&ids, &tp);
     const int e = ids[0];  // the first token's first expert
     // Each matrix: the expert's weight row `row`, its third-to-last 32-k group.
@@ -518,30 +522,149 @@ TEST(CudaMoeDecode, NanWeightScaleMakesItsRowsNan) {
     const int64_t row2 = 37 % D;
     const std::vector<uint8_t> w2_scale = L.w2.scale;
     poison(L.w2, D, row2);
-    const std::vector<float> got2 = run(nullptr, nullptr);
+    const std::vector<float> got2 = run(nullptr, &tp2);
     const int64_t row1 = 5 % I;
     L.w2.scale = w2_scale;  // w2 as before
     L.w2.dscale = to_dev(L.w2.scale);
     poison(L.w1, I, row1);
-    const std::vector<float> got1 = run(nullptr, nullptr);
+    const std::vector<float> got1 = run(nullptr, &tp1);
     int bad2 = 0, bad1 = 0;
     for (int64_t p = 0; p < m * K; ++p) {
       ASSERT_GE(tp[p], 0);
-      const int64_t pos = tp[p];
+      ASSERT_GE(tp2[p], 0);
+      ASSERT_GE(tp1[p], 0);
       for (int64_t c = 0; c < D; ++c) {
-        const size_t i = static_cast<size_t>(pos * D + c);
+        const size_t i = static_cast<size_t>(tp[p] * D + c);
+        const size_t i2 = static_cast<size_t>(tp2[p] * D + c), i1 = static_cast<size_t>(tp1[p] * D + c);
         const bool nan2 = ids[p] == e && c == row2, nan1 = ids[p] == e;
-        const bool ok2 = nan2 ? std::isnan(got2[i]) : num::f32_bits(got2[i]) == num::f32_bits(clean[i]);
-        const bool ok1 = nan1 ? std::isnan(got1[i]) : num::f32_bits(got1[i]) == num::f32_bits(clean[i]);
+        const bool ok2 = nan2 ? std::isnan(got2[i2]) : num::f32_bits(got2[i2]) == num::f32_bits(clean[i]);
+        const bool ok1 = nan1 ? std::isnan(got1[i1]) : num::f32_bits(got1[i1]) == num::f32_bits(clean[i]);
         if (!ok2 && bad2++ < 3)
           ADD_FAILURE() << "w2 NaN scale (expert " << e << ", row " << row2 << "): pair " << p << " (expert " << ids[p]
-                        << ") column " << c << ": " << got2[i] << ", clean " << clean[i];
+                        << ") column " << c << ": " << got2[i2] << ", clean " << clean[i];
         if (!ok1 && bad1++ < 3)
           ADD_FAILURE() << "w1 NaN scale (expert " << e << ", row " << row1 << "): pair " << p << " (expert " << ids[p]
-                        << ") column " << c << ": " << got1[i] << ", clean " << clean[i];
+                        << ") column " << c << ": " << got1[i1] << ", clean " << clean[i];
       }
     }
   }
+}
+
+// moe_decode runs the shared expert's up projection before the experts-up kernel's dependency wait
+// (over the gate + routing kernel's run; the ring then starts over for the routed items); the three
+// kernels called one by one run it after the wait. Every buffer the call writes must have the same
+// bits both ways: batch 1 (every routed expert one row), 8 (FP8's half m tile), 16 (one m tile), 17
+// (two m tiles, the second of one row), 48 and 96 (two m tiles; at 96 the 384 shared items at full
+// width outnumber the grid, so a CTA does two shared items before the wait), and local expert ranges
+// down to one expert (a rank with no routed item, whose lead must not release the reduction buffer
+// for an item that never comes).
+// The pair rows (act, its codes and scales, pair_out) are compared through each call's token_pair:
+// the order of an expert's pairs is whatever the routing's shared-memory atomics give
+// (moe_decode_route.cu, placement), so two calls may place the same (token, slot) at different rows.
+// Each case runs several times on the same buffers (the data poisoned again between runs, the
+// counters as the last call left them): a race between the early shared items and the routing, or a
+// counter left non-zero, shows up as a difference in some run.
+TEST(CudaMoeDecode, EarlySharedExpertEqualsThePlainLaunch) {
+  TANDEM_REQUIRE_GPU();
+  const Layer F = make_layer(4096, 2048, 8, 6, 1200);
+  const Layer N = make_layer(512, 256, 32, 6, 1300);
+  constexpr int kReps = 4;
+  // An expert no token of x chooses (the routing of a full-range call), for a rank without work.
+  auto unchosen = [&](const Layer& L, const std::vector<float>& x, int64_t m) {
+    MoeRun r;
+    prepare(r, L, x, m, m, false, 0, L.d.n_experts, false);
+    cuda_model::moe_gate_route(r.args, kStream);
+    const std::vector<int32_t> ids = fetch(r.buf.expert_ids, static_cast<size_t>(m * L.d.topk));
+    for (int e = L.d.n_experts - 1; e >= 0; --e)
+      if (std::find(ids.begin(), ids.end(), e) == ids.end()) return e;
+    return -1;
+  };
+  struct Case {
+    const Layer* layer;
+    int64_t m;
+    int begin, count;
+    bool routed_only;
+  };
+  std::vector<Case> cases = {{&F, 1, 0, 8, false},  {&F, 8, 0, 8, false},  {&F, 16, 0, 8, false},
+                             {&F, 17, 0, 8, false}, {&F, 48, 0, 8, false}, {&F, 96, 0, 8, false},
+                             {&F, 1, 3, 1, true},   {&N, 1, 0, 32, false}, {&N, 6, 20, 1, true},
+                             {&N, 8, 16, 16, true}, {&N, 17, 0, 32, false}, {&N, 96, 0, 32, false}};
+  const int idle = unchosen(N, act_rows(1, N.d.dim, 91), 1);
+  ASSERT_GE(idle, 0);
+  cases.push_back({&N, 1, idle, 1, true});
+  // The rows of `v` (len values each) at the pair positions of tp in (token, slot) order, skipping
+  // another rank's pairs (-1); then the shared rows (from row P on), as they are.
+  auto by_pair = [](const auto& v, size_t len, const std::vector<int32_t>& tp, size_t shared_rows) {
+    std::remove_cvref_t<decltype(v)> out;
+    const size_t P = tp.size();
+    for (size_t p = 0; p < P; ++p)
+      if (tp[p] >= 0) out.insert(out.end(), v.begin() + tp[p] * len, v.begin() + (tp[p] + 1) * len);
+    out.insert(out.end(), v.begin() + P * len, v.begin() + (P + shared_rows) * len);
+    return out;
+  };
+  int without_work = 0;
+  for (const Case& c : cases) {
+    const Layer& L = *c.layer;
+    const int64_t m = c.m;
+    const std::vector<float> x = act_rows(m, L.d.dim, 90 + m);
+    MoeRun early, plain;
+    prepare(early, L, x, m, m, false, c.begin, c.count, c.routed_only);
+    prepare(plain, L, x, m, m, false, c.begin, c.count, c.routed_only);
+    ASSERT_TRUE(cuda_model::moe_decode_supports(early.args));
+    const MoeDecodeDims& d = early.args.dims;
+    const int K = d.topk;
+    const size_t R = static_cast<size_t>(m * (K + 1)), P = static_cast<size_t>(m * K);
+    const size_t I = static_cast<size_t>(d.inter), D = static_cast<size_t>(d.dim), MD = static_cast<size_t>(m) * D;
+    const size_t A = static_cast<size_t>(std::min<int64_t>(d.n_experts, m * K));
+    for (int rep = 0; rep < kReps; ++rep) {
+      SCOPED_TRACE(::testing::Message() << "dim " << L.d.dim << " tokens " << m << " local " << c.begin << ".."
+                                        << c.begin + c.count - 1 << " run " << rep);
+      if (rep > 0) {
+        // Poison the data again (not the counters: every call must leave them zero).
+        sync();
+        for (MoeRun* r : {&early, &plain}) {
+          TANDEM_CUDA_CHECK(cudaMemsetAsync(r->mem.get(), 0x7f, cuda_model::moe_decode_data_bytes(d), kStream));
+          TANDEM_CUDA_CHECK(cudaMemsetAsync(r->y.get(), 0xff, r->y.bytes(), kStream));
+        }
+      }
+      cuda_model::moe_decode(early.args, kStream);
+      cuda_model::moe_gate_route(plain.args, kStream);
+      cuda_model::moe_experts_up(plain.args, kStream);
+      cuda_model::moe_experts_down(plain.args, kStream);
+      const std::vector<int32_t> active = fetch(early.buf.active, 2 * A + 2);
+      ASSERT_TRUE(same_values(active, fetch(plain.buf.active, 2 * A + 2))) << "active experts and pair offsets";
+      const int local = active[0];
+      if (rep == 0) without_work += local == 0;
+      const std::vector<int32_t> tpe = fetch(early.buf.token_pair, P), tpp = fetch(plain.buf.token_pair, P);
+      std::vector<int32_t> ptok_e = fetch(early.buf.pair_token, P), ptok_p = fetch(plain.buf.pair_token, P);
+      std::vector<float> pw_e = fetch(early.buf.pair_weight, P), pw_p = fetch(plain.buf.pair_weight, P);
+      for (size_t p = 0; p < P; ++p) {
+        ASSERT_EQ(tpe[p] < 0, tpp[p] < 0) << "pair " << p << " local in one call only";
+        if (tpe[p] < 0) continue;
+        ASSERT_EQ(ptok_e[tpe[p]], static_cast<int32_t>(p / K)) << "early: pair_token of pair " << p;
+        ASSERT_EQ(ptok_p[tpp[p]], static_cast<int32_t>(p / K)) << "plain: pair_token of pair " << p;
+        ASSERT_EQ(num::f32_bits(pw_e[tpe[p]]), num::f32_bits(pw_p[tpp[p]])) << "pair_weight of pair " << p;
+      }
+      const std::string rows = " (rows: local pairs in (token, slot) order, then the shared expert's)";
+      EXPECT_TRUE(same_bits(by_pair(fetch(early.buf.act, R * I), I, tpe, m),
+                            by_pair(fetch(plain.buf.act, R * I), I, tpp, m)))
+          << "act (" << local << " experts, " << I << " columns a row)" << rows;
+      EXPECT_TRUE(same_values(by_pair(fetch(early.buf.act_codes, R * I), I, tpe, m),
+                              by_pair(fetch(plain.buf.act_codes, R * I), I, tpp, m), I))
+          << "act codes" << rows;
+      EXPECT_TRUE(same_values(by_pair(fetch(early.buf.act_scales, R * (I / 128)), I / 128, tpe, m),
+                              by_pair(fetch(plain.buf.act_scales, R * (I / 128)), I / 128, tpp, m), I / 128))
+          << "act scales" << rows;
+      EXPECT_TRUE(same_bits(by_pair(fetch(early.buf.pair_out, P * D), D, tpe, 0),
+                            by_pair(fetch(plain.buf.pair_out, P * D), D, tpp, 0)))
+          << "pair outputs (" << D << " columns a row; local pairs in (token, slot) order)";
+      EXPECT_TRUE(same_bits(fetch(early.buf.shared_out, MD), fetch(plain.buf.shared_out, MD))) << "shared";
+      EXPECT_TRUE(same_bits(to_host(early.y), to_host(plain.y))) << "y";
+      if (rep == 0 && c.layer == &N && m == 1 && c.count == 32) check_stages(early, L);
+      if (::testing::Test::HasFailure()) return;  // the first failing run tells; the rest repeat it
+    }
+  }
+  EXPECT_GE(without_work, 1) << "no case left the rank without a routed expert";
 }
 
 TEST(CudaMoeDecode, GraphReplayEqualsEager) {

@@ -12,7 +12,10 @@
 //     finished early would let the next PDL kernel start before this one's predecessor completed.
 //  3. pdl_trigger() lets the next PDL kernel's blocks be scheduled once every block of this grid
 //     has called it (or exited); those blocks then prefetch and block in their own pdl_wait(), so
-//     call it early, after this block's prefetch is issued. It never affects correctness.
+//     call it early, after this block's prefetch is issued. It never affects correctness, except
+//     where a dependent reads, before its own wait, data that kernels before this one wrote: then
+//     this kernel triggers after its wait (moe_decode: the gate + routing kernel, whose dependent
+//     runs the shared expert on x's codes before its wait).
 // Kernels launched the ordinary way (<<<>>>) after a PDL kernel wait for it to complete, as usual.
 #pragma once
 

@@ -7,11 +7,14 @@
 //     sums in a fixed order, routes every token and groups the (token, expert) pairs by distinct
 //     expert, ascending.
 //  2. experts up: items are (job, 32-row chunk, 16-column tile) with job 0 the shared expert (FP8,
-//     known before the grid-dependency wait, so its weights are prefetched during kernel 1) and then
-//     each active routed expert (MXFP4). A CTA item is a tile's w1 and w3 x their k units, 8 warps;
+//     known before the grid-dependency wait: in moe_decode its items run whole before the wait, over
+//     kernel 1's run, which lets this launch start only past its own wait, so that x's codes are
+//     complete) and then each active routed expert (MXFP4). A CTA item is a tile's w1 and w3 x their
+//     k units, 8 warps;
 //     the units meet in shared memory (added in unit order), then SwiGLU, and the last tile of each
 //     128-column block to finish (a counter) quantizes the block's rows (act_quant, bit for bit).
-//  3. experts down: the same over w2 (items of 8 / units tiles x units); the last item to finish on
+//  3. experts down: the same over w2 (items of 8 / units tiles x units; the shared expert's first
+//     stages prefetched before the wait, its input being kernel 2's); the last item to finish on
 //     a 16-column tile (a counter per tile) combines every token on those columns: routed outputs
 //     in ascending expert id, plus the shared expert, rounded to bf16.
 // The counters are zero between calls (the last arriver resets its own), so a captured graph
@@ -110,6 +113,7 @@ struct ExpertArgs {
   int topk;
   float* y;                   // [tokens, n]
   int routed_only;
+  int early_shared;           // up: the shared expert's items before the wait (moe_decode's launch)
   int32_t* ccnt;              // [n / 16]
 };
 
@@ -121,7 +125,8 @@ struct Ctx {
   bool shared;
   int32_t chunk, tile, off, nrows;  // off: the routed job's first pair; nrows: rows in the chunk
   int32_t expert;                   // the routed job's local expert
-  const uint8_t* wsrc;              // routed: this lane's first weight chunk of the unit (stage 0)
+  const uint8_t* wsrc;              // this lane's first weight piece of the unit (stage 0): routed, its
+                                    // first MXFP4 chunk; shared, row g's 16 bytes at k t * 16
   const uint8_t* ssrc;              // routed: the scales of row lane % 16 of the tile in the unit (stage 0)
 };
 struct Cur {
@@ -155,6 +160,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   const int cp_d0 = mx_chunk(lane / cpr, lane % cpr, cpr), cp_dx = cpr == 8 ? 64 : 0;
   const int64_t cp_src0 = static_cast<int64_t>(lane / cpr) * (a.k / 2) + (lane % cpr) * 16;
   const int64_t cp_step = static_cast<int64_t>(32 / cpr) * (a.k / 2);
+  const int64_t row8 = 8 * a.k;  // FP8: weight rows g and g + 8 of a tile
   const int lm_b = mx_chunk(lane & 15, lane >> 4, cpr);
   int64_t total = 0;
   bool routed_known = false;
@@ -169,7 +175,11 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     x.expert = 0;
     x.wsrc = x.ssrc = nullptr;
     int64_t rows = a.tokens;
-    if (!x.shared) {
+    if (x.shared) {
+      const WeightRef& w = mm == 0 ? a.s0 : a.s1;
+      const int64_t row = static_cast<int64_t>(x.tile) * kRows + g;
+      x.wsrc = static_cast<const uint8_t*>(w.data) + row * a.k + unit * ku + t * 16;
+    } else {
       const int r = c.job - a.has_shared;
       x.expert = a.active[1 + r];
       x.off = a.active[1 + a.max_active + r];
@@ -212,22 +222,22 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   };
   auto load = [&](const Cur& c, uint8_t* slot) {
     const Ctx& x = c.x;
-    const int64_t row0 = static_cast<int64_t>(x.tile) * kRows;
     if (x.shared) {
-      const WeightRef& w = mm == 0 ? a.s0 : a.s1;
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const int nt = p >> 1, h = p & 1;
-        const uint8_t* src = static_cast<const uint8_t*>(w.data) + (row0 + nt * 8 + g) * a.k + unit * ku +
-                             static_cast<int64_t>(c.st) * 128 + h * 64 + t * 16;
-        mma::cp_async16(slot + p * 512 + lane * 16, src);
-      }
+      // Pieces p = (nt, h): rows nt * 8 + g, k st * 128 + h * 64 + t * 16 (16 bytes each).
+      const uint8_t* src = x.wsrc + c.st * 128;
+      uint8_t* dst = slot + lane * 16;
+      mma::cp_async16(dst, src);
+      mma::cp_async16(dst + 512, src + 64);
+      mma::cp_async16(dst + 1024, src + row8);
+      mma::cp_async16(dst + 1536, src + row8 + 64);
     } else {
       const uint8_t* src = x.wsrc + static_cast<int64_t>(c.st) * (a.mx_k / 2);
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {  // cpr / 2 chunks per lane
-        if (2 * p >= cpr) break;
-        mma::cp_async16(slot + ((cp_d0 ^ ((p & 1) * cp_dx)) + p * 512), src + p * cp_step);
+      // cpr / 2 chunks per lane (4 at 256 k a stage, the real widths; 2 at 128 k).
+      mma::cp_async16(slot + cp_d0, src);
+      mma::cp_async16(slot + ((cp_d0 ^ cp_dx) + 512), src + cp_step);
+      if (cpr == 8) {
+        mma::cp_async16(slot + (cp_d0 + 1024), src + 2 * cp_step);
+        mma::cp_async16(slot + ((cp_d0 ^ cp_dx) + 1536), src + 3 * cp_step);
       }
       if (lane < kRows) {
         const uint8_t* ssrc = x.ssrc + c.st * cpr;
@@ -248,53 +258,55 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     ++loaded;
   }
   kc::pdl_trigger();
-  kc::pdl_wait();
-
-  // The jobs: the shared expert (if any), then the active routed experts; their 32-row chunks.
-  if (warp == 0) {
-    const int nact = a.active[0];
-    const int J = a.has_shared + nact;
-    int base = 0;
-    for (int j0 = 0; j0 < J; j0 += 32) {
-      const int j = j0 + lane;
-      int c = 0;
-      if (j < J) {
-        int64_t rows = a.tokens;
-        if (!(a.has_shared && j == 0)) {
-          const int r = j - a.has_shared;
-          rows = a.active[1 + a.max_active + r + 1] - a.active[1 + a.max_active + r];
+  // Early (a.early_shared: up, launched right after the gate + routing kernel, which triggers this
+  // launch only past its own wait): the shared expert's items run before this kernel's wait, over
+  // the gate's run. Their inputs (x's codes) come from a kernel before the gate, complete once the
+  // gate passed its wait; they are read through L2 only (cg) before the wait.
+  const bool early = UP && a.early_shared;
+  auto wait_jobs = [&] {
+    kc::pdl_wait();
+    // The jobs: the shared expert (if any), then the active routed experts; their 32-row chunks.
+    if (warp == 0) {
+      const int nact = a.active[0];
+      const int J = a.has_shared + nact;
+      int base = 0;
+      for (int j0 = 0; j0 < J; j0 += 32) {
+        const int j = j0 + lane;
+        int c = 0;
+        if (j < J) {
+          int64_t rows = a.tokens;
+          if (!(a.has_shared && j == 0)) {
+            const int r = j - a.has_shared;
+            rows = a.active[1 + a.max_active + r + 1] - a.active[1 + a.max_active + r];
+          }
+          c = static_cast<int>(chunks_of(rows));
         }
-        c = static_cast<int>(chunks_of(rows));
-      }
-      int incl = c;
+        int incl = c;
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
+        for (int o = 1; o < 32; o <<= 1) {
+          const int v = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += v;
+        }
+        if (j < J) s_pre[j] = base + incl - c;
+        base += __shfl_sync(0xffffffffu, incl, 31);
       }
-      if (j < J) s_pre[j] = base + incl - c;
-      base += __shfl_sync(0xffffffffu, incl, 31);
+      if (lane == 0) {
+        s_pre[J] = base;
+        s_jobs = J;
+      }
     }
-    if (lane == 0) {
-      s_pre[J] = base;
-      s_jobs = J;
+    __syncthreads();
+    routed_known = true;
+    total = static_cast<int64_t>(s_pre[s_jobs]) * a.ipc;
+    if (!UP && s_pre[s_jobs] == 0) {
+      // No local expert was chosen and there is no shared expert: the routed sum is zero.
+      if (blockIdx.x == 0)
+        for (int64_t i = threadIdx.x; i < a.tokens * a.n; i += blockDim.x) a.y[i] = 0.0f;
     }
-  }
-  __syncthreads();
-  routed_known = true;
-  total = static_cast<int64_t>(s_pre[s_jobs]) * a.ipc;
-  if (!UP && s_pre[s_jobs] == 0) {
-    // No local expert was chosen and there is no shared expert: the routed sum is zero.
-    if (blockIdx.x == 0)
-      for (int64_t i = threadIdx.x; i < a.tokens * a.n; i += blockDim.x) a.y[i] = 0.0f;
-  }
-  if (!prod.ok) locate(prod, prod.w);  // stopped at a routed item (st 0) before the wait
-  for (; loaded < S; ++loaded) {
-    if (prod.ok) {
-      load(prod, ring + loaded * kSlotBytes);
-      next(prod);
-    }
-    mma::cp_async_commit();
+  };
+  if (early) {
+    // S groups in flight, as the consumer's waits count them (the missing ones empty).
+    for (int i = loaded; i < S; ++i) mma::cp_async_commit();
   }
 
   float acc[MT][2][4];
@@ -323,17 +335,41 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   // expert (tokens as the mma's A rows): tokens mt * 16 + hh * 8 + g; MXFP4 routed experts (tokens
   // as B columns, token tile tt = 2 mt + hh): token tt * 8 + g, the same set.
   int32_t arow[MT][2];
-  // MXFP4: byte offsets of this lane's activation codes in the unit (token tile tt's token, k quarter
-  // t; below 2^31, moe_decode_supports), and of the unit's activation scales of this lane's C columns
-  // (tokens tt * 8 + 2t + q).
+  // Byte offsets (below 2^31, moe_decode_supports) fixed per item. MXFP4: this lane's activation
+  // codes in the unit (token tile tt's token, k quarter t), and the unit's activation scales of this
+  // lane's C columns (tokens tt * 8 + 2t + q). FP8, index mt * 2 + hh: the codes of A row
+  // mt * 16 + hh * 8 + g at k t * 16 of the unit, and ([.][0]) that row's first scale of the unit.
   int32_t aoff[2 * MT];
   int32_t asoff[2 * MT][2];
+  bool half = false;  // FP8: A rows g + 8 hold no token of the chunk (MT 1, at most 8 rows): zeros
   const uint8_t* wsc = nullptr;
   const int64_t kb0 = unit * ku / 128;   // the unit's first 128-k block
   const int64_t ld_as = a.k / 128;
   locate(cons, blockIdx.x);
+  if (!early) cons.ok = false;  // nothing consumed before the wait
   int slot_i = 0;
-  while (cons.ok) {
+  bool owe_free = false;  // early: a lead's kBarFree arrival decided once the routing is known
+  for (;;) {
+    if (!cons.ok) {
+      if (routed_known) break;
+      // The wait, once: at the start, or (early) when this CTA's shared items are done (the
+      // producer stopped at the same routed item, every stage it loaded consumed: the ring starts
+      // over at slot 0). Otherwise the producer goes on from the stages it loaded before the wait.
+      wait_jobs();
+      locate(cons, cons.w);
+      if (owe_free && cons.ok) bar_arrive(kBarFree);
+      owe_free = false;
+      if (!prod.ok) locate(prod, prod.w);  // stopped at a routed item (st 0) before the wait
+      if (early) loaded = slot_i = 0;
+      for (; loaded < S; ++loaded) {
+        if (prod.ok) {
+          load(prod, ring + loaded * kSlotBytes);
+          next(prod);
+        }
+        mma::cp_async_commit();
+      }
+      continue;
+    }
     if (cons.st == 0) {
       x = cons.x;
       mt_act = static_cast<int>(x.shared ? (x.nrows + 15) / 16 : (x.nrows + 7) / 8);  // m16 / n8 token tiles
@@ -347,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) arow[mt][hh] = act_row(mt * 16 + g + hh * 8);
-      if (!x.shared)
+      if (!x.shared) {
 #pragma unroll
         for (int tt = 0; tt < 2 * MT; ++tt) {
           aoff[tt] = static_cast<int32_t>(static_cast<int64_t>(arow[tt >> 1][tt & 1]) * a.k + unit * ku + t * 8);
@@ -355,71 +391,98 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           for (int q = 0; q < 2; ++q)
             asoff[tt][q] = static_cast<int32_t>(static_cast<int64_t>(act_row(tt * 8 + 2 * t + q)) * ld_as + kb0);
         }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2 * MT; ++i) {
+          aoff[i] = static_cast<int32_t>(static_cast<int64_t>(arow[i >> 1][i & 1]) * a.k + unit * ku + t * 16);
+          asoff[i][0] = static_cast<int32_t>(static_cast<int64_t>(arow[i >> 1][i & 1]) * ld_as + kb0);
+          asoff[i][1] = 0;
+        }
+        half = MT == 1 && x.nrows <= 8;
+      }
       if (x.shared) {
         const WeightRef& w = mm == 0 ? a.s0 : a.s1;
         const int64_t sld = w.scale_ld > 0 ? w.scale_ld : (a.k + 127) / 128;
         wsc = w.scale + (static_cast<int64_t>(x.tile) * kRows / 128) * sld + kb0;
       }
     }
-    mma::cp_async_wait(S - 1);
+    // The oldest of the S stages in flight (the usual depth first: a constant wait, no jump table).
+    if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
+    else mma::cp_async_wait(S - 1);
     __syncwarp();  // MXFP4 pieces were copied by other lanes of the warp
     const uint8_t* slot = ring + slot_i * kSlotBytes;
     const int st = cons.st;
     if (x.shared) {
       // ---- FP8 shared expert: as the dense decode GEMV on act_quant codes ----
+      // HALF: the A rows g + 8 (tokens 8 .. 15 of a chunk of at most 8) are zeros, not loaded: the
+      // rows g, the only ones stored, do not depend on them.
       const int ew = wsc[st];
       nan_scale |= ew == 255;
       last_ew = ew;
-      const int64_t kb = kb0 + st;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if (mt >= mt_act) break;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int e = ew + a.a_scales[static_cast<int64_t>(arow[mt][hh]) * ld_as + kb];
-          if (st > 0) {
-            const float r = mma::exp2i(prev_e[mt][hh] - e);
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-              acc[mt][nt][2 * hh] *= r;
-              acc[mt][nt][2 * hh + 1] *= r;
-            }
-          }
-          prev_e[mt][hh] = e;
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint4 b[2];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) b[nt] = mma::lds128(slot + (nt * 2 + h) * 512 + lane * 16);
-        const int64_t kl = unit * ku + static_cast<int64_t>(st) * 128 + h * 64 + t * 16;
-        uint4 c[MT][2];
+      // CG: before the wait (early), the activations through L2 only.
+      auto stage = [&]<bool HALF, bool CG>() {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (mt >= mt_act) break;
-          c[mt][0] = mma::ld_act16(a.a_codes + static_cast<int64_t>(arow[mt][0]) * a.k + kl);
-          c[mt][1] = mma::ld_act16(a.a_codes + static_cast<int64_t>(arow[mt][1]) * a.k + kl);
+#pragma unroll
+          for (int hh = 0; hh < (HALF ? 1 : 2); ++hh) {
+            const uint8_t* sp = a.a_scales + (asoff[mt * 2 + hh][0] + st);
+            const int e = ew + (CG ? __ldcg(sp) : *sp);
+            if (st > 0) {
+              const float r = mma::exp2i(prev_e[mt][hh] - e);
+#pragma unroll
+              for (int nt = 0; nt < 2; ++nt) {
+                acc[mt][nt][2 * hh] *= r;
+                acc[mt][nt][2 * hh + 1] *= r;
+              }
+            }
+            prev_e[mt][hh] = e;
+          }
         }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t bf[2][2];
+        for (int h = 0; h < 2; ++h) {
+          uint4 b[2];
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t w4 = word4(b[nt], j);
-            bf[nt][0] = mma::e4m3x2_to_f16x2(w4);
-            bf[nt][1] = mma::e4m3x2_to_f16x2(w4 >> 16);
-          }
+          for (int nt = 0; nt < 2; ++nt) b[nt] = mma::lds128(slot + (nt * 2 + h) * 512 + lane * 16);
+          const int kl = st * 128 + h * 64;
+          uint4 c[MT][2];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             if (mt >= mt_act) break;
-            const uint32_t w0 = word4(c[mt][0], j), w1 = word4(c[mt][1], j);
-            const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), mma::e4m3x2_to_f16x2(w1),
-                                    mma::e4m3x2_to_f16x2(w0 >> 16), mma::e4m3x2_to_f16x2(w1 >> 16)};
+            auto ld = [&](const uint8_t* p) {
+              return CG ? __ldcg(reinterpret_cast<const uint4*>(p)) : mma::ld_act16(p);
+            };
+            c[mt][0] = ld(a.a_codes + (aoff[mt * 2] + kl));
+            c[mt][1] = HALF ? make_uint4(0u, 0u, 0u, 0u) : ld(a.a_codes + (aoff[mt * 2 + 1] + kl));
+          }
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) mma::mma_f16(acc[mt][nt], af, bf[nt][0], bf[nt][1]);
+          for (int j = 0; j < 4; ++j) {
+            uint32_t bf[2][2];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              const uint32_t w4 = word4(b[nt], j);
+              bf[nt][0] = mma::e4m3x2_to_f16x2(w4);
+              bf[nt][1] = mma::e4m3x2_hi_to_f16x2(w4);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              if (mt >= mt_act) break;
+              const uint32_t w0 = word4(c[mt][0], j), w1 = word4(c[mt][1], j);
+              const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), HALF ? 0u : mma::e4m3x2_to_f16x2(w1),
+                                      mma::e4m3x2_hi_to_f16x2(w0), HALF ? 0u : mma::e4m3x2_hi_to_f16x2(w1)};
+#pragma unroll
+              for (int nt = 0; nt < 2; ++nt) mma::mma_f16(acc[mt][nt], af, bf[nt][0], bf[nt][1]);
+            }
           }
         }
+      };
+      if (UP && !routed_known) {
+        if (half) stage.template operator()<true, true>();
+        else stage.template operator()<false, true>();
+      } else if (half) {
+        stage.template operator()<true, false>();
+      } else {
+        stage.template operator()<false, false>();
       }
     } else {
       // ---- MXFP4 routed expert: groups of 32 k, one weight scale per mma ----
@@ -439,7 +502,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       const uint32_t slot_s = mma::smem_u32(slot);
       // The stage for NT token tiles (those below mt_act): the single-tile case, a routed expert's
       // usual one at decode sizes, is compiled apart so that it issues nothing for absent tiles.
-      auto stage = [&]<int NT>() {
+      // ONE (a single token in the chunk, every routed expert's case at batch 1): the C columns 2t + 1
+      // hold no token, so their scale products and fmas are skipped (column 2t's are unchanged).
+      auto stage = [&]<int NT, bool ONE>() {
         for (int sb = 0; sb < cpr / 4; ++sb) {  // 128-k blocks of the stage: one activation scale each
           const int kbr = st * (cpr / 4) + sb;  // the block within the unit
           float ftok[NT][2];                    // activation scales of this lane's C columns
@@ -447,7 +512,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           for (int tt = 0; tt < NT; ++tt)
 #pragma unroll
             for (int q = 0; q < 2; ++q)
-              ftok[tt][q] = NT == 1 || tt < mt_act ? mx_act_scale(a.a_scales[asoff[tt][q] + kbr]) : 0.0f;
+              ftok[tt][q] = (NT == 1 || tt < mt_act) && !(ONE && q == 1)
+                                ? mx_act_scale(a.a_scales[asoff[tt][q] + kbr])
+                                : 0.0f;
           const uint32_t wr0 = sb == 0 ? sr0.x : sr0.y, wr1 = sb == 0 ? sr1.x : sr1.y;  // the block's 4 groups
 #pragma unroll
           for (int pp = 0; pp < 2; ++pp) {
@@ -472,14 +539,16 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
                 mma::mma_f16(blk, a1, mma::e4m3x2_to_f16x2(c.y), mma::e4m3x2_hi_to_f16x2(c.y));
                 float* acc_t = acc[tt >> 1][tt & 1];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) acc_t[i] = fmaf(blk[i], frow[i >> 1] * ftok[tt][i & 1], acc_t[i]);
+                for (int i = 0; i < 4; ++i)
+                  if (!(ONE && (i & 1))) acc_t[i] = fmaf(blk[i], frow[i >> 1] * ftok[tt][i & 1], acc_t[i]);
               }
             }
           }
         }
       };
-      if (mt_act == 1) stage.template operator()<1>();
-      else stage.template operator()<2 * MT>();
+      if (x.nrows == 1) stage.template operator()<1, true>();
+      else if (mt_act == 1) stage.template operator()<1, false>();
+      else stage.template operator()<2 * MT, false>();
     }
     __syncwarp();  // every lane is done with the slot before any lane refills it
     if (prod.ok) {
@@ -538,6 +607,14 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               for (int i = 0; i < 4; ++i) dst[((mt * 2 + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i];
           bar_arrive(kBarFull);
         } else {
+          if constexpr (UP) {
+            // The chunk's routing weights (at most 32 floats) into L1 while the lead waits for the
+            // partials: the epilogue's loads of them then skip the L2 round trip.
+            if (!x.shared) {
+              const int j = lane < x.nrows ? lane : x.nrows - 1;
+              asm volatile("prefetch.global.L1 [%0];" ::"l"(a.pair_weight + (x.off + x.chunk * kChunk + j)));
+            }
+          }
           bar_sync(kBarFull);
           // w1 (down: w2): the units in order
           for (int u = 1; u < U; ++u)
@@ -561,7 +638,14 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
                   red[(static_cast<int64_t>(warp) * kPer + (mt * 2 + nt) * 4 + i) * 32 + lane] = v;
                 }
           }
-          if (cons.w + gridDim.x < total) bar_arrive(kBarFree);
+          const int64_t wn = cons.w + gridDim.x;  // this CTA's next item, if any
+          if (routed_known) {
+            if (wn < total) bar_arrive(kBarFree);
+          } else if (wn / a.ipc < a.chunks_shared) {
+            bar_arrive(kBarFree);  // before the wait (early): another shared item follows
+          } else {
+            owe_free = true;  // a routed item follows if the routing gave this rank one
+          }
         }
         reduced = true;
       }
@@ -702,7 +786,7 @@ size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out) {
 }
 
 template <bool UP>
-void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
+void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   const MoeDecodeDims& d = a.dims;
   ExpertArgs ea{};
   ea.k = UP ? d.dim : d.inter;
@@ -725,7 +809,7 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
   ea.ldo = ea.n;
   ea.shared_out = a.buf.shared_out;
   ea.limit = a.swiglu_limit;
-  ea.units = units_of(ea.k);
+  ea.units = units_of(ea.k, UP);
   ea.mx_k = (ea.k / ea.units) % 256 == 0 ? 256 : 128;
   const int nm = UP ? 2 : 1;
   ea.tpi = kWarps / (nm * ea.units);
@@ -739,6 +823,7 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s) {
   ea.topk = d.topk;
   ea.y = a.y;
   ea.routed_only = a.routed_only;
+  ea.early_shared = UP && early && ea.has_shared;
   ea.ccnt = a.buf.counters + kCombine0;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
@@ -825,7 +910,7 @@ void moe_decode_init(const MoeDecodeDims& d, const MoeDecodeBuffers& b, cudaStre
   TANDEM_CUDA_CHECK(cudaMemsetAsync(b.counters, 0, sizeof(int32_t) * counter_count(d), s));
 }
 
-int moe_decode_units(int64_t k, bool /*up*/) { return units_of(k); }
+int moe_decode_units(int64_t k, bool up) { return units_of(k, up); }
 
 int moe_gate_k_split(int64_t dim) {
   const GateSplit g = gate_split(dim, 1);
@@ -858,8 +943,8 @@ bool moe_decode_supports(const MoeDecodeArgs& a) {
   return true;
 }
 
-void moe_experts_up(const MoeDecodeArgs& a, cudaStream_t s) { run_experts<true>(a, s); }
-void moe_experts_down(const MoeDecodeArgs& a, cudaStream_t s) { run_experts<false>(a, s); }
+void moe_experts_up(const MoeDecodeArgs& a, cudaStream_t s) { run_experts<true>(a, s, false); }
+void moe_experts_down(const MoeDecodeArgs& a, cudaStream_t s) { run_experts<false>(a, s, false); }
 
 void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
   if (a.tokens == 0) return;
@@ -868,7 +953,7 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
   TANDEM_CHECK_MSG(moe_decode_supports(a), "moe_decode: unsupported weights");
   TANDEM_CHECK_MSG(a.sh_w1.data || a.routed_only, "moe_decode: the combine needs the shared expert");
   moe_gate_route(a, s);
-  moe_experts_up(a, s);
+  run_experts<true>(a, s, /*early=*/true);  // its predecessor is the gate + routing kernel
   moe_experts_down(a, s);
 }
 

@@ -11,7 +11,7 @@
 // exactly as the CUDA moe_gate op (one shared device routine), the expert linears' outputs rounded
 // to bf16, SwiGLU as the CUDA swiglu op, act_quant(., 128) before w2 as the act_quant op, the
 // routed outputs summed in ascending expert id from 0, plus the shared expert, rounded to bf16.
-// Each expert matrix's k is cut into fixed units (moe_decode_units: from its k alone) whose fp32
+// Each expert matrix's k is cut into fixed units (moe_decode_units: from its k and side alone) whose fp32
 // partials are added in unit order. Under tensor parallelism a rank holds experts
 // [expert_begin, expert_begin + expert_count) (global ids) and skips the others; `routed_only`
 // then leaves the routed sum for the all-reduce.
@@ -63,8 +63,8 @@ MoeDecodeBuffers moe_decode_carve(const MoeDecodeDims& d, void* base);
 // Zeroes the counters (once, after the allocation; not needed between calls).
 void moe_decode_init(const MoeDecodeDims& d, const MoeDecodeBuffers& b, cudaStream_t s);
 
-// k units of an expert matrix with k columns (w1/w3: k = dim, w2: k = inter), shared or routed:
-// the error bound's k split (tests).
+// k units of an expert matrix with k columns (up, w1/w3: k = dim, at most 4; down, w2: k = inter,
+// at most 2), shared or routed: the error bound's k split (tests).
 int moe_decode_units(int64_t k, bool up);
 // The gate logits' k split in the decode GEMV bound's terms (decode_gemm.h): the gate adds 128-k
 // tensor-core partials in a fixed two-level order (a CTA's units, then the CTAs' sums), so a
@@ -105,7 +105,11 @@ bool moe_decode_supports(const MoeDecodeArgs& a);
 void moe_decode(const MoeDecodeArgs& a, cudaStream_t s);
 
 // The three kernels, for tests and the benchmark (in this order; each reads what the previous
-// one wrote into a.buf).
+// one wrote into a.buf). moe_decode runs the shared expert's up projection before the experts-up
+// kernel's dependency wait (its predecessor is the gate + routing kernel, which lets it start only
+// past its own wait); moe_experts_up alone runs it after the wait. Both give the same bits for
+// every (token, slot) pair (its row is token_pair's: the order of an expert's pairs is the routing
+// atomics', so two calls may store the same pair at different rows).
 void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s);    // -> gate_logits, ids, weights, groups
 void moe_experts_up(const MoeDecodeArgs& a, cudaStream_t s);    // -> act, act_codes, act_scales
 void moe_experts_down(const MoeDecodeArgs& a, cudaStream_t s);  // -> pair_out, shared_out, y

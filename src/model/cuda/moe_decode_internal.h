@@ -43,12 +43,16 @@ inline int64_t counter_count(const MoeDecodeDims& d) {
 }
 inline size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
-// Largest power of two <= kMaxUnits dividing k / 128 (units are whole FP8 scale blocks and whole
-// MXFP4 stages).
-inline int units_of(int64_t k) {
+// Largest power of two <= kMaxUnits (up) or kMaxUnitsDown (down) dividing k / 128 (units are whole
+// FP8 scale blocks and whole MXFP4 stages). Down: w2's k (inter, 2048) is half of w1's, and at 4
+// units a warp task was 2 MXFP4 stages, its fixed costs (item decode, reduction, epilogue) as large
+// as its stream; at 2 units each task is 4 stages and an item 4 tiles.
+constexpr int kMaxUnitsDown = 2;
+inline int units_of(int64_t k, bool up) {
   const int64_t blocks = k / 128;
+  const int most = up ? kMaxUnits : kMaxUnitsDown;
   int u = 1;
-  while (u < kMaxUnits && blocks % (2 * u) == 0) u *= 2;
+  while (u < most && blocks % (2 * u) == 0) u *= 2;
   return u;
 }
 

@@ -257,8 +257,11 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
 #pragma unroll
     for (int p = 0; p < 4; ++p) wv[p] = ld_weight16(src + p * 64);
   }
-  kc::pdl_trigger();
+  // The trigger comes after the wait: moe_decode's experts-up kernel, the dependent launch, reads
+  // x's codes (written before this kernel) before its own wait (its early shared expert), so every
+  // kernel before this one must be complete when it starts.
   kc::pdl_wait();
+  kc::pdl_trigger();
 
   float* red = reinterpret_cast<float*>(smem);
   int buf = 0;
