@@ -18,31 +18,12 @@
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/kernel_test_util.h"
 #include "kernels/ops.h"
+#include "cuda/require_gpu.h"
 
 namespace tandem::kernels::cuda_testing {
 
 using namespace ::tandem::kernels::testing;  // NOLINT: the shared harness
 using cuda::DeviceBuffer;
-
-// Why the CUDA tests cannot run here, or nullptr when they can.
-inline const char* no_gpu_reason() {
-  static std::string why;
-  if (cuda::device_count() == 0) return "no CUDA device visible (the CUDA tests run on a GPU machine: make test-gpu)";
-  if (!cuda::binary_supports_device(0)) {
-    why = std::string("this binary has no code for ") + cuda::device_description(0) + " (built for sm_" +
-          TANDEM_CUDA_ARCHS + ")";
-    return why.c_str();
-  }
-  return nullptr;
-}
-inline bool have_gpu() { return no_gpu_reason() == nullptr; }
-
-#define TANDEM_REQUIRE_GPU()                                                                 \
-  do {                                                                                       \
-    if (const char* tandem_why_ = ::tandem::kernels::cuda_testing::no_gpu_reason()) {        \
-      GTEST_SKIP() << tandem_why_;                                                           \
-    }                                                                                        \
-  } while (0)
 
 // The op tests launch on the legacy default stream, passed explicitly like any other stream (every
 // launcher takes its stream); tests that capture graphs create their own.

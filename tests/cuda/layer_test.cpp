@@ -31,6 +31,7 @@
 #include <sstream>
 
 #include "cuda/layer_harness.h"
+#include "cuda/require_gpu.h"
 #include "kernels/cuda/cuda_util.h"
 
 namespace tandem {
@@ -40,12 +41,6 @@ namespace fs = std::filesystem;
 namespace mt = model_testing;
 using layer_harness::Subject;
 
-#define SKIP_WITHOUT_GPU()                                                                     \
-  do {                                                                                         \
-    if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";           \
-    if (!kernels::cuda::binary_supports_device(0))                                             \
-      GTEST_SKIP() << "this build has no kernels for " << kernels::cuda::device_description(0); \
-  } while (0)
 
 // The CUDA model through its test hooks.
 class CudaDevice : public layer_harness::Device {
@@ -164,7 +159,7 @@ std::string run_cmd(const std::string& cmd) {
 }
 
 TEST(CudaLayers, TinyModelEachKvDtype) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const ModelConfig cfg = testing::tiny_config(true);
   for (KvDtype d : {KvDtype::kFp8, KvDtype::kBf16, KvDtype::kNvfp4}) {
     run_case("tiny in-memory", d, &cfg, "");
@@ -175,7 +170,7 @@ TEST(CudaLayers, TinyModelEachKvDtype) {
 // The configuration of the whole-model gap this comparison was built to explain (max rel 0.366 with
 // fp8 KV, 0.258 with bf16 KV, against CPU spreads of 3.5e-7 and 0.020).
 TEST(CudaLayers, TinyNoDraftModel) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const ModelConfig cfg = testing::tiny_config(false);
   for (KvDtype d : {KvDtype::kFp8, KvDtype::kBf16}) {
     run_case("tiny in-memory no-draft", d, &cfg, "");
@@ -184,7 +179,7 @@ TEST(CudaLayers, TinyNoDraftModel) {
 }
 
 TEST(CudaLayers, EveryTinyPresetFromDisk) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const fs::path tmp = fs::temp_directory_path() / ("tandem_layer_presets_" + std::to_string(getpid()));
   for (const char* preset : {"default", "small", "preview"}) {
     const fs::path dir = tmp / preset;
@@ -203,7 +198,7 @@ TEST(CudaLayers, EveryTinyPresetFromDisk) {
 }
 
 TEST(CudaLayers, BuiltinModelEachKvDtype) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
   ASSERT_TRUE(fs::exists(dir + "/config.json")) << "data/builtin is part of the repository: " << dir;
   for (KvDtype d : {KvDtype::kFp8, KvDtype::kBf16, KvDtype::kNvfp4}) {

@@ -26,6 +26,7 @@
 #include "engine/engine_core.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/sampling.h"
+#include "cuda/require_gpu.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/ops.h"
 #include "model/cuda/cuda_model.h"
@@ -45,12 +46,6 @@ using testing::tiny_config;
 using testing::tiny_weights;
 using testing::tokens;
 
-#define SKIP_WITHOUT_GPU()                                                                     \
-  do {                                                                                         \
-    if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";           \
-    if (!kernels::cuda::binary_supports_device(0))                                             \
-      GTEST_SKIP() << "this build has no kernels for " << kernels::cuda::device_description(0); \
-  } while (0)
 
 using golden::Stats;
 Stats compare(const float* a, const float* b, int64_t rows, int64_t V) { return golden::compare(a, b, rows, V); }
@@ -324,7 +319,7 @@ Pair& gemv_only_pair() {
 
 // 300 tokens cross the window (128), the first ratio-128 entry (127) and the pool block (256).
 TEST(CudaModel, PrefillChunkedDecodeVerifyMatchCpu) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.cpu && p.gpu);
   const int64_t V = p.cfg.vocab_size;
@@ -370,7 +365,7 @@ TEST(CudaModel, PrefillChunkedDecodeVerifyMatchCpu) {
 }
 
 TEST(CudaModel, BatchOfSlotsAtDifferentPositionsMatchesSingleRuns) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   for (Pair* pp : {&tc_all_pair(), &gemv_only_pair()}) {
     Pair& p = *pp;
     SCOPED_TRACE(&p == &tc_all_pair() ? "every step on the tensor cores" : "every step on the GEMV kernels");
@@ -405,7 +400,7 @@ TEST(CudaModel, BatchOfSlotsAtDifferentPositionsMatchesSingleRuns) {
 }
 
 TEST(CudaModel, RollbackThenRecomputeMatchesFresh) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   for (Pair* pp : {&tc_all_pair(), &gemv_only_pair()}) {
     Pair& p = *pp;
     SCOPED_TRACE(&p == &tc_all_pair() ? "every step on the tensor cores" : "every step on the GEMV kernels");
@@ -438,7 +433,7 @@ TEST(CudaModel, RollbackThenRecomputeMatchesFresh) {
 }
 
 TEST(CudaModel, SlotStateExportImportResumes) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   for (Pair* pp : {&tc_all_pair(), &gemv_only_pair()}) {
     Pair& p = *pp;
     SCOPED_TRACE(&p == &tc_all_pair() ? "every step on the tensor cores" : "every step on the GEMV kernels");
@@ -525,12 +520,12 @@ void graph_replay_equals_eager(Pair& p, int64_t tc_min_rows) {
 }
 
 TEST(CudaModel, GraphReplayEqualsEager) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   graph_replay_equals_eager(fp8_pair(), 96);
 }
 
 TEST(CudaModel, GraphReplayEqualsEagerOnTheGemvKernels) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   graph_replay_equals_eager(gemv_only_pair(), int64_t{1} << 40);
 }
 
@@ -539,7 +534,7 @@ TEST(CudaModel, GraphReplayEqualsEagerOnTheGemvKernels) {
 // and so does the prompt (when the path followed the step's row count, the 99-row step ran on the
 // tensor cores and speculative greedy drifted from plain greedy on the GPU at concurrency 8).
 TEST(CudaModel, ShortSequencesKeepTheDecodeKernelsInLargeSteps) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu);
   const int64_t V = p.cfg.vocab_size;
@@ -581,7 +576,7 @@ TEST(CudaModel, ShortSequencesKeepTheDecodeKernelsInLargeSteps) {
 // Drafts replay a CUDA graph per request count: proposals equal the eager model's, also when the
 // anchors, positions and temperatures change between replays.
 TEST(CudaModel, DraftGraphReplayEqualsEager) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu && p.gpu->has_draft());
   CudaModelOptions co;
@@ -618,7 +613,7 @@ TEST(CudaModel, DraftGraphReplayEqualsEager) {
 }
 
 TEST(CudaModel, BadStepsAreErrorsAndChangeNothing) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu);
   p.gpu->reset(0);
@@ -641,7 +636,7 @@ TEST(CudaModel, BadStepsAreErrorsAndChangeNothing) {
 }
 
 TEST(CudaModel, EachKvDtypeInRealBytesMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   for (KvDtype d : {KvDtype::kFp8, KvDtype::kBf16, KvDtype::kNvfp4}) {
     Pair p(d);
     Pair gemv(d, /*dspark=*/true, int64_t{1} << 40);
@@ -672,7 +667,7 @@ TEST(CudaModel, EachKvDtypeInRealBytesMatchesCpu) {
 }
 
 TEST(CudaModel, WithoutDraftMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair p(KvDtype::kFp8, /*dspark=*/false);
   ASSERT_TRUE(p.cpu && p.gpu);
   EXPECT_FALSE(p.gpu->has_draft());
@@ -683,7 +678,7 @@ TEST(CudaModel, WithoutDraftMatchesCpu) {
 }
 
 TEST(CudaModel, DraftTapsAndProposalsMatchCpu) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   Pair& pv = gemv_only_pair();
   ASSERT_TRUE(p.cpu && p.gpu && p.gpu->has_draft() && pv.gpu);
@@ -819,7 +814,7 @@ TEST(CudaModel, DraftTapsAndProposalsMatchCpu) {
 // the same logits: every kind of row (greedy, temperature with top-k / top-p / min-p, penalties,
 // grammar masks, logprobs, verify rows with one-hot and with stored sampled-draft q).
 TEST(CudaModel, DeviceSamplingMatchesTheHostSamplerOnTheSameLogits) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu);
   const int64_t V = p.cfg.vocab_size, W = (V + 31) / 32;
@@ -944,7 +939,7 @@ int64_t free_device_bytes() {
 }
 
 TEST(CudaModel, NoDeviceAllocationAfterStartup) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu);
   auto toks = tokens(300, 8);
@@ -987,7 +982,7 @@ TEST(CudaModel, NoDeviceAllocationAfterStartup) {
 // pass after start-up (first-use effects: a kernel module loaded lazily, a shape not captured) nor
 // on later passes (a per-step allocation).
 TEST(CudaModel, NothingAllocatesOrInstantiatesUnderLoadAfterGraphStartup) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu && p.gpu->has_draft());
   CudaModelOptions co;
@@ -1132,7 +1127,7 @@ void compare_checkpoint(const std::string& dir, const char* label, const Limits&
 }
 
 TEST(CudaCheckpoint, EveryTinyPresetMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const fs::path tmp = fs::temp_directory_path() / ("tandem_cuda_presets_" + std::to_string(getpid()));
   for (const char* preset : {"default", "small", "preview"}) {
     const fs::path dir = tmp / preset;
@@ -1143,7 +1138,7 @@ TEST(CudaCheckpoint, EveryTinyPresetMatchesCpu) {
 }
 
 TEST(CudaCheckpoint, BuiltinTrainedModelMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
   // On a GPU machine a missing checkpoint fails the run (it must not pass by skipping).
   if (!fs::exists(dir + "/config.json")) FAIL() << "missing " << dir << "/config.json (the built-in model)";
@@ -1357,12 +1352,12 @@ void golden_case(const std::string& name, int64_t cpu_min_exact_prefix) {
 }
 
 TEST(CudaGolden, DefaultPresetThroughLogitsCli) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   golden_case("default-s1", 15);  // the CPU golden's minimum (printed beside the GPU's leading rows)
 }
 
 TEST(CudaGolden, BuiltinThroughLogitsCli) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   golden_case("builtin", 4);  // the CPU golden's minimum (printed beside the GPU's leading rows)
 }
 
@@ -1443,7 +1438,7 @@ std::vector<std::vector<int32_t>> builtin_chat_prompts(int n, const std::functio
 }
 
 TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
   const auto prompts = builtin_chat_prompts(20, [](int i) {
     return i % 2 ? "Count from " + std::to_string(1 + 7 * i) + " to " + std::to_string(300 + i) + "."
@@ -1483,7 +1478,7 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
 // against the draft's q stored on the device): repeatable run to run (draws keyed by seed and
 // position), logprobs present and consistent, no device allocation under load.
 TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
   const auto prompts =
       builtin_chat_prompts(8, [](int i) { return "Tell me about lists, take " + std::to_string(i) + "."; });

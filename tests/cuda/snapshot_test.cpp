@@ -16,6 +16,7 @@
 
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
+#include "cuda/require_gpu.h"
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
 #include "model/run_helpers.h"
@@ -30,12 +31,6 @@ using testing::tiny_config;
 using testing::tiny_weights;
 using testing::tokens;
 
-#define SKIP_WITHOUT_GPU()                                                                     \
-  do {                                                                                         \
-    if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";           \
-    if (!kernels::cuda::binary_supports_device(0))                                             \
-      GTEST_SKIP() << "this build has no kernels for " << kernels::cuda::device_description(0); \
-  } while (0)
 
 // The test models' options (model_test.cpp's): 4 slots of 4 blocks of 256 tokens, rollback 8.
 ModelOptions options() {
@@ -129,7 +124,7 @@ void run_head(CudaModel& m, int slot, const std::vector<int32_t>& toks, const st
 }
 
 TEST(CudaSnapshot, PrefixHitFromDeviceSnapshotIsBitIdenticalToTheColdRun) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   TinyGpu g;
   ASSERT_TRUE(g.m && g.m->has_draft());
   CudaModel& m = *g.m;
@@ -171,7 +166,7 @@ TEST(CudaSnapshot, PrefixHitFromDeviceSnapshotIsBitIdenticalToTheColdRun) {
 }
 
 TEST(CudaSnapshot, RecycledBufferHoldsItsNewSlotAndBadNumbersChangeNothing) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   TinyGpu g;
   ASSERT_TRUE(g.m);
   CudaModel& m = *g.m;
@@ -230,7 +225,7 @@ TEST(CudaSnapshot, RecycledBufferHoldsItsNewSlotAndBadNumbersChangeNothing) {
 // chunk's end): it restores the device snapshot, computes only the rest, and generates the same
 // tokens; with DSpark the restored draft context makes it draft and accept exactly as the cold run.
 TEST(CudaSnapshot, EnginePrefixHitRestoresFromTheDeviceAndMatchesTheColdRun) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
   if (!fs::exists(dir + "/config.json")) FAIL() << "missing " << dir << "/config.json (the built-in model)";
   auto tok = Tokenizer::from_file(dir + "/tokenizer.json");

@@ -17,6 +17,7 @@
 #include "io/catalog.h"
 #include "io/official_configs.h"
 #include "io/tiny_checkpoint.h"
+#include "cuda/require_gpu.h"
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/standin_comm.h"
@@ -30,12 +31,6 @@ namespace {
 
 namespace synth = cuda_model::synth;
 
-#define SKIP_WITHOUT_GPU()                                                                     \
-  do {                                                                                         \
-    if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";           \
-    if (!kernels::cuda::binary_supports_device(0))                                             \
-      GTEST_SKIP() << "this build has no kernels for " << kernels::cuda::device_description(0); \
-  } while (0)
 
 template <typename T>
 std::vector<T> download(const kernels::cuda::DeviceBuffer<T>& d) {
@@ -91,7 +86,7 @@ TEST(SyntheticLayout, EveryCatalogTensorOfEveryRankIsGenerated) {
 }
 
 TEST(SyntheticFill, EveryKindEqualsItsHostFunction) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const int64_t n = 100003;  // not a multiple of the block size
   for (synth::Fill k : {synth::Fill::kBf16, synth::Fill::kF32, synth::Fill::kF32Exact, synth::Fill::kFp8,
                         synth::Fill::kFp4, synth::Fill::kE8M0, synth::Fill::kExpertIds}) {
@@ -138,7 +133,7 @@ TEST(SyntheticFill, EveryKindEqualsItsHostFunction) {
 }
 
 TEST(SyntheticFill, RecordsEqualTheirHostFunctionAndDecodeToUnitValues) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   for (auto kind : {cuda_model::KvRecordKind::kFp8, cuda_model::KvRecordKind::kNvfp4, cuda_model::KvRecordKind::kBf16}) {
     synth::RecordFillArgs a;
     a.rec = cuda_model::KvRecordLayout::make(kind, 512, 64);
@@ -184,7 +179,7 @@ TEST(SyntheticFill, RecordsEqualTheirHostFunctionAndDecodeToUnitValues) {
 }
 
 TEST(StandinComm, CollectivesAreTheirHostDefinition) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   std::vector<float> x(5000);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f;
   kernels::cuda::DeviceBuffer<float> d(x.size());
@@ -270,7 +265,7 @@ void expect_sane(const std::vector<float>& logits, const std::string& what) {
 }
 
 TEST(Synthetic, EveryTinyPresetThroughTheGenerator) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   TinyVocab v;
   v.vocab_size = 2048;
   v.noise_token_id = 2000;
@@ -304,7 +299,7 @@ TEST(Synthetic, EveryTinyPresetThroughTheGenerator) {
 }
 
 TEST(Synthetic, ContextFillThenDecodeVerifyAndDraft) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   TinyVocab v;
   v.vocab_size = 2048;
   v.noise_token_id = 2000;
@@ -352,7 +347,7 @@ TEST(Synthetic, ContextFillThenDecodeVerifyAndDraft) {
 }
 
 TEST(Synthetic, FullSizeThatDoesNotFitIsRefusedBeforeAllocating) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   auto cfg = official_config("deepseek-v4-flash-0731");
   ASSERT_TRUE(cfg.ok());
   size_t free_b = 0, total_b = 0;
@@ -369,7 +364,7 @@ TEST(Synthetic, FullSizeThatDoesNotFitIsRefusedBeforeAllocating) {
 
 // The real shapes: one rank of TP=8 of 0731 (about a quarter of a TP=2 rank's weights).
 TEST(Synthetic, FullSizeRankOfEightRunsFinite) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   auto cfg = official_config("deepseek-v4-flash-0731");
   ASSERT_TRUE(cfg.ok());
   cuda_model::StandinComm standin(0, 8);
@@ -409,7 +404,7 @@ TEST(Synthetic, FullSizeRankOfEightRunsFinite) {
 // built-in tokenizer's, so generated ids the tokenizer cannot decode reach the text stream (they
 // become no text, never a crash), with and without DSpark.
 TEST(Synthetic, ServesThroughTheEngineWithIdsTheTokenizerCannotDecode) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   for (bool dspark : {false, true}) {
     EngineConfig c;
     c.model_dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";

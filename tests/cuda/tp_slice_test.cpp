@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "cuda/inprocess_comm.h"
+#include "cuda/require_gpu.h"
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/standin_comm.h"
@@ -35,12 +36,6 @@ using testing::ForcedComm;
 using testing::InProcessComm;
 using testing::InProcessGroup;
 
-#define SKIP_WITHOUT_GPU()                                                                     \
-  do {                                                                                         \
-    if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";           \
-    if (!kernels::cuda::binary_supports_device(0))                                             \
-      GTEST_SKIP() << "this build has no kernels for " << kernels::cuda::device_description(0); \
-  } while (0)
 
 const std::string& tp8_dir() {
   static const std::string dir = [] {
@@ -209,7 +204,7 @@ RowErrors compare_rows(const std::vector<float>& gpu, const std::vector<float>& 
 }
 
 TEST(CudaTensorParallel, RankPartialsMatchTheCpuRanksTeacherForced) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const Script s;
   const int n = 2;
   const GroupRun cpu = cpu_group(s, n);
@@ -308,7 +303,7 @@ void expect_sharding_close(const std::vector<float>& a, const std::vector<float>
 }
 
 TEST(CudaTensorParallel, SumOverRanksEqualsOneRank) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   const Script s;
   auto cfg = load_model_config(tp8_dir() + "/config.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
@@ -355,7 +350,7 @@ TEST(CudaTensorParallel, SumOverRanksEqualsOneRank) {
 }
 
 TEST(CudaTensorParallel, EachRankHoldsItsSliceAndTheStandinRunsAlone) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   CudaModelOptions o1;
   o1.model = options(0, 1, nullptr);
   auto one = CudaModel::load(tp8_dir(), o1);
@@ -390,7 +385,7 @@ TEST(CudaTensorParallel, EachRankHoldsItsSliceAndTheStandinRunsAlone) {
 }
 
 TEST(CudaTensorParallel, RanksRefuseWithoutAMatchingCommunicator) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   CudaModelOptions o;
   o.model = options(0, 2, nullptr);
   auto none = CudaModel::load(tp8_dir(), o);
