@@ -558,16 +558,18 @@ void gemm_fp8_linear(const GemmParams& p, const TcLinearScratch& s, TcBackend ba
   if (p.m == 0 || p.n == 0) return;
   TANDEM_CHECK(fp8_linear_supported(p, s));
   const int64_t sld = (p.m + 3) / 4 * 4;
-  Fp8QuantArgs q;
-  q.x = p.x;
-  q.ldx = p.ldx > 0 ? p.ldx : p.k;
-  q.rows = p.m;
-  q.cols = p.k;
-  q.codes = s.codes;
-  q.ldc = p.k;
-  q.scales = s.scales;
-  q.scale_ld = sld;
-  if (!x_ready) quantize_fp8_act(q, st);
+  if (!x_ready) {  // else an earlier linear on the same x left its codes and scales in s
+    Fp8QuantArgs q;
+    q.x = p.x;
+    q.ldx = p.ldx > 0 ? p.ldx : p.k;
+    q.rows = p.m;
+    q.cols = p.k;
+    q.codes = s.codes;
+    q.ldc = p.k;
+    q.scales = s.scales;
+    q.scale_ld = sld;
+    quantize_fp8_act(q, st);
+  }
   fp8_linear_gemm(p, s.codes, s, sld, backend, st);
 }
 
