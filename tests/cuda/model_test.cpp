@@ -26,6 +26,7 @@
 #include "engine/engine_core.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/sampling.h"
+#include "cuda/model_options.h"
 #include "cuda/require_gpu.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/ops.h"
@@ -41,6 +42,7 @@ namespace tandem {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::model_options;
 using testing::table_for;
 using testing::tiny_config;
 using testing::tiny_weights;
@@ -231,17 +233,6 @@ void expect_close_rows(const char* what, const Stats& s, const Limits& l) {
   EXPECT_LE(s.max_rel, l.max_rel()) << what;
 }
 
-ModelOptions model_options(KvDtype dtype = KvDtype::kFp8) {
-  ModelOptions o;
-  o.max_slots = 4;
-  o.num_blocks = 16;
-  o.block_size = 256;
-  o.max_rollback = 8;
-  o.max_tokens_per_step = 512;
-  o.num_threads = 0;
-  o.kv_dtype = dtype;
-  return o;
-}
 
 // Runs `toks` through a slot in chunks (any model with forward(StepBatch, StepOutput)).
 template <typename Fwd>

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -16,7 +15,9 @@
 
 #include "engine/dsv4_runner.h"
 #include "engine/engine_core.h"
+#include "cuda/model_options.h"
 #include "cuda/require_gpu.h"
+#include "kernels/bit_compare.h"
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
 #include "model/run_helpers.h"
@@ -27,40 +28,12 @@ namespace tandem {
 namespace {
 
 namespace fs = std::filesystem;
+using kernels::testing::same_bits;
+using testing::model_options;
 using testing::tiny_config;
 using testing::tiny_weights;
 using testing::tokens;
 
-
-// The test models' options (model_test.cpp's): 4 slots of 4 blocks of 256 tokens, rollback 8.
-ModelOptions options() {
-  ModelOptions o;
-  o.max_slots = 4;
-  o.num_blocks = 16;
-  o.block_size = 256;
-  o.max_rollback = 8;
-  o.max_tokens_per_step = 512;
-  o.num_threads = 0;
-  o.kv_dtype = KvDtype::kFp8;
-  return o;
-}
-
-// The first index where two float arrays differ in their bits (-1: none), with both values.
-std::string first_bit_difference(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    uint32_t x, y;
-    std::memcpy(&x, &a[i], 4);
-    std::memcpy(&y, &b[i], 4);
-    if (x == y) continue;
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "first difference at %zu (row %lld, column %lld): %.9g vs %.9g", i,
-                  static_cast<long long>(static_cast<int64_t>(i) / V), static_cast<long long>(static_cast<int64_t>(i) % V),
-                  a[i], b[i]);
-    return buf;
-  }
-  return "";
-}
 
 struct TinyGpu {
   ModelConfig cfg = tiny_config(true);
@@ -68,7 +41,7 @@ struct TinyGpu {
   std::unique_ptr<CudaModel> m;
   TinyGpu() {
     CudaModelOptions co;
-    co.model = options();
+    co.model = model_options();
     co.max_graph_batch = 4;  // decode and verify steps replay graphs
     auto g = CudaModel::from_tensors(cfg, tw.ptrs(), co);
     EXPECT_TRUE(g.ok()) << g.status().to_string();
@@ -154,12 +127,12 @@ TEST(CudaSnapshot, PrefixHitFromDeviceSnapshotIsBitIdenticalToTheColdRun) {
   const Tail hit = run_tail(m, 2, toks, 256, 300, hit_table);
   EXPECT_GT(m.graph_stats().replays - replays_before, 10) << "the tails' decode and verify steps replay graphs";
   ASSERT_EQ(cold.logits.size(), static_cast<size_t>(43 * V));
-  const std::string diff = first_bit_difference(cold.logits, hit.logits, V);
+  const ::testing::AssertionResult same = same_bits(hit.logits, cold.logits);
   std::printf("[cuda-snapshot] prefix hit vs cold run: 43 rows of logits %s; draft %zu tokens %s\n",
-              diff.empty() ? "bit-identical" : diff.c_str(), hit.draft.tokens.size(),
+              same ? "bit-identical" : same.message(), hit.draft.tokens.size(),
               hit.draft.tokens == cold.draft.tokens && hit.draft.confidence == cold.draft.confidence ? "identical"
                                                                                                   : "DIFFER");
-  EXPECT_TRUE(diff.empty()) << diff;
+  EXPECT_TRUE(same) << "logits (index / V = row, V = " << V << ")";
   ASSERT_FALSE(cold.draft.tokens.empty());
   EXPECT_EQ(hit.draft.tokens, cold.draft.tokens);
   EXPECT_EQ(hit.draft.confidence, cold.draft.confidence);  // the draft context came with the snapshot
@@ -209,10 +182,10 @@ TEST(CudaSnapshot, RecycledBufferHoldsItsNewSlotAndBadNumbersChangeNothing) {
   ASSERT_TRUE(m.forward(b, &o1).ok());
   std::vector<float> l2(o2.logits.begin(), o2.logits.begin() + 12 * V),
       l1(o1.logits.begin(), o1.logits.begin() + 12 * V);
-  const std::string diff = first_bit_difference(l1, l2, V);
+  const ::testing::AssertionResult same = same_bits(l1, l2);
   std::printf("[cuda-snapshot] recycled buffer: slot loaded from it vs the slot it was saved from: %s\n",
-              diff.empty() ? "bit-identical" : diff.c_str());
-  EXPECT_TRUE(diff.empty()) << diff;
+              same ? "bit-identical" : same.message());
+  EXPECT_TRUE(same) << "logits (index / V = row, V = " << V << ")";
   // Re-allocating frees the pool (start-up only) and forgets what was saved.
   ASSERT_TRUE(m.allocate_snapshots(0).ok());
   EXPECT_EQ(m.num_snapshots(), 0);
