@@ -280,7 +280,9 @@ json targets(const Bench& b) {
       "x", true);
   add(23, "decode at 1M context / at 4K", 1.5, b.ctx_us[2] > 0 && b.ctx_us[0] > 0 ? b.ctx_us[2] / b.ctx_us[0] : -1, "x",
       true);
-  add(23, "sampler inside the step's graph", 1, 0, "bool", false, "the sampler runs after the step's graph today");
+  add(23, "sampler inside the step's graph", 1, -1, "bool", false,
+      "the serving runner's decode/verify graphs end with the sampling launch (CudaModel::forward_sample; "
+      "test_cuda CudaSamplerGraph.*); bench-model's steps do not sample, so `tandem bench` shows its effect");
   add(23, "top-p sampling of 48 rows at the model's vocabulary", 100, b.sample_top_p_us, "us", true);
   add(23, "greedy sampling of 48 rows at the model's vocabulary", 20, b.sample_greedy_us, "us", true);
   add(23, "slot snapshots for prefix caching stay on the device", 1, b.snapshot_save_us > 0 && b.snapshot_load_us > 0,

@@ -82,7 +82,9 @@ class CudaRunner : public SlotRunner<CudaModel> {
     q_rows_.assign(static_cast<size_t>(alloc.max_slots), 0);
     // Every decode/verify/draft shape the engine replays is captured now, not on a request's path.
     const auto t0 = std::chrono::steady_clock::now();
-    const int graphs = model_->capture_graphs(/*taps=*/alloc.num_draft_tokens > 0);
+    // The rank that samples (a tensor-parallel group's head; workers only compute) captures the
+    // decode and verify graphs with the sampler as their last launch.
+    const int graphs = model_->capture_graphs(/*taps=*/alloc.num_draft_tokens > 0, /*sampler=*/tp_rank_ == 0);
     if (graphs > 0)
       TLOG_INFO("engine", "captured {} CUDA graphs (decode and verify steps of up to {} sequences, drafts) in {:.0f} ms",
                 graphs, o.max_graph_batch,
@@ -174,39 +176,40 @@ class CudaRunner : public SlotRunner<CudaModel> {
   int64_t device_free_bytes() const override { return model_ ? free_device_memory() : -1; }
 
   // The step runs on the device and its rows are sampled there: logits, taps and draft
-  // distributions stay on the GPU; token ids and logprobs come back.
+  // distributions stay on the GPU; token ids and logprobs come back. A decode or verify step's
+  // sampling is the last launch of its graph (CudaModel::forward_sample), one synchronization.
   Status forward(std::span<const RunnerSeq> batch, const StepSamples* samples, RunnerOutput& out) override {
     TANDEM_RETURN_IF_ERROR(begin_step(batch));
     to_step_batch(batch, model_->has_draft(), batch_);
-    // With rows to sample, the sampler's one synchronization finishes the step too.
-    const bool sampling = samples && !samples->rows.empty();
-    TANDEM_RETURN_IF_ERROR(model_->forward(batch_, nullptr, /*synchronize=*/!sampling));
     out.samples.clear();
-    if (!sampling) return Status();
-    first_sampled_row(batch, model_->last_logits_rows(), first_row_);
+    if (!samples || samples->rows.empty()) return model_->forward(batch_, nullptr, /*synchronize=*/true);
+    // The rows' logits rows are known before the step runs (the step's layout).
+    CudaModel::step_logits_rows(batch_, logits_row_);
+    first_sampled_row(batch, logits_row_, first_row_);
     rows_.assign(samples->rows.begin(), samples->rows.end());
     for (size_t i = 0; i < batch.size(); ++i) {
       const RunnerSeq& s = batch[i];
-      if (s.sample_rows > 0 && (s.sample_begin < 0 || s.sample_begin + s.sample_rows > static_cast<int>(rows_.size()))) {
-        model_->synchronize();
+      if (s.sample_rows > 0 && (s.sample_begin < 0 || s.sample_begin + s.sample_rows > static_cast<int>(rows_.size())))
         return make_error(StatusCode::kInternal, "sampling: seq {} rows [{}, +{}) outside the step's {} rows", i,
                           s.sample_begin, s.sample_rows, rows_.size());
-      }
       for (int j = 0; j < s.sample_rows; ++j) {
         SampleRow& r = rows_[static_cast<size_t>(s.sample_begin + j)];
         r.logits_row = static_cast<int32_t>(first_row_[i] + j);
         if (r.q_row < 0) continue;
-        if (r.q_row >= q_rows_[s.slot]) {
-          model_->synchronize();
+        if (r.q_row >= q_rows_[s.slot])
           return make_error(StatusCode::kInternal, "sampling: slot {} has no stored draft distribution {}", s.slot,
                             r.q_row);
-        }
         r.q_row += s.slot * model_->draft_tokens();
       }
     }
     out.samples.resize(rows_.size());
-    return model_->sample(rows_, samples->prompt_ids, samples->counts, samples->masks, samples->mask_words,
-                          out.samples);
+    TANDEM_RETURN_IF_ERROR(model_->forward_sample(batch_, rows_, samples->prompt_ids, samples->counts, samples->masks,
+                                                  samples->mask_words, out.samples));
+    // The layout the rows assumed is the one the step used.
+    const auto used = model_->last_logits_rows();
+    if (!std::equal(used.begin(), used.end(), logits_row_.begin(), logits_row_.end()))
+      return make_error(StatusCode::kInternal, "sampling: the step's logits rows differ from the planned layout");
+    return Status();
   }
 
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override {
@@ -238,7 +241,7 @@ class CudaRunner : public SlotRunner<CudaModel> {
   int device_ = 0;              // CUDA ordinal
   int64_t allocs_at_start_ = 0;
   StepBatch batch_;
-  std::vector<int64_t> first_row_;
+  std::vector<int64_t> logits_row_, first_row_;
   std::vector<SampleRow> rows_;
   std::vector<int> q_rows_;  // per slot: draft distributions stored on the device (0: none)
   std::vector<DraftResult> results_;

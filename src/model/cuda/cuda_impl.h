@@ -208,11 +208,23 @@ struct CudaModel::Impl {
   Buf<int32_t> d_sints;
   Buf<uint8_t> d_sscratch;
   uint8_t* sample_host = nullptr; // pinned: rows | results | masks | ints
+  // The sampler inside the step's graph (forward_sample): decode/verify graphs captured with
+  // `graph_sampler` end with the sampling launch over d_srows[0, graph_srows), the descriptors
+  // uploaded before the replay. graph_srows is the key's last field while a step runs.
+  bool graph_sampler = false;
+  int graph_srows = 0;
+  SampleInputs sample_inputs() const;
+  // Packs rows[begin..] (their arrays next to them) into the staging area, at most `limit` rows;
+  // returns how many fit and the ints/masks they took.
+  int pack_sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
+                       std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
+                       size_t begin, int limit, int64_t& nints, int& nmask);
+  void upload_sample_rows(int n, int64_t nints, int nmask);  // staging -> d_srows / d_sints / d_smasks
   // Allocates the sampling buffers (measure: only returns the device bytes they need).
   int64_t alloc_sampling(bool measure);
   Status check_sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
                            std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
-                           size_t out_size) const;
+                           size_t out_size, int64_t lrows = -1) const;
   Status sample_rows(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
                      std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
                      std::span<SampleRowResult> out);
@@ -237,8 +249,9 @@ struct CudaModel::Impl {
   // Whether a call of m rows runs on the tensor cores: the step's choice inside a forward, the row
   // count elsewhere (the draft's context insertion and proposals).
   bool tc_rows(int64_t m) const { return in_step ? step.tc : m > copt.tc_min_rows; }
-  // ---- CUDA graphs: key = (sequences, tokens per sequence, logits mode, taps, context bucket) ----
-  using GraphKey = std::tuple<int, int, int, int, int64_t>;
+  // ---- CUDA graphs: key = (sequences, tokens per sequence, logits mode, taps, context bucket,
+  // rows of the sampler launch that ends the graph: 0 = none) ----
+  using GraphKey = std::tuple<int, int, int, int, int64_t, int>;
   std::map<GraphKey, cudaGraphExec_t> graphs;
   std::map<std::pair<int64_t, bool>, cudaGraphExec_t> draft_graphs;  // (requests, probabilities wanted)
   CudaModel::GraphStats gstats;

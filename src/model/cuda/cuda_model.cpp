@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/sample_rows.h"
 #include "model/cuda/cuda_impl.h"
 #include "model/slot_state.h"
 #include "model/weights.h"
@@ -479,6 +480,18 @@ Status CudaModel::Impl::prepare(const StepBatch& batch, StepOutput* host_out) {
   return Status();
 }
 
+void CudaModel::step_logits_rows(const StepBatch& batch, std::vector<int64_t>& out) {
+  out.assign(batch.seqs.size(), -1);
+  int64_t lrows = 0;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqStep& q = batch.seqs[i];
+    const int64_t n = static_cast<int64_t>(q.tokens.size());
+    if (q.logits == LogitsMode::kNone || n == 0) continue;
+    out[i] = lrows;
+    lrows += q.logits == LogitsMode::kAll ? n : 1;
+  }
+}
+
 void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out) {
   const size_t ns = batch.seqs.size();
   uint8_t* hp = plan_host;
@@ -634,7 +647,7 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool syn
   bound = std::min<int64_t>(bound, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));
   m.step.end_bound = bound;
   const Impl::GraphKey key{static_cast<int>(padded), static_cast<int>(n), static_cast<int>(f.logits),
-                           f.collect_taps ? 1 : 0, bound};
+                           f.collect_taps ? 1 : 0, bound, m.graph_srows};
   auto it = m.graphs.find(key);
   if (it == m.graphs.end()) {
     m.capture(key);  // a context bucket not captured at start-up: one eager step, then the graph
@@ -659,7 +672,15 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool syn
 // First step of a shape: run it eagerly (kernel attributes and scratch are set up outside any
 // capture), then capture the same launches for the next steps of this shape.
 void CudaModel::Impl::capture(const GraphKey& key) {
-  graphs.emplace(key, capture_after_eager([this] { launch(); }));
+  const int srows = std::get<5>(key);
+  graphs.emplace(key, capture_after_eager([this, srows] {
+                   launch();
+                   if (srows > 0) {
+                     section(OpClass::kOther);
+                     kernels::cuda::sample_rows_device({sample_inputs(), d_srows.get(), srows, d_sscratch.get(), d_sres.get()},
+                                                       stream);
+                   }
+                 }));
 }
 
 void CudaModel::Impl::capture_draft(int64_t B, bool want_probs) {
@@ -667,11 +688,19 @@ void CudaModel::Impl::capture_draft(int64_t B, bool want_probs) {
                        capture_after_eager([this, B, want_probs] { launch_draft(B, want_probs); }));
 }
 
-int CudaModel::capture_graphs(bool taps) {
+int CudaModel::capture_graphs(bool taps, bool sampler) {
   Impl& m = *impl_;
   if (m.copt.max_graph_batch <= 0 || m.pad_slot < 0) return 0;
   const int64_t before = m.gstats.captures;
   taps = taps && m.w.has_draft;
+  m.graph_sampler = sampler;
+  if (sampler) {  // the capture's sampler reads greedy placeholder rows (the padding's logits)
+    std::vector<SampleRow> dummy(static_cast<size_t>(m.sample_rows_cap));
+    for (int r = 0; r < m.sample_rows_cap; ++r) dummy[r].logits_row = r;
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_srows.get(), dummy.data(), sizeof(SampleRow) * dummy.size(),
+                                      cudaMemcpyHostToDevice, m.stream));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // `dummy` is pageable and local
+  }
   // Decode and verify steps: only padding sequences (the spare slot and block, position 0), so no
   // engine slot changes; the first context bucket (later buckets capture on first use).
   for (int b = 1; b <= m.copt.max_graph_batch; b *= 2) {
@@ -686,7 +715,9 @@ int CudaModel::capture_graphs(bool taps) {
       while (bound < m.step.max_end) bound *= 2;
       bound = std::min<int64_t>(bound, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));
       m.step.end_bound = bound;
-      const Impl::GraphKey key{b, n, static_cast<int>(lm), taps ? 1 : 0, bound};
+      const int per = lm == LogitsMode::kAll ? n : 1;
+      const int srows = sampler && b * per <= m.sample_rows_cap ? b * per : 0;
+      const Impl::GraphKey key{b, n, static_cast<int>(lm), taps ? 1 : 0, bound, srows};
       if (!m.graphs.count(key)) m.capture(key);
       TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
       m.slot_len[m.pad_slot] = 0;

@@ -84,12 +84,15 @@ class CudaModel {
   // graphs): each takes device memory, so after start-up it must not move under load.
   struct GraphStats {
     int64_t replays = 0, captures = 0, eager = 0, instantiations = 0;
+    int64_t sampled_in_graph = 0;  // forward_sample steps whose rows the graph's sampler launch drew
   };
   GraphStats graph_stats() const;
   // Captures at start-up the graphs the engine's steps replay: decode and verify steps of
   // 1, 2, 4 .. max_graph_batch sequences x 1 .. max_rollback + 1 tokens (first context bucket;
   // taps when `taps`) and drafts of 1 .. max_graph_batch requests. Returns the graphs captured.
-  int capture_graphs(bool taps);
+  // With `sampler` the decode and verify graphs end with the sampling launch (forward_sample) for
+  // one row per logits row, where those rows fit the sampling buffers.
+  int capture_graphs(bool taps, bool sampler = false);
   // Bytes of device memory held: weights, KV pool, slot states, scratch.
   struct Memory {
     int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0, snapshots = 0;
@@ -176,6 +179,18 @@ class CudaModel {
   Status sample(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
                 std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
                 std::span<SampleRowResult> out);
+  // forward(batch, nullptr) then sample(rows, ...), in one synchronization. When the step replays a
+  // graph captured with the sampler (capture_graphs(.., true)), its rows are one per logits row in
+  // order (row k samples logits row k) and fit one staging chunk, the rows' descriptors go up before
+  // the replay and the graph's last launch samples them (padding sequences' rows are greedy
+  // placeholders whose results are dropped); otherwise the same graph samples placeholders and the
+  // rows take sample()'s separate launch. Results are the same either way.
+  Status forward_sample(const StepBatch& batch, std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
+                        std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
+                        std::span<SampleRowResult> out);
+  // Where each batch entry's logits rows start in the step's logits (-1: none), before the step runs:
+  // entries in batch order, kAll one row per token, kLast one (what last_logits_rows() reports after).
+  static void step_logits_rows(const StepBatch& batch, std::vector<int64_t>& out);
   // Rows of logits the last forward left on the device, and where each batch entry's start.
   std::span<const int64_t> last_logits_rows() const;
   // profile_step for a greedy draft of `requests` (their context must be in place).
