@@ -14,6 +14,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include <fmt/ranges.h>
+
 #include "common/check.h"
 #include "common/log.h"
 #include "engine/slot_runner.h"
@@ -205,10 +207,14 @@ class CudaRunner : public SlotRunner<CudaModel> {
     out.samples.resize(rows_.size());
     TANDEM_RETURN_IF_ERROR(model_->forward_sample(batch_, rows_, samples->prompt_ids, samples->counts, samples->masks,
                                                   samples->mask_words, out.samples));
-    // The layout the rows assumed is the one the step used.
+    // The layout the rows assumed is the one the step used: both are CudaModel::step_logits_rows of
+    // this batch (a graph step's padding sequences come after it and are not reported), so this
+    // guards the model's bookkeeping, not a case the engine can produce.
     const auto used = model_->last_logits_rows();
     if (!std::equal(used.begin(), used.end(), logits_row_.begin(), logits_row_.end()))
-      return make_error(StatusCode::kInternal, "sampling: the step's logits rows differ from the planned layout");
+      return make_error(StatusCode::kInternal,
+                        "sampling: the step's logits rows [{}] differ from the planned layout [{}] ({} sequences)",
+                        fmt::join(used, ","), fmt::join(logits_row_, ","), batch.size());
     return Status();
   }
 

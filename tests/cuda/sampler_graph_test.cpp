@@ -3,9 +3,12 @@
 // launch over the same logits (seeded temperature / top-k / top-p draws, penalties, grammar masks,
 // drafts verified, logprobs); the tokens equal those of an eager model that samples separately;
 // rows that do not fit the graph's layout fall back to the separate launch with the same results;
-// and nothing is instantiated or allocated while it runs. Skips without a GPU.
+// nothing is instantiated or allocated while it runs; and the logits rows a step reports
+// (last_logits_rows) are the ones planned before it (step_logits_rows), padded graph steps and
+// mixed eager steps alike. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -246,6 +249,121 @@ TEST(CudaSamplerGraph, RowsOffTheGraphLayoutTakeTheSeparateLaunch) {
   b.seqs[0].tokens = std::span<const int32_t>(seqs[0].data() + pos[0], 6);
   b.seqs[1].tokens = std::span<const int32_t>(seqs[1].data() + pos[1], 6);
   EXPECT_TRUE(g.forward_sample(b, rows, {}, {}, {}, W, got).ok());
+}
+
+// Empty when the logits rows `m`'s last step reports are the ones planned for `b` before it ran,
+// else both layouts as text.
+std::string layout_difference(const CudaModel& m, const StepBatch& b) {
+  std::vector<int64_t> planned;
+  CudaModel::step_logits_rows(b, planned);
+  const auto used = m.last_logits_rows();
+  if (std::equal(used.begin(), used.end(), planned.begin(), planned.end())) return "";
+  std::string t = "reported [";
+  for (int64_t r : used) t += std::to_string(r) + ",";
+  t += "] planned [";
+  for (int64_t r : planned) t += std::to_string(r) + ",";
+  return t + "]";
+}
+
+// Greedy rows, one per logits row of the planned layout, in order (the graph's layout).
+std::vector<SampleRow> greedy_rows(const StepBatch& b) {
+  std::vector<int64_t> planned;
+  CudaModel::step_logits_rows(b, planned);
+  std::vector<SampleRow> rows;
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    if (planned[i] < 0) continue;
+    const SeqStep& q = b.seqs[i];
+    const int64_t per = q.logits == LogitsMode::kAll ? static_cast<int64_t>(q.tokens.size()) : 1;
+    for (int64_t j = 0; j < per; ++j) {
+      SampleRow r;
+      r.logits_row = static_cast<int32_t>(planned[i] + j);
+      r.temperature = 0.0;
+      r.position = q.start_pos + j + 1;
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+// The engine's concurrency-8 failure (a sequence count that is not a captured graph size): a graph
+// step of 3 sequences runs padded to 4, and last_logits_rows reported the padding's entry too, so
+// the runner's check against the planned layout failed the step. Every step kind here: padded
+// decode and verify replays with the sampler in the graph, a padded replay without sampling, and
+// eager steps mixing kLast, kNone, kAll and empty sequences, on a graph model and an eager one.
+TEST(CudaSamplerGraph, ReportedLogitsRowsAreThePlannedOnesInPaddedAndMixedSteps) {
+  SKIP_WITHOUT_GPU();
+  Models mm;
+  ASSERT_TRUE(mm.graph && mm.eager);
+  mm.graph->capture_graphs(/*taps=*/false, /*sampler=*/true);
+  const int64_t W = (mm.graph->vocab_size() + 31) / 32;
+  std::vector<std::vector<int32_t>> seqs = {tokens(300, 81), tokens(300, 82), tokens(300, 83), tokens(300, 84)};
+  std::vector<std::vector<int32_t>> tables = {testing::table_for(0), testing::table_for(1), testing::table_for(2),
+                                              testing::table_for(3)};
+  for (CudaModel* m : {mm.graph.get(), mm.eager.get()}) {
+    const char* which = m == mm.graph.get() ? "graph model" : "eager model";
+    for (int s = 0; s < 4; ++s) m->reset(s);
+    const auto before = m->graph_stats();
+    int steps = 0, bad = 0;
+    std::string first_bad;
+    std::vector<SampleRowResult> out;
+    auto seq = [&](int s, int n, LogitsMode lm) {
+      const int64_t pos = m->slot_length(s);
+      return SeqStep{s, pos, std::span<const int32_t>(seqs[s].data() + pos, static_cast<size_t>(n)), tables[s], lm,
+                     false};
+    };
+    auto run = [&](const StepBatch& b, bool sampled, const std::string& what) {
+      ++steps;
+      Status st;
+      if (sampled) {
+        const std::vector<SampleRow> rows = greedy_rows(b);
+        out.assign(rows.size(), SampleRowResult());
+        st = m->forward_sample(b, rows, {}, {}, {}, W, out);
+      } else {
+        st = m->forward(b, nullptr);
+      }
+      EXPECT_TRUE(st.ok()) << which << ", " << what << ": " << st.to_string();
+      const std::string d = layout_difference(*m, b);
+      if (!d.empty() && ++bad == 1) first_bad = what + ": " + d;
+    };
+    StepBatch b;
+    // Mixed prompts: kLast, kNone (a chunk that samples nothing), kAll, and an empty sequence.
+    b.seqs = {seq(0, 40, LogitsMode::kLast), seq(1, 30, LogitsMode::kNone), seq(2, 12, LogitsMode::kAll),
+              seq(3, 0, LogitsMode::kLast)};
+    run(b, true, "mixed prefill (eager)");
+    b.seqs = {seq(1, 25, LogitsMode::kLast), seq(3, 20, LogitsMode::kLast)};
+    run(b, true, "prefill of slots 1 and 3 (eager)");
+    for (int rep = 0; rep < 2; ++rep) {
+      b.seqs = {seq(0, 1, LogitsMode::kLast), seq(1, 1, LogitsMode::kLast), seq(2, 1, LogitsMode::kLast)};
+      run(b, true, "3 decodes (padded to 4)");
+      b.seqs = {seq(2, 6, LogitsMode::kAll), seq(0, 6, LogitsMode::kAll), seq(1, 6, LogitsMode::kAll)};
+      run(b, true, "3 verifies of 6 (padded to 4)");
+      b.seqs = {seq(1, 1, LogitsMode::kLast), seq(0, 1, LogitsMode::kLast), seq(2, 1, LogitsMode::kLast)};
+      run(b, false, "3 decodes without sampling (padded to 4)");
+      b.seqs = {seq(0, 1, LogitsMode::kLast), seq(1, 6, LogitsMode::kAll), seq(3, 3, LogitsMode::kNone),
+                seq(2, 1, LogitsMode::kLast)};
+      run(b, true, "decode + verify + prefill chunk (eager)");
+      b.seqs = {seq(3, 1, LogitsMode::kLast), seq(0, 1, LogitsMode::kLast), seq(1, 1, LogitsMode::kLast),
+                seq(2, 1, LogitsMode::kLast)};
+      run(b, true, "4 decodes (a captured size)");
+      b.seqs = {seq(3, 1, LogitsMode::kLast)};
+      run(b, true, "1 decode");
+    }
+    const auto after = m->graph_stats();
+    std::printf("[cuda-sampler-graph] %s: %d steps (%lld replays, %lld sampled inside the graph), %d report a "
+                "layout other than the planned one%s%s\n",
+                which, steps, static_cast<long long>(after.replays - before.replays),
+                static_cast<long long>(after.sampled_in_graph - before.sampled_in_graph), bad,
+                first_bad.empty() ? "" : ", first: ", first_bad.c_str());
+    EXPECT_EQ(bad, 0) << which << ": " << first_bad;
+    if (m == mm.graph.get()) {
+      // Per rep, the padded decodes and verifies, the 4-decode and the 1-decode step are graph
+      // steps: the sampled ones (4 a rep) sample inside their graph; the unsampled padded decode's
+      // shape (no sampler launch) is captured on first use, then replayed.
+      EXPECT_EQ(after.sampled_in_graph - before.sampled_in_graph, 8);
+      EXPECT_EQ(after.captures - before.captures, 1);
+      EXPECT_EQ(after.replays - before.replays, 9);
+    }
+  }
 }
 
 }  // namespace

@@ -233,7 +233,10 @@ struct CudaModel::Impl {
 
   // The step being run (prepare -> launch -> finish).
   struct Step {
-    const StepBatch* batch = nullptr;
+    const StepBatch* batch = nullptr;  // what runs: a graph step's padded copy (finish() advances its slots)
+    // The caller's sequences, the first of `batch`'s: a graph step's padding sequences follow them,
+    // and last_logits_rows() reports only these.
+    size_t seqs = 0;
     int64_t rows = 0, lrows = 0, trows = 0, max_end = 0;
     // Context bound the launch grids are sized for: max_end (eager) or its power-of-two bucket
     // (graph replay), so one graph serves every position up to the bucket.

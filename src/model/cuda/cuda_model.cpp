@@ -505,7 +505,9 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
   auto* tables = reinterpret_cast<int32_t*>(hp + plan.block_tables);
   auto* head_src = reinterpret_cast<int32_t*>(hp + plan.head_src);
   auto* taps_dst = reinterpret_cast<int32_t*>(hp + plan.taps_dst);
-  step.logits_row.assign(ns, -1);
+  // The logits layout is step_logits_rows' (one function, so the rows a caller plans before the
+  // step are the rows the step writes).
+  step_logits_rows(batch, step.logits_row);
   step.taps_row.assign(ns, -1);
   int64_t total = 0, lrows = 0, trows = 0, longest = 0;
   step.max_end = 0;
@@ -518,8 +520,7 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
     seq_slot[i] = q.slot;
     const int64_t need = (q.start_pos + n + opt.block_size - 1) / opt.block_size;
     std::memcpy(tables + i * max_blocks, q.block_table.data(), sizeof(int32_t) * need);
-    if (q.logits != LogitsMode::kNone && n > 0) {
-      step.logits_row[i] = lrows;
+    if (step.logits_row[i] >= 0) {
       const int64_t first = q.logits == LogitsMode::kAll ? 0 : n - 1;
       for (int64_t t = first; t < n; ++t) head_src[lrows++] = static_cast<int32_t>(total + t);
     }
@@ -536,6 +537,7 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
     step.max_end = std::max<int64_t>(step.max_end, q.start_pos + n);
   }
   step.rows = total;
+  step.seqs = ns;
   // A step of short sequences with more rows than the decode MoE holds (moe_max_tokens) takes the
   // tensor cores too: they are much faster there, and such steps are prefill bursts.
   const int64_t gemv_cap = dec.enabled ? dec.moe_max_tokens : max_rows;
@@ -642,6 +644,7 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool syn
     m.padded.seqs.push_back({m.pad_slot, 0, std::span<const int32_t>(m.pad_tokens.data(), n), m.pad_table, f.logits,
                              f.collect_taps});
   m.prepare_plan(m.padded, nullptr);
+  m.step.seqs = ns;  // the caller's sequences: the padding's come after them and are not reported
   int64_t bound = 256;
   while (bound < m.step.max_end) bound *= 2;
   bound = std::min<int64_t>(bound, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));

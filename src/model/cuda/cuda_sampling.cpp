@@ -35,9 +35,9 @@ int64_t CudaModel::Impl::alloc_sampling(bool measure) {
 }
 
 std::span<const int64_t> CudaModel::last_logits_rows() const {
+  // The caller's entries only: a graph step ran a batch padded to its captured size.
   const Impl& m = *impl_;
-  const size_t ns = m.step.batch ? m.step.batch->seqs.size() : 0;
-  return {m.step.logits_row.data(), std::min(ns, m.step.logits_row.size())};
+  return {m.step.logits_row.data(), std::min(m.step.seqs, m.step.logits_row.size())};
 }
 
 Status CudaModel::sample(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
