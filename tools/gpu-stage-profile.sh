@@ -7,6 +7,8 @@
 # "name:sections-of-bench-kernels:kernel-regex:launches[:skipped launches]" separated by spaces;
 # PROFILE_SOURCE=1 also keeps the reports and exports each kernel's SASS with stall samples; PROFILE_GRAPHS=graph
 # leaves the kernels inside CUDA graphs out (only the benchmarks' eager warm-up launches match).
+# The sections "gemm" profile bench-gemm instead (PROFILE_GEMM_ARGS, default 4,096 rows and 4,096
+# routed tokens, 2 repetitions), e.g. the grouped expert GEMM: "experts:gemm:moe_ws_kernel:1:1".
 set -uo pipefail
 OUT=$1
 cd "$(dirname "$0")/.."
@@ -18,9 +20,12 @@ sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occu
 run() {  # name only regex count [skip]
   local rep=()
   [[ ${PROFILE_SOURCE:-0} == 1 ]] && rep=(--export "$OUT/profile-$1" --force-overwrite)
+  local cmd=(build-cuda/tandem bench-kernels --only "$2")
+  # shellcheck disable=SC2206
+  [[ $2 == gemm ]] && cmd=(build-cuda/tandem bench-gemm ${PROFILE_GEMM_ARGS:---tokens 4096 --expert-tokens 4096 --reps 2})
   timeout 240 "$ncu" --clock-control none --target-processes all --graph-profiling "${PROFILE_GRAPHS:-node}" --kernel-name "regex:$3" \
     --launch-skip "${5:-0}" --launch-count "$4" "${rep[@]}" \
-    "${sections[@]}" build-cuda/tandem bench-kernels --only "$2" --out "$OUT/profile-$1.json" \
+    "${sections[@]}" "${cmd[@]}" --out "$OUT/profile-$1.json" \
     > "$OUT/profile-$1.txt" 2>&1
   echo "ncu $1 rc=$?"
   if [[ ${PROFILE_SOURCE:-0} == 1 && -f $OUT/profile-$1.ncu-rep ]]; then

@@ -41,6 +41,7 @@ struct Args {
   double max_seconds = 240;            // wall budget: later sections are skipped past it
   double collective_us = 6.5;          // modelled cost of one collective (one-row all-reduce in a graph)
   double gpu_memory_utilization = 0.90;
+  bool ablate = true;                  // the batch-1 decode step's per-kernel ablation
 };
 
 // Modelled per-collective latencies measured on 2x H200 inside a CUDA graph (issue 21).

@@ -179,26 +179,42 @@ json class_breakdown(const Bench& b, const CudaModel::StepProfile& prof,
   };
   struct Acc {
     int kernels = 0, copies = 0;
-    double kernel_us = 0, copy_us = 0;
+    double kernel_us = 0, copy_us = 0, critical_us = 0;
   };
+  struct Name {
+    int count = 0;
+    double us = 0, critical_us = 0;
+  };
+  // A record's share of the critical path: how far it moves the latest end seen so far (records in
+  // start order). With programmatic dependent launch a kernel starts before its predecessor ends and
+  // waits, so its own duration overstates it; the shares sum to the span.
+  std::map<const kernels::cuda::ActivityRecord*, double> critical;
+  uint64_t latest = recs.empty() ? 0 : recs.front().start_ns;
+  for (const auto& r : recs) {
+    critical[&r] = r.end_ns > latest ? static_cast<double>(r.end_ns - latest) * 1e-3 : 0.0;
+    latest = std::max(latest, r.end_ns);
+  }
   std::map<std::string, Acc> by;
-  std::map<std::string, std::pair<int, double>> names;
+  std::map<std::string, Name> names;
   double kernel_us = 0, copy_us = 0;
   for (size_t i = 0; i < ks.size(); ++i) {
     const double us = static_cast<double>(ks[i]->end_ns - ks[i]->start_ns) * 1e-3;
     Acc& a = by[cls_at(static_cast<int>(i), true)];
     ++a.kernels;
     a.kernel_us += us;
+    a.critical_us += critical[ks[i]];
     kernel_us += us;
-    auto& n = names[ks[i]->name.substr(0, 120)];
-    ++n.first;
-    n.second += us;
+    Name& n = names[ks[i]->name.substr(0, 120)];
+    ++n.count;
+    n.us += us;
+    n.critical_us += critical[ks[i]];
   }
   for (size_t i = 0; i < cs.size(); ++i) {
     const double us = static_cast<double>(cs[i]->end_ns - cs[i]->start_ns) * 1e-3;
     Acc& a = by[cls_at(static_cast<int>(i), false)];
     ++a.copies;
     a.copy_us += us;
+    a.critical_us += critical[cs[i]];
     copy_us += us;
   }
   const double span_us = static_cast<double>(recs.back().end_ns - recs.front().start_ns) * 1e-3;
@@ -217,14 +233,27 @@ json class_breakdown(const Bench& b, const CudaModel::StepProfile& prof,
     const double byt = cb.value(name, 0.0), us = a.kernel_us + a.copy_us;
     const double rate = us > 0 ? byt / (us * 1e-6) : 0;
     out["by_class"][name] = {{"kernels", a.kernels}, {"kernel_us", a.kernel_us}, {"copies", a.copies},
-                             {"copy_us", a.copy_us}, {"bytes", byt}, {"bytes_per_s", rate},
+                             {"copy_us", a.copy_us}, {"critical_us", a.critical_us}, {"bytes", byt}, {"bytes_per_s", rate},
                              {"bandwidth_fraction", b.copy_bw > 0 ? rate / b.copy_bw : 0.0}};
   }
-  std::vector<std::pair<double, std::string>> top;
-  for (const auto& [n, v] : names) top.push_back({v.second, n});
+  out["critical_note"] =
+      "critical_us: each record's share of the span, how far its end moves the latest end of the records started "
+      "before it (a kernel waiting on its predecessor under programmatic dependent launch counts only past that "
+      "end); CUPTI's per-launch cost inflates every share against the untraced replay";
+  std::vector<std::pair<double, std::string>> top, top_critical;
+  for (const auto& [n, v] : names) {
+    top.push_back({v.us, n});
+    top_critical.push_back({v.critical_us, n});
+  }
   std::sort(top.rbegin(), top.rend());
-  for (size_t i = 0; i < std::min<size_t>(top.size(), 12); ++i)
-    out["top_kernels"].push_back({{"name", top[i].second}, {"us", top[i].first}, {"count", names[top[i].second].first}});
+  std::sort(top_critical.rbegin(), top_critical.rend());
+  auto entry = [&](const std::string& n) {
+    const Name& v = names[n];
+    return json{{"name", n}, {"us", v.us}, {"critical_us", v.critical_us}, {"count", v.count}};
+  };
+  for (size_t i = 0; i < std::min<size_t>(top.size(), 12); ++i) out["top_kernels"].push_back(entry(top[i].second));
+  for (size_t i = 0; i < std::min<size_t>(top_critical.size(), 40); ++i)
+    out["top_kernels_critical"].push_back(entry(top_critical[i].second));
   return out;
 }
 

@@ -115,9 +115,33 @@ void header(const char* what) {
               "kernels", "copies", "coll", "graph us", "p10-p90 us", "+comm us", "GB read", "of bw");
 }
 
+// Each kernel's cost to the step: the replay with all its nodes removed against the whole one,
+// largest first; the per-node share and what the kernels not listed (none removed) leave.
+nlohmann::json ablation(const CudaModel::StepProfile& prof) {
+  std::vector<const CudaModel::StepProfile::Ablation*> v;
+  for (const auto& a : prof.ablation) v.push_back(&a);
+  std::sort(v.begin(), v.end(), [](auto* x, auto* y) { return x->graph_us < y->graph_us; });
+  nlohmann::json rows = nlohmann::json::array();
+  double sum = 0;
+  std::printf("  ablation (graph %.1f us): kernel, nodes, step without them, saved, per node\n", prof.graph_us);
+  for (const auto* a : v) {
+    const double saved = prof.graph_us - a->graph_us;
+    sum += saved;
+    rows.push_back({{"kernel", a->kernel}, {"nodes", a->nodes}, {"graph_us_without", a->graph_us}, {"saved_us", saved},
+                    {"per_node_us", saved / std::max(1, a->nodes)}});
+    std::printf("  %-90.90s %5d %9.1f %8.1f %6.2f\n", a->kernel.c_str(), a->nodes, a->graph_us, saved,
+                saved / std::max(1, a->nodes));
+  }
+  return {{"graph_us", prof.graph_us}, {"sum_saved_us", sum}, {"kernels", rows},
+          {"note", "each kernel's nodes removed from the captured step (neighbours joined by the removed node's "
+                   "outgoing edge), median replay: its cost to the step, overlap included; the sum of the savings "
+                   "against graph_us shows how much the kernels overlap"}};
+}
+
 // Graph replays + a CUPTI trace of one replay for `sb`; the routing and collectives of one eager step.
+// `ablate`: also each kernel's cost to the step, from replays with its nodes removed (`ablation`).
 Result<nlohmann::json> measure_target(Bench& b, const char* kind, const StepBatch& sb, const StepShape& shape,
-                                      CudaModel::StepProfile* prof_out = nullptr) {
+                                      bool ablate = false) {
   int64_t rows = 0;
   for (const SeqStep& q : sb.seqs) rows += static_cast<int64_t>(q.tokens.size());
   if (b.comm) b.comm->reset_counts();
@@ -132,11 +156,12 @@ Result<nlohmann::json> measure_target(Bench& b, const char* kind, const StepBatc
   CudaModel::ReplayHook hook;
   if (b.cupti) hook = [&](const std::function<void()>& replay) { recs = b.cupti->record(replay, &trace_error); };
   StepOutput out;
-  TANDEM_ASSIGN_OR_RETURN(CudaModel::StepProfile prof, b.model->profile_step(sb, reps, &out, hook, std::min(reps, 3)));
+  TANDEM_ASSIGN_OR_RETURN(CudaModel::StepProfile prof,
+                          b.model->profile_step(sb, reps, &out, hook, std::min(reps, 3), ablate));
   TANDEM_RETURN_IF_ERROR(rollback_all(b, shape.batch, shape.tokens));
   nlohmann::json r = row(b, kind, shape, rows, collectives, prof, routing, recs, trace_error);
   r["logits"] = logit_check(out, b.cfg.vocab_size);
-  if (prof_out) *prof_out = std::move(prof);
+  if (ablate) r["ablation"] = ablation(prof);
   return r;
 }
 
@@ -187,7 +212,8 @@ Status run_step_sweep(Bench& b) {
       shape.batch = B;
       shape.tokens = n;
       shape.context = b.a.context;
-      TANDEM_ASSIGN_OR_RETURN(nlohmann::json r, measure_target(b, n == 1 ? "decode" : "verify", batch_of(b, s, B, n), shape));
+      TANDEM_ASSIGN_OR_RETURN(nlohmann::json r, measure_target(b, n == 1 ? "decode" : "verify", batch_of(b, s, B, n),
+                                                               shape, b.a.ablate && B == 1 && n == 1));
       const double med = r["graph_us"].value("median", -1.0);
       const double bytes = r["bytes_read"].value("total", -1.0);
       if (B == 1 && n == 1) {

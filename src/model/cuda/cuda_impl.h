@@ -108,9 +108,10 @@ DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool h
 // one captured CUDA graph (two warm-up runs each); the graph's kernel and copy nodes, the medians
 // and every replay's time. `hook` (optional) is called once with a function replaying the graph.
 // `marks` (optional) is where the launches record their op classes while the graph is captured.
+// `ablate`: also StepProfile::ablation (each kernel's nodes removed in turn, reps replays each).
 CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int eager_reps,
                                             const std::function<void()>& launch, const CudaModel::ReplayHook& hook,
-                                            std::vector<CudaModel::ClassMark>** marks);
+                                            std::vector<CudaModel::ClassMark>** marks, bool ablate = false);
 
 }  // namespace cuda_model
 

@@ -5,6 +5,8 @@
 // experts of a step, the op-class names and the per-rank memory summary.
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "common/check.h"
@@ -59,9 +61,70 @@ Status check_fits(const CudaModel::Impl& m, int64_t weight_bytes, int64_t buffer
 }  // namespace cuda_model
 
 namespace cuda_model {
+namespace {
+
+// The captured step is one stream's chain: every node has at most one dependency and one dependent.
+// Removes `victims` from a clone of `g`, joining each one's predecessor to its successor with the
+// victim's outgoing edge data (a programmatic edge stays programmatic). Null when `g` is no chain.
+cudaGraph_t without_nodes(cudaGraph_t g, const std::vector<cudaGraphNode_t>& victims) {
+  cudaGraph_t c;
+  TANDEM_CUDA_CHECK(cudaGraphClone(&c, g));
+  for (cudaGraphNode_t v : victims) {
+    cudaGraphNode_t cv;
+    TANDEM_CUDA_CHECK(cudaGraphNodeFindInClone(&cv, v, c));
+    size_t ni = 0, no = 0;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(cv, nullptr, nullptr, &ni));
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(cv, nullptr, nullptr, &no));
+    if (ni > 1 || no > 1) {
+      TANDEM_CUDA_CHECK(cudaGraphDestroy(c));
+      return nullptr;
+    }
+    cudaGraphNode_t in = nullptr, out = nullptr;
+    cudaGraphEdgeData ein{}, eout{};
+    if (ni) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(cv, &in, &ein, &ni));
+    if (no) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(cv, &out, &eout, &no));
+    TANDEM_CUDA_CHECK(cudaGraphDestroyNode(cv));
+    if (in && out) TANDEM_CUDA_CHECK(cudaGraphAddDependencies(c, &in, &out, &eout, 1));
+  }
+  return c;
+}
+
+std::vector<CudaModel::StepProfile::Ablation> ablate_kernels(cudaGraph_t g, const std::vector<cudaGraphNode_t>& nodes,
+                                                             cudaStream_t stream,
+                                                             const std::function<double(cudaGraphExec_t)>& median_us) {
+  std::map<std::string, std::vector<cudaGraphNode_t>> by_name;
+  std::vector<std::string> order;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t != cudaGraphNodeTypeKernel) continue;
+    cudaKernelNodeParams kp{};
+    TANDEM_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &kp));
+    const char* name = nullptr;
+    if (cudaFuncGetName(&name, kp.func) != cudaSuccess || !name) name = "unnamed";
+    auto& v = by_name[name];
+    if (v.empty()) order.push_back(name);
+    v.push_back(node);
+  }
+  std::vector<CudaModel::StepProfile::Ablation> out;
+  for (const std::string& name : order) {
+    cudaGraph_t c = without_nodes(g, by_name[name]);
+    if (!c) continue;
+    cudaGraphExec_t ge;
+    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, c, 0));
+    out.push_back({name, static_cast<int>(by_name[name].size()), median_us(ge)});
+    TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+    TANDEM_CUDA_CHECK(cudaGraphDestroy(c));
+  }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+}  // namespace
+
 CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int eager_reps,
                                             const std::function<void()>& launch, const CudaModel::ReplayHook& hook,
-                                            std::vector<CudaModel::ClassMark>** marks) {
+                                            std::vector<CudaModel::ClassMark>** marks, bool ablate) {
   CudaModel::StepProfile prof;
   cudaEvent_t e0, e1;
   TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
@@ -99,6 +162,20 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int e
   TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
   auto replay = [&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, stream)); };
   timed(replay, reps, prof.graph_samples_us);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  if (ablate) {
+    prof.ablation = ablate_kernels(g, nodes, stream, [&](cudaGraphExec_t x) {
+      std::vector<double> v;
+      timed([&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(x, stream)); }, std::max(3, reps / 3), v);
+      return median(v);
+    });
+    // The step's state is the last full replay's again (the ablated replays left stale rows).
+    replay();
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   if (hook) {
     // A fresh instantiation inside the hook: a profiler that starts recording there (CUPTI) sees a
     // graph instantiated while it records, then one replay.
@@ -116,10 +193,6 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int e
   TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
   TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
   TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   prof.eager_us = median(eager);
   prof.graph_us = median(prof.graph_samples_us);
   return prof;
@@ -127,7 +200,7 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int e
 }  // namespace cuda_model
 
 Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
-                                                      const ReplayHook& hook, int eager_reps) {
+                                                      const ReplayHook& hook, int eager_reps, bool ablate) {
   Impl& m = *impl_;
   for (const SeqStep& q : batch.seqs)
     if (static_cast<int64_t>(q.tokens.size()) > m.opt.max_rollback + 1)
@@ -135,8 +208,9 @@ Result<CudaModel::StepProfile> CudaModel::profile_step(const StepBatch& batch, i
   TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
   // Replaying the same step is idempotent (it rewrites the same ring rows and pool entries).
   StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, eager_reps < 0 ? reps : eager_reps,
-                                                      [&m] { m.launch(); }, hook, &m.marks);
-  m.gstats.instantiations += hook ? 2 : 1;  // the timing graph (and the profiler's)
+                                                      [&m] { m.launch(); }, hook, &m.marks, ablate);
+  // the timing graph (the profiler's, the ablated ones)
+  m.gstats.instantiations += (hook ? 2 : 1) + static_cast<int64_t>(prof.ablation.size());
   // The outputs are those of the last graph replay.
   m.finish(host_out);
   TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));

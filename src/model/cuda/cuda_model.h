@@ -127,6 +127,17 @@ class CudaModel {
     double eager_us = 0, graph_us = 0;     // medians
     std::vector<double> graph_samples_us;  // every timed graph replay
     std::vector<ClassMark> marks;          // the graph's op classes
+    // With ablate: per kernel (by mangled name), the graph replayed with every node of it removed
+    // (its neighbours joined by the removed node's outgoing edge, programmatic or not). The
+    // difference to graph_us is what that kernel costs the step, overlap with its neighbours
+    // included; the data it would write goes stale, which does not change the other kernels' work
+    // on this path (no data-dependent trip counts beyond routing, which stays the last replay's).
+    struct Ablation {
+      std::string kernel;
+      int nodes = 0;
+      double graph_us = 0;  // median replay without them
+    };
+    std::vector<Ablation> ablation;
   };
   // Called once after the timing with a function that instantiates the step's graph afresh and
   // replays it once (a profiler wraps it, e.g. CUPTI activity records of one replay).
@@ -136,7 +147,7 @@ class CudaModel {
   // is applied once. Reports the kernels and copies in the step's graph, the median step times,
   // every replay's time and the op-class marks; host_out receives the graph replay's outputs.
   Result<StepProfile> profile_step(const StepBatch& batch, int reps, StepOutput* host_out,
-                                   const ReplayHook& hook = {}, int eager_reps = -1);
+                                   const ReplayHook& hook = {}, int eager_reps = -1, bool ablate = false);
 
   int64_t slot_length(int slot) const;
   Status rollback(int slot, int64_t new_length);
