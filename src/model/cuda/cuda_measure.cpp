@@ -84,7 +84,17 @@ cudaGraph_t without_nodes(cudaGraph_t g, const std::vector<cudaGraphNode_t>& vic
     if (ni) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(cv, &in, &ein, &ni));
     if (no) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(cv, &out, &eout, &no));
     TANDEM_CUDA_CHECK(cudaGraphDestroyNode(cv));
-    if (in && out) TANDEM_CUDA_CHECK(cudaGraphAddDependencies(c, &in, &out, &eout, 1));
+    if (!in || !out) continue;
+    // A programmatic edge needs kernels at both ends: after a copy or memset node the join is a
+    // full dependency.
+    cudaGraphNodeType tin;
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(in, &tin));
+    if (tin != cudaGraphNodeTypeKernel) eout = cudaGraphEdgeData{};
+    if (cudaGraphAddDependencies(c, &in, &out, &eout, 1) != cudaSuccess) {
+      (void)cudaGetLastError();  // an edge type these two nodes cannot take: a full dependency
+      const cudaGraphEdgeData full{};
+      TANDEM_CUDA_CHECK(cudaGraphAddDependencies(c, &in, &out, &full, 1));
+    }
   }
   return c;
 }
