@@ -101,7 +101,7 @@ cudaGraph_t without_nodes(cudaGraph_t g, const std::vector<cudaGraphNode_t>& vic
 
 std::vector<CudaModel::StepProfile::Ablation> ablate_kernels(cudaGraph_t g, const std::vector<cudaGraphNode_t>& nodes,
                                                              cudaStream_t stream,
-                                                             const std::function<double(cudaGraphExec_t)>& median_us) {
+                                                             const std::function<std::pair<double, double>(cudaGraphExec_t)>& timed_pair) {
   std::map<std::string, std::vector<cudaGraphNode_t>> by_name;
   std::vector<std::string> order;
   for (cudaGraphNode_t node : nodes) {
@@ -122,7 +122,8 @@ std::vector<CudaModel::StepProfile::Ablation> ablate_kernels(cudaGraph_t g, cons
     if (!c) continue;
     cudaGraphExec_t ge;
     TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, c, 0));
-    out.push_back({name, static_cast<int>(by_name[name].size()), median_us(ge)});
+    const auto [without_us, saved_us] = timed_pair(ge);
+    out.push_back({name, static_cast<int>(by_name[name].size()), without_us, saved_us});
     TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
     TANDEM_CUDA_CHECK(cudaGraphDestroy(c));
   }
@@ -177,10 +178,26 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int e
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
   if (ablate) {
+    // Whole and ablated replays alternate, and the saving is the median of the paired differences,
+    // so a drift of the clocks over the series (a few percent) does not enter it.
     prof.ablation = ablate_kernels(g, nodes, stream, [&](cudaGraphExec_t x) {
-      std::vector<double> v;
-      timed([&] { TANDEM_CUDA_CHECK(cudaGraphLaunch(x, stream)); }, std::max(3, reps / 3), v);
-      return median(v);
+      auto once = [&](cudaGraphExec_t e) {
+        TANDEM_CUDA_CHECK(cudaEventRecord(e0, stream));
+        TANDEM_CUDA_CHECK(cudaGraphLaunch(e, stream));
+        TANDEM_CUDA_CHECK(cudaEventRecord(e1, stream));
+        TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        return ms * 1000.0;
+      };
+      once(x);  // upload and warm-up
+      std::vector<double> without, diff;
+      for (int r = 0; r < std::max(5, reps / 3); ++r) {
+        const double w = once(ge);
+        without.push_back(once(x));
+        diff.push_back(w - without.back());
+      }
+      return std::make_pair(median(without), median(diff));
     });
     // The step's state is the last full replay's again (the ablated replays left stale rows).
     replay();

@@ -136,6 +136,7 @@ class CudaModel {
       std::string kernel;
       int nodes = 0;
       double graph_us = 0;  // median replay without them
+      double saved_us = 0;  // median of (whole - without) over alternating replay pairs
     };
     std::vector<Ablation> ablation;
   };
