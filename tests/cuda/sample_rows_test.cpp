@@ -342,6 +342,61 @@ TEST(CudaSampleRows, TopPExtremes) {
   expect_matches(total, "top-p extremes, vocab 1000/129280");
 }
 
+// Top-p's paths at the full vocabulary, in launches of 1, 48 and 64 rows (whole slices in shared
+// memory, and part of each slice in the global scratch): flat rows (every logit equal: top-p keeps
+// a prefix of the vocabulary in id order and its band holds every id, more than the warps' band
+// lists: the tie is found by a scan), rows of 4 levels (tens of thousands of ties on each key),
+// logits on a grid of 1/64 (a few ties on each key of the band, the band lists hold them: the tie
+// is found over the lists), bf16 values (a few hundred ties per key), peaked rows (one logit far
+// above uniform ones) and distinct logits; top_p 1, 0.99, 0.93, 0.37, tiny; top_k 0, 20 and 5000;
+// temperatures 0.5, 1 and 3. Rows are filled so that each shape meets each top_p and top_k.
+TEST(CudaSampleRows, TopPPathsAtFullVocab) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  // top_p x 129280 is not an integer: a flat row's kept count is not decided by the sums' rounding
+  const double top_ps[] = {1.0, 0.99, 0.93, 0.37, 1e-9};
+  const int top_ks[] = {0, 20, 5000};
+  const double temps[] = {0.5, 1.0, 3.0};
+  constexpr int kShapes = 6;
+  for (int n : {1, 48, 64}) {
+    SCOPED_TRACE(::testing::Message() << n << " rows");
+    Batch b;
+    b.vocab = kVocab;
+    b.eos = 1;
+    std::mt19937_64 rng(9000 + static_cast<uint64_t>(n));
+    std::uniform_real_distribution<float> ud(-8.0f, 8.0f);
+    for (int i = 0; i < n; ++i) {
+      // n = 1 takes the flat shape with ties kept in part (top_p 0.93)
+      const int shape = n == 1 ? 0 : i % kShapes;
+      for (int64_t v = 0; v < kVocab; ++v) {
+        float x = ud(rng);
+        switch (shape) {
+          case 0: x = 1.5f; break;                                                  // flat
+          case 1: x = 0.5f * static_cast<float>(static_cast<int>(rng() % 4)); break;  // 4 levels
+          case 2: x = std::round(x * 64.0f) / 64.0f; break;                         // grid of 1/64
+          case 3: x = num::round_bf16(x); break;                                    // bf16 values
+          case 4: x = v == 4242 + i ? 24.0f : x - 8.0f; break;                      // peaked
+          default: break;                                                           // distinct
+        }
+        if (x == 0.0f) x = 0.25f;
+        b.logits.push_back(x);
+      }
+      SampleRow r;
+      r.logits_row = i;
+      r.temperature = temps[(i / kShapes) % 3];
+      r.top_p = n == 1 ? 0.93 : top_ps[(i / kShapes + i) % 5];
+      r.top_k = n == 1 ? 0 : top_ks[(i / (kShapes * 3)) % 3];
+      r.seed = 31337 + static_cast<uint64_t>(i) + 1000 * static_cast<uint64_t>(n);
+      r.position = 3 * i + 1;
+      r.top_logprobs = i % 16 == 5 ? 4 : -1;
+      b.rows.push_back(r);
+      b.kinds.push_back(r.top_k > 0 ? Kind::kCombined : Kind::kTopP);
+    }
+    check_batch(b, total);
+  }
+  expect_matches(total, "top-p paths (flat, levels, grid, bf16, peaked, distinct), 1/48/64 rows, vocab 129280");
+}
+
 // A vocabulary whose slices do not fit in shared memory (z stays in the global scratch), odd, so
 // rows are not 16-byte aligned.
 TEST(CudaSampleRows, MatchesHostLargeVocab) {

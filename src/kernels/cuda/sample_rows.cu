@@ -22,7 +22,11 @@
 // the lists instead of the slice (a warp whose band overflows its list scans its range).
 // Cost: a top-p row reads its slice in four passes (load + argmax; exp sum + histogram; the ids at
 // or above the band, compacted 32 at a time; the draw's segment sums, compacted likewise), each
-// a few dozen instructions per id; everything else runs over lists or a few hundred ids.
+// a few dozen instructions per id; everything else runs over lists or a few hundred ids (the
+// threshold's ties kept in id order too: the m-th tie is counted over the band lists; only a row
+// whose band overflowed a list, e.g. a flat one, scans its slice for it). The scans are
+// latency-bound (4 warps per scheduler, part of z in the L2): the softmax pass takes 4 ids per
+// thread at once and the compaction evaluates 4 groups of 32 ids before compacting them.
 // p after top-p/min-p is recomputed from p with the host's divisions (/ kept_top_p, then
 // / kept_min_p), so it has the host's rounding steps.
 // Precision: e, p and all masses are double as on the host; sums run in fixed trees (not the host's
@@ -445,27 +449,40 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       __syncthreads();
       double local = 0.0, emax = 0.0;
       // Every id in turn (no compaction: a warp's exps run together whether few ids or all are live,
-      // and the queue would cost more than the dead ids' compare). The next id's z is loaded before
-      // this one's exp (a part of the slice is in global memory).
-      float xn = tid < len ? z[tid] : 0.0f;
-      for (int64_t i = tid; i < len; i += kThreads) {
-        const float x = xn;
-        if (i + kThreads < len) xn = z[i + kThreads];
-        if (!d.live(x)) continue;
-        const double dv = d.dval(x);
-        const double e = exp(dv);
-        local += e;
-        emax = fmax(emax, e);
-        if (top_p) {
-          const uint64_t w = e > 0 ? __double2ull_rz(e * wscale) : 0;
-          if (w) {
-            const int b = coarse_bucket(dv);
-            if (limbs) {
-              atomicAdd(&s.limb[0][b], static_cast<unsigned>(w & 0xffffu));
-              atomicAdd(&s.limb[1][b], static_cast<unsigned>((w >> 16) & 0xffffu));
-              if (w >> 32) atomicAdd(&s.count[b], static_cast<unsigned>(w >> 32));  // the larger e only
-            } else {
-              atomicAdd(&s.mass[b], static_cast<unsigned long long>(w));
+      // and the queue would cost more than the dead ids' compare). A thread takes kExpIlp of its ids
+      // at once: their loads (part of the slice is in global memory) and their exps (a chain of
+      // dependent FP64 operations each) overlap, and they are added in id order as one at a time
+      // would add them (the same bits).
+      constexpr int kExpIlp = 4;
+      for (int64_t i0 = tid; i0 < len; i0 += kExpIlp * kThreads) {
+        float x[kExpIlp];
+        double dv[kExpIlp], e[kExpIlp];
+#pragma unroll
+        for (int u = 0; u < kExpIlp; ++u) {
+          const int64_t i = i0 + static_cast<int64_t>(u) * kThreads;
+          x[u] = i < len ? z[i] : kNegInf;
+        }
+#pragma unroll
+        for (int u = 0; u < kExpIlp; ++u) {
+          dv[u] = d.live(x[u]) ? d.dval(x[u]) : 0.0;
+          e[u] = d.live(x[u]) ? exp(dv[u]) : 0.0;
+        }
+#pragma unroll
+        for (int u = 0; u < kExpIlp; ++u) {
+          if (!d.live(x[u])) continue;
+          local += e[u];
+          emax = fmax(emax, e[u]);
+          if (top_p) {
+            const uint64_t w = e[u] > 0 ? __double2ull_rz(e[u] * wscale) : 0;
+            if (w) {
+              const int b = coarse_bucket(dv[u]);
+              if (limbs) {
+                atomicAdd(&s.limb[0][b], static_cast<unsigned>(w & 0xffffu));
+                atomicAdd(&s.limb[1][b], static_cast<unsigned>((w >> 16) & 0xffffu));
+                if (w >> 32) atomicAdd(&s.count[b], static_cast<unsigned>(w >> 32));  // the larger e only
+              } else {
+                atomicAdd(&s.mass[b], static_cast<unsigned long long>(w));
+              }
             }
           }
         }
@@ -717,11 +734,25 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           m = m < 1 ? 1 : (m > rr.count ? rr.count : m);
         }
         if (m < rr.count) {
+          // the m-th tie in id order: over the band's lists when every warp has one (every tie is
+          // a band id with p > 0, which the lists hold), else by a draw of weight 1 per tie
           const double pstar = d.pstar;
-          const DrawOut t = sample_cluster::cluster_draw(
-              c, [&](int64_t v) { return d.band(z[v - beg]); },
-              [&](int64_t v) { return d.p1x(z[v - beg]) == pstar ? 1.0 : 0.0; }, static_cast<double>(m) - 0.5, false);
-          if (t.token >= 0) d.tie_last = t.token;
+          bool listed = false;
+          const int64_t t = sample_cluster::cluster_nth_listed(
+              c, sample_cluster::WarpList{blist, band_n}, static_cast<long long>(m), [&](int64_t v) {
+                const float x = z[v - beg];
+                return d.band(x) && d.p1x(x) == pstar;
+              },
+              listed);
+          if (listed) {
+            if (t >= 0) d.tie_last = t;
+          } else {
+            const DrawOut o = sample_cluster::cluster_draw(
+                c, [&](int64_t v) { return d.band(z[v - beg]); },
+                [&](int64_t v) { return d.p1x(z[v - beg]) == pstar ? 1.0 : 0.0; }, static_cast<double>(m) - 0.5,
+                false);
+            if (o.token >= 0) d.tie_last = o.token;
+          }
         }
       }  // else the whole mass is below top_p: every p > 0 stays (pstar 0), renormalised; nothing
          // lies below the band then (its lower margin would have reached top_p)

@@ -77,6 +77,7 @@ struct Shared {
   unsigned short band[kWarps][kBandCap];  // each warp's WarpList of band ids (offsets from beg)
   BlockReduceScratch red;
   Broadcast bc;
+  long long list_n[kWarps];  // cluster_nth_listed: each warp's listed ids that pass, -1: no list
 };
 
 // A CTA's view of its row. Exchange protocol: open() returns this exchange's slot (the two slots
@@ -119,23 +120,37 @@ struct Ctx {
 // Sparse candidates (the kept set of a top-p row) thus cost one exp per 32 of them, not one per
 // 32 ids. Every lane of the warp calls it (fn may use warp shuffles); pred(v) is called only for
 // v < e. The batches depend only on pred, so a second pass sees the same batches.
+// The predicate of kAhead groups of 32 ids is evaluated before any of them is compacted: pred
+// loads z, part of which lives in the global scratch (L2), so the loads of kAhead groups are in
+// flight together instead of one round trip per group of 32 ids (the scans over a whole slice were
+// latency-bound at 4 warps per scheduler). pred must be pure (it is evaluated ahead of fn).
+constexpr int kAhead = 4;
 template <typename Pred, typename Fn>
 __device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, Pred pred, Fn fn) {
   const int lane = threadIdx.x & 31;
   int n = 0;  // queued offsets (< 32 between rounds)
-  for (int64_t v0 = b; v0 < e; v0 += 32) {
-    const int64_t v = v0 + lane;
-    const bool ok = v < e && pred(v);
-    const unsigned ball = __ballot_sync(0xffffffffu, ok);
-    if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
-    n += __popc(ball);
-    __syncwarp();
-    if (n >= 32) {
-      const int64_t w = b + q[lane];
-      if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
+  for (int64_t g0 = b; g0 < e; g0 += 32 * kAhead) {
+    unsigned oks = 0;  // bit u: id g0 + 32 u + lane passes
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t v = g0 + 32 * u + lane;
+      if (v < e && pred(v)) oks |= 1u << u;
+    }
+#pragma unroll 1
+    for (int u = 0; u < kAhead && g0 + 32 * u < e; ++u) {  // warp-uniform bounds
+      const int64_t v = g0 + 32 * u + lane;
+      const bool ok = (oks >> u) & 1u;
+      const unsigned ball = __ballot_sync(0xffffffffu, ok);
+      if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
+      n += __popc(ball);
       __syncwarp();
-      n -= 32;
-      fn(w, true);
+      if (n >= 32) {
+        const int64_t w = b + q[lane];
+        if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
+        __syncwarp();
+        n -= 32;
+        fn(w, true);
+      }
     }
   }
   if (n > 0) {
@@ -224,7 +239,7 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
     };
     Slot& s = c.open();
     for (int i = tid; i < kBins; i += kThreads) {
-      s.mass[i] = 0;
+      if constexpr (!kDense) s.mass[i] = 0;
       s.count[i] = 0;
     }
     __syncthreads();
@@ -245,11 +260,9 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
           kmx = key > kmx ? key : kmx;
         }
         const unsigned peers = same_digit_lanes(dg);
-        if (dg >= 0 && lane == __ffs(peers) - 1) {
-          const unsigned k = static_cast<unsigned>(__popc(peers));
-          atomicAdd(&s.count[dg], k);
-          atomicAdd(&s.mass[dg], static_cast<unsigned long long>(k));
-        }
+        // weight 1: a bucket's mass is its count (the combine reads it from there), so no 64-bit
+        // shared atomic (a compare-and-swap loop) per digit and iteration
+        if (dg >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s.count[dg], static_cast<unsigned>(__popc(peers)));
       }
     } else {
       int64_t wb, we;
@@ -311,12 +324,18 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
 #pragma unroll
     for (int q = 0; q < kCtas; ++q) {
       const Slot* p = c.peer(q);
-      const ulonglong2 pm = *reinterpret_cast<const ulonglong2*>(&p->mass[2 * tid]);
       const uint2 pc = *reinterpret_cast<const uint2*>(&p->count[2 * tid]);
-      m0 += pm.x;
-      m1 += pm.y;
+      if constexpr (!kDense) {
+        const ulonglong2 pm = *reinterpret_cast<const ulonglong2*>(&p->mass[2 * tid]);
+        m0 += pm.x;
+        m1 += pm.y;
+      }
       n0 += pc.x;
       n1 += pc.y;
+    }
+    if constexpr (kDense) {  // weight 1: the mass is the count
+      m0 = n0;
+      m1 = n1;
     }
     // the mass of the buckets above 2t + 1: a suffix scan over the lanes, then over the warps
     const unsigned long long lm = m0 + m1;
@@ -362,6 +381,85 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
   r.above = above;
   r.count = count;
   return r;
+}
+
+// ---- the m-th listed id over the cluster ----
+// The m-th id (from 1, in id order over the row) among the ids of the warps' lists with pred(v),
+// where every warp of every CTA has its list (WarpList n >= 0; warps hold consecutive ranges of
+// their CTA's slice and a list is in id order, so lists in (CTA, warp) order are in id order):
+// counts per warp, one exchange for the CTAs' counts, the owning warp walks its list, a second
+// exchange hands its id to every CTA. No scan of the slice. -1 when fewer than m ids pass.
+// `listed` false (and -1, after one exchange) when some warp of the cluster has no list: the
+// caller then scans (cluster_draw); the same in every CTA. pred must be pure.
+template <typename Pred>
+__device__ int64_t cluster_nth_listed(Ctx& c, const WarpList& list, long long m, Pred pred, bool& listed) {
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  long long cnt = 0;
+  if (list.n >= 0) {  // warp-uniform
+    __syncwarp();     // the list's writes by every lane are visible
+    for (int i0 = 0; i0 < list.n; i0 += 32) {
+      const int i = i0 + lane;
+      const bool t = i < list.n && pred(c.beg + list.off[i]);
+      cnt += __popc(__ballot_sync(0xffffffffu, t));
+    }
+  }
+  if (lane == 0) c.sh.list_n[wid] = list.n >= 0 ? cnt : -1;
+  Slot& s = c.open();
+  __syncthreads();  // list_n
+  if (tid == 0) {
+    long long tot = 0, over = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      if (c.sh.list_n[w] < 0) over = 1;
+      else tot += c.sh.list_n[w];
+    }
+    s.i[0] = tot;
+    s.i[1] = over;
+  }
+  c.publish();
+  listed = true;
+  int owner = -1;  // the CTA holding the m-th id
+  long long before = 0, owner_before = 0;
+  for (int q = 0; q < kCtas; ++q) {
+    const Slot* p = c.peer(q);
+    if (p->i[1]) listed = false;
+    if (owner < 0 && before + p->i[0] >= m) {
+      owner = q;
+      owner_before = before;
+    }
+    before += p->i[0];
+  }
+  if (!listed) return -1;  // the same in every thread of every CTA
+  Slot& s2 = c.open();
+  if (c.rank == owner) {  // block-uniform; so are ow and rem (from list_n)
+    long long rem = m - owner_before;  // >= 1: the rem-th passing id of this CTA
+    int ow = -1;
+    for (int w = 0; w < kWarps; ++w) {
+      if (ow >= 0) continue;
+      if (rem <= c.sh.list_n[w]) ow = w;
+      else rem -= c.sh.list_n[w];
+    }
+    if (ow < 0 && tid == 0) s2.i[0] = -1;  // not reached: the warps' counts add up to the CTA's
+    if (wid == ow) {
+      long long found = -1, seen = 0;
+      for (int i0 = 0; i0 < list.n; i0 += 32) {
+        const int i = i0 + lane;
+        const int64_t v = i < list.n ? c.beg + list.off[i] : c.beg;
+        const bool t = i < list.n && pred(v);
+        const unsigned ball = __ballot_sync(0xffffffffu, t);
+        const int k = __popc(ball);
+        if (seen + k >= rem) {  // warp-uniform: the (rem - seen)-th passing lane of this batch
+          const int want = static_cast<int>(rem - seen) - 1;
+          const unsigned hit = __ballot_sync(0xffffffffu, t && __popc(ball & ((1u << lane) - 1u)) == want);
+          found = __shfl_sync(0xffffffffu, static_cast<long long>(v), __ffs(hit) - 1);
+          break;
+        }
+        seen += k;
+      }
+      if (lane == 0) s2.i[0] = found;
+    }
+  }
+  c.publish();
+  return owner >= 0 ? static_cast<int64_t>(c.peer(owner)->i[0]) : -1;
 }
 
 // ---- inverse-CDF draw in id order over the cluster ----
