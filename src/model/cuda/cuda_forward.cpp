@@ -175,6 +175,9 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
   p.hc = cfg.hc_mult;
   p.dim = cfg.hidden_size;
   p.round_bf16 = true;
+  // Under tensor parallelism every sub-block output (wo_b's, the MoE's) is all-reduced and leaves its
+  // epilogue for this load: one missing here would skip a bf16 round or the shared expert.
+  TANDEM_CHECK(!tp() || f_epilogue.f == aa);
   if (f_epilogue.f == aa) {  // aa's all-reduce epilogue (wo_b, moe_reduce_shared)
     p.f_add = f_epilogue.add;
     p.f_round = true;
