@@ -374,7 +374,7 @@ struct CudaModel::Impl {
   // q/kv or MoE), fused into hc_pre's last kernel where the decode pack applies.
   void hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base, float* xo,
               float* posto, float* combo, const float* norm_weight = nullptr);
-  // hh = hc_post(f = aa, res = rr); aa as f_epilogue leaves it when that is aa's (bf16(aa + add)).
+  // hh = hc_post(f = aa, res = rr), aa loaded with its pending all-reduce epilogue (f_epilogue).
   void hc_post(const float* aa, const float* rr, int64_t n, float* hh);
   // layer >= 0: a target layer or (num_hidden_layers + s) draft stage s (its expert ids are kept
   // when a step's routing is recorded).
