@@ -178,7 +178,17 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
   // Under tensor parallelism every sub-block output (wo_b's, the MoE's) is all-reduced and leaves its
   // epilogue for this load: one missing here would skip a bf16 round or the shared expert.
   TANDEM_CHECK(!tp() || f_epilogue.f == aa);
-  if (f_epilogue.f == aa) {  // aa's all-reduce epilogue (wo_b, moe_reduce_shared)
+  if (f_epilogue.f == aa && epilogue_launches) {  // the test hook's reference: in place on aa, then plain
+    if (f_epilogue.add) {
+      cuda_model::moe_add_shared({f_epilogue.f, f_epilogue.add, n * p.dim}, stream);
+    } else {
+      kernels::RoundBf16Params rb;
+      rb.x = f_epilogue.f;
+      rb.rows = n;
+      rb.cols = p.dim;
+      kernels::cuda::round_bf16(rb, stream);
+    }
+  } else if (f_epilogue.f == aa) {  // aa's all-reduce epilogue (wo_b, moe_reduce_shared)
     p.f_add = f_epilogue.add;
     p.f_round = true;
   }

@@ -179,9 +179,13 @@ struct CudaModel::Impl {
   // loads f (HcPostParams::f_add, f_round): one launch fewer per collective. f: the output it belongs
   // to (null: none pending); hc_post of that f takes it, and every hc_post clears it.
   struct {
-    const float* f = nullptr;
+    float* f = nullptr;
     const float* add = nullptr;
   } f_epilogue;
+  // Test hook (cuda_model_testing.h): the epilogues as their own launches on f after the all-reduce
+  // (round_bf16, moe_add_shared: the forward before the load epilogue), the reference it is tested
+  // against at the model level.
+  bool epilogue_launches = false;
   // h rows (every hc stream) = embedding of ids: vocabulary-parallel under tensor parallelism.
   void embed_tokens(const int32_t* ids, int64_t n);
   // logits[n, V] = yn W_head^T (fp32): each rank its vocabulary rows, then gathered.
