@@ -458,8 +458,8 @@ float from_bits(uint32_t b) {
 // sum of partials), f_add bf16 (the shared expert's output); token 0 also carries bf16 ties (round
 // to even, both ways), a value that rounds to inf, inf, a NaN (in f, or in f_add) and an exact
 // cancellation f + f_add = 0. Against the launches replaced (the epilogue's own kernel on a copy of
-// f, then hc_post) on the GPU, and the CPU op, bit for bit; the output streams in place as the model
-// runs them.
+// f, then hc_post) on the GPU, the CPU op with the epilogue and the CPU composition (f rounded on
+// the host, then the CPU op), bit for bit; the output streams in place as the model runs them.
 TEST(CudaHcPost, LoadEpilogueEqualsTheLaunchesReplacedAndTheCpu) {
   struct Shape {
     int hc;
@@ -503,6 +503,20 @@ TEST(CudaHcPost, LoadEpilogueEqualsTheLaunchesReplacedAndTheCpu) {
         p.res = want.data();
         p.out = want.data();
         cpu_ops().hc_post(p);
+        // The CPU composition of the launches replaced: f' = bf16(f (+ f_add)) on the host, then the
+        // CPU op without the epilogue.
+        std::vector<float> fr(f.size()), want_composed = res;
+        for (size_t i = 0; i < f.size(); ++i) fr[i] = num::round_bf16(add ? f[i] + fadd[i] : f[i]);
+        {
+          HcPostParams q = p;
+          q.f = fr.data();
+          q.f_add = nullptr;
+          q.f_round = false;
+          q.res = want_composed.data();
+          q.out = want_composed.data();
+          cpu_ops().hc_post(q);
+        }
+        EXPECT_TRUE(same_bits(want, want_composed)) << "the CPU op's epilogue vs the CPU composition";
         if (!have_gpu()) continue;
 
         const DeviceBuffer<float> df = to_dev(f), dfadd = to_dev(fadd), dpost = to_dev(post), dcomb = to_dev(comb);
@@ -542,6 +556,7 @@ TEST(CudaHcPost, LoadEpilogueEqualsTheLaunchesReplacedAndTheCpu) {
         EXPECT_TRUE(same_bits(to_host(df), f)) << "f changed";
 #if !defined(__FMA__)  // the CPU op's multiply-adds uncontracted (see CudaHcPost.MatchesCpuBitForBit)
         EXPECT_TRUE(same_bits(got, want)) << "streams: hc_post's load epilogue vs the CPU op";
+        EXPECT_TRUE(same_bits(got, want_composed)) << "streams: hc_post's load epilogue vs the CPU composition";
 #endif
         if (D == 4096 && T <= 2 && !add) {
           // Out of place, so the launches are idempotent (round_bf16 of rounded values).
