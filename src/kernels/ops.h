@@ -305,9 +305,14 @@ struct HcPreParams {
 };
 
 // hc_post (spec 5.2): out[t][k] = bf16(post[t][k] * f[t] + sum_j comb[t][j][k] * res[t][j])
-// (contracts the FIRST index of comb). out may alias res.
+// (contracts the FIRST index of comb). out may alias res (not f, f_add). f as loaded: f + f_add
+// (f_add null: f alone), then bf16-rounded if f_round: the epilogue of a tensor-parallel all-reduce
+// of the sub-block output (the attention output's round, the MoE's shared-expert add and round),
+// done by this consumer as it loads instead of by a launch of its own.
 struct HcPostParams {
   const float* f = nullptr;        // [tokens, dim] sub-block output
+  const float* f_add = nullptr;    // [tokens, dim] or null: added to f as loaded (before f_round)
+  bool f_round = false;            // f (+ f_add) rounded to bf16 as loaded
   const float* res = nullptr;      // [tokens, hc, dim]
   const float* post = nullptr;     // [tokens, hc]
   const float* comb = nullptr;     // [tokens, hc, hc]

@@ -11,12 +11,17 @@
 // agreement printed. hc_post has no transcendental: bit for bit with the CPU op (default build: no
 // FMA contraction on the host). hc_pre_pack (hc_pre with decode_act_pack's norm and quantization
 // of x fused in) equals the two CUDA ops bit for bit, and the host composition of the same steps.
+// hc_post's load epilogue (f_add, f_round: a tensor-parallel all-reduce's round, or the MoE's
+// shared-expert add and round) equals the launches it replaces (round_bf16 or moe_add_shared, then
+// hc_post) bit for bit, and the CPU op (which applies it the same way).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/decode_test_util.h"
+#include "model/cuda/moe.h"
 #include "model/math.h"
 
 namespace tandem::kernels::cuda_testing {
@@ -433,6 +438,144 @@ TEST(CudaHcPost, MatchesCpuBitForBit) {
     EXPECT_TRUE(same_bits(got, want));
 #endif
   }
+  TANDEM_REQUIRE_GPU();
+}
+
+// ---- hc_post's load epilogue: what the forward did after a sub-block output's all-reduce under
+// tensor parallelism (wo_b: round_bf16; the MoE: moe_add_shared), applied by hc_post as it loads f.
+
+enum class Epi { kRound, kAddRound };  // wo_b's all-reduce; the MoE's (+ the shared expert)
+const char* epi_name(Epi e) { return e == Epi::kRound ? "round" : "add+round"; }
+
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// Random data at 1, 2, 6, 16 and 48 rows; shapes: the model's (hc 4 x 4096) and the tiny presets'
+// (4 x 256, 4 x 384) on the float4 path, hc 3 x 37 on the scalar path. f is fp32 (an all-reduced
+// sum of partials), f_add bf16 (the shared expert's output); token 0 also carries bf16 ties (round
+// to even, both ways), a value that rounds to inf, inf, a NaN (in f, or in f_add) and an exact
+// cancellation f + f_add = 0. Against the launches replaced (the epilogue's own kernel on a copy of
+// f, then hc_post) on the GPU, the CPU op with the epilogue and the CPU composition (f rounded on
+// the host, then the CPU op), bit for bit; the output streams in place as the model runs them.
+TEST(CudaHcPost, LoadEpilogueEqualsTheLaunchesReplacedAndTheCpu) {
+  struct Shape {
+    int hc;
+    int64_t dim;
+  };
+  uint64_t seed = 900;
+  for (int64_t T : {1, 2, 6, 16, 48})
+    for (const Shape& sh : {Shape{4, 4096}, Shape{4, 256}, Shape{4, 384}, Shape{3, 37}})
+      for (Epi epi : {Epi::kRound, Epi::kAddRound}) {
+        const int hc = sh.hc;
+        const int64_t D = sh.dim;
+        const bool add = epi == Epi::kAddRound;
+        SCOPED_TRACE(::testing::Message() << "tokens " << T << " hc " << hc << " dim " << D << " epilogue "
+                                          << epi_name(epi));
+        std::vector<float> f = randn(static_cast<size_t>(T * D), seed++, 1.0f, false);
+        std::vector<float> fadd = randn(f.size(), seed++, 1.0f, true);
+        const std::vector<float> res = randn(static_cast<size_t>(T * hc * D), seed++, 1.0f, true);
+        const std::vector<float> post = randu(static_cast<size_t>(T * hc), seed++, 0.0f, 2.0f);
+        const std::vector<float> comb = randu(static_cast<size_t>(T * hc * hc), seed++, 0.0f, 1.0f);
+        f[0] = from_bits(0x3F808000u);  // 1 + 2^-8: a bf16 tie, to even (down)
+        f[1] = from_bits(0x3F818000u);  // a tie to even (up)
+        f[2] = 3.4e38f;                 // rounds to +inf in bf16
+        f[3] = -std::numeric_limits<float>::infinity();
+        f[4] = std::numeric_limits<float>::quiet_NaN();
+        fadd[0] = fadd[1] = fadd[2] = 0.0f;  // the ties and the overflow as they are under the add too
+        fadd[5] = std::numeric_limits<float>::quiet_NaN();
+        f[6] = -fadd[6];  // f + f_add = +0
+
+        HcPostParams p;
+        p.post = post.data();
+        p.comb = comb.data();
+        p.tokens = T;
+        p.hc = hc;
+        p.dim = D;
+        p.round_bf16 = true;
+        // The CPU op with the epilogue, in place.
+        std::vector<float> want = res;
+        p.f = f.data();
+        p.f_add = add ? fadd.data() : nullptr;
+        p.f_round = true;
+        p.res = want.data();
+        p.out = want.data();
+        cpu_ops().hc_post(p);
+        // The CPU composition of the launches replaced: f' = bf16(f (+ f_add)) on the host, then the
+        // CPU op without the epilogue.
+        std::vector<float> fr(f.size()), want_composed = res;
+        for (size_t i = 0; i < f.size(); ++i) fr[i] = num::round_bf16(add ? f[i] + fadd[i] : f[i]);
+        {
+          HcPostParams q = p;
+          q.f = fr.data();
+          q.f_add = nullptr;
+          q.f_round = false;
+          q.res = want_composed.data();
+          q.out = want_composed.data();
+          cpu_ops().hc_post(q);
+        }
+        EXPECT_TRUE(same_bits(want, want_composed)) << "the CPU op's epilogue vs the CPU composition";
+        if (!have_gpu()) continue;
+
+        const DeviceBuffer<float> df = to_dev(f), dfadd = to_dev(fadd), dpost = to_dev(post), dcomb = to_dev(comb);
+        p.post = dpost.get();
+        p.comb = dcomb.get();
+        // A: the launches replaced, on a copy of f: round_bf16 (rows T, cols D) or moe_add_shared, then
+        // hc_post without the epilogue.
+        DeviceBuffer<float> fa = to_dev(f), ha = to_dev(res);
+        if (add) {
+          cuda_model::moe_add_shared({fa.get(), dfadd.get(), T * D}, kStream);
+        } else {
+          RoundBf16Params rb;
+          rb.x = fa.get();
+          rb.rows = T;
+          rb.cols = D;
+          cuda::round_bf16(rb, kStream);
+        }
+        HcPostParams pa = p;
+        pa.f = fa.get();
+        pa.f_add = nullptr;
+        pa.f_round = false;
+        pa.res = ha.get();
+        pa.out = ha.get();
+        cuda::hc_post(pa, kStream);
+        // B: hc_post applying the epilogue as it loads f (f, f_add untouched).
+        DeviceBuffer<float> hb = to_dev(res);
+        HcPostParams pb = p;
+        pb.f = df.get();
+        pb.f_add = add ? dfadd.get() : nullptr;
+        pb.res = hb.get();
+        pb.out = hb.get();
+        cuda::hc_post(pb, kStream);
+
+        const std::vector<float> got = to_host(hb), ref = to_host(ha);
+        EXPECT_TRUE(same_bits(got, ref)) << "streams: hc_post's load epilogue vs " << (add ? "moe_add_shared" : "round_bf16")
+                                         << " + hc_post";
+        EXPECT_TRUE(same_bits(to_host(df), f)) << "f changed";
+#if !defined(__FMA__)  // the CPU op's multiply-adds uncontracted (see CudaHcPost.MatchesCpuBitForBit)
+        EXPECT_TRUE(same_bits(got, want)) << "streams: hc_post's load epilogue vs the CPU op";
+        EXPECT_TRUE(same_bits(got, want_composed)) << "streams: hc_post's load epilogue vs the CPU composition";
+#endif
+        if (D == 4096 && T <= 2 && !add) {
+          // Out of place, so the launches are idempotent (round_bf16 of rounded values).
+          DeviceBuffer<float> out = poisoned<float>(res.size()), dres = to_dev(res);
+          pa.res = pb.res = dres.get();
+          pa.out = pb.out = out.get();
+          std::printf("[cuda perf] hc_post tokens %lld hc %d dim %lld: with the round as it loads %.1f us, "
+                      "round_bf16 + hc_post %.1f us\n",
+                      static_cast<long long>(T), hc, static_cast<long long>(D),
+                      median_us([&] { cuda::hc_post(pb, kStream); }), median_us([&] {
+                        RoundBf16Params rb;
+                        rb.x = fa.get();
+                        rb.rows = T;
+                        rb.cols = D;
+                        cuda::round_bf16(rb, kStream);
+                        cuda::hc_post(pa, kStream);
+                      }));
+        }
+      }
   TANDEM_REQUIRE_GPU();
 }
 

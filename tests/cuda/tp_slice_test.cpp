@@ -8,7 +8,9 @@
 //    default (decode-size kernels for these steps), every step on the tensor cores (the prefill
 //    path: FP8 block-scaled GEMMs, cuBLASLt, grouped experts) and the generic ops alone;
 //  - each rank holds only its slice;
-//  - one rank alone on the stand-in (bench-model's mode) runs the same code.
+//  - one rank alone on the stand-in (bench-model's mode) runs the same code;
+//  - the all-reduce epilogues applied by hc_post as it loads the sum give the bits of their own
+//    launches (round_bf16, moe_add_shared), on every path.
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -21,8 +23,10 @@
 
 #include "cuda/inprocess_comm.h"
 #include "cuda/require_gpu.h"
+#include "kernels/bit_compare.h"
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/cuda_model_testing.h"
 #include "model/cuda/standin_comm.h"
 #include "model/model.h"
 #include "model/run_helpers.h"
@@ -146,7 +150,8 @@ constexpr Path kPaths[] = {kDefaultPath,
                            {"every step on the tensor cores", 0, true},
                            {"generic ops only", int64_t{1} << 40, false}};
 
-GroupRun gpu_group(const Script& s, int n, const Path& path = kDefaultPath) {
+// epilogue_launches: the all-reduce epilogues as their own launches (model_testing's hook).
+GroupRun gpu_group(const Script& s, int n, const Path& path = kDefaultPath, bool epilogue_launches = false) {
   InProcessGroup g(n, /*device=*/true);
   std::vector<std::unique_ptr<InProcessComm>> comms;
   std::vector<std::unique_ptr<CudaModel>> models(n);
@@ -160,6 +165,7 @@ GroupRun gpu_group(const Script& s, int n, const Path& path = kDefaultPath) {
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     if (!m.ok()) return {};
     models[r] = std::move(*m);
+    if (epilogue_launches) model_testing::cuda_set_epilogue_launches(*models[r], true);
   }
   GroupRun out;
   out.logits.resize(n);
@@ -345,6 +351,37 @@ TEST(CudaTensorParallel, SumOverRanksEqualsOneRank) {
       EXPECT_LE(c.max_row_rel, 0.06);
       EXPECT_LE(c.mean_row_rel, 0.03);
       EXPECT_GE(c.top1, 0.90);
+    }
+  }
+}
+
+// wo_b's bf16 round and the MoE's shared-expert add and round after their all-reduces, applied by
+// hc_post as it loads the sum (HcPostParams::f_add, f_round), against the same epilogues as their
+// own launches (the forward before): every collective's input and every logit bit for bit, on each
+// path (decode-size kernels, tensor cores, generic ops: prefill, decode and verify steps), every
+// rank of TP=2 and TP=4.
+TEST(CudaTensorParallel, AllReduceEpiloguesInHcPostEqualTheirLaunches) {
+  TANDEM_REQUIRE_GPU();
+  const Script s;
+  for (const Path& path : kPaths) {
+    SCOPED_TRACE(path.name);
+    for (int n : {2, 4}) {
+      const GroupRun fused = gpu_group(s, n, path);
+      const GroupRun launches = gpu_group(s, n, path, /*epilogue_launches=*/true);
+      ASSERT_EQ(fused.logits.size(), static_cast<size_t>(n));
+      ASSERT_EQ(launches.logits.size(), static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        SCOPED_TRACE(::testing::Message() << "TP=" << n << " rank " << r);
+        ASSERT_FALSE(fused.logits[r].empty());
+        EXPECT_TRUE(kernels::testing::same_bits(fused.logits[r], launches.logits[r])) << "logits";
+        ASSERT_EQ(fused.calls[r].size(), launches.calls[r].size()) << "collectives";
+        for (size_t i = 0; i < fused.calls[r].size(); ++i)
+          EXPECT_TRUE(kernels::testing::same_bits(fused.calls[r][i].input, launches.calls[r][i].input))
+              << "collective " << i << " (" << (fused.calls[r][i].gather ? "gather" : "reduce") << ", step of "
+              << fused.call_rows[r][i] << " tokens): its input";
+      }
+      std::printf("[tp-epilogue] %s, TP=%d: %zu collectives and %zu logits per rank compared\n", path.name, n,
+                  fused.calls[0].size(), fused.logits[0].size());
     }
   }
 }

@@ -150,6 +150,44 @@ TEST(Hc, PostContractsFirstIndexInPlace) {
   EXPECT_TRUE(correctly_rounded(res, want, Stored::kBf16, 0.0, &err));
 }
 
+// The load epilogue (f_add, f_round) is the all-reduce epilogue the forward no longer launches: bit
+// for bit hc_post of f' = bf16(f + f_add) (the MoE's shared expert) or bf16(f) (the attention
+// output), f' computed first as the launch did. f fp32 (a sum of partials), with a bf16 tie and a
+// value that rounds to inf; in place, as the model runs it.
+TEST(Hc, PostLoadEpilogueEqualsRoundThenPost) {
+  const int64_t T = 3, D = 96;
+  const int hc = 4;
+  auto f = randn(T * D, 40, 1.0f, false);
+  const auto fadd = randn(T * D, 41);
+  const auto res = randn(T * hc * D, 42);
+  const auto post = randn(T * hc, 43, 1.0f, false);
+  const auto comb = randn(T * hc * hc, 44, 1.0f, false);
+  f[5] = 1.00390625f;  // 1 + 2^-8: a bf16 tie (to even: 1) without the add
+  f[7] = 3.4e38f;      // past the largest bf16: inf without the add
+  for (bool add : {false, true}) {
+    std::vector<float> f2(f.size());
+    for (size_t i = 0; i < f.size(); ++i) f2[i] = num::round_bf16(add ? f[i] + fadd[i] : f[i]);
+    std::vector<float> want = res, got = res;
+    HcPostParams p;
+    p.post = post.data();
+    p.comb = comb.data();
+    p.tokens = T;
+    p.hc = hc;
+    p.dim = D;
+    p.f = f2.data();
+    p.res = p.out = want.data();
+    cpu::hc_post(p);
+    p.f = f.data();
+    p.f_add = add ? fadd.data() : nullptr;
+    p.f_round = true;
+    p.res = p.out = got.data();
+    cpu::hc_post(p);
+    EXPECT_TRUE(testing::same_bits(got, want)) << (add ? "bf16(f + f_add)" : "bf16(f)");
+    // The epilogue changes the result (the test sees it): f is not bf16 already.
+    EXPECT_FALSE(testing::same_bits(f2, f));
+  }
+}
+
 TEST(Hc, HeadMatchesSpec) {
   const int64_t T = 2, D = 128;
   const int hc = 4;

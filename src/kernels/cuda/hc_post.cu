@@ -1,6 +1,8 @@
 // mHC hc_post: one thread per (token, 4 channels) (float4; else per (token, channel)) computes those
 // channels of every output stream, reading all residual streams first, so out may alias res. Same
-// operation order as the CPU op (no FMA), so the result is bit-exact.
+// operation order as the CPU op (no FMA), so the result is bit-exact. f goes through the load
+// epilogue (HcPostParams::f_add, f_round) with the arithmetic of the launches it replaces after a
+// tensor-parallel all-reduce: round_bf16's bf16(f), moe_add_shared's bf16(f + shared).
 #include "common/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.cuh"
@@ -10,6 +12,12 @@ namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int kMaxHc = 16;
+
+// f as loaded, from f's value and f_add's (unused without f_add).
+__device__ __forceinline__ float load_f(const HcPostParams& p, float f, float fa) {
+  const float v = p.f_add ? add_rn(f, fa) : f;
+  return p.f_round ? round_bf16(v) : v;
+}
 
 __global__ void hc_post_kernel(HcPostParams p) {
   pdl_enter();
@@ -22,7 +30,7 @@ __global__ void hc_post_kernel(HcPostParams p) {
     const float* post = p.post + t * hc;
     const float* C = p.comb + t * hc * hc;
     float* out = p.out + t * hc * D + d;
-    const float f = p.f[t * D + d];
+    const float f = load_f(p, p.f[t * D + d], p.f_add ? p.f_add[t * D + d] : 0.0f);
     float r[kMaxHc];
 #pragma unroll
     for (int j = 0; j < kMaxHc; ++j) r[j] = j < hc ? res[j * D] : 0.0f;
@@ -60,7 +68,13 @@ __global__ void __launch_bounds__(128) hc_post_vec_kernel(HcPostParams p) {
 #pragma unroll
     for (int j = 0; j < kMax; ++j)
       if (j < hc) r[j] = res[j * D4];
-    const float4 f = reinterpret_cast<const float4*>(p.f + t * p.dim)[q];
+    float4 f = reinterpret_cast<const float4*>(p.f + t * p.dim)[q];
+    if (p.f_add || p.f_round) {
+      float4 fa =
+          p.f_add ? reinterpret_cast<const float4*>(p.f_add + t * p.dim)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) lane4(f, e) = load_f(p, lane4(f, e), lane4(fa, e));
+    }
     const float* post = p.post + t * hc;
     const float* C = p.comb + t * hc * hc;
     float4* out = reinterpret_cast<float4*>(p.out + t * hc * p.dim) + q;
@@ -93,7 +107,7 @@ void hc_post(const HcPostParams& p, cudaStream_t s) {
   if (p.tokens == 0) return;
   TANDEM_CHECK(p.hc <= kMaxHc);
   const uintptr_t addr = reinterpret_cast<uintptr_t>(p.res) | reinterpret_cast<uintptr_t>(p.f) |
-                         reinterpret_cast<uintptr_t>(p.out);
+                         reinterpret_cast<uintptr_t>(p.f_add) | reinterpret_cast<uintptr_t>(p.out);
   const bool vec = p.dim % 4 == 0 && p.dim >= 4 && (addr & 15) == 0;
   if (vec) {
     // 128 threads x 4 channels per CTA: a decode token's 4096 channels on 8 SMs.

@@ -37,16 +37,6 @@ void CudaModel::Impl::all_reduce_raw(void* xx, int64_t n, CommDtype dtype) {
   section(prev);
 }
 
-void CudaModel::Impl::all_reduce_bf16(float* xx, int64_t rows, int64_t cols) {
-  all_reduce(xx, rows * cols);
-  if (rows == 0) return;
-  kernels::RoundBf16Params rb;
-  rb.x = xx;
-  rb.rows = rows;
-  rb.cols = cols;
-  kernels::cuda::round_bf16(rb, stream);
-}
-
 void CudaModel::Impl::embed_tokens(const int32_t* ids, int64_t n) {
   section(OpClass::kEmbed);
   const int64_t D = cfg.hidden_size;
@@ -185,6 +175,24 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
   p.hc = cfg.hc_mult;
   p.dim = cfg.hidden_size;
   p.round_bf16 = true;
+  // Under tensor parallelism every sub-block output (wo_b's, the MoE's) is all-reduced and leaves its
+  // epilogue for this load: one missing here would skip a bf16 round or the shared expert.
+  TANDEM_CHECK(!tp() || f_epilogue.f == aa);
+  if (f_epilogue.f == aa && epilogue_launches) {  // the test hook's reference: in place on aa, then plain
+    if (f_epilogue.add) {
+      cuda_model::moe_add_shared({f_epilogue.f, f_epilogue.add, n * p.dim}, stream);
+    } else {
+      kernels::RoundBf16Params rb;
+      rb.x = f_epilogue.f;
+      rb.rows = n;
+      rb.cols = p.dim;
+      kernels::cuda::round_bf16(rb, stream);
+    }
+  } else if (f_epilogue.f == aa) {  // aa's all-reduce epilogue (wo_b, moe_reduce_shared)
+    p.f_add = f_epilogue.add;
+    p.f_round = true;
+  }
+  f_epilogue = {};
   kernels::cuda::hc_post(p, stream);
 }
 
@@ -192,7 +200,7 @@ void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float
 // grouped by expert on the tensor cores; decode rows: moe_decode), the shared expert, and a combine
 // in ascending expert order (the CPU's accumulation order). Under tensor parallelism the routed sum
 // is a partial sum over this rank's experts: all-reduced in fp32, then the (whole) shared expert is
-// added, as the CPU does.
+// added, as the CPU does (by the consumer hc_post as it loads the sum: moe_reduce_shared).
 void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens, int64_t n, float* y, int layer) {
   if (dec_moe(m, xx, tokens, n, y, layer)) {  // decode-size kernels (cuda_decode.cpp)
     last_routing = {dec.moe.gate_logits, dec.moe.expert_ids};
@@ -275,7 +283,7 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
   linear(m.sh_w2, sh_g.get(), n, sh_out.get());
   section(OpClass::kRoutedExperts);
   // Under tensor parallelism: this rank's routed sum in fp32 (shared == null), all-reduced, then
-  // bf16(sum + shared) as the CPU.
+  // bf16(sum + shared) as the CPU (hc_post's load epilogue).
   const float* shared = tp() ? nullptr : sh_out.get();
   if (grouped) {
     cuda_model::moe_combine_local(pair_out.get(), eids.get(), shared, n, K, D, m.expert_begin, m.n_local, y, stream);
@@ -290,7 +298,7 @@ void CudaModel::Impl::moe(const DMoE& m, const float* xx, const int32_t* tokens,
 
 void CudaModel::Impl::moe_reduce_shared(float* y, const float* shared, int64_t n) {
   all_reduce(y, n * cfg.hidden_size);
-  cuda_model::moe_add_shared({y, shared, n * cfg.hidden_size}, stream);
+  f_epilogue = {y, shared};  // bf16(y + shared) (moe_add_shared's): hc_post's, as it loads y
 }
 
 // q [n, H, hd] and kv [n, hd] projected, normalized and rotated (positions [n], RoPE table `rope`),
@@ -364,10 +372,13 @@ void CudaModel::Impl::output_proj(const DAttn& at, float* oo, int64_t n, float* 
   wo_b(at, n, y);
 }
 
-// Row-parallel under tensor parallelism: this rank's fp32 partial sums, all-reduced, then rounded.
+// Row-parallel under tensor parallelism: this rank's fp32 partial sums, all-reduced, then rounded
+// (by hc_post as it loads y: f_epilogue).
 void CudaModel::Impl::wo_b(const DAttn& at, int64_t n, float* y) {
   linear(at.wo_b, u.get(), n, y, !tp());
-  if (tp()) all_reduce_bf16(y, n, cfg.hidden_size);
+  if (!tp()) return;
+  all_reduce(y, n * cfg.hidden_size);
+  f_epilogue = {y, nullptr};  // bf16(y) (the CPU's all_reduce_bf16): hc_post's, as it loads y
 }
 
 void CudaModel::Impl::run_compressor(const DComp& cw, int64_t ring_off, int ring, float* rows_buf, int64_t pool_off,

@@ -172,11 +172,21 @@ struct CudaModel::Impl {
   Buf<float> tp_local, tp_gather;   // LM head: this rank's [rows, P] logits, every rank's [size, rows, P]
   Status comm_status;               // the first collective failure of the step (reported by finish)
   bool tp() const { return opt.tp_size > 1; }
-  // In place, stream-ordered: x[n] = sum over ranks (fp32); the _bf16 form then rounds to bf16 as
-  // the CPU's all_reduce_bf16 does.
+  // In place, stream-ordered: x[n] = sum over ranks (fp32).
   void all_reduce(float* xx, int64_t n);
   void all_reduce_raw(void* xx, int64_t n, CommDtype dtype);  // n elements of dtype, summed as comm.h says
-  void all_reduce_bf16(float* xx, int64_t rows, int64_t cols);
+  // The epilogue of a sub-block output's all-reduce (wo_b's bf16 round: the CPU's all_reduce_bf16;
+  // moe_reduce_shared's shared-expert add and round), left for the consumer hc_post to apply as it
+  // loads f (HcPostParams::f_add, f_round): one launch fewer per collective. f: the output it belongs
+  // to (null: none pending); hc_post of that f takes it, and every hc_post clears it.
+  struct {
+    float* f = nullptr;
+    const float* add = nullptr;
+  } f_epilogue;
+  // Test hook (cuda_model_testing.h): the epilogues as their own launches on f after the all-reduce
+  // (round_bf16, moe_add_shared: the forward before the load epilogue), the reference it is tested
+  // against at the model level.
+  bool epilogue_launches = false;
   // h rows (every hc stream) = embedding of ids: vocabulary-parallel under tensor parallelism.
   void embed_tokens(const int32_t* ids, int64_t n);
   // logits[n, V] = yn W_head^T (fp32): each rank its vocabulary rows, then gathered.
@@ -369,6 +379,7 @@ struct CudaModel::Impl {
   // q/kv or MoE), fused into hc_pre's last kernel where the decode pack applies.
   void hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base, float* xo,
               float* posto, float* combo, const float* norm_weight = nullptr);
+  // hh = hc_post(f = aa, res = rr), aa loaded with its pending all-reduce epilogue (f_epilogue).
   void hc_post(const float* aa, const float* rr, int64_t n, float* hh);
   // layer >= 0: a target layer or (num_hidden_layers + s) draft stage s (its expert ids are kept
   // when a step's routing is recorded).
@@ -388,10 +399,11 @@ struct CudaModel::Impl {
   // q (normed, no RoPE yet) and kv (normed, no RoPE yet) of n rows of xx; qr kept for the indexer.
   void q_and_kv(const cuda_model::DAttn& at, const float* xx, int64_t n, const float* rope, const int64_t* positions);
   void output_proj(const cuda_model::DAttn& at, float* oo, int64_t n, float* y);
-  // y = u . wo_b^T: bf16 on one rank; under tensor parallelism fp32 partials, all-reduced, rounded.
+  // y = u . wo_b^T: bf16 on one rank; under tensor parallelism fp32 partials, all-reduced, rounded
+  // by the consumer hc_post as it loads y (f_epilogue).
   void wo_b(const cuda_model::DAttn& at, int64_t n, float* y);
-  // Under tensor parallelism: y (this rank's fp32 routed sum, [n, hidden]) all-reduced, then
-  // y = bf16(y + shared).
+  // Under tensor parallelism: y (this rank's fp32 routed sum, [n, hidden]) all-reduced; bf16(y +
+  // shared) is then the consumer hc_post's, as it loads y (f_epilogue).
   void moe_reduce_shared(float* y, const float* shared, int64_t n);
   void attention_target(int layer, int64_t n, float* y);
   // kv_buf / gate_buf: [n, chans] scratch of the compressor's two projections of xx.

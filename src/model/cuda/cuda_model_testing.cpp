@@ -199,6 +199,8 @@ void cuda_end_step(CudaModel& m) {
   im.finish(nullptr, /*synchronize=*/true);
 }
 
+void cuda_set_epilogue_launches(CudaModel& m, bool on) { im_of(m).epilogue_launches = on; }
+
 void cuda_logits(CudaModel& m, const float* h, int64_t rows, std::vector<float>& out) {
   Impl& im = im_of(m);
   const int64_t HD = static_cast<int64_t>(im.cfg.hc_mult) * im.cfg.hidden_size, V = im.cfg.vocab_size;

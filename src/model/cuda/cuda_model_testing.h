@@ -67,6 +67,11 @@ void cuda_get_h(CudaModel& m, float* h, int64_t rows);
 void cuda_attention_half(CudaModel& m, int layer, const StepBatch& batch);
 void cuda_ffn_half(CudaModel& m, int layer, const StepBatch& batch);
 void cuda_end_step(CudaModel& m);
+// Under tensor parallelism: the all-reduce epilogues of the attention output and the MoE (bf16
+// round; shared-expert add and round) as their own launches after the collective (round_bf16,
+// moe_add_shared) instead of hc_post's load epilogue: the reference that forward's bits are tested
+// against (eager steps; a graph keeps what it was captured with).
+void cuda_set_epilogue_launches(CudaModel& m, bool on);
 // The LM head over `rows` (<= the model's logits rows) residual-stream rows: out [rows, vocab].
 void cuda_logits(CudaModel& m, const float* h, int64_t rows, std::vector<float>& out);
 

@@ -4,8 +4,9 @@
 // token's pairs in ascending expert id, the CPU's accumulation order (the CPU: DsV4Model::Impl::moe,
 // src/model/forward.cpp). Under tensor parallelism a rank holds experts [expert_begin, expert_begin
 // + expert_count): pairs routed elsewhere get zero rows and add nothing to the combine, whose
-// routed-only form (shared == null) leaves the fp32 partial sum for the all-reduce; moe_add_shared
-// then adds the shared expert as the CPU does after its all-reduce.
+// routed-only form (shared == null) leaves the fp32 partial sum for the all-reduce; the shared
+// expert is then added as the CPU does after its all-reduce, by the forward's hc_post as it loads
+// the sum (HcPostParams::f_add, f_round) with moe_add_shared's arithmetic.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -66,7 +67,8 @@ struct MoeCombineArgs {
 void moe_combine(const MoeCombineArgs& a, cudaStream_t s);
 
 // y[i] = bf16(y[i] + shared[i]): the all-reduced routed sum plus the shared expert (the CPU's
-// round_bf16(moe_y + shared) after its all-reduce).
+// round_bf16(moe_y + shared) after its all-reduce). The forward does not launch it (hc_post applies
+// it as it loads y); the reference that hc_post's load epilogue is tested against.
 struct MoeAddSharedArgs {
   float* y = nullptr;                // [n] fp32 routed sum, in place
   const float* shared = nullptr;     // [n] shared expert output (bf16 values)
