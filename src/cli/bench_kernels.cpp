@@ -8,7 +8,7 @@
 // passes, median of 15 (a streaming read is measured and reported beside it). One MoE layer
 // (routed + shared) at batch 1, 8, 16, with the new path's three kernels; the attention, indexer
 // and top-k at 4K / 160K / 1M context (bench_long_context.cpp); the prefill chunk's row kernels at
-// 4,096 rows (bench_prefill.cpp); hc_pre_pack's two finishing shapes at 1 and 8 tokens. Table on
+// 4,096 rows (bench_prefill.cpp); hc_pre_pack's two finishing shapes at 1, 8 and 16 tokens. Table on
 // stdout, JSON to --out.
 #include <CLI/CLI.hpp>
 
@@ -388,12 +388,13 @@ struct Bench {
 };
 
 // ---------------------------------------------------------------- hc_pre_pack
-// hc_pre_pack at hc 4 x 4096 (the mix kernel and the finishing kernel): old = one finishing CTA per
-// token, new = a cluster of kHcSplit CTAs per token (hc_mix.h's HcFinishShape). fn rotates over
-// copies that exceed the L2 (a layer's weight); h stays put (the step's streams, just written).
+// hc_pre_pack at hc 4 x 4096 (the mix kernel and the finishing kernel) at 1, 8 and 16 tokens: old =
+// one finishing CTA per token, new = a cluster of kHcSplit CTAs per token (hc_mix.h's
+// HcFinishShape). fn rotates over copies (a layer's weight); h stays put (the step's streams, just
+// written).
 void Bench::hc_pre_pack_rows() {
   const int hc = 4, nmix = (2 + hc) * hc;
-  const int64_t dim = 4096, HD = hc * dim, m_max = 8;
+  const int64_t dim = 4096, HD = hc * dim, m_max = 16;
   const size_t fn_n = static_cast<size_t>(nmix * HD);
   const int copies = std::min(64, std::max(1, static_cast<int>(kRotateBytes / (fn_n * 4) + 1)));
   kc::DeviceBuffer<float> h(static_cast<size_t>(m_max * HD)), fn(fn_n * copies), hscale(3),
@@ -405,7 +406,7 @@ void Bench::hc_pre_pack_rows() {
   kc::random_fill(hscale.get(), hscale.size(), kc::RandomFill::kF32Bf16, 138, s, 0.5f);
   kc::random_fill(hbase.get(), hbase.size(), kc::RandomFill::kF32Bf16, 139, s, 0.5f);
   kc::random_fill(nw.get(), nw.size(), kc::RandomFill::kF32Bf16, 140, s, 1.0f);
-  for (int64_t m : {int64_t{1}, int64_t{8}}) {
+  for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}}) {
     auto us = [&](kc::HcFinishShape shape) {
       return time_calls(s, [&](int i) {
         kernels::HcPreParams p;

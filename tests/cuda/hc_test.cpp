@@ -466,7 +466,7 @@ TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
           const FinishOut z = run(pack, HcFinishShape::kAuto);
           EXPECT_TRUE(same_bits(z.x, a.x)) << op << " x: automatic shape";
         }
-        if (grid && D == 4096 && (T == 1 || T == 8)) {
+        if (grid && D == 4096 && (T == 1 || T == 8 || T >= kCross)) {  // the crossover's two sides too
           auto x = poisoned<float>(nx), post = poisoned<float>(rpost.size()), comb = poisoned<float>(rcomb.size());
           auto codes = poisoned<uint8_t>(nx), scales = poisoned<uint8_t>(static_cast<size_t>(T * nb));
           p.x = x.get();
