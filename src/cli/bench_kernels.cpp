@@ -8,7 +8,8 @@
 // passes, median of 15 (a streaming read is measured and reported beside it). One MoE layer
 // (routed + shared) at batch 1, 8, 16, with the new path's three kernels; the attention, indexer
 // and top-k at 4K / 160K / 1M context (bench_long_context.cpp); the prefill chunk's row kernels at
-// 4,096 rows (bench_prefill.cpp). Table on stdout, JSON to --out.
+// 4,096 rows (bench_prefill.cpp); hc_pre_pack's two finishing shapes at 1, 8 and 16 tokens. Table on
+// stdout, JSON to --out.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -383,7 +384,62 @@ struct Bench {
 
   void moe_layers();
   nlohmann::json sampler();
+  void hc_pre_pack_rows();
 };
+
+// ---------------------------------------------------------------- hc_pre_pack
+// hc_pre_pack at hc 4 x 4096 (the mix kernel and the finishing kernel) at 1, 8 and 16 tokens: old =
+// one finishing CTA per token, new = a cluster of kHcSplit CTAs per token (hc_mix.h's
+// HcFinishShape). fn rotates over copies (a layer's weight); h stays put (the step's streams, just
+// written).
+void Bench::hc_pre_pack_rows() {
+  const int hc = 4, nmix = (2 + hc) * hc;
+  const int64_t dim = 4096, HD = hc * dim, m_max = 16;
+  const size_t fn_n = static_cast<size_t>(nmix * HD);
+  const int copies = std::min(64, std::max(1, static_cast<int>(kRotateBytes / (fn_n * 4) + 1)));
+  kc::DeviceBuffer<float> h(static_cast<size_t>(m_max * HD)), fn(fn_n * copies), hscale(3),
+      hbase(static_cast<size_t>(nmix)), nw(static_cast<size_t>(dim)), hx(static_cast<size_t>(m_max * dim)),
+      post(static_cast<size_t>(m_max * hc)), comb(static_cast<size_t>(m_max * hc * hc));
+  kc::DeviceBuffer<uint8_t> pcodes(static_cast<size_t>(m_max * dim)), pscales(static_cast<size_t>(m_max * dim / 128));
+  kc::random_fill(h.get(), h.size(), kc::RandomFill::kF32Bf16, 136, s, 1.0f);
+  kc::random_fill(fn.get(), fn.size(), kc::RandomFill::kF32Bf16, 137, s, 0.02f);
+  kc::random_fill(hscale.get(), hscale.size(), kc::RandomFill::kF32Bf16, 138, s, 0.5f);
+  kc::random_fill(hbase.get(), hbase.size(), kc::RandomFill::kF32Bf16, 139, s, 0.5f);
+  kc::random_fill(nw.get(), nw.size(), kc::RandomFill::kF32Bf16, 140, s, 1.0f);
+  for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}}) {
+    auto us = [&](kc::HcFinishShape shape) {
+      return time_calls(s, [&](int i) {
+        kernels::HcPreParams p;
+        p.h = h.get();
+        p.fn = fn.get() + fn_n * static_cast<size_t>(i % copies);
+        p.scale = hscale.get();
+        p.base = hbase.get();
+        p.tokens = m;
+        p.hc = hc;
+        p.dim = dim;
+        p.x = hx.get();
+        p.post = post.get();
+        p.comb = comb.get();
+        kc::HcPrePackArgs pk;
+        pk.norm_weight = nw.get();
+        pk.codes = pcodes.get();
+        pk.scales = pscales.get();
+        pk.finish = shape;
+        kc::hc_pre_pack(p, pk, s);
+      });
+    };
+    const double old_us = us(kc::HcFinishShape::kToken), new_us = us(kc::HcFinishShape::kSplit);
+    const double bytes = fn_n * 4.0 + m * HD * 4.0 + m * dim * 5.0 + m * dim / 128.0;
+    const std::string name = "hc_pre_pack 4 x 4096 (split finish)";
+    std::printf("%-38s %6lld %6lld %3lld %9.1f %6.1f%% %9.1f %6.1f%%   (old: one CTA per token; new: %d-CTA cluster)\n",
+                name.c_str(), static_cast<long long>(dim), static_cast<long long>(HD), static_cast<long long>(m), old_us,
+                100 * frac(bytes, old_us), new_us, 100 * frac(bytes, new_us), kc::kHcSplit);
+    std::fflush(stdout);
+    // No new_frac_of_copy key: the copy-fraction targets are the weight-reading kernels'.
+    rows.push_back({{"kernel", name}, {"n", dim}, {"k", HD}, {"rows", m}, {"bytes", bytes}, {"old_us", old_us},
+                    {"split_us", new_us}});
+  }
+}
 
 // ---------------------------------------------------------------- sampler
 // sample_rows_device over 48 rows of the full vocabulary: greedy, top-p 0.9 and top-k 50 + top-p
@@ -605,7 +661,7 @@ void Bench::moe_layers() {
   }
 }
 
-// `only`: the sections to run (linear, moe, long, sampler, prefill; empty: all), e.g. to profile one.
+// `only`: the sections to run (linear, hc, moe, long, sampler, prefill; empty: all), e.g. to profile one.
 Status run(const std::string& out_path, const std::set<std::string>& only) {
   auto want = [&](const char* sec) { return only.empty() || only.count(sec) > 0; };
   if (kc::device_count() == 0) return make_error(StatusCode::kUnavailable, "no CUDA device visible");
@@ -637,6 +693,7 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
     b.mxfp4_gemm_op("expert w1 mxfp4 (GEMM op path)", 2048, 4096, 12);
     b.mxfp4_gemm_op("expert w2 mxfp4 (GEMM op path)", 4096, 2048, 13);
   }
+  if (want("hc")) b.hc_pre_pack_rows();
   if (want("moe")) b.moe_layers();
   const nlohmann::json lc = want("long") ? bench_kernels::long_context(b.s, b.copy_bps, time_calls)
                                          : nlohmann::json::object({{"targets", nlohmann::json::array()}});
@@ -702,9 +759,9 @@ int bench_kernels_main(int argc, char** argv) {
   app.add_option("--out", out, "JSON output path (default bench/results/bench-kernels-<date>.json, or ./ without "
                                "bench/results)");
   std::vector<std::string> only;
-  app.add_option("--only", only, "sections to run: linear, moe, long, sampler, prefill (default: all)")
+  app.add_option("--only", only, "sections to run: linear, hc, moe, long, sampler, prefill (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"linear", "moe", "long", "sampler", "prefill"}));
+      ->check(CLI::IsMember({"linear", "hc", "moe", "long", "sampler", "prefill"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -14,6 +14,8 @@
 // hc_post's load epilogue (f_add, f_round: a tensor-parallel all-reduce's round, or the MoE's
 // shared-expert add and round) equals the launches it replaces (round_bf16 or moe_add_shared, then
 // hc_post) bit for bit, and the CPU op (which applies it the same way).
+// The finishing kernels' two launch shapes (hc_mix.h's HcFinishShape: one CTA per token, or
+// kHcSplit CTAs per token, hc_pre_pack's as a thread-block cluster) give the same bits (CudaHcFinish).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +23,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/decode_test_util.h"
+#include "kernels/cuda/hc_mix.h"
 #include "model/cuda/moe.h"
 #include "model/math.h"
 
@@ -333,6 +336,269 @@ TEST(CudaHcPrePack, EqualsHcPreThenDecodeActPack) {
     if (host && D == 4096)
       std::printf("[cuda perf] hc_pre_pack tokens %lld hc %d dim %lld: fused %.1f us, hc_pre + decode_act_pack %.1f us\n",
                   static_cast<long long>(T), c.hc, static_cast<long long>(D), median_us(fused), median_us(two_ops));
+  }
+  TANDEM_REQUIRE_GPU();
+}
+
+// hc_pre_pack, hc_pre and hc_head with the finishing kernel forced to each launch shape (kToken:
+// one CTA per token; kSplit: kHcSplit CTAs per token, hc_pre_pack's a cluster reading the row from
+// its CTAs' shared memory for the RMSNorm): every output equal bit for bit between the shapes, at
+// token counts around the automatic crossover (kHcSplitMaxTokens) and at dims whose 128-column
+// blocks do not fill the kHcSplit CTAs (256, 384, 512) or are no multiple of 128 (plain hc_pre,
+// hc_head). Two data sets per case: (a) the coarse grids (exact mixes), with one token scaled by
+// 2^-12 and one 128-column block of another scaled by 2^7 (rows of wide dynamic range; the mixes
+// stay exact, which mixes() asserts), compared with the host reference (hc_pre_ref, pack_norm_ref,
+// the CPU act_quant op) as well; (b) unrounded random streams whose columns span 2^-20 .. 2^20,
+// GPU shape against GPU shape only (their mixes are not exact). The norm weight has a NaN column.
+struct FinishOut {
+  std::vector<float> x, post, comb;
+  std::vector<uint8_t> codes, scales;
+};
+
+TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
+  using cuda::HcFinishShape;
+  struct C {
+    int hc;
+    int64_t dim;
+    int iters;
+    bool pack;  // dim a multiple of 128: hc_pre_pack too
+  };
+  const float eps = 1e-5f;
+  const int64_t kCross = cuda::kHcSplitMaxTokens;
+  uint64_t seed = 500;
+  for (const C& c : {C{4, 4096, 20, true}, C{4, 512, 20, true}, C{4, 384, 20, true}, C{4, 256, 20, true},
+                     C{6, 256, 5, true}, C{4, 100, 20, false}, C{3, 72, 2, false}}) {
+    for (int64_t T : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{8}, kCross, kCross + 1}) {
+      for (const bool grid : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "tokens " << T << " hc " << c.hc << " dim " << c.dim
+                                          << (grid ? " (exact grids)" : " (wide-range random)"));
+        const int nmix = (2 + c.hc) * c.hc;
+        const int64_t HD = c.hc * c.dim, D = c.dim, nb = D / 128;
+        std::vector<float> h, fn;
+        if (grid) {
+          h = grid_values(static_cast<size_t>(T * HD), seed++, 31, 16.0f);
+          fn = grid_values(static_cast<size_t>(nmix * HD), seed++, 8, 1024.0f);
+          for (int64_t i = 0; i < HD; ++i) h[static_cast<size_t>(i)] *= 0x1p-12f;  // token 0: tiny
+          if (T > 1 && c.pack)                                                   // token 1: one loud block
+            for (int i = 0; i < c.hc; ++i)
+              for (int64_t d = 128; d < 256 && d < D; ++d) h[static_cast<size_t>(HD + i * D + d)] *= 0x1p7f;
+        } else {
+          h = randn(static_cast<size_t>(T * HD), seed++, 1.0f, false);
+          fn = randn(static_cast<size_t>(nmix * HD), seed++, 0.02f, false);
+          for (size_t i = 0; i < h.size(); ++i)
+            h[i] = std::ldexp(h[i], static_cast<int>(mix64(seed * 7919 + i % static_cast<size_t>(D)) % 41) - 20);
+          ++seed;
+        }
+        const std::vector<float> scale = randu(3, seed++, 0.5f, 2.0f);
+        const std::vector<float> base = randn(static_cast<size_t>(nmix), seed++, 0.5f, false);
+        std::vector<float> w = randn(static_cast<size_t>(D), seed++, 0.5f, true);
+        w[7] = std::numeric_limits<float>::quiet_NaN();
+        HcPreParams p;
+        p.h = h.data();
+        p.fn = fn.data();
+        p.scale = scale.data();
+        p.base = base.data();
+        p.tokens = T;
+        p.hc = c.hc;
+        p.dim = D;
+        p.sinkhorn_iters = c.iters;
+        // The host reference (grids only): hc_pre's x, post, comb; the pack's normed rows and codes.
+        std::vector<float> rx(static_cast<size_t>(T * D)), rpost(static_cast<size_t>(T * c.hc)),
+            rcomb(static_cast<size_t>(T * c.hc * c.hc)), ry(rx.size());
+        HostCodes rc;
+        if (grid) {
+          hc_pre_ref(p, rx.data(), rpost.data(), rcomb.data());
+          if (c.pack) {
+            for (int64_t t = 0; t < T; ++t) pack_norm_ref(rx.data() + t * D, D, w.data(), eps, ry.data() + t * D);
+            rc = host_act_quant(ry, T, D, D);
+          }
+        }
+        if (!have_gpu()) continue;
+
+        DeviceBuffer<float> dh = to_dev(h), dfn = to_dev(fn), dscale = to_dev(scale), dbase = to_dev(base),
+                            dw = to_dev(w);
+        p.h = dh.get();
+        p.fn = dfn.get();
+        p.scale = dscale.get();
+        p.base = dbase.get();
+        const size_t nx = static_cast<size_t>(T * D);
+        auto run = [&](bool pack, HcFinishShape shape) {
+          auto x = poisoned<float>(nx), post = poisoned<float>(rpost.size()), comb = poisoned<float>(rcomb.size());
+          auto codes = poisoned<uint8_t>(pack ? nx : 0), scales = poisoned<uint8_t>(pack ? static_cast<size_t>(T * nb) : 0);
+          HcPreParams q = p;
+          q.x = x.get();
+          q.post = post.get();
+          q.comb = comb.get();
+          if (pack) {
+            cuda::HcPrePackArgs k;
+            k.norm_weight = dw.get();
+            k.eps = eps;
+            k.codes = codes.get();
+            k.scales = scales.get();
+            k.finish = shape;
+            cuda::hc_pre_pack(q, k, kStream);
+          } else {
+            cuda::hc_pre(q, kStream, shape);
+          }
+          FinishOut o{to_host(x), to_host(post), to_host(comb), {}, {}};
+          if (pack) {
+            o.codes = to_host(codes);
+            o.scales = to_host(scales);
+          }
+          return o;
+        };
+        for (const bool pack : {false, true}) {
+          if (pack && !c.pack) continue;
+          const char* op = pack ? "hc_pre_pack" : "hc_pre";
+          const FinishOut a = run(pack, HcFinishShape::kToken), b = run(pack, HcFinishShape::kSplit);
+          EXPECT_TRUE(same_bits(b.x, a.x)) << op << " x: split vs one CTA per token";
+          EXPECT_TRUE(same_bits(b.post, a.post)) << op << " post: split vs one CTA per token";
+          EXPECT_TRUE(same_bits(b.comb, a.comb)) << op << " comb: split vs one CTA per token";
+          if (pack) {
+            EXPECT_TRUE(same_values(b.codes, a.codes, static_cast<size_t>(D))) << op << " codes: split vs one CTA";
+            EXPECT_TRUE(same_values(b.scales, a.scales, static_cast<size_t>(nb))) << op << " scales: split vs one CTA";
+          }
+          if (grid) {
+            EXPECT_TRUE(same_bits(b.x, pack ? ry : rx)) << op << " x (split) vs host";
+            EXPECT_TRUE(same_bits(b.post, rpost)) << op << " post (split) vs host";
+            EXPECT_TRUE(same_bits(b.comb, rcomb)) << op << " comb (split) vs host";
+            if (pack) {
+              EXPECT_TRUE(same_values(b.codes, rc.codes, static_cast<size_t>(D))) << op << " codes (split) vs host";
+              EXPECT_TRUE(same_values(b.scales, rc.scales, static_cast<size_t>(nb))) << op << " scales (split) vs host";
+            }
+          }
+          // The automatic shape is one of the two.
+          const FinishOut z = run(pack, HcFinishShape::kAuto);
+          EXPECT_TRUE(same_bits(z.x, a.x)) << op << " x: automatic shape";
+        }
+        if (grid && D == 4096 && (T == 1 || T == 8 || T >= kCross)) {  // the crossover's two sides too
+          auto x = poisoned<float>(nx), post = poisoned<float>(rpost.size()), comb = poisoned<float>(rcomb.size());
+          auto codes = poisoned<uint8_t>(nx), scales = poisoned<uint8_t>(static_cast<size_t>(T * nb));
+          p.x = x.get();
+          p.post = post.get();
+          p.comb = comb.get();
+          auto timed = [&](HcFinishShape shape) {
+            cuda::HcPrePackArgs k;
+            k.norm_weight = dw.get();
+            k.eps = eps;
+            k.codes = codes.get();
+            k.scales = scales.get();
+            k.finish = shape;
+            return median_us([&] { cuda::hc_pre_pack(p, k, kStream); }, 50);
+          };
+          std::printf("[cuda perf] hc_pre_pack (mix + finish) tokens %lld hc %d dim %lld: one CTA per token %.1f us, "
+                      "%d-CTA cluster per token %.1f us\n",
+                      static_cast<long long>(T), c.hc, static_cast<long long>(D), timed(HcFinishShape::kToken),
+                      cuda::kHcSplit, timed(HcFinishShape::kSplit));
+        }
+      }
+    }
+  }
+  TANDEM_REQUIRE_GPU();
+}
+
+// hc_pre_pack's cluster shape captured in a CUDA graph (a PDL cluster launch inside capture, twice
+// in a row so one cluster kernel precedes the next mix programmatically) replays the eager bits.
+TEST(CudaHcFinish, SplitCapturesInAGraph) {
+  TANDEM_REQUIRE_GPU();
+  const int64_t T = 8, D = 4096, HD = 4 * D, nb = D / 128;
+  const int nmix = 24;
+  DeviceBuffer<float> dh = to_dev(randn(static_cast<size_t>(T * HD), 950, 1.0f, true));
+  DeviceBuffer<float> dfn = to_dev(randn(static_cast<size_t>(nmix * HD), 951, 0.02f, false));
+  DeviceBuffer<float> dscale = to_dev(randu(3, 952, 0.5f, 2.0f)), dbase = to_dev(randn(nmix, 953, 0.5f, false));
+  DeviceBuffer<float> dw = to_dev(randn(static_cast<size_t>(D), 954, 0.5f, true));
+  struct Out {
+    DeviceBuffer<float> x, post, comb;
+    DeviceBuffer<uint8_t> codes, scales;
+  };
+  auto outs = [&] {
+    return Out{poisoned<float>(static_cast<size_t>(T * D)), poisoned<float>(static_cast<size_t>(T * 4)),
+               poisoned<float>(static_cast<size_t>(T * 16)), poisoned<uint8_t>(static_cast<size_t>(T * D)),
+               poisoned<uint8_t>(static_cast<size_t>(T * nb))};
+  };
+  auto call = [&](Out& o, cudaStream_t st) {
+    HcPreParams p;
+    p.h = dh.get();
+    p.fn = dfn.get();
+    p.scale = dscale.get();
+    p.base = dbase.get();
+    p.tokens = T;
+    p.x = o.x.get();
+    p.post = o.post.get();
+    p.comb = o.comb.get();
+    cuda::HcPrePackArgs k;
+    k.norm_weight = dw.get();
+    k.codes = o.codes.get();
+    k.scales = o.scales.get();
+    k.finish = cuda::HcFinishShape::kSplit;
+    cuda::hc_pre_pack(p, k, st);
+  };
+  Out eager = outs(), g1 = outs(), g2 = outs();
+  call(eager, kStream);
+  sync();
+  cudaStream_t st;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  call(g1, st);
+  call(g2, st);
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, st));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(st));
+  for (Out* o : {&g1, &g2}) {
+    EXPECT_TRUE(same_bits(to_host(o->x), to_host(eager.x))) << "x";
+    EXPECT_TRUE(same_bits(to_host(o->post), to_host(eager.post))) << "post";
+    EXPECT_TRUE(same_bits(to_host(o->comb), to_host(eager.comb))) << "comb";
+    EXPECT_TRUE(same_values(to_host(o->codes), to_host(eager.codes), static_cast<size_t>(D))) << "codes";
+    EXPECT_TRUE(same_values(to_host(o->scales), to_host(eager.scales), static_cast<size_t>(nb))) << "scales";
+  }
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// hc_head: the split shape (kHcSplit CTAs per token, each a column slice) equals one CTA per token
+// bit for bit, and the host reference on the exact grids.
+TEST(CudaHcFinish, HeadSplitEqualsOneCtaPerToken) {
+  using cuda::HcFinishShape;
+  uint64_t seed = 800;
+  for (auto [hc, dim] : {std::pair<int, int64_t>{4, 4096}, {4, 100}, {2, 33}}) {
+    for (int64_t T : {int64_t{1}, int64_t{3}, int64_t{16}, int64_t{17}}) {
+      SCOPED_TRACE(::testing::Message() << "tokens " << T << " hc " << hc << " dim " << dim);
+      const int64_t HD = hc * dim;
+      const std::vector<float> h = grid_values(static_cast<size_t>(T * HD), seed++, 31, 16.0f);
+      const std::vector<float> fn = grid_values(static_cast<size_t>(hc * HD), seed++, 8, 1024.0f);
+      const std::vector<float> scale = randu(1, seed++, 0.5f, 2.0f);
+      const std::vector<float> base = randn(static_cast<size_t>(hc), seed++, 0.5f, false);
+      std::vector<float> ry(static_cast<size_t>(T * dim));
+      HcHeadParams p;
+      p.tokens = T;
+      p.hc = hc;
+      p.dim = dim;
+      for (int64_t t = 0; t < T; ++t) {
+        const std::vector<float> mix = mixes(h.data() + t * HD, fn.data(), hc, HD, p.norm_eps);
+        float pre[16];
+        for (int j = 0; j < hc; ++j) pre[j] = sigmoid_cr(mix[j] * scale[0] + base[j]) + p.hc_eps;
+        collapse(h.data() + t * HD, pre, hc, dim, ry.data() + t * dim, true);
+      }
+      if (!have_gpu()) continue;
+      DeviceBuffer<float> dh = to_dev(h), dfn = to_dev(fn), dscale = to_dev(scale), dbase = to_dev(base);
+      p.h = dh.get();
+      p.fn = dfn.get();
+      p.scale = dscale.get();
+      p.base = dbase.get();
+      auto run = [&](HcFinishShape shape) {
+        auto dy = poisoned<float>(ry.size());
+        p.y = dy.get();
+        cuda::hc_head(p, kStream, shape);
+        return to_host(dy);
+      };
+      const std::vector<float> a = run(HcFinishShape::kToken), b = run(HcFinishShape::kSplit);
+      EXPECT_TRUE(same_bits(b, a)) << "split vs one CTA per token";
+      EXPECT_TRUE(same_bits(b, ry)) << "split vs host";
+    }
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -13,15 +13,53 @@ constexpr int kThreads = 256;  // == rms_norm.cu's kThreads: the fp64 sum's orde
 constexpr int kBlock = 128;
 constexpr int kPer = kBlock / kWarp;  // values of a block per lane
 
+// rs = 1 / sqrt(ss / dim + eps) from the fp64 sum of squares ss, as rms_norm.cu's fp32 mode.
+__device__ __forceinline__ float rms_scale(double ss, int64_t dim, float eps) {
+  const float var = static_cast<float>(ss / static_cast<double>(dim));
+  return div_rn(1.0f, sqrtf(add_rn(var, eps)));
+}
+
+// One 128-column block (columns c0 .. c0 + 127 of the row, c0 = 128 * block) by one warp: xb holds
+// the block's 128 values (xb[i] = x[c0 + i]); v = norm_weight ? round_bf16(w * (x * rs)) : x, then
+// act_quant.cu's amax, E8M0 scale and e4m3 codes. codes/scales/y are the row's (indexed by column /
+// block); y is written only with norm_weight.
+__device__ __forceinline__ void pack_block(const float* xb, int64_t c0, const float* norm_weight, float rs, float* y,
+                                           uint8_t* codes, uint8_t* scales) {
+  const int lane = threadIdx.x & 31;
+  float v[kPer];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const float xv = xb[lane + i * kWarp];
+    v[i] = norm_weight ? round_bf16(mul_rn(norm_weight[c0 + lane + i * kWarp], mul_rn(xv, rs))) : xv;
+    const float av = fabsf(v[i]);
+    amax = av > amax ? av : amax;  // NaN compares false: ignored, as the act_quant op
+  }
+  amax = warp_max(amax);
+  const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
+  const float sc = num::pow2_int(e);
+  if (lane == 0) scales[c0 / kBlock] = num::e8m0_from_exponent(e);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t c = c0 + lane + i * kWarp;
+    const float q = clamp_std(div_rn(v[i], sc), -num::kE4m3Max, num::kE4m3Max);
+    // num::e4m3_from_clamped: f32_to_e4m3's code on every clamped float, without its branches.
+    codes[c] = is_nan(v[i]) ? static_cast<uint8_t>(((__float_as_uint(v[i]) >> 24) & 0x80u) | 0x7fu)
+                            : num::e4m3_from_clamped(q);
+    if (norm_weight && y) y[c] = v[i];
+  }
+}
+
 // x [dim] -> v = norm_weight ? round_bf16(w * (x * rs)) : x; codes [dim], scales [dim / 128] of v;
 // y [dim] (optional, with norm_weight) = v. y may equal x. The norm's fp64 sum of squares repeats
 // rms_norm.cu's fp32 mode operation for operation (same thread count and element order, so the same
 // block sum), then each warp normalizes and quantizes whole 128-column blocks as act_quant.cu does
 // (same amax, scale and e4m3 conversion). Call with blockDim.x == kThreads from every thread (the
-// block sum has barriers); `red` holds 32 doubles of shared memory, free at the call.
+// block sum has barriers); `red` holds 32 doubles of shared memory, free at the call. hc_pre.cu's
+// cluster kernel repeats the sum over distributed shared memory: keep the two in step.
 __device__ __forceinline__ void pack_row(const float* x, int64_t dim, const float* norm_weight, float eps, float* y,
                                          uint8_t* codes, uint8_t* scales, double* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5;
   const int64_t nb = dim / kBlock;
   float rs = 1.0f;
   if (norm_weight) {
@@ -33,33 +71,10 @@ __device__ __forceinline__ void pack_row(const float* x, int64_t dim, const floa
     // Every thread has read its elements of x before any is rewritten (y may equal x): the block
     // sum's barriers order the reads above before the writes below.
     ss = block_sum(ss, red);
-    const float var = static_cast<float>(ss / static_cast<double>(dim));
-    rs = div_rn(1.0f, sqrtf(add_rn(var, eps)));
+    rs = rms_scale(ss, dim, eps);
   }
-  for (int64_t b = warp; b < nb; b += kThreads / kWarp) {
-    const int64_t c0 = b * kBlock + lane;
-    float v[kPer];
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const float xv = x[c0 + i * kWarp];
-      v[i] = norm_weight ? round_bf16(mul_rn(norm_weight[c0 + i * kWarp], mul_rn(xv, rs))) : xv;
-      const float av = fabsf(v[i]);
-      amax = av > amax ? av : amax;  // NaN compares false: ignored, as the act_quant op
-    }
-    amax = warp_max(amax);
-    const int e = num::ue8m0_scale_exponent(amax, num::kE4m3Max, num::kFp8ActAmaxFloor);
-    const float sc = num::pow2_int(e);
-    if (lane == 0) scales[b] = num::e8m0_from_exponent(e);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const float q = clamp_std(div_rn(v[i], sc), -num::kE4m3Max, num::kE4m3Max);
-      // num::e4m3_from_clamped: f32_to_e4m3's code on every clamped float, without its branches.
-      codes[c0 + i * kWarp] = is_nan(v[i]) ? static_cast<uint8_t>(((__float_as_uint(v[i]) >> 24) & 0x80u) | 0x7fu)
-                                           : num::e4m3_from_clamped(q);
-      if (norm_weight && y) y[c0 + i * kWarp] = v[i];
-    }
-  }
+  for (int64_t b = warp; b < nb; b += kThreads / kWarp)
+    pack_block(x + b * kBlock, b * kBlock, norm_weight, rs, y, codes, scales);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/hc_mix.h"
 #include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
@@ -128,6 +129,7 @@ struct HcPrePackArgs {
   float eps = 1e-6f;                   // the RMSNorm's (p.norm_eps is the mixes')
   uint8_t* codes = nullptr;            // [tokens, dim] e4m3 codes of the normed x (row stride dim)
   uint8_t* scales = nullptr;           // [tokens, dim / 128] E8M0 (row stride dim / 128)
+  HcFinishShape finish = HcFinishShape::kAuto;  // the finishing kernel's shape (hc_mix.h), for tests
 };
 // p.dim a multiple of 128, <= kMaxPackDim; p.hc <= 16.
 void hc_pre_pack(const HcPreParams& p, const HcPrePackArgs& pack, cudaStream_t s);

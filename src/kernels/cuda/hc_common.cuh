@@ -54,12 +54,13 @@ __device__ __forceinline__ void finish_mix(const double* partial, int64_t t, int
 
 __device__ __forceinline__ float sigmoid(float x) { return div_rn(1.0f, add_rn(1.0f, exp_cr(-x))); }
 
-// y[d] = sum_i pre[i] * h[i][d] (fp32, i ascending, no FMA), optionally bf16-rounded, by `nt`
-// threads (this one is number `tid`; any split gives the same bits). Four columns per thread per
-// step, their hc loads issued together (h and y do not overlap), so a CTA keeps enough loads in
-// flight.
-__device__ __forceinline__ void collapse(const float* __restrict__ h, const float* pre, int hc, int64_t dim,
-                                         float* __restrict__ y, bool round, int tid, int nt) {
+// y[d] = sum_i pre[i] * h[i * ld + d] for d < dim (fp32, i ascending, no FMA), optionally
+// bf16-rounded, by `nt` threads (this one is number `tid`; any split of the columns, over threads or
+// CTAs, gives the same bits). ld: the streams' row stride (a column slice of wider streams: dim <
+// ld). Four columns per thread per step, their hc loads issued together (h and y do not overlap), so
+// a CTA keeps enough loads in flight.
+__device__ __forceinline__ void collapse(const float* __restrict__ h, int64_t ld, const float* pre, int hc,
+                                         int64_t dim, float* __restrict__ y, bool round, int tid, int nt) {
   constexpr int kU = 4;
   for (int64_t d0 = tid; d0 < dim; d0 += kU * nt) {
     float s[kU];
@@ -71,7 +72,7 @@ __device__ __forceinline__ void collapse(const float* __restrict__ h, const floa
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int64_t d = d0 + static_cast<int64_t>(u) * nt;
-        if (d < dim) s[u] = add_rn(s[u], mul_rn(p, h[i * dim + d]));
+        if (d < dim) s[u] = add_rn(s[u], mul_rn(p, h[i * ld + d]));
       }
     }
 #pragma unroll

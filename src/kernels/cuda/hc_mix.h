@@ -1,11 +1,14 @@
 // The mHC mixing projection shared by hc_pre and hc_head (hc_mix.cu): split-K partials of the
 // flattened streams' dots with every fn row, plus the fp64 sum of squares, for the finishing
-// kernels (hc_common.cuh's finish_mix). Declared apart so the op test can run both launch shapes.
+// kernels (hc_common.cuh's finish_mix), and the finishing kernels' launch shapes. Declared apart so
+// the op test can run every launch shape.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 
@@ -25,5 +28,19 @@ int hc_mix_ksplit(int64_t hd, int nmix);
 // 2048 * ksplit).
 HcMixShape hc_mix_partials(const float* h, const float* fn, int64_t tokens, int nmix, int64_t hd, int ksplit,
                            double* partial, cudaStream_t s, HcMixShape shape = HcMixShape::kAuto);
+
+// The finishing kernels of hc_pre, hc_pre_pack (decode_gemm.h) and hc_head: kToken: one CTA per
+// token; kSplit: kHcSplit CTAs per token, each collapsing a slice of the columns (hc_pre_pack's in
+// one thread-block cluster, whose CTAs read the whole row from each other's shared memory for the
+// RMSNorm), one of them running the Sinkhorn; kAuto: kSplit up to kHcSplitMaxTokens tokens (a
+// decode step: one CTA cannot stream a token's hc x dim floats quickly), kToken above. Every shape
+// gives the same bits.
+enum class HcFinishShape { kAuto, kToken, kSplit };
+constexpr int kHcSplit = 8;  // the portable cluster size
+constexpr int64_t kHcSplitMaxTokens = 16;
+
+// cuda_ops.h's hc_pre / hc_head with the finishing kernel's shape chosen.
+void hc_pre(const HcPreParams& p, cudaStream_t s, HcFinishShape shape);
+void hc_head(const HcHeadParams& p, cudaStream_t s, HcFinishShape shape);
 
 }  // namespace tandem::kernels::cuda

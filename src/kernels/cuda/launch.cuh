@@ -23,6 +23,7 @@
 
 #include <utility>
 
+#include "common/check.h"
 #include "kernels/cuda/cuda_util.h"
 
 namespace tandem::kernels::cuda {
@@ -65,6 +66,29 @@ void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t sme
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// launch_pdl in thread-block clusters of `cluster` CTAs along x (grid.x a multiple of it; 8 is the
+// portable size every target schedules), for a kernel declared without __cluster_dims__.
+template <typename... KernelArgs, typename... Args>
+void launch_pdl_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, unsigned cluster,
+                        cudaStream_t s, Args&&... args) {
+  TANDEM_CHECK(cluster >= 1 && grid.x % cluster == 0);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = cluster;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
   TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
