@@ -517,6 +517,14 @@ template <int D, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunks, float scale, int ht, int inline_fold) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int NTP = Parts<D>::NTP, kParts = Parts<D>::kParts;
+  if (kSplit && blockIdx.z < a.rows && threadIdx.x < kChunk) {
+    // Before the wait (the previous kernel may still run): the L2 prefetch of the chunk's keys that
+    // this step's kernels do not choose, the window's and the every-entry list's (AttnArgs::m is
+    // written before the step's first kernel; a prefetch reads nothing into the program).
+    const RowKeys r = row_keys(a, blockIdx.z);
+    const int j = static_cast<int>(blockIdx.x) * kChunk + threadIdx.x;
+    if (j < r.nwin || !r.top) key_prefetch(a, key_ptr(a, r, j));
+  }
   kernels::cuda::pdl_wait();
   const int64_t t = kSplit ? blockIdx.z : blockIdx.x;
   const int h0 = static_cast<int>(blockIdx.y) * ht;

@@ -63,6 +63,8 @@ struct AttnArgs {
   // on `out` after the attention (the same row::rope_pair on the same values), one launch fewer.
   const float* out_inv_freq = nullptr;  // [out_rope_dim / 2]
   int out_rope_dim = 0;              // even, <= hd
+  // The split launch reads m (and prefetches the window's records and the every-entry list's into
+  // the L2) before its grid-dependency wait: no kernel of the step may write m's arrays.
   StepMeta m;
   int64_t rows = 0;
   // Split-K scratch: attn_partial_floats(heads, hd, slots) floats for `partial_slots` (row, chunk)
