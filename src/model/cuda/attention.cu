@@ -45,6 +45,9 @@ constexpr int kFoldGroup = 128;           // chunks per pass of fold_kernel's sh
 // shared memory), and by default only while one block reads at most kInlineFoldBytes of partials
 // (beyond that fold_kernel's blocks per (row, head) read them faster than one multiprocessor).
 constexpr int kInlineMaxChunks = 64;
+// Record loads in flight per thread: a split block runs one chunk (the registers are free), a
+// folding block carries its running O through the loads.
+constexpr int kSplitBatch = 8;
 constexpr int64_t kInlineFoldBytes = 128 << 10;
 static_assert(kChunk == 8 * kWarps, "one 8-key n-tile per warp");
 static_assert(kHeads == 16, "one m16 tile of heads");
@@ -517,38 +520,49 @@ template <int D, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunks, float scale, int ht, int inline_fold) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int NTP = Parts<D>::NTP, kParts = Parts<D>::kParts;
-  if (kSplit && blockIdx.z < a.rows && threadIdx.x < kChunk) {
-    // Before the wait (the previous kernel may still run): the L2 prefetch of the chunk's keys that
-    // this step's kernels do not choose, the window's and the every-entry list's (AttnArgs::m is
-    // written before the step's first kernel; a prefetch reads nothing into the program).
-    const RowKeys r = row_keys(a, blockIdx.z);
-    const int j = static_cast<int>(blockIdx.x) * kChunk + threadIdx.x;
-    if (j < r.nwin || !r.top) key_prefetch(a, key_ptr(a, r, j));
-  }
-  kernels::cuda::pdl_wait();
   const int64_t t = kSplit ? blockIdx.z : blockIdx.x;
   const int h0 = static_cast<int>(blockIdx.y) * ht;
-  if (t >= a.rows) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int dim0 = (threadIdx.x >> 5) * (D / 8) + 2 * tq;
   if (kSplit) {
-    const RowKeys rk = row_keys(a, t);  // every thread: the chunk count and key pointers without a barrier
+    if (t >= a.rows) {
+      kernels::cuda::pdl_wait();
+      return;
+    }
+    // Before the wait (the previous kernel may still run): the row's key list (AttnArgs::m is
+    // written before the step's first kernel), the chunk's key pointers that this step's kernels do
+    // not choose (the window's and the every-entry list's; a prefetch reads nothing into the
+    // program) and their L2 prefetch. Every thread: the chunk count without a barrier.
+    const RowKeys rk = row_keys(a, t);
     int nch = (rk.nk + kChunk - 1) / kChunk;
     nch = nch < nchunks ? nch : nchunks;
     const int c0 = static_cast<int>(blockIdx.x);
-    if (c0 >= nch) return;
-    // The chunk's key pointers and their L2 prefetch first, then the queries' loads, one barrier.
-    if (threadIdx.x < kChunk) {
-      const uint64_t kp = key_ptr(a, rk, c0 * kChunk + threadIdx.x);
-      reinterpret_cast<uint64_t*>(smem + Layout<D>::kPtr)[threadIdx.x] = kp;
+    const int j = c0 * kChunk + static_cast<int>(threadIdx.x);
+    const bool early = j < rk.nwin || !rk.top;  // the top-k list is the previous kernels' output
+    uint64_t kp = 0;
+    if (c0 < nch && threadIdx.x < kChunk && early) {
+      kp = key_ptr(a, rk, j);
       key_prefetch(a, kp);
     }
+    kernels::cuda::pdl_wait();
+    if (c0 >= nch) return;
+    // The rest of the chunk's key pointers and their prefetch, then the queries' loads, one barrier.
+    if (threadIdx.x < kChunk) {
+      if (!early) {
+        kp = key_ptr(a, rk, j);
+        key_prefetch(a, kp);
+      }
+      reinterpret_cast<uint64_t*>(smem + Layout<D>::kPtr)[threadIdx.x] = kp;
+    }
     load_q<D>(a, t, h0, ht, smem + Layout<D>::kQ);
+    // The next kernel's blocks may be scheduled once every block has come here (or exited) and
+    // prefetch (the output projection's weights) while the chunks run; they wait for this grid.
+    kernels::cuda::pdl_trigger();
     __syncthreads();
     const int64_t slot = t * nchunks + c0;
     float* po = a.partial + slot * a.heads * D;
     float* pml = a.partial + a.partial_slots * a.heads * D + slot * a.heads * 2;
-    attend_chunk<D, 4, true>(a, rk, c0, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
+    attend_chunk<D, kSplitBatch, true>(a, rk, c0, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int h = h0 + g + 8 * i;
@@ -562,10 +576,11 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
         }
       }
     });
-    kernels::cuda::pdl_trigger();
     if (inline_fold) fold_in_block<D>(a, t, h0, ht, nch, nchunks, smem);
     return;
   }
+  kernels::cuda::pdl_wait();
+  if (t >= a.rows) return;
   RowKeys& rk = *reinterpret_cast<RowKeys*>(smem + Layout<D>::kRow);
   const int nk = row_keys(a, t).nk;  // every thread: the block's chunk count without a barrier
   int nch = (nk + kChunk - 1) / kChunk;
