@@ -281,8 +281,9 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
   std::printf("\n%-30s %8s %3s %7s %-8s %9s %10s %9s %7s\n", "long context (rank of TP=2)", "context", "B", "keys",
               "mode", "us", "MB read", "bound us", "of bnd");
   std::printf("(attention modes: split/<heads per block>+fk = split over chunks, then fold_kernel; split/<heads>+in = "
-              "folded in the kernel by each tile's last block; fold = folding blocks. \"was\" rows: the launch "
-              "before the in-kernel fold and the smaller head tiles, split/16+fk)\n");
+              "folded in the kernel by each tile's last block; fold = folding blocks. Split rows are followed by the "
+              "same head tile with the other fold, and by \"was\": the launch before the in-kernel fold and the "
+              "smaller head tiles, split/16+fk)\n");
   kc::DeviceBuffer<float> tmp(static_cast<size_t>(16384) * kHd);
   const double qo = kHeads * kHd * 4.0 * 2;  // a row's queries read and output written (fp32)
   for (int64_t L : {int64_t{4096}, int64_t{163840}, int64_t{1} << 20}) {
@@ -307,9 +308,14 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
             cuda_model::attention(a, s);
           });
           tb.row(what, L, B, keys, mode.c_str(), us, B * (keys * rb + qo));
-          return info.split;
+          return info;
         };
-        if (timed(0, -1, name)) timed(16, 0, std::string("  was: ") + name);
+        const cuda_model::AttnLaunchInfo def = timed(0, -1, name);
+        if (!def.split) return;
+        // the default's head tile with the other fold (where the in-kernel fold can run), then the former launch
+        if (def.inline_fold || def.nchunks <= cuda_model::kAttnInlineMaxChunks)
+          timed(def.head_tile, def.inline_fold ? 0 : 1, std::string(def.inline_fold ? "  fold_kernel: " : "  in-kernel fold: ") + name);
+        timed(16, 0, std::string("  was: ") + name);
       };
       if (L == 4096) attn_row("attention SWA (window)", 0);
       attn_row("attention HCA (window + L/128)", 128);

@@ -357,7 +357,7 @@ TEST(CudaAttention, MatchesCpu) {
     EXPECT_TRUE(same_bits(to_host(out_fold), got)) << "folding blocks vs split over chunks";
     // The split launch at 16, 8 and 4 heads per block, folded by fold_kernel and in the kernel by the
     // last block of each (row, head tile) (arrival counters zero before and after every launch):
-    // the same bits. (The in-kernel fold is refused past kInlineMaxChunks = 64 chunks: the 1M case.)
+    // the same bits. (The in-kernel fold is refused past kAttnInlineMaxChunks: the 1M case.)
     const int64_t arrival_slots = cuda_model::attn_arrival_slots(c.heads, rows);
     auto arrivals = poisoned<int>(static_cast<size_t>(arrival_slots), 0);
     a.partial = partial.get();
@@ -371,7 +371,7 @@ TEST(CudaAttention, MatchesCpu) {
         auto out_var = poisoned<float>(static_cast<size_t>(rows * H * hd));
         a.out = out_var.get();
         const cuda_model::AttnLaunchInfo info = cuda_model::attention_launch_info(a);
-        EXPECT_TRUE(info.split && info.head_tile == ht && info.inline_fold == (inl == 1 && nchunks <= 64))
+        EXPECT_TRUE(info.split && info.head_tile == ht && info.inline_fold == (inl == 1 && nchunks <= cuda_model::kAttnInlineMaxChunks))
             << "launch plan: split " << info.split << " heads per block " << info.head_tile << " in-kernel fold "
             << info.inline_fold << " (" << nchunks << " chunks)";
         cuda_model::attention(a, kStream);
@@ -431,7 +431,7 @@ TEST(CudaAttention, MatchesCpu) {
       // (element i = row i / (heads * hd), head i / hd % heads, dim i % hd; the rotated dims are the last 64)
       EXPECT_TRUE(same_bits(gs, want)) << "attention + inverse RoPE epilogue (split + fold_kernel) vs then rope";
       EXPECT_TRUE(same_bits(gf, want)) << "attention + inverse RoPE epilogue (folding blocks) vs then rope";
-      if (nchunks <= 64) {  // the in-kernel fold's epilogue, 4 heads per block
+      if (nchunks <= cuda_model::kAttnInlineMaxChunks) {  // the in-kernel fold's epilogue, 4 heads per block
         auto rot_inline = poisoned<float>(static_cast<size_t>(rows * H * hd));
         auto arr = poisoned<int>(static_cast<size_t>(cuda_model::attn_arrival_slots(c.heads, rows)), 0);
         a.out = rot_inline.get();

@@ -44,7 +44,7 @@ constexpr int kFoldGroup = 128;           // chunks per pass of fold_kernel's sh
 // The in-kernel fold: at most this many chunks per row (its coefficients live in the key tile's
 // shared memory), and by default only while one block reads at most kInlineFoldBytes of partials
 // (beyond that fold_kernel's blocks per (row, head) read them faster than one multiprocessor).
-constexpr int kInlineMaxChunks = 64;
+constexpr int kInlineMaxChunks = kAttnInlineMaxChunks;
 // Record loads in flight per thread: a split block runs one chunk (the registers are free), a
 // folding block carries its running O through the loads.
 constexpr int kSplitBatch = 8;

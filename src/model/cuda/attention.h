@@ -17,6 +17,8 @@ namespace tandem::cuda_model {
 // Keys per chunk and heads per thread block of the target attention (see attention.cu).
 constexpr int kAttnChunk = 64;
 constexpr int kAttnHeadTile = 16;
+// Chunks per row up to which a split launch can fold in the kernel (AttnArgs::arrivals).
+constexpr int kAttnInlineMaxChunks = 64;
 
 // Target attention of every row over its key list: the window [pos-W+1, pos] (this step's fp32 rows
 // for positions of the step, else the slot's ring records), then the compressed entries (the top-k
