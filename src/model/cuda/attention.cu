@@ -641,14 +641,12 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
     kernels::cuda::pdl_wait();
     return;
   }
-  // Before the wait: the row's key list (AttnArgs::m is written before the step's first kernel),
-  // the sink (a weight) and the position; then the next kernel may start its prefetch.
-  const RowKeys rk = row_keys(a, t);
-  const float sink = a.sink[h];
-  const int64_t pos = a.m.positions[t];
+  // Before the wait: the row's key count (AttnArgs::m is written before the step's first kernel);
+  // after it the next kernel may start its prefetch.
+  const int nk = row_keys(a, t).nk;
   kernels::cuda::pdl_wait();
   kernels::cuda::pdl_trigger();
-  int nch = (rk.nk + kChunk - 1) / kChunk;
+  int nch = (nk + kChunk - 1) / kChunk;
   nch = nch < nchunks ? nch : nchunks;
   const int64_t slot0 = t * nchunks;
   const float* __restrict__ po = a.partial + slot0 * H * D + static_cast<int64_t>(h) * D + tid;
@@ -696,12 +694,12 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
     s_zrun = zrun;
   }
   __syncthreads();
-  const float v = finish(o, add_rn(s_zrun, expf(sub_rn(sink, s_mrun))));
+  const float v = finish(o, add_rn(s_zrun, expf(sub_rn(a.sink[h], s_mrun))));
   // The inverse RoPE's pair (tid & ~1, tid | 1) lives in two lanes of a warp (blockDim = D, full
   // warps): both compute it, each keeps its half. Every thread shuffles (no divergence around it).
   const float other = __shfl_xor_sync(0xffffffffu, v, 1);
   float pr[2] = {(tid & 1) ? other : v, (tid & 1) ? v : other};
-  out_rope<D>(a, tid & ~1, pos, pr);
+  out_rope<D>(a, tid & ~1, a.m.positions[t], pr);
   a.out[(t * H + h) * D + tid] = pr[tid & 1];
 }
 
