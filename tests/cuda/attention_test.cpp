@@ -9,9 +9,10 @@
 // whose summation order and maxima the kernels do not share with the CPU: each element must be
 // correctly rounded against a float64 reference within a stated bound of the kernel's arithmetic
 // (see attend_ref), the CPU's output is held to the same reference with its own depths, and the
-// count of outputs bit-equal to the CPU's is printed. The target kernel's two launch shapes (split
-// over chunks + fold kernel, and one folding block per row) must agree bit for bit, and with the
-// output's inverse RoPE in their epilogues (AttnArgs::out_inv_freq) equal the rope op after them.
+// count of outputs bit-equal to the CPU's is printed. The target kernel's launch shapes (split over
+// chunks at 16, 8 or 4 heads per block, folded by the fold kernel or in the kernel by each tile's
+// last block, and one folding block per row) must agree bit for bit, and with the output's inverse
+// RoPE in their epilogues (AttnArgs::out_inv_freq) equal the rope op after them.
 #include <algorithm>
 #include <cstdio>
 #include <map>
