@@ -703,7 +703,7 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
   a.out[(t * H + h) * D + tid] = pr[tid & 1];
 }
 
-// How a launch runs (attention_plan): split or folding blocks, heads per block, where a split folds.
+// How attention() launches (plan_of): split or folding blocks, heads per block, where a split folds.
 struct Plan {
   bool split = false, inline_fold = false;
   int nchunks = 1, ht = kHeads;
