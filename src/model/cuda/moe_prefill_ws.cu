@@ -83,6 +83,7 @@ struct MoeWsParams {
   int64_t k, n;
   int nk, num_n;
   float limit;
+  int coupled;                // MoeWsArgs::coupled_copies
 };
 
 // Tile t of the persistent sequence: local expert, first slot, first weight row within the expert.
@@ -100,12 +101,13 @@ __device__ __forceinline__ MoeTile moe_tile(const MoeWsParams& p, int t) {
   return r;
 }
 
-// The copies' side of the (tile, K block) sequence, run by thread 0 between its conversions:
-// issue() requests the next K block's A tile and raw weights into the next stage once the consumers
-// have released it; nothing past the last tile.
+// The copies' side of the (tile, K block) sequence, run by thread 0 of the converters: copy()
+// requests the next K block's A tile and raw weights into the next stage (which the consumers have
+// released); nothing past the last tile. `issued` counts the K blocks requested, in the CTA's running
+// K-block order (the converters' `seq`).
 template <bool kUp>
 struct MoeLoader {
-  int t = 0, kb = 0, slot0 = 0, wrow = 0;
+  int t = 0, kb = 0, slot0 = 0, wrow = 0, issued = 0;
   ws::Ring<kStages> ring;
   __device__ __forceinline__ void locate(const MoeWsParams& p, int total) {
     if (t >= total) return;
@@ -117,32 +119,56 @@ struct MoeLoader {
     t = static_cast<int>(blockIdx.x);
     locate(p, total);
   }
-  __device__ __forceinline__ void issue(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* empty,
-                                        int total) {
+  __device__ __forceinline__ void copy(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, int total) {
     using L = MoeSmem;
-    if (t >= total) return;
     uint64_t* bar = &full_ld[ring.stage];
-    ws::mbar_wait(&empty[ring.stage], ring.phase ^ 1u);
     ws::mbar_arrive_expect_tx(bar, L::kTile + L::kRawTile);
     ws::tma_load_2d(smem + L::kA + ring.stage * L::kTile, &p.a, kb * 128, slot0, bar);
     uint8_t* raw = smem + L::kRaw + ring.stage * L::kRawTile;
     ws::tma_load_2d(raw, &p.b, kb * 64, wrow, bar);
     if constexpr (kUp) ws::tma_load_2d(raw + L::kRawTile / 2, &p.b3, kb * 64, wrow, bar);
     ring.next();
+    ++issued;
     if (++kb == p.nk) {
       kb = 0;
       t += static_cast<int>(gridDim.x);
       locate(p, total);
     }
   }
+  // Waits for the next stage's release, then copies; false past the last tile.
+  __device__ __forceinline__ bool issue(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* empty,
+                                        int total) {
+    if (t >= total) return false;
+    ws::mbar_wait(&empty[ring.stage], ring.phase ^ 1u);
+    copy(p, smem, full_ld, total);
+    return true;
+  }
+  // Copies the next K block if it is below `limit` and its stage is released already; never waits.
+  // The caller passes limit <= seq + kStages once block seq is requested (so the release of block
+  // seq - kStages was observed): a block b below the limit finds the release of b - 2 kStages done,
+  // its stage's "empty" barrier at most one phase behind, and the parity test cannot alias.
+  __device__ __forceinline__ bool try_issue(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* empty,
+                                            int total, int limit) {
+    if (t >= total || issued >= limit || !ws::mbar_try_wait(&empty[ring.stage], ring.phase ^ 1u)) return false;
+    copy(p, smem, full_ld, total);
+    return true;
+  }
 };
 
 // The producer warpgroups, converter thread ct = 0..255: items i = ct + 256 j (j < 2) of each K block,
 // item i = B tile column i / 4 (a weight row), 32-element group i % 4 (= ct % 4 for both). A
 // warp's 32 consecutive items cover 8 rows x 4 groups: conflict-free reads of 512 raw bytes and
-// swizzled 16-byte stores. Thread 0 also issues the copies, kLead K blocks ahead of the conversion:
-// the stage it refills was released by the consumers of K block (current - 2), which needs only
-// conversions already done, so the wait cannot block on the converters.
+// swizzled 16-byte stores. Thread 0 also issues the copies:
+//  * by default as far ahead as the ring allows, without waiting: before converting K block seq it
+//    requests every block below seq + kStages whose stage the consumers have already released (after
+//    making sure block seq itself is requested: a wait for the release of block seq - kStages, which
+//    needs only conversions already done), and keeps requesting while it waits for block seq's
+//    copies. The copies then run up to 4 K blocks ahead, bounded by the consumers alone, and a
+//    stage released during a wait is refilled at once (at a tile's end, while the consumers run
+//    their epilogue, the ring fills and the next copies go out as soon as the MMAs resume);
+//  * p.coupled (the earlier pipeline, kept for comparison): block seq + kLead before converting
+//    block seq, waiting for the release of K block seq - 2 (conversions already done) while warp 0
+//    waits at __syncwarp.
 template <bool kUp>
 __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* full_b,
                                             uint64_t* empty, int total) {
@@ -169,10 +195,12 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
   MoeLoader<kUp> ld;
   if (ct == 0) {
     ld.begin(p, total);
-    for (int i = 0; i < kLead; ++i) ld.issue(p, smem, full_ld, empty, total);
+    if (p.coupled)
+      for (int i = 0; i < kLead; ++i) ld.issue(p, smem, full_ld, empty, total);
   }
   __syncwarp();
   ws::Ring<kStages> ring;
+  int seq = 0;  // the CTA's running K-block count (ld.issued's order)
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     const MoeTile tl = moe_tile<kUp>(p, t);
     const uint32_t* sc[kItems];
@@ -188,9 +216,30 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
       uint32_t next[kItems];
 #pragma unroll
       for (int j = 0; j < kItems; ++j) next[j] = kb + 1 < p.nk ? __ldg(sc[j] + kb + 1) : 0u;
-      if (ct == 0) ld.issue(p, smem, full_ld, empty, total);  // K block (this one + kLead)
+      if (ct == 0) {
+        if (p.coupled) {
+          ld.issue(p, smem, full_ld, empty, total);  // K block seq + kLead
+        } else {
+          while (ld.issued <= seq && ld.issue(p, smem, full_ld, empty, total)) {
+          }
+          while (ld.try_issue(p, smem, full_ld, empty, total, seq + kStages)) {
+          }
+        }
+      }
       __syncwarp();  // warp 0 converts together again after thread 0's copies
-      ws::mbar_wait(&full_ld[ring.stage], ring.phase);
+      if (ct == 0 && !p.coupled) {
+        // Block seq's copies, refilling stages the consumers release meanwhile.
+        if (!ws::mbar_try_wait(&full_ld[ring.stage], ring.phase)) {
+          const long long t0 = clock64();
+          for (uint32_t n = 1;; ++n) {
+            if (ws::mbar_try_wait(&full_ld[ring.stage], ring.phase)) break;
+            ld.try_issue(p, smem, full_ld, empty, total, seq + kStages);
+            if ((n & 255) == 0 && clock64() - t0 > ws::kWaitTrapCycles) __trap();
+          }
+        }
+      } else {
+        ws::mbar_wait(&full_ld[ring.stage], ring.phase);
+      }
       const uint8_t* raw = smem + L::kRaw + ring.stage * L::kRawTile;
       uint8_t* dst = smem + L::kB + ring.stage * L::kTile;
       float* cs = reinterpret_cast<float*>(smem + L::kCs + ring.stage * 128 * 4);
@@ -214,6 +263,7 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
 #pragma unroll
       for (int j = 0; j < kItems; ++j) word[j] = next[j];
       ring.next();
+      ++seq;
     }
   }
 }
@@ -236,6 +286,17 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
     // only releases each stage after it is filled, as the ring's arrival count expects (uniform
     // over the warpgroup, so the .aligned wgmma of the other one are unaffected).
     const bool idle = tl.slot0 + 64 * g >= slot_end;
+    // The epilogue's per-row lookups (this thread's two rows), requested now so their latency hides
+    // behind the main loop; each was reloaded per output element before (~20% of the consumers'
+    // time in the up GEMM's profile). Up: the pair's route weight; down: the pair (output row).
+    int pr[2];
+    float rw[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int s = r0 + 8 * h;
+      pr[h] = s < slot_end ? __ldg(p.slot_pair + s) : 0;
+      rw[h] = kUp && s < slot_end ? __ldg(p.route_w + pr[h]) : 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     for (int kb = 0; kb < p.nk; ++kb) {
@@ -280,22 +341,30 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
     }
     if (idle) continue;
     if constexpr (kUp) {
+      // Elements i, i + 1 (i even) are columns cc, cc + 1 of one row, adjacent intermediate columns
+      // (cc even, within one chunk of 8): one 4-byte store of the two bf16 values (col even, n a
+      // multiple of 128, act 4-byte aligned: moe_group_ws checks).
 #pragma unroll
-      for (int i = 0; i < 64; ++i) {
+      for (int i = 0; i < 64; i += 2) {
         if (i & 4) continue;  // odd chunks (w3) are read with their even partner
         const int row = 64 * g + ws::acc_row(i, w, lane), cc = ws::acc_col(i, lane);
         const int s = tl.slot0 + row;
         const int64_t col = tl.n0 + 8 * (cc >> 4) + (cc & 7);
         if (s >= slot_end || col >= p.n) continue;
-        // The reference: g, u are bf16 outputs of their linears; clamp; silu(g) * u * weight -> bf16.
-        float gv = kc::round_bf16(acc[i]), uv = kc::round_bf16(acc[i + 4]);
-        if (p.limit > 0.0f) {
-          uv = kc::clamp_std(uv, -p.limit, p.limit);
-          gv = kc::min_std(gv, p.limit);
+        uint32_t packed = 0;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          // The reference: g, u are bf16 outputs of their linears; clamp; silu(g) * u * weight -> bf16.
+          float gv = kc::round_bf16(acc[i + e]), uv = kc::round_bf16(acc[i + e + 4]);
+          if (p.limit > 0.0f) {
+            uv = kc::clamp_std(uv, -p.limit, p.limit);
+            gv = kc::min_std(gv, p.limit);
+          }
+          float v = kc::mul_rn(kc::div_rn(gv, kc::add_rn(1.0f, expf(-gv))), uv);
+          v = kc::mul_rn(rw[(i >> 1) & 1], v);  // row 64 g + acc_row(i): r0 + 8 ((i >> 1) & 1)
+          packed |= static_cast<uint32_t>(num::f32_to_bf16(v)) << (16 * e);
         }
-        float v = kc::mul_rn(kc::div_rn(gv, kc::add_rn(1.0f, expf(-gv))), uv);
-        v = kc::mul_rn(__ldg(p.route_w + __ldg(p.slot_pair + s)), v);
-        p.act[static_cast<int64_t>(s) * p.n + col] = num::f32_to_bf16(v);
+        *reinterpret_cast<uint32_t*>(p.act + static_cast<int64_t>(s) * p.n + col) = packed;
       }
     } else {
 #pragma unroll
@@ -303,7 +372,7 @@ __device__ __forceinline__ void moe_consume(const MoeWsParams& p, uint8_t* smem,
         const int s = tl.slot0 + 64 * g + ws::acc_row(i, w, lane);
         const int64_t col = tl.n0 + ws::acc_col(i, lane);
         if (s >= slot_end) continue;
-        float* yp = p.pair_out + static_cast<int64_t>(__ldg(p.slot_pair + s)) * p.n + col;
+        float* yp = p.pair_out + static_cast<int64_t>(pr[(i >> 1) & 1]) * p.n + col;
         if (col + 1 < p.n) {
           *reinterpret_cast<float2*>(yp) = make_float2(kc::round_bf16(acc[i]), kc::round_bf16(acc[i + 1]));
         } else if (col < p.n) {
@@ -384,7 +453,8 @@ void moe_group_ws(const MoeWsArgs& a, cudaStream_t st) {
   TANDEM_CHECK(!a.up || (a.b3.format == kernels::WeightFormat::kMxfp4 && a.b3.n == a.b.n && a.b3.k == a.k));
   TANDEM_CHECK((reinterpret_cast<uintptr_t>(a.b.scale) & 3) == 0 &&
                (!a.up || (reinterpret_cast<uintptr_t>(a.b3.scale) & 3) == 0));
-  TANDEM_CHECK(a.up ? a.act != nullptr : (a.pair_out != nullptr && (reinterpret_cast<uintptr_t>(a.pair_out) & 7) == 0));
+  TANDEM_CHECK(a.up ? (a.act != nullptr && (reinterpret_cast<uintptr_t>(a.act) & 3) == 0)
+               : (a.pair_out != nullptr && (reinterpret_cast<uintptr_t>(a.pair_out) & 7) == 0));
   kc::TmaTile2d ta;
   ta.base = a.a;
   ta.dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -415,6 +485,7 @@ void moe_group_ws(const MoeWsArgs& a, cudaStream_t st) {
   p.nk = static_cast<int>(a.k / 128);
   p.num_n = static_cast<int>(a.n / (a.up ? 64 : 128));
   p.limit = a.limit;
+  p.coupled = a.coupled_copies ? 1 : 0;
   const int64_t bound = a.max_tiles * p.num_n;
   TANDEM_CHECK_MSG(bound < (int64_t{1} << 31), "moe_group_ws: too many tiles");
   const int grid = static_cast<int>(std::min<int64_t>(bound, kc::tc_sm_count()));

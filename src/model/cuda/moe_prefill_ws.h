@@ -29,6 +29,10 @@ struct MoeWsArgs {
   float limit = 0.0f;
   uint16_t* act = nullptr;          // up out: [pairs, n] bf16, row = sorted slot
   float* pair_out = nullptr;        // down out: [pairs, n], row = pair
+  // The earlier pipeline, for comparison (bench-gemm, tests): the converters' thread 0 requests each
+  // K block's copies 3 blocks ahead of its conversion, waiting for the stage's release in line. The
+  // same bits either way.
+  bool coupled_copies = false;
 };
 
 // Shared-memory limits (idempotent; moe_prefill_init calls it on an sm_90 device).
