@@ -267,6 +267,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     kc::pdl_wait();
     // The jobs: the shared expert (if any), then the active routed experts; their 32-row chunks.
     if (warp == 0) {
+      // The first 32 jobs' pair offsets are loaded with the active count, not after it: one L2
+      // round trip on the critical path instead of two (entries past the count are read, in
+      // bounds, and not used).
+      const int r0 = lane - a.has_shared;
+      int off0 = 0, off1 = 0;
+      if (r0 >= 0 && r0 < a.max_active) {
+        off0 = a.active[1 + a.max_active + r0];
+        off1 = a.active[1 + a.max_active + r0 + 1];
+      }
       const int nact = a.active[0];
       const int J = a.has_shared + nact;
       int base = 0;
@@ -277,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           int64_t rows = a.tokens;
           if (!(a.has_shared && j == 0)) {
             const int r = j - a.has_shared;
-            rows = a.active[1 + a.max_active + r + 1] - a.active[1 + a.max_active + r];
+            rows = j0 == 0 ? off1 - off0 : a.active[1 + a.max_active + r + 1] - a.active[1 + a.max_active + r];
           }
           c = static_cast<int>(chunks_of(rows));
         }

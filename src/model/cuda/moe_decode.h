@@ -96,6 +96,12 @@ struct MoeDecodeArgs {
   float* y = nullptr;                  // [tokens, dim] out
   bool routed_only = false;            // y = routed sum (fp32, unrounded), shared left in buf.shared_out
   bool pdl = true;
+  // The gate + routing kernel's routing of small calls (at most 8 tokens and 32 (token, slot)
+  // pairs: one warp per token, then one warp groups the pairs) rather than the general CTA-wide
+  // routing; the same ids, weights, logits, active experts and offsets (an expert's pairs may lie
+  // in another order: every result is compared through token_pair). false: the general routing at
+  // every size (tests and `bench-kernels` compare the two).
+  bool small_route = true;
 };
 
 // True when moe_decode handles these weights (formats and alignment; never depends on tokens).

@@ -16,7 +16,9 @@
 // Tail (the last CTA only, no other global round trip than reading the partials): 8 tokens at a
 // time, all threads add the partials and compute every expert's selection value into shared
 // memory, then each warp picks one token's experts; the grouping reads the ids from shared memory
-// (global memory past kRoutePairs pairs) and keeps the offsets there.
+// (global memory past kRoutePairs pairs) and keeps the offsets there. Small calls (at most 8
+// tokens and 32 pairs: decode at batch 1 to 5) take route_small instead: a warp per token, then one
+// warp groups the pairs (a lane each): one CTA barrier, none at one token.
 #include "kernels/cuda/decode_mma.cuh"
 #include "model/cuda/moe_decode_internal.h"
 #include "model/cuda/smem_bounds.h"
@@ -44,6 +46,7 @@ struct GateRouteArgs {
   float* pair_weight;         // [tokens * topk]
   int32_t* token_pair;        // [tokens, topk]
   int32_t* combine_order;     // [tokens, topk]
+  int small;                  // route_small (tokens <= kWarps, tokens * topk <= 32), else route_tail
 };
 
 // 16 bytes of weight, read-only and not kept in L1; volatile, so it stays before pdl_wait().
@@ -237,6 +240,117 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
   }
 }
 
+// Calls of at most kWarps tokens and 32 (token, slot) pairs (batch 1 to 5 at top-6), the decode
+// step's usual case, whose routing lies on the step's critical path: one warp per token adds its
+// partials and picks its experts (the same device routines and orders as route_tail, in its own
+// shared rows, so no CTA barrier), then one warp groups the pairs with a lane per pair: a pair's
+// row is the local pairs of lower experts plus the same expert's lower slots (a fixed order where
+// route_tail's is the atomics', which no result depends on), the active experts those of the pairs
+// that are their expert's first. One CTA barrier (none for one token) instead of five, no atomics.
+__device__ void route_small(const GateRouteArgs& a, uint8_t* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const kernels::MoeGateParams& gp = a.gate;
+  const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
+  const int T = static_cast<int>(a.tokens), P = T * K;
+  const int64_t TE = static_cast<int64_t>(T) * E;
+  TailSmem s;
+  tail_bytes(E, EL, &s, smem);
+  const bool hash = gp.tid2eid != nullptr;
+  if (warp < T) {
+    const int t = warp;
+    float* z = s.z + warp * E;
+    float* sel = s.sel + warp * E;
+    const float* src = a.partial + static_cast<int64_t>(t) * E;
+    // The token's logits: k blocks added in order, 4 experts a lane at once (loads first), as route_tail.
+    for (int e0 = 0; e0 < E; e0 += 4 * kc::kWarp) {
+      float v[4][kGateMaxKb], bias[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int e = e0 + q * kc::kWarp + lane;
+#pragma unroll
+        for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = e < E && b < a.kb ? __ldcg(src + b * TE + e) : 0.0f;
+        bias[q] = e < E && gp.bias ? gp.bias[e] : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int e = e0 + q * kc::kWarp + lane;
+        if (e >= E) break;
+        float zz = v[q][0];
+#pragma unroll
+        for (int b = 1; b < kGateMaxKb; ++b)
+          if (b < a.kb) zz = kc::add_rn(zz, v[q][b]);
+        z[e] = zz;
+        a.logits[static_cast<int64_t>(t) * E + e] = zz;
+        if (!hash) sel[e] = kc::moe_gate_sel(zz, gp.bias != nullptr, bias[q]);
+      }
+    }
+    __syncwarp();
+    int32_t id;
+    float w;
+    kc::moe_gate_pick(gp, t, z, sel, lane, id, w);
+    if (lane < K) {
+      gp.expert_ids[t * K + lane] = id;
+      gp.weights[t * K + lane] = w;
+      s.ids[t * K + lane] = id;
+      s.wts[t * K + lane] = w;
+    }
+  }
+  if (T > 1) __syncthreads();  // every token's ids in s.ids (uniform: T is the launch's)
+  if (warp != 0) return;
+  __syncwarp();
+  // Lane p < P: pair p (token p / K, slot p % K). key: its local expert, -1 for another rank's.
+  const bool valid = lane < P;
+  const int id = valid ? s.ids[lane] : 0;
+  const int le = id - a.expert_begin;
+  const bool local = valid && le >= 0 && le < EL;
+  const int key = local ? le : -1;
+  // below: local pairs of lower experts; before: this expert's pairs in lower slots.
+  int below = 0, before = 0;
+  for (int q = 0; q < P; ++q) {
+    const int kq = __shfl_sync(0xffffffffu, key, q);
+    if (kq >= 0) {
+      below += kq < key;
+      before += kq == key && q < lane;
+    }
+  }
+  const bool first = local && before == 0;
+  const uint32_t firsts = __ballot_sync(0xffffffffu, first);
+  int slot = 0;  // active experts below this pair's
+  for (int q = 0; q < P; ++q) {
+    const int kq = __shfl_sync(0xffffffffu, key, q);
+    slot += ((firsts >> q) & 1u) && kq < key;
+  }
+  const int pos = below + before;
+  int32_t* act_expert = a.active + 1;
+  int32_t* act_off = a.active + 1 + a.max_active;
+  if (first) {
+    act_expert[slot] = key;
+    act_off[slot] = below;
+  }
+  const int total = __popc(firsts);
+  const int nlocal = __popc(__ballot_sync(0xffffffffu, local));
+  if (lane == 0) {
+    a.active[0] = total;
+    act_off[total] = nlocal;
+  }
+  // The combine's order: the pair's rank among its token's slots by (expert id, slot), as route_tail.
+  const int t0 = lane / K * K, k = lane - t0;
+  int rank = 0;
+  for (int q = 0; q < K; ++q) {
+    const int iq = __shfl_sync(0xffffffffu, id, (t0 + q) & 31);
+    rank += iq < id || (iq == id && q < k);
+  }
+  if (valid) {
+    if (local) {
+      a.pair_token[pos] = lane / K;
+      a.pair_weight[pos] = s.wts[lane];
+    }
+    const int32_t tp = local ? pos : -1;
+    a.token_pair[lane] = tp;
+    a.combine_order[t0 + rank] = tp;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_constant__ GateRouteArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_last;
@@ -306,7 +420,9 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  route_tail(a, smem);  // the red buffers' last readers are past the barriers above
+  // The red buffers' last readers are past the barriers above.
+  if (a.small) route_small(a, smem);
+  else route_tail(a, smem);
   if (threadIdx.x == 0) *a.ticket = 0;
 }
 
@@ -350,6 +466,7 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   ga.pair_weight = a.buf.pair_weight;
   ga.token_pair = a.buf.token_pair;
   ga.combine_order = a.buf.combine_order;
+  ga.small = a.small_route && a.tokens <= kWarps && a.tokens * d.topk <= kc::kWarp;
   const size_t smem = route_smem(d.n_experts, a.expert_count);
   static std::atomic<bool> attr{false};
   allow_smem(reinterpret_cast<const void*>(gate_route_kernel), attr);
