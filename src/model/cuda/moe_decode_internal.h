@@ -32,6 +32,13 @@ constexpr int kMaxRing = 6;
 constexpr int kMinRing = 2;
 constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
 constexpr int kCombine0 = 32;              // counters: [0] the gate ticket, [32, 32 + dim/16) combine
+// counters[kRouteDone]: moe_decode's routing sets it once its groups are stored (release); the
+// experts-up kernel of the same call polls it (acquire) instead of waiting for the whole gate grid,
+// and the down kernel, past its wait (every up CTA has read it), sets it back to zero.
+constexpr int kRouteDone = 1;
+// Polls of the flag before the up kernel falls back to the grid-dependency wait (always correct):
+// the bound on the spin, far above the routing's few microseconds.
+constexpr int kRouteSpinLimit = 1 << 18;
 
 inline int64_t max_active_of(const MoeDecodeDims& d, int64_t tokens) {
   return std::min<int64_t>(d.n_experts, tokens * d.topk);
@@ -84,6 +91,19 @@ inline GateSplit gate_split(int64_t dim, int n_experts) {
 // the pairs of up to kRoutePairs (token, slot) pairs).
 constexpr int kRoutePairs = 1024;
 size_t route_smem(int n_experts, int expert_count);
+
+// The gate + routing kernel; `signal`: set counters[kRouteDone] when the groups are stored
+// (moe_decode only: its down kernel resets it; a standalone moe_gate_route leaves it zero).
+void gate_route(const MoeDecodeArgs& a, cudaStream_t s, bool signal);
+
+__device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int32_t* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 template <typename Kernel, typename... Args>
 void launch(Kernel* kern, dim3 grid, size_t smem, bool pdl, cudaStream_t s, Args&&... args) {

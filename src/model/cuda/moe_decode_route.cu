@@ -47,7 +47,14 @@ struct GateRouteArgs {
   int32_t* token_pair;        // [tokens, topk]
   int32_t* combine_order;     // [tokens, topk]
   int small;                  // route_small (tokens <= kWarps, tokens * topk <= 32), else route_tail
+  int32_t* done;              // counters[kRouteDone], set when the groups are stored; null: not set
 };
+
+// The groups (active, pair_token, pair_weight, token_pair, combine_order) of this thread are stored
+// before the flag: each writer fences its own, then a barrier of the writers, then one release.
+__device__ __forceinline__ void signal_done(int32_t* done, bool leader) {
+  if (leader) st_release_gpu(done, 1);
+}
 
 // 16 bytes of weight, read-only and not kept in L1; volatile, so it stays before pdl_wait().
 __device__ __forceinline__ uint4 ld_weight16(const uint8_t* p) {
@@ -238,6 +245,11 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
     }
     a.combine_order[t0 + rank] = pos;
   }
+  if (a.done) {
+    __threadfence();
+    __syncthreads();
+    signal_done(a.done, threadIdx.x == 0);
+  }
 }
 
 // Calls of at most kWarps tokens and 32 (token, slot) pairs (batch 1 to 5 at top-6), the decode
@@ -349,6 +361,11 @@ __device__ void route_small(const GateRouteArgs& a, uint8_t* smem) {
     a.token_pair[lane] = tp;
     a.combine_order[t0 + rank] = tp;
   }
+  if (a.done) {
+    __threadfence();
+    __syncwarp();
+    signal_done(a.done, lane == 0);
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_constant__ GateRouteArgs a) {
@@ -432,7 +449,9 @@ size_t moe_internal::route_smem(int n_experts, int expert_count) {
   return std::max(kRedBytes, tail_bytes(n_experts, expert_count, nullptr, nullptr));
 }
 
-void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
+void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) { gate_route(a, s, false); }
+
+void moe_internal::gate_route(const MoeDecodeArgs& a, cudaStream_t s, bool signal) {
   const MoeDecodeDims& d = a.dims;
   const GateSplit sp = gate_split(d.dim, d.n_experts);
   TANDEM_CHECK(sp.kb <= kGateMaxKb && a.gate.n == d.n_experts && a.gate.k == d.dim);
@@ -466,6 +485,7 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   ga.pair_weight = a.buf.pair_weight;
   ga.token_pair = a.buf.token_pair;
   ga.combine_order = a.buf.combine_order;
+  ga.done = signal ? a.buf.counters + kRouteDone : nullptr;
   ga.small = a.small_route && a.tokens <= kWarps && a.tokens * d.topk <= kc::kWarp;
   const size_t smem = route_smem(d.n_experts, a.expert_count);
   static std::atomic<bool> attr{false};
