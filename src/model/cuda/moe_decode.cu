@@ -271,13 +271,19 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   // after everything the gate kernel's own wait covered, x's codes included) rather than for the
   // whole gate grid to complete: the grid's end and the dependency's release are off the critical
   // path. The routing CTA is resident (this launch began only once every gate CTA had passed its
-  // trigger), so the flag comes; the poll is bounded all the same and falls back to the wait.
+  // trigger), so the flag comes; the poll is bounded all the same and falls back to the wait
+  // (kRouteSpinLimit, kRouteIdlePolls).
   auto wait_jobs = [&] {
     if (early) {  // run_experts gives route_done with early_shared
       if (threadIdx.x == 0) {
-        int i = 0;
-        while (ld_acquire_gpu(a.route_done) == 0 && ++i < kRouteSpinLimit) __nanosleep(64);
-        if (i == kRouteSpinLimit) kc::pdl_wait();
+        int i = 0, v;
+        while ((v = ld_acquire_gpu(a.route_done)) != kRouteReady) {
+          if (++i == kRouteSpinLimit || (v == 0 && i >= kRouteIdlePolls)) {
+            kc::pdl_wait();
+            break;
+          }
+          __nanosleep(64);
+        }
       }
       __syncthreads();
     } else {

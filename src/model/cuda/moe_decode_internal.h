@@ -32,13 +32,18 @@ constexpr int kMaxRing = 6;
 constexpr int kMinRing = 2;
 constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
 constexpr int kCombine0 = 32;              // counters: [0] the gate ticket, [32, 32 + dim/16) combine
-// counters[kRouteDone]: moe_decode's routing sets it once its groups are stored (release); the
-// experts-up kernel of the same call polls it (acquire) instead of waiting for the whole gate grid,
-// and the down kernel, past its wait (every up CTA has read it), sets it back to zero.
+// counters[kRouteDone], moe_decode's routing flag: 0 between calls; kRoutePending once the gate
+// kernel's CTA 0 is past its wait (before its trigger, so before the up kernel starts); kRouteReady
+// once the routing CTA has stored the groups (release). The experts-up kernel of the same call
+// polls it (acquire) instead of waiting for the whole gate grid; the down kernel, past its wait
+// (every up CTA has read it), sets it back to 0. The poll falls back to the grid-dependency wait
+// (always correct) after kRouteSpinLimit polls, or after kRouteIdlePolls polls that still read 0:
+// a step without this call's gate kernel (a profile's ablation removing it) then costs the up
+// kernel a few microseconds, not the whole bound.
 constexpr int kRouteDone = 1;
-// Polls of the flag before the up kernel falls back to the grid-dependency wait (always correct):
-// the bound on the spin, far above the routing's few microseconds.
+constexpr int kRouteReady = 1, kRoutePending = 2;
 constexpr int kRouteSpinLimit = 1 << 18;
+constexpr int kRouteIdlePolls = 64;
 
 inline int64_t max_active_of(const MoeDecodeDims& d, int64_t tokens) {
   return std::min<int64_t>(d.n_experts, tokens * d.topk);
@@ -92,14 +97,18 @@ inline GateSplit gate_split(int64_t dim, int n_experts) {
 constexpr int kRoutePairs = 1024;
 size_t route_smem(int n_experts, int expert_count);
 
-// The gate + routing kernel; `signal`: set counters[kRouteDone] when the groups are stored
-// (moe_decode only: its down kernel resets it; a standalone moe_gate_route leaves it zero).
+// The gate + routing kernel; `signal`: set counters[kRouteDone] (pending, then ready when the
+// groups are stored; moe_decode only: its down kernel resets it; a standalone moe_gate_route leaves
+// it zero).
 void gate_route(const MoeDecodeArgs& a, cudaStream_t s, bool signal);
 
 __device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ void st_relaxed_gpu(int32_t* p, int v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ void st_release_gpu(int32_t* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

@@ -47,13 +47,13 @@ struct GateRouteArgs {
   int32_t* token_pair;        // [tokens, topk]
   int32_t* combine_order;     // [tokens, topk]
   int small;                  // route_small (tokens <= kWarps, tokens * topk <= 32), else route_tail
-  int32_t* done;              // counters[kRouteDone], set when the groups are stored; null: not set
+  int32_t* done;              // counters[kRouteDone] (moe_decode_internal.h); null: not set
 };
 
-// The groups (active, pair_token, pair_weight, token_pair, combine_order) of this thread are stored
-// before the flag: each writer fences its own, then a barrier of the writers, then one release.
+// The groups (active, pair_token, pair_weight, token_pair, combine_order) are stored before the
+// flag: each writer fences its own, then a barrier of the writers, then the leader's release.
 __device__ __forceinline__ void signal_done(int32_t* done, bool leader) {
-  if (leader) st_release_gpu(done, 1);
+  if (leader) st_release_gpu(done, kRouteReady);
 }
 
 // 16 bytes of weight, read-only and not kept in L1; volatile, so it stays before pdl_wait().
@@ -392,6 +392,10 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // x's codes (written before this kernel) before its own wait (its early shared expert), so every
   // kernel before this one must be complete when it starts.
   kc::pdl_wait();
+  // The routing flag's "pending" (before the trigger: the up kernel polls only once it starts);
+  // the previous call's down kernel, which reset it, is complete. Relaxed: it only tells the poll
+  // to keep polling, and a poll that misses it falls back to the wait.
+  if (a.done && blockIdx.x == 0 && threadIdx.x == 0) st_relaxed_gpu(a.done, kRoutePending);
   kc::pdl_trigger();
 
   float* red = reinterpret_cast<float*>(smem);
