@@ -438,7 +438,8 @@ TEST(CudaMoeDecode, GateRouteManyPairs) {
 // warp grouping) against the general routing (MoeDecodeArgs::small_route false) on the same inputs:
 // the stage checks on both; logits, ids and weights bit for bit; the same active experts and
 // offsets; then the whole call's outputs bit for bit (pair rows are reached through token_pair, so
-// the two placements may order an expert's pairs differently). Score and hash layers, the real
+// the two placements may order an expert's pairs differently; the general one's up kernel then
+// waits for the gate grid instead of the routing flag). Score and hash layers, the real
 // gate width (k over 4 CTAs), 256 experts (two rounds a lane), top-8 (4 tokens fill the warp), local
 // expert ranges with and without work, and the first size past the small path (6 tokens, 36 pairs).
 TEST(CudaMoeDecode, SmallRoutingEqualsTheGeneral) {
@@ -498,8 +499,10 @@ TEST(CudaMoeDecode, SmallRoutingEqualsTheGeneral) {
     EXPECT_TRUE(same_values(std::vector<int32_t>(as.begin() + 1 + A, as.begin() + 2 + A + n),
                             std::vector<int32_t>(ag.begin() + 1 + A, ag.begin() + 2 + A + n)))
         << "pair offsets";
-    // The whole call (its routing again, then the experts) on both: the outputs bit for bit.
+    // The whole call (its routing again, then the experts) on both: the outputs bit for bit; the
+    // general one also without the routing flag (its up kernel waits for the gate grid).
     cuda_model::moe_decode(sm.args, kStream);
+    gen.args.route_flag = false;
     cuda_model::moe_decode(gen.args, kStream);
     const size_t MD = static_cast<size_t>(m * L.d.dim);
     EXPECT_TRUE(same_bits(to_host(sm.y), to_host(gen.y))) << "y";

@@ -114,9 +114,10 @@ struct ExpertArgs {
   int topk;
   float* y;                   // [tokens, n]
   int routed_only;
-  int early_shared;           // up: the shared expert's items before the wait (moe_decode's launch)
-  int32_t* route_done;        // counters[kRouteDone]: up (early_shared) polls it for the routed items
-                              // instead of the grid-dependency wait; down zeroes it past its wait
+  int early_shared;           // up: the shared expert's items before the wait (moe_decode's launch);
+                              // 2: and the routed items on the routing's flag (route_done)
+  int32_t* route_done;        // counters[kRouteDone]: up (early_shared 2) polls it for the routed
+                              // items instead of the grid-dependency wait; down zeroes it past its wait
   int32_t* ccnt;              // [n / 16]
 };
 
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   // trigger), so the flag comes; the poll is bounded all the same and falls back to the wait
   // (kRouteSpinLimit, kRouteIdlePolls).
   auto wait_jobs = [&] {
-    if (early) {  // run_experts gives route_done with early_shared
+    if (early && a.early_shared == 2) {
       if (threadIdx.x == 0) {
         int i = 0, v;
         while ((v = ld_acquire_gpu(a.route_done)) != kRouteReady) {
@@ -862,7 +863,7 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   ea.topk = d.topk;
   ea.y = a.y;
   ea.routed_only = a.routed_only;
-  ea.early_shared = UP && early && ea.has_shared;
+  ea.early_shared = UP && early && ea.has_shared ? (a.route_flag ? 2 : 1) : 0;
   ea.ccnt = a.buf.counters + kCombine0;
   ea.route_done = a.buf.counters + kRouteDone;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
@@ -992,7 +993,7 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
   TANDEM_CHECK_MSG(a.tokens <= d.max_tokens, "moe_decode: more tokens than the buffers were sized for");
   TANDEM_CHECK_MSG(moe_decode_supports(a), "moe_decode: unsupported weights");
   TANDEM_CHECK_MSG(a.sh_w1.data || a.routed_only, "moe_decode: the combine needs the shared expert");
-  gate_route(a, s, /*signal=*/true);        // sets counters[kRouteDone] for the up kernel's poll
+  gate_route(a, s, /*signal=*/a.route_flag);  // counters[kRouteDone] for the up kernel's poll
   run_experts<true>(a, s, /*early=*/true);  // its predecessor is the gate + routing kernel
   moe_experts_down(a, s);
 }

@@ -103,6 +103,10 @@ struct MoeDecodeArgs {
   // in another order: every result is compared through token_pair). false: the general routing at
   // every size (tests and `bench-kernels` compare the two).
   bool small_route = true;
+  // moe_decode: the experts-up kernel's routed items start on the routing's flag (set once the
+  // groups are stored) rather than on the gate grid's completion (false: the grid-dependency wait;
+  // the benchmark compares the two). The same results either way.
+  bool route_flag = true;
 };
 
 // True when moe_decode handles these weights (formats and alignment; never depends on tokens).
