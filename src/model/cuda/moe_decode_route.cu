@@ -17,8 +17,8 @@
 // time, all threads add the partials and compute every expert's selection value into shared
 // memory, then each warp picks one token's experts; the grouping reads the ids from shared memory
 // (global memory past kRoutePairs pairs) and keeps the offsets there. Small calls (at most 8
-// tokens and 32 pairs: decode at batch 1 to 5) take route_small instead: a warp per token, then one
-// warp groups the pairs (a lane each): one CTA barrier, none at one token.
+// tokens and 32 pairs: decode at batch 1 to 5) take route_small instead: the same logits and picks,
+// then one warp groups the pairs (a lane each): one CTA barrier at one token, not five.
 #include "kernels/cuda/decode_mma.cuh"
 #include "model/cuda/moe_decode_internal.h"
 #include "model/cuda/smem_bounds.h"
@@ -113,12 +113,46 @@ __host__ __device__ inline size_t tail_bytes(int E, int EL, TailSmem* t, uint8_t
 // The GEMV's per-warp partial tiles: two buffers (alternate m tiles) of 8 warps x 16 tokens x 8 rows.
 constexpr size_t kRedBytes = sizeof(float) * 2 * kWarps * 16 * kGateRows;
 
+// The logits and selection values of tokens [t0, t0 + n) (n <= kWarps) into s.z / s.sel (row
+// t - t0) and a.logits, by all threads: the k blocks' partials added in order (4 outputs a thread
+// at once, every load issued before the first add), then each expert's selection value.
+__device__ __forceinline__ void round_logits(const GateRouteArgs& a, const TailSmem& s, int64_t t0, int n) {
+  const kernels::MoeGateParams& gp = a.gate;
+  const int E = gp.n_experts;
+  const int64_t TE = a.tokens * E;
+  const int nE = n * E;
+  const bool hash = gp.tid2eid != nullptr;
+  const float* src = a.partial + t0 * E;
+  for (int i0 = threadIdx.x; i0 < nE; i0 += 4 * kThreads) {
+    float v[4][kGateMaxKb], bias[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int i = i0 + q * kThreads;
+#pragma unroll
+      for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = i < nE && b < a.kb ? __ldcg(src + b * TE + i) : 0.0f;
+      bias[q] = i < nE && gp.bias ? gp.bias[i % E] : 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int i = i0 + q * kThreads;
+      if (i >= nE) break;
+      float z = v[q][0];
+#pragma unroll
+      for (int b = 1; b < kGateMaxKb; ++b)
+        if (b < a.kb) z = kc::add_rn(z, v[q][b]);
+      s.z[i] = z;
+      a.logits[t0 * E + i] = z;
+      if (!hash) s.sel[i] = kc::moe_gate_sel(z, gp.bias != nullptr, bias[q]);
+    }
+  }
+}
+
 // Routing and grouping by the last CTA (see the file comment).
 __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const kernels::MoeGateParams& gp = a.gate;
   const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
-  const int64_t T = a.tokens, P = T * K, TE = T * E;
+  const int64_t T = a.tokens, P = T * K;
   TailSmem s;
   tail_bytes(E, EL, &s, smem);
   const bool fit = P <= kRoutePairs;
@@ -128,35 +162,9 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
     s.cnt[i] = 0;
     s.cursor[i] = 0;
   }
-  const bool hash = gp.tid2eid != nullptr;
   for (int64_t t0 = 0; t0 < T; t0 += kWarps) {
     const int n = static_cast<int>(T - t0 < kWarps ? T - t0 : kWarps);
-    const int nE = n * E;
-    const float* src = a.partial + t0 * E;
-    // Logits: the k blocks' partials added in order (4 outputs a thread at once, every load issued
-    // before the first add), then each expert's selection value.
-    for (int i0 = threadIdx.x; i0 < nE; i0 += 4 * kThreads) {
-      float v[4][kGateMaxKb], bias[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int i = i0 + q * kThreads;
-#pragma unroll
-        for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = i < nE && b < a.kb ? __ldcg(src + b * TE + i) : 0.0f;
-        bias[q] = i < nE && gp.bias ? gp.bias[i % E] : 0.0f;
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int i = i0 + q * kThreads;
-        if (i >= nE) break;
-        float z = v[q][0];
-#pragma unroll
-        for (int b = 1; b < kGateMaxKb; ++b)
-          if (b < a.kb) z = kc::add_rn(z, v[q][b]);
-        s.z[i] = z;
-        a.logits[t0 * E + i] = z;
-        if (!hash) s.sel[i] = kc::moe_gate_sel(z, gp.bias != nullptr, bias[q]);
-      }
-    }
+    round_logits(a, s, t0, n);
     __syncthreads();
     if (warp < n) {
       const int64_t t = t0 + warp;
@@ -253,53 +261,26 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
 }
 
 // Calls of at most kWarps tokens and 32 (token, slot) pairs (batch 1 to 5 at top-6), the decode
-// step's usual case, whose routing lies on the step's critical path: one warp per token adds its
-// partials and picks its experts (the same device routines and orders as route_tail, in its own
-// shared rows, so no CTA barrier), then one warp groups the pairs with a lane per pair: a pair's
-// row is the local pairs of lower experts plus the same expert's lower slots (a fixed order where
-// route_tail's is the atomics', which no result depends on), the active experts those of the pairs
-// that are their expert's first. One CTA barrier (none for one token) instead of five, no atomics.
+// step's usual case, whose routing lies on the step's critical path: route_tail's one round of
+// logits (all threads) and picks (a warp per token), then one warp groups the pairs with a lane per
+// pair: a pair's row is the local pairs of lower experts plus the same expert's lower slots (a
+// fixed order where route_tail's is the atomics', which no result depends on), the active experts
+// those of the pairs that are their expert's first. One CTA barrier (two past one token) instead
+// of five, no shared-memory atomics, no scans over the rank's experts.
 __device__ void route_small(const GateRouteArgs& a, uint8_t* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const kernels::MoeGateParams& gp = a.gate;
   const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
   const int T = static_cast<int>(a.tokens), P = T * K;
-  const int64_t TE = static_cast<int64_t>(T) * E;
   TailSmem s;
   tail_bytes(E, EL, &s, smem);
-  const bool hash = gp.tid2eid != nullptr;
+  round_logits(a, s, 0, T);
+  __syncthreads();
   if (warp < T) {
     const int t = warp;
-    float* z = s.z + warp * E;
-    float* sel = s.sel + warp * E;
-    const float* src = a.partial + static_cast<int64_t>(t) * E;
-    // The token's logits: k blocks added in order, 4 experts a lane at once (loads first), as route_tail.
-    for (int e0 = 0; e0 < E; e0 += 4 * kc::kWarp) {
-      float v[4][kGateMaxKb], bias[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int e = e0 + q * kc::kWarp + lane;
-#pragma unroll
-        for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = e < E && b < a.kb ? __ldcg(src + b * TE + e) : 0.0f;
-        bias[q] = e < E && gp.bias ? gp.bias[e] : 0.0f;
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int e = e0 + q * kc::kWarp + lane;
-        if (e >= E) break;
-        float zz = v[q][0];
-#pragma unroll
-        for (int b = 1; b < kGateMaxKb; ++b)
-          if (b < a.kb) zz = kc::add_rn(zz, v[q][b]);
-        z[e] = zz;
-        a.logits[static_cast<int64_t>(t) * E + e] = zz;
-        if (!hash) sel[e] = kc::moe_gate_sel(zz, gp.bias != nullptr, bias[q]);
-      }
-    }
-    __syncwarp();
     int32_t id;
     float w;
-    kc::moe_gate_pick(gp, t, z, sel, lane, id, w);
+    kc::moe_gate_pick(gp, t, s.z + warp * E, s.sel + warp * E, lane, id, w);
     if (lane < K) {
       gp.expert_ids[t * K + lane] = id;
       gp.weights[t * K + lane] = w;
