@@ -43,7 +43,7 @@ constexpr int kCombine0 = 32;              // counters: [0] the gate ticket, [32
 constexpr int kRouteDone = 1;
 constexpr int kRouteReady = 1, kRoutePending = 2;
 constexpr int kRouteSpinLimit = 1 << 18;
-constexpr int kRouteIdlePolls = 64;
+constexpr int kRouteIdlePolls = 16;
 
 inline int64_t max_active_of(const MoeDecodeDims& d, int64_t tokens) {
   return std::min<int64_t>(d.n_experts, tokens * d.topk);
