@@ -664,7 +664,8 @@ void Bench::moe_layers() {
       std::fflush(stdout);
       moe.push_back({{"layer", name}, {"batch", m}, {"tensor_parallel", tp}, {"bytes_mean", bytes},
                      {"active_experts_mean", (bytes - fixed_bytes) / expert_bytes}, {"old_us", old_us},
-                     {"new_us", new_us}, {"new_without_flag_us", noflag_us}, {"new_general_route_us", general_us}, {"new_frac_of_copy", frac(bytes, new_us)},
+                     {"new_us", new_us}, {"new_without_flag_us", noflag_us}, {"new_general_route_us", general_us},
+                     {"new_frac_of_copy", frac(bytes, new_us)},
                      {"kernels_us", {{"gate_route", st[0]}, {"experts_up_quant", st[1]}, {"experts_down_combine", st[2]}}},
                      {"predicted_us_at_4p3TBps", bytes / 4.3e12 * 1e6}});
     }

@@ -748,10 +748,12 @@ TEST(CudaMoeDecode, EarlySharedExpertEqualsThePlainLaunch) {
       EXPECT_TRUE(same_bits(fetch(early.buf.shared_out, MD), fetch(plain.buf.shared_out, MD))) << "shared";
       EXPECT_TRUE(same_bits(to_host(early.y), to_host(plain.y))) << "y";
       // The gate ticket, moe_decode's routing flag (set by its routing, reset by its down kernel)
-      // and the combine counters: zero again after either sequence.
-      const size_t nc = 32 + D / 16;
-      EXPECT_TRUE(same_values(fetch(early.buf.counters, nc), std::vector<int32_t>(nc, 0))) << "counters after moe_decode";
-      EXPECT_TRUE(same_values(fetch(plain.buf.counters, nc), std::vector<int32_t>(nc, 0))) << "counters after the launches";
+      // and the combine counters (moe_decode_internal.h: [0, 64 + dim / 16)): zero again after
+      // either sequence.
+      const size_t nc = 64 + D / 16;
+      const std::vector<int32_t> zeros(nc, 0);
+      EXPECT_TRUE(same_values(fetch(early.buf.counters, nc), zeros)) << "counters after moe_decode";
+      EXPECT_TRUE(same_values(fetch(plain.buf.counters, nc), zeros)) << "counters after the launches";
       if (rep == 0 && c.layer == &N && m == 1 && c.count == 32) check_stages(early, L);
       if (::testing::Test::HasFailure()) return;  // the first failing run tells; the rest repeat it
     }

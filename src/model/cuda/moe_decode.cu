@@ -10,8 +10,8 @@
 //     known before the grid-dependency wait: in moe_decode its items run whole before the wait, over
 //     kernel 1's run, which lets this launch start only past its own wait, so that x's codes are
 //     complete) and then each active routed expert (MXFP4), started (in moe_decode) as soon as the
-//     routing CTA flags its groups stored (kRouteDone), not when kernel 1's grid has completed. A CTA item is a tile's w1 and w3 x their
-//     k units, 8 warps;
+//     routing CTA flags its groups stored (kRouteDone), not when kernel 1's grid has completed. A
+//     CTA item is a tile's w1 and w3 x their k units, 8 warps;
 //     the units meet in shared memory (added in unit order), then SwiGLU, and the last tile of each
 //     128-column block to finish (a counter) quantizes the block's rows (act_quant, bit for bit).
 //  3. experts down: the same over w2 (items of 8 / units tiles x units; the shared expert's first

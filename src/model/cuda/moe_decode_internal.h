@@ -31,7 +31,9 @@ constexpr int kSlotBytes = kMxDataBytes + kRows * 8;
 constexpr int kMaxRing = 6;
 constexpr int kMinRing = 2;
 constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
-constexpr int kCombine0 = 32;              // counters: [0] the gate ticket, [32, 32 + dim/16) combine
+// counters: [0] the gate ticket, [32] the routing flag (kRouteDone: a 128-byte line of its own, away
+// from the ticket's atomics while up CTAs poll it), [64, 64 + dim/16) combine, then act_quant's.
+constexpr int kCombine0 = 64;
 // counters[kRouteDone], moe_decode's routing flag: 0 between calls; kRoutePending once the gate
 // kernel's CTA 0 is past its wait (before its trigger, so before the up kernel starts); kRouteReady
 // once the routing CTA has stored the groups (release). The experts-up kernel of the same call
@@ -40,7 +42,7 @@ constexpr int kCombine0 = 32;              // counters: [0] the gate ticket, [32
 // (always correct) after kRouteSpinLimit polls, or after kRouteIdlePolls polls that still read 0:
 // a step without this call's gate kernel (a profile's ablation removing it) then costs the up
 // kernel a few microseconds, not the whole bound.
-constexpr int kRouteDone = 1;
+constexpr int kRouteDone = 32;
 constexpr int kRouteReady = 1, kRoutePending = 2;
 constexpr int kRouteSpinLimit = 1 << 18;
 constexpr int kRouteIdlePolls = 16;
