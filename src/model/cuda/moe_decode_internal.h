@@ -44,8 +44,8 @@ constexpr int kCombine0 = 64;
 // kernel a few microseconds, not the whole bound.
 constexpr int kRouteDone = 32;
 constexpr int kRouteReady = 1, kRoutePending = 2;
-constexpr int kRouteSpinLimit = 1 << 18;
-constexpr int kRouteIdlePolls = 16;
+constexpr int kRouteSpinLimit = 1 << 18;  // about 0.2 s
+constexpr int kRouteIdlePolls = 4;  // a poll is an L2 round trip (about 1 us) and a short sleep
 
 inline int64_t max_active_of(const MoeDecodeDims& d, int64_t tokens) {
   return std::min<int64_t>(d.n_experts, tokens * d.topk);
