@@ -11,10 +11,13 @@
 //  act_quant: codes and scales bit for bit the CPU op's on the device rows;
 //  experts down: correctly rounded within the GEMV bound of float64 on those codes;
 //  combine: bit for bit the host's fp32 sum in ascending expert id plus the shared expert, bf16.
-// Then: the gate + routing kernel alone past the routing CTA's shared pairs; every row count gives
+// Then: the gate + routing kernel alone past the routing CTA's shared pairs; the small calls'
+// routing (one warp groups the pairs) against the general one, and the whole call without the
+// routing flag (the up kernel waiting for the gate grid) against it; every row count gives
 // the same bits per token (1, 6, 8, 48, 96 within a 96-token call), a rank's local expert range
 // (routed sum only), hash routing, a NaN MXFP4 scale's rows (NaN exactly there), a captured graph
-// equal to eager (the kernels' arrival counters are left at zero by every call), and a loose
+// equal to eager at 1 and 6 tokens (the kernels' arrival counters and the routing flag are left at
+// zero by every call), and a loose
 // end-to-end comparison with the CPU composition (forward.cpp's moe) as a sanity check.
 #include <algorithm>
 #include <map>
