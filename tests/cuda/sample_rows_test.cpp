@@ -397,6 +397,29 @@ TEST(CudaSampleRows, TopPPathsAtFullVocab) {
   expect_matches(total, "top-p paths (flat, levels, grid, bf16, peaked, distinct), 1/48/64 rows, vocab 129280");
 }
 
+// Top-p rows whose later passes read the candidates recorded by the band's pass (CandList) in every
+// way they are used: the plain draw, the residual draw of a rejected draft (one-hot and full q),
+// min-p after top-p, with and without top-k; 16 rows (whole slices in shared memory) and 48 (part
+// of each slice in the scratch), at the full vocabulary.
+TEST(CudaSampleRows, TopPListedPassesAtFullVocab) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  static constexpr Kind kKinds[] = {Kind::kDraftOneHot, Kind::kDraftFullQ, Kind::kTopP, Kind::kMinP, Kind::kCombined};
+  for (int n : {16, 48}) {
+    SCOPED_TRACE(::testing::Message() << n << " rows");
+    Builder bld(kVocab, 4242 + static_cast<uint64_t>(n), n == 48);
+    for (int i = 0; i < n; ++i) bld.add(kKinds[i % 5], 77000 + 100 * static_cast<uint64_t>(n) + i, i % 8 == 3 ? 5 : -1);
+    Batch b = bld.take();
+    for (int i = 0; i < n; ++i) {
+      SampleRow& r = b.rows[static_cast<size_t>(i)];
+      r.top_p = 0.3 + 0.65 * static_cast<double>((i * 7) % 13) / 12.0;
+      if (i % 5 == 3 || i % 4 == 1) r.min_p = 0.02 + 0.01 * static_cast<double>(i % 5);
+    }
+    check_batch(b, total);
+  }
+  expect_matches(total, "top-p with drafts, min-p and top-k (listed candidates), 16/48 rows, vocab 129280");
+}
+
 // A vocabulary whose slices do not fit in shared memory (z stays in the global scratch), odd, so
 // rows are not 16-byte aligned.
 TEST(CudaSampleRows, MatchesHostLargeVocab) {

@@ -20,13 +20,18 @@
 // distinct logits the band holds a few hundred ids: the pass that finds the band records each
 // warp's band ids in a short list (kBandCap), and the select's passes and the kept mass run over
 // the lists instead of the slice (a warp whose band overflows its list scans its range).
-// Cost: a top-p row reads its slice in four passes (load + argmax; exp sum + histogram; the ids at
-// or above the band, compacted 32 at a time; the draw's segment sums, compacted likewise), each
-// a few dozen instructions per id; everything else runs over lists or a few hundred ids (the
-// threshold's ties kept in id order too: the m-th tie is counted over the band lists; only a row
-// whose band overflowed a list, e.g. a flat one, scans its slice for it). The scans are
-// latency-bound (4 warps per scheduler, part of z in the L2): the softmax pass takes 4 ids per
-// thread at once and the compaction evaluates 4 groups of 32 ids before compacting them.
+// Cost: a top-p row reads its slice in three passes (load + argmax; exp sum + histogram; the ids at
+// or above the band, compacted 32 at a time), each a few dozen instructions per id; everything
+// else runs over lists: the band pass also records every id at or above the band (exactly the
+// ids with p > 0 after top-p) in the global scratch (CandList, sample_rows_cluster.cuh), and
+// min-p's kept mass and the draws (plain and residual) read those instead of scanning the slice,
+// in the same batches of 32 (the same sums, bit for bit); the threshold's ties are kept in id
+// order too (the m-th tie is counted over the band lists; only a row whose band overflowed a
+// list, e.g. a flat one, scans its slice for it). The scans are latency-bound (4 warps per
+// scheduler, part of z in the L2), so each keeps several round trips' worth of loads in flight:
+// the softmax pass loads the next 4 ids per thread while it computes the current 4 exps, the
+// compaction evaluates 8 groups of 32 ids before compacting them, top-k's dense select passes
+// load 4 ids per thread ahead, and the listed passes fetch 4 batches of 32 at once.
 // p after top-p/min-p is recomputed from p with the host's divisions (/ kept_top_p, then
 // / kept_min_p), so it has the host's rounding steps.
 // Precision: e, p and all masses are double as on the host; sums run in fixed trees (not the host's
@@ -212,8 +217,8 @@ __device__ __forceinline__ bool sorted_contains(const int32_t* a, int n, int32_t
 // processed logits) lives in shared memory and in zscratch [rows, kCtas, zstride] as ZSlice lays it
 // out with nsh of 16 chunks shared.
 __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
-    sample_rows_kernel(SampleInputs in, const SampleRow* rows, float* zscratch, int64_t zstride, int64_t slice,
-                       int nsh, SampleRowResult* out) {
+    sample_rows_kernel(SampleInputs in, const SampleRow* rows, float* zscratch, int64_t zstride,
+                       unsigned short* lscratch, int64_t lstride, int64_t slice, int nsh, SampleRowResult* out) {
   extern __shared__ float4 zdyn[];  // zslice_shared_floats(slice, nsh) floats
   __shared__ Shared sh;
   pdl_wait();
@@ -412,6 +417,8 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     int64_t wb, we;
     c.warp_range(wb, we);
     unsigned* const queue = sh.warp[wid].queue;
+    // top-p: the candidates recorded by the band's pass (CandList), read by min-p and the draws
+    sample_cluster::CandList clist;
     // ---- top-k: keep z >= the k-th largest finite-or-NaN logit ----
     if (row.top_k > 0 && row.top_k < V && row.top_k < nvalid) {
       auto elem = [&](float x, uint64_t& key, uint64_t& weight) {
@@ -453,23 +460,34 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       // at once: their loads (part of the slice is in global memory) and their exps (a chain of
       // dependent FP64 operations each) overlap, and they are added in id order as one at a time
       // would add them (the same bits).
+      // The next step's z are loaded before this step's exps (software pipelining): the loads of
+      // the part of the slice in the L2 are then in flight during the FP64 work instead of
+      // stalling every step (the order of the additions is unchanged).
       constexpr int kExpIlp = 4;
-      for (int64_t i0 = tid; i0 < len; i0 += kExpIlp * kThreads) {
+      constexpr int64_t kExpStep = kExpIlp * kThreads;
+      float xn[kExpIlp];
+#pragma unroll
+      for (int u = 0; u < kExpIlp; ++u) {
+        const int64_t i = tid + static_cast<int64_t>(u) * kThreads;
+        xn[u] = i < len ? z[i] : kNegInf;
+      }
+      for (int64_t i0 = tid; i0 < len; i0 += kExpStep) {
         float x[kExpIlp];
         double dv[kExpIlp], e[kExpIlp];
+        unsigned live = 0;
 #pragma unroll
         for (int u = 0; u < kExpIlp; ++u) {
-          const int64_t i = i0 + static_cast<int64_t>(u) * kThreads;
-          x[u] = i < len ? z[i] : kNegInf;
-        }
-#pragma unroll
-        for (int u = 0; u < kExpIlp; ++u) {
+          x[u] = xn[u];
+          live |= d.live(x[u]) ? 1u << u : 0u;
           dv[u] = d.live(x[u]) ? d.dval(x[u]) : 0.0;
-          e[u] = d.live(x[u]) ? exp(dv[u]) : 0.0;
+          const int64_t i = i0 + kExpStep + static_cast<int64_t>(u) * kThreads;
+          xn[u] = i < len ? z[i] : kNegInf;
         }
 #pragma unroll
+        for (int u = 0; u < kExpIlp; ++u) e[u] = (live >> u) & 1u ? exp(dv[u]) : 0.0;
+#pragma unroll
         for (int u = 0; u < kExpIlp; ++u) {
-          if (!d.live(x[u])) continue;
+          if (!((live >> u) & 1u)) continue;
           local += e[u];
           emax = fmax(emax, e[u]);
           if (top_p) {
@@ -583,6 +601,20 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       auto at_or_above = [&](float x) { return coarse_bucket(d.dval(x)) <= band_bot; };
       ZThreshold zt;
       if (monotone) zt = z_threshold(at_or_above);
+      // The pass below also records its ids (every id with p > 0 after top-p: cand) in the scratch
+      // when it passes exactly the candidates (monotone: the ids x >= x0 are those x >= zb, zb
+      // being the smallest of them; only NaN, which passes when every x does, is not a candidate)
+      // and their offsets fit 16 bits. The same in every CTA (slice, zmax, T).
+      const bool listing = lscratch != nullptr && monotone && slice <= 65536;
+      const int64_t dseg = c.draw_seg();
+      unsigned short* const cw = listing ? lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride +
+                                               static_cast<int64_t>(wid) * c.warp_len()
+                                         : nullptr;
+      int cn = 0;  // this warp's recorded candidates
+      if (listing) {
+        for (int k = tid; k <= sample_cluster::kMaxSegments; k += kThreads) sh.seg[k] = 0;
+        __syncthreads();
+      }
       {
         Slot& s = c.open();
         sample_cluster::warp_batches(
@@ -616,6 +648,22 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
                   bmin = fminf(bmin, x);
                 }
               }
+              if (listing) {  // block-uniform
+                // the batch's ids in the warp's list; their draw segments' counts (ids increase
+                // with the lane: one atomic per run of lanes in the same segment)
+                const unsigned okb = __ballot_sync(0xffffffffu, ok);
+                if (ok) cw[cn + __popc(okb & ((1u << lane) - 1u))] = static_cast<unsigned short>(v - beg);
+                const int sk = ok ? static_cast<int>((v - beg) / dseg) : -1;
+                const int sprev = __shfl_up_sync(0xffffffffu, sk, 1);
+                const bool start = ok && (lane == 0 || sk != sprev);
+                const unsigned starts = __ballot_sync(0xffffffffu, start);
+                if (start) {
+                  const unsigned later = starts & ~((2u << lane) - 1u);  // run starts after this lane
+                  const unsigned upto = later ? (1u << (__ffs(later) - 1)) - 1u : 0xffffffffu;
+                  atomicAdd(&sh.seg[sk], static_cast<unsigned>(__popc(okb & upto & ~((1u << lane) - 1u))));
+                }
+                cn += __popc(okb);
+              }
               const unsigned ball = __ballot_sync(0xffffffffu, rec);
               if (band_n >= 0) {  // warp-uniform
                 const int total = band_n + __popc(ball);
@@ -643,6 +691,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         amin = warp_fold(amin, min_f);
         bmin = warp_fold(bmin, min_f);
         auto& part = sh.warp[wid].part;
+        if (lane == 0) sh.cand_n[wid] = cn;
         if (lane == 0) {
           part.u[0] = afix;
           part.u[1] = kmin;
@@ -655,6 +704,14 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           part.x[1] = bmin;
         }
         __syncthreads();
+        if (tid == 0 && listing) {  // segment counts -> starts (read after the exchanges below)
+          unsigned a = 0;
+          for (int k = 0; k <= sample_cluster::kMaxSegments; ++k) {
+            const unsigned n = k < sample_cluster::kMaxSegments ? sh.seg[k] : 0u;
+            sh.seg[k] = a;
+            a += n;
+          }
+        }
         if (tid == 0) {
           for (int w = 1; w < kWarps; ++w) {
             const auto& o = sh.warp[w].part;
@@ -695,6 +752,10 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         }
         d.za = amin;
         d.zb = fminf(amin, bmin);
+      }
+      if (listing) {
+        clist.off = lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride;
+        clist.wl = static_cast<int>(c.warp_len());
       }
       // ---- the exact select over the band's p ----
       const uint64_t target = row.top_p > 0.0 ? __double2ull_ru(row.top_p * kFixedOne) : 0;
@@ -791,12 +852,20 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       const double cut = row.min_p * pmax;
       Slot& s = c.open();
       double kept = 0.0;
-      sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.cand(z[v - beg]); },
-                                   [&](int64_t v, bool ok) {
-                                     if (!ok) return;
-                                     const double p = d.p2x(z[v - beg], v);
-                                     kept += p < cut ? 0.0 : p;
-                                   });
+      if (clist.off) {  // the same batches over the recorded candidates
+        sample_cluster::warp_listed(c, clist, [&](unsigned o) { return z[o]; }, [&](int64_t v, float x, bool ok) {
+          if (!ok || !d.cand(x)) return;
+          const double p = d.p2x(x, v);
+          kept += p < cut ? 0.0 : p;
+        });
+      } else {
+        sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.cand(z[v - beg]); },
+                                     [&](int64_t v, bool ok) {
+                                       if (!ok) return;
+                                       const double p = d.p2x(z[v - beg], v);
+                                       kept += p < cut ? 0.0 : p;
+                                     });
+      }
       kept = block_sum_f64(kept, sh.red);
       if (tid == 0) s.f[0] = kept;
       c.publish();
@@ -809,8 +878,15 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     // ---- accept / draw ----
     auto cand = [&](int64_t v) { return d.cand(z[v - beg]); };
     auto prob = [&](int64_t v) { return d.p(v); };
+    auto zat = [&](unsigned o) { return z[o]; };
+    auto candx = [&](float x) { return d.cand(x); };
+    // over the recorded candidates when the band's pass recorded them (the same in every CTA)
+    auto draw = [&](auto mass, auto massx, double u, bool scale) {
+      return clist.off ? sample_cluster::cluster_draw_listed(c, clist, zat, candx, massx, u, scale)
+                       : sample_cluster::cluster_draw(c, cand, mass, u, scale);
+    };
     auto draw_p = [&](double u) -> int64_t {
-      const DrawOut o = sample_cluster::cluster_draw(c, cand, prob, u, false);
+      const DrawOut o = draw(prob, [&](int64_t v, float x) { return d.px(x, v); }, u, false);
       return o.token >= 0 ? o.token : (o.last_positive >= 0 ? o.last_positive : argmax);
     };
     if (row.draft >= 0) {
@@ -833,7 +909,12 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           const double r = d.p(v) - qv;
           return r > 0 ? r : 0.0;
         };
-        const DrawOut o = sample_cluster::cluster_draw(c, cand, resid, u, true);
+        auto residx = [&](int64_t v, float x) {
+          const double qv = q ? static_cast<double>(q[v]) : (v == draft ? 1.0 : 0.0);
+          const double r = d.px(x, v) - qv;
+          return r > 0 ? r : 0.0;
+        };
+        const DrawOut o = draw(resid, residx, u, true);
         if (o.total > 1e-12) {
           token = o.token >= 0 ? o.token : (o.last_positive >= 0 ? o.last_positive : argmax);
         } else {
@@ -952,6 +1033,10 @@ int64_t zstride_of(int64_t vocab) {
   return (g + 63) / 64 * 64;
 }
 
+// Entries (16-bit offsets) of a CTA's region of the candidate lists (CandList): the warps' ranges
+// (warp_len() each: at most the slice + 4 * 31 ids), a multiple of 128 (256-byte aligned regions).
+int64_t lstride_of(int64_t vocab) { return (slice_of(vocab) + 4 * 32 + 127) / 128 * 128; }
+
 // Dynamic shared memory of a launch; the kernel's limit is raised once to the largest any launch
 // asks (kSmemSliceFloats floats: the attribute only bounds, occupancy follows each launch's size).
 size_t dyn_bytes(int64_t vocab, int rows) {
@@ -966,9 +1051,13 @@ void prepare_kernel(const void* k) {
 
 }  // namespace
 
+// The scratch of a launch of n rows: z's global parts [n, kCtas, zstride] floats, then the candidate
+// lists [n, kCtas, lstride] 16-bit offsets.
 size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab) {
   if (vocab <= 0 || max_rows <= 0) return 0;
-  return static_cast<size_t>(max_rows) * kCtas * static_cast<size_t>(zstride_of(vocab)) * sizeof(float);
+  return static_cast<size_t>(max_rows) * kCtas *
+         (static_cast<size_t>(zstride_of(vocab)) * sizeof(float) +
+          static_cast<size_t>(lstride_of(vocab)) * sizeof(unsigned short));
 }
 
 void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
@@ -980,10 +1069,14 @@ void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
   const int64_t zstride = zstride_of(V);
   TANDEM_CHECK_MSG(nsh == kGroupChunks || a.scratch, "sample_rows: the scratch is missing (sample_rows_scratch_bytes)");
   TANDEM_CHECK(zslice_global_floats(slice, nsh) <= zstride);
+  float* const zs = static_cast<float*>(a.scratch);
+  // without a scratch (allowed when the slices fit in shared memory) the passes scan their slices
+  unsigned short* const ls =
+      zs ? reinterpret_cast<unsigned short*>(zs + static_cast<int64_t>(a.n) * kCtas * zstride) : nullptr;
   const void* k = reinterpret_cast<const void*>(sample_rows_kernel);
   prepare_kernel(k);
   sample_rows_kernel<<<static_cast<unsigned>(a.n) * kCtas, kThreads, dyn_bytes(V, a.n), stream>>>(
-      a.in, a.rows, static_cast<float*>(a.scratch), zstride, slice, nsh, a.out);
+      a.in, a.rows, zs, zstride, ls, lstride_of(V), slice, nsh, a.out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -78,6 +78,10 @@ struct Shared {
   BlockReduceScratch red;
   Broadcast bc;
   long long list_n[kWarps];  // cluster_nth_listed: each warp's listed ids that pass, -1: no list
+  // CandList: each warp's count of recorded candidates, and the draw segments' candidate counts
+  // (filled by the band pass), then their starts in the CTA's candidates (seg[k] .. seg[k + 1])
+  int cand_n[kWarps];
+  unsigned seg[kMaxSegments + 1];
 };
 
 // A CTA's view of its row. Exchange protocol: open() returns this exchange's slot (the two slots
@@ -104,13 +108,24 @@ struct Ctx {
   __device__ Slot* peer(int q) { return cl.map_shared_rank(&sh.slot[ex & 1], q); }
   __device__ Slot* peer_prev(int q) { return cl.map_shared_rank(&sh.slot[(ex - 1) & 1], q); }
 
+  // Ids of each warp's contiguous part of the slice (a multiple of 32).
+  __device__ int64_t warp_len() const {
+    const int64_t len = end - beg;
+    return ((len + kWarps - 1) / kWarps + 31) / 32 * 32;
+  }
   // This warp's contiguous part of the slice (a multiple of 32 ids long).
   __device__ void warp_range(int64_t& b, int64_t& e) const {
-    const int64_t len = end - beg;
-    const int64_t wl = ((len + kWarps - 1) / kWarps + 31) / 32 * 32;
+    const int64_t wl = warp_len();
     const int64_t wb = beg + static_cast<int64_t>(threadIdx.x >> 5) * wl;
     b = wb < end ? wb : end;
     e = b + wl < end ? b + wl : end;
+  }
+  // The draw's segments (cluster_draw): consecutive ranges of draw_seg() ids (a multiple of 32, so
+  // a group of 32 ids of a warp's range lies in one segment), at most kMaxSegments of them.
+  __device__ int64_t draw_seg() const {
+    const int64_t len = end - beg;
+    const int64_t seg = ((len + kMaxSegments - 1) / kMaxSegments + 31) / 32 * 32;
+    return seg < 32 ? 32 : seg;
   }
 };
 
@@ -123,8 +138,9 @@ struct Ctx {
 // The predicate of kAhead groups of 32 ids is evaluated before any of them is compacted: pred
 // loads z, part of which lives in the global scratch (L2), so the loads of kAhead groups are in
 // flight together instead of one round trip per group of 32 ids (the scans over a whole slice were
-// latency-bound at 4 warps per scheduler). pred must be pure (it is evaluated ahead of fn).
-constexpr int kAhead = 4;
+// latency-bound at 4 warps per scheduler; 8 groups of 32 span 8 chunks of ZSlice, so each round
+// trip to the L2 serves 256 ids). pred must be pure (it is evaluated ahead of fn).
+constexpr int kAhead = 8;
 template <typename Pred, typename Fn>
 __device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, Pred pred, Fn fn) {
   const int lane = threadIdx.x & 31;
@@ -245,24 +261,43 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
     __syncthreads();
     unsigned long long kmn = ~0ull, kmx = 0;  // keys with the current prefix, this thread's
     if constexpr (kDense) {
+      // kDenseAhead ids per thread per step, the next step's loaded before this step's ids are
+      // counted (part of the slice is in the L2: a round trip per kDenseAhead * kThreads ids, in
+      // flight during the counting). Counts, minima and maxima: the order does not matter.
+      constexpr int kDenseAhead = 4;
+      constexpr int64_t kStep = kDenseAhead * kThreads;
+      using X = decltype(cand(c.beg));
       const int64_t len = c.end - c.beg;
-      auto xn = tid < len ? cand(c.beg + tid) : decltype(cand(c.beg)){};
-      for (int64_t i0 = 0; i0 < len; i0 += kThreads) {  // the same trip count in every thread
-        const int64_t v = c.beg + i0 + tid;
-        const auto x = xn;
-        if (v + kThreads < c.end) xn = cand(v + kThreads);
-        uint64_t key = 0, w = 0;
-        int dg = -1;
-        if (v < c.end && elem(x, key, w)) dg = digit_of(key);
-        if (__ballot_sync(0xffffffffu, dg >= 0) == 0) continue;  // the later passes' common case
-        if (dg >= 0) {
-          kmn = key < kmn ? key : kmn;
-          kmx = key > kmx ? key : kmx;
+      X xn[kDenseAhead];
+#pragma unroll
+      for (int u = 0; u < kDenseAhead; ++u) {
+        const int64_t i = tid + static_cast<int64_t>(u) * kThreads;
+        xn[u] = i < len ? cand(c.beg + i) : X{};
+      }
+      for (int64_t i0 = 0; i0 < len; i0 += kStep) {  // the same trip count in every thread
+        X x[kDenseAhead];
+#pragma unroll
+        for (int u = 0; u < kDenseAhead; ++u) {
+          x[u] = xn[u];
+          const int64_t i = i0 + kStep + static_cast<int64_t>(u) * kThreads + tid;
+          if (i < len) xn[u] = cand(c.beg + i);
         }
-        const unsigned peers = same_digit_lanes(dg);
-        // weight 1: a bucket's mass is its count (the combine reads it from there), so no 64-bit
-        // shared atomic (a compare-and-swap loop) per digit and iteration
-        if (dg >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s.count[dg], static_cast<unsigned>(__popc(peers)));
+#pragma unroll
+        for (int u = 0; u < kDenseAhead; ++u) {
+          const int64_t i = i0 + static_cast<int64_t>(u) * kThreads + tid;
+          uint64_t key = 0, w = 0;
+          int dg = -1;
+          if (i < len && elem(x[u], key, w)) dg = digit_of(key);
+          if (__ballot_sync(0xffffffffu, dg >= 0) == 0) continue;  // the later passes' common case
+          if (dg >= 0) {
+            kmn = key < kmn ? key : kmn;
+            kmx = key > kmx ? key : kmx;
+          }
+          const unsigned peers = same_digit_lanes(dg);
+          // weight 1: a bucket's mass is its count (the combine reads it from there), so no 64-bit
+          // shared atomic (a compare-and-swap loop) per digit and iteration
+          if (dg >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s.count[dg], static_cast<unsigned>(__popc(peers)));
+        }
       }
     } else {
       int64_t wb, we;
@@ -517,26 +552,153 @@ __device__ double draw_segment(Ctx& c, int64_t sb, int64_t se, Cand cand, Mass m
   return run;
 }
 
-// The first id (of the candidates cand(v)) whose cumulative mass(v) in id order exceeds the
-// target: u, or u times the row's mass when `scale`. mass(v) must be a pure function of v (it is
-// evaluated again for the segment that holds the draw). Two exchanges.
-template <typename Cand, typename Mass>
-__device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool scale) {
+// ---- the candidates of a top-p row, recorded once ----
+// The ids at or above the top-p band (every id with p > 0 after top-p) are recorded by the pass
+// that finds the band, in id order, into the CTA's region of the global scratch: warp w's at
+// [w * wl, w * wl + sh.cand_n[w]) (wl = warp_len(); offsets from beg, so slices up to 65,536 ids),
+// and sh.seg[k] is where draw segment k's candidates begin among the CTA's candidates (the warps'
+// lists one after the other; sh.seg[nseg] is their total). The passes after the select (min-p, the
+// draw, the residual draw) then read these few ids instead of scanning the slice, in the same
+// batches of 32 candidates as the scan would form, so their sums are the same bits.
+struct CandList {
+  const unsigned short* off = nullptr;  // this CTA's region; nullptr: no list (scan)
+  int wl = 0;                           // warp_len()
+  // Offset of the p-th candidate of the CTA (p < the CTA's count).
+  __device__ __forceinline__ unsigned at(const Shared& sh, unsigned p) const {
+    int w = 0;
+#pragma unroll
+    for (int k = 0; k < kWarps - 1; ++k)
+      if (w == k && p >= static_cast<unsigned>(sh.cand_n[k])) {
+        p -= static_cast<unsigned>(sh.cand_n[k]);
+        w = k + 1;
+      }
+    return off[static_cast<int64_t>(w) * wl + p];
+  }
+};
+
+// Listed batches kListAhead at a time: their offsets, then their z, then their masses are loaded
+// and computed together (independent), so a warp waits for one round trip per kListAhead batches
+// rather than per batch.
+constexpr int kListAhead = 4;
+
+// warp_batches over this warp's recorded candidates: fn(v, x, ok) with x = z of id v, 32 at a time
+// in id order (the batches warp_batches(wb, we, cand) forms when the list is exactly the
+// candidates); ok false on the lanes past the end.
+template <typename ZAt, typename Fn>
+__device__ __forceinline__ void warp_listed(Ctx& c, const CandList& l, ZAt zat, Fn fn) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int64_t len = c.end - c.beg;
-  int64_t seg = ((len + kMaxSegments - 1) / kMaxSegments + 31) / 32 * 32;
-  if (seg < 32) seg = 32;
-  const int nseg = static_cast<int>((len + seg - 1) / seg);
+  const int n = c.sh.cand_n[wid];
+  const unsigned short* o = l.off + static_cast<int64_t>(wid) * l.wl;
+  for (int i0 = 0; i0 < n; i0 += 32 * kListAhead) {
+    unsigned off[kListAhead];
+    float x[kListAhead];
+#pragma unroll
+    for (int g = 0; g < kListAhead; ++g) {
+      const int i = i0 + 32 * g + lane;
+      off[g] = i < n ? o[i] : 0u;
+    }
+#pragma unroll
+    for (int g = 0; g < kListAhead; ++g) x[g] = i0 + 32 * g + lane < n ? zat(off[g]) : -INFINITY;
+#pragma unroll
+    for (int g = 0; g < kListAhead; ++g) {
+      if (i0 + 32 * g >= n) break;  // warp-uniform
+      const bool ok = i0 + 32 * g + lane < n;
+      fn(c.beg + off[g], x[g], ok);
+    }
+  }
+}
+
+// The draw's segment sums (find false: st[k] for the segments lane i holds, has: segment k with
+// candidates [s0, s1)) or the search in one segment (find true), over listed candidates: the
+// batches of the warp's segments in one flat sequence, kListAhead at a time, each added exactly as
+// draw_segment adds its batches (the same batches, the same operations, the same order).
+template <typename ZAt, typename CandX, typename MassX>
+__device__ void draw_listed(Ctx& c, const CandList& l, bool has, int k, unsigned s0, unsigned s1, ZAt zat,
+                            CandX candx, MassX massx, bool find, double base, double sx, double target, double* st,
+                            long long& found, long long& last_positive) {
+  const int lane = threadIdx.x & 31;
+  const int nb = has ? static_cast<int>((s1 - s0 + 31) / 32) : 0;
+  int incl = nb;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  const int fb = incl - nb;  // this lane's segment's first flat batch
+  const int nflat = __shfl_sync(0xffffffffu, incl, 31);
+  double run = 0.0;
+  int cur = -1, kcur = 0;  // the lane whose segment is being summed, and its segment
+  bool done = false;
+  for (int f0 = 0; f0 < nflat && !done; f0 += kListAhead) {
+    int si[kListAhead];
+    unsigned off[kListAhead];
+    bool in[kListAhead];
+#pragma unroll
+    for (int g = 0; g < kListAhead; ++g) {
+      const int f = f0 + g;
+      const unsigned b = __ballot_sync(0xffffffffu, nb > 0 && fb <= f);
+      si[g] = f < nflat && b ? 31 - __clz(b) : -1;  // warp-uniform
+      const int sl = si[g] < 0 ? 0 : si[g];
+      const unsigned a = __shfl_sync(0xffffffffu, s0, sl), e = __shfl_sync(0xffffffffu, s1, sl);
+      const int fbs = __shfl_sync(0xffffffffu, fb, sl);
+      const unsigned p = a + 32u * static_cast<unsigned>(f - fbs) + static_cast<unsigned>(lane);
+      in[g] = si[g] >= 0 && p < e;
+      off[g] = in[g] ? l.at(c.sh, p) : 0u;
+    }
+    float x[kListAhead];
+#pragma unroll
+    for (int g = 0; g < kListAhead; ++g) x[g] = in[g] ? zat(off[g]) : -INFINITY;
+    double m[kListAhead];
+#pragma unroll
+    for (int g = 0; g < kListAhead; ++g) {
+      m[g] = in[g] && candx(x[g]) ? massx(c.beg + off[g], x[g]) : 0.0;
+      if (!(m[g] > 0)) m[g] = 0.0;
+    }
+#pragma unroll
+    for (int g = 0; g < kListAhead; ++g) {
+      if (si[g] < 0 || done) break;  // warp-uniform
+      if (si[g] != cur) {            // a new segment: the previous one's sum is complete
+        if (!find && cur >= 0 && lane == 0) st[kcur] = run;
+        run = 0.0;
+        cur = si[g];
+        kcur = __shfl_sync(0xffffffffu, k, cur);
+      }
+      double in_incl = m[g];
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, in_incl, o);
+        if (lane >= o) in_incl = y + in_incl;
+      }
+      const unsigned pos = __ballot_sync(0xffffffffu, m[g] > 0);
+      if (pos == 0) continue;
+      const int lp = 31 - __clz(pos);
+      const double gs = __shfl_sync(0xffffffffu, in_incl, lp);
+      const double next = run + gs;
+      const long long vl = static_cast<long long>(c.beg + off[g]);
+      if (find && target < base + (sx + next)) {
+        const unsigned hit = __ballot_sync(0xffffffffu, m[g] > 0 && target < base + (sx + (run + in_incl)));
+        found = __shfl_sync(0xffffffffu, vl, hit ? __ffs(hit) - 1 : lp);
+        done = true;
+      }
+      run = next;
+      const long long lv = __shfl_sync(0xffffffffu, vl, lp);
+      last_positive = lv > last_positive ? lv : last_positive;
+    }
+  }
+  if (!find && cur >= 0 && lane == 0) st[kcur] = run;
+}
+
+// The draw's exchanges (see above). seg_sums(st, lastpos): every warp stores st[k] (the mass of
+// segment k, for the warp's segments k = wid, wid + kWarps, ...) and folds its last positive id into
+// lastpos. seg_find(first, base, sx, target): warp 0 of the owning CTA, the id in segment `first`.
+template <typename SegSums, typename SegFind>
+__device__ DrawOut cluster_draw_core(Ctx& c, int nseg, SegSums seg_sums, SegFind seg_find, double u, bool scale) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   Slot& s = c.open();
   double* st = s.dv;                 // [nseg] segment masses
   double* sx = s.dv + kMaxSegments;  // [nseg + 1] running sums before each segment
   long long lastpos = -1;
-  for (int k = wid; k < nseg; k += kWarps) {
-    const int64_t sb = c.beg + k * seg, se = sb + seg < c.end ? sb + seg : c.end;
-    long long unused = -1;
-    const double m = draw_segment(c, sb, se, cand, mass, false, 0.0, 0.0, 0.0, unused, lastpos);
-    if (lane == 0) st[k] = m;
-  }
+  seg_sums(st, lastpos);
   lastpos = block_reduce(lastpos, MaxOp{}, -1ll, c.sh.red);  // contains the __syncthreads() st needs
   if (threadIdx.x == 0) {
     double a = 0.0;
@@ -581,9 +743,7 @@ __device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool sca
     if (threadIdx.x == 0) c.sh.bc.id = -1;
     __syncthreads();
     if (wid == 0 && first != INT_MAX) {
-      const int64_t sb = c.beg + first * seg, se = sb + seg < c.end ? sb + seg : c.end;
-      long long unused = -1;
-      draw_segment(c, sb, se, cand, mass, true, base, sx[first], target, found, unused);
+      found = seg_find(first, base, sx[first], target);
       if (lane == 0) c.sh.bc.id = found;
     }
     __syncthreads();
@@ -594,6 +754,62 @@ __device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool sca
   c.publish();
   out.token = owner >= 0 ? c.peer(owner)->i[0] : -1;
   return out;
+}
+
+// The first id (of the candidates cand(v)) whose cumulative mass(v) in id order exceeds the
+// target: u, or u times the row's mass when `scale`. mass(v) must be a pure function of v (it is
+// evaluated again for the segment that holds the draw). Two exchanges.
+template <typename Cand, typename Mass>
+__device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool scale) {
+  const int64_t len = c.end - c.beg;
+  const int64_t seg = c.draw_seg();
+  const int nseg = static_cast<int>((len + seg - 1) / seg);
+  auto sums = [&](double* st, long long& lastpos) {
+    const int lane = threadIdx.x & 31;
+    for (int k = threadIdx.x >> 5; k < nseg; k += kWarps) {
+      const int64_t sb = c.beg + k * seg, se = sb + seg < c.end ? sb + seg : c.end;
+      long long unused = -1;
+      const double m = draw_segment(c, sb, se, cand, mass, false, 0.0, 0.0, 0.0, unused, lastpos);
+      if (lane == 0) st[k] = m;
+    }
+  };
+  auto find = [&](int first, double base, double sxk, double target) {
+    const int64_t sb = c.beg + first * seg, se = sb + seg < c.end ? sb + seg : c.end;
+    long long found = -1, unused = -1;
+    draw_segment(c, sb, se, cand, mass, true, base, sxk, target, found, unused);
+    return found;
+  };
+  return cluster_draw_core(c, nseg, sums, find, u, scale);
+}
+
+// cluster_draw over a CandList (every CTA of the cluster has one): the same segments, batches and
+// sums, reading the recorded candidates only. candx(x) and massx(v, x) are cand and mass given id
+// v's z value x; zat(offset) reads z.
+template <typename ZAt, typename CandX, typename MassX>
+__device__ DrawOut cluster_draw_listed(Ctx& c, const CandList& l, ZAt zat, CandX candx, MassX massx, double u,
+                                       bool scale) {
+  const int64_t len = c.end - c.beg;
+  const int64_t seg = c.draw_seg();
+  const int nseg = static_cast<int>((len + seg - 1) / seg);
+  auto sums = [&](double* st, long long& lastpos) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    static_assert(kMaxSegments / kWarps <= 32, "one lane per segment of a warp");
+    const int k = wid + kWarps * lane;  // this lane's segment
+    const bool has = lane < kMaxSegments / kWarps && k < nseg;
+    if (has) st[k] = 0.0;  // segments without candidates
+    __syncwarp();
+    long long unused = -1;
+    draw_listed(c, l, has, k, has ? c.sh.seg[k] : 0u, has ? c.sh.seg[k + 1] : 0u, zat, candx, massx, false, 0.0,
+                0.0, 0.0, st, unused, lastpos);
+  };
+  auto find = [&](int first, double base, double sxk, double target) {
+    const bool has = (threadIdx.x & 31) == 0;
+    long long found = -1, unused = -1;
+    draw_listed(c, l, has, first, has ? c.sh.seg[first] : 0u, has ? c.sh.seg[first + 1] : 0u, zat, candx, massx,
+                true, base, sxk, target, nullptr, found, unused);
+    return found;
+  };
+  return cluster_draw_core(c, nseg, sums, find, u, scale);
 }
 
 }  // namespace tandem::kernels::cuda::sample_cluster
