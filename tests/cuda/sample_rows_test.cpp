@@ -420,6 +420,37 @@ TEST(CudaSampleRows, TopPListedPassesAtFullVocab) {
   expect_matches(total, "top-p with drafts, min-p and top-k (listed candidates), 16/48 rows, vocab 129280");
 }
 
+// Top-k over bf16-valued logits, whose score keys share their low 16 bits (0 for positive values,
+// all ones for negative ones), so the radix select ends as soon as a pass leaves one key in its
+// bucket: negative rows, positive rows, rows whose k-th value is near 0 (keys of both signs in
+// play), k from 1 to most of the vocabulary, with and without top-p.
+TEST(CudaSampleRows, TopKOnBf16LogitsAtFullVocab) {
+  TANDEM_REQUIRE_GPU();
+  const int top_ks[] = {1, 50, 5000, 64640, 100000};  // 64640: the k-th of a mixed row near 0
+  constexpr int n = 24;
+  Batch b = uniform_batch(
+      kVocab, n, 6060, Kind::kCombined,
+      [&](int i, SampleRow& r) {
+        r.temperature = 1.0;
+        r.top_k = top_ks[i % 5];
+        r.top_p = (i / 2) % 2 ? 0.9 : 1.0;
+      },
+      true);
+  for (int i = 0; i < n; ++i) {
+    const int shape = i / 8;  // 0: negative, 1: positive, 2: mixed sign (as drawn)
+    for (int64_t v = 0; v < kVocab; ++v) {
+      float& x = b.logits[static_cast<size_t>(i * kVocab + v)];
+      if (shape == 0) x = -std::fabs(x) - 1.0f;
+      if (shape == 1) x = std::fabs(x) + 1.0f;
+      x = num::round_bf16(x);
+      if (x == 0.0f) x = 0.5f;
+    }
+  }
+  Comparison total;
+  check_batch(b, total);
+  expect_matches(total, "top-k on bf16-valued logits (negative, positive, mixed), vocab 129280");
+}
+
 // A vocabulary whose slices do not fit in shared memory (z stays in the global scratch), odd, so
 // rows are not 16-byte aligned.
 TEST(CudaSampleRows, MatchesHostLargeVocab) {

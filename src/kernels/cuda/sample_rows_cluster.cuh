@@ -46,7 +46,7 @@ struct alignas(16) Slot {
   double f[4];
   unsigned long long u[4];
   long long i[4];
-  unsigned long long kmin[kWarps], kmax[kWarps];
+  unsigned long long kmin[kWarps], kmax[kWarps], klor[kWarps], kland[kWarps];
   float x[2];
   unsigned long long top[kMaxTopLogprobs];
 };
@@ -236,7 +236,10 @@ struct RadixOut {
 // candidates with the current prefix): when they are equal, that bucket holds one key, which is
 // the answer (its `above` and count are the previous pass's), so a bucket of ties (logits of a
 // few levels: hundreds of ids per key) ends the select one pass after it is selected instead of
-// after every digit. One exchange per pass. Not found when the weight never reaches the target.
+// after every digit. Likewise, when every key with the current prefix has the same bits below the
+// pass's digit (their OR equals their AND, exchanged with the range), the bucket the pass selects
+// holds one key and the select ends there (bf16-valued logits: top-k's select takes 2 passes).
+// One exchange per pass. Not found when the weight never reaches the target.
 // list: the warp's candidates when not kDense (WarpList; n < 0: scan with cand).
 template <bool kDense, typename Cand, typename Elem>
 __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint64_t above, uint64_t target,
@@ -260,6 +263,8 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
     }
     __syncthreads();
     unsigned long long kmn = ~0ull, kmx = 0;  // keys with the current prefix, this thread's
+    const uint64_t lowmask = (uint64_t{1} << lo) - 1;  // the bits below this pass's digit (lo < 64)
+    unsigned long long klw = 0, kla = lowmask;         // their OR and AND over the keys with the prefix
     if constexpr (kDense) {
       // kDenseAhead ids per thread per step, the next step's loaded before this step's ids are
       // counted (part of the slice is in the L2: a round trip per kDenseAhead * kThreads ids, in
@@ -292,6 +297,8 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
           if (dg >= 0) {
             kmn = key < kmn ? key : kmn;
             kmx = key > kmx ? key : kmx;
+            klw |= key & lowmask;
+            kla &= key;
           }
           const unsigned peers = same_digit_lanes(dg);
           // weight 1: a bucket's mass is its count (the combine reads it from there), so no 64-bit
@@ -309,6 +316,8 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
         if (dg >= 0) {
           kmn = key < kmn ? key : kmn;
           kmx = key > kmx ? key : kmx;
+          klw |= key & lowmask;
+          kla &= key;
         }
         // one atomic per distinct digit of the batch (a band's keys crowd into few digits)
         unsigned todo = __ballot_sync(0xffffffffu, dg >= 0);
@@ -333,20 +342,28 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
       const unsigned long long a = __shfl_xor_sync(0xffffffffu, kmn, o), b = __shfl_xor_sync(0xffffffffu, kmx, o);
       kmn = a < kmn ? a : kmn;
       kmx = b > kmx ? b : kmx;
+      klw |= __shfl_xor_sync(0xffffffffu, klw, o);
+      kla &= __shfl_xor_sync(0xffffffffu, kla, o);
     }
     if (lane == 0) {
       s.kmin[wid] = kmn;
       s.kmax[wid] = kmx;
+      s.klor[wid] = klw;
+      s.kland[wid] = kla;
     }
     c.publish();
     // Every CTA's bucket range (each warp reads it: one load per lane, no broadcast needed).
     kmn = c.peer(lane / kWarps)->kmin[lane % kWarps];
     kmx = c.peer(lane / kWarps)->kmax[lane % kWarps];
+    klw = c.peer(lane / kWarps)->klor[lane % kWarps];
+    kla = c.peer(lane / kWarps)->kland[lane % kWarps];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const unsigned long long a = __shfl_xor_sync(0xffffffffu, kmn, o), b = __shfl_xor_sync(0xffffffffu, kmx, o);
       kmn = a < kmn ? a : kmn;
       kmx = b > kmx ? b : kmx;
+      klw |= __shfl_xor_sync(0xffffffffu, klw, o);
+      kla &= __shfl_xor_sync(0xffffffffu, kla, o);
     }
     if (selected && kmn == kmx) {  // the same in every thread of every CTA
       prefix = kmn;
@@ -408,7 +425,16 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
     prefix |= static_cast<uint64_t>(best) << lo;
     above = c.sh.bc.sel_above;
     count = c.sh.bc.sel_count;
-    hi = lo;
+    // Every key with the previous prefix has the same bits below this digit (bf16-valued logits of
+    // one sign: the low 16 bits of their score keys): the selected bucket holds one key, prefix
+    // with those bits, and its count and the weight above it are this pass's, so the passes below
+    // would change nothing. (No candidate with the prefix: best < 0 returned above.)
+    if (klw == kla) {
+      prefix |= klw;
+      hi = 0;
+    } else {
+      hi = lo;
+    }
     selected = true;
   }
   r.found = true;
