@@ -617,12 +617,9 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       }
       {
         Slot& s = c.open();
-        sample_cluster::warp_batches(
-            wb, we, queue,
-            [&](int64_t v) {
-              const float x = z[v - beg];
-              return d.live(x) && (monotone ? zt.pass(x) : at_or_above(x));
-            },
+        sample_cluster::warp_batches_pipelined(
+            wb, we, queue, [&](int64_t v) { return z[v - beg]; },
+            [&](float x) { return d.live(x) && (monotone ? zt.pass(x) : at_or_above(x)); },
             [&](int64_t v, bool ok) {
               bool rec = false;
               if (ok) {

@@ -176,6 +176,57 @@ __device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, 
   __syncwarp();  // the queue is free for the next use
 }
 
+// warp_batches with pred(v) = test(load(v)), pipelined: the next kAhead groups' values are loaded
+// before this block's groups are compacted and handed to fn, so their round trip (part of z is in
+// the L2) overlaps fn's work (the exps of the band's pass) instead of following it. The same
+// batches as warp_batches. load must be pure.
+template <typename Load, typename Test, typename Fn>
+__device__ __forceinline__ void warp_batches_pipelined(int64_t b, int64_t e, unsigned* q, Load load, Test test, Fn fn) {
+  const int lane = threadIdx.x & 31;
+  using X = decltype(load(b));
+  X xs[kAhead];
+#pragma unroll
+  for (int u = 0; u < kAhead; ++u) {
+    const int64_t v = b + 32 * u + lane;
+    xs[u] = v < e ? load(v) : X{};
+  }
+  int n = 0;  // queued offsets (< 32 between rounds)
+  for (int64_t g0 = b; g0 < e; g0 += 32 * kAhead) {
+    unsigned oks = 0;  // bit u: id g0 + 32 u + lane passes
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t v = g0 + 32 * u + lane;
+      if (v < e && test(xs[u])) oks |= 1u << u;
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {  // the next block's values, in flight during this block's fn
+      const int64_t v = g0 + 32 * (kAhead + u) + lane;
+      if (v < e) xs[u] = load(v);
+    }
+#pragma unroll 1
+    for (int u = 0; u < kAhead && g0 + 32 * u < e; ++u) {  // warp-uniform bounds
+      const int64_t v = g0 + 32 * u + lane;
+      const bool ok = (oks >> u) & 1u;
+      const unsigned ball = __ballot_sync(0xffffffffu, ok);
+      if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
+      n += __popc(ball);
+      __syncwarp();
+      if (n >= 32) {
+        const int64_t w = b + q[lane];
+        if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
+        __syncwarp();
+        n -= 32;
+        fn(w, true);
+      }
+    }
+  }
+  if (n > 0) {
+    const bool ok = lane < n;
+    fn(ok ? b + q[lane] : b, ok);
+  }
+  __syncwarp();  // the queue is free for the next use
+}
+
 // A warp's candidates recorded by an earlier pass: offsets from the CTA's first id, in increasing
 // order, or n < 0 when they did not fit (the warp then scans its range with the predicate).
 struct WarpList {
