@@ -399,8 +399,9 @@ TEST(CudaSampleRows, TopPPathsAtFullVocab) {
 
 // Top-p rows whose later passes read the candidates recorded by the band's pass (CandList) in every
 // way they are used: the plain draw, the residual draw of a rejected draft (one-hot and full q),
-// min-p after top-p, with and without top-k; 16 rows (whole slices in shared memory) and 48 (part
-// of each slice in the scratch), at the full vocabulary.
+// min-p after top-p, with and without top-k, and rows whose candidates overflow some CTAs' lists
+// (the cluster scans); 16 rows (whole slices in shared memory) and 48 (part of each slice in the
+// scratch), at the full vocabulary.
 TEST(CudaSampleRows, TopPListedPassesAtFullVocab) {
   TANDEM_REQUIRE_GPU();
   Comparison total;
@@ -414,6 +415,11 @@ TEST(CudaSampleRows, TopPListedPassesAtFullVocab) {
       SampleRow& r = b.rows[static_cast<size_t>(i)];
       r.top_p = 0.3 + 0.65 * static_cast<double>((i * 7) % 13) / 12.0;
       if (i % 5 == 3 || i % 4 == 1) r.min_p = 0.02 + 0.01 * static_cast<double>(i % 5);
+      // every 7th row: the first 19,997 ids share the largest logit (40), so the first two CTAs have
+      // more candidates than their lists hold and the whole cluster scans instead (top_p x 19,997
+      // is at least 0.09 from an integer: the kept count of the ties is not a rounding question)
+      if (i % 7 == 6)
+        for (int64_t v = 0; v < 19997; ++v) b.logits[static_cast<size_t>(i * kVocab + v)] = 40.0f;
     }
     check_batch(b, total);
   }

@@ -162,6 +162,16 @@ __host__ __device__ inline int64_t zslice_global_floats(int64_t n, int nsh) {
   return kChunk * ((kGroupChunks - nsh) * (k / kGroupChunks) + (rem > nsh ? rem - nsh : 0));
 }
 
+// A CTA's region of the list scratch (16-bit entries): the candidate list (CandList: each warp's at
+// most a quarter of its range, cand_cap; a row with more candidates scans instead), then the live
+// mask of a top-k row (one 32-bit word per 32 ids), each part 256-byte aligned.
+__host__ __device__ inline int64_t cand_cap(int64_t warp_len) { return ((warp_len + 3) / 4 + 31) / 32 * 32; }
+__host__ __device__ inline int64_t cand_list_entries(int64_t slice) {
+  const int64_t wl = ((slice + sample_cluster::kWarps - 1) / sample_cluster::kWarps + 31) / 32 * 32;  // >= warp_len()
+  return (sample_cluster::kWarps * cand_cap(wl) + 127) / 128 * 128;
+}
+__host__ __device__ inline int64_t live_mask_entries(int64_t slice) { return (2 * ((slice + 31) / 32) + 127) / 128 * 128; }
+
 // p of a prepared row, recomputed from z with the same operations wherever it is needed.
 struct RowDist {
   ZSlice z;  // this CTA's slice: z[v - beg]
@@ -434,6 +444,13 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     }
     // ---- softmax sum in double; top-p: the coarse histogram of d ----
     const bool top_p = row.top_p < 1.0;
+    // a top-k row's live ids per chunk of 32 (the softmax pass writes them; the band's pass reads
+    // them), in the list scratch after the candidate list; the same choice in every CTA
+    unsigned* const live_words =
+        lscratch != nullptr && top_p && d.kth != kNegInf
+            ? reinterpret_cast<unsigned*>(lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride +
+                                          cand_list_entries(slice))
+            : nullptr;
     const int vbits = 64 - __clzll(static_cast<unsigned long long>(V));
     const double wscale = ldexp(1.0, 63 - vbits);  // e <= 1: a row's coarse mass stays below 2^63
     // The coarse masses in 16-bit limbs (Slot) while a CTA's bucket sums of each limb fit 32 bits:
@@ -471,7 +488,11 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         const int64_t i = tid + static_cast<int64_t>(u) * kThreads;
         xn[u] = i < len ? z[i] : kNegInf;
       }
-      for (int64_t i0 = tid; i0 < len; i0 += kExpStep) {
+      // The loop's bounds are the warp's (a lane past the slice sees -inf: nothing to add), so a
+      // top-k row can record which ids of each chunk of 32 are live (the band's pass then visits
+      // only those chunks: warp_batches_masked).
+      for (int64_t w0 = tid - lane; w0 < len; w0 += kExpStep) {
+        const int64_t i0 = w0 + lane;
         float x[kExpIlp];
         double dv[kExpIlp], e[kExpIlp];
         unsigned live = 0;
@@ -482,6 +503,11 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           dv[u] = d.live(x[u]) ? d.dval(x[u]) : 0.0;
           const int64_t i = i0 + kExpStep + static_cast<int64_t>(u) * kThreads;
           xn[u] = i < len ? z[i] : kNegInf;
+          if (live_words) {  // block-uniform
+            const unsigned lb = __ballot_sync(0xffffffffu, (live >> u) & 1u);
+            const int64_t chunk = (w0 + static_cast<int64_t>(u) * kThreads) / 32;
+            if (lane == 0 && 32 * chunk < len) live_words[chunk] = lb;
+          }
         }
 #pragma unroll
         for (int u = 0; u < kExpIlp; ++u) e[u] = (live >> u) & 1u ? exp(dv[u]) : 0.0;
@@ -605,21 +631,31 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       // when it passes exactly the candidates (monotone: the ids x >= x0 are those x >= zb, zb
       // being the smallest of them; only NaN, which passes when every x does, is not a candidate)
       // and their offsets fit 16 bits. The same in every CTA (slice, zmax, T).
+      // A warp with more than cand_cap candidates (over a quarter of its range: a flat row) stops
+      // recording, and the cluster's later passes scan (decided in the exchange below).
       const bool listing = lscratch != nullptr && monotone && slice <= 65536;
       const int64_t dseg = c.draw_seg();
+      const int ccap = static_cast<int>(cand_cap(c.warp_len()));
       unsigned short* const cw = listing ? lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride +
-                                               static_cast<int64_t>(wid) * c.warp_len()
+                                               static_cast<int64_t>(wid) * ccap
                                          : nullptr;
-      int cn = 0;  // this warp's recorded candidates
+      int cn = 0;  // this warp's recorded candidates; -1: more than ccap
       if (listing) {
         for (int k = tid; k <= sample_cluster::kMaxSegments; k += kThreads) sh.seg[k] = 0;
         __syncthreads();
       }
       {
         Slot& s = c.open();
-        sample_cluster::warp_batches_pipelined(
-            wb, we, queue, [&](int64_t v) { return z[v - beg]; },
-            [&](float x) { return d.live(x) && (monotone ? zt.pass(x) : at_or_above(x)); },
+        auto band_pass = [&](auto&& fn) {
+          auto load = [&](int64_t v) { return z[v - beg]; };
+          auto test = [&](float x) { return d.live(x) && (monotone ? zt.pass(x) : at_or_above(x)); };
+          if (live_words) {  // the chunks with live ids only (test checks liveness again)
+            sample_cluster::warp_batches_masked(wb, we, live_words + (wb - beg) / 32, queue, load, test, fn);
+          } else {
+            sample_cluster::warp_batches_pipelined(wb, we, queue, load, test, fn);
+          }
+        };
+        band_pass(
             [&](int64_t v, bool ok) {
               bool rec = false;
               if (ok) {
@@ -645,9 +681,13 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
                   bmin = fminf(bmin, x);
                 }
               }
-              if (listing) {  // block-uniform
+              if (listing && cn >= 0) {  // warp-uniform
                 // the batch's ids in the warp's list; their draw segments' counts (ids increase
                 // with the lane: one atomic per run of lanes in the same segment)
+                const unsigned okb = __ballot_sync(0xffffffffu, ok);
+                if (cn + __popc(okb) > ccap) cn = -1;  // the list is abandoned (the last batch's ids are not counted)
+              }
+              if (listing && cn >= 0) {  // warp-uniform
                 const unsigned okb = __ballot_sync(0xffffffffu, ok);
                 if (ok) cw[cn + __popc(okb & ((1u << lane) - 1u))] = static_cast<unsigned short>(v - beg);
                 const int sk = ok ? static_cast<int>((v - beg) / dseg) : -1;
@@ -731,6 +771,9 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           s.f[1] = amax;
           s.x[0] = amin;
           s.x[1] = bmin;
+          long long over = 0;  // a warp's candidates did not fit its list
+          for (int w = 0; w < kWarps; ++w) over |= sh.cand_n[w] < 0 ? 1 : 0;
+          s.i[1] = over;
         }
         c.publish();
         afix = 0, kmin = ~0ull, kmax = 0, wband = 0, cband = 0, akept = 0.0, amax = 0.0;
@@ -749,10 +792,12 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         }
         d.za = amin;
         d.zb = fminf(amin, bmin);
-      }
-      if (listing) {
-        clist.off = lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride;
-        clist.wl = static_cast<int>(c.warp_len());
+        bool fits = listing;  // every warp of every CTA holds its candidates
+        for (int q = 0; q < kCtas; ++q) fits = fits && c.peer(q)->i[1] == 0;
+        if (fits) {
+          clist.off = lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride;
+          clist.stride = ccap;
+        }
       }
       // ---- the exact select over the band's p ----
       const uint64_t target = row.top_p > 0.0 ? __double2ull_ru(row.top_p * kFixedOne) : 0;
@@ -1030,9 +1075,11 @@ int64_t zstride_of(int64_t vocab) {
   return (g + 63) / 64 * 64;
 }
 
-// Entries (16-bit offsets) of a CTA's region of the candidate lists (CandList): the warps' ranges
-// (warp_len() each: at most the slice + 4 * 31 ids), a multiple of 128 (256-byte aligned regions).
-int64_t lstride_of(int64_t vocab) { return (slice_of(vocab) + 4 * 32 + 127) / 128 * 128; }
+// Entries (16 bits) of a CTA's region of the list scratch: its candidate list and live mask, a
+// multiple of 128 (256-byte aligned regions).
+int64_t lstride_of(int64_t vocab) {
+  return cand_list_entries(slice_of(vocab)) + live_mask_entries(slice_of(vocab));
+}
 
 // Dynamic shared memory of a launch; the kernel's limit is raised once to the largest any launch
 // asks (kSmemSliceFloats floats: the attribute only bounds, occupancy follows each launch's size).

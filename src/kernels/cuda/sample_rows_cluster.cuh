@@ -227,6 +227,45 @@ __device__ __forceinline__ void warp_batches_pipelined(int64_t b, int64_t e, uns
   __syncwarp();  // the queue is free for the next use
 }
 
+// warp_batches over [b, e) (b - the CTA's first id a multiple of 32) where pred(v) = bit v - b of
+// `words` (word k: ids b + 32 k .. b + 32 k + 31) && test(load(v)): only the words' nonzero chunks
+// are loaded and tested, 32 words per step. The same batches as warp_batches with that pred (a
+// chunk without bits has no candidate). For a top-k row's few live ids.
+template <typename Load, typename Test, typename Fn>
+__device__ __forceinline__ void warp_batches_masked(int64_t b, int64_t e, const unsigned* words, unsigned* q, Load load,
+                                                    Test test, Fn fn) {
+  const int lane = threadIdx.x & 31;
+  const int nchunks = static_cast<int>((e - b + 31) / 32);
+  int n = 0;  // queued offsets (< 32 between chunks)
+  for (int k0 = 0; k0 < nchunks; k0 += 32) {
+    const unsigned word = k0 + lane < nchunks ? words[k0 + lane] : 0u;
+    unsigned nz = __ballot_sync(0xffffffffu, word != 0);
+    while (nz) {  // warp-uniform
+      const int cl = __ffs(nz) - 1;
+      nz &= nz - 1;
+      const unsigned bits = __shfl_sync(0xffffffffu, word, cl);
+      const int64_t v = b + 32 * static_cast<int64_t>(k0 + cl) + lane;
+      const bool ok = ((bits >> lane) & 1u) && v < e && test(load(v));
+      const unsigned ball = __ballot_sync(0xffffffffu, ok);
+      if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
+      n += __popc(ball);
+      __syncwarp();
+      if (n >= 32) {
+        const int64_t w = b + q[lane];
+        if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
+        __syncwarp();
+        n -= 32;
+        fn(w, true);
+      }
+    }
+  }
+  if (n > 0) {
+    const bool ok = lane < n;
+    fn(ok ? b + q[lane] : b, ok);
+  }
+  __syncwarp();  // the queue is free for the next use
+}
+
 // A warp's candidates recorded by an earlier pass: offsets from the CTA's first id, in increasing
 // order, or n < 0 when they did not fit (the warp then scans its range with the predicate).
 struct WarpList {
@@ -632,14 +671,15 @@ __device__ double draw_segment(Ctx& c, int64_t sb, int64_t se, Cand cand, Mass m
 // ---- the candidates of a top-p row, recorded once ----
 // The ids at or above the top-p band (every id with p > 0 after top-p) are recorded by the pass
 // that finds the band, in id order, into the CTA's region of the global scratch: warp w's at
-// [w * wl, w * wl + sh.cand_n[w]) (wl = warp_len(); offsets from beg, so slices up to 65,536 ids),
+// [w * stride, w * stride + sh.cand_n[w]) (offsets from beg, so slices up to 65,536 ids; a row
+// where some warp has more than `stride` candidates has no list: its passes scan),
 // and sh.seg[k] is where draw segment k's candidates begin among the CTA's candidates (the warps'
 // lists one after the other; sh.seg[nseg] is their total). The passes after the select (min-p, the
 // draw, the residual draw) then read these few ids instead of scanning the slice, in the same
 // batches of 32 candidates as the scan would form, so their sums are the same bits.
 struct CandList {
   const unsigned short* off = nullptr;  // this CTA's region; nullptr: no list (scan)
-  int wl = 0;                           // warp_len()
+  int stride = 0;                       // entries of a warp's list
   // Offset of the p-th candidate of the CTA (p < the CTA's count).
   __device__ __forceinline__ unsigned at(const Shared& sh, unsigned p) const {
     int w = 0;
@@ -649,7 +689,7 @@ struct CandList {
         p -= static_cast<unsigned>(sh.cand_n[k]);
         w = k + 1;
       }
-    return off[static_cast<int64_t>(w) * wl + p];
+    return off[static_cast<int64_t>(w) * stride + p];
   }
 };
 
@@ -665,7 +705,7 @@ template <typename ZAt, typename Fn>
 __device__ __forceinline__ void warp_listed(Ctx& c, const CandList& l, ZAt zat, Fn fn) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   const int n = c.sh.cand_n[wid];
-  const unsigned short* o = l.off + static_cast<int64_t>(wid) * l.wl;
+  const unsigned short* o = l.off + static_cast<int64_t>(wid) * l.stride;
   for (int i0 = 0; i0 < n; i0 += 32 * kListAhead) {
     unsigned off[kListAhead];
     float x[kListAhead];
