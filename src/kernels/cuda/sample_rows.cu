@@ -23,15 +23,17 @@
 // Cost: a top-p row reads its slice in three passes (load + argmax; exp sum + histogram; the ids at
 // or above the band, compacted 32 at a time), each a few dozen instructions per id; everything
 // else runs over lists: the band pass also records every id at or above the band (exactly the
-// ids with p > 0 after top-p) in the global scratch (CandList, sample_rows_cluster.cuh), and
+// ids with p > 0 after top-p) in the global scratch (CandList, sample_rows_listed.cuh), and
 // min-p's kept mass and the draws (plain and residual) read those instead of scanning the slice,
 // in the same batches of 32 (the same sums, bit for bit); the threshold's ties are kept in id
 // order too (the m-th tie is counted over the band lists; only a row whose band overflowed a
-// list, e.g. a flat one, scans its slice for it). The scans are latency-bound (4 warps per
-// scheduler, part of z in the L2), so each keeps several round trips' worth of loads in flight:
-// the softmax pass loads the next 4 ids per thread while it computes the current 4 exps, the
-// compaction evaluates 8 groups of 32 ids before compacting them, top-k's dense select passes
-// load 4 ids per thread ahead, and the listed passes fetch 4 batches of 32 at once.
+// list, e.g. a flat one, scans its slice for it). A top-k row's softmax pass also records which
+// ids of each chunk of 32 are live, so its band pass visits only the chunks with live ids. The
+// scans are latency-bound (4 warps per scheduler, part of z in the L2), so each keeps several
+// round trips' worth of loads in flight: the softmax pass loads the next 4 ids per thread while it
+// computes the current 4 exps, the band's pass loads the next 8 groups of 32 before handling the
+// current ones, the compaction evaluates 8 groups of 32 ids before compacting them, top-k's dense
+// select passes load 4 ids per thread ahead, and the listed passes fetch 4 batches of 32 at once.
 // p after top-p/min-p is recomputed from p with the host's divisions (/ kept_top_p, then
 // / kept_min_p), so it has the host's rounding steps.
 // Precision: e, p and all masses are double as on the host; sums run in fixed trees (not the host's
@@ -49,6 +51,7 @@
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sample_rows_cluster.cuh"
+#include "kernels/cuda/sample_rows_listed.cuh"
 #include "kernels/cuda/sampling_device.cuh"
 #include "kernels/cuda/smem_bounds.h"
 
