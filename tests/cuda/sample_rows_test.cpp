@@ -397,6 +397,66 @@ TEST(CudaSampleRows, TopPPathsAtFullVocab) {
   expect_matches(total, "top-p paths (flat, levels, grid, bf16, peaked, distinct), 1/48/64 rows, vocab 129280");
 }
 
+// Top-p rows whose later passes read the candidates recorded by the band's pass (CandList) in every
+// way they are used: the plain draw, the residual draw of a rejected draft (one-hot and full q),
+// min-p after top-p, with and without top-k, and rows whose candidates overflow some CTAs' lists
+// (the cluster scans); 16 rows (whole slices in shared memory) and 48 (part of each slice in the
+// scratch), at the full vocabulary.
+TEST(CudaSampleRows, TopPListedPassesAtFullVocab) {
+  TANDEM_REQUIRE_GPU();
+  Comparison total;
+  static constexpr Kind kKinds[] = {Kind::kDraftOneHot, Kind::kDraftFullQ, Kind::kTopP, Kind::kMinP, Kind::kCombined};
+  for (int n : {16, 48}) {
+    SCOPED_TRACE(::testing::Message() << n << " rows");
+    Builder bld(kVocab, 4242 + static_cast<uint64_t>(n), n == 48);
+    for (int i = 0; i < n; ++i) bld.add(kKinds[i % 5], 77000 + 100 * static_cast<uint64_t>(n) + i, i % 8 == 3 ? 5 : -1);
+    Batch b = bld.take();
+    for (int i = 0; i < n; ++i) {
+      SampleRow& r = b.rows[static_cast<size_t>(i)];
+      r.top_p = 0.3 + 0.65 * static_cast<double>((i * 7) % 13) / 12.0;
+      if (i % 5 == 3 || i % 4 == 1) r.min_p = 0.02 + 0.01 * static_cast<double>(i % 5);
+      // every 7th row: the first 19,997 ids share the largest logit (40), so the first two CTAs have
+      // more candidates than their lists hold and the whole cluster scans instead (top_p x 19,997
+      // is at least 0.09 from an integer: the kept count of the ties is not a rounding question)
+      if (i % 7 == 6)
+        for (int64_t v = 0; v < 19997; ++v) b.logits[static_cast<size_t>(i * kVocab + v)] = 40.0f;
+    }
+    check_batch(b, total);
+  }
+  expect_matches(total, "top-p with drafts, min-p and top-k (listed candidates), 16/48 rows, vocab 129280");
+}
+
+// Top-k over bf16-valued logits, whose score keys share their low 16 bits (0 for positive values,
+// all ones for negative ones), so the radix select ends as soon as a pass leaves one key in its
+// bucket: negative rows, positive rows, rows whose k-th value is near 0 (keys of both signs in
+// play), k from 1 to most of the vocabulary, with and without top-p.
+TEST(CudaSampleRows, TopKOnBf16LogitsAtFullVocab) {
+  TANDEM_REQUIRE_GPU();
+  const int top_ks[] = {1, 50, 5000, 64640, 100000};  // 64640: the k-th of a mixed row near 0
+  constexpr int n = 24;
+  Batch b = uniform_batch(
+      kVocab, n, 6060, Kind::kCombined,
+      [&](int i, SampleRow& r) {
+        r.temperature = 1.0;
+        r.top_k = top_ks[i % 5];
+        r.top_p = (i / 2) % 2 ? 0.9 : 1.0;
+      },
+      true);
+  for (int i = 0; i < n; ++i) {
+    const int shape = i / 8;  // 0: negative, 1: positive, 2: mixed sign (as drawn)
+    for (int64_t v = 0; v < kVocab; ++v) {
+      float& x = b.logits[static_cast<size_t>(i * kVocab + v)];
+      if (shape == 0) x = -std::fabs(x) - 1.0f;
+      if (shape == 1) x = std::fabs(x) + 1.0f;
+      x = num::round_bf16(x);
+      if (x == 0.0f) x = 0.5f;
+    }
+  }
+  Comparison total;
+  check_batch(b, total);
+  expect_matches(total, "top-k on bf16-valued logits (negative, positive, mixed), vocab 129280");
+}
+
 // A vocabulary whose slices do not fit in shared memory (z stays in the global scratch), odd, so
 // rows are not 16-byte aligned.
 TEST(CudaSampleRows, MatchesHostLargeVocab) {

@@ -20,13 +20,20 @@
 // distinct logits the band holds a few hundred ids: the pass that finds the band records each
 // warp's band ids in a short list (kBandCap), and the select's passes and the kept mass run over
 // the lists instead of the slice (a warp whose band overflows its list scans its range).
-// Cost: a top-p row reads its slice in four passes (load + argmax; exp sum + histogram; the ids at
-// or above the band, compacted 32 at a time; the draw's segment sums, compacted likewise), each
-// a few dozen instructions per id; everything else runs over lists or a few hundred ids (the
-// threshold's ties kept in id order too: the m-th tie is counted over the band lists; only a row
-// whose band overflowed a list, e.g. a flat one, scans its slice for it). The scans are
-// latency-bound (4 warps per scheduler, part of z in the L2): the softmax pass takes 4 ids per
-// thread at once and the compaction evaluates 4 groups of 32 ids before compacting them.
+// Cost: a top-p row reads its slice in three passes (load + argmax; exp sum + histogram; the ids at
+// or above the band, compacted 32 at a time), each a few dozen instructions per id; everything
+// else runs over lists: the band pass also records every id at or above the band (exactly the
+// ids with p > 0 after top-p) in the global scratch (CandList, sample_rows_listed.cuh), and
+// min-p's kept mass and the draws (plain and residual) read those instead of scanning the slice,
+// in the same batches of 32 (the same sums, bit for bit); the threshold's ties are kept in id
+// order too (the m-th tie is counted over the band lists; only a row whose band overflowed a
+// list, e.g. a flat one, scans its slice for it). A top-k row's softmax pass also records which
+// ids of each chunk of 32 are live, so its band pass visits only the chunks with live ids. The
+// scans are latency-bound (4 warps per scheduler, part of z in the L2), so each keeps several
+// round trips' worth of loads in flight: the softmax pass loads the next 4 ids per thread while it
+// computes the current 4 exps, the band's pass loads the next 8 groups of 32 before handling the
+// current ones, the compaction evaluates 8 groups of 32 ids before compacting them, top-k's dense
+// select passes load 4 ids per thread ahead, and the listed passes fetch 4 batches of 32 at once.
 // p after top-p/min-p is recomputed from p with the host's divisions (/ kept_top_p, then
 // / kept_min_p), so it has the host's rounding steps.
 // Precision: e, p and all masses are double as on the host; sums run in fixed trees (not the host's
@@ -44,6 +51,7 @@
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sample_rows_cluster.cuh"
+#include "kernels/cuda/sample_rows_listed.cuh"
 #include "kernels/cuda/sampling_device.cuh"
 #include "kernels/cuda/smem_bounds.h"
 
@@ -157,6 +165,16 @@ __host__ __device__ inline int64_t zslice_global_floats(int64_t n, int nsh) {
   return kChunk * ((kGroupChunks - nsh) * (k / kGroupChunks) + (rem > nsh ? rem - nsh : 0));
 }
 
+// A CTA's region of the list scratch (16-bit entries): the candidate list (CandList: each warp's at
+// most a quarter of its range, cand_cap; a row with more candidates scans instead), then the live
+// mask of a top-k row (one 32-bit word per 32 ids), each part 256-byte aligned.
+__host__ __device__ inline int64_t cand_cap(int64_t warp_len) { return ((warp_len + 3) / 4 + 31) / 32 * 32; }
+__host__ __device__ inline int64_t cand_list_entries(int64_t slice) {
+  const int64_t wl = ((slice + sample_cluster::kWarps - 1) / sample_cluster::kWarps + 31) / 32 * 32;  // >= warp_len()
+  return (sample_cluster::kWarps * cand_cap(wl) + 127) / 128 * 128;
+}
+__host__ __device__ inline int64_t live_mask_entries(int64_t slice) { return (2 * ((slice + 31) / 32) + 127) / 128 * 128; }
+
 // p of a prepared row, recomputed from z with the same operations wherever it is needed.
 struct RowDist {
   ZSlice z;  // this CTA's slice: z[v - beg]
@@ -212,8 +230,8 @@ __device__ __forceinline__ bool sorted_contains(const int32_t* a, int n, int32_t
 // processed logits) lives in shared memory and in zscratch [rows, kCtas, zstride] as ZSlice lays it
 // out with nsh of 16 chunks shared.
 __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
-    sample_rows_kernel(SampleInputs in, const SampleRow* rows, float* zscratch, int64_t zstride, int64_t slice,
-                       int nsh, SampleRowResult* out) {
+    sample_rows_kernel(SampleInputs in, const SampleRow* rows, float* zscratch, int64_t zstride,
+                       unsigned short* lscratch, int64_t lstride, int64_t slice, int nsh, SampleRowResult* out) {
   extern __shared__ float4 zdyn[];  // zslice_shared_floats(slice, nsh) floats
   __shared__ Shared sh;
   pdl_wait();
@@ -412,6 +430,8 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     int64_t wb, we;
     c.warp_range(wb, we);
     unsigned* const queue = sh.warp[wid].queue;
+    // top-p: the candidates recorded by the band's pass (CandList), read by min-p and the draws
+    sample_cluster::CandList clist;
     // ---- top-k: keep z >= the k-th largest finite-or-NaN logit ----
     if (row.top_k > 0 && row.top_k < V && row.top_k < nvalid) {
       auto elem = [&](float x, uint64_t& key, uint64_t& weight) {
@@ -427,6 +447,13 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     }
     // ---- softmax sum in double; top-p: the coarse histogram of d ----
     const bool top_p = row.top_p < 1.0;
+    // a top-k row's live ids per chunk of 32 (the softmax pass writes them; the band's pass reads
+    // them), in the list scratch after the candidate list; the same choice in every CTA
+    unsigned* const live_words =
+        lscratch != nullptr && top_p && d.kth != kNegInf
+            ? reinterpret_cast<unsigned*>(lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride +
+                                          cand_list_entries(slice))
+            : nullptr;
     const int vbits = 64 - __clzll(static_cast<unsigned long long>(V));
     const double wscale = ldexp(1.0, 63 - vbits);  // e <= 1: a row's coarse mass stays below 2^63
     // The coarse masses in 16-bit limbs (Slot) while a CTA's bucket sums of each limb fit 32 bits:
@@ -453,23 +480,43 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       // at once: their loads (part of the slice is in global memory) and their exps (a chain of
       // dependent FP64 operations each) overlap, and they are added in id order as one at a time
       // would add them (the same bits).
+      // The next step's z are loaded before this step's exps (software pipelining): the loads of
+      // the part of the slice in the L2 are then in flight during the FP64 work instead of
+      // stalling every step (the order of the additions is unchanged).
       constexpr int kExpIlp = 4;
-      for (int64_t i0 = tid; i0 < len; i0 += kExpIlp * kThreads) {
+      constexpr int64_t kExpStep = kExpIlp * kThreads;
+      float xn[kExpIlp];
+#pragma unroll
+      for (int u = 0; u < kExpIlp; ++u) {
+        const int64_t i = tid + static_cast<int64_t>(u) * kThreads;
+        xn[u] = i < len ? z[i] : kNegInf;
+      }
+      // The loop's bounds are the warp's (a lane past the slice sees -inf: nothing to add), so a
+      // top-k row can record which ids of each chunk of 32 are live (the band's pass then visits
+      // only those chunks: warp_batches_masked).
+      for (int64_t w0 = tid - lane; w0 < len; w0 += kExpStep) {
+        const int64_t i0 = w0 + lane;
         float x[kExpIlp];
         double dv[kExpIlp], e[kExpIlp];
+        unsigned live = 0;
 #pragma unroll
         for (int u = 0; u < kExpIlp; ++u) {
-          const int64_t i = i0 + static_cast<int64_t>(u) * kThreads;
-          x[u] = i < len ? z[i] : kNegInf;
-        }
-#pragma unroll
-        for (int u = 0; u < kExpIlp; ++u) {
+          x[u] = xn[u];
+          live |= d.live(x[u]) ? 1u << u : 0u;
           dv[u] = d.live(x[u]) ? d.dval(x[u]) : 0.0;
-          e[u] = d.live(x[u]) ? exp(dv[u]) : 0.0;
+          const int64_t i = i0 + kExpStep + static_cast<int64_t>(u) * kThreads;
+          xn[u] = i < len ? z[i] : kNegInf;
+          if (live_words) {  // block-uniform
+            const unsigned lb = __ballot_sync(0xffffffffu, (live >> u) & 1u);
+            const int64_t chunk = (w0 + static_cast<int64_t>(u) * kThreads) / 32;
+            if (lane == 0 && 32 * chunk < len) live_words[chunk] = lb;
+          }
         }
 #pragma unroll
+        for (int u = 0; u < kExpIlp; ++u) e[u] = (live >> u) & 1u ? exp(dv[u]) : 0.0;
+#pragma unroll
         for (int u = 0; u < kExpIlp; ++u) {
-          if (!d.live(x[u])) continue;
+          if (!((live >> u) & 1u)) continue;
           local += e[u];
           emax = fmax(emax, e[u]);
           if (top_p) {
@@ -583,14 +630,35 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       auto at_or_above = [&](float x) { return coarse_bucket(d.dval(x)) <= band_bot; };
       ZThreshold zt;
       if (monotone) zt = z_threshold(at_or_above);
+      // The pass below also records its ids (every id with p > 0 after top-p: cand) in the scratch
+      // when it passes exactly the candidates (monotone: the ids x >= x0 are those x >= zb, zb
+      // being the smallest of them; only NaN, which passes when every x does, is not a candidate)
+      // and their offsets fit 16 bits. The same in every CTA (slice, zmax, T).
+      // A warp with more than cand_cap candidates (over a quarter of its range: a flat row) stops
+      // recording, and the cluster's later passes scan (decided in the exchange below).
+      const bool listing = lscratch != nullptr && monotone && slice <= 65536;
+      const int64_t dseg = c.draw_seg();
+      const int ccap = static_cast<int>(cand_cap(c.warp_len()));
+      unsigned short* const cw = listing ? lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride +
+                                               static_cast<int64_t>(wid) * ccap
+                                         : nullptr;
+      int cn = 0;  // this warp's recorded candidates; -1: more than ccap
+      if (listing) {
+        for (int k = tid; k <= sample_cluster::kMaxSegments; k += kThreads) sh.seg[k] = 0;
+        __syncthreads();
+      }
       {
         Slot& s = c.open();
-        sample_cluster::warp_batches(
-            wb, we, queue,
-            [&](int64_t v) {
-              const float x = z[v - beg];
-              return d.live(x) && (monotone ? zt.pass(x) : at_or_above(x));
-            },
+        auto band_pass = [&](auto&& fn) {
+          auto load = [&](int64_t v) { return z[v - beg]; };
+          auto test = [&](float x) { return d.live(x) && (monotone ? zt.pass(x) : at_or_above(x)); };
+          if (live_words) {  // the chunks with live ids only (test checks liveness again)
+            sample_cluster::warp_batches_masked(wb, we, live_words + (wb - beg) / 32, queue, load, test, fn);
+          } else {
+            sample_cluster::warp_batches_pipelined(wb, we, queue, load, test, fn);
+          }
+        };
+        band_pass(
             [&](int64_t v, bool ok) {
               bool rec = false;
               if (ok) {
@@ -615,6 +683,26 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
                   }
                   bmin = fminf(bmin, x);
                 }
+              }
+              if (listing && cn >= 0) {  // warp-uniform
+                // the batch's ids in the warp's list; their draw segments' counts (ids increase
+                // with the lane: one atomic per run of lanes in the same segment)
+                const unsigned okb = __ballot_sync(0xffffffffu, ok);
+                if (cn + __popc(okb) > ccap) cn = -1;  // the list is abandoned (the last batch's ids are not counted)
+              }
+              if (listing && cn >= 0) {  // warp-uniform
+                const unsigned okb = __ballot_sync(0xffffffffu, ok);
+                if (ok) cw[cn + __popc(okb & ((1u << lane) - 1u))] = static_cast<unsigned short>(v - beg);
+                const int sk = ok ? static_cast<int>((v - beg) / dseg) : -1;
+                const int sprev = __shfl_up_sync(0xffffffffu, sk, 1);
+                const bool start = ok && (lane == 0 || sk != sprev);
+                const unsigned starts = __ballot_sync(0xffffffffu, start);
+                if (start) {
+                  const unsigned later = starts & ~((2u << lane) - 1u);  // run starts after this lane
+                  const unsigned upto = later ? (1u << (__ffs(later) - 1)) - 1u : 0xffffffffu;
+                  atomicAdd(&sh.seg[sk], static_cast<unsigned>(__popc(okb & upto & ~((1u << lane) - 1u))));
+                }
+                cn += __popc(okb);
               }
               const unsigned ball = __ballot_sync(0xffffffffu, rec);
               if (band_n >= 0) {  // warp-uniform
@@ -643,6 +731,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         amin = warp_fold(amin, min_f);
         bmin = warp_fold(bmin, min_f);
         auto& part = sh.warp[wid].part;
+        if (lane == 0) sh.cand_n[wid] = cn;
         if (lane == 0) {
           part.u[0] = afix;
           part.u[1] = kmin;
@@ -655,6 +744,14 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           part.x[1] = bmin;
         }
         __syncthreads();
+        if (tid == 0 && listing) {  // segment counts -> starts (read after the exchanges below)
+          unsigned a = 0;
+          for (int k = 0; k <= sample_cluster::kMaxSegments; ++k) {
+            const unsigned n = k < sample_cluster::kMaxSegments ? sh.seg[k] : 0u;
+            sh.seg[k] = a;
+            a += n;
+          }
+        }
         if (tid == 0) {
           for (int w = 1; w < kWarps; ++w) {
             const auto& o = sh.warp[w].part;
@@ -677,6 +774,9 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           s.f[1] = amax;
           s.x[0] = amin;
           s.x[1] = bmin;
+          long long over = 0;  // a warp's candidates did not fit its list
+          for (int w = 0; w < kWarps; ++w) over |= sh.cand_n[w] < 0 ? 1 : 0;
+          s.i[1] = over;
         }
         c.publish();
         afix = 0, kmin = ~0ull, kmax = 0, wband = 0, cband = 0, akept = 0.0, amax = 0.0;
@@ -695,6 +795,12 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
         }
         d.za = amin;
         d.zb = fminf(amin, bmin);
+        bool fits = listing;  // every warp of every CTA holds its candidates
+        for (int q = 0; q < kCtas; ++q) fits = fits && c.peer(q)->i[1] == 0;
+        if (fits) {
+          clist.off = lscratch + (static_cast<int64_t>(ri) * kCtas + c.rank) * lstride;
+          clist.stride = ccap;
+        }
       }
       // ---- the exact select over the band's p ----
       const uint64_t target = row.top_p > 0.0 ? __double2ull_ru(row.top_p * kFixedOne) : 0;
@@ -791,12 +897,20 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       const double cut = row.min_p * pmax;
       Slot& s = c.open();
       double kept = 0.0;
-      sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.cand(z[v - beg]); },
-                                   [&](int64_t v, bool ok) {
-                                     if (!ok) return;
-                                     const double p = d.p2x(z[v - beg], v);
-                                     kept += p < cut ? 0.0 : p;
-                                   });
+      if (clist.off) {  // the same batches over the recorded candidates
+        sample_cluster::warp_listed(c, clist, [&](unsigned o) { return z[o]; }, [&](int64_t v, float x, bool ok) {
+          if (!ok || !d.cand(x)) return;
+          const double p = d.p2x(x, v);
+          kept += p < cut ? 0.0 : p;
+        });
+      } else {
+        sample_cluster::warp_batches(wb, we, queue, [&](int64_t v) { return d.cand(z[v - beg]); },
+                                     [&](int64_t v, bool ok) {
+                                       if (!ok) return;
+                                       const double p = d.p2x(z[v - beg], v);
+                                       kept += p < cut ? 0.0 : p;
+                                     });
+      }
       kept = block_sum_f64(kept, sh.red);
       if (tid == 0) s.f[0] = kept;
       c.publish();
@@ -809,8 +923,15 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     // ---- accept / draw ----
     auto cand = [&](int64_t v) { return d.cand(z[v - beg]); };
     auto prob = [&](int64_t v) { return d.p(v); };
+    auto zat = [&](unsigned o) { return z[o]; };
+    auto candx = [&](float x) { return d.cand(x); };
+    // over the recorded candidates when the band's pass recorded them (the same in every CTA)
+    auto draw = [&](auto mass, auto massx, double u, bool scale) {
+      return clist.off ? sample_cluster::cluster_draw_listed(c, clist, zat, candx, massx, u, scale)
+                       : sample_cluster::cluster_draw(c, cand, mass, u, scale);
+    };
     auto draw_p = [&](double u) -> int64_t {
-      const DrawOut o = sample_cluster::cluster_draw(c, cand, prob, u, false);
+      const DrawOut o = draw(prob, [&](int64_t v, float x) { return d.px(x, v); }, u, false);
       return o.token >= 0 ? o.token : (o.last_positive >= 0 ? o.last_positive : argmax);
     };
     if (row.draft >= 0) {
@@ -833,7 +954,12 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
           const double r = d.p(v) - qv;
           return r > 0 ? r : 0.0;
         };
-        const DrawOut o = sample_cluster::cluster_draw(c, cand, resid, u, true);
+        auto residx = [&](int64_t v, float x) {
+          const double qv = q ? static_cast<double>(q[v]) : (v == draft ? 1.0 : 0.0);
+          const double r = d.px(x, v) - qv;
+          return r > 0 ? r : 0.0;
+        };
+        const DrawOut o = draw(resid, residx, u, true);
         if (o.total > 1e-12) {
           token = o.token >= 0 ? o.token : (o.last_positive >= 0 ? o.last_positive : argmax);
         } else {
@@ -952,6 +1078,12 @@ int64_t zstride_of(int64_t vocab) {
   return (g + 63) / 64 * 64;
 }
 
+// Entries (16 bits) of a CTA's region of the list scratch: its candidate list and live mask, a
+// multiple of 128 (256-byte aligned regions).
+int64_t lstride_of(int64_t vocab) {
+  return cand_list_entries(slice_of(vocab)) + live_mask_entries(slice_of(vocab));
+}
+
 // Dynamic shared memory of a launch; the kernel's limit is raised once to the largest any launch
 // asks (kSmemSliceFloats floats: the attribute only bounds, occupancy follows each launch's size).
 size_t dyn_bytes(int64_t vocab, int rows) {
@@ -966,9 +1098,13 @@ void prepare_kernel(const void* k) {
 
 }  // namespace
 
+// The scratch of a launch of n rows: z's global parts [n, kCtas, zstride] floats, then the candidate
+// lists [n, kCtas, lstride] 16-bit offsets.
 size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab) {
   if (vocab <= 0 || max_rows <= 0) return 0;
-  return static_cast<size_t>(max_rows) * kCtas * static_cast<size_t>(zstride_of(vocab)) * sizeof(float);
+  return static_cast<size_t>(max_rows) * kCtas *
+         (static_cast<size_t>(zstride_of(vocab)) * sizeof(float) +
+          static_cast<size_t>(lstride_of(vocab)) * sizeof(unsigned short));
 }
 
 void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
@@ -980,10 +1116,14 @@ void sample_rows_device(const SampleRowsArgs& a, cudaStream_t stream) {
   const int64_t zstride = zstride_of(V);
   TANDEM_CHECK_MSG(nsh == kGroupChunks || a.scratch, "sample_rows: the scratch is missing (sample_rows_scratch_bytes)");
   TANDEM_CHECK(zslice_global_floats(slice, nsh) <= zstride);
+  float* const zs = static_cast<float*>(a.scratch);
+  // without a scratch (allowed when the slices fit in shared memory) the passes scan their slices
+  unsigned short* const ls =
+      zs ? reinterpret_cast<unsigned short*>(zs + static_cast<int64_t>(a.n) * kCtas * zstride) : nullptr;
   const void* k = reinterpret_cast<const void*>(sample_rows_kernel);
   prepare_kernel(k);
   sample_rows_kernel<<<static_cast<unsigned>(a.n) * kCtas, kThreads, dyn_bytes(V, a.n), stream>>>(
-      a.in, a.rows, static_cast<float*>(a.scratch), zstride, slice, nsh, a.out);
+      a.in, a.rows, zs, zstride, ls, lstride_of(V), slice, nsh, a.out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

@@ -15,7 +15,9 @@ namespace tandem::kernels::cuda {
 
 // Scratch bytes sample_rows_device needs for `max_rows` rows of `vocab` (allocate once at start-up):
 // the part of each CTA's slice of the processed logits (float) that does not stay in shared memory
-// when many rows run (none up to a vocabulary of 90,112; about 30% of the 129,280 vocabulary).
+// when many rows run (none up to a vocabulary of 90,112; about 30% of the 129,280 vocabulary), and
+// each CTA's list of top-p candidates (16-bit offsets, up to a quarter of the slice) and a top-k
+// row's mask of live ids (a bit per id); 236 KB a row at 129,280 (156 KB of it z's part).
 size_t sample_rows_scratch_bytes(int max_rows, int64_t vocab);
 
 // Runs `n` rows (every pointer is device memory; n <= the scratch's max_rows). Capturable in a

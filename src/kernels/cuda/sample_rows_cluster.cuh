@@ -46,7 +46,7 @@ struct alignas(16) Slot {
   double f[4];
   unsigned long long u[4];
   long long i[4];
-  unsigned long long kmin[kWarps], kmax[kWarps];
+  unsigned long long kmin[kWarps], kmax[kWarps], klor[kWarps], kland[kWarps];
   float x[2];
   unsigned long long top[kMaxTopLogprobs];
 };
@@ -78,6 +78,10 @@ struct Shared {
   BlockReduceScratch red;
   Broadcast bc;
   long long list_n[kWarps];  // cluster_nth_listed: each warp's listed ids that pass, -1: no list
+  // CandList: each warp's count of recorded candidates, and the draw segments' candidate counts
+  // (filled by the band pass), then their starts in the CTA's candidates (seg[k] .. seg[k + 1])
+  int cand_n[kWarps];
+  unsigned seg[kMaxSegments + 1];
 };
 
 // A CTA's view of its row. Exchange protocol: open() returns this exchange's slot (the two slots
@@ -104,13 +108,24 @@ struct Ctx {
   __device__ Slot* peer(int q) { return cl.map_shared_rank(&sh.slot[ex & 1], q); }
   __device__ Slot* peer_prev(int q) { return cl.map_shared_rank(&sh.slot[(ex - 1) & 1], q); }
 
+  // Ids of each warp's contiguous part of the slice (a multiple of 32).
+  __device__ int64_t warp_len() const {
+    const int64_t len = end - beg;
+    return ((len + kWarps - 1) / kWarps + 31) / 32 * 32;
+  }
   // This warp's contiguous part of the slice (a multiple of 32 ids long).
   __device__ void warp_range(int64_t& b, int64_t& e) const {
-    const int64_t len = end - beg;
-    const int64_t wl = ((len + kWarps - 1) / kWarps + 31) / 32 * 32;
+    const int64_t wl = warp_len();
     const int64_t wb = beg + static_cast<int64_t>(threadIdx.x >> 5) * wl;
     b = wb < end ? wb : end;
     e = b + wl < end ? b + wl : end;
+  }
+  // The draw's segments (cluster_draw): consecutive ranges of draw_seg() ids (a multiple of 32, so
+  // a group of 32 ids of a warp's range lies in one segment), at most kMaxSegments of them.
+  __device__ int64_t draw_seg() const {
+    const int64_t len = end - beg;
+    const int64_t seg = ((len + kMaxSegments - 1) / kMaxSegments + 31) / 32 * 32;
+    return seg < 32 ? 32 : seg;
   }
 };
 
@@ -123,8 +138,9 @@ struct Ctx {
 // The predicate of kAhead groups of 32 ids is evaluated before any of them is compacted: pred
 // loads z, part of which lives in the global scratch (L2), so the loads of kAhead groups are in
 // flight together instead of one round trip per group of 32 ids (the scans over a whole slice were
-// latency-bound at 4 warps per scheduler). pred must be pure (it is evaluated ahead of fn).
-constexpr int kAhead = 4;
+// latency-bound at 4 warps per scheduler; 8 groups of 32 span 8 chunks of ZSlice, so each round
+// trip to the L2 serves 256 ids). pred must be pure (it is evaluated ahead of fn).
+constexpr int kAhead = 8;
 template <typename Pred, typename Fn>
 __device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, Pred pred, Fn fn) {
   const int lane = threadIdx.x & 31;
@@ -140,6 +156,96 @@ __device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, 
     for (int u = 0; u < kAhead && g0 + 32 * u < e; ++u) {  // warp-uniform bounds
       const int64_t v = g0 + 32 * u + lane;
       const bool ok = (oks >> u) & 1u;
+      const unsigned ball = __ballot_sync(0xffffffffu, ok);
+      if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
+      n += __popc(ball);
+      __syncwarp();
+      if (n >= 32) {
+        const int64_t w = b + q[lane];
+        if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
+        __syncwarp();
+        n -= 32;
+        fn(w, true);
+      }
+    }
+  }
+  if (n > 0) {
+    const bool ok = lane < n;
+    fn(ok ? b + q[lane] : b, ok);
+  }
+  __syncwarp();  // the queue is free for the next use
+}
+
+// warp_batches with pred(v) = test(load(v)), pipelined: the next kAhead groups' values are loaded
+// before this block's groups are compacted and handed to fn, so their round trip (part of z is in
+// the L2) overlaps fn's work (the exps of the band's pass) instead of following it. The same
+// batches as warp_batches. load must be pure.
+template <typename Load, typename Test, typename Fn>
+__device__ __forceinline__ void warp_batches_pipelined(int64_t b, int64_t e, unsigned* q, Load load, Test test, Fn fn) {
+  const int lane = threadIdx.x & 31;
+  using X = decltype(load(b));
+  X xs[kAhead];
+#pragma unroll
+  for (int u = 0; u < kAhead; ++u) {
+    const int64_t v = b + 32 * u + lane;
+    xs[u] = v < e ? load(v) : X{};
+  }
+  int n = 0;  // queued offsets (< 32 between rounds)
+  for (int64_t g0 = b; g0 < e; g0 += 32 * kAhead) {
+    unsigned oks = 0;  // bit u: id g0 + 32 u + lane passes
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t v = g0 + 32 * u + lane;
+      if (v < e && test(xs[u])) oks |= 1u << u;
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {  // the next block's values, in flight during this block's fn
+      const int64_t v = g0 + 32 * (kAhead + u) + lane;
+      if (v < e) xs[u] = load(v);
+    }
+#pragma unroll 1
+    for (int u = 0; u < kAhead && g0 + 32 * u < e; ++u) {  // warp-uniform bounds
+      const int64_t v = g0 + 32 * u + lane;
+      const bool ok = (oks >> u) & 1u;
+      const unsigned ball = __ballot_sync(0xffffffffu, ok);
+      if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
+      n += __popc(ball);
+      __syncwarp();
+      if (n >= 32) {
+        const int64_t w = b + q[lane];
+        if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
+        __syncwarp();
+        n -= 32;
+        fn(w, true);
+      }
+    }
+  }
+  if (n > 0) {
+    const bool ok = lane < n;
+    fn(ok ? b + q[lane] : b, ok);
+  }
+  __syncwarp();  // the queue is free for the next use
+}
+
+// warp_batches over [b, e) (b - the CTA's first id a multiple of 32) where pred(v) = bit v - b of
+// `words` (word k: ids b + 32 k .. b + 32 k + 31) && test(load(v)): only the words' nonzero chunks
+// are loaded and tested, 32 words per step. The same batches as warp_batches with that pred (a
+// chunk without bits has no candidate). For a top-k row's few live ids.
+template <typename Load, typename Test, typename Fn>
+__device__ __forceinline__ void warp_batches_masked(int64_t b, int64_t e, const unsigned* words, unsigned* q, Load load,
+                                                    Test test, Fn fn) {
+  const int lane = threadIdx.x & 31;
+  const int nchunks = static_cast<int>((e - b + 31) / 32);
+  int n = 0;  // queued offsets (< 32 between chunks)
+  for (int k0 = 0; k0 < nchunks; k0 += 32) {
+    const unsigned word = k0 + lane < nchunks ? words[k0 + lane] : 0u;
+    unsigned nz = __ballot_sync(0xffffffffu, word != 0);
+    while (nz) {  // warp-uniform
+      const int cl = __ffs(nz) - 1;
+      nz &= nz - 1;
+      const unsigned bits = __shfl_sync(0xffffffffu, word, cl);
+      const int64_t v = b + 32 * static_cast<int64_t>(k0 + cl) + lane;
+      const bool ok = ((bits >> lane) & 1u) && v < e && test(load(v));
       const unsigned ball = __ballot_sync(0xffffffffu, ok);
       if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
       n += __popc(ball);
@@ -220,7 +326,10 @@ struct RadixOut {
 // candidates with the current prefix): when they are equal, that bucket holds one key, which is
 // the answer (its `above` and count are the previous pass's), so a bucket of ties (logits of a
 // few levels: hundreds of ids per key) ends the select one pass after it is selected instead of
-// after every digit. One exchange per pass. Not found when the weight never reaches the target.
+// after every digit. Likewise, when every key with the current prefix has the same bits below the
+// pass's digit (their OR equals their AND, exchanged with the range), the bucket the pass selects
+// holds one key and the select ends there (bf16-valued logits: top-k's select takes 2 passes).
+// One exchange per pass. Not found when the weight never reaches the target.
 // list: the warp's candidates when not kDense (WarpList; n < 0: scan with cand).
 template <bool kDense, typename Cand, typename Elem>
 __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint64_t above, uint64_t target,
@@ -244,25 +353,48 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
     }
     __syncthreads();
     unsigned long long kmn = ~0ull, kmx = 0;  // keys with the current prefix, this thread's
+    const uint64_t lowmask = (uint64_t{1} << lo) - 1;  // the bits below this pass's digit (lo < 64)
+    unsigned long long klw = 0, kla = lowmask;         // their OR and AND over the keys with the prefix
     if constexpr (kDense) {
+      // kDenseAhead ids per thread per step, the next step's loaded before this step's ids are
+      // counted (part of the slice is in the L2: a round trip per kDenseAhead * kThreads ids, in
+      // flight during the counting). Counts, minima and maxima: the order does not matter.
+      constexpr int kDenseAhead = 4;
+      constexpr int64_t kStep = kDenseAhead * kThreads;
+      using X = decltype(cand(c.beg));
       const int64_t len = c.end - c.beg;
-      auto xn = tid < len ? cand(c.beg + tid) : decltype(cand(c.beg)){};
-      for (int64_t i0 = 0; i0 < len; i0 += kThreads) {  // the same trip count in every thread
-        const int64_t v = c.beg + i0 + tid;
-        const auto x = xn;
-        if (v + kThreads < c.end) xn = cand(v + kThreads);
-        uint64_t key = 0, w = 0;
-        int dg = -1;
-        if (v < c.end && elem(x, key, w)) dg = digit_of(key);
-        if (__ballot_sync(0xffffffffu, dg >= 0) == 0) continue;  // the later passes' common case
-        if (dg >= 0) {
-          kmn = key < kmn ? key : kmn;
-          kmx = key > kmx ? key : kmx;
+      X xn[kDenseAhead];
+#pragma unroll
+      for (int u = 0; u < kDenseAhead; ++u) {
+        const int64_t i = tid + static_cast<int64_t>(u) * kThreads;
+        xn[u] = i < len ? cand(c.beg + i) : X{};
+      }
+      for (int64_t i0 = 0; i0 < len; i0 += kStep) {  // the same trip count in every thread
+        X x[kDenseAhead];
+#pragma unroll
+        for (int u = 0; u < kDenseAhead; ++u) {
+          x[u] = xn[u];
+          const int64_t i = i0 + kStep + static_cast<int64_t>(u) * kThreads + tid;
+          if (i < len) xn[u] = cand(c.beg + i);
         }
-        const unsigned peers = same_digit_lanes(dg);
-        // weight 1: a bucket's mass is its count (the combine reads it from there), so no 64-bit
-        // shared atomic (a compare-and-swap loop) per digit and iteration
-        if (dg >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s.count[dg], static_cast<unsigned>(__popc(peers)));
+#pragma unroll
+        for (int u = 0; u < kDenseAhead; ++u) {
+          const int64_t i = i0 + static_cast<int64_t>(u) * kThreads + tid;
+          uint64_t key = 0, w = 0;
+          int dg = -1;
+          if (i < len && elem(x[u], key, w)) dg = digit_of(key);
+          if (__ballot_sync(0xffffffffu, dg >= 0) == 0) continue;  // the later passes' common case
+          if (dg >= 0) {
+            kmn = key < kmn ? key : kmn;
+            kmx = key > kmx ? key : kmx;
+            klw |= key & lowmask;
+            kla &= key;
+          }
+          const unsigned peers = same_digit_lanes(dg);
+          // weight 1: a bucket's mass is its count (the combine reads it from there), so no 64-bit
+          // shared atomic (a compare-and-swap loop) per digit and iteration
+          if (dg >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s.count[dg], static_cast<unsigned>(__popc(peers)));
+        }
       }
     } else {
       int64_t wb, we;
@@ -274,6 +406,8 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
         if (dg >= 0) {
           kmn = key < kmn ? key : kmn;
           kmx = key > kmx ? key : kmx;
+          klw |= key & lowmask;
+          kla &= key;
         }
         // one atomic per distinct digit of the batch (a band's keys crowd into few digits)
         unsigned todo = __ballot_sync(0xffffffffu, dg >= 0);
@@ -298,20 +432,28 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
       const unsigned long long a = __shfl_xor_sync(0xffffffffu, kmn, o), b = __shfl_xor_sync(0xffffffffu, kmx, o);
       kmn = a < kmn ? a : kmn;
       kmx = b > kmx ? b : kmx;
+      klw |= __shfl_xor_sync(0xffffffffu, klw, o);
+      kla &= __shfl_xor_sync(0xffffffffu, kla, o);
     }
     if (lane == 0) {
       s.kmin[wid] = kmn;
       s.kmax[wid] = kmx;
+      s.klor[wid] = klw;
+      s.kland[wid] = kla;
     }
     c.publish();
     // Every CTA's bucket range (each warp reads it: one load per lane, no broadcast needed).
     kmn = c.peer(lane / kWarps)->kmin[lane % kWarps];
     kmx = c.peer(lane / kWarps)->kmax[lane % kWarps];
+    klw = c.peer(lane / kWarps)->klor[lane % kWarps];
+    kla = c.peer(lane / kWarps)->kland[lane % kWarps];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const unsigned long long a = __shfl_xor_sync(0xffffffffu, kmn, o), b = __shfl_xor_sync(0xffffffffu, kmx, o);
       kmn = a < kmn ? a : kmn;
       kmx = b > kmx ? b : kmx;
+      klw |= __shfl_xor_sync(0xffffffffu, klw, o);
+      kla &= __shfl_xor_sync(0xffffffffu, kla, o);
     }
     if (selected && kmn == kmx) {  // the same in every thread of every CTA
       prefix = kmn;
@@ -373,7 +515,16 @@ __device__ RadixOut cluster_radix_select(Ctx& c, int bits, uint64_t prefix, uint
     prefix |= static_cast<uint64_t>(best) << lo;
     above = c.sh.bc.sel_above;
     count = c.sh.bc.sel_count;
-    hi = lo;
+    // Every key with the previous prefix has the same bits below this digit (bf16-valued logits of
+    // one sign: the low 16 bits of their score keys): the selected bucket holds one key, prefix
+    // with those bits, and its count and the weight above it are this pass's, so the passes below
+    // would change nothing. (No candidate with the prefix: best < 0 returned above.)
+    if (klw == kla) {
+      prefix |= klw;
+      hi = 0;
+    } else {
+      hi = lo;
+    }
     selected = true;
   }
   r.found = true;
@@ -517,26 +668,17 @@ __device__ double draw_segment(Ctx& c, int64_t sb, int64_t se, Cand cand, Mass m
   return run;
 }
 
-// The first id (of the candidates cand(v)) whose cumulative mass(v) in id order exceeds the
-// target: u, or u times the row's mass when `scale`. mass(v) must be a pure function of v (it is
-// evaluated again for the segment that holds the draw). Two exchanges.
-template <typename Cand, typename Mass>
-__device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool scale) {
+// The draw's exchanges (see above). seg_sums(st, lastpos): every warp stores st[k] (the mass of
+// segment k, for the warp's segments k = wid, wid + kWarps, ...) and folds its last positive id into
+// lastpos. seg_find(first, base, sx, target): warp 0 of the owning CTA, the id in segment `first`.
+template <typename SegSums, typename SegFind>
+__device__ DrawOut cluster_draw_core(Ctx& c, int nseg, SegSums seg_sums, SegFind seg_find, double u, bool scale) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int64_t len = c.end - c.beg;
-  int64_t seg = ((len + kMaxSegments - 1) / kMaxSegments + 31) / 32 * 32;
-  if (seg < 32) seg = 32;
-  const int nseg = static_cast<int>((len + seg - 1) / seg);
   Slot& s = c.open();
   double* st = s.dv;                 // [nseg] segment masses
   double* sx = s.dv + kMaxSegments;  // [nseg + 1] running sums before each segment
   long long lastpos = -1;
-  for (int k = wid; k < nseg; k += kWarps) {
-    const int64_t sb = c.beg + k * seg, se = sb + seg < c.end ? sb + seg : c.end;
-    long long unused = -1;
-    const double m = draw_segment(c, sb, se, cand, mass, false, 0.0, 0.0, 0.0, unused, lastpos);
-    if (lane == 0) st[k] = m;
-  }
+  seg_sums(st, lastpos);
   lastpos = block_reduce(lastpos, MaxOp{}, -1ll, c.sh.red);  // contains the __syncthreads() st needs
   if (threadIdx.x == 0) {
     double a = 0.0;
@@ -581,9 +723,7 @@ __device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool sca
     if (threadIdx.x == 0) c.sh.bc.id = -1;
     __syncthreads();
     if (wid == 0 && first != INT_MAX) {
-      const int64_t sb = c.beg + first * seg, se = sb + seg < c.end ? sb + seg : c.end;
-      long long unused = -1;
-      draw_segment(c, sb, se, cand, mass, true, base, sx[first], target, found, unused);
+      found = seg_find(first, base, sx[first], target);
       if (lane == 0) c.sh.bc.id = found;
     }
     __syncthreads();
@@ -594,6 +734,32 @@ __device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool sca
   c.publish();
   out.token = owner >= 0 ? c.peer(owner)->i[0] : -1;
   return out;
+}
+
+// The first id (of the candidates cand(v)) whose cumulative mass(v) in id order exceeds the
+// target: u, or u times the row's mass when `scale`. mass(v) must be a pure function of v (it is
+// evaluated again for the segment that holds the draw). Two exchanges.
+template <typename Cand, typename Mass>
+__device__ DrawOut cluster_draw(Ctx& c, Cand cand, Mass mass, double u, bool scale) {
+  const int64_t len = c.end - c.beg;
+  const int64_t seg = c.draw_seg();
+  const int nseg = static_cast<int>((len + seg - 1) / seg);
+  auto sums = [&](double* st, long long& lastpos) {
+    const int lane = threadIdx.x & 31;
+    for (int k = threadIdx.x >> 5; k < nseg; k += kWarps) {
+      const int64_t sb = c.beg + k * seg, se = sb + seg < c.end ? sb + seg : c.end;
+      long long unused = -1;
+      const double m = draw_segment(c, sb, se, cand, mass, false, 0.0, 0.0, 0.0, unused, lastpos);
+      if (lane == 0) st[k] = m;
+    }
+  };
+  auto find = [&](int first, double base, double sxk, double target) {
+    const int64_t sb = c.beg + first * seg, se = sb + seg < c.end ? sb + seg : c.end;
+    long long found = -1, unused = -1;
+    draw_segment(c, sb, se, cand, mass, true, base, sxk, target, found, unused);
+    return found;
+  };
+  return cluster_draw_core(c, nseg, sums, find, u, scale);
 }
 
 }  // namespace tandem::kernels::cuda::sample_cluster
