@@ -70,8 +70,7 @@ struct State {
   kc::DeviceBuffer<int64_t> positions, seq_start;
   kc::DeviceBuffer<float> q, step_kv, sink, iq, iw, partial, out;
   kc::DeviceBuffer<uint16_t> scores;
-  kc::DeviceBuffer<int> arrivals;  // the attention's in-kernel fold counters (zero between launches)
-  int64_t partial_slots = 0, arrival_slots = 0, lds = 0;
+  int64_t partial_slots = 0, lds = 0;
 
   State(int64_t positions_, int64_t seqs, int64_t rows_per_seq, int64_t copies_, cudaStream_t s,
         kc::DeviceBuffer<float>& tmp)
@@ -155,9 +154,6 @@ struct State {
     const int64_t keys = std::max<int64_t>(kWindow + L / 128, kWindow + kTopk);
     partial_slots = Rq == 1 ? R * ((keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk) : 0;
     if (partial_slots) partial.reset(static_cast<size_t>(cuda_model::attn_partial_floats(kHeads, kHd, partial_slots)));
-    arrival_slots = cuda_model::attn_arrival_slots(kHeads, R);
-    arrivals.reset(static_cast<size_t>(arrival_slots));
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(arrivals.get(), 0, arrivals.bytes(), s));
     out.reset(static_cast<size_t>(R * kHeads * kHd));
     lds = (vis + 7) / 8 * 8;
     scores.reset(static_cast<size_t>(R * lds));
@@ -212,8 +208,6 @@ struct State {
     a.rows = rows();
     a.partial = partial.get();
     a.partial_slots = partial_slots;
-    a.arrivals = arrivals.get();
-    a.arrival_slots = arrival_slots;
     return a;
   }
   cuda_model::IndexerArgs indexer(int c, bool hist) const {
@@ -259,7 +253,7 @@ struct Table {
   nlohmann::json rows = nlohmann::json::array();
   void row(const std::string& what, int64_t L, int64_t B, int64_t keys, const char* mode, double us, double bytes) {
     const double bound = bytes / copy_bps * 1e6;
-    std::printf("%-30s %8lld %3lld %7lld %-8s %9.1f %10.2f %9.1f %6.1f%%\n", what.c_str(), static_cast<long long>(L),
+    std::printf("%-30s %8lld %3lld %7lld %-6s %9.1f %10.2f %9.1f %6.1f%%\n", what.c_str(), static_cast<long long>(L),
                 static_cast<long long>(B), static_cast<long long>(keys), mode, us, bytes / 1e6, bound,
                 100.0 * bound / us);
     std::fflush(stdout);
@@ -278,44 +272,22 @@ struct Table {
 nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& time_calls) {
   Table tb;
   tb.copy_bps = copy_bps;
-  std::printf("\n%-30s %8s %3s %7s %-8s %9s %10s %9s %7s\n", "long context (rank of TP=2)", "context", "B", "keys",
+  std::printf("\n%-30s %8s %3s %7s %-6s %9s %10s %9s %7s\n", "long context (rank of TP=2)", "context", "B", "keys",
               "mode", "us", "MB read", "bound us", "of bnd");
-  std::printf("(attention modes: split/<heads per block>+fk = split over chunks, then fold_kernel; split/<heads>+in = "
-              "folded in the kernel by each tile's last block; fold = folding blocks. Split rows are followed by the "
-              "same head tile with the other fold, and by \"was\": the launch before the in-kernel fold and the "
-              "smaller head tiles, split/16+fk)\n");
   kc::DeviceBuffer<float> tmp(static_cast<size_t>(16384) * kHd);
   const double qo = kHeads * kHd * 4.0 * 2;  // a row's queries read and output written (fp32)
   for (int64_t L : {int64_t{4096}, int64_t{163840}, int64_t{1} << 20}) {
-    for (int64_t B : {int64_t{1}, int64_t{8}, int64_t{16}}) {
-      if ((L > 163840 && B > 1) || (L > 4096 && B > 8)) continue;
+    for (int64_t B : {int64_t{1}, int64_t{8}}) {
+      if (L > 163840 && B > 1) continue;
       State st(L, B, 1, kCopies, s, tmp);
       const int64_t rb = st.rec.bytes, vis = L / 4;
-      // The default launch, then (split launches) the former one: 16 heads per block and fold_kernel.
       auto attn_row = [&](const char* name, int ratio) {
         const int64_t keys = kWindow + (ratio == 4 ? kTopk : ratio ? L / ratio : 0);
-        auto timed = [&](int head_tile, int fold_inline, const std::string& what) {
-          cuda_model::AttnArgs a0 = st.attn(0, ratio, st.ids.get(), kTopk);
-          a0.head_tile = head_tile;
-          a0.fold_inline = fold_inline;
-          const cuda_model::AttnLaunchInfo info = cuda_model::attention_launch_info(a0);
-          const std::string mode = info.split ? "split/" + std::to_string(info.head_tile) + (info.inline_fold ? "+in" : "+fk")
-                                              : std::string("fold");
-          const double us = time_calls(s, [&](int i) {
-            cuda_model::AttnArgs a = st.attn(i % kCopies, ratio, st.ids.get() + (i % kCopies) * st.rows() * kTopk, kTopk);
-            a.head_tile = head_tile;
-            a.fold_inline = fold_inline;
-            cuda_model::attention(a, s);
-          });
-          tb.row(what, L, B, keys, mode.c_str(), us, B * (keys * rb + qo));
-          return info;
-        };
-        const cuda_model::AttnLaunchInfo def = timed(0, -1, name);
-        if (!def.split) return;
-        // the default's head tile with the other fold (where the in-kernel fold can run), then the former launch
-        if (def.inline_fold || def.nchunks <= cuda_model::kAttnInlineMaxChunks)
-          timed(def.head_tile, def.inline_fold ? 0 : 1, std::string(def.inline_fold ? "  fold_kernel: " : "  in-kernel fold: ") + name);
-        timed(16, 0, std::string("  was: ") + name);
+        const char* mode = cuda_model::attention_splits(st.attn(0, ratio, st.ids.get(), kTopk)) ? "split" : "fold";
+        const double us = time_calls(s, [&](int i) {
+          cuda_model::attention(st.attn(i % kCopies, ratio, st.ids.get() + (i % kCopies) * st.rows() * kTopk, kTopk), s);
+        });
+        tb.row(name, L, B, keys, mode, us, B * (keys * rb + qo));
       };
       if (L == 4096) attn_row("attention SWA (window)", 0);
       attn_row("attention HCA (window + L/128)", 128);

@@ -9,11 +9,9 @@
 // whose summation order and maxima the kernels do not share with the CPU: each element must be
 // correctly rounded against a float64 reference within a stated bound of the kernel's arithmetic
 // (see attend_ref), the CPU's output is held to the same reference with its own depths, and the
-// count of outputs bit-equal to the CPU's is printed. The target kernel's launch shapes (split over
-// chunks at 16, 8 or 4 heads per block, folded by the fold kernel or in the kernel by each tile's
-// last block, and one folding block per row) must agree bit for bit, and with the output's inverse
-// RoPE in their epilogues (AttnArgs::out_inv_freq) equal the rope op after them.
-#include <algorithm>
+// count of outputs bit-equal to the CPU's is printed. The target kernel's two launch shapes (split
+// over chunks + fold kernel, and one folding block per row) must agree bit for bit, and with the
+// output's inverse RoPE in their epilogues (AttnArgs::out_inv_freq) equal the rope op after them.
 #include <cstdio>
 #include <map>
 
@@ -356,41 +354,6 @@ TEST(CudaAttention, MatchesCpu) {
     const std::vector<float> got = to_host(out_split);
     chk.check_gpu(got, "attention");
     EXPECT_TRUE(same_bits(to_host(out_fold), got)) << "folding blocks vs split over chunks";
-    // The split launch at 16, 8 and 4 heads per block, folded by fold_kernel and in the kernel by the
-    // last block of each (row, head tile) (arrival counters zero before and after every launch):
-    // the same bits. (The in-kernel fold is refused past kAttnInlineMaxChunks: the 1M case.)
-    const int64_t arrival_slots = cuda_model::attn_arrival_slots(c.heads, rows);
-    auto arrivals = poisoned<int>(static_cast<size_t>(arrival_slots), 0);
-    a.partial = partial.get();
-    a.partial_slots = rows * nchunks;
-    a.arrivals = arrivals.get();
-    a.arrival_slots = arrival_slots;
-    for (int ht : {16, 8, 4})
-      for (int inl : {0, 1}) {
-        a.head_tile = ht;
-        a.fold_inline = inl;
-        auto out_var = poisoned<float>(static_cast<size_t>(rows * H * hd));
-        a.out = out_var.get();
-        const cuda_model::AttnLaunchInfo info = cuda_model::attention_launch_info(a);
-        EXPECT_TRUE(info.split && info.head_tile == ht && info.inline_fold == (inl == 1 && nchunks <= cuda_model::kAttnInlineMaxChunks))
-            << "launch plan: split " << info.split << " heads per block " << info.head_tile << " in-kernel fold "
-            << info.inline_fold << " (" << nchunks << " chunks)";
-        cuda_model::attention(a, kStream);
-        EXPECT_TRUE(same_bits(to_host(out_var), got))
-            << "split at " << ht << " heads per block, folded " << (info.inline_fold ? "in the kernel" : "by fold_kernel")
-            << " vs the default split (element = (row * heads + head) * hd + dim)";
-        const std::vector<int> left = to_host(arrivals);
-        const auto nz = std::find_if(left.begin(), left.end(), [](int v) { return v != 0; });
-        EXPECT_TRUE(nz == left.end()) << "arrival counter " << (nz - left.begin()) << " left at " << *nz << " ("
-                                      << ht << " heads per block)";
-      }
-    a.head_tile = 0;
-    a.fold_inline = -1;
-    a.arrivals = nullptr;
-    a.arrival_slots = 0;
-    a.partial = nullptr;
-    a.partial_slots = 0;
-    a.out = out_fold.get();
     // o's inverse RoPE in the epilogue (AttnArgs::out_inv_freq) in both launch shapes == the rope op
     // (inverse, rounded to bf16: the forward's former launch) on the plain output, bit for bit.
     {
@@ -432,23 +395,6 @@ TEST(CudaAttention, MatchesCpu) {
       // (element i = row i / (heads * hd), head i / hd % heads, dim i % hd; the rotated dims are the last 64)
       EXPECT_TRUE(same_bits(gs, want)) << "attention + inverse RoPE epilogue (split + fold_kernel) vs then rope";
       EXPECT_TRUE(same_bits(gf, want)) << "attention + inverse RoPE epilogue (folding blocks) vs then rope";
-      if (nchunks <= cuda_model::kAttnInlineMaxChunks) {  // the in-kernel fold's epilogue, 4 heads per block
-        auto rot_inline = poisoned<float>(static_cast<size_t>(rows * H * hd));
-        auto arr = poisoned<int>(static_cast<size_t>(cuda_model::attn_arrival_slots(c.heads, rows)), 0);
-        a.out = rot_inline.get();
-        a.arrivals = arr.get();
-        a.arrival_slots = cuda_model::attn_arrival_slots(c.heads, rows);
-        a.fold_inline = 1;
-        a.head_tile = 4;
-        EXPECT_TRUE(cuda_model::attention_launch_info(a).inline_fold);
-        cuda_model::attention(a, kStream);
-        EXPECT_TRUE(same_bits(to_host(rot_inline), want))
-            << "attention + inverse RoPE epilogue (split, folded in the kernel) vs then rope";
-        a.arrivals = nullptr;
-        a.arrival_slots = 0;
-        a.fold_inline = -1;
-        a.head_tile = 0;
-      }
       a.out_inv_freq = nullptr;
       a.out_rope_dim = 0;
       a.partial = nullptr;
@@ -459,26 +405,6 @@ TEST(CudaAttention, MatchesCpu) {
       std::printf("[cuda perf] attention %s, 64 heads x 512, window 128 + top-%d, %lld rows: %.1f us\n",
                   kind_name(c.kind), c.topk, static_cast<long long>(rows),
                   median_us([&] { cuda_model::attention(a, kStream); }));
-    if (H == 32 && rows == 1) {  // one rank of TP=2 at batch 1 (the H200's own SM count)
-      auto arr = poisoned<int>(static_cast<size_t>(cuda_model::attn_arrival_slots(c.heads, rows)), 0);
-      a.partial = partial.get();
-      a.partial_slots = rows * nchunks;
-      a.sm_count = 0;
-      const double t_old = [&] {
-        a.head_tile = 16;
-        a.fold_inline = 0;
-        return median_us([&] { cuda_model::attention(a, kStream); });
-      }();
-      a.head_tile = 0;
-      a.fold_inline = -1;
-      a.arrivals = arr.get();
-      a.arrival_slots = cuda_model::attn_arrival_slots(c.heads, rows);
-      const cuda_model::AttnLaunchInfo info = cuda_model::attention_launch_info(a);
-      const double t_new = median_us([&] { cuda_model::attention(a, kStream); });
-      std::printf("[cuda perf] attention %s, 32 heads x 512, window 128 + top-%d, 1 row: split 16 heads + fold_kernel "
-                  "%.1f us, default (%d heads per block, fold %s) %.1f us\n",
-                  kind_name(c.kind), c.topk, t_old, info.head_tile, info.inline_fold ? "in the kernel" : "kernel", t_new);
-    }
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -4,12 +4,9 @@
 // S = Q K^T (m16n8k16 bf16 mma, 16 heads x 8 keys per warp), the chunk's max and fp32 softmax
 // numerators, p split exactly into three bf16 planes, and O_c = P V (8 warps x hd/8 dims, three mma
 // per fragment, key order). The chunks are folded in list order, either in registers by a block
-// that walks its row's chunks (prefill, large batches) or, split over the chunks, from each chunk's
-// (m_c, z_c, O_c) in `partial` by the last block of the (row, head tile) to finish its chunk
-// (counted in AttnArgs::arrivals; short key lists) or by fold_kernel: the same operations on the
-// same values, so all give the same bits. A split launch may take 16, 8 or 4 heads per block (a
-// 16-row mma tile with zero queries past the block's heads: each head's dots are its own), so a
-// batch-1 step spreads its chunks over more multiprocessors and the in-kernel fold reads less.
+// that walks its row's chunks (prefill, large batches) or, split over the chunks, by fold_kernel
+// from each chunk's (m_c, z_c, O_c) in `partial`: the same operations on the same values, so both
+// give the same bits.
 #include "model/cuda/attention.h"
 
 #include <cuda_runtime.h>
@@ -41,14 +38,6 @@ constexpr int kHeads = kAttnHeadTile;     // heads per block: one mma m-tile
 constexpr int kPTerms = 3;                // p = p1 + p2 + p3 with each term a bf16 value (exact)
 constexpr int kPPitch = kChunk * 2 + 16;  // bytes per row of a P plane (+16: ldmatrix rows in distinct banks)
 constexpr int kFoldGroup = 128;           // chunks per pass of fold_kernel's shared arrays
-// The in-kernel fold: at most this many chunks per row (its coefficients live in the key tile's
-// shared memory), and by default only while one block reads at most kInlineFoldBytes of partials
-// (beyond that fold_kernel's blocks per (row, head) read them faster than one multiprocessor).
-constexpr int kInlineMaxChunks = kAttnInlineMaxChunks;
-// Record loads in flight per thread: a split block runs one chunk (the registers are free), a
-// folding block carries its running O through the loads.
-constexpr int kSplitBatch = 8;
-constexpr int64_t kInlineFoldBytes = 128 << 10;
 static_assert(kChunk == 8 * kWarps, "one 8-key n-tile per warp");
 static_assert(kHeads == 16, "one m16 tile of heads");
 
@@ -82,7 +71,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                : "memory");
 }
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) { return mma::f32x2_to_bf16x2(lo, hi); }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // ---- the row's key list ----
 struct RowKeys {
@@ -131,15 +119,6 @@ __device__ __forceinline__ uint64_t key_ptr(const AttnArgs& a, const RowKeys& r,
   const int32_t blk = a.m.block_tables[static_cast<int64_t>(r.seq) * a.m.max_blocks + pos / a.m.block_size];
   return reinterpret_cast<uint64_t>(a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_main +
                                     ((pos % a.m.block_size) / a.ratio) * a.rec.bytes);
-}
-
-// Every 128-byte line of key kp (key_ptr's tagged pointer) into the L2: the chunk's loads below run
-// in rounds of a few per thread, and all but the first then hit the L2 (a hint: bits unchanged).
-__device__ __forceinline__ void key_prefetch(const AttnArgs& a, uint64_t kp) {
-  if (!kp) return;
-  const uint64_t p = kp & ~uint64_t{1};
-  const uint64_t end = p + ((kp & 1) ? static_cast<uint64_t>(a.hd) * 4 : static_cast<uint64_t>(a.rec.bytes));
-  for (uint64_t line = p & ~uint64_t{127}; line < end; line += 128) prefetch_l2(reinterpret_cast<const void*>(line));
 }
 
 // Dims [8 piece, 8 piece + 8) of a key, as loaded (decoded by piece_bf16). Records are 8-byte
@@ -235,29 +214,19 @@ __device__ __forceinline__ void out_rope(const AttnArgs& a, int dim, int64_t pos
   kernels::cuda::row::rope_pair(x, pos, a.out_inv_freq[(dim - r0) / 2], true, true);
 }
 
-// The block's query heads [h0, h0 + ht) of row t as bf16 rows of the 16-row tile (zeros past the
-// block's heads and past the last head). Every load of the thread is issued before the first store.
+// The block's 16 query heads [h0, h0 + 16) of row t as bf16 rows (zeros past the last head).
 template <int D>
-__device__ __forceinline__ void load_q(const AttnArgs& a, int64_t t, int h0, int ht, uint8_t* sQ) {
+__device__ __forceinline__ void load_q(const AttnArgs& a, int64_t t, int h0, uint8_t* sQ) {
   constexpr int kPieces = D / 8;
-  constexpr int kPer = kHeads * kPieces / kThreads;  // 4, 2, 1
-  static_assert(kHeads * kPieces % kThreads == 0, "whole rounds");
-  float4 x[kPer], y[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = k * kThreads + threadIdx.x, hl = i / kPieces, piece = i % kPieces;
-    x[k] = y[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (hl < ht && h0 + hl < a.heads) {
+  for (int i = threadIdx.x; i < kHeads * kPieces; i += kThreads) {
+    const int hl = i / kPieces, piece = i % kPieces;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h0 + hl < a.heads) {
       const float4* f = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0 + hl) * D) + 2 * piece;
-      x[k] = f[0];
-      y[k] = f[1];
+      const float4 x = f[0], y = f[1];
+      v = make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
     }
-  }
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = k * kThreads + threadIdx.x, hl = i / kPieces, piece = i % kPieces;
-    *reinterpret_cast<uint4*>(sQ + hl * Layout<D>::kPitch + piece * 16) =
-        make_uint4(bf16x2(x[k].x, x[k].y), bf16x2(x[k].z, x[k].w), bf16x2(y[k].x, y[k].y), bf16x2(y[k].z, y[k].w));
+    *reinterpret_cast<uint4*>(sQ + hl * Layout<D>::kPitch + piece * 16) = v;
   }
 }
 
@@ -266,15 +235,14 @@ __device__ __forceinline__ void load_q(const AttnArgs& a, int64_t t, int h0, int
 // thread's mma fragments of dims [dim0 + part * D/8/kParts, +D/8/kParts) (dim0 = warp * D/8):
 // oc[n][0..1] = head g, oc[n][2..3] = head g + 8, at dims + 8n + 2 (lane % 4) + {0, 1}. Parts keep
 // the fragments of a fold and of the next part's products from being live at once. Begins with
-// __syncthreads(); with kKeysReady the caller has filled the chunk's key pointers (kPtr) and
-// synchronized, and rk is not read.
+// __syncthreads().
 template <int D>
 struct Parts {
   static constexpr int NT = D / 64;                // 8-dim n-tiles per warp
   static constexpr int kParts = NT >= 4 ? 2 : 1;
   static constexpr int NTP = NT / kParts;          // n-tiles per part (even: x4.trans loads pairs)
 };
-template <int D, int kMaxBatch, bool kKeysReady, typename Consume>
+template <int D, int kMaxBatch, typename Consume>
 __device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& rk, int c, uint8_t* smem, float scale,
                                              Consume&& consume) {
   using L = Layout<D>;
@@ -289,15 +257,9 @@ __device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& r
   float* smax = reinterpret_cast<float*>(smem + L::kMax);
   float* ssum = reinterpret_cast<float*>(smem + L::kSum);
 
-  if (!kKeysReady) {
-    __syncthreads();  // the previous chunk's readers of every shared array are done
-    if (tid < kChunk) {
-      const uint64_t kp = key_ptr(a, rk, c * kChunk + tid);
-      sptr[tid] = kp;
-      key_prefetch(a, kp);
-    }
-    __syncthreads();
-  }
+  __syncthreads();  // the previous chunk's readers of every shared array are done
+  if (tid < kChunk) sptr[tid] = key_ptr(a, rk, c * kChunk + tid);
+  __syncthreads();
   // 1. the chunk's keys as bf16 rows (masked keys as zeros: 0 * 0 in P V)
 #pragma unroll 1
   for (int i0 = 0; i0 < kIters; i0 += kBatch) {
@@ -425,148 +387,35 @@ __device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& r
   }
 }
 
-// The in-kernel fold of a split launch, run by every block after its chunk's partials are written:
-// the block counts itself in (row t, head tile) arrivals; the last of the row's nch blocks resets the
-// counter (the next launch finds it zero) and folds the tile's chunks in list order with fold_kernel's
-// operations (fold_coef per chunk, then the sink and finish: the same bits). Its coefficients take
-// the key tile's shared memory (the chunk is done), the partials are read through the L2 (__ldcg:
-// other blocks wrote them during this launch).
-template <int D>
-__device__ __forceinline__ void fold_in_block(const AttnArgs& a, int64_t t, int h0, int ht, int nch, int nchunks,
-                                              uint8_t* smem) {
-  using L = Layout<D>;
-  const int tid = threadIdx.x, H = a.heads;
-  int* s_last = reinterpret_cast<int*>(smem + L::kRow);  // RowKeys' place: unused by a split block
-  __threadfence();  // this thread's partials, visible to the GPU before the block's arrival
-  __syncthreads();
-  if (tid == 0) {
-    int* count = a.arrivals + t * gridDim.y + blockIdx.y;
-    const int last = atomicAdd(count, 1) == nch - 1;
-    if (last) atomicExch(count, 0);  // every block of the tile has arrived: none counts after this
-    *s_last = last;
-  }
-  __syncthreads();
-  if (!*s_last) return;
-  __threadfence();  // the other blocks' partials (fenced before their arrivals) before the reads below
-
-  float* s_al = reinterpret_cast<float*>(smem + L::kK);  // [ht][nch] m_c, then alpha_c
-  float* s_be = s_al + ht * nch;                        // [ht][nch] z_c, then beta_c
-  float* s_zt = reinterpret_cast<float*>(smem + L::kMax);  // [ht] z + exp(sink - m)
-  const int64_t slot0 = t * nchunks;
-  const float* pml = a.partial + a.partial_slots * H * D + slot0 * H * 2;
-  for (int i = tid; i < ht * nch; i += kThreads) {
-    const int hl = i / nch, c = i % nch, h = h0 + hl;
-    const bool ok = h < H;  // past the last head: zeros (never stored)
-    s_al[i] = ok ? __ldcg(pml + static_cast<int64_t>(c) * H * 2 + h * 2) : 0.0f;
-    s_be[i] = ok ? __ldcg(pml + static_cast<int64_t>(c) * H * 2 + h * 2 + 1) : 0.0f;
-  }
-  __syncthreads();
-  if (tid < ht && h0 + tid < H) {
-    float m = -INFINITY, z = 0.0f;
-    for (int c = 0; c < nch; ++c) {
-      const int i = tid * nch + c;
-      float mnew, al, be;
-      fold_coef(m, s_al[i], mnew, al, be);
-      z = fold(z, s_be[i], al, be);
-      m = mnew;
-      s_al[i] = al;
-      s_be[i] = be;
-    }
-    s_zt[tid] = add_rn(z, expf(sub_rn(a.sink[h0 + tid], m)));
-  }
-  __syncthreads();
-  // Elements k * kThreads + tid of the tile's [ht][D] outputs, k < per, in groups of kG (a warp's 32
-  // elements lie in one head: D is a multiple of 32); heads past the last read the last head's
-  // partials and are not stored, so every lane takes part in the pair shuffle.
-  constexpr int kG = 8;  // outputs per group: kG * 4 chunks' loads in flight
-  const int per = ht * D / kThreads;  // 2 to 32 (ht >= 4, D >= 128): the last group may be short
-  const float* po = a.partial + slot0 * H * D;
-  const int64_t cstride = static_cast<int64_t>(H) * D;
-  const int64_t pos = a.m.positions[t];
-#pragma unroll 1
-  for (int k0 = 0; k0 < per; k0 += kG) {
-    float o[kG];
-#pragma unroll
-    for (int k = 0; k < kG; ++k) o[k] = 0.0f;
-#pragma unroll 4
-    for (int c = 0; c < nch; ++c) {
-      const float* pc = po + c * cstride;
-#pragma unroll
-      for (int k = 0; k < kG; ++k) {
-        if (k0 + k >= per) break;
-        const int e = (k0 + k) * kThreads + tid, hl = e / D;
-        const int h = h0 + hl < H ? h0 + hl : H - 1;
-        o[k] = fold(o[k], __ldcg(pc + h * D + e % D), s_al[hl * nch + c], s_be[hl * nch + c]);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kG; ++k) {
-      if (k0 + k >= per) break;  // uniform over the block: every lane reaches the shuffle or none
-      const int e = (k0 + k) * kThreads + tid, hl = e / D, d = e % D, h = h0 + hl;
-      const float v = finish(o[k], s_zt[h < H ? hl : 0]);
-      // fold_kernel's epilogue: the inverse RoPE's pair (d & ~1, d | 1) in lanes tid, tid ^ 1 (d and
-      // tid have the same parity: kThreads and D are even)
-      const float other = __shfl_xor_sync(0xffffffffu, v, 1);
-      float pr[2] = {(d & 1) ? other : v, (d & 1) ? v : other};
-      out_rope<D>(a, d & ~1, pos, pr);
-      if (h < H) a.out[(t * H + h) * D + d] = pr[d & 1];
-    }
-  }
-}
-
-// grid: split (chunks, head tiles of ht heads, rows) -> partials, then the in-kernel fold when
-// inline_fold; else (rows, head tiles of 16), folding in registers.
+// grid: split (chunks, head tiles, rows) -> partials; else (rows, head tiles), folding in registers.
 template <int D, bool kSplit>
-__global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunks, float scale, int ht, int inline_fold) {
+__global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunks, float scale) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int NTP = Parts<D>::NTP, kParts = Parts<D>::kParts;
+  kernels::cuda::pdl_wait();
   const int64_t t = kSplit ? blockIdx.z : blockIdx.x;
-  const int h0 = static_cast<int>(blockIdx.y) * ht;
+  const int h0 = static_cast<int>(blockIdx.y) * kHeads;
+  if (t >= a.rows) return;
+  RowKeys& rk = *reinterpret_cast<RowKeys*>(smem + Layout<D>::kRow);
+  const int nk = row_keys(a, t).nk;  // every thread: the block's chunk count without a barrier
+  int nch = (nk + kChunk - 1) / kChunk;
+  nch = nch < nchunks ? nch : nchunks;
+  const int c0 = kSplit ? static_cast<int>(blockIdx.x) : 0;
+  if (c0 >= nch) return;
+  if (threadIdx.x == 0) rk = row_keys(a, t);  // read after attend_chunk's first barrier
+  load_q<D>(a, t, h0, smem + Layout<D>::kQ);
+
   const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int dim0 = (threadIdx.x >> 5) * (D / 8) + 2 * tq;
   if (kSplit) {
-    if (t >= a.rows) {
-      kernels::cuda::pdl_wait();
-      return;
-    }
-    // Before the wait (the previous kernel may still run): the row's key list (AttnArgs::m is
-    // written before the step's first kernel), the chunk's key pointers that this step's kernels do
-    // not choose (the window's and the every-entry list's; a prefetch reads nothing into the
-    // program) and their L2 prefetch. Every thread: the chunk count without a barrier.
-    const RowKeys rk = row_keys(a, t);
-    int nch = (rk.nk + kChunk - 1) / kChunk;
-    nch = nch < nchunks ? nch : nchunks;
-    const int c0 = static_cast<int>(blockIdx.x);
-    const int j = c0 * kChunk + static_cast<int>(threadIdx.x);
-    const bool early = j < rk.nwin || !rk.top;  // the top-k list is the previous kernels' output
-    uint64_t kp = 0;
-    if (c0 < nch && threadIdx.x < kChunk && early) {
-      kp = key_ptr(a, rk, j);
-      key_prefetch(a, kp);
-    }
-    kernels::cuda::pdl_wait();
-    if (c0 >= nch) return;
-    // The rest of the chunk's key pointers and their prefetch, then the queries' loads, one barrier.
-    if (threadIdx.x < kChunk) {
-      if (!early) {
-        kp = key_ptr(a, rk, j);
-        key_prefetch(a, kp);
-      }
-      reinterpret_cast<uint64_t*>(smem + Layout<D>::kPtr)[threadIdx.x] = kp;
-    }
-    load_q<D>(a, t, h0, ht, smem + Layout<D>::kQ);
-    // The next kernel's blocks may be scheduled once every block has come here (or exited) and
-    // prefetch (the output projection's weights) while the chunks run; they wait for this grid.
-    kernels::cuda::pdl_trigger();
-    __syncthreads();
     const int64_t slot = t * nchunks + c0;
     float* po = a.partial + slot * a.heads * D;
     float* pml = a.partial + a.partial_slots * a.heads * D + slot * a.heads * 2;
-    attend_chunk<D, kSplitBatch, true>(a, rk, c0, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
+    attend_chunk<D, 4>(a, rk, c0, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int h = h0 + g + 8 * i;
-        if (g + 8 * i >= ht || h >= a.heads) continue;
+        if (h >= a.heads) continue;
 #pragma unroll
         for (int n = 0; n < NTP; ++n)
           *reinterpret_cast<float2*>(po + h * D + dim0 + 8 * (part * NTP + n)) = make_float2(oc[n][2 * i], oc[n][2 * i + 1]);
@@ -576,19 +425,9 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
         }
       }
     });
-    if (inline_fold) fold_in_block<D>(a, t, h0, ht, nch, nchunks, smem);
+    kernels::cuda::pdl_trigger();
     return;
   }
-  kernels::cuda::pdl_wait();
-  if (t >= a.rows) return;
-  RowKeys& rk = *reinterpret_cast<RowKeys*>(smem + Layout<D>::kRow);
-  const int nk = row_keys(a, t).nk;  // every thread: the block's chunk count without a barrier
-  int nch = (nk + kChunk - 1) / kChunk;
-  nch = nch < nchunks ? nch : nchunks;
-  if (nch <= 0) return;
-  if (threadIdx.x == 0) rk = row_keys(a, t);  // read after attend_chunk's first barrier
-  load_q<D>(a, t, h0, kHeads, smem + Layout<D>::kQ);
-
   float orun[kParts * NTP][4], mrun[2] = {-INFINITY, -INFINITY}, zrun[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int n = 0; n < kParts * NTP; ++n)
@@ -597,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
 #pragma unroll 1
   for (int c = 0; c < nch; ++c) {
     float al[2], be[2];
-    attend_chunk<D, 4, false>(a, rk, c, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
+    attend_chunk<D, 4>(a, rk, c, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
       if (part == 0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -635,18 +474,12 @@ template <int D>
 __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
   __shared__ float s_m[kFoldGroup], s_z[kFoldGroup], s_alpha[kFoldGroup], s_beta[kFoldGroup];
   __shared__ float s_mrun, s_zrun;
+  kernels::cuda::pdl_wait();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, H = a.heads, tid = threadIdx.x, lane = tid & 31;
-  if (t >= a.rows) {
-    kernels::cuda::pdl_wait();
-    return;
-  }
-  // Before the wait: the row's key count (AttnArgs::m is written before the step's first kernel);
-  // after it the next kernel may start its prefetch.
-  const int nk = row_keys(a, t).nk;
-  kernels::cuda::pdl_wait();
-  kernels::cuda::pdl_trigger();
-  int nch = (nk + kChunk - 1) / kChunk;
+  if (t >= a.rows) return;
+  const RowKeys rk = row_keys(a, t);
+  int nch = (rk.nk + kChunk - 1) / kChunk;
   nch = nch < nchunks ? nch : nchunks;
   const int64_t slot0 = t * nchunks;
   const float* __restrict__ po = a.partial + slot0 * H * D + static_cast<int64_t>(h) * D + tid;
@@ -703,67 +536,25 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
   a.out[(t * H + h) * D + tid] = pr[tid & 1];
 }
 
-// How attention() launches (plan_of): split or folding blocks, heads per block, where a split folds.
-struct Plan {
-  bool split = false, inline_fold = false;
-  int nchunks = 1, ht = kHeads;
-};
-
 template <int D>
-void launch(const AttnArgs& a, cudaStream_t s, const Plan& p, float scale) {
+void launch(const AttnArgs& a, cudaStream_t s, int nchunks, unsigned tiles, float scale, bool split) {
   constexpr size_t smem = Layout<D>::kBytes;
-  const unsigned tiles = static_cast<unsigned>((a.heads + p.ht - 1) / p.ht);
-  if (p.split) {
+  if (split) {
     auto k = mqa_kernel<D, true>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
-    kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(p.nchunks), tiles, static_cast<unsigned>(a.rows)),
-                              dim3(kThreads), smem, s, a, p.nchunks, scale, p.ht, p.inline_fold ? 1 : 0);
-    if (!p.inline_fold)
-      kernels::cuda::launch_pdl(fold_kernel<D>, dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)),
-                                dim3(D), 0, s, a, p.nchunks);
+    kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(nchunks), tiles, static_cast<unsigned>(a.rows)),
+                              dim3(kThreads), smem, s, a, nchunks, scale);
+    kernels::cuda::launch_pdl(fold_kernel<D>, dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)),
+                              dim3(D), 0, s, a, nchunks);
   } else {
     auto k = mqa_kernel<D, false>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
-    kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(a.rows), tiles), dim3(kThreads), smem, s, a, p.nchunks,
-                              scale, kHeads, 0);
+    kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(a.rows), tiles), dim3(kThreads), smem, s, a, nchunks,
+                              scale);
   }
 }
 
 int chunks_of(const AttnArgs& a) { return std::max(1, (a.max_keys + kChunk - 1) / kChunk); }
-
-int sm_count_of(const AttnArgs& a) {
-  int sms = a.sm_count;
-  if (sms <= 0) {
-    int dev = 0;
-    TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
-    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  }
-  return sms;
-}
-
-Plan plan_of(const AttnArgs& a) {
-  Plan p;
-  p.nchunks = chunks_of(a);
-  const int64_t tiles16 = (a.heads + kHeads - 1) / kHeads;
-  if (!a.partial || p.nchunks < 2 || a.rows * p.nchunks > a.partial_slots || a.rows > 65535) return p;
-  const int sms = sm_count_of(a);
-  // Folding blocks fill the GPU by themselves from one block per multiprocessor on.
-  if (a.rows * tiles16 >= sms) return p;
-  p.split = true;
-  // Heads per block: halved while the blocks of the smaller tile still fit one wave (a batch-1 step's
-  // chunks over more multiprocessors; the per-block work is the chunk's decode either way).
-  if (a.head_tile) {
-    TANDEM_CHECK_MSG(a.head_tile == 16 || a.head_tile == 8 || a.head_tile == 4, "attention: head_tile must be 16, 8 or 4");
-    p.ht = a.head_tile;
-  } else {
-    while (p.ht > 4 && a.rows * p.nchunks * ((a.heads + p.ht / 2 - 1) / (p.ht / 2)) <= sms) p.ht /= 2;
-  }
-  const int64_t tiles = (a.heads + p.ht - 1) / p.ht;
-  if (a.arrivals && a.rows * tiles <= a.arrival_slots && p.nchunks <= kInlineMaxChunks && a.fold_inline != 0)
-    p.inline_fold = a.fold_inline == 1 ||
-                    static_cast<int64_t>(p.ht) * a.hd * 4 * p.nchunks <= kInlineFoldBytes;  // one block's partials
-  return p;
-}
 
 }  // namespace
 
@@ -773,13 +564,17 @@ int64_t attn_partial_floats(int heads, int hd, int64_t slots) {
   return slots * static_cast<int64_t>(heads) * (hd + 2);
 }
 
-int64_t attn_arrival_slots(int heads, int64_t rows) { return rows * ((heads + 3) / 4); }
-
-bool attention_splits(const AttnArgs& a) { return plan_of(a).split; }
-
-AttnLaunchInfo attention_launch_info(const AttnArgs& a) {
-  const Plan p = plan_of(a);
-  return {p.split, p.inline_fold, p.split ? p.ht : kHeads, p.nchunks};
+bool attention_splits(const AttnArgs& a) {
+  const int64_t nchunks = chunks_of(a), tiles = (a.heads + kHeads - 1) / kHeads;
+  if (!a.partial || nchunks < 2 || a.rows * nchunks > a.partial_slots) return false;
+  int sms = a.sm_count;
+  if (sms <= 0) {
+    int dev = 0;
+    TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  // Folding blocks fill the GPU by themselves from one block per multiprocessor on.
+  return a.rows * tiles < sms && a.rows <= 65535;
 }
 
 void attention(const AttnArgs& a, cudaStream_t s) {
@@ -787,13 +582,15 @@ void attention(const AttnArgs& a, cudaStream_t s) {
   TANDEM_CHECK_MSG(attention_supports_head_dim(a.hd), "attention: head_dim must be 128, 256 or 512");
   TANDEM_CHECK(a.heads > 0 && a.max_keys >= 0);
   if (a.out_inv_freq) TANDEM_CHECK(a.out_rope_dim > 0 && a.out_rope_dim % 2 == 0 && a.out_rope_dim <= a.hd);
-  const Plan p = plan_of(a);
+  const int nchunks = chunks_of(a);
+  const unsigned tiles = static_cast<unsigned>((a.heads + kHeads - 1) / kHeads);
   // The CPU's score scale: fl(1 / fl(sqrt(hd))) (model::attend).
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.hd));
+  const bool split = attention_splits(a);
   switch (a.hd) {
-    case 128: launch<128>(a, s, p, scale); break;
-    case 256: launch<256>(a, s, p, scale); break;
-    default: launch<512>(a, s, p, scale); break;
+    case 128: launch<128>(a, s, nchunks, tiles, scale, split); break;
+    case 256: launch<256>(a, s, nchunks, tiles, scale, split); break;
+    default: launch<512>(a, s, nchunks, tiles, scale, split); break;
   }
 }
 

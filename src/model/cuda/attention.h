@@ -17,8 +17,6 @@ namespace tandem::cuda_model {
 // Keys per chunk and heads per thread block of the target attention (see attention.cu).
 constexpr int kAttnChunk = 64;
 constexpr int kAttnHeadTile = 16;
-// Chunks per row up to which a split launch can fold in the kernel (AttnArgs::arrivals).
-constexpr int kAttnInlineMaxChunks = 64;
 
 // Target attention of every row over its key list: the window [pos-W+1, pos] (this step's fp32 rows
 // for positions of the step, else the slot's ring records), then the compressed entries (the top-k
@@ -34,11 +32,10 @@ constexpr int kAttnInlineMaxChunks = 64;
 // out = bf16(o / (z + exp(sink - m))). The CPU (model::attend) takes one global max and sums in key
 // order; the two agree to fp32 rounding (tests/cuda/attention_test.cpp states the bound).
 //
-// Launch shapes (equal bits): a thread block per (chunk, 16, 8 or 4 heads, row) writing each chunk's
-// (m_c, z_c, o_c) to `partial`, then the fold in list order, either by the last block of each (row,
-// head tile) to finish (AttnArgs::arrivals; short key lists) or by a fold kernel per (row, head); or,
-// when the step's rows fill the GPU or the partials do not fit, a thread block per (row, 16 heads)
-// folding its chunks as it goes. Shared memory: 91 KB per block at hd 512, whatever the context.
+// Launch shapes (equal bits): a thread block per (chunk, 16 heads, row) writing each chunk's
+// (m_c, z_c, o_c) to `partial`, then a fold kernel per (row, head); or, when the step's rows fill
+// the GPU or the partials do not fit, a thread block per (row, 16 heads) folding its chunks as it
+// goes. Shared memory: 91 KB per block at hd 512, whatever the context length.
 struct AttnArgs {
   const float* q = nullptr;          // [rows, heads, hd] bf16 values (after RoPE)
   const float* step_kv = nullptr;    // [rows, hd] this step's KV values (after the cache round trip)
@@ -65,21 +62,12 @@ struct AttnArgs {
   // on `out` after the attention (the same row::rope_pair on the same values), one launch fewer.
   const float* out_inv_freq = nullptr;  // [out_rope_dim / 2]
   int out_rope_dim = 0;              // even, <= hd
-  // The split launch reads m (and prefetches the window's records and the every-entry list's into
-  // the L2) before its grid-dependency wait: no kernel of the step may write m's arrays.
   StepMeta m;
   int64_t rows = 0;
   // Split-K scratch: attn_partial_floats(heads, hd, slots) floats for `partial_slots` (row, chunk)
   // pairs; null, or too few slots for rows * chunks, runs the folding blocks instead.
   float* partial = nullptr;
   int64_t partial_slots = 0;
-  // Optional: the split launch's fold inside it (one launch fewer). attn_arrival_slots(heads, rows)
-  // counters, zero before the first launch; every launch leaves them zero (the folding block resets
-  // its counter). Null, or too few for the step, runs the fold kernel.
-  int* arrivals = nullptr;
-  int64_t arrival_slots = 0;
-  int fold_inline = -1;              // -1: in the kernel for short key lists; 0: never; 1: whenever it fits
-  int head_tile = 0;                 // heads per block of a split launch: 16, 8 or 4 (0: by the step's size)
   int sm_count = 0;                  // multiprocessors (0: the current device's)
 };
 void attention(const AttnArgs& a, cudaStream_t s);
@@ -87,17 +75,9 @@ void attention(const AttnArgs& a, cudaStream_t s);
 bool attention_supports_head_dim(int hd);
 // Floats of a split-K scratch of `slots` (row, chunk) pairs.
 int64_t attn_partial_floats(int heads, int hd, int64_t slots);
-// Arrival counters (AttnArgs::arrivals) of a step of `rows` rows at any head tile.
-int64_t attn_arrival_slots(int heads, int64_t rows);
-// True when attention(a) runs split over chunks, false when each block folds its row's chunks itself.
+// True when attention(a) runs split over chunks (with the fold kernel), false when each block folds
+// its row's chunks itself.
 bool attention_splits(const AttnArgs& a);
-// How attention(a) launches: split over chunks, and then folded in the kernel (else by the fold
-// kernel); heads per block; chunks covered per row.
-struct AttnLaunchInfo {
-  bool split = false, inline_fold = false;
-  int head_tile = kAttnHeadTile, nchunks = 1;
-};
-AttnLaunchInfo attention_launch_info(const AttnArgs& a);
 
 // DSpark draft attention: row r = (request b, block position t) attends to the request's context
 // ring [max(0,P-W), P) (records, ring index p % W) and all K block rows (fp32, non-causal).

@@ -553,8 +553,6 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   aa.rows = n;
   aa.partial = attn_partial.get();
   aa.partial_slots = attn_partial_slots;
-  aa.arrivals = attn_arrivals.get();
-  aa.arrival_slots = attn_arrival_slots;
   aa.sm_count = sm_count;
   cuda_model::attention(aa, stream);
   output_proj(at, o.get(), n, y);

@@ -287,9 +287,6 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   const int64_t max_chunks = (max_keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk;
   m.attn_partial_slots = std::min<int64_t>(std::min<int64_t>(N, 96) * max_chunks, 2048);
   take(m.attn_partial, cuda_model::attn_partial_floats(static_cast<int>(H), static_cast<int>(hd), m.attn_partial_slots));
-  // (a split launch covers at least two chunks per row: at most attn_partial_slots / 2 rows)
-  m.attn_arrival_slots = cuda_model::attn_arrival_slots(static_cast<int>(H), std::max<int64_t>(1, m.attn_partial_slots / 2));
-  take(m.attn_arrivals, m.attn_arrival_slots);
   take(m.kv_rec, N * m.lay.rec.bytes);
   take(m.entry_rec, N * std::max(m.lay.rec.bytes, m.lay.key.bytes));
   take(m.entry_pos, N);
@@ -393,8 +390,6 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   m.meta.block_size = o.block_size;
   // The indexer top-k's counters start at zero (every call leaves them zero again).
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.topk_counters.get(), 0, m.topk_counters.bytes(), m.stream));
-  // So do the attention's arrival counters.
-  TANDEM_CUDA_CHECK(cudaMemsetAsync(m.attn_arrivals.get(), 0, m.attn_arrivals.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.slot_state.get(), 0, m.slot_state.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream));
   if (m.draft_ctx.get()) TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get(), 0, m.draft_ctx.bytes(), m.stream));
