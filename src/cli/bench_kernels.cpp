@@ -535,10 +535,8 @@ void Bench::moe_layers() {
   const double expert_bytes = static_cast<double>(L[0].w1->bytes() + L[0].w3->bytes() + L[0].w2->bytes()) / E;
   const double fixed_bytes = static_cast<double>(L[0].gate->bytes() + L[0].s1->bytes() + L[0].s3->bytes() + L[0].s2->bytes());
 
-  auto args = [&](int l, int64_t m, int begin, int count, bool small_route = true, bool route_flag = true) {
+  auto args = [&](int l, int64_t m, int begin, int count) {
     cuda_model::MoeDecodeArgs a;
-    a.small_route = small_route;
-    a.route_flag = route_flag;
     a.dims = d;
     a.tokens = m;
     a.x = x.get() + (l * 16) * D;  // a different token per layer copy: different routes
@@ -635,21 +633,14 @@ void Bench::moe_layers() {
     }
     return sum / kLayers;
   };
-  // The new path as it was before the routing changes: "flag0 us" without the routing flag (the
-  // up kernel's routed items wait for the gate grid: MoeDecodeArgs::route_flag false), "route0 us"
-  // also with the general routing at every size (small_route false).
-  std::printf("\n%-38s %6s %9s %6s %9s %6s %9s %9s %8s   kernels (us): gate+route up+quant down+combine\n",
+  std::printf("\n%-38s %6s %9s %6s %9s %6s %8s   kernels (us): gate+route up+quant down+combine\n",
               "MoE layer (routed + shared)",
-              "batch", "old us", "old %", "new us", "new %", "flag0 us", "route0 us", "experts");
+              "batch", "old us", "old %", "new us", "new %", "experts");
   for (int64_t m : {1, 8, 16}) {
     for (int tp : {1, 2}) {
       const int count = static_cast<int>(E / tp);
       const double bytes = active_bytes(m, 0, count);
       const double new_us = time_calls(s, [&](int i) { cuda_model::moe_decode(args(i % kLayers, m, 0, count), s); });
-      const double noflag_us =
-          time_calls(s, [&](int i) { cuda_model::moe_decode(args(i % kLayers, m, 0, count, true, false), s); });
-      const double general_us =
-          time_calls(s, [&](int i) { cuda_model::moe_decode(args(i % kLayers, m, 0, count, false, false), s); });
       const double old_us = tp == 1 ? time_calls(s, [&](int i) { old_moe(i % kLayers, m); }) : 0.0;
       // Kernel by kernel (each graph replays one kernel on the buffers the full call left).
       std::vector<double> st;
@@ -657,15 +648,13 @@ void Bench::moe_layers() {
       st.push_back(time_calls(s, [&](int i) { cuda_model::moe_experts_up(args(i % kLayers, m, 0, count), s); }));
       st.push_back(time_calls(s, [&](int i) { cuda_model::moe_experts_down(args(i % kLayers, m, 0, count), s); }));
       const std::string name = tp == 1 ? "moe layer, 256 experts (one rank)" : "moe layer, 128 of 256 (rank of TP=2)";
-      std::printf("%-38s %6lld %9.1f %5.1f%% %9.1f %5.1f%% %9.1f %9.1f %8.1f   %.1f %.1f %.1f\n", name.c_str(),
+      std::printf("%-38s %6lld %9.1f %5.1f%% %9.1f %5.1f%% %8.1f   %.1f %.1f %.1f\n", name.c_str(),
                   static_cast<long long>(m), old_us, old_us > 0 ? 100 * frac(bytes, old_us) : 0.0, new_us,
-                  100 * frac(bytes, new_us), noflag_us, general_us, (bytes - fixed_bytes) / expert_bytes, st[0], st[1],
-                  st[2]);
+                  100 * frac(bytes, new_us), (bytes - fixed_bytes) / expert_bytes, st[0], st[1], st[2]);
       std::fflush(stdout);
       moe.push_back({{"layer", name}, {"batch", m}, {"tensor_parallel", tp}, {"bytes_mean", bytes},
                      {"active_experts_mean", (bytes - fixed_bytes) / expert_bytes}, {"old_us", old_us},
-                     {"new_us", new_us}, {"new_without_flag_us", noflag_us}, {"new_general_route_us", general_us},
-                     {"new_frac_of_copy", frac(bytes, new_us)},
+                     {"new_us", new_us}, {"new_frac_of_copy", frac(bytes, new_us)},
                      {"kernels_us", {{"gate_route", st[0]}, {"experts_up_quant", st[1]}, {"experts_down_combine", st[2]}}},
                      {"predicted_us_at_4p3TBps", bytes / 4.3e12 * 1e6}});
     }

@@ -9,9 +9,8 @@
 //  2. experts up: items are (job, 32-row chunk, 16-column tile) with job 0 the shared expert (FP8,
 //     known before the grid-dependency wait: in moe_decode its items run whole before the wait, over
 //     kernel 1's run, which lets this launch start only past its own wait, so that x's codes are
-//     complete) and then each active routed expert (MXFP4), started (in moe_decode) as soon as the
-//     routing CTA flags its groups stored (kRouteDone), not when kernel 1's grid has completed. A
-//     CTA item is a tile's w1 and w3 x their k units, 8 warps;
+//     complete) and then each active routed expert (MXFP4). A CTA item is a tile's w1 and w3 x their
+//     k units, 8 warps;
 //     the units meet in shared memory (added in unit order), then SwiGLU, and the last tile of each
 //     128-column block to finish (a counter) quantizes the block's rows (act_quant, bit for bit).
 //  3. experts down: the same over w2 (items of 8 / units tiles x units; the shared expert's first
@@ -114,10 +113,7 @@ struct ExpertArgs {
   int topk;
   float* y;                   // [tokens, n]
   int routed_only;
-  int early_shared;           // up: the shared expert's items before the wait (moe_decode's launch);
-                              // 2: and the routed items on the routing's flag (route_done)
-  int32_t* route_done;        // counters[kRouteDone]: up (early_shared 2) polls it for the routed
-                              // items instead of the grid-dependency wait; down zeroes it past its wait
+  int early_shared;           // up: the shared expert's items before the wait (moe_decode's launch)
   int32_t* ccnt;              // [n / 16]
 };
 
@@ -267,42 +263,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   // the gate's run. Their inputs (x's codes) come from a kernel before the gate, complete once the
   // gate passed its wait; they are read through L2 only (cg) before the wait.
   const bool early = UP && a.early_shared;
-  // Early, the routed items wait for the routing's flag (moe_decode_route.cu sets it with release
-  // once the groups are stored; this acquire then orders the loads below after those stores and
-  // after everything the gate kernel's own wait covered, x's codes included) rather than for the
-  // whole gate grid to complete: the grid's end and the dependency's release are off the critical
-  // path. The routing CTA is resident (this launch began only once every gate CTA had passed its
-  // trigger), so the flag comes; the poll is bounded all the same and falls back to the wait
-  // (kRouteSpinLimit, kRouteIdlePolls).
   auto wait_jobs = [&] {
-    if (early && a.early_shared == 2) {
-      if (threadIdx.x == 0) {
-        int i = 0, v;
-        while ((v = ld_acquire_gpu(a.route_done)) != kRouteReady) {
-          if (++i == kRouteSpinLimit || (v == 0 && i >= kRouteIdlePolls)) {
-            kc::pdl_wait();
-            break;
-          }
-          __nanosleep(64);
-        }
-      }
-      __syncthreads();
-    } else {
-      kc::pdl_wait();
-      // Every up CTA of this call has read the flag (the up grid is complete): zero for the next call.
-      if (!UP && blockIdx.x == 0 && threadIdx.x == 0) *a.route_done = 0;
-    }
+    kc::pdl_wait();
     // The jobs: the shared expert (if any), then the active routed experts; their 32-row chunks.
     if (warp == 0) {
-      // The first 32 jobs' pair offsets are loaded with the active count, not after it: one L2
-      // round trip on the critical path instead of two (entries past the count are read, in
-      // bounds, and not used).
-      const int r0 = lane - a.has_shared;
-      int off0 = 0, off1 = 0;
-      if (r0 >= 0 && r0 < a.max_active) {
-        off0 = a.active[1 + a.max_active + r0];
-        off1 = a.active[1 + a.max_active + r0 + 1];
-      }
       const int nact = a.active[0];
       const int J = a.has_shared + nact;
       int base = 0;
@@ -313,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           int64_t rows = a.tokens;
           if (!(a.has_shared && j == 0)) {
             const int r = j - a.has_shared;
-            rows = j0 == 0 ? off1 - off0 : a.active[1 + a.max_active + r + 1] - a.active[1 + a.max_active + r];
+            rows = a.active[1 + a.max_active + r + 1] - a.active[1 + a.max_active + r];
           }
           c = static_cast<int>(chunks_of(rows));
         }
@@ -795,10 +759,6 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     next(cons);
   }
   mma::cp_async_wait(0);
-  // Every CTA reaches the wait before it exits (launch.cuh's rule 2; after the poll, the gate grid
-  // is then complete before this one is, so the down kernel's wait covers the gate's stores too).
-  // Unconditional: a second wait returns at once, and a flag kept to the end costs registers.
-  kc::pdl_wait();
 }
 
 template <bool UP, int MT>
@@ -863,9 +823,8 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   ea.topk = d.topk;
   ea.y = a.y;
   ea.routed_only = a.routed_only;
-  ea.early_shared = UP && early && ea.has_shared ? (a.route_flag ? 2 : 1) : 0;
+  ea.early_shared = UP && early && ea.has_shared;
   ea.ccnt = a.buf.counters + kCombine0;
-  ea.route_done = a.buf.counters + kRouteDone;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
   const size_t smem = expert_smem(mt, lim, &ea.ring);
@@ -993,7 +952,7 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
   TANDEM_CHECK_MSG(a.tokens <= d.max_tokens, "moe_decode: more tokens than the buffers were sized for");
   TANDEM_CHECK_MSG(moe_decode_supports(a), "moe_decode: unsupported weights");
   TANDEM_CHECK_MSG(a.sh_w1.data || a.routed_only, "moe_decode: the combine needs the shared expert");
-  gate_route(a, s, /*signal=*/a.route_flag);  // counters[kRouteDone] for the up kernel's poll
+  moe_gate_route(a, s);
   run_experts<true>(a, s, /*early=*/true);  // its predecessor is the gate + routing kernel
   moe_experts_down(a, s);
 }

@@ -43,9 +43,8 @@ struct MoeDecodeBuffers {
   float* pair_out = nullptr;       // [T * topk, dim] routed w2 outputs (bf16 values)
   float* shared_out = nullptr;     // [T, dim] shared expert output (bf16 values)
   // Arrival counters of the kernels' last-arriver steps (the gate's routing CTA, each 128-column
-  // block's act_quant, each 16-column tile's combine) and moe_decode's routing-done flag (set by
-  // its routing, polled by its experts-up kernel, reset by its down kernel). Zero before the first
-  // call (moe_decode_init); every call leaves them zero.
+  // block's act_quant, each 16-column tile's combine). Zero before the first call
+  // (moe_decode_init); every call leaves them zero.
   int32_t* counters = nullptr;
 };
 
@@ -97,16 +96,6 @@ struct MoeDecodeArgs {
   float* y = nullptr;                  // [tokens, dim] out
   bool routed_only = false;            // y = routed sum (fp32, unrounded), shared left in buf.shared_out
   bool pdl = true;
-  // The gate + routing kernel's routing of small calls (at most 8 tokens and 32 (token, slot)
-  // pairs: one warp per token, then one warp groups the pairs) rather than the general CTA-wide
-  // routing; the same ids, weights, logits, active experts and offsets (an expert's pairs may lie
-  // in another order: every result is compared through token_pair). false: the general routing at
-  // every size (tests and `bench-kernels` compare the two).
-  bool small_route = true;
-  // moe_decode: the experts-up kernel's routed items start on the routing's flag (set once the
-  // groups are stored) rather than on the gate grid's completion (false: the grid-dependency wait;
-  // the benchmark compares the two). The same results either way.
-  bool route_flag = true;
 };
 
 // True when moe_decode handles these weights (formats and alignment; never depends on tokens).
@@ -118,8 +107,7 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s);
 // The three kernels, for tests and the benchmark (in this order; each reads what the previous
 // one wrote into a.buf). moe_decode runs the shared expert's up projection before the experts-up
 // kernel's dependency wait (its predecessor is the gate + routing kernel, which lets it start only
-// past its own wait), and its routed items start on the routing's flag rather than on the gate
-// grid's completion; moe_experts_up alone runs it after the wait. Both give the same bits for
+// past its own wait); moe_experts_up alone runs it after the wait. Both give the same bits for
 // every (token, slot) pair (its row is token_pair's: the order of an expert's pairs is the routing
 // atomics', so two calls may store the same pair at different rows).
 void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s);    // -> gate_logits, ids, weights, groups

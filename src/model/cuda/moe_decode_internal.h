@@ -31,21 +31,7 @@ constexpr int kSlotBytes = kMxDataBytes + kRows * 8;
 constexpr int kMaxRing = 6;
 constexpr int kMinRing = 2;
 constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
-// counters: [0] the gate ticket, [32] the routing flag (kRouteDone: a 128-byte line of its own, away
-// from the ticket's atomics while up CTAs poll it), [64, 64 + dim/16) combine, then act_quant's.
-constexpr int kCombine0 = 64;
-// counters[kRouteDone], moe_decode's routing flag: 0 between calls; kRoutePending once the gate
-// kernel's CTA 0 is past its wait (before its trigger, so before the up kernel starts); kRouteReady
-// once the routing CTA has stored the groups (release). The experts-up kernel of the same call
-// polls it (acquire) instead of waiting for the whole gate grid; the down kernel, past its wait
-// (every up CTA has read it), sets it back to 0. The poll falls back to the grid-dependency wait
-// (always correct) after kRouteSpinLimit polls, or after kRouteIdlePolls polls that still read 0:
-// a step without this call's gate kernel (a profile's ablation removing it) then costs the up
-// kernel a few microseconds, not the whole bound.
-constexpr int kRouteDone = 32;
-constexpr int kRouteReady = 1, kRoutePending = 2;
-constexpr int kRouteSpinLimit = 1 << 18;  // about 0.2 s
-constexpr int kRouteIdlePolls = 4;  // a poll is an L2 round trip (about 1 us) and a short sleep
+constexpr int kCombine0 = 32;              // counters: [0] the gate ticket, [32, 32 + dim/16) combine
 
 inline int64_t max_active_of(const MoeDecodeDims& d, int64_t tokens) {
   return std::min<int64_t>(d.n_experts, tokens * d.topk);
@@ -98,23 +84,6 @@ inline GateSplit gate_split(int64_t dim, int n_experts) {
 // the pairs of up to kRoutePairs (token, slot) pairs).
 constexpr int kRoutePairs = 1024;
 size_t route_smem(int n_experts, int expert_count);
-
-// The gate + routing kernel; `signal`: set counters[kRouteDone] (pending, then ready when the
-// groups are stored; moe_decode only: its down kernel resets it; a standalone moe_gate_route leaves
-// it zero).
-void gate_route(const MoeDecodeArgs& a, cudaStream_t s, bool signal);
-
-__device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_gpu(int32_t* p, int v) {
-  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_release_gpu(int32_t* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 
 template <typename Kernel, typename... Args>
 void launch(Kernel* kern, dim3 grid, size_t smem, bool pdl, cudaStream_t s, Args&&... args) {

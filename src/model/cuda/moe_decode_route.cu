@@ -16,9 +16,7 @@
 // Tail (the last CTA only, no other global round trip than reading the partials): 8 tokens at a
 // time, all threads add the partials and compute every expert's selection value into shared
 // memory, then each warp picks one token's experts; the grouping reads the ids from shared memory
-// (global memory past kRoutePairs pairs) and keeps the offsets there. Small calls (at most 8
-// tokens and 32 pairs: decode at batch 1 to 5) take route_small instead: the same logits and picks,
-// then one warp groups the pairs (a lane each): one CTA barrier at one token, not five.
+// (global memory past kRoutePairs pairs) and keeps the offsets there.
 #include "kernels/cuda/decode_mma.cuh"
 #include "model/cuda/moe_decode_internal.h"
 #include "model/cuda/smem_bounds.h"
@@ -46,15 +44,7 @@ struct GateRouteArgs {
   float* pair_weight;         // [tokens * topk]
   int32_t* token_pair;        // [tokens, topk]
   int32_t* combine_order;     // [tokens, topk]
-  int small;                  // route_small (tokens <= kWarps, tokens * topk <= 32), else route_tail
-  int32_t* done;              // counters[kRouteDone] (moe_decode_internal.h); null: not set
 };
-
-// The groups (active, pair_token, pair_weight, token_pair, combine_order) are stored before the
-// flag: each writer fences its own, then a barrier of the writers, then the leader's release.
-__device__ __forceinline__ void signal_done(int32_t* done, bool leader) {
-  if (leader) st_release_gpu(done, kRouteReady);
-}
 
 // 16 bytes of weight, read-only and not kept in L1; volatile, so it stays before pdl_wait().
 __device__ __forceinline__ uint4 ld_weight16(const uint8_t* p) {
@@ -113,46 +103,12 @@ __host__ __device__ inline size_t tail_bytes(int E, int EL, TailSmem* t, uint8_t
 // The GEMV's per-warp partial tiles: two buffers (alternate m tiles) of 8 warps x 16 tokens x 8 rows.
 constexpr size_t kRedBytes = sizeof(float) * 2 * kWarps * 16 * kGateRows;
 
-// The logits and selection values of tokens [t0, t0 + n) (n <= kWarps) into s.z / s.sel (row
-// t - t0) and a.logits, by all threads: the k blocks' partials added in order (4 outputs a thread
-// at once, every load issued before the first add), then each expert's selection value.
-__device__ __forceinline__ void round_logits(const GateRouteArgs& a, const TailSmem& s, int64_t t0, int n) {
-  const kernels::MoeGateParams& gp = a.gate;
-  const int E = gp.n_experts;
-  const int64_t TE = a.tokens * E;
-  const int nE = n * E;
-  const bool hash = gp.tid2eid != nullptr;
-  const float* src = a.partial + t0 * E;
-  for (int i0 = threadIdx.x; i0 < nE; i0 += 4 * kThreads) {
-    float v[4][kGateMaxKb], bias[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int i = i0 + q * kThreads;
-#pragma unroll
-      for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = i < nE && b < a.kb ? __ldcg(src + b * TE + i) : 0.0f;
-      bias[q] = i < nE && gp.bias ? gp.bias[i % E] : 0.0f;
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int i = i0 + q * kThreads;
-      if (i >= nE) break;
-      float z = v[q][0];
-#pragma unroll
-      for (int b = 1; b < kGateMaxKb; ++b)
-        if (b < a.kb) z = kc::add_rn(z, v[q][b]);
-      s.z[i] = z;
-      a.logits[t0 * E + i] = z;
-      if (!hash) s.sel[i] = kc::moe_gate_sel(z, gp.bias != nullptr, bias[q]);
-    }
-  }
-}
-
 // Routing and grouping by the last CTA (see the file comment).
 __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const kernels::MoeGateParams& gp = a.gate;
   const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
-  const int64_t T = a.tokens, P = T * K;
+  const int64_t T = a.tokens, P = T * K, TE = T * E;
   TailSmem s;
   tail_bytes(E, EL, &s, smem);
   const bool fit = P <= kRoutePairs;
@@ -162,9 +118,35 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
     s.cnt[i] = 0;
     s.cursor[i] = 0;
   }
+  const bool hash = gp.tid2eid != nullptr;
   for (int64_t t0 = 0; t0 < T; t0 += kWarps) {
     const int n = static_cast<int>(T - t0 < kWarps ? T - t0 : kWarps);
-    round_logits(a, s, t0, n);
+    const int nE = n * E;
+    const float* src = a.partial + t0 * E;
+    // Logits: the k blocks' partials added in order (4 outputs a thread at once, every load issued
+    // before the first add), then each expert's selection value.
+    for (int i0 = threadIdx.x; i0 < nE; i0 += 4 * kThreads) {
+      float v[4][kGateMaxKb], bias[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = i0 + q * kThreads;
+#pragma unroll
+        for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = i < nE && b < a.kb ? __ldcg(src + b * TE + i) : 0.0f;
+        bias[q] = i < nE && gp.bias ? gp.bias[i % E] : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = i0 + q * kThreads;
+        if (i >= nE) break;
+        float z = v[q][0];
+#pragma unroll
+        for (int b = 1; b < kGateMaxKb; ++b)
+          if (b < a.kb) z = kc::add_rn(z, v[q][b]);
+        s.z[i] = z;
+        a.logits[t0 * E + i] = z;
+        if (!hash) s.sel[i] = kc::moe_gate_sel(z, gp.bias != nullptr, bias[q]);
+      }
+    }
     __syncthreads();
     if (warp < n) {
       const int64_t t = t0 + warp;
@@ -253,100 +235,6 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
     }
     a.combine_order[t0 + rank] = pos;
   }
-  if (a.done) {
-    __threadfence();
-    __syncthreads();
-    signal_done(a.done, threadIdx.x == 0);
-  }
-}
-
-// Calls of at most kWarps tokens and 32 (token, slot) pairs (batch 1 to 5 at top-6), the decode
-// step's usual case, whose routing lies on the step's critical path: route_tail's one round of
-// logits (all threads) and picks (a warp per token), then one warp groups the pairs with a lane per
-// pair: a pair's row is the local pairs of lower experts plus the same expert's lower slots (a
-// fixed order where route_tail's is the atomics', which no result depends on), the active experts
-// those of the pairs that are their expert's first. One CTA barrier (two past one token) instead
-// of five, no shared-memory atomics, no scans over the rank's experts.
-__device__ void route_small(const GateRouteArgs& a, uint8_t* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const kernels::MoeGateParams& gp = a.gate;
-  const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
-  const int T = static_cast<int>(a.tokens), P = T * K;
-  TailSmem s;
-  tail_bytes(E, EL, &s, smem);
-  round_logits(a, s, 0, T);
-  __syncthreads();
-  if (warp < T) {
-    const int t = warp;
-    int32_t id;
-    float w;
-    kc::moe_gate_pick(gp, t, s.z + warp * E, s.sel + warp * E, lane, id, w);
-    if (lane < K) {
-      gp.expert_ids[t * K + lane] = id;
-      gp.weights[t * K + lane] = w;
-      s.ids[t * K + lane] = id;
-      s.wts[t * K + lane] = w;
-    }
-  }
-  if (T > 1) __syncthreads();  // every token's ids in s.ids (uniform: T is the launch's)
-  if (warp != 0) return;
-  __syncwarp();
-  // Lane p < P: pair p (token p / K, slot p % K). key: its local expert, -1 for another rank's.
-  const bool valid = lane < P;
-  const int id = valid ? s.ids[lane] : 0;
-  const int le = id - a.expert_begin;
-  const bool local = valid && le >= 0 && le < EL;
-  const int key = local ? le : -1;
-  // below: local pairs of lower experts; before: this expert's pairs in lower slots.
-  int below = 0, before = 0;
-  for (int q = 0; q < P; ++q) {
-    const int kq = __shfl_sync(0xffffffffu, key, q);
-    if (kq >= 0) {
-      below += kq < key;
-      before += kq == key && q < lane;
-    }
-  }
-  const bool first = local && before == 0;
-  const uint32_t firsts = __ballot_sync(0xffffffffu, first);
-  int slot = 0;  // active experts below this pair's
-  for (int q = 0; q < P; ++q) {
-    const int kq = __shfl_sync(0xffffffffu, key, q);
-    slot += ((firsts >> q) & 1u) && kq < key;
-  }
-  const int pos = below + before;
-  int32_t* act_expert = a.active + 1;
-  int32_t* act_off = a.active + 1 + a.max_active;
-  if (first) {
-    act_expert[slot] = key;
-    act_off[slot] = below;
-  }
-  const int total = __popc(firsts);
-  const int nlocal = __popc(__ballot_sync(0xffffffffu, local));
-  if (lane == 0) {
-    a.active[0] = total;
-    act_off[total] = nlocal;
-  }
-  // The combine's order: the pair's rank among its token's slots by (expert id, slot), as route_tail.
-  const int t0 = lane / K * K, k = lane - t0;
-  int rank = 0;
-  for (int q = 0; q < K; ++q) {
-    const int iq = __shfl_sync(0xffffffffu, id, (t0 + q) & 31);
-    rank += iq < id || (iq == id && q < k);
-  }
-  if (valid) {
-    if (local) {
-      a.pair_token[pos] = lane / K;
-      a.pair_weight[pos] = s.wts[lane];
-    }
-    const int32_t tp = local ? pos : -1;
-    a.token_pair[lane] = tp;
-    a.combine_order[t0 + rank] = tp;
-  }
-  if (a.done) {
-    __threadfence();
-    __syncwarp();
-    signal_done(a.done, lane == 0);
-  }
 }
 
 __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_constant__ GateRouteArgs a) {
@@ -373,10 +261,6 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // x's codes (written before this kernel) before its own wait (its early shared expert), so every
   // kernel before this one must be complete when it starts.
   kc::pdl_wait();
-  // The routing flag's "pending" (before the trigger: the up kernel polls only once it starts);
-  // the previous call's down kernel, which reset it, is complete. Relaxed: it only tells the poll
-  // to keep polling, and a poll that misses it falls back to the wait.
-  if (a.done && blockIdx.x == 0 && threadIdx.x == 0) st_relaxed_gpu(a.done, kRoutePending);
   kc::pdl_trigger();
 
   float* red = reinterpret_cast<float*>(smem);
@@ -422,9 +306,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // The red buffers' last readers are past the barriers above.
-  if (a.small) route_small(a, smem);
-  else route_tail(a, smem);
+  route_tail(a, smem);  // the red buffers' last readers are past the barriers above
   if (threadIdx.x == 0) *a.ticket = 0;
 }
 
@@ -434,9 +316,7 @@ size_t moe_internal::route_smem(int n_experts, int expert_count) {
   return std::max(kRedBytes, tail_bytes(n_experts, expert_count, nullptr, nullptr));
 }
 
-void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) { gate_route(a, s, false); }
-
-void moe_internal::gate_route(const MoeDecodeArgs& a, cudaStream_t s, bool signal) {
+void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   const MoeDecodeDims& d = a.dims;
   const GateSplit sp = gate_split(d.dim, d.n_experts);
   TANDEM_CHECK(sp.kb <= kGateMaxKb && a.gate.n == d.n_experts && a.gate.k == d.dim);
@@ -470,8 +350,6 @@ void moe_internal::gate_route(const MoeDecodeArgs& a, cudaStream_t s, bool signa
   ga.pair_weight = a.buf.pair_weight;
   ga.token_pair = a.buf.token_pair;
   ga.combine_order = a.buf.combine_order;
-  ga.done = signal ? a.buf.counters + kRouteDone : nullptr;
-  ga.small = a.small_route && a.tokens <= kWarps && a.tokens * d.topk <= kc::kWarp;
   const size_t smem = route_smem(d.n_experts, a.expert_count);
   static std::atomic<bool> attr{false};
   allow_smem(reinterpret_cast<const void*>(gate_route_kernel), attr);
