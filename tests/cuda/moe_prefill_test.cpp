@@ -390,7 +390,7 @@ struct MoeDev {
   }
   // pair_out rows of tokens [t0, t0 + T) of (x, eids, ew), computed in a step of those T tokens.
   std::vector<float> run(const std::vector<float>& x, const std::vector<int32_t>& eids, const std::vector<float>& ew,
-                         int64_t t0, int64_t T, TcBackend be, bool coupled_copies = false) const {
+                         int64_t t0, int64_t T, TcBackend be, bool early_copies = false) const {
     DeviceBuffer<float> dx = to_dev(std::vector<float>(x.begin() + t0 * D, x.begin() + (t0 + T) * D));
     DeviceBuffer<int32_t> de = to_dev(std::vector<int32_t>(eids.begin() + t0 * topk, eids.begin() + (t0 + T) * topk));
     DeviceBuffer<float> dw = to_dev(std::vector<float>(ew.begin() + t0 * topk, ew.begin() + (t0 + T) * topk));
@@ -398,7 +398,7 @@ struct MoeDev {
     const cuda_model::MoePrefillScratch s = cuda_model::moe_prefill_scratch(scratch.get(), T, topk, n_local, D, I);
     auto po = poisoned<float>(static_cast<size_t>(T * topk * D));
     cuda_model::MoePrefillArgs a = args(dx.get(), de.get(), dw.get(), T, po.get());
-    a.ws_coupled_copies = coupled_copies;
+    a.ws_early_copies = early_copies;
     EXPECT_TRUE(cuda_model::moe_prefill_supported(a, s));
     cuda_model::moe_prefill(a, s, be, kStream);
     return to_host(po);
@@ -603,8 +603,8 @@ TEST(CudaMoePrefill, ExactBlockSumsMatchTheEmulation) {
   }
 }
 
-// The warp-specialized kernels' two copy pipelines (copies as far ahead as the ring allows, the
-// default; or requested by the converters 3 K blocks ahead, MoeWsArgs::coupled_copies) feed the
+// The warp-specialized kernels' two copy pipelines (requested by the converters 3 K blocks ahead, the
+// default; or as far ahead as the ring allows, MoeWsArgs::early_copies) feed the
 // same codes and scales to the same MMAs: the same bits in every pair row. Sized so every CTA of a
 // 132-SM grid walks several tiles (the ring wrapping across tile ends and epilogues), with tiles of
 // at most 64 slots among them (the second consumer warpgroup idle).
@@ -619,15 +619,15 @@ TEST(CudaMoePrefill, WsCopyPipelinesGiveTheSameBits) {
   const std::vector<float> x = randn(static_cast<size_t>(T * D), 92, 1.0f, true);
   // Local experts 2..9 of 12: ~750 slots each (6 tiles, the last one partial).
   const MoeDev dev(make_mxfp4(8 * I, D, 31), make_mxfp4(8 * I, D, 32), make_mxfp4(8 * D, I, 33), D, I, topk, 2, 8);
-  const std::vector<float> ahead = dev.run(x, eids, ew, 0, T, TcBackend::kWgmmaWs);
-  const std::vector<float> coupled = dev.run(x, eids, ew, 0, T, TcBackend::kWgmmaWs, true);
-  EXPECT_TRUE(same_bits(ahead, coupled)) << "pair_out, default pipeline vs coupled copies";
+  const std::vector<float> ahead = dev.run(x, eids, ew, 0, T, TcBackend::kWgmmaWs, true);
+  const std::vector<float> coupled = dev.run(x, eids, ew, 0, T, TcBackend::kWgmmaWs);
+  EXPECT_TRUE(same_bits(ahead, coupled)) << "pair_out, early copies vs the default pipeline";
   size_t written = 0;
   for (float v : ahead) written += std::isnan(v) ? 0 : 1;
   EXPECT_GT(written, ahead.size() / 2) << "most pair rows are local here";
   // Again on a step of 70 tokens (one partial tile per expert, most of them <= 64 slots).
-  const std::vector<float> a2 = dev.run(x, eids, ew, 100, 70, TcBackend::kWgmmaWs);
-  const std::vector<float> c2 = dev.run(x, eids, ew, 100, 70, TcBackend::kWgmmaWs, true);
+  const std::vector<float> a2 = dev.run(x, eids, ew, 100, 70, TcBackend::kWgmmaWs, true);
+  const std::vector<float> c2 = dev.run(x, eids, ew, 100, 70, TcBackend::kWgmmaWs);
   EXPECT_TRUE(same_bits(a2, c2)) << "70 tokens, default pipeline vs coupled copies";
 }
 

@@ -83,7 +83,7 @@ struct MoeWsParams {
   int64_t k, n;
   int nk, num_n;
   float limit;
-  int coupled;                // MoeWsArgs::coupled_copies
+  int coupled;                // !MoeWsArgs::early_copies
 };
 
 // Tile t of the persistent sequence: local expert, first slot, first weight row within the expert.
@@ -159,14 +159,15 @@ struct MoeLoader {
 // item i = B tile column i / 4 (a weight row), 32-element group i % 4 (= ct % 4 for both). A
 // warp's 32 consecutive items cover 8 rows x 4 groups: conflict-free reads of 512 raw bytes and
 // swizzled 16-byte stores. Thread 0 also issues the copies:
-//  * by default as far ahead as the ring allows, without waiting: before converting K block seq it
+//  * with MoeWsArgs::early_copies (!p.coupled; measured slower, kept for comparison) as far ahead as
+//    the ring allows, without waiting: before converting K block seq it
 //    requests every block below seq + kStages whose stage the consumers have already released (after
 //    making sure block seq itself is requested: a wait for the release of block seq - kStages, which
 //    needs only conversions already done), and keeps requesting while it waits for block seq's
 //    copies. The copies then run up to 4 K blocks ahead, bounded by the consumers alone, and a
 //    stage released during a wait is refilled at once (at a tile's end, while the consumers run
 //    their epilogue, the ring fills and the next copies go out as soon as the MMAs resume);
-//  * p.coupled (the earlier pipeline, kept for comparison): block seq + kLead before converting
+//  * p.coupled (the default, the faster on the H200): block seq + kLead before converting
 //    block seq, waiting for the release of K block seq - 2 (conversions already done) while warp 0
 //    waits at __syncwarp.
 template <bool kUp>
@@ -485,7 +486,7 @@ void moe_group_ws(const MoeWsArgs& a, cudaStream_t st) {
   p.nk = static_cast<int>(a.k / 128);
   p.num_n = static_cast<int>(a.n / (a.up ? 64 : 128));
   p.limit = a.limit;
-  p.coupled = a.coupled_copies ? 1 : 0;
+  p.coupled = a.early_copies ? 0 : 1;
   const int64_t bound = a.max_tiles * p.num_n;
   TANDEM_CHECK_MSG(bound < (int64_t{1} << 31), "moe_group_ws: too many tiles");
   const int grid = static_cast<int>(std::min<int64_t>(bound, kc::tc_sm_count()));
