@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/model_options.h"
+#include "cuda/require_gpu.h"
 #include "kernels/cuda/cuda_util.h"
 #include "model/cuda/cuda_model.h"
 #include "model/run_helpers.h"
@@ -22,28 +24,10 @@
 namespace tandem {
 namespace {
 
+using testing::model_options;
 using testing::tiny_config;
 using testing::tiny_weights;
 using testing::tokens;
-
-#define SKIP_WITHOUT_GPU()                                                                     \
-  do {                                                                                         \
-    if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";           \
-    if (!kernels::cuda::binary_supports_device(0))                                             \
-      GTEST_SKIP() << "this build has no kernels for " << kernels::cuda::device_description(0); \
-  } while (0)
-
-ModelOptions options() {
-  ModelOptions o;
-  o.max_slots = 4;
-  o.num_blocks = 16;
-  o.block_size = 256;
-  o.max_rollback = 8;
-  o.max_tokens_per_step = 512;
-  o.num_threads = 0;
-  o.kv_dtype = KvDtype::kFp8;
-  return o;
-}
 
 // One result's fields, bit for bit (floats compared as bits), as text for the first mismatch.
 std::string result_difference(const SampleRowResult& a, const SampleRowResult& b) {
@@ -75,7 +59,7 @@ struct Models {
   Models() {
     for (int graphs : {4, 0}) {
       CudaModelOptions co;
-      co.model = options();
+      co.model = model_options();
       co.max_graph_batch = graphs;
       auto g = CudaModel::from_tensors(cfg, tw.ptrs(), co);
       EXPECT_TRUE(g.ok()) << g.status().to_string();
@@ -131,7 +115,7 @@ RowArrays step_rows(int ns, int per, int step, int64_t V, const std::vector<std:
 }
 
 TEST(CudaSamplerGraph, InGraphSamplingEqualsTheSeparateLaunchAndTheEagerModel) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Models mm;
   ASSERT_TRUE(mm.graph && mm.eager);
   CudaModel& g = *mm.graph;
@@ -199,7 +183,7 @@ TEST(CudaSamplerGraph, InGraphSamplingEqualsTheSeparateLaunchAndTheEagerModel) {
 }
 
 TEST(CudaSamplerGraph, RowsOffTheGraphLayoutTakeTheSeparateLaunch) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Models mm;
   ASSERT_TRUE(mm.graph);
   CudaModel& g = *mm.graph;
@@ -291,7 +275,7 @@ std::vector<SampleRow> greedy_rows(const StepBatch& b) {
 // decode and verify replays with the sampler in the graph, a padded replay without sampling, and
 // eager steps mixing kLast, kNone, kAll and empty sequences, on a graph model and an eager one.
 TEST(CudaSamplerGraph, ReportedLogitsRowsAreThePlannedOnesInPaddedAndMixedSteps) {
-  SKIP_WITHOUT_GPU();
+  TANDEM_REQUIRE_GPU();
   Models mm;
   ASSERT_TRUE(mm.graph && mm.eager);
   mm.graph->capture_graphs(/*taps=*/false, /*sampler=*/true);
