@@ -448,20 +448,10 @@ Status bench(const Args& a) {
                          {"local_pairs", local}, {"min_pairs_per_expert", *mn}, {"max_pairs_per_expert", *mx}};
     ex["paths"] = nlohmann::json::array();
     const double route_ms = time_ms(st, a.reps, [&] { cuda_model::moe_prefill_route(ma, ms_, st); });
-    // The warp-specialized kernels once more with the early copy pipeline (copies requested as soon
-    // as a stage frees, MoeWsArgs::early_copies), for comparison: path "tc-wgmma-ws-early".
-    std::vector<std::pair<kc::TcBackend, bool>> runs;
     for (kc::TcBackend b : bes) {
-      runs.emplace_back(b, false);
-      if (b == kc::TcBackend::kWgmmaWs) runs.emplace_back(b, true);
-    }
-    for (const auto& run : runs) {
-      const kc::TcBackend b = run.first;
-      const bool early = run.second;
-      ma.ws_early_copies = early;
       const double up_ms = time_ms(st, a.reps, [&] { cuda_model::moe_prefill_up(ma, ms_, b, st); });
       const double down_ms = time_ms(st, a.reps, [&] { cuda_model::moe_prefill_down(ma, ms_, b, st); });
-      const std::string path = std::string("tc-") + kc::tc_backend_name(b) + (early ? "-early" : "");
+      const std::string path = std::string("tc-") + kc::tc_backend_name(b);
       const double up_tf = add_row("experts_up", path, local, 2 * I, D, 1, up_ms);
       const double down_tf = add_row("experts_dn", path, local, D, I, 1, down_ms);
       const double all = route_ms + up_ms + down_ms;
@@ -473,7 +463,6 @@ Status bench(const Args& a) {
                              {"down_us", down_ms * 1e3}, {"up_tflops", up_tf}, {"down_tflops", down_tf},
                              {"end_to_end_tflops", tf}, {"fraction_of_fp8_peak", peak > 0 ? tf / peak : 0.0}});
     }
-    ma.ws_early_copies = false;
     j["experts"] = ex;
   }
   TANDEM_CUDA_CHECK(cudaStreamDestroy(st));

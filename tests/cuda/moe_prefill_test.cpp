@@ -390,15 +390,14 @@ struct MoeDev {
   }
   // pair_out rows of tokens [t0, t0 + T) of (x, eids, ew), computed in a step of those T tokens.
   std::vector<float> run(const std::vector<float>& x, const std::vector<int32_t>& eids, const std::vector<float>& ew,
-                         int64_t t0, int64_t T, TcBackend be, bool early_copies = false) const {
+                         int64_t t0, int64_t T, TcBackend be) const {
     DeviceBuffer<float> dx = to_dev(std::vector<float>(x.begin() + t0 * D, x.begin() + (t0 + T) * D));
     DeviceBuffer<int32_t> de = to_dev(std::vector<int32_t>(eids.begin() + t0 * topk, eids.begin() + (t0 + T) * topk));
     DeviceBuffer<float> dw = to_dev(std::vector<float>(ew.begin() + t0 * topk, ew.begin() + (t0 + T) * topk));
     DeviceBuffer<uint8_t> scratch(cuda_model::moe_prefill_scratch_bytes(T, topk, n_local, D, I));
     const cuda_model::MoePrefillScratch s = cuda_model::moe_prefill_scratch(scratch.get(), T, topk, n_local, D, I);
     auto po = poisoned<float>(static_cast<size_t>(T * topk * D));
-    cuda_model::MoePrefillArgs a = args(dx.get(), de.get(), dw.get(), T, po.get());
-    a.ws_early_copies = early_copies;
+    const cuda_model::MoePrefillArgs a = args(dx.get(), de.get(), dw.get(), T, po.get());
     EXPECT_TRUE(cuda_model::moe_prefill_supported(a, s));
     cuda_model::moe_prefill(a, s, be, kStream);
     return to_host(po);
@@ -601,34 +600,6 @@ TEST(CudaMoePrefill, ExactBlockSumsMatchTheEmulation) {
       for (int64_t n = 0; n < D; ++n) got_rows.push_back(got[order[sl] * D + n]);
     EXPECT_TRUE(same_bits(got_rows, want_rows)) << "down";
   }
-}
-
-// The warp-specialized kernels' two copy pipelines (requested by the converters 3 K blocks ahead, the
-// default; or as far ahead as the ring allows, MoeWsArgs::early_copies) feed the
-// same codes and scales to the same MMAs: the same bits in every pair row. Sized so every CTA of a
-// 132-SM grid walks several tiles (the ring wrapping across tile ends and epilogues), with tiles of
-// at most 64 slots among them (the second consumer warpgroup idle).
-TEST(CudaMoePrefill, WsCopyPipelinesGiveTheSameBits) {
-  TANDEM_REQUIRE_GPU();
-  if (!cuda::tc_device_has_wgmma() || !cuda::tma_available()) GTEST_SKIP() << "no sm_90a + TMA device";
-  const int64_t T = 1500, D = 1024, I = 512;  // up: 8 K blocks, 8 column blocks; down: 4 and 8
-  const int topk = 6, E = 12;
-  std::vector<int32_t> eids;
-  std::vector<float> ew;
-  make_routing(T, topk, E, 91, eids, ew);
-  const std::vector<float> x = randn(static_cast<size_t>(T * D), 92, 1.0f, true);
-  // Local experts 2..9 of 12: ~750 slots each (6 tiles, the last one partial).
-  const MoeDev dev(make_mxfp4(8 * I, D, 31), make_mxfp4(8 * I, D, 32), make_mxfp4(8 * D, I, 33), D, I, topk, 2, 8);
-  const std::vector<float> ahead = dev.run(x, eids, ew, 0, T, TcBackend::kWgmmaWs, true);
-  const std::vector<float> coupled = dev.run(x, eids, ew, 0, T, TcBackend::kWgmmaWs);
-  EXPECT_TRUE(same_bits(ahead, coupled)) << "pair_out, early copies vs the default pipeline";
-  size_t written = 0;
-  for (float v : ahead) written += std::isnan(v) ? 0 : 1;
-  EXPECT_GT(written, ahead.size() / 2) << "most pair rows are local here";
-  // Again on a step of 70 tokens (one partial tile per expert, most of them <= 64 slots).
-  const std::vector<float> a2 = dev.run(x, eids, ew, 100, 70, TcBackend::kWgmmaWs, true);
-  const std::vector<float> c2 = dev.run(x, eids, ew, 100, 70, TcBackend::kWgmmaWs);
-  EXPECT_TRUE(same_bits(a2, c2)) << "70 tokens, default pipeline vs coupled copies";
 }
 
 TEST(CudaMoePrefill, AllExpertsLocal) {

@@ -141,6 +141,34 @@ struct Ctx {
 // latency-bound at 4 warps per scheduler; 8 groups of 32 span 8 chunks of ZSlice, so each round
 // trip to the L2 serves 256 ids). pred must be pure (it is evaluated ahead of fn).
 constexpr int kAhead = 8;
+
+// The compaction's queue (q: a warp's shared offsets from b; n queued, < 32 between calls): lane
+// l's id v joins when ok, in lane order, and each full batch of 32 goes to fn. Every lane calls it.
+template <typename Fn>
+__device__ __forceinline__ void queue_group(int64_t b, int64_t v, bool ok, unsigned* q, int& n, Fn& fn) {
+  const int lane = threadIdx.x & 31;
+  const unsigned ball = __ballot_sync(0xffffffffu, ok);
+  if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
+  n += __popc(ball);
+  __syncwarp();
+  if (n >= 32) {
+    const int64_t w = b + q[lane];
+    if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
+    __syncwarp();
+    n -= 32;
+    fn(w, true);
+  }
+}
+// The last, partial batch (ok false past its end), then the queue is free for the next use.
+template <typename Fn>
+__device__ __forceinline__ void flush_queue(int64_t b, const unsigned* q, int n, Fn& fn) {
+  const int lane = threadIdx.x & 31;
+  if (n > 0) {
+    const bool ok = lane < n;
+    fn(ok ? b + q[lane] : b, ok);
+  }
+  __syncwarp();
+}
 template <typename Pred, typename Fn>
 __device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, Pred pred, Fn fn) {
   const int lane = threadIdx.x & 31;
@@ -156,24 +184,10 @@ __device__ __forceinline__ void warp_batches(int64_t b, int64_t e, unsigned* q, 
     for (int u = 0; u < kAhead && g0 + 32 * u < e; ++u) {  // warp-uniform bounds
       const int64_t v = g0 + 32 * u + lane;
       const bool ok = (oks >> u) & 1u;
-      const unsigned ball = __ballot_sync(0xffffffffu, ok);
-      if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
-      n += __popc(ball);
-      __syncwarp();
-      if (n >= 32) {
-        const int64_t w = b + q[lane];
-        if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
-        __syncwarp();
-        n -= 32;
-        fn(w, true);
-      }
+      queue_group(b, v, ok, q, n, fn);
     }
   }
-  if (n > 0) {
-    const bool ok = lane < n;
-    fn(ok ? b + q[lane] : b, ok);
-  }
-  __syncwarp();  // the queue is free for the next use
+  flush_queue(b, q, n, fn);
 }
 
 // warp_batches with pred(v) = test(load(v)), pipelined: the next kAhead groups' values are loaded
@@ -207,24 +221,10 @@ __device__ __forceinline__ void warp_batches_pipelined(int64_t b, int64_t e, uns
     for (int u = 0; u < kAhead && g0 + 32 * u < e; ++u) {  // warp-uniform bounds
       const int64_t v = g0 + 32 * u + lane;
       const bool ok = (oks >> u) & 1u;
-      const unsigned ball = __ballot_sync(0xffffffffu, ok);
-      if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
-      n += __popc(ball);
-      __syncwarp();
-      if (n >= 32) {
-        const int64_t w = b + q[lane];
-        if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
-        __syncwarp();
-        n -= 32;
-        fn(w, true);
-      }
+      queue_group(b, v, ok, q, n, fn);
     }
   }
-  if (n > 0) {
-    const bool ok = lane < n;
-    fn(ok ? b + q[lane] : b, ok);
-  }
-  __syncwarp();  // the queue is free for the next use
+  flush_queue(b, q, n, fn);
 }
 
 // warp_batches over [b, e) (b - the CTA's first id a multiple of 32) where pred(v) = bit v - b of
@@ -246,24 +246,10 @@ __device__ __forceinline__ void warp_batches_masked(int64_t b, int64_t e, const 
       const unsigned bits = __shfl_sync(0xffffffffu, word, cl);
       const int64_t v = b + 32 * static_cast<int64_t>(k0 + cl) + lane;
       const bool ok = ((bits >> lane) & 1u) && v < e && test(load(v));
-      const unsigned ball = __ballot_sync(0xffffffffu, ok);
-      if (ok) q[n + __popc(ball & ((1u << lane) - 1u))] = static_cast<unsigned>(v - b);
-      n += __popc(ball);
-      __syncwarp();
-      if (n >= 32) {
-        const int64_t w = b + q[lane];
-        if (lane < n - 32) q[lane] = q[lane + 32];  // lane l alone reads q[l] and writes it
-        __syncwarp();
-        n -= 32;
-        fn(w, true);
-      }
+      queue_group(b, v, ok, q, n, fn);
     }
   }
-  if (n > 0) {
-    const bool ok = lane < n;
-    fn(ok ? b + q[lane] : b, ok);
-  }
-  __syncwarp();  // the queue is free for the next use
+  flush_queue(b, q, n, fn);
 }
 
 // A warp's candidates recorded by an earlier pass: offsets from the CTA's first id, in increasing

@@ -405,7 +405,6 @@ MoeWsArgs ws_args(const MoePrefillArgs& a, const MoePrefillScratch& s) {
   w.topk = a.topk;
   w.route_w = a.weights;
   w.limit = a.limit;
-  w.early_copies = a.ws_early_copies;
   return w;
 }
 }  // namespace

@@ -61,7 +61,6 @@ struct MoePrefillArgs {
   int64_t dim = 0, inter = 0;          // multiples of 128
   float limit = 0.0f;                  // swiglu_limit (<= 0: no clamp)
   float* pair_out = nullptr;           // [tokens * topk, dim]: rows of local pairs written
-  bool ws_early_copies = false;        // kWgmmaWs: MoeWsArgs::early_copies (comparison only)
 };
 // True when the grouped path can run these weights (MXFP4 whose 128-wide K blocks fit e4m3: see
 // mxfp4_blocks_fit_e4m3; dims multiples of 128; scratch large enough).

@@ -83,7 +83,6 @@ struct MoeWsParams {
   int64_t k, n;
   int nk, num_n;
   float limit;
-  int coupled;                // !MoeWsArgs::early_copies
 };
 
 // Tile t of the persistent sequence: local expert, first slot, first weight row within the expert.
@@ -101,13 +100,12 @@ __device__ __forceinline__ MoeTile moe_tile(const MoeWsParams& p, int t) {
   return r;
 }
 
-// The copies' side of the (tile, K block) sequence, run by thread 0 of the converters: copy()
-// requests the next K block's A tile and raw weights into the next stage (which the consumers have
-// released); nothing past the last tile. `issued` counts the K blocks requested, in the CTA's running
-// K-block order (the converters' `seq`).
+// The copies' side of the (tile, K block) sequence, run by thread 0 between its conversions:
+// issue() requests the next K block's A tile and raw weights into the next stage once the consumers
+// have released it; nothing past the last tile.
 template <bool kUp>
 struct MoeLoader {
-  int t = 0, kb = 0, slot0 = 0, wrow = 0, issued = 0;
+  int t = 0, kb = 0, slot0 = 0, wrow = 0;
   ws::Ring<kStages> ring;
   __device__ __forceinline__ void locate(const MoeWsParams& p, int total) {
     if (t >= total) return;
@@ -119,57 +117,32 @@ struct MoeLoader {
     t = static_cast<int>(blockIdx.x);
     locate(p, total);
   }
-  __device__ __forceinline__ void copy(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, int total) {
+  __device__ __forceinline__ void issue(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* empty,
+                                        int total) {
     using L = MoeSmem;
+    if (t >= total) return;
     uint64_t* bar = &full_ld[ring.stage];
+    ws::mbar_wait(&empty[ring.stage], ring.phase ^ 1u);
     ws::mbar_arrive_expect_tx(bar, L::kTile + L::kRawTile);
     ws::tma_load_2d(smem + L::kA + ring.stage * L::kTile, &p.a, kb * 128, slot0, bar);
     uint8_t* raw = smem + L::kRaw + ring.stage * L::kRawTile;
     ws::tma_load_2d(raw, &p.b, kb * 64, wrow, bar);
     if constexpr (kUp) ws::tma_load_2d(raw + L::kRawTile / 2, &p.b3, kb * 64, wrow, bar);
     ring.next();
-    ++issued;
     if (++kb == p.nk) {
       kb = 0;
       t += static_cast<int>(gridDim.x);
       locate(p, total);
     }
   }
-  // Waits for the next stage's release, then copies; false past the last tile.
-  __device__ __forceinline__ bool issue(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* empty,
-                                        int total) {
-    if (t >= total) return false;
-    ws::mbar_wait(&empty[ring.stage], ring.phase ^ 1u);
-    copy(p, smem, full_ld, total);
-    return true;
-  }
-  // Copies the next K block if it is below `limit` and its stage is released already; never waits.
-  // The caller passes limit <= seq + kStages once block seq is requested (so the release of block
-  // seq - kStages was observed): a block b below the limit finds the release of b - 2 kStages done,
-  // its stage's "empty" barrier at most one phase behind, and the parity test cannot alias.
-  __device__ __forceinline__ bool try_issue(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* empty,
-                                            int total, int limit) {
-    if (t >= total || issued >= limit || !ws::mbar_try_wait(&empty[ring.stage], ring.phase ^ 1u)) return false;
-    copy(p, smem, full_ld, total);
-    return true;
-  }
 };
 
 // The producer warpgroups, converter thread ct = 0..255: items i = ct + 256 j (j < 2) of each K block,
 // item i = B tile column i / 4 (a weight row), 32-element group i % 4 (= ct % 4 for both). A
 // warp's 32 consecutive items cover 8 rows x 4 groups: conflict-free reads of 512 raw bytes and
-// swizzled 16-byte stores. Thread 0 also issues the copies:
-//  * with MoeWsArgs::early_copies (!p.coupled; measured slower, kept for comparison) as far ahead as
-//    the ring allows, without waiting: before converting K block seq it
-//    requests every block below seq + kStages whose stage the consumers have already released (after
-//    making sure block seq itself is requested: a wait for the release of block seq - kStages, which
-//    needs only conversions already done), and keeps requesting while it waits for block seq's
-//    copies. The copies then run up to 4 K blocks ahead, bounded by the consumers alone, and a
-//    stage released during a wait is refilled at once (at a tile's end, while the consumers run
-//    their epilogue, the ring fills and the next copies go out as soon as the MMAs resume);
-//  * p.coupled (the default, the faster on the H200): block seq + kLead before converting
-//    block seq, waiting for the release of K block seq - 2 (conversions already done) while warp 0
-//    waits at __syncwarp.
+// swizzled 16-byte stores. Thread 0 also issues the copies, kLead K blocks ahead of the conversion:
+// the stage it refills was released by the consumers of K block (current - 2), which needs only
+// conversions already done, so the wait cannot block on the converters.
 template <bool kUp>
 __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* full_b,
                                             uint64_t* empty, int total) {
@@ -196,12 +169,10 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
   MoeLoader<kUp> ld;
   if (ct == 0) {
     ld.begin(p, total);
-    if (p.coupled)
-      for (int i = 0; i < kLead; ++i) ld.issue(p, smem, full_ld, empty, total);
+    for (int i = 0; i < kLead; ++i) ld.issue(p, smem, full_ld, empty, total);
   }
   __syncwarp();
   ws::Ring<kStages> ring;
-  int seq = 0;  // the CTA's running K-block count (ld.issued's order)
   for (int t = blockIdx.x; t < total; t += gridDim.x) {
     const MoeTile tl = moe_tile<kUp>(p, t);
     const uint32_t* sc[kItems];
@@ -217,30 +188,9 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
       uint32_t next[kItems];
 #pragma unroll
       for (int j = 0; j < kItems; ++j) next[j] = kb + 1 < p.nk ? __ldg(sc[j] + kb + 1) : 0u;
-      if (ct == 0) {
-        if (p.coupled) {
-          ld.issue(p, smem, full_ld, empty, total);  // K block seq + kLead
-        } else {
-          while (ld.issued <= seq && ld.issue(p, smem, full_ld, empty, total)) {
-          }
-          while (ld.try_issue(p, smem, full_ld, empty, total, seq + kStages)) {
-          }
-        }
-      }
+      if (ct == 0) ld.issue(p, smem, full_ld, empty, total);  // K block (this one + kLead)
       __syncwarp();  // warp 0 converts together again after thread 0's copies
-      if (ct == 0 && !p.coupled) {
-        // Block seq's copies, refilling stages the consumers release meanwhile.
-        if (!ws::mbar_try_wait(&full_ld[ring.stage], ring.phase)) {
-          const long long t0 = clock64();
-          for (uint32_t n = 1;; ++n) {
-            if (ws::mbar_try_wait(&full_ld[ring.stage], ring.phase)) break;
-            ld.try_issue(p, smem, full_ld, empty, total, seq + kStages);
-            if ((n & 255) == 0 && clock64() - t0 > ws::kWaitTrapCycles) __trap();
-          }
-        }
-      } else {
-        ws::mbar_wait(&full_ld[ring.stage], ring.phase);
-      }
+      ws::mbar_wait(&full_ld[ring.stage], ring.phase);
       const uint8_t* raw = smem + L::kRaw + ring.stage * L::kRawTile;
       uint8_t* dst = smem + L::kB + ring.stage * L::kTile;
       float* cs = reinterpret_cast<float*>(smem + L::kCs + ring.stage * 128 * 4);
@@ -264,7 +214,6 @@ __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem,
 #pragma unroll
       for (int j = 0; j < kItems; ++j) word[j] = next[j];
       ring.next();
-      ++seq;
     }
   }
 }
@@ -486,7 +435,6 @@ void moe_group_ws(const MoeWsArgs& a, cudaStream_t st) {
   p.nk = static_cast<int>(a.k / 128);
   p.num_n = static_cast<int>(a.n / (a.up ? 64 : 128));
   p.limit = a.limit;
-  p.coupled = a.early_copies ? 0 : 1;
   const int64_t bound = a.max_tiles * p.num_n;
   TANDEM_CHECK_MSG(bound < (int64_t{1} << 31), "moe_group_ws: too many tiles");
   const int grid = static_cast<int>(std::min<int64_t>(bound, kc::tc_sm_count()));

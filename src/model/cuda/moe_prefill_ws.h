@@ -29,12 +29,6 @@ struct MoeWsArgs {
   float limit = 0.0f;
   uint16_t* act = nullptr;          // up out: [pairs, n] bf16, row = sorted slot
   float* pair_out = nullptr;        // down out: [pairs, n], row = pair
-  // The default: the converters' thread 0 requests each K block's copies 3 blocks ahead of its
-  // conversion, waiting for the stage's release in line. early_copies: it requests every block whose
-  // stage is free, up to 4 ahead, waiting only for the block it converts next; the same bits, but
-  // measured slower on the H200 (experts up 2,420 against 2,089 us at 8,192 tokens, bench-gemm,
-  // 1916897), so kept for comparison only (bench-gemm's "-early" path, tests).
-  bool early_copies = false;
 };
 
 // Shared-memory limits (idempotent; moe_prefill_init calls it on an sm_90 device).
