@@ -7,6 +7,7 @@
 // (greedy: the CPU RowSampler's argmax; sampled: RowSampler's inverse-CDF draw with the same
 // rng_uniform key) and the draft distribution q (within one fp32 rounding of the double softmax).
 #include <cstdio>
+#include <cstring>
 
 #include "cuda/model_kernel_util.h"
 #include "kernels/cpu/sampling.h"
@@ -175,8 +176,11 @@ TEST(CudaDraftPieces, TapsIdsAndPositionsMatchCpu) {
 
 // The Markov head: K sequential steps for B requests, each step's gather and z/conf/token checked
 // against the CPU draft's loop (dspark.cpp), the bias GEMM's output being an input of the step.
+// Vocabularies of one chunk, several (the last one partial) and the real one (32 chunks).
 TEST(CudaDraftPieces, MarkovHeadMatchesCpu) {
-  const int64_t V = 3000, D = 384, R = 64;
+  for (const int64_t V : {int64_t{3000}, int64_t{5 * cuda_model::kMarkovChunk + 123}, int64_t{129280}}) {
+  SCOPED_TRACE(::testing::Message() << "vocabulary " << V);
+  const int64_t D = 384, R = 64;
   const int K = 5;
   const int64_t B = 4;
   const DenseWeight w1(WeightFormat::kBf16, V, R, 31);
@@ -259,6 +263,8 @@ TEST(CudaDraftPieces, MarkovHeadMatchesCpu) {
     ms.logits = dz.get();
     ms.probs = dq.get();
     ms.B = B;
+    DeviceBuffer<uint8_t> dscratch = to_dev(std::vector<uint8_t>(cuda_model::markov_scratch_bytes(B, V), 0));
+    ms.scratch = dscratch.get();
     for (int i = 0; i < K; ++i) {
       cuda_model::markov_gather(MarkovGatherArgs{w1ref, dprev.get(), B, R, de.get()}, kStream);
       upload(dbias, bias[i]);
@@ -278,6 +284,28 @@ TEST(CudaDraftPieces, MarkovHeadMatchesCpu) {
     for (size_t j = 0; j < qb.size(); ++j) qb[j] = std::ldexp(std::fabs(q_ref[j]), -23) + 1e-40;
     EXPECT_TRUE(within(got_q, q_ref, qb)) << "draft distribution q";
     EXPECT_TRUE(within(want_q, q_ref, qb)) << "the CPU's q";
+    // Every call leaves the arrival counters at zero (a captured graph replays them as they are).
+    const std::vector<uint8_t> sc = to_host(dscratch);
+    const int64_t C = (V + cuda_model::kMarkovChunk - 1) / cuda_model::kMarkovChunk;
+    const size_t stride = sc.size() / static_cast<size_t>(B);
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t cnt = -1;
+      std::memcpy(&cnt, sc.data() + b * stride + 24 * C + 24, sizeof(cnt));
+      EXPECT_EQ(cnt, 0) << "request " << b << "'s arrival counter after the calls";
+    }
+    if (V == 129280) {
+      // One request, the last step, greedy then sampled, with q (the draft step's shapes at batch 1).
+      MarkovStepArgs one = ms;
+      one.B = 1;
+      one.i = K - 1;
+      for (int r = 0; r < 2; ++r) {
+        one.temperature = dtemp.get() + r;  // request 0 greedy, request 1 at T = 0.8
+        std::printf("[cuda perf] markov step, vocabulary %lld, 1 request, %s with q: %.1f us\n",
+                    static_cast<long long>(V), r ? "sampled" : "greedy",
+                    median_us([&] { cuda_model::markov_step(one, kStream); }));
+      }
+    }
+  }
   }
   TANDEM_REQUIRE_GPU();
 }

@@ -199,6 +199,7 @@ void CudaModel::Impl::draft_heads(int64_t B, bool want_probs) {
   ms.logits = d_zlogits.get();
   ms.probs = want_probs ? d_probs.get() : nullptr;
   ms.B = B;
+  ms.scratch = markov_scratch.get();
   for (int64_t i = 0; i < K; ++i) {
     cuda_model::markov_gather({dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get()}, stream);
     linear(dw.markov_w2, e_row.get(), B, bias.get(), false);

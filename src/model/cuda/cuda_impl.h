@@ -205,6 +205,7 @@ struct CudaModel::Impl {
   Buf<double> d_temp;
   Buf<uint64_t> d_seed;
   Buf<float> d_conf, d_zlogits, d_probs;
+  Buf<uint8_t> markov_scratch;     // markov_step's per-request chunk records and counters (draft.h)
   uint8_t* draft_host = nullptr;  // pinned staging for request arrays and results
   size_t draft_host_bytes = 0;
   Buf<float> q_store;             // [max_slots, draft_k, V]: sampled drafts' q, by slot

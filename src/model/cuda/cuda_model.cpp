@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/sample_rows.h"
 #include "model/cuda/cuda_impl.h"
+#include "model/cuda/draft.h"
 #include "model/slot_state.h"
 #include "model/weights.h"
 
@@ -312,6 +313,7 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
     take(m.d_conf, B * KB);
     take(m.d_zlogits, B * KB * V);
     take(m.d_probs, B * KB * V);
+    take(m.markov_scratch, static_cast<int64_t>(cuda_model::markov_scratch_bytes(B, V)));
     take(m.q_store, static_cast<int64_t>(o.max_slots) * KB * V);
     m.draft_host_bytes = static_cast<size_t>(B) * (4 + 4 + 8 + 8 + 8) + static_cast<size_t>(B * KB) * (4 + 4);
     if (!measure) TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.draft_host), m.draft_host_bytes));
@@ -393,6 +395,8 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.slot_state.get(), 0, m.slot_state.bytes(), m.stream));
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.pool.get(), 0, m.pool.bytes(), m.stream));
   if (m.draft_ctx.get()) TANDEM_CUDA_CHECK(cudaMemsetAsync(m.draft_ctx.get(), 0, m.draft_ctx.bytes(), m.stream));
+  if (m.markov_scratch.get())
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(m.markov_scratch.get(), 0, m.markov_scratch.bytes(), m.stream));
   m.slot_len.assign(slots, 0);
   if (m.pad_slot >= 0) {
     m.pad_table.assign(m.max_blocks, m.pad_block);

@@ -3,6 +3,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
+#include "common/check.h"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/sampling_device.cuh"
 #include "kernels/sampling.h"
@@ -47,28 +50,78 @@ __global__ void markov_gather_kernel(MarkovGatherArgs a) {
   for (int64_t d = threadIdx.x; d < a.rank; d += blockDim.x) a.e[b * a.rank + d] = w_at(a.w1, a.prev[b], d);
 }
 
-// One block per request. The greedy token is the first maximum (NaN first, as torch.argmax); a
-// sampled token is an inverse-CDF draw over softmax(z / T) in id order with the uniform
-// rng_uniform(seed, position of the drafted token, kDraft), the key the CPU draft uses.
-__global__ void markov_step_kernel(MarkovStepArgs a) {
+// The Markov step over (chunk, request) CTAs of kThreads (markov_step in draft.h). A request's
+// per-call scratch record (Rec, at its stride in MarkovStepArgs::scratch): each chunk's argmax key
+// and, for a sampled request, the chunk's largest z / T and its mass sum relative to that value;
+// the finishing CTA's mx and total for the probs launch; the arrival counter.
+constexpr int kThreads = 256;
+constexpr int kPerThread = static_cast<int>(kMarkovChunk / kThreads);
+constexpr int kMaxChunks = 256;  // vocabularies up to 1,048,576 ids
+
+struct Rec {
+  uint64_t* key;   // [C]
+  double* cmax;    // [C] z_max / T of the chunk (sampled requests)
+  double* csum;    // [C] sum of exp(z / T - cmax) over the chunk, positive masses only
+  double* stat;    // [2] mx, total (the finishing CTA's, read by markov_probs_kernel)
+  int64_t* amax;   // [1] argmax
+  int32_t* cnt;    // [1] arrivals of this call, zero between calls
+};
+__host__ __device__ inline int64_t chunks_of(int64_t V) { return (V + kMarkovChunk - 1) / kMarkovChunk; }
+__host__ __device__ inline int64_t rec_stride(int64_t V) { return (chunks_of(V) * 24 + 32 + 15) / 16 * 16; }
+__device__ inline Rec rec_of(uint8_t* scratch, int64_t V, int64_t b) {
+  const int64_t C = chunks_of(V);
+  uint8_t* p = scratch + b * rec_stride(V);
+  Rec r;
+  r.key = reinterpret_cast<uint64_t*>(p);
+  r.cmax = reinterpret_cast<double*>(p + 8 * C);
+  r.csum = reinterpret_cast<double*>(p + 16 * C);
+  r.stat = reinterpret_cast<double*>(p + 24 * C);
+  r.amax = reinterpret_cast<int64_t*>(p + 24 * C + 16);
+  r.cnt = reinterpret_cast<int32_t*>(p + 24 * C + 24);
+  return r;
+}
+
+// Grid (chunks, B). Every CTA: z = base + bias over its ids, their argmax key (the first maximum,
+// NaN first, as torch.argmax), and for a sampled request the chunk's mass sum relative to its own
+// largest z / T (so no CTA waits for the row's maximum). The last CTA of the request: the row's
+// argmax from the keys; greedy: the token; sampled: mx = z[argmax] / T (the one-block kernel's),
+// the chunk weights csum * exp(cmax - mx) added in chunk order (total), the chunk holding the
+// target u * total, then the inverse-CDF walk inside it with the masses exp(z / T - mx) in id order
+// (a target past that chunk's recomputed mass, by rounding, takes its last positive id); no
+// chunk (a zero or NaN total) gives V - 1, as the one-block kernel did.
+__global__ void __launch_bounds__(kThreads) markov_step_kernel(MarkovStepArgs a) {
   __shared__ float s_conf[8];
   __shared__ kernels::cuda::BlockReduceScratch s_scr;
-  const int64_t b = blockIdx.x;
-  if (b >= a.B) return;
+  __shared__ int s_last;
+  const int64_t c = blockIdx.x, b = blockIdx.y, C = gridDim.x;
   const int64_t row = b * a.K + a.i;
   const float* base = a.base + row * a.V;
   const float* bias = a.bias + b * a.V;
   float* z = a.logits + row * a.V;
+  const double T = a.temperature ? a.temperature[b] : 0.0;
+  const bool sampled = !is_greedy(T);
+  const Rec r = rec_of(a.scratch, a.V, b);
+  const int64_t v0 = c * kMarkovChunk, n = a.V - v0 < kMarkovChunk ? a.V - v0 : kMarkovChunk;
+
+  float zl[kPerThread];
   unsigned long long best = 0;
-  for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x) {
-    const float zv = base[v] + bias[v];
-    z[v] = zv;
-    const unsigned long long k = kernels::cuda::select_key(zv, static_cast<uint32_t>(v));
-    best = k > best ? k : best;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    zl[j] = 0.0f;
+    if (v < n) {
+      zl[j] = base[v0 + v] + bias[v0 + v];
+      z[v0 + v] = zl[j];
+      const unsigned long long k = kernels::cuda::select_key(zl[j], static_cast<uint32_t>(v0 + v));
+      best = k > best ? k : best;
+    }
   }
   // confidence: dot([y, e], conf_w) in model::dot's order (the CPU draft's): lane j of 8 sums the
-  // elements i = j mod 8 in order, products and sums rounded one at a time, then pairwise.
-  if (threadIdx.x < 8) {
+  // elements i = j mod 8 in order, products and sums rounded one at a time, then pairwise. Eight
+  // serial chains of (dim + rank) / 8 adds: the last chunk's CTA (the one with the fewest ids)
+  // runs them beside the other chunks, not the finishing CTA after them.
+  const bool conf_cta = c == C - 1;
+  if (conf_cta && threadIdx.x < 8) {
     float acc = 0.0f;
     for (int64_t d = threadIdx.x; d < a.dim + a.rank; d += 8) {
       const float f = d < a.dim ? a.y[row * a.dim + d] : a.e[b * a.rank + (d - a.dim)];
@@ -76,28 +129,111 @@ __global__ void markov_step_kernel(MarkovStepArgs a) {
     }
     s_conf[threadIdx.x] = acc;
   }
+  const uint64_t key = kernels::cuda::block_argmax_key(best, s_scr);  // its __syncthreads: s_conf
+  if (conf_cta && threadIdx.x == 0) {
+    const float* rc = s_conf;
+    a.conf[b * a.K + a.i] =
+        add_rn(add_rn(add_rn(rc[0], rc[1]), add_rn(rc[2], rc[3])), add_rn(add_rn(rc[4], rc[5]), add_rn(rc[6], rc[7])));
+  }
+  if (sampled) {
+    const int64_t am = kernels::cuda::select_key_index(key) - v0;
+    const double cm = static_cast<double>(base[v0 + am] + bias[v0 + am]) / T;
+    double part = 0.0;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int64_t v = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+      if (v < n) {
+        const double m = exp(static_cast<double>(zl[j]) / T - cm);
+        if (m > 0) part += m;
+      }
+    }
+    const double sum = kernels::cuda::block_sum_f64(part, s_scr);
+    if (threadIdx.x == 0) {
+      r.cmax[c] = cm;
+      r.csum[c] = sum;
+    }
+  }
+  if (threadIdx.x == 0) r.key[c] = key;
+  // Arrival: this CTA's record stores before its ticket; the last CTA reads every record from L2.
+  __threadfence();
   __syncthreads();
-  const int argmax = static_cast<int>(kernels::cuda::select_key_index(kernels::cuda::block_argmax_key(best, s_scr)));
-  const double T = a.temperature ? a.temperature[b] : 0.0;
-  int token = argmax;
-  if (!is_greedy(T)) {
-    // softmax(z / T) in double; z is visible block-wide after the reductions' __syncthreads()
-    const double mx = static_cast<double>(z[argmax]) / T;
-    auto mass = [&](int64_t v) { return exp(static_cast<double>(z[v]) / T - mx); };
-    const kernels::cuda::ChunkScan cs = kernels::cuda::block_chunk_scan(a.V, mass, s_scr);
-    const double u = rng_uniform(a.seed[b], a.pos[b] + 1 + a.i, RngStream::kDraft);
-    const int64_t t = kernels::cuda::block_chunk_find(cs, mass, u * cs.total, s_scr);
-    token = t >= 0 ? static_cast<int>(t) : static_cast<int>(a.V - 1);
-    if (a.probs)
-      for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x) a.probs[row * a.V + v] = static_cast<float>(mass(v) / cs.total);
-  } else if (a.probs) {
-    for (int64_t v = threadIdx.x; v < a.V; v += blockDim.x) a.probs[row * a.V + v] = v == argmax ? 1.0f : 0.0f;
+  if (threadIdx.x == 0) s_last = atomicAdd(r.cnt, 1) == static_cast<int>(C) - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+
+  unsigned long long kb = 0;
+  for (int64_t q = threadIdx.x; q < C; q += kThreads) {
+    const unsigned long long k = __ldcg(reinterpret_cast<const unsigned long long*>(r.key) + q);
+    kb = k > kb ? k : kb;
+  }
+  const int64_t argmax = kernels::cuda::select_key_index(kernels::cuda::block_argmax_key(kb, s_scr));
+  int64_t token = argmax;
+  if (sampled) {
+    __shared__ double s_wt[kMaxChunks];  // the chunks' weights
+    __shared__ double s_w[2];            // the found chunk's mass before it, and the target
+    __shared__ int64_t s_chunk;
+    const double mx = static_cast<double>(base[argmax] + bias[argmax]) / T;
+    for (int64_t q = threadIdx.x; q < C; q += kThreads) s_wt[q] = __ldcg(r.csum + q) * exp(__ldcg(r.cmax + q) - mx);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // Chunk weights in chunk order: the total, then the chunk holding the target.
+      double total = 0.0;
+      for (int64_t q = 0; q < C; ++q) total += s_wt[q];
+      const double target = rng_uniform(a.seed[b], a.pos[b] + 1 + a.i, RngStream::kDraft) * total;
+      int64_t found = -1;
+      double before = 0.0;
+      for (int64_t q = 0; q < C; ++q) {
+        const double w = s_wt[q];
+        if (w > 0 && target < before + w) {
+          found = q;
+          break;
+        }
+        if (w > 0) before += w;
+      }
+      s_chunk = found;
+      s_w[0] = before;
+      s_w[1] = target;
+      r.stat[0] = mx;
+      r.stat[1] = total;
+    }
+    __syncthreads();
+    const int64_t q = s_chunk;
+    if (q < 0) {
+      token = a.V - 1;
+    } else {
+      const int64_t w0 = q * kMarkovChunk, wn = a.V - w0 < kMarkovChunk ? a.V - w0 : kMarkovChunk;
+      auto mass = [&](int64_t v) { return exp(static_cast<double>(base[w0 + v] + bias[w0 + v]) / T - mx); };
+      const kernels::cuda::ChunkScan cs = kernels::cuda::block_chunk_scan(wn, mass, s_scr);
+      const int64_t t = kernels::cuda::block_chunk_find(cs, mass, s_w[1] - s_w[0], s_scr);
+      token = w0 + (t >= 0 ? t : cs.last_positive);
+    }
   }
   if (threadIdx.x == 0) {
-    const float* r = s_conf;
-    a.tokens[b * a.K + a.i] = token;
-    a.prev[b] = token;
-    a.conf[b * a.K + a.i] = add_rn(add_rn(add_rn(r[0], r[1]), add_rn(r[2], r[3])), add_rn(add_rn(r[4], r[5]), add_rn(r[6], r[7])));
+    a.tokens[b * a.K + a.i] = static_cast<int32_t>(token);
+    a.prev[b] = static_cast<int32_t>(token);
+    *r.amax = argmax;
+    *r.cnt = 0;
+  }
+}
+
+// q = softmax(z / T) (mass(v) / total with the finishing CTA's mx and total), or one-hot at the
+// argmax for a greedy request. Grid (chunks, B).
+__global__ void __launch_bounds__(kThreads) markov_probs_kernel(MarkovStepArgs a) {
+  const int64_t c = blockIdx.x, b = blockIdx.y;
+  const int64_t row = b * a.K + a.i;
+  const double T = a.temperature ? a.temperature[b] : 0.0;
+  const Rec r = rec_of(a.scratch, a.V, b);
+  const float* z = a.logits + row * a.V;
+  float* q = a.probs + row * a.V;
+  const int64_t v0 = c * kMarkovChunk, v1 = a.V - v0 < kMarkovChunk ? a.V : v0 + kMarkovChunk;
+  if (!is_greedy(T)) {
+    const double mx = r.stat[0], total = r.stat[1];
+    for (int64_t v = v0 + threadIdx.x; v < v1; v += kThreads)
+      q[v] = static_cast<float>(exp(static_cast<double>(z[v]) / T - mx) / total);
+  } else {
+    const int64_t am = *r.amax;
+    for (int64_t v = v0 + threadIdx.x; v < v1; v += kThreads) q[v] = v == am ? 1.0f : 0.0f;
   }
 }
 
@@ -133,10 +269,20 @@ void markov_gather(const MarkovGatherArgs& a, cudaStream_t s) {
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
+size_t markov_scratch_bytes(int64_t B, int64_t V) { return static_cast<size_t>(std::max<int64_t>(B, 1) * rec_stride(V)); }
+
 void markov_step(const MarkovStepArgs& a, cudaStream_t s) {
   if (a.B == 0) return;
-  markov_step_kernel<<<static_cast<unsigned>(a.B), 512, 0, s>>>(a);
+  TANDEM_CHECK_MSG(a.scratch != nullptr, "markov_step: no scratch");
+  TANDEM_CHECK_MSG(a.B <= 65535, "markov_step: more requests than a grid dimension holds");
+  TANDEM_CHECK_MSG(chunks_of(a.V) <= kMaxChunks, "markov_step: vocabulary larger than the chunk table");
+  const dim3 grid(static_cast<unsigned>(chunks_of(a.V)), static_cast<unsigned>(a.B));
+  markov_step_kernel<<<grid, kThreads, 0, s>>>(a);
   TANDEM_CUDA_LAUNCH_CHECK();
+  if (a.probs) {
+    markov_probs_kernel<<<grid, kThreads, 0, s>>>(a);
+    TANDEM_CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace tandem::cuda_model

@@ -66,6 +66,10 @@ void markov_gather(const MarkovGatherArgs& a, cudaStream_t s);
 // conf_w); token = argmax z (greedy) or an inverse-CDF draw from softmax(z/T) with
 // rng_uniform(seed[b], P_b + 1 + i, RngStream::kDraft) (kernels/sampling.h: the drafted token's
 // position, the CPU draft's key); prev[b] = token; q[b*K+i] = probs.
+// The vocabulary is cut into kMarkovChunk-id chunks, a CTA each (a request's whole row in one CTA
+// read 1.5 MB at one SM's pace: 170 us a step at V = 129,280); the last CTA of a request (an
+// arrival counter in `scratch`) finishes it from the chunks' argmax keys and mass sums. A second
+// launch writes q when probs is set.
 struct MarkovStepArgs {
   const float* base = nullptr;   // [B*K, V]
   const float* bias = nullptr;   // [B, V]
@@ -83,7 +87,12 @@ struct MarkovStepArgs {
   float* logits = nullptr;       // [B, K, V] z (Markov-corrected)
   float* probs = nullptr;        // optional [B, K, V]
   int64_t B = 0;
+  // markov_scratch_bytes(B, V) bytes, zero before the first call (every call leaves its counters
+  // zero, so a captured graph replays it as it is).
+  uint8_t* scratch = nullptr;
 };
+constexpr int64_t kMarkovChunk = 4096;
+size_t markov_scratch_bytes(int64_t B, int64_t V);
 void markov_step(const MarkovStepArgs& a, cudaStream_t s);
 
 }  // namespace tandem::cuda_model
