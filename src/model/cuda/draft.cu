@@ -57,6 +57,7 @@ __global__ void markov_gather_kernel(MarkovGatherArgs a) {
 constexpr int kThreads = 256;
 constexpr int kPerThread = static_cast<int>(kMarkovChunk / kThreads);
 constexpr int kMaxChunks = 256;  // vocabularies up to 1,048,576 ids
+constexpr int kConfChunk = 2048;  // confidence products staged per round (a multiple of 8)
 
 struct Rec {
   uint64_t* key;   // [C]
@@ -120,14 +121,28 @@ __global__ void __launch_bounds__(kThreads) markov_step_kernel(MarkovStepArgs a)
   // elements i = j mod 8 in order, products and sums rounded one at a time, then pairwise. Eight
   // serial chains of (dim + rank) / 8 adds: the last chunk's CTA (the one with the fewest ids)
   // runs them beside the other chunks, not the finishing CTA after them.
+  // The products are formed by the whole CTA into shared memory (the eight chains reading global
+  // memory one element at a time took 70 us at dim + rank = 4,352), then the chains add them.
   const bool conf_cta = c == C - 1;
-  if (conf_cta && threadIdx.x < 8) {
+  if (conf_cta) {
+    __shared__ float s_prod[kConfChunk];
     float acc = 0.0f;
-    for (int64_t d = threadIdx.x; d < a.dim + a.rank; d += 8) {
-      const float f = d < a.dim ? a.y[row * a.dim + d] : a.e[b * a.rank + (d - a.dim)];
-      acc = add_rn(acc, mul_rn(f, a.conf_w[d]));
+    const int64_t nd = a.dim + a.rank;
+    for (int64_t d0 = 0; d0 < nd; d0 += kConfChunk) {
+      const int m = static_cast<int>(nd - d0 < kConfChunk ? nd - d0 : kConfChunk);
+      for (int d = threadIdx.x; d < m; d += kThreads) {
+        const int64_t g = d0 + d;
+        const float f = g < a.dim ? a.y[row * a.dim + g] : a.e[b * a.rank + (g - a.dim)];
+        s_prod[d] = mul_rn(f, a.conf_w[g]);
+      }
+      __syncthreads();
+      if (threadIdx.x < 8) {
+#pragma unroll 8
+        for (int d = threadIdx.x; d < m; d += 8) acc = add_rn(acc, s_prod[d]);
+      }
+      __syncthreads();  // the chunk's reads before the next chunk's writes
     }
-    s_conf[threadIdx.x] = acc;
+    if (threadIdx.x < 8) s_conf[threadIdx.x] = acc;
   }
   const uint64_t key = kernels::cuda::block_argmax_key(best, s_scr);  // its __syncthreads: s_conf
   if (conf_cta && threadIdx.x == 0) {
