@@ -330,8 +330,8 @@ int bench_model_main(int argc, char** argv) {
   app.add_option("--max-seconds", a.max_seconds, "skip the remaining sections past this wall time (default 240)");
   app.add_option("--gpu-memory-utilization", a.gpu_memory_utilization, "for the KV capacity report (default 0.90)");
   app.add_option("--ablation", a.ablate,
-                 "replay the batch-1 decode step once per kernel with that kernel's nodes removed: each kernel's "
-                 "cost to the step (default true)");
+                 "replay the batch-1 decode and draft steps once per kernel with that kernel's nodes removed: each "
+                 "kernel's cost to the step (default true)");
   app.add_option("--cupti", a.cupti, "libcupti.so path (default: libcupti.so.13 from the usual places)");
   try {
     app.parse(argc, argv);

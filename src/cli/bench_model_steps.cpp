@@ -179,13 +179,18 @@ Result<nlohmann::json> measure_draft(Bench& b, int B, int64_t ctx, const Seqs& s
   std::string trace_error;
   CudaModel::ReplayHook hook;
   if (b.cupti) hook = [&](const std::function<void()>& replay) { recs = b.cupti->record(replay, &trace_error); };
-  TANDEM_ASSIGN_OR_RETURN(CudaModel::StepProfile prof, b.model->profile_draft(qs, reps, hook, std::min(reps, 3)));
+  const bool ablate = b.a.ablate && B == 1;
+  TANDEM_ASSIGN_OR_RETURN(CudaModel::StepProfile prof,
+                          b.model->profile_draft(qs, reps, hook, std::min(reps, 3), ablate));
   StepShape shape;
   shape.batch = B;
   shape.tokens = b.model->draft_tokens();
   shape.context = ctx;
   shape.draft = true;
-  return row(b, "draft", shape, static_cast<int64_t>(B) * shape.tokens, collectives, prof, routing, recs, trace_error);
+  nlohmann::json r = row(b, "draft", shape, static_cast<int64_t>(B) * shape.tokens, collectives, prof, routing, recs,
+                         trace_error);
+  if (ablate) r["ablation"] = ablation(prof);
+  return r;
 }
 
 double class_us(const nlohmann::json& r, const char* name) {

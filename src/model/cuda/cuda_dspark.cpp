@@ -301,15 +301,16 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
 }
 
 Result<CudaModel::StepProfile> CudaModel::profile_draft(std::span<const DraftQueryDev> requests, int reps,
-                                                       const ReplayHook& hook, int eager_reps) {
+                                                       const ReplayHook& hook, int eager_reps, bool ablate) {
   Impl& m = *impl_;
   std::vector<DraftResult> res;
   // One real proposal first: validates, stages the requests and warms every kernel.
   TANDEM_RETURN_IF_ERROR(draft_propose(requests, false, res));
   const int64_t B = static_cast<int64_t>(requests.size());
   StepProfile prof = cuda_model::time_eager_and_graph(m.stream, reps, eager_reps < 0 ? reps : eager_reps,
-                                                      [&m, B] { m.launch_draft(B, false); }, hook, &m.marks);
-  m.gstats.instantiations += hook ? 2 : 1;  // the timing graph (and the profiler's)
+                                                      [&m, B] { m.launch_draft(B, false); }, hook, &m.marks, ablate);
+  // the timing graph (the profiler's, the ablated ones)
+  m.gstats.instantiations += (hook ? 2 : 1) + static_cast<int64_t>(prof.ablation.size());
   TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));
   return prof;
 }

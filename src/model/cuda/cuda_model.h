@@ -205,9 +205,9 @@ class CudaModel {
   static void step_logits_rows(const StepBatch& batch, std::vector<int64_t>& out);
   // Rows of logits the last forward left on the device, and where each batch entry's start.
   std::span<const int64_t> last_logits_rows() const;
-  // profile_step for a greedy draft of `requests` (their context must be in place).
+  // profile_step for a greedy draft of `requests` (their context must be in place), `ablate` as there.
   Result<StepProfile> profile_draft(std::span<const DraftQueryDev> requests, int reps, const ReplayHook& hook = {},
-                                    int eager_reps = -1);
+                                    int eager_reps = -1, bool ablate = false);
 
   // ---- measurement aids (bench-model, tests) ----
   // Fills `slot` as if `length` tokens had been run through it: random valid records in the pool

@@ -284,7 +284,9 @@ void markov_gather(const MarkovGatherArgs& a, cudaStream_t s) {
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
-size_t markov_scratch_bytes(int64_t B, int64_t V) { return static_cast<size_t>(std::max<int64_t>(B, 1) * rec_stride(V)); }
+size_t markov_scratch_bytes(int64_t B, int64_t V) {
+  return static_cast<size_t>(std::max<int64_t>(B, 1) * rec_stride(V));
+}
 
 void markov_step(const MarkovStepArgs& a, cudaStream_t s) {
   if (a.B == 0) return;
