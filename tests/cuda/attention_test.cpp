@@ -586,11 +586,14 @@ TEST(CudaDraftAttention, ModelShapesMatchReferenceBitForBit) {
       c.with_rope();
       EXPECT_TRUE(same_bits(c.run(false), c.run(true))) << "with the inverse RoPE epilogue";
       if (kind == KvRecordKind::kFp8 && s.H == 32 && s.hd == 512 && c.B == 1) {
+        auto perf_out = poisoned<float>(out.size());
+        c.a.out = perf_out.get();
         const double us_new = median_us([&] { cuda_model::draft_attention(c.a, kStream); });
         const double us_ref = median_us([&] { cuda_model::draft_attention_reference(c.a, kStream); });
         std::printf("[cuda perf] draft attention fp8, 32 heads x 512, window 128 + 5, 1 request: %.1f us "
                     "(one block per (row, head): %.1f us)\n",
                     us_new, us_ref);
+        c.a.out = nullptr;
       }
     }
   TANDEM_REQUIRE_GPU();
