@@ -33,7 +33,7 @@ using cuda_model::DraftAttnArgs;
 struct AttnDepths {
   double ds, scale_rel, dz, dn, exp_factors;
 };
-// The draft kernel (one block per (row, head)): a lane's FMA chain of hd/32 terms and a 5-level
+// The draft kernel (each head's arithmetic that of one block per (row, head)): a lane's FMA chain of hd/32 terms and a 5-level
 // shuffle tree; 1/sqrt in two correct roundings (attn_scale, as the CPU) and the scale product;
 // z = per-thread sums of <= nk/256 terms, 5-level warp and block trees, the sink; the values: one
 // FMA chain over the keys in order.
@@ -410,19 +410,31 @@ TEST(CudaAttention, MatchesCpu) {
 }
 
 // ---------------------------------------------------------------- draft attention
-TEST(CudaDraftAttention, MatchesCpu) {
-  const int W = 128, K = 5, stages = 2, stage = 1;
-  uint64_t seed = 900;
-  for (KvRecordKind kind : {KvRecordKind::kFp8, KvRecordKind::kNvfp4, KvRecordKind::kBf16}) {
-    const KvRecordLayout l = KvRecordLayout::make(kind, 512, 64);
-    const int64_t H = 8, hd = 512;
-    const std::vector<int32_t> slot = {2, 0, 1};
-    const std::vector<int64_t> P = {1, 50, 300};  // anchor positions: 1 context key, 50, a full wrapped ring
-    const int64_t B = static_cast<int64_t>(slot.size());
-    SCOPED_TRACE(::testing::Message() << kind_name(kind) << " requests " << B << " K " << K);
+// One draft attention case: B requests (slots, anchor positions P) of this stage's context ring
+// (records of `kind`, window W) plus their K block rows, H heads of head dim hd, random queries and
+// sinks; host data and device buffers, and the args of a launch.
+struct DraftCase {
+  static constexpr int W = 128, K = 5, stages = 2, stage = 1;
+  KvRecordLayout l;
+  int64_t H = 0, hd = 0, B = 0;
+  std::vector<int32_t> slot;
+  std::vector<int64_t> P;
+  std::map<std::pair<int, int64_t>, std::vector<float>> ctx_val;
+  std::vector<float> block_kv, q, sink;
+  DeviceBuffer<float> dq, dkv, dsink, dinv;
+  DeviceBuffer<uint8_t> dctx;
+  DeviceBuffer<int32_t> dslot;
+  DeviceBuffer<int64_t> dpos, drpos;
+  DraftAttnArgs a;
+
+  DraftCase(KvRecordKind kind, int64_t heads, int64_t head_dim, std::vector<int32_t> slots, std::vector<int64_t> pos,
+            uint64_t seed)
+      : l(KvRecordLayout::make(kind, static_cast<int>(head_dim), 64)), H(heads), hd(head_dim),
+        B(static_cast<int64_t>(slots.size())), slot(std::move(slots)), P(std::move(pos)) {
+    int max_slot = 0;
+    for (int32_t s : slot) max_slot = std::max(max_slot, s);
     const int64_t slot_stride = static_cast<int64_t>(stages) * W * l.bytes + 16, stage_off = stage * W * l.bytes;
-    std::vector<uint8_t> ctx(static_cast<size_t>(3 * slot_stride), 0x77);
-    std::map<std::pair<int, int64_t>, std::vector<float>> ctx_val;
+    std::vector<uint8_t> ctx(static_cast<size_t>((max_slot + 1) * slot_stride), 0x77);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t p = std::max<int64_t>(0, P[b] - W); p < P[b]; ++p) {
         const std::vector<float> x = randn(static_cast<size_t>(hd), seed + slot[b] * 100003 + p, 1.0f, true);
@@ -430,31 +442,20 @@ TEST(CudaDraftAttention, MatchesCpu) {
         std::memcpy(&ctx[slot[b] * slot_stride + stage_off + (p % W) * l.bytes], rec.data(), rec.size());
         ctx_val[{slot[b], p}] = decode_kv_record(rec.data(), l);
       }
-    std::vector<float> block_kv(static_cast<size_t>(B * K * hd));
+    block_kv.resize(static_cast<size_t>(B * K * hd));
     for (int64_t r = 0; r < B * K; ++r) {
       const std::vector<float> x = random_kv(l, seed * 3 + r);
       std::copy(x.begin(), x.end(), block_kv.begin() + r * hd);
     }
-    const std::vector<float> q = randn(static_cast<size_t>(B * K * H * hd), seed + 1, 1.0f, true);
-    const std::vector<float> sink = randn(static_cast<size_t>(H), seed + 2, 1.0f, false);
-    seed += 100;
-    // CPU: draft_propose's key list (context ring, then the whole block), model::attend per row.
-    AttnCheck chk;
-    chk.target = false;
-    for (int64_t b = 0; b < B; ++b) {
-      std::vector<const float*> keys;
-      for (int64_t p = std::max<int64_t>(0, P[b] - W); p < P[b]; ++p) keys.push_back(ctx_val.at({slot[b], p}).data());
-      for (int64_t t = 0; t < K; ++t) keys.push_back(block_kv.data() + (b * K + t) * hd);
-      for (int64_t t = 0; t < K; ++t) chk.add(q.data() + (b * K + t) * H * hd, H, hd, keys, sink.data());
-    }
-    chk.check_cpu();
-    if (!have_gpu()) continue;
-    DeviceBuffer<float> dq = to_dev(q), dkv = to_dev(block_kv), dsink = to_dev(sink);
-    DeviceBuffer<uint8_t> dctx = to_dev(ctx);
-    DeviceBuffer<int32_t> dslot = to_dev(slot);
-    DeviceBuffer<int64_t> dpos = to_dev(P);
-    auto dout = poisoned<float>(static_cast<size_t>(B * K * H * hd));
-    DraftAttnArgs a;
+    q = randn(static_cast<size_t>(B * K * H * hd), seed + 1, 1.0f, true);
+    sink = randn(static_cast<size_t>(H), seed + 2, 1.0f, false);
+    if (!have_gpu()) return;
+    dq = to_dev(q);
+    dkv = to_dev(block_kv);
+    dsink = to_dev(sink);
+    dctx = to_dev(ctx);
+    dslot = to_dev(slot);
+    dpos = to_dev(P);
     a.q = dq.get();
     a.block_kv = dkv.get();
     a.ctx = dctx.get();
@@ -468,47 +469,172 @@ TEST(CudaDraftAttention, MatchesCpu) {
     a.heads = static_cast<int>(H);
     a.hd = static_cast<int>(hd);
     a.rec = l;
-    a.out = dout.get();
     a.B = B;
-    cuda_model::draft_attention(a, kStream);
-    chk.check_gpu(to_host(dout), "draft_attention");
-    // The output's inverse RoPE in the epilogue (DraftAttnArgs::out_inv_freq) == the rope op (inverse,
-    // rounded to bf16) after the plain kernel, bit for bit; the block's rows at P + t.
-    {
-      const int rope_dim = 64;
-      std::vector<float> inv(rope_dim / 2);
-      RopeFreqParams fp;
-      fp.inv_freq = inv.data();
-      fp.rope_dim = rope_dim;
-      fp.base = 10000.0;
-      rope_inv_freq(fp);
-      std::vector<int64_t> rpos(static_cast<size_t>(B * K));
-      for (int64_t r = 0; r < B * K; ++r) rpos[r] = P[r / K] + r % K;
-      DeviceBuffer<float> dinv = to_dev(inv);
-      DeviceBuffer<int64_t> drpos = to_dev(rpos);
-      RopeParams rp;
-      rp.x = dout.get();
-      rp.positions = drpos.get();
-      rp.inv_freq = dinv.get();
-      rp.tokens = B * K;
-      rp.heads = H;
-      rp.head_stride = hd;
-      rp.rope_offset = static_cast<int>(hd) - rope_dim;
-      rp.rope_dim = rope_dim;
-      rp.inverse = true;
-      rp.round_bf16 = true;
-      kernels::cuda::rope(rp, kStream);
-      auto drot = poisoned<float>(static_cast<size_t>(B * K * H * hd));
-      a.out = drot.get();
-      a.out_positions = drpos.get();
-      a.out_inv_freq = dinv.get();
-      a.out_rope_dim = rope_dim;
-      cuda_model::draft_attention(a, kStream);
-      EXPECT_TRUE(same_bits(to_host(drot), to_host(dout)))
-          << "draft attention + inverse RoPE epilogue vs draft attention then rope (element = (row * heads + head) * "
-          << hd << " + dim)";
+  }
+  // draft_propose's key lists (context ring, then the whole block), model::attend per row.
+  void add_rows(AttnCheck& chk) const {
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<const float*> keys;
+      for (int64_t p = std::max<int64_t>(0, P[b] - W); p < P[b]; ++p) keys.push_back(ctx_val.at({slot[b], p}).data());
+      for (int64_t t = 0; t < K; ++t) keys.push_back(block_kv.data() + (b * K + t) * hd);
+      for (int64_t t = 0; t < K; ++t) chk.add(q.data() + (b * K + t) * H * hd, H, hd, keys, sink.data());
     }
   }
+  // The output's inverse RoPE (rope_dim 64, base 10000) on in the args; the block's rows at P + t.
+  void with_rope() {
+    const int rope_dim = 64;
+    std::vector<float> inv(rope_dim / 2);
+    RopeFreqParams fp;
+    fp.inv_freq = inv.data();
+    fp.rope_dim = rope_dim;
+    fp.base = 10000.0;
+    rope_inv_freq(fp);
+    std::vector<int64_t> rpos(static_cast<size_t>(B * K));
+    for (int64_t r = 0; r < B * K; ++r) rpos[r] = P[r / K] + r % K;
+    dinv = to_dev(inv);
+    drpos = to_dev(rpos);
+    a.out_positions = drpos.get();
+    a.out_inv_freq = dinv.get();
+    a.out_rope_dim = rope_dim;
+  }
+  std::vector<float> run(bool reference) {
+    auto out = poisoned<float>(static_cast<size_t>(B * K * H * hd));
+    a.out = out.get();
+    if (reference)
+      cuda_model::draft_attention_reference(a, kStream);
+    else
+      cuda_model::draft_attention(a, kStream);
+    std::vector<float> h = to_host(out);
+    a.out = nullptr;
+    return h;
+  }
+};
+
+TEST(CudaDraftAttention, MatchesCpu) {
+  uint64_t seed = 900;
+  for (KvRecordKind kind : {KvRecordKind::kFp8, KvRecordKind::kNvfp4, KvRecordKind::kBf16}) {
+    // anchor positions: 1 context key, 50, a full wrapped ring
+    DraftCase c(kind, 8, 512, {2, 0, 1}, {1, 50, 300}, seed);
+    seed += 100;
+    SCOPED_TRACE(::testing::Message() << kind_name(kind) << " requests " << c.B << " K " << c.K);
+    AttnCheck chk;
+    chk.target = false;
+    c.add_rows(chk);
+    chk.check_cpu();
+    if (!have_gpu()) continue;
+    const std::vector<float> out = c.run(false);
+    chk.check_gpu(out, "draft_attention");
+    // (element = (row * heads + head) * hd + dim)
+    EXPECT_TRUE(same_bits(out, c.run(true))) << "draft_attention vs the one-block-per-(row, head) reference";
+    // The output's inverse RoPE in the epilogue (DraftAttnArgs::out_inv_freq) == the rope op (inverse,
+    // rounded to bf16) after the plain kernel, bit for bit; the block's rows at P + t.
+    c.with_rope();
+    RopeParams rp;
+    auto dout = to_dev(out);
+    rp.x = dout.get();
+    rp.positions = c.a.out_positions;
+    rp.inv_freq = c.a.out_inv_freq;
+    rp.tokens = c.B * c.K;
+    rp.heads = c.H;
+    rp.head_stride = c.hd;
+    rp.rope_offset = static_cast<int>(c.hd) - c.a.out_rope_dim;
+    rp.rope_dim = c.a.out_rope_dim;
+    rp.inverse = true;
+    rp.round_bf16 = true;
+    kernels::cuda::rope(rp, kStream);
+    const std::vector<float> rot = c.run(false);
+    EXPECT_TRUE(same_bits(rot, to_host(dout)))
+        << "draft attention + inverse RoPE epilogue vs draft attention then rope (element = (row * heads + head) * "
+        << c.hd << " + dim)";
+    EXPECT_TRUE(same_bits(rot, c.run(true))) << "with the inverse RoPE epilogue vs the reference's";
+  }
+  TANDEM_REQUIRE_GPU();
+}
+
+// The model's shapes (32 heads per rank of TP=2, 64 unsharded, 8; head dim 512, and the builtin
+// model's 128), one request (a full wrapped ring) and four (1 key, a partial ring, exactly full,
+// wrapped), heads that do not fill a block's group: against the CPU within the bound and against
+// the reference kernel bit for bit, with and without the epilogue's inverse RoPE. The launcher
+// takes 2 heads per block while the blocks fit on the GPU at once and 4 beyond, so both run here.
+TEST(CudaDraftAttention, ModelShapesMatchReferenceBitForBit) {
+  struct Shape {
+    int64_t H, hd;
+    std::vector<int32_t> slot;
+    std::vector<int64_t> P;
+  };
+  const std::vector<Shape> shapes = {{32, 512, {0}, {300}},
+                                     {64, 512, {1}, {128}},
+                                     {8, 512, {0}, {1000}},
+                                     {32, 512, {3, 0, 2, 1}, {1, 77, 128, 1000}},
+                                     {66, 512, {1, 0, 3, 2}, {5, 128, 260, 64}},
+                                     {8, 128, {1, 0}, {40, 200}}};
+  uint64_t seed = 4100;
+  for (KvRecordKind kind : {KvRecordKind::kFp8, KvRecordKind::kNvfp4, KvRecordKind::kBf16})
+    for (const Shape& s : shapes) {
+      DraftCase c(kind, s.H, s.hd, s.slot, s.P, seed);
+      seed += 100;
+      SCOPED_TRACE(::testing::Message() << kind_name(kind) << " heads " << s.H << " hd " << s.hd << " requests "
+                                        << c.B);
+      if (!have_gpu()) continue;
+      AttnCheck chk;
+      chk.target = false;
+      c.add_rows(chk);
+      const std::vector<float> out = c.run(false);
+      chk.check_gpu(out, "draft_attention");
+      EXPECT_TRUE(same_bits(out, c.run(true)))
+          << "draft_attention vs the reference (element = (row * heads + head) * hd + dim)";
+      c.with_rope();
+      EXPECT_TRUE(same_bits(c.run(false), c.run(true))) << "with the inverse RoPE epilogue";
+      if (kind == KvRecordKind::kFp8 && s.H == 32 && s.hd == 512 && c.B == 1) {
+        auto perf_out = poisoned<float>(out.size());
+        c.a.out = perf_out.get();
+        const double us_new = median_us([&] { cuda_model::draft_attention(c.a, kStream); });
+        const double us_ref = median_us([&] { cuda_model::draft_attention_reference(c.a, kStream); });
+        std::printf("[cuda perf] draft attention fp8, 32 heads x 512, window 128 + 5, 1 request: %.1f us "
+                    "(one block per (row, head): %.1f us)\n",
+                    us_new, us_ref);
+        c.a.out = nullptr;
+      }
+    }
+  TANDEM_REQUIRE_GPU();
+}
+
+// draft_attention's row decoder (8 dims at a time from the raw words) gives kv_record_get's values
+// bit for bit (any NaN for a NaN), on records of random bytes (every code, NaN codes and scales,
+// subnormal products, E8M0 scales 0 and 255) and on encoded rows.
+TEST(CudaDraftAttention, RowDecoderMatchesRecordGet) {
+  for (KvRecordKind kind : {KvRecordKind::kFp8, KvRecordKind::kNvfp4, KvRecordKind::kBf16})
+    for (int hd : {512, 128}) {
+      const KvRecordLayout l = KvRecordLayout::make(kind, hd, 64);
+      const int64_t n = 600;
+      SCOPED_TRACE(::testing::Message() << kind_name(kind) << " hd " << hd);
+      std::vector<uint8_t> recs(static_cast<size_t>(n * l.bytes));
+      uint64_t st = 0x9e3779b97f4a7c15ull + hd + static_cast<int>(kind);
+      for (auto& b : recs) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        b = static_cast<uint8_t>(st >> 56);
+      }
+      for (int64_t r = n / 2; r < n; ++r) {  // the second half: encoded rows
+        const std::vector<float> x = randn(static_cast<size_t>(hd), 77 + r, 1.0f, true);
+        const std::vector<uint8_t> rec = encode_kv_record(x.data(), l);
+        std::memcpy(&recs[r * l.bytes], rec.data(), rec.size());
+      }
+      std::vector<float> want(static_cast<size_t>(n * hd));
+      size_t nan = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        const std::vector<float> v = decode_kv_record(&recs[r * l.bytes], l);
+        for (int d = 0; d < hd; ++d) {
+          want[r * hd + d] = v[d];
+          nan += std::isnan(v[d]);
+        }
+      }
+      EXPECT_GT(nan, 0u) << "the random records hold NaN codes";
+      if (!have_gpu()) continue;
+      DeviceBuffer<uint8_t> drec = to_dev(recs);
+      auto dout = poisoned<float>(want.size());
+      cuda_model::draft_kv_decode_rows(drec.get(), n, l, dout.get(), kStream);
+      EXPECT_TRUE(same_bits(to_host(dout), want)) << "element = record * hd + dim";
+    }
   TANDEM_REQUIRE_GPU();
 }
 

@@ -104,5 +104,11 @@ struct DraftAttnArgs {
   int out_rope_dim = 0;                    // even, <= hd
 };
 void draft_attention(const DraftAttnArgs& a, cudaStream_t s);
+// Tests only: the previous kernel, one block per (row, head), each head decoding every key itself
+// (draft_attention's outputs equal its bit for bit); window + K <= 512, hd <= 1024.
+void draft_attention_reference(const DraftAttnArgs& a, cudaStream_t s);
+// Tests only: records [n, l.bytes] decoded by draft_attention's row decoder to out[n, l.head_dim]
+// (kv_record_get's values bit for bit).
+void draft_kv_decode_rows(const uint8_t* recs, int64_t n, const KvRecordLayout& l, float* out, cudaStream_t s);
 
 }  // namespace tandem::cuda_model

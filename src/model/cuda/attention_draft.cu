@@ -1,13 +1,18 @@
-// DSpark's draft attention (attention.h): one block per (row, head). The key list (the context
-// ring, then the draft block) is gathered as pointers into shared memory, then attend_keys scores
-// every key, takes one global max, normalises with the sink and writes the bf16 output (optionally
-// rotated back: the output's inverse RoPE, DraftAttnArgs::out_inv_freq).
+// DSpark's draft attention (attention.h): one block per (row, group of G heads). The key list (the
+// context ring, then the draft block) is decoded once per block, 16 keys at a time, into fp32 rows in
+// shared memory (MQA: every head reads the same keys), in two passes: the scores of every
+// (head, key), then the sink-normalised weighted sums. Each head's arithmetic is the previous
+// one-block-per-(row, head) kernel's, kept here as draft_attention_reference (tests compare the two
+// bit for bit): lane-strided dot products and a warp_sum, block_max / block_sum over 256 threads,
+// the weighted sum over the keys in order, the bf16 output (optionally rotated back: the output's
+// inverse RoPE, DraftAttnArgs::out_inv_freq).
 #include "model/cuda/attention.h"
 
 #include <cuda_runtime.h>
 
-#include "common/numeric_core.h"
 #include "common/check.h"
+#include "common/numeric_core.h"
+#include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/row_math.cuh"
 #include "model/cuda/smem_bounds.h"
@@ -16,9 +21,17 @@ namespace tandem::cuda_model {
 
 using kernels::cuda::block_max;
 using kernels::cuda::block_sum;
+using kernels::cuda::warp_max;
 using kernels::cuda::warp_sum;
+namespace mma = kernels::cuda::mma;
 
 namespace {
+
+constexpr int kThreads = 256;             // the reference's block: its reductions' shape
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 16;                // keys decoded per step (2 per warp in the score pass)
+constexpr int kMaxHd = 512;               // one dim pair per thread in the weighted sum
+constexpr int kMaxPieces = kChunk * kMaxHd / 8 / kThreads;  // 8-element pieces per thread and chunk
 
 // Key pointers carry a tag in bit 0: 1 = fp32 row (this step's KV), 0 = a KV record.
 __device__ __forceinline__ float key_elem(uint64_t kp, const KvRecordLayout& l, int d) {
@@ -30,6 +43,105 @@ __device__ __forceinline__ float key_elem(uint64_t kp, const KvRecordLayout& l, 
 // square root and division (rsqrtf is an approximation that can differ in the last bit, which
 // shifts every score of every row the same way).
 __device__ __forceinline__ float attn_scale(int hd) { return __fdiv_rn(1.0f, __fsqrt_rn(static_cast<float>(hd))); }
+
+// ---- the row decoder: 8 elements [d0, d0 + 8) of a key (d0 % 8 == 0) ----
+// Loaded first (the raw words, so the loads of the next chunk are in flight while this one is used),
+// decoded later. Gives kv_record_get's values bit for bit: bf16 bits shifted up; fp8 codes through
+// the exact e4m3 -> f16 -> f32 conversion, times the E8M0 scale (the same fp32 product); nvfp4 codes
+// through e2m1_decode, times the e4m3 scale. A NaN code or scale gives NaN either way.
+struct RawPiece {
+  uint4 w0, w1;  // fp32: 8 floats; bf16: w0 = 8 bf16; fp8: w0.x, w0.y = 8 codes; nvfp4: w0.x = 8 nibbles
+  uint32_t scale = 0;  // the group's scale byte (fp8, nvfp4)
+  int mode = 0;        // 0: none, 1 fp32, 2 bf16, 3 fp8, 4 nvfp4
+};
+
+// Records are 8-byte aligned (checked by the launchers), fp32 rows 16-byte aligned.
+__device__ __forceinline__ RawPiece load_piece(uint64_t kp, const KvRecordLayout& l, int d0) {
+  RawPiece r;
+  if (kp & 1) {
+    const float4* f = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(kp & ~uint64_t(1)) + d0);
+    const float4 x = f[0], y = f[1];
+    r.w0 = make_uint4(__float_as_uint(x.x), __float_as_uint(x.y), __float_as_uint(x.z), __float_as_uint(x.w));
+    r.w1 = make_uint4(__float_as_uint(y.x), __float_as_uint(y.y), __float_as_uint(y.z), __float_as_uint(y.w));
+    r.mode = 1;
+    return r;
+  }
+  const uint8_t* rec = reinterpret_cast<const uint8_t*>(kp);
+  if (l.kind == KvRecordKind::kBf16 || d0 >= l.nope) {
+    const int off = l.kind == KvRecordKind::kBf16 ? 2 * d0 : l.rope_off + 2 * (d0 - l.nope);
+    const uint2 a = *reinterpret_cast<const uint2*>(rec + off), b = *reinterpret_cast<const uint2*>(rec + off + 8);
+    r.w0 = make_uint4(a.x, a.y, b.x, b.y);
+    r.mode = 2;
+  } else if (l.kind == KvRecordKind::kFp8) {
+    const uint2 a = *reinterpret_cast<const uint2*>(rec + d0);
+    r.w0 = make_uint4(a.x, a.y, 0, 0);
+    r.scale = rec[l.scale_off + d0 / 64];
+    r.mode = 3;
+  } else {
+    r.w0 = make_uint4(*reinterpret_cast<const uint32_t*>(rec + d0 / 2), 0, 0, 0);
+    r.scale = rec[l.scale_off + d0 / 16];
+    r.mode = 4;
+  }
+  return r;
+}
+
+__device__ __forceinline__ void fp8x4(uint32_t codes, float s, float* o) {
+  const float2 a = mma::f16x2_to_f32x2(mma::e4m3x2_to_f16x2(codes & 0xffffu));
+  const float2 b = mma::f16x2_to_f32x2(mma::e4m3x2_to_f16x2(codes >> 16));
+  o[0] = a.x * s;
+  o[1] = a.y * s;
+  o[2] = b.x * s;
+  o[3] = b.y * s;
+}
+
+__device__ __forceinline__ void decode_piece(const RawPiece& r, float* o) {
+  switch (r.mode) {
+    case 1: {
+      const uint32_t w[8] = {r.w0.x, r.w0.y, r.w0.z, r.w0.w, r.w1.x, r.w1.y, r.w1.z, r.w1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = __uint_as_float(w[i]);
+      break;
+    }
+    case 2: {
+      const uint32_t w[4] = {r.w0.x, r.w0.y, r.w0.z, r.w0.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        o[2 * i] = __uint_as_float(w[i] << 16);
+        o[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      }
+      break;
+    }
+    case 3: {
+      const float s = num::e8m0_to_f32(static_cast<uint8_t>(r.scale));
+      fp8x4(r.w0.x, s, o);
+      fp8x4(r.w0.y, s, o + 4);
+      break;
+    }
+    case 4: {
+      const float s = num::e4m3_decode(static_cast<uint8_t>(r.scale));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = num::e2m1_decode(static_cast<uint8_t>((r.w0.x >> (4 * i)) & 0xfu)) * s;
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// Records [n, l.bytes] decoded to out[n, l.head_dim] by the row decoder (tests).
+__global__ void decode_rows_kernel(const uint8_t* recs, int64_t n, KvRecordLayout l, float* out) {
+  const int nd = l.head_dim / 8;
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n * nd;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = p / nd;
+    const int d0 = static_cast<int>(p % nd) * 8;
+    float v[8];
+    decode_piece(load_piece(reinterpret_cast<uint64_t>(recs + row * l.bytes), l, d0), v);
+    for (int i = 0; i < 8; ++i) out[row * l.head_dim + d0 + i] = v[i];
+  }
+}
+
+// ---- the reference: one block per (row, head) ----
 
 // Scores of the listed keys for head h of query qh, then the sink-normalised weighted sum, written
 // (bf16-rounded) to out[hd], with inv_freq its inverse RoPE at pos on the last rope_dim dims (rope()'s
@@ -77,12 +189,14 @@ __device__ void attend_keys(const float* qh, const uint64_t* s_keys, float* s_p,
   }
 }
 
-__global__ void draft_attention_kernel(DraftAttnArgs a) {
-  extern __shared__ unsigned char smem_raw[];
-  const int max_keys = a.window + a.K;
-  uint64_t* s_keys = reinterpret_cast<uint64_t*>(smem_raw);
-  float* s_p = reinterpret_cast<float*>(s_keys + max_keys);
-  float* s_q = s_p + max_keys;
+// The reference's fixed shared memory (tests only; the launcher checks the shape against it).
+constexpr int kRefMaxKeys = 512;
+constexpr int kRefMaxHd = 1024;
+
+__global__ void __launch_bounds__(kThreads) draft_attention_ref_kernel(DraftAttnArgs a) {
+  __shared__ uint64_t s_keys[kRefMaxKeys];
+  __shared__ float s_p[kRefMaxKeys];
+  __shared__ float s_q[kRefMaxHd];
   __shared__ float s_red[32];
   const int64_t r = blockIdx.x;  // b*K + t
   const int h = blockIdx.y;
@@ -104,28 +218,274 @@ __global__ void draft_attention_kernel(DraftAttnArgs a) {
               a.out_inv_freq ? a.out_positions[r] : 0);
 }
 
-size_t attn_smem(int max_keys, int hd) {
-  return static_cast<size_t>(max_keys) * (sizeof(uint64_t) + sizeof(float)) + sizeof(float) * hd;
+// ---- the kernel: one block per (row, G heads) ----
+
+// Shared memory: key pointers [max_keys] | scores, then weights [G][ldp] | q [G][hd] | keys [kChunk][hd].
+struct Smem {
+  int max_keys, ldp, hd;
+  __host__ __device__ Smem(int max_keys_, int hd_) : max_keys(max_keys_), ldp((max_keys_ + 3) / 4 * 4), hd(hd_) {}
+  __host__ __device__ size_t p_off() const { return (static_cast<size_t>(max_keys) * 8 + 15) / 16 * 16; }
+  __host__ __device__ size_t q_off(int G) const { return p_off() + static_cast<size_t>(G) * ldp * 4; }
+  __host__ __device__ size_t k_off(int G) const { return q_off(G) + static_cast<size_t>(G) * hd * 4; }
+  __host__ __device__ size_t bytes(int G) const { return k_off(G) + static_cast<size_t>(kChunk) * hd * 4; }
+};
+
+// Sum of a[p] over the warp's lanes for N pairs p at once, each by warp_sum's butterfly (offsets 16,
+// 8, ..., 1; each step's sum the same fp32 addition, a + b == b + a): the first log2(N) steps
+// exchange halves of the set instead of all of it. Returns the sum of pair `idx`, held by the lanes
+// whose low 5 - log2(N) bits are free.
+template <int N>
+__device__ __forceinline__ float warp_sum_scatter(float (&a)[N], int lane, int& idx) {
+  static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N: a power of two <= 32");
+  idx = 0;
+  int o = 16;
+#pragma unroll
+  for (int n = N; n > 1; n >>= 1) {
+    const bool hi = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < n / 2; ++i) {
+      const float send = hi ? a[i] : a[i + n / 2];
+      const float keep = hi ? a[i + n / 2] : a[i];
+      a[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    if (hi) idx += n / 2;
+    o >>= 1;
+  }
+  float v = a[0];
+  for (; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <int G>
+__global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ float s_red[2][G][kWarps];
+  const int hd = a.hd, nd = hd / 8;
+  const Smem lay(a.window + a.K, hd);
+  uint64_t* s_keys = reinterpret_cast<uint64_t*>(smem_raw);
+  float* s_p = reinterpret_cast<float*>(smem_raw + lay.p_off());
+  float* s_q = reinterpret_cast<float*>(smem_raw + lay.q_off(G));
+  float* s_k = reinterpret_cast<float*>(smem_raw + lay.k_off(G));
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t r = blockIdx.x;  // b*K + t
+  const int h0 = blockIdx.y * G;
+  const int64_t b = r / a.K;
+  const int64_t P = a.req_pos[b];
+  const uint8_t* ring = a.ctx + static_cast<int64_t>(a.req_slot[b]) * a.slot_stride + a.stage_off;
+  const int64_t c0 = P - a.window > 0 ? P - a.window : 0;
+  const int nctx = static_cast<int>(P - c0), nk = nctx + a.K;
+  for (int i = tid; i < nctx; i += kThreads)
+    s_keys[i] = reinterpret_cast<uint64_t>(ring + ((c0 + i) % a.window) * a.rec.bytes);
+  for (int i = tid; i < a.K; i += kThreads)
+    s_keys[nctx + i] = reinterpret_cast<uint64_t>(a.block_kv + (b * a.K + i) * hd) | 1;
+  for (int i = tid; i < G * hd; i += kThreads) {
+    const int h = i / hd;
+    s_q[i] = h0 + h < a.heads ? a.q[(r * a.heads + h0 + h) * hd + i % hd] : 0.0f;
+  }
+  __syncthreads();
+
+  // Chunk [k0, k0 + kChunk): each thread's pieces loaded into registers, then decoded into s_k.
+  RawPiece raw[kMaxPieces];
+  auto load_chunk = [&](int k0) {
+    const int n = min(kChunk, nk - k0) * nd;
+#pragma unroll
+    for (int m = 0; m < kMaxPieces; ++m) {
+      const int p = tid + m * kThreads;
+      raw[m].mode = 0;
+      if (p < n) raw[m] = load_piece(s_keys[k0 + p / nd], a.rec, (p % nd) * 8);
+    }
+  };
+  auto store_chunk = [&]() {
+#pragma unroll
+    for (int m = 0; m < kMaxPieces; ++m) {
+      if (raw[m].mode == 0) continue;
+      const int p = tid + m * kThreads;
+      float v[8];
+      decode_piece(raw[m], v);
+      float4* dst = reinterpret_cast<float4*>(s_k + (p / nd) * hd + (p % nd) * 8);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  };
+
+  // Pass 1: scores. Warp w takes keys k0 + 2w, k0 + 2w + 1 of each chunk for the G heads: lane-strided
+  // sums over d = lane, lane + 32, ... (the reference's loop), then warp_sum, times the scale.
+  const float scale = attn_scale(hd);
+  load_chunk(0);
+  for (int k0 = 0; k0 < nk; k0 += kChunk) {
+    store_chunk();
+    __syncthreads();
+    if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
+    const int i0 = k0 + 2 * warp;
+    if (i0 < nk) {
+      float acc[2 * G];
+#pragma unroll
+      for (int j = 0; j < 2 * G; ++j) acc[j] = 0.0f;
+      const float* k0r = s_k + (2 * warp) * hd;
+      const float* k1r = k0r + hd;
+#pragma unroll 4
+      for (int d = lane; d < hd; d += 32) {
+        const float x0 = k0r[d], x1 = k1r[d];
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          const float qv = s_q[h * hd + d];
+          acc[2 * h] += qv * x0;
+          acc[2 * h + 1] += qv * x1;
+        }
+      }
+      int idx;
+      const float s = warp_sum_scatter<2 * G>(acc, lane, idx);
+      const int i = i0 + (idx & 1);
+      if ((lane & (32 / (2 * G) - 1)) == 0 && i < nk) s_p[(idx >> 1) * lay.ldp + i] = s * scale;
+    }
+    __syncthreads();
+  }
+
+  // Softmax per head, each as the reference's 256 threads: thread t's max and sum over keys t,
+  // t + 256, ..., then block_max / block_sum's two warp stages.
+  float mx[G], z[G];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    mx[h] = -INFINITY;
+    for (int i = tid; i < nk; i += kThreads) mx[h] = fmaxf(mx[h], s_p[h * lay.ldp + i]);
+    mx[h] = warp_max(mx[h]);
+    if (lane == 0) s_red[0][h][warp] = mx[h];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    mx[h] = warp_max(lane < kWarps ? s_red[0][h][lane] : -INFINITY);
+    z[h] = 0.0f;
+    for (int i = tid; i < nk; i += kThreads) {
+      const float e = expf(s_p[h * lay.ldp + i] - mx[h]);
+      s_p[h * lay.ldp + i] = e;
+      z[h] += e;
+    }
+    z[h] = warp_sum(z[h]);
+    if (lane == 0) s_red[1][h][warp] = z[h];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    z[h] = warp_sum(lane < kWarps ? s_red[1][h][lane] : 0.0f);
+    z[h] += expf((h0 + h < a.heads ? a.sink[h0 + h] : 0.0f) - mx[h]);
+  }
+
+  // Pass 2: thread t's dims 2t, 2t + 1 for the G heads, adding weight * key over the keys in order.
+  const int d0 = 2 * tid;
+  float o[G][2];
+#pragma unroll
+  for (int h = 0; h < G; ++h) o[h][0] = o[h][1] = 0.0f;
+  load_chunk(0);
+  for (int k0 = 0; k0 < nk; k0 += kChunk) {
+    store_chunk();
+    __syncthreads();
+    if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
+    const int n = min(kChunk, nk - k0);
+    if (d0 < hd) {
+      const float* kr = s_k + d0;
+      int i = 0;
+      for (; i + 4 <= n; i += 4) {
+        float4 p4[G];
+#pragma unroll
+        for (int h = 0; h < G; ++h) p4[h] = *reinterpret_cast<const float4*>(s_p + h * lay.ldp + k0 + i);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float2 x = *reinterpret_cast<const float2*>(kr + (i + u) * hd);
+#pragma unroll
+          for (int h = 0; h < G; ++h) {
+            const float p = u == 0 ? p4[h].x : u == 1 ? p4[h].y : u == 2 ? p4[h].z : p4[h].w;
+            o[h][0] += p * x.x;
+            o[h][1] += p * x.y;
+          }
+        }
+      }
+      for (; i < n; ++i) {
+        const float2 x = *reinterpret_cast<const float2*>(kr + i * hd);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          const float p = s_p[h * lay.ldp + k0 + i];
+          o[h][0] += p * x.x;
+          o[h][1] += p * x.y;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (d0 >= hd) return;
+  const int r0 = hd - a.out_rope_dim;
+  const int64_t pos = a.out_inv_freq ? a.out_positions[r] : 0;
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    if (h0 + h >= a.heads) break;
+    float v[2] = {nk > 0 ? num::round_bf16(o[h][0] / z[h]) : 0.0f, nk > 0 ? num::round_bf16(o[h][1] / z[h]) : 0.0f};
+    if (a.out_inv_freq && d0 >= r0)
+      kernels::cuda::row::rope_pair(v, pos, a.out_inv_freq[(d0 - r0) / 2], true, true);
+    *reinterpret_cast<float2*>(a.out + (r * a.heads + h0 + h) * hd + d0) = make_float2(v[0], v[1]);
+  }
+}
+
+// Heads per block: 2 while the blocks fit on the multiprocessors at once, else 4 (fewer key decodes).
+int heads_per_block(const DraftAttnArgs& a) {
+  int dev = 0, sms = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return a.B * a.K * ((a.heads + 1) / 2) <= sms ? 2 : 4;
+}
+
+void check_args(const DraftAttnArgs& a) {
+  TANDEM_CHECK(a.K >= 1 && a.window >= 1 && a.heads >= 1 && a.hd > 0 && a.rec.head_dim == a.hd);
+  if (a.out_inv_freq)
+    TANDEM_CHECK(a.out_positions && a.out_rope_dim > 0 && a.out_rope_dim % 2 == 0 && a.out_rope_dim <= a.hd &&
+                 a.hd % 64 == 0);
+}
+
+template <int G>
+void launch(const DraftAttnArgs& a, cudaStream_t s) {
+  const size_t smem = Smem(a.window + a.K, a.hd).bytes(G);
+  kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(draft_attention_kernel<G>), smem);
+  dim3 grid(static_cast<unsigned>(a.B * a.K), static_cast<unsigned>((a.heads + G - 1) / G));
+  draft_attention_kernel<G><<<grid, kThreads, smem, s>>>(a);
+  TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void draft_attention(const DraftAttnArgs& a, cudaStream_t s) {
   if (a.B == 0) return;
-  if (a.out_inv_freq)
-    TANDEM_CHECK(a.out_positions && a.out_rope_dim > 0 && a.out_rope_dim % 2 == 0 && a.out_rope_dim <= a.hd &&
-                 a.hd % 64 == 0);
-  const size_t smem = attn_smem(a.window + a.K, a.hd);
-  kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(draft_attention_kernel), smem);
+  check_args(a);
+  // The decoder's pieces: 8 dims in one scale group and one side of the NoPE/RoPE split; records
+  // 8-byte aligned, fp32 rows 16-byte aligned.
+  TANDEM_CHECK(a.hd % 64 == 0 && a.hd <= kMaxHd && a.rec.nope % 16 == 0);
+  TANDEM_CHECK(reinterpret_cast<uintptr_t>(a.ctx) % 8 == 0 && a.slot_stride % 8 == 0 && a.stage_off % 8 == 0 &&
+               a.rec.bytes % 8 == 0 && a.rec.rope_off % 8 == 0 && reinterpret_cast<uintptr_t>(a.block_kv) % 16 == 0);
+  if (heads_per_block(a) == 2)
+    launch<2>(a, s);
+  else
+    launch<4>(a, s);
+}
+
+void draft_attention_reference(const DraftAttnArgs& a, cudaStream_t s) {
+  if (a.B == 0) return;
+  check_args(a);
+  TANDEM_CHECK(a.window + a.K <= kRefMaxKeys && a.hd <= kRefMaxHd);
   dim3 grid(static_cast<unsigned>(a.B * a.K), static_cast<unsigned>(a.heads));
-  draft_attention_kernel<<<grid, 256, smem, s>>>(a);
+  draft_attention_ref_kernel<<<grid, kThreads, 0, s>>>(a);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+void draft_kv_decode_rows(const uint8_t* recs, int64_t n, const KvRecordLayout& l, float* out, cudaStream_t s) {
+  if (n == 0) return;
+  TANDEM_CHECK(l.head_dim % 64 == 0 && l.nope % 16 == 0 && l.bytes % 8 == 0 && l.rope_off % 8 == 0 &&
+               reinterpret_cast<uintptr_t>(recs) % 8 == 0);
+  decode_rows_kernel<<<kernels::cuda::grid_for(n * (l.head_dim / 8), 256), 256, 0, s>>>(recs, n, l, out);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 kernels::cuda::SmemBound draft_attention_smem_bound(int window, int block, int hd) {
-  return {"draft_attention_kernel", static_cast<int64_t>(attn_smem(window + block, hd)),
-          "window " + std::to_string(window) + " + " + std::to_string(block) + " block rows, head dim " +
-              std::to_string(hd),
+  return {"draft_attention_kernel", static_cast<int64_t>(Smem(window + block, hd).bytes(4)),
+          "window " + std::to_string(window) + " + " + std::to_string(block) + " block rows, 4 heads, " +
+              std::to_string(kChunk) + " decoded keys of head dim " + std::to_string(hd),
           ""};
 }
 
