@@ -14,6 +14,7 @@
 #include "common/numeric_core.h"
 #include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/row_math.cuh"
 #include "model/cuda/smem_bounds.h"
 
@@ -258,6 +259,7 @@ __device__ __forceinline__ float warp_sum_scatter(float (&a)[N], int lane, int& 
 
 template <int G>
 __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs a) {
+  kernels::cuda::pdl_enter();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float s_red[2][G][kWarps];
   const int hd = a.hd, nd = hd / 8;
@@ -445,7 +447,7 @@ void launch(const DraftAttnArgs& a, cudaStream_t s) {
   const size_t smem = Smem(a.window + a.K, a.hd).bytes(G);
   kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(draft_attention_kernel<G>), smem);
   dim3 grid(static_cast<unsigned>(a.B * a.K), static_cast<unsigned>((a.heads + G - 1) / G));
-  draft_attention_kernel<G><<<grid, kThreads, smem, s>>>(a);
+  kernels::cuda::launch_pdl(draft_attention_kernel<G>, grid, kThreads, smem, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

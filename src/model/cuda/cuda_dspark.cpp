@@ -123,15 +123,16 @@ void CudaModel::Impl::draft_inputs(int64_t B) {
 
 void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
   const ModelConfig& c = cfg;
-  const int64_t K = draft_k, D = c.hidden_size;
+  const int64_t K = draft_k;
   const int64_t hd = c.head_dim, W = c.sliding_window;
   const int64_t N = B * K;
   const int64_t* pos = draft_pos.get();
   const cuda_model::DBlock& b = w.draft.stages[st];
   const int64_t H = b.attn.n_heads;  // this rank's heads (the stages shard like the target's blocks)
   section(OpClass::kMhc);
-  hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), N, D, b.attn_norm);
+  // hc_pre + attn_norm (+ the norm's act_quant codes for the projections) in one launch, as the
+  // target's layers.
+  hc_pre(h.get(), N, b.hc_attn_fn, b.hc_attn_scale, b.hc_attn_base, x.get(), post.get(), comb.get(), b.attn_norm);
   q_and_kv(b.attn, x.get(), N, rope_swa.get(), pos);  // q, kv normalized and rotated, kv's records
   section(OpClass::kAttention);
   cuda_model::DraftAttnArgs da;
@@ -160,11 +161,10 @@ void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
 }
 
 void CudaModel::Impl::draft_stage_ffn(int st, int64_t B) {
-  const int64_t N = B * draft_k, D = cfg.hidden_size;
+  const int64_t N = B * draft_k;
   const cuda_model::DBlock& b = w.draft.stages[st];
   section(OpClass::kMhc);
-  hc_pre(h.get(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get());
-  norm_rows(x.get(), N, D, b.ffn_norm);
+  hc_pre(h.get(), N, b.hc_ffn_fn, b.hc_ffn_scale, b.hc_ffn_base, x.get(), post.get(), comb.get(), b.ffn_norm);
   moe(b.ffn, x.get(), draft_ids.get(), N, a.get(), cfg.num_hidden_layers + st);  // draft stages after the target's layers
   section(OpClass::kMhc);
   hc_post(a.get(), h.get(), N, h.get());  // the op reads every residual stream before writing

@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sampling_device.cuh"
 #include "kernels/sampling.h"
 #include "model/cuda/model_device.cuh"
@@ -20,6 +21,7 @@ using kernels::cuda::mul_rn;
 namespace {
 
 __global__ void taps_kernel(TapsMeanArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t t = blockIdx.x;
   if (t >= a.rows || a.dst_row[t] < 0) return;
   for (int64_t d = threadIdx.x; d < a.dim; d += blockDim.x) {
@@ -30,21 +32,25 @@ __global__ void taps_kernel(TapsMeanArgs a) {
 }
 
 __global__ void block_positions_kernel(BlockPositionsArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < a.count) a.positions[i] = a.base[i / a.per] + i % a.per;
 }
 
 __global__ void iota_positions_kernel(IotaPositionsArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < a.count) a.positions[i] = a.start + i;
 }
 
 __global__ void draft_ids_kernel(DraftBlockIdsArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < a.B * a.K) a.ids[i] = (i % a.K == 0) ? a.anchor[i / a.K] : a.noise;
 }
 
 __global__ void markov_gather_kernel(MarkovGatherArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t b = blockIdx.x;
   if (b >= a.B) return;
   for (int64_t d = threadIdx.x; d < a.rank; d += blockDim.x) a.e[b * a.rank + d] = w_at(a.w1, a.prev[b], d);
@@ -91,6 +97,7 @@ __device__ inline Rec rec_of(uint8_t* scratch, int64_t V, int64_t b) {
 // (a target past that chunk's recomputed mass, by rounding, takes its last positive id); no
 // chunk (a zero or NaN total) gives V - 1, as the one-block kernel did.
 __global__ void __launch_bounds__(kThreads) markov_step_kernel(MarkovStepArgs a) {
+  kernels::cuda::pdl_enter();
   __shared__ float s_conf[8];
   __shared__ kernels::cuda::BlockReduceScratch s_scr;
   __shared__ int s_last;
@@ -235,6 +242,7 @@ __global__ void __launch_bounds__(kThreads) markov_step_kernel(MarkovStepArgs a)
 // q = softmax(z / T) (mass(v) / total with the finishing CTA's mx and total), or one-hot at the
 // argmax for a greedy request. Grid (chunks, B).
 __global__ void __launch_bounds__(kThreads) markov_probs_kernel(MarkovStepArgs a) {
+  kernels::cuda::pdl_enter();
   const int64_t c = blockIdx.x, b = blockIdx.y;
   const int64_t row = b * a.K + a.i;
   const double T = a.temperature ? a.temperature[b] : 0.0;
@@ -256,31 +264,31 @@ __global__ void __launch_bounds__(kThreads) markov_probs_kernel(MarkovStepArgs a
 
 void taps_mean(const TapsMeanArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
-  taps_kernel<<<static_cast<unsigned>(a.rows), 256, 0, s>>>(a);
+  kernels::cuda::launch_pdl(taps_kernel, static_cast<unsigned>(a.rows), 256, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void block_positions(const BlockPositionsArgs& a, cudaStream_t s) {
   if (a.count == 0) return;
-  block_positions_kernel<<<ceil_div(a.count, 256), 256, 0, s>>>(a);
+  kernels::cuda::launch_pdl(block_positions_kernel, ceil_div(a.count, 256), 256, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void iota_positions(const IotaPositionsArgs& a, cudaStream_t s) {
   if (a.count == 0) return;
-  iota_positions_kernel<<<ceil_div(a.count, 256), 256, 0, s>>>(a);
+  kernels::cuda::launch_pdl(iota_positions_kernel, ceil_div(a.count, 256), 256, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void draft_block_ids(const DraftBlockIdsArgs& a, cudaStream_t s) {
   if (a.B == 0) return;
-  draft_ids_kernel<<<ceil_div(a.B * a.K, 256), 256, 0, s>>>(a);
+  kernels::cuda::launch_pdl(draft_ids_kernel, ceil_div(a.B * a.K, 256), 256, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 void markov_gather(const MarkovGatherArgs& a, cudaStream_t s) {
   if (a.B == 0) return;
-  markov_gather_kernel<<<static_cast<unsigned>(a.B), 128, 0, s>>>(a);
+  kernels::cuda::launch_pdl(markov_gather_kernel, static_cast<unsigned>(a.B), 128, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
@@ -294,10 +302,10 @@ void markov_step(const MarkovStepArgs& a, cudaStream_t s) {
   TANDEM_CHECK_MSG(a.B <= 65535, "markov_step: more requests than a grid dimension holds");
   TANDEM_CHECK_MSG(chunks_of(a.V) <= kMaxChunks, "markov_step: vocabulary larger than the chunk table");
   const dim3 grid(static_cast<unsigned>(chunks_of(a.V)), static_cast<unsigned>(a.B));
-  markov_step_kernel<<<grid, kThreads, 0, s>>>(a);
+  kernels::cuda::launch_pdl(markov_step_kernel, grid, kThreads, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
   if (a.probs) {
-    markov_probs_kernel<<<grid, kThreads, 0, s>>>(a);
+    kernels::cuda::launch_pdl(markov_probs_kernel, grid, kThreads, 0, s, a);
     TANDEM_CUDA_LAUNCH_CHECK();
   }
 }
