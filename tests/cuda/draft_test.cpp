@@ -180,8 +180,8 @@ TEST(CudaDraftPieces, TapsIdsAndPositionsMatchCpu) {
 TEST(CudaDraftPieces, MarkovHeadMatchesCpu) {
   for (const int64_t V : {int64_t{3000}, int64_t{5 * cuda_model::kMarkovChunk + 123}, int64_t{129280}}) {
   SCOPED_TRACE(::testing::Message() << "vocabulary " << V);
-  // The real vocabulary with the real widths (dim 4,096 + rank 256: the confidence over three
-  // staged rounds of products).
+  // The real vocabulary with the real widths (dim 4,096 + rank 256: the confidence's 4,352
+  // products in the kernel's shared memory).
   const int64_t D = V == 129280 ? 4096 : 384, R = V == 129280 ? 256 : 64;
   const int K = 5;
   const int64_t B = 4;

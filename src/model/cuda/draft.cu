@@ -63,7 +63,7 @@ __global__ void markov_gather_kernel(MarkovGatherArgs a) {
 constexpr int kThreads = 256;
 constexpr int kPerThread = static_cast<int>(kMarkovChunk / kThreads);
 constexpr int kMaxChunks = 256;  // vocabularies up to 1,048,576 ids
-constexpr int kConfChunk = 2048;  // confidence products staged per round (a multiple of 8)
+constexpr int kConfMax = 8192;  // dim + rank of the confidence (its products in shared memory)
 
 struct Rec {
   uint64_t* key;   // [C]
@@ -128,28 +128,35 @@ __global__ void __launch_bounds__(kThreads) markov_step_kernel(MarkovStepArgs a)
   // elements i = j mod 8 in order, products and sums rounded one at a time, then pairwise. Eight
   // serial chains of (dim + rank) / 8 adds: the last chunk's CTA (the one with the fewest ids)
   // runs them beside the other chunks, not the finishing CTA after them.
-  // The products are formed by the whole CTA into shared memory (the eight chains reading global
-  // memory one element at a time took 70 us at dim + rank = 4,352), then the chains add them.
+  // The products are formed by the whole CTA into shared memory, eight loads in flight per thread
+  // (the eight chains reading global memory one element at a time took 70 us at dim + rank =
+  // 4,352), then the chains add them.
   const bool conf_cta = c == C - 1;
   if (conf_cta) {
-    __shared__ float s_prod[kConfChunk];
-    float acc = 0.0f;
-    const int64_t nd = a.dim + a.rank;
-    for (int64_t d0 = 0; d0 < nd; d0 += kConfChunk) {
-      const int m = static_cast<int>(nd - d0 < kConfChunk ? nd - d0 : kConfChunk);
-      for (int d = threadIdx.x; d < m; d += kThreads) {
-        const int64_t g = d0 + d;
-        const float f = g < a.dim ? a.y[row * a.dim + g] : a.e[b * a.rank + (g - a.dim)];
-        s_prod[d] = mul_rn(f, a.conf_w[g]);
+    __shared__ float s_prod[kConfMax];
+    const int nd = static_cast<int>(a.dim + a.rank);  // <= kConfMax (markov_step checks)
+    constexpr int kU = 8;
+    for (int d0 = threadIdx.x; d0 < nd; d0 += kU * kThreads) {
+      float f[kU], w[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int g = d0 + u * kThreads;
+        f[u] = g < nd ? (g < a.dim ? a.y[row * a.dim + g] : a.e[b * a.rank + (g - a.dim)]) : 0.0f;
+        w[u] = g < nd ? a.conf_w[g] : 0.0f;
       }
-      __syncthreads();
-      if (threadIdx.x < 8) {
-#pragma unroll 8
-        for (int d = threadIdx.x; d < m; d += 8) acc = add_rn(acc, s_prod[d]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int g = d0 + u * kThreads;
+        if (g < nd) s_prod[g] = mul_rn(f[u], w[u]);
       }
-      __syncthreads();  // the chunk's reads before the next chunk's writes
     }
-    if (threadIdx.x < 8) s_conf[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x < 8) {
+      float acc = 0.0f;
+#pragma unroll 8
+      for (int d = threadIdx.x; d < nd; d += 8) acc = add_rn(acc, s_prod[d]);
+      s_conf[threadIdx.x] = acc;
+    }
   }
   const uint64_t key = kernels::cuda::block_argmax_key(best, s_scr);  // its __syncthreads: s_conf
   if (conf_cta && threadIdx.x == 0) {
@@ -301,6 +308,7 @@ void markov_step(const MarkovStepArgs& a, cudaStream_t s) {
   TANDEM_CHECK_MSG(a.scratch != nullptr, "markov_step: no scratch");
   TANDEM_CHECK_MSG(a.B <= 65535, "markov_step: more requests than a grid dimension holds");
   TANDEM_CHECK_MSG(chunks_of(a.V) <= kMaxChunks, "markov_step: vocabulary larger than the chunk table");
+  TANDEM_CHECK_MSG(a.dim + a.rank <= kConfMax, "markov_step: dim + rank larger than the confidence buffer");
   const dim3 grid(static_cast<unsigned>(chunks_of(a.V)), static_cast<unsigned>(a.B));
   kernels::cuda::launch_pdl(markov_step_kernel, grid, kThreads, 0, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
