@@ -103,6 +103,7 @@ double time_calls(cudaStream_t s, const std::function<void(int)>& call) {
 // the L2), three warm-up passes (clocks ramp up on the first), the median of 15 timed passes.
 struct Ceilings {
   double copy_kernel = 0, copy_memcpy = 0, read = 0;
+  std::vector<std::pair<int, double>> tiles;  // (rows per 2 KB warp step, read bytes per second)
   double copy() const { return std::max(copy_kernel, copy_memcpy); }
 };
 Ceilings measure_ceilings(cudaStream_t s) {
@@ -135,6 +136,9 @@ Ceilings measure_ceilings(cudaStream_t s) {
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
   });
   c.read = 1.0 * bytes / median_s([&] { kc::stream_read(a.get(), bytes, sink.get(), s); });
+  // The decode GEMV's tile pattern over the LM head's shape (64,640 rows of 8 KB): rows per tile.
+  for (int tr : {16, 8, 4, 2, 1})
+    c.tiles.push_back({tr, 64640.0 * 8192 / median_s([&] { kc::stream_read_tiles(a.get(), 64640, 8192, tr, sink.get(), s); })});
   TANDEM_CUDA_CHECK(cudaEventDestroy(e0));
   TANDEM_CUDA_CHECK(cudaEventDestroy(e1));
   return c;
@@ -676,6 +680,13 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
               "every %% below is of the copy figure\n\n",
               kc::device_description(0), b.copy_bps / 1e9, ceil.copy_kernel / 1e9, ceil.copy_memcpy / 1e9,
               ceil.read / 1e9);
+  nlohmann::json tiles = nlohmann::json::array();
+  for (const auto& [tr, bps] : ceil.tiles) {
+    std::printf("read in 2 KB warp steps of %2d rows x %4d bytes (the decode GEMV's: 16 x 128): %.0f GB/s\n", tr,
+                2048 / tr, bps / 1e9);
+    tiles.push_back({{"rows_per_step", tr}, {"bytes_per_row_per_step", 2048 / tr}, {"read_bytes_per_s", bps}});
+  }
+  std::printf("\n");
   std::printf("%-38s %6s %6s %3s %9s %7s %9s %7s %9s %7s\n", "kernel (per-rank shapes of TP=2)", "n", "k", "m", "old us",
               "old %", "new us", "new %", "+pack us", "+pack %");
   if (want("linear")) {
@@ -714,6 +725,7 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
   j["copy_kernel_bytes_per_s"] = ceil.copy_kernel;
   j["copy_memcpy_bytes_per_s"] = ceil.copy_memcpy;
   j["read_bytes_per_s"] = ceil.read;
+  j["read_tile_patterns"] = tiles;
   j["calls_per_graph"] = kCalls;
   j["kernels"] = b.rows;
   j["moe_layers"] = b.moe;
