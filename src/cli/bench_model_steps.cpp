@@ -136,7 +136,10 @@ nlohmann::json ablation(const CudaModel::StepProfile& prof) {
           {"note", "each kernel's nodes removed from the captured step (neighbours joined by the removed node's "
                    "outgoing edge); saved_us: the median of (whole - without) over alternating replays, its cost to "
                    "the step, overlap included; the sum of the savings against graph_us shows how much the kernels "
-                   "overlap"}};
+                   "overlap. A kernel whose outputs steer later kernels through state shared by every layer is "
+                   "measured with that state frozen: without the MoE gate + routing, every layer's experts run on "
+                   "the last layer's routing (dec.moe is one buffer set), so its saving includes whatever routed "
+                   "work that routing adds or removes"}};
 }
 
 // Graph replays + a CUPTI trace of one replay for `sb`; the routing and collectives of one eager step.
