@@ -180,13 +180,10 @@ __device__ __forceinline__ double sum_256(double v, double* red) {
   return warp_sum(r);
 }
 
-// The streams' values a column thread collapses, loaded before the grid-dependency wait: up to
-// kEarlyHc streams and kEarlyCols columns a thread (the decode shapes: 4 streams, 512-column slices).
-constexpr int kEarlyHc = 4, kEarlyCols = 2;
-
 template <bool kPack>
 __global__ void __launch_bounds__(kSplitThreads)
     hc_pre_finish_split(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk, int64_t slice) {
+  pdl_enter();
   __shared__ float pre[kMaxHc];
   extern __shared__ double stage[];  // hc::stage_bytes
   __shared__ float mix[(2 + kMaxHc) * kMaxHc];
@@ -196,24 +193,6 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int64_t dim = p.dim, HD = hc * dim;
   const int64_t t = blockIdx.x / kHcSplit;
   const int r = static_cast<int>(blockIdx.x % kHcSplit);  // == the cluster rank (1-D clusters of kHcSplit)
-  const int64_t c0 = r * slice < dim ? r * slice : dim;
-  const int64_t n = dim - c0 < slice ? dim - c0 : slice;
-  // The residual streams h are complete before this kernel starts: its predecessor is always the mix
-  // (hc::launch_mix), which passes its own grid-dependency wait (on the kernel that wrote h) before it
-  // lets this launch begin. So a column thread loads its h values first, through L2 (no stale L1
-  // line), and the collapse after the wait does not wait for them.
-  const bool early = hc <= kEarlyHc && n <= kEarlyCols * hc::kThreads && threadIdx.x < hc::kThreads;
-  float hv[kEarlyCols][kEarlyHc];
-  if (early) {
-    const float* hs = p.h + t * HD + c0;
-#pragma unroll
-    for (int u = 0; u < kEarlyCols; ++u) {
-      const int64_t d = threadIdx.x + static_cast<int64_t>(u) * hc::kThreads;
-#pragma unroll
-      for (int i = 0; i < kEarlyHc; ++i) hv[u][i] = d < n && i < hc ? __ldcg(hs + i * dim + d) : 0.0f;
-    }
-  }
-  pdl_enter();
   // Every CTA finishes the mixes and pre itself (a few KB from L2); CTA 0 writes post and comb.
   hc::finish_mix(partial, t, nmix, ksplit, HD, p.norm_eps, stage, mix);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -230,23 +209,9 @@ __global__ void __launch_bounds__(kSplitThreads)
     }
     return;
   }
-  float* xo = kPack ? xs : p.x + t * dim + c0;
-  if (early) {
-    // hc::collapse's arithmetic on the loaded values: streams in order, products and sums rounded
-    // one at a time, the bf16 round.
-#pragma unroll
-    for (int u = 0; u < kEarlyCols; ++u) {
-      const int64_t d = threadIdx.x + static_cast<int64_t>(u) * hc::kThreads;
-      if (d >= n) continue;
-      float acc = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kEarlyHc; ++i)
-        if (i < hc) acc = add_rn(acc, mul_rn(pre[i], hv[u][i]));
-      xo[d] = round_bf16(acc);
-    }
-  } else {
-    hc::collapse(p.h + t * HD + c0, dim, pre, hc, n, xo, true, threadIdx.x, hc::kThreads);
-  }
+  const int64_t c0 = r * slice < dim ? r * slice : dim;
+  const int64_t n = dim - c0 < slice ? dim - c0 : slice;
+  hc::collapse(p.h + t * HD + c0, dim, pre, hc, n, kPack ? xs : p.x + t * dim + c0, true, threadIdx.x, hc::kThreads);
   if constexpr (kPack) {
     cluster_arrive();  // this slice is in shared memory
     cluster_wait();    // and every other CTA's
