@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "common/numeric_core.h"
+#include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -429,10 +430,7 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
 
 // Heads per block: 2 while the blocks fit on the multiprocessors at once, else 4 (fewer key decodes).
 int heads_per_block(const DraftAttnArgs& a) {
-  int dev = 0, sms = 0;
-  TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return a.B * a.K * ((a.heads + 1) / 2) <= sms ? 2 : 4;
+  return a.B * a.K * ((a.heads + 1) / 2) <= kernels::cuda::decode_launch_limits().sms ? 2 : 4;
 }
 
 void check_args(const DraftAttnArgs& a) {
