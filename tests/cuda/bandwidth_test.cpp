@@ -1,6 +1,7 @@
 // The benchmark ceilings' kernels (kernels/cuda/bandwidth.h): the streaming copy moves every byte
 // (random bytes, a size that leaves a remainder after the unrolled passes, the poisoned tail past
-// it untouched), and the streaming read leaves its source unchanged.
+// it untouched), and the streaming reads (whole buffer, and the decode GEMV's tile pattern at every
+// tile shape) leave their source unchanged and launch without error.
 #include "cuda/cuda_test_util.h"
 #include "kernels/cuda/bandwidth.h"
 
@@ -24,6 +25,12 @@ TEST(CudaBandwidth, StreamCopyAndReadMoveEveryByte) {
   TANDEM_CUDA_CHECK(cudaMemset(sink.get(), 0, sizeof(uint64_t)));
   cuda::stream_read(ds.get(), bytes, sink.get(), kStream);
   EXPECT_TRUE(same_values(to_host(ds), src)) << "the read's source";
+  // 32 rows of 16,384 bytes: every tile shape's row count and 4-step span divide them.
+  for (int tr : {16, 8, 4, 2, 1}) {
+    cuda::stream_read_tiles(ds.get(), 32, 16384, tr, sink.get(), kStream);
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(kStream));
+    EXPECT_TRUE(same_values(to_host(ds), src)) << "the tile read's source, " << tr << " rows per step";
+  }
 }
 
 }  // namespace
