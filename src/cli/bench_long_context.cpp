@@ -283,7 +283,7 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
       const int64_t rb = st.rec.bytes, vis = L / 4;
       auto attn_row = [&](const char* name, int ratio) {
         const int64_t keys = kWindow + (ratio == 4 ? kTopk : ratio ? L / ratio : 0);
-        const char* mode = cuda_model::attention_splits(st.attn(0, ratio, st.ids.get(), kTopk)) ? "split" : "fold";
+        const char* mode = cuda_model::attention_splits(st.attn(0, ratio, st.ids.get(), kTopk)) ? "split" : "rows";
         const double us = time_calls(s, [&](int i) {
           cuda_model::attention(st.attn(i % kCopies, ratio, st.ids.get() + (i % kCopies) * st.rows() * kTopk, kTopk), s);
         });
@@ -316,16 +316,34 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
   for (int64_t L : {int64_t{4096}, int64_t{163840}, int64_t{1} << 20}) {
     State st(L, 1, kChunkRows, 2, s, tmp);
     const int64_t rb = st.rec.bytes, vis = L / 4;
-    tb.row("prefill 512: attention HCA", L, kChunkRows, kWindow + L / 128, "fold", time_calls(s, [&](int i) {
+    tb.row("prefill 512: attention HCA", L, kChunkRows, kWindow + L / 128, "rows", time_calls(s, [&](int i) {
              cuda_model::attention(st.attn(i % 2, 128, nullptr, kTopk), s);
            }),
            kChunkRows * ((kWindow + L / 128) * rb + qo));
-    tb.row("prefill 512: CSA layer", L, kChunkRows, vis, "fold", time_calls(s, [&](int i) {
+    tb.row("prefill 512: CSA layer", L, kChunkRows, vis, "rows", time_calls(s, [&](int i) {
              cuda_model::indexer_scores_paged(st.indexer(i % 2, true), s);
              cuda_model::indexer_topk(st.topk(true), s);
              cuda_model::attention(st.attn(i % 2, 4, st.top.get(), kTopk), s);
            }),
            kChunkRows * (vis * (st.key.bytes + 2.0) + (kWindow + kTopk) * rb + qo));
+  }
+  // The model's prefill chunk (4,096 rows of one sequence ending at L): the attention alone, the
+  // pipelined row kernel against the folding blocks (the same bits; attention_rows.cu).
+  constexpr int64_t kModelChunk = 4096;
+  for (int64_t L : {int64_t{4096}, int64_t{163840}}) {
+    State st(L, 1, kModelChunk, 2, s, tmp);
+    const int64_t rb = st.rec.bytes;
+    for (int ratio : {128, 4})
+      for (bool rows_kernel : {true, false}) {
+        const int64_t keys = kWindow + (ratio == 4 ? kTopk : L / ratio);
+        tb.row(ratio == 4 ? "prefill 4096: attention CSA" : "prefill 4096: attention HCA", L, kModelChunk, keys,
+               rows_kernel ? "rows" : "fold", time_calls(s, [&](int i) {
+                 cuda_model::AttnArgs a = st.attn(i % 2, ratio, st.ids.get() + (i % 2) * st.rows() * kTopk, kTopk);
+                 a.rows_kernel = rows_kernel;
+                 cuda_model::attention(a, s);
+               }),
+               kModelChunk * (keys * rb + qo));
+      }
   }
   // A prompt of L tokens in 512-row chunks: per chunk 21 CSA and 20 HCA layers whose cost grows
   // about linearly with the chunk's position (trapezoid between the 4K chunk and the last one).

@@ -344,16 +344,37 @@ TEST(CudaAttention, MatchesCpu) {
     a.out = out_split.get();
     EXPECT_TRUE(cuda_model::attention_splits(a));
     cuda_model::attention(a, kStream);
-    // ... and one folding block per (row, 16 heads).
+    // ... and one folding block per (row, 16 heads) ...
     auto out_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
     a.partial = nullptr;
     a.partial_slots = 0;
     a.out = out_fold.get();
     EXPECT_FALSE(cuda_model::attention_splits(a));
+    a.rows_kernel = false;
     cuda_model::attention(a, kStream);
+    a.rows_kernel = true;
     const std::vector<float> got = to_host(out_split);
     chk.check_gpu(got, "attention");
     EXPECT_TRUE(same_bits(to_host(out_fold), got)) << "folding blocks vs split over chunks";
+    // ... and the pipelined row kernel, on as many blocks as the GPU has and on 2 (each block then
+    // walks about half the rows: the two key tiles and two rows' queries change hands many times).
+    for (int sms : {0, 2}) {
+      auto out_rows = poisoned<float>(static_cast<size_t>(rows * H * hd));
+      a.out = out_rows.get();
+      a.sm_count = sms;
+      cuda_model::attention(a, kStream);
+      a.sm_count = 1 << 20;
+      const std::vector<float> gr = to_host(out_rows);
+      EXPECT_TRUE(same_bits(gr, got)) << "pipelined row kernel (sm_count " << sms << ") vs split over chunks";
+      if (!same_bits(gr, got))
+        for (size_t i = 0; i < gr.size(); ++i)
+          if (!same_bits(std::vector<float>{gr[i]}, std::vector<float>{got[i]})) {
+            ADD_FAILURE() << "first difference at row " << i / (H * hd) << " head " << i / hd % H << " dim "
+                          << i % hd << ": " << gr[i] << " vs " << got[i];
+            break;
+          }
+    }
+    a.out = out_fold.get();
     // o's inverse RoPE in the epilogue (AttnArgs::out_inv_freq) in both launch shapes == the rope op
     // (inverse, rounded to bf16: the forward's former launch) on the plain output, bit for bit.
     {
@@ -384,7 +405,7 @@ TEST(CudaAttention, MatchesCpu) {
       a.out_rope_dim = rope_dim;
       auto rot_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
       a.out = rot_fold.get();
-      cuda_model::attention(a, kStream);  // folding blocks (a.partial is null)
+      cuda_model::attention(a, kStream);  // the pipelined row kernel (a.partial is null)
       auto rot_split = poisoned<float>(static_cast<size_t>(rows * H * hd));
       a.partial = partial.get();
       a.partial_slots = rows * nchunks;
@@ -394,7 +415,7 @@ TEST(CudaAttention, MatchesCpu) {
       const std::vector<float> gs = to_host(rot_split), gf = to_host(rot_fold);
       // (element i = row i / (heads * hd), head i / hd % heads, dim i % hd; the rotated dims are the last 64)
       EXPECT_TRUE(same_bits(gs, want)) << "attention + inverse RoPE epilogue (split + fold_kernel) vs then rope";
-      EXPECT_TRUE(same_bits(gf, want)) << "attention + inverse RoPE epilogue (folding blocks) vs then rope";
+      EXPECT_TRUE(same_bits(gf, want)) << "attention + inverse RoPE epilogue (row kernel) vs then rope";
       a.out_inv_freq = nullptr;
       a.out_rope_dim = 0;
       a.partial = nullptr;

@@ -34,8 +34,11 @@ constexpr int kAttnHeadTile = 16;
 //
 // Launch shapes (equal bits): a thread block per (chunk, 16 heads, row) writing each chunk's
 // (m_c, z_c, o_c) to `partial`, then a fold kernel per (row, head); or, when the step's rows fill
-// the GPU or the partials do not fit, a thread block per (row, 16 heads) folding its chunks as it
-// goes. Shared memory: 91 KB per block at hd 512, whatever the context length.
+// the GPU or the partials do not fit, the pipelined row kernel (attention_rows.cu: persistent
+// blocks of 32 heads whose producer warps decode the next chunk's keys while the consumer warps run
+// the current one; 211 KB of shared memory at hd 512), or, where a block cannot have that much
+// shared memory (sm_120/121) or rows_kernel is false, a thread block per (row, 16 heads) folding its
+// chunks as it goes (91 KB at hd 512). Shared memory is independent of the context length.
 struct AttnArgs {
   const float* q = nullptr;          // [rows, heads, hd] bf16 values (after RoPE)
   const float* step_kv = nullptr;    // [rows, hd] this step's KV values (after the cache round trip)
@@ -69,6 +72,7 @@ struct AttnArgs {
   float* partial = nullptr;
   int64_t partial_slots = 0;
   int sm_count = 0;                  // multiprocessors (0: the current device's)
+  bool rows_kernel = true;           // false: folding blocks instead of the pipelined row kernel (tests)
 };
 void attention(const AttnArgs& a, cudaStream_t s);
 
