@@ -28,12 +28,13 @@ constexpr int kConsumers = 32 * kConsumerWarps;
 constexpr int kProducers = 32 * kProducerWarps;
 constexpr int kThreads = kConsumers + kProducers;
 static_assert(kChunk == 8 * kConsumerWarps, "one 8-key n-tile per consumer warp");
-static_assert(kChunk * 2 == kProducers, "two producer threads per key of a chunk");
+static_assert(kChunk <= kProducers, "a producer thread per key of a chunk looks its record up");
 
 // Named barriers (0 is __syncthreads, unused here).
 constexpr int kBarFull = 1;   // + tile: the tile's keys are decoded (producers arrive, consumers wait)
 constexpr int kBarEmpty = 3;  // + tile: the consumers are done with the tile (consumers arrive, producers wait)
 constexpr int kBarCons = 5;   // the consumers among themselves
+constexpr int kBarProd = 6;   // the producers among themselves
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
@@ -52,7 +53,8 @@ struct RowsLayout {
   static constexpr int kK = 0;                                    // [2][kChunk][kPitch]
   static constexpr int kQ = kK + 2 * kChunk * kPitch;             // [2][kHeadsPB][kPitch]
   static constexpr int kP = kQ + 2 * kHeadsPB * kPitch;           // [NT][kPTerms][kHeads][kPPitch]
-  static constexpr int kOk = kP + NT * kPTerms * kHeads * kPPitch;  // [2][kChunk] key is listed
+  static constexpr int kPtr = kP + NT * kPTerms * kHeads * kPPitch;  // [2][kChunk] tagged key pointers
+  static constexpr int kOk = kPtr + 2 * kChunk * 8;               // [2][kChunk] key is listed
   static constexpr int kMax = kOk + 2 * kChunk;                   // [kConsumerWarps][kHeadsPB]
   static constexpr int kSum = kMax + kConsumerWarps * kHeadsPB * 4;
   static constexpr int kBytes = kSum + kConsumerWarps * kHeadsPB * 4;
@@ -106,14 +108,16 @@ struct ItemIter {
 template <int D, int NT>
 __device__ void producer(const AttnArgs& a, int nchunks, int h0, uint8_t* smem) {
   using L = RowsLayout<D, NT>;
-  constexpr int kPer = D / 16;                   // pieces of 8 dims per thread: half a key
-  constexpr int kBatch = kPer < 8 ? kPer : 8;    // loads in flight per thread
+  constexpr int kPieces = D / 8;                        // pieces of 8 dims per key
+  constexpr int kPer = kChunk * kPieces / kProducers;   // pieces per thread per chunk
+  constexpr int kBatch = kPer < 8 ? kPer : 8;           // loads in flight per thread
+  static_assert(kPer % kBatch == 0, "whole batches");
   const int ptid = static_cast<int>(threadIdx.x) - kConsumers;
-  const int kk = ptid >> 1, half = ptid & 1;     // this thread's key of each chunk, and which half
+  uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
   ItemIter it;
   it.t = blockIdx.x;
   it.row(a, nchunks);
-  uint64_t kp = it.valid(a) ? key_ptr(a, it.rk, kk) : 0;
+  if (it.valid(a) && ptid < kChunk) sptr[ptid] = key_ptr(a, it.rk, ptid);
   int item = 0;
   for (; it.valid(a); ++item) {
     const int buf = item & 1;
@@ -121,24 +125,29 @@ __device__ void producer(const AttnArgs& a, int nchunks, int h0, uint8_t* smem) 
     // whose chunks all precede item - 2 (row rloc - 1 has at least one), so they are done too.
     if (item >= 2) bar_sync(kBarEmpty + buf, kThreads);
     if (it.c == 0) load_q_rows<D, NT>(a, it.t, h0, smem + L::kQ + (it.rloc & 1) * L::kHeadsPB * L::kPitch, ptid);
-    if (half == 0) smem[L::kOk + buf * kChunk + kk] = kp != 0;
-    uint8_t* row = smem + L::kK + (buf * kChunk + kk) * L::kPitch;
-    uint64_t kp_next = 0;
+    bar_sync(kBarProd, kProducers);  // this item's key pointers are in sptr[buf]; item - 1's readers are done
+    const uint64_t* ptr = sptr + buf * kChunk;
+    if (ptid < kChunk) smem[L::kOk + buf * kChunk + ptid] = ptr[ptid] != 0;
+    uint8_t* tile = smem + L::kK + buf * kChunk * L::kPitch;
 #pragma unroll 1
     for (int j0 = 0; j0 < kPer; j0 += kBatch) {
       RawPiece raw[kBatch];
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) raw[b] = load_piece(kp, a.rec, half * kPer + j0 + b);
-      if (j0 == 0) {  // the next item's key (its list lookups overlap this batch's loads)
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = (j0 + b) * kProducers + ptid;  // consecutive threads, consecutive pieces of a key
+        raw[b] = load_piece(ptr[i / kPieces], a.rec, i % kPieces);
+      }
+      if (j0 == 0) {  // the next item's key pointers (their list lookups overlap this batch's loads)
         it.next(a, nchunks);
-        if (it.valid(a)) kp_next = key_ptr(a, it.rk, it.c * kChunk + kk);
+        if (it.valid(a) && ptid < kChunk) sptr[(buf ^ 1) * kChunk + ptid] = key_ptr(a, it.rk, it.c * kChunk + ptid);
       }
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-        *reinterpret_cast<uint4*>(row + (half * kPer + j0 + b) * 16) = piece_bf16(raw[b]);
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = (j0 + b) * kProducers + ptid;
+        *reinterpret_cast<uint4*>(tile + (i / kPieces) * L::kPitch + (i % kPieces) * 16) = piece_bf16(raw[b]);
+      }
     }
     bar_arrive(kBarFull + buf, kThreads);
-    kp = kp_next;
   }
   // The consumers' releases of the last two chunks, so every barrier generation completes.
   for (int i = item >= 2 ? item - 2 : 0; i < item; ++i) bar_sync(kBarEmpty + (i & 1), kThreads);
