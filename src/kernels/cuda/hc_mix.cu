@@ -301,32 +301,52 @@ __global__ void __launch_bounds__(kThreads, 2) mix_staged_kernel(const float* __
     reduce_scatter(sq);  // lane l: token l / 2
     if (lane % 2 == 0) redd[wid][lane / 2] = sq[0];
 
+    // This thread's fn values of group g: w[jj][it] = fn[row][k0 + i + 256 it] (0 where the row or
+    // k is out of range; those products are skipped). The next group's are loaded before this
+    // group's sums, so their latency hides behind the FMAs and the reduce-scatter.
+    auto load_w = [&](int g, float (&w)[kJ][kIt]) {
+#pragma unroll
+      for (int jj = 0; jj < kJ; ++jj) {
+        const int j = g * kJ + (jj ^ (lane >> 4));
+#pragma unroll
+        for (int it = 0; it < kIt; ++it) {
+          const int64_t k = k0 + threadIdx.x + it * kThreads;
+          w[jj][it] = (g < groups && j < nmix && k < k1) ? fn[static_cast<int64_t>(j) * hd + k] : 0.0f;
+        }
+      }
+    };
+    float wcur[kJ][kIt];
+    load_w(0, wcur);
     for (int b0 = 0; b0 < groups; b0 += kBatch) {
 #pragma unroll 1
       for (int b = 0; b < kBatch; ++b) {
         if (b0 + b >= groups) break;  // uniform over the CTA
         const int g = b0 + b;
+        float wnext[kJ][kIt];
+        load_w(g + 1, wnext);
         float acc[32];  // slot jj * kT + tt: row g * kJ + (jj ^ (lane >> 4)), token tt ^ (lane & 15)
 #pragma unroll
         for (int jj = 0; jj < kJ; ++jj) {
-          const int j = g * kJ + (jj ^ (lane >> 4));
+          const bool row = g * kJ + (jj ^ (lane >> 4)) < nmix;
 #pragma unroll
           for (int tt = 0; tt < kT; ++tt) acc[jj * kT + tt] = 0.0f;
-          if (j < nmix) {
-            const float* w = fn + static_cast<int64_t>(j) * hd;
+          if (row) {
 #pragma unroll
             for (int it = 0; it < kIt; ++it) {
-              const int64_t k = k0 + threadIdx.x + it * kThreads;
-              if (k < k1) {
-                const float wv = w[k];
+              if (k0 + threadIdx.x + it * kThreads < k1) {
 #pragma unroll
-                for (int tt = 0; tt < kT; ++tt) acc[jj * kT + tt] = fmaf(hv[tt][it], wv, acc[jj * kT + tt]);
+                for (int tt = 0; tt < kT; ++tt)
+                  acc[jj * kT + tt] = fmaf(hv[tt][it], wcur[jj][it], acc[jj * kT + tt]);
               }
             }
           }
         }
         reduce_scatter_perm<16>(acc);  // lane l: sum l = (jj, tt) = (l / kT, l % kT)
         red[b][wid][lane] = acc[0];
+#pragma unroll
+        for (int jj = 0; jj < kJ; ++jj)
+#pragma unroll
+          for (int it = 0; it < kIt; ++it) wcur[jj][it] = wnext[jj][it];
       }
       __syncthreads();
       if (threadIdx.x < kBatch * 32) {
