@@ -9,6 +9,7 @@
 // kStaged runs kTiled's 16-token tile persistently for prefill chunks, the next tile copied into
 // shared memory while this one is reduced.
 #include "common/check.h"
+#include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
@@ -371,12 +372,7 @@ bool staged_fits(const float* h, int64_t hd, int64_t chunk) {
 
 void launch_staged(const float* h, const float* fn, int64_t tokens, int nmix, int64_t hd, int ksplit, double* partial,
                    cudaStream_t s) {
-  static const bool attr = [] {  // once per process (every device takes the same limit), outside capture
-    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(mix_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kStagedSmem)));
-    return true;
-  }();
-  (void)attr;
+  allow_dynamic_smem(reinterpret_cast<const void*>(mix_staged_kernel), kStagedSmem);  // per call: per device
   const int64_t items = (tokens + kSt - 1) / kSt * ksplit;
   // Two CTAs per SM (the register file's limit at 256 threads) walk the items.
   const int64_t ctas = 2 * static_cast<int64_t>(decode_launch_limits().sms);

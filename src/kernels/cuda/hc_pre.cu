@@ -10,6 +10,7 @@
 // collapsing a slice of the columns (hc_pre_pack: a thread-block cluster, the RMSNorm's sum read
 // from the CTAs' shared memory in pack_row's order) while a ninth warp of CTA 0 runs the Sinkhorn.
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/decode_act.cuh"
 #include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/hc_common.cuh"
@@ -275,16 +276,12 @@ void launch(const HcPreParams& p, const HcPrePackArgs& pk, HcFinishShape shape, 
   const size_t smem = hc::stage_bytes(nmix, ksplit);
   if (shape == HcFinishShape::kAuto) shape = p.tokens <= kHcSplitMaxTokens ? HcFinishShape::kSplit : HcFinishShape::kToken;
   if (shape == HcFinishShape::kToken) {
-    static const bool attr = [] {  // once per process, outside capture: the largest request (dim 12288)
-      TANDEM_CUDA_CHECK(cudaFuncSetAttribute(hc_pre_finish<kPack>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kMaxFinishSmem)));
-      return true;
-    }();
-    (void)attr;
+    const size_t fsmem = finish_smem_bytes(nmix, ksplit, p.dim, kPack);
+    allow_dynamic_smem(reinterpret_cast<const void*>(hc_pre_finish<kPack>), fsmem);  // no-op <= 48 KB (hc 4 x 4096)
     const uintptr_t addr = reinterpret_cast<uintptr_t>(p.h) | (kPack ? 0 : reinterpret_cast<uintptr_t>(p.x));
     const bool vec = p.hc == 4 && p.dim % 4 == 0 && (addr & 15u) == 0;
-    launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads,
-               finish_smem_bytes(nmix, ksplit, p.dim, kPack), s, p, partial, ksplit, pk, vec);
+    launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, fsmem, s, p, partial, ksplit, pk,
+               vec);
   } else {
     const int64_t slice = split_slice(p.dim, kPack);
     const unsigned grid = static_cast<unsigned>(p.tokens * kHcSplit);
