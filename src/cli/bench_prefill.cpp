@@ -1,6 +1,7 @@
 // `tandem bench-kernels --only prefill` (bench_prefill.h): each kernel at 4,096 rows (one prefill
 // chunk) on device-generated random rows; bytes = what the kernel must read and write at least (its
-// inputs once, its outputs once), floor_us = bytes at the measured copy bandwidth.
+// inputs once, its outputs once), floor_us = bytes at the measured copy bandwidth. The mHC rows: the
+// mix, the finish and hc_post alone, and hc_pre_pack (mix + finish) as the layer half launches it.
 #ifdef TANDEM_HAVE_CUDA_RUNNER
 #include "cli/bench_prefill.h"
 
@@ -15,6 +16,7 @@
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/gemm_tc.h"
+#include "kernels/cuda/hc_mix.h"
 #include "kernels/cuda/random_fill.h"
 #include "model/cuda/kv_record.h"
 #include "model/cuda/norm_rope.h"
@@ -165,6 +167,58 @@ nlohmann::json prefill_kernels(cudaStream_t s, double copy_bps, const TimeCalls&
     pk.scales = pscales.get();
     kc::hc_pre_pack(p, pk, s);
   });
+  // ---- The three mHC kernels of a layer half alone (issue 24). The mix: h once, fn per tile from
+  // the L2, the partials written; its arithmetic, 24 fp32 dot products of 16,384 per token (1.6 G
+  // FMAs) + the fp64 squares, is about 50 us of the device's FP32 lanes, under its bytes floor.
+  const int ksplit = kc::hc_mix_ksplit(hc * hidden, nmix);
+  const int64_t npart = T * (nmix + 1) * ksplit;
+  kc::DeviceBuffer<double> part(static_cast<size_t>(npart));
+  tab.add("hc mix partials 4 x 4096 (kAuto: staged)", T * hc * hidden * 4.0 + nmix * hc * hidden * 4.0 + npart * 8.0,
+          [&](int) { kc::hc_mix_partials(h.get(), fn.get(), T, nmix, hc * hidden, ksplit, part.get(), s); });
+  // The finish (hc_pre_finish<true>) on those partials: h once, x, codes, scales, post and comb written.
+  tab.add("hc_pre_pack finish 4 x 4096 (partials given)",
+          T * hc * hidden * 4.0 + npart * 8.0 + T * hidden * 4.0 + T * hidden + T * hidden / 128.0 +
+              T * (hc + hc * hc) * 4.0,
+          [&](int) {
+            kernels::HcPreParams p;
+            p.h = h.get();
+            p.fn = fn.get();
+            p.scale = hscale.get();
+            p.base = hbase.get();
+            p.tokens = T;
+            p.hc = hc;
+            p.dim = hidden;
+            p.x = hx.get();
+            p.post = post.get();
+            p.comb = comb.get();
+            kc::HcPrePackArgs pk;
+            pk.norm_weight = nw.get();
+            pk.codes = pcodes.get();
+            pk.scales = pscales.get();
+            pk.partials = part.get();
+            kc::hc_pre_pack(p, pk, s);
+          });
+  // hc_post (hc_post_vec_kernel<4>): the residual streams and f read, the new streams written; the
+  // attention half loads bf16(f), the MoE half bf16(f + shared) (f_add: one more row read).
+  kc::DeviceBuffer<float> hout(h.size()), fadd(static_cast<size_t>(T * hidden));
+  kc::random_fill(fadd.get(), fadd.size(), kc::RandomFill::kF32Bf16, 41, s, 1.0f);
+  for (bool moe : {false, true}) {
+    tab.add(std::string("hc_post 4 x 4096 (") + (moe ? "f + f_add: the MoE half)" : "f: the attention half)"),
+            2 * T * hc * hidden * 4.0 + (moe ? 2 : 1) * T * hidden * 4.0, [&](int) {
+              kernels::HcPostParams p;
+              p.f = hx.get();
+              p.f_add = moe ? fadd.get() : nullptr;
+              p.f_round = true;
+              p.res = h.get();
+              p.post = post.get();
+              p.comb = comb.get();
+              p.out = hout.get();
+              p.tokens = T;
+              p.hc = hc;
+              p.dim = hidden;
+              kc::hc_post(p, s);
+            });
+  }
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
   return tab.rows;
 }

@@ -20,7 +20,12 @@ namespace {
 using cuda::HcMixShape;
 
 const char* shape_name(HcMixShape s) {
-  return s == HcMixShape::kRows ? "rows" : (s == HcMixShape::kTiled ? "tiled" : "auto");
+  switch (s) {
+    case HcMixShape::kRows: return "rows";
+    case HcMixShape::kTiled: return "tiled";
+    case HcMixShape::kStaged: return "staged";
+    default: return "auto";
+  }
 }
 
 uint64_t dbits(double v) {
@@ -90,16 +95,19 @@ TEST(CudaHcMix, TiledEqualsRowsAndTheHostTreeBitForBit) {
     int64_t tokens;
     int nmix;
     int64_t hd;
-    HcMixShape tiled;  // what a kTiled request runs
+    HcMixShape tiled;   // what a kTiled request runs
+    HcMixShape staged;  // what a kStaged request runs
   };
-  // hc 4 x 4096 (nmix 24: hc_pre; 4: hc_head) at decode and prefill counts; hd 6000 (1200-long
-  // slices: the 8 x 8 register tile); hd 384 / 200 (one slice, partly empty threads); hc 16 x 4096
-  // (slices of 4682: too long for the tile, kRows runs).
-  const C cases[] = {{1, 24, 16384, HcMixShape::kTiled},    {5, 24, 16384, HcMixShape::kTiled},
-                     {96, 24, 16384, HcMixShape::kTiled},   {4099, 24, 16384, HcMixShape::kTiled},
-                     {130, 4, 16384, HcMixShape::kTiled},   {37, 48, 384, HcMixShape::kTiled},
-                     {70, 24, 6000, HcMixShape::kTiled},    {20, 24, 6000, HcMixShape::kTiled},
-                     {9, 8, 200, HcMixShape::kTiled},       {3, 288, 65536, HcMixShape::kRows}};
+  // hc 4 x 4096 (nmix 24: hc_pre; 4: hc_head) at decode and prefill counts (token counts off the
+  // 16-token tile: 1, 5, 7, 97, 130, 4099; kStaged's persistent CTAs walk several items at 4096 and
+  // 4099); hd 6000 (1200-long slices: the 8 x 8 register tile; too long for kStaged); hd 384 / 200
+  // / 1000 (one slice, partly empty threads; nmix 7: a half-empty last row pair); hd 202 (pieces
+  // not 16-byte aligned: kStaged falls back); hc 16 x 4096 (slices of 4682: kRows runs).
+  const HcMixShape T = HcMixShape::kTiled, S = HcMixShape::kStaged, R = HcMixShape::kRows;
+  const C cases[] = {{1, 24, 16384, T, S},  {5, 24, 16384, T, S},    {7, 24, 16384, T, S},   {96, 24, 16384, T, S},
+                     {97, 24, 16384, T, S}, {4096, 24, 16384, T, S}, {4099, 24, 16384, T, S}, {130, 4, 16384, T, S},
+                     {37, 48, 384, T, S},   {70, 24, 6000, T, T},    {20, 24, 6000, T, T},   {9, 8, 200, T, S},
+                     {97, 7, 1000, T, S},   {9, 8, 202, T, T},       {3, 288, 65536, R, R}};
   uint64_t seed = 500;
   for (const C& c : cases) {
     SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " nmix " << c.nmix << " hd " << c.hd);
@@ -116,19 +124,22 @@ TEST(CudaHcMix, TiledEqualsRowsAndTheHostTreeBitForBit) {
     if (!have_gpu()) continue;
     DeviceBuffer<float> dh = to_dev(h), dfn = to_dev(fn);
     const size_t n = static_cast<size_t>(c.tokens) * (c.nmix + 1) * ksplit;
-    std::vector<double> got[3];
-    const HcMixShape shapes[3] = {HcMixShape::kRows, HcMixShape::kTiled, HcMixShape::kAuto};
-    for (int s = 0; s < 3; ++s) {
+    std::vector<double> got[4];
+    const HcMixShape shapes[4] = {HcMixShape::kRows, HcMixShape::kTiled, HcMixShape::kAuto, HcMixShape::kStaged};
+    for (int s = 0; s < 4; ++s) {
       auto dp = poisoned<double>(n);
       const HcMixShape ran =
           cuda::hc_mix_partials(dh.get(), dfn.get(), c.tokens, c.nmix, c.hd, ksplit, dp.get(), kStream, shapes[s]);
       if (shapes[s] != HcMixShape::kAuto) {
-        EXPECT_EQ(ran, shapes[s] == HcMixShape::kTiled ? c.tiled : HcMixShape::kRows) << shape_name(shapes[s]);
+        const HcMixShape want =
+            shapes[s] == HcMixShape::kTiled ? c.tiled : (shapes[s] == HcMixShape::kStaged ? c.staged : HcMixShape::kRows);
+        EXPECT_EQ(ran, want) << shape_name(shapes[s]) << " request ran " << shape_name(ran);
       }
       got[s] = to_host(dp);
     }
     EXPECT_TRUE(same_partials(got[1], got[0], c.nmix, ksplit)) << "tiled vs rows";
     EXPECT_TRUE(same_partials(got[2], got[0], c.nmix, ksplit)) << "auto vs rows";
+    EXPECT_TRUE(same_partials(got[3], got[0], c.nmix, ksplit)) << "staged vs rows";
     size_t checked = 0, bad = 0, nan = 0;
     for (int64_t t : sample)
       for (int j = 0; j <= c.nmix; ++j)
@@ -147,7 +158,7 @@ TEST(CudaHcMix, TiledEqualsRowsAndTheHostTreeBitForBit) {
     if (c.tokens > 2) {
       EXPECT_GT(nan, 0u) << "token 1's NaN";
     }
-    std::printf("[cuda hc_mix] tokens %lld nmix %d hd %lld ksplit %d: %zu partials equal in the two shapes, %zu "
+    std::printf("[cuda hc_mix] tokens %lld nmix %d hd %lld ksplit %d: %zu partials equal in the four shapes, %zu "
                 "sampled equal the host tree (%zu NaN)\n",
                 static_cast<long long>(c.tokens), c.nmix, static_cast<long long>(c.hd), ksplit, n, checked - bad, nan);
     if (c.nmix == 24 && c.hd == 16384 && (c.tokens == 1 || c.tokens == 96 || c.tokens == 4099)) {
@@ -157,10 +168,12 @@ TEST(CudaHcMix, TiledEqualsRowsAndTheHostTreeBitForBit) {
           cuda::hc_mix_partials(dh.get(), dfn.get(), c.tokens, c.nmix, c.hd, ksplit, dp.get(), kStream, s);
         });
       };
-      const double rows = run(HcMixShape::kRows), tiled = run(HcMixShape::kTiled), aut = run(HcMixShape::kAuto);
+      const double rows = run(HcMixShape::kRows), tiled = run(HcMixShape::kTiled), aut = run(HcMixShape::kAuto),
+                   staged = run(HcMixShape::kStaged);
       std::printf("[cuda perf] hc mix partials %lld tokens, hc 4 x 4096: rows (the old shape) %.1f us, tiled %.1f us, "
-                  "auto %.1f us (h %.1f MB: %.1f us at 4.3 TB/s)\n",
-                  static_cast<long long>(c.tokens), rows, tiled, aut, h.size() * 4.0 / 1e6, h.size() * 4.0 / 4.3e6);
+                  "staged %.1f us, auto %.1f us (h %.1f MB: %.1f us at 4.3 TB/s)\n",
+                  static_cast<long long>(c.tokens), rows, tiled, staged, aut, h.size() * 4.0 / 1e6,
+                  h.size() * 4.0 / 4.3e6);
     }
   }
   TANDEM_REQUIRE_GPU();
@@ -174,80 +187,90 @@ TEST(CudaHcMix, TiledShapeCapturesInAGraph) {
   DeviceBuffer<float> dh = to_dev(randn(static_cast<size_t>(tokens * hd), 900, 1.0f, false));
   DeviceBuffer<float> dfn = to_dev(randn(static_cast<size_t>(nmix * hd), 901, 0.05f, false));
   const size_t n = static_cast<size_t>(tokens) * (nmix + 1) * ksplit;
-  auto eager = poisoned<double>(n), graphed = poisoned<double>(n);
-  cuda::hc_mix_partials(dh.get(), dfn.get(), tokens, nmix, hd, ksplit, eager.get(), kStream, HcMixShape::kAuto);
-  sync();
-  cudaStream_t st;
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  cuda::hc_mix_partials(dh.get(), dfn.get(), tokens, nmix, hd, ksplit, graphed.get(), st, HcMixShape::kAuto);
-  TANDEM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, st));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(st));
-  EXPECT_TRUE(same_partials(to_host(graphed), to_host(eager), nmix, ksplit));
-  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
-  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-  TANDEM_CUDA_CHECK(cudaStreamDestroy(st));
+  // kAuto runs kTiled at 200 tokens; kStaged (the prefill chunks' shape) is asked for by name.
+  for (HcMixShape shape : {HcMixShape::kAuto, HcMixShape::kStaged}) {
+    SCOPED_TRACE(shape_name(shape));
+    auto eager = poisoned<double>(n), graphed = poisoned<double>(n);
+    cuda::hc_mix_partials(dh.get(), dfn.get(), tokens, nmix, hd, ksplit, eager.get(), kStream, shape);
+    sync();
+    cudaStream_t st;
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    cuda::hc_mix_partials(dh.get(), dfn.get(), tokens, nmix, hd, ksplit, graphed.get(), st, shape);
+    TANDEM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, st));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(st));
+    EXPECT_TRUE(same_partials(to_host(graphed), to_host(eager), nmix, ksplit));
+    TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+    TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+    TANDEM_CUDA_CHECK(cudaStreamDestroy(st));
+  }
 }
 
-// hc_pre_pack over a prefill chunk (the tiled mix) equals it run on single tokens (kRows) for
-// sampled tokens, in every output; and its time there.
+// hc_pre_pack over a prefill chunk equals it run on single tokens (kRows mix, kSplit finish) for
+// sampled tokens, in every output: at 97 and 130 tokens (the tiled mix) and 4099 (the staged mix;
+// the one-CTA-per-token finish with the float4 collapse and the row kept in shared memory in all
+// three); and its time at 4099.
 TEST(CudaHcPrefill, HcPrePackChunkEqualsSingleTokens) {
   TANDEM_REQUIRE_GPU();
-  const int64_t T = 4099, D = 4096, nb = D / 128;
+  const int64_t D = 4096, nb = D / 128;
   const int hc = 4, nmix = (2 + hc) * hc;
   const int64_t HD = hc * D;
-  std::vector<float> h = randn(static_cast<size_t>(T * HD), 960, 1.0f, false);
-  h[2048 * HD + 77] = std::numeric_limits<float>::quiet_NaN();
-  DeviceBuffer<float> dh = to_dev(h), dfn = to_dev(randn(static_cast<size_t>(nmix * HD), 961, 0.02f, false)),
-                      dscale = to_dev(randu(3, 962, 0.5f, 2.0f)), dbase = to_dev(randn(nmix, 963, 0.5f, false)),
-                      dw = to_dev(randn(static_cast<size_t>(D), 964, 0.5f, true));
-  HcPreParams p;
-  p.h = dh.get();
-  p.fn = dfn.get();
-  p.scale = dscale.get();
-  p.base = dbase.get();
-  p.hc = hc;
-  p.dim = D;
-  auto x = poisoned<float>(static_cast<size_t>(T * D)), post = poisoned<float>(static_cast<size_t>(T * hc)),
-       comb = poisoned<float>(static_cast<size_t>(T * hc * hc));
-  auto codes = poisoned<uint8_t>(static_cast<size_t>(T * D)), scales = poisoned<uint8_t>(static_cast<size_t>(T * nb));
-  cuda::HcPrePackArgs k;
-  k.norm_weight = dw.get();
-  k.eps = 1e-6f;
-  auto run = [&](int64_t t0, int64_t n, int64_t o) {  // tokens [t0, t0 + n) into rows [o, o + n)
-    p.h = dh.get() + t0 * HD;
-    p.tokens = n;
-    p.x = x.get() + o * D;
-    p.post = post.get() + o * hc;
-    p.comb = comb.get() + o * hc * hc;
-    k.codes = codes.get() + o * D;
-    k.scales = scales.get() + o * nb;
-    cuda::hc_pre_pack(p, k, kStream);
-  };
-  run(0, T, 0);
-  const std::vector<float> cx = to_host(x), cpost = to_host(post), ccomb = to_host(comb);
-  const std::vector<uint8_t> ccodes = to_host(codes), cscales = to_host(scales);
-  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{2048}, T - 1}) {
-    SCOPED_TRACE(::testing::Message() << "token " << t);
-    run(t, 1, 0);  // row 0 of the buffers now holds token t alone
-    auto row = [](const auto& v, int64_t w, int64_t r) {
-      return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin() + r * w, v.begin() + (r + 1) * w);
+  for (const int64_t T : {int64_t{97}, int64_t{130}, int64_t{4099}}) {
+    SCOPED_TRACE(::testing::Message() << "chunk of " << T << " tokens");
+    std::vector<float> h = randn(static_cast<size_t>(T * HD), 960 + T, 1.0f, false);
+    h[(T / 2) * HD + 77] = std::numeric_limits<float>::quiet_NaN();
+    DeviceBuffer<float> dh = to_dev(h), dfn = to_dev(randn(static_cast<size_t>(nmix * HD), 961, 0.02f, false)),
+                        dscale = to_dev(randu(3, 962, 0.5f, 2.0f)), dbase = to_dev(randn(nmix, 963, 0.5f, false)),
+                        dw = to_dev(randn(static_cast<size_t>(D), 964, 0.5f, true));
+    HcPreParams p;
+    p.h = dh.get();
+    p.fn = dfn.get();
+    p.scale = dscale.get();
+    p.base = dbase.get();
+    p.hc = hc;
+    p.dim = D;
+    auto x = poisoned<float>(static_cast<size_t>(T * D)), post = poisoned<float>(static_cast<size_t>(T * hc)),
+         comb = poisoned<float>(static_cast<size_t>(T * hc * hc));
+    auto codes = poisoned<uint8_t>(static_cast<size_t>(T * D)), scales = poisoned<uint8_t>(static_cast<size_t>(T * nb));
+    cuda::HcPrePackArgs k;
+    k.norm_weight = dw.get();
+    k.eps = 1e-6f;
+    auto run = [&](int64_t t0, int64_t n, int64_t o) {  // tokens [t0, t0 + n) into rows [o, o + n)
+      p.h = dh.get() + t0 * HD;
+      p.tokens = n;
+      p.x = x.get() + o * D;
+      p.post = post.get() + o * hc;
+      p.comb = comb.get() + o * hc * hc;
+      k.codes = codes.get() + o * D;
+      k.scales = scales.get() + o * nb;
+      cuda::hc_pre_pack(p, k, kStream);
     };
-    const std::vector<float> sx = to_host(x), spost = to_host(post), scomb = to_host(comb);
-    const std::vector<uint8_t> scodes = to_host(codes), sscales = to_host(scales);
-    EXPECT_TRUE(same_bits(row(sx, D, 0), row(cx, D, t))) << "x";
-    EXPECT_TRUE(same_bits(row(spost, hc, 0), row(cpost, hc, t))) << "post";
-    EXPECT_TRUE(same_bits(row(scomb, hc * hc, 0), row(ccomb, hc * hc, t))) << "comb";
-    EXPECT_TRUE(same_values(row(scodes, D, 0), row(ccodes, D, t))) << "codes";
-    EXPECT_TRUE(same_values(row(sscales, nb, 0), row(cscales, nb, t))) << "scales";
+    run(0, T, 0);
+    const std::vector<float> cx = to_host(x), cpost = to_host(post), ccomb = to_host(comb);
+    const std::vector<uint8_t> ccodes = to_host(codes), cscales = to_host(scales);
+    for (int64_t t : {int64_t{0}, int64_t{1}, T / 2, T - 1}) {
+      SCOPED_TRACE(::testing::Message() << "token " << t);
+      run(t, 1, 0);  // row 0 of the buffers now holds token t alone
+      auto row = [](const auto& v, int64_t w, int64_t r) {
+        return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin() + r * w, v.begin() + (r + 1) * w);
+      };
+      const std::vector<float> sx = to_host(x), spost = to_host(post), scomb = to_host(comb);
+      const std::vector<uint8_t> scodes = to_host(codes), sscales = to_host(scales);
+      EXPECT_TRUE(same_bits(row(sx, D, 0), row(cx, D, t))) << "x";
+      EXPECT_TRUE(same_bits(row(spost, hc, 0), row(cpost, hc, t))) << "post";
+      EXPECT_TRUE(same_bits(row(scomb, hc * hc, 0), row(ccomb, hc * hc, t))) << "comb";
+      EXPECT_TRUE(same_values(row(scodes, D, 0), row(ccodes, D, t))) << "codes";
+      EXPECT_TRUE(same_values(row(sscales, nb, 0), row(cscales, nb, t))) << "scales";
+    }
+    if (T == 4099)
+      std::printf("[cuda perf] hc_pre_pack %lld tokens, hc 4 x 4096: %.1f us (h %.0f MB: %.1f us at 4.3 TB/s)\n",
+                  static_cast<long long>(T), median_us([&] { run(0, T, 0); }), h.size() * 4.0 / 1e6,
+                  h.size() * 4.0 / 4.3e6);
   }
-  std::printf("[cuda perf] hc_pre_pack %lld tokens, hc 4 x 4096: %.1f us (h %.0f MB: %.1f us at 4.3 TB/s)\n",
-              static_cast<long long>(T), median_us([&] { run(0, T, 0); }), h.size() * 4.0 / 1e6,
-              h.size() * 4.0 / 4.3e6);
 }
 
 // hc_post (the float4 kernel) at a prefill chunk, in place, against the CPU op; and its time.

@@ -130,6 +130,9 @@ struct HcPrePackArgs {
   uint8_t* codes = nullptr;            // [tokens, dim] e4m3 codes of the normed x (row stride dim)
   uint8_t* scales = nullptr;           // [tokens, dim / 128] E8M0 (row stride dim / 128)
   HcFinishShape finish = HcFinishShape::kAuto;  // the finishing kernel's shape (hc_mix.h), for tests
+  // Optional: the mix's partials of these tokens (hc_mix_partials with hc_mix_ksplit(hc * dim, nmix)),
+  // already computed: only the finishing kernel runs (the bench times it alone).
+  const double* partials = nullptr;
 };
 // p.dim a multiple of 128, <= kMaxPackDim; p.hc <= 16.
 void hc_pre_pack(const HcPreParams& p, const HcPrePackArgs& pack, cudaStream_t s);
