@@ -1,6 +1,7 @@
 // `tandem bench-gemm`: the prefill GEMMs at DeepSeek-V4-Flash's per-rank shapes under tensor
 // parallelism over 2 ranks, on the tensor cores: our block-scaled FP8 and bf16 kernels on every back
-// end the device runs (sm_90: the warp-specialized TMA kernels the forward uses, and the portable
+// end the device runs (sm_90: the warp-specialized TMA kernels, in 2-CTA clusters with the weight
+// tile multicast as the forward runs them and one CTA per tile as before, and the portable
 // loop on wgmma and mma.sync) against cuBLASLt's block-scaled FP8 and bf16, and the grouped MXFP4
 // expert GEMMs for --expert-tokens tokens routed 6 per token over 256 experts (this rank: 128) with
 // a trained router's uneven load. TF/s and the fraction of the device's dense FP8 peak, measured in
@@ -32,6 +33,8 @@
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
+#include "kernels/cuda/gemm_ws.h"
+#include "kernels/cuda/tma.h"
 #include "model/cuda/moe_prefill.h"
 #endif
 
@@ -101,13 +104,17 @@ double time_ms(cudaStream_t s, int reps, const std::function<void()>& f) {
   return ms[ms.size() / 2];
 }
 
-// Our kernels' back ends on this device, the forward's (kAuto) first: sm_90 wgmma-ws, wgmma,
-// mma.sync; elsewhere mma.sync.
-std::vector<kc::TcBackend> our_backends() {
-  std::vector<kc::TcBackend> b{kc::tc_backend_for_device()};
+// Our kernels' back ends on this device, the forward's (kAuto) first: sm_90 wgmma-ws-mc (2-CTA
+// clusters, weight tile multicast), wgmma-ws (one CTA per tile: the form before), wgmma, mma.sync;
+// elsewhere mma.sync. The grouped experts have no cluster form (wgmma-ws-mc runs wgmma-ws there):
+// experts=true leaves it out.
+std::vector<kc::TcBackend> our_backends(bool experts = false) {
+  std::vector<kc::TcBackend> b;
+  const kc::TcBackend first = kc::tc_backend_for_device();
+  if (!(experts && first == kc::TcBackend::kWgmmaWsMc)) b.push_back(first);
   if (kc::tc_device_has_wgmma())
-    for (kc::TcBackend x : {kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
-      if (x != b.front()) b.push_back(x);
+    for (kc::TcBackend x : {kc::TcBackend::kWgmmaWs, kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
+      if (x != first && (x != kc::TcBackend::kWgmmaWs || kc::tma_available())) b.push_back(x);
   return b;
 }
 
@@ -152,6 +159,12 @@ Status bench(const Args& a) {
   j["cuda_driver"] = drv;
   j["cuda_runtime"] = rt;
   j["tc_backend"] = kc::tc_backend_name(be);
+  if (kc::tc_device_has_wgmma()) {
+    // The cluster form's grid: 2 x this many CTAs (one per SM at most), against the SM count.
+    const int c8 = kc::ws_multicast_clusters(true), c16 = kc::ws_multicast_clusters(false);
+    std::printf("wgmma-ws-mc: %d FP8 / %d bf16 clusters of 2 CTAs at once (%d SMs)\n", c8, c16, kc::tc_sm_count());
+    j["ws_multicast_clusters"] = {{"fp8", c8}, {"bf16", c16}, {"sms", kc::tc_sm_count()}};
+  }
   j["reps"] = a.reps;
   j["rows"] = nlohmann::json::array();
 
@@ -443,7 +456,7 @@ Status bench(const Args& a) {
     TANDEM_CUDA_CHECK(cudaMemcpy(&local, ms_.offsets + n_local, sizeof local, cudaMemcpyDeviceToHost));
     std::printf("experts: %lld tokens x %d over %d experts, this rank %d: %d local pairs, %d..%d per expert\n",
                 static_cast<long long>(T), topk, E, n_local, local, *mn, *mx);
-    const std::vector<kc::TcBackend> bes = our_backends();
+    const std::vector<kc::TcBackend> bes = our_backends(true);
     nlohmann::json ex = {{"tokens", T}, {"topk", topk}, {"experts", E}, {"local_experts", n_local},
                          {"local_pairs", local}, {"min_pairs_per_expert", *mn}, {"max_pairs_per_expert", *mx}};
     ex["paths"] = nlohmann::json::array();

@@ -1,6 +1,7 @@
 // The bf16 tensor-core GEMM of the prefill linears (kernels/cuda/gemm_tc.h: bf16_gemm_tc,
 // gemm_bf16_linear) on every back end the device runs (sm_90: the warp-specialized TMA kernel with
-// 128 x 256 tiles, the portable loop on wgmma and on mma.sync), against exact references:
+// 128 x 256 tiles, alone and in 2-CTA clusters sharing the weight tile by multicast, the portable
+// loop on wgmma and on mma.sync), against exact references:
 //  * inputs whose products and partial sums are exact in 24 bits (small integers times powers of
 //    two): every back end must give the exact sum (then y0 + sum, then the bf16 rounding, as asked)
 //    bit for bit: this pins every index, the batch offsets, the epilogue's accumulate/round and the
@@ -28,6 +29,7 @@ std::vector<TcBackend> backends() {
   if (cuda::tc_device_has_wgmma()) {
     b.push_back(TcBackend::kWgmma);
     if (cuda::tma_available()) b.push_back(TcBackend::kWgmmaWs);
+    if (cuda::tc_multicast_available()) b.push_back(TcBackend::kWgmmaWsMc);
   }
   return b;
 }

@@ -1,6 +1,8 @@
 // The tensor-core prefill FP8 GEMM (kernels/cuda/gemm_tc.h) and the cuBLASLt reference points
 // (gemm_lt.h) against exact references, on every back end the device runs (sm_90: the
-// warp-specialized TMA kernels, the portable loop on wgmma, overlapped wgmma and mma.sync):
+// warp-specialized TMA kernels alone and in 2-CTA clusters sharing the weight tile by multicast, the
+// portable loop on wgmma, overlapped wgmma and mma.sync; the cases' odd row-block counts, n past the
+// last full tile and several pair tiles per cluster cover the cluster form's edges):
 //  * quantize_fp8_act == the CPU's act_quant_fp8, codes and scales bit for bit (fp32 and bf16 input,
 //    also gathering rows through src_rows);
 //  * on inputs whose K-block sums are exact in any accumulator of >= 11 bits (small codes), the
@@ -39,6 +41,7 @@ std::vector<TcBackend> backends() {
     b.push_back(TcBackend::kWgmma);
     b.push_back(TcBackend::kWgmmaOverlap);
     if (cuda::tma_available()) b.push_back(TcBackend::kWgmmaWs);
+    if (cuda::tc_multicast_available()) b.push_back(TcBackend::kWgmmaWsMc);
   }
   return b;
 }
@@ -263,6 +266,16 @@ TEST(CudaFp8Quant, MatchesActQuantBitExact) {
   }
 }
 
+// The forward's back end on sm_90 is the cluster form, so the tests below must run it there (not skip
+// it quietly): every Hopper part launches 2-CTA clusters of one CTA per SM.
+TEST(CudaFp8GemmTc, Sm90RunsTheMulticastForm) {
+  TANDEM_REQUIRE_GPU();
+  if (!cuda::tc_device_has_wgmma() || !cuda::tma_available()) GTEST_SKIP() << "not an sm_90 device with TMA";
+  EXPECT_TRUE(cuda::tc_multicast_available());
+  EXPECT_EQ(cuda::tc_backend_for_device(), TcBackend::kWgmmaWsMc);
+  std::printf("[fp8-tc] forward back end: %s\n", cuda::tc_backend_name(cuda::tc_backend_for_device()));
+}
+
 TEST(CudaFp8GemmTc, ExactBlockSumsMatchTheEmulationBitForBit) {
   TANDEM_REQUIRE_GPU();
   // The last two: more tiles than an H200 has SMs (180 and 221), with K blocks (2 and 3) that are
@@ -270,7 +283,10 @@ TEST(CudaFp8GemmTc, ExactBlockSumsMatchTheEmulationBitForBit) {
   const std::vector<Case> cases = {{97, 128, 128}, {128, 256, 512}, {200, 384, 1024, false, true},
                                    {300, 200, 256}, {130, 130, 384, true, true}, {1000, 512, 256, true, false},
                                    {150, 131, 256, true, true},  // odd n: odd row stride, scalar stores
-                                   {1200, 2304, 256},  {1663, 2176, 384, false, true}};
+                                   {1200, 2304, 256},  {1663, 2176, 384, false, true},
+                                   // 3 row blocks (a cluster's second CTA recomputes the last one and
+                                   // must not add it to y again), 4 columns in the last column block
+                                   {300, 260, 512, true, false}};
   uint64_t seed = 100;
   for (const Case& c : cases) {
     const HostAct a = make_act(c.m, c.k, seed++, true);

@@ -369,14 +369,20 @@ const DeviceFacts& device_facts() {
 
 bool tc_device_has_wgmma() { return device_facts().wgmma; }
 
+bool tc_multicast_available() { return tc_device_has_wgmma() && tma_available() && ws_multicast_available(); }
+
 TcBackend tc_backend_for_device() {
-  return tc_device_has_wgmma() && tma_available() ? TcBackend::kWgmmaWs : TcBackend::kMmaSync;
+  if (!tc_device_has_wgmma() || !tma_available()) return TcBackend::kMmaSync;
+  return ws_multicast_available() ? TcBackend::kWgmmaWsMc : TcBackend::kWgmmaWs;
 }
 
 TcBackend tc_resolve(TcBackend b) {
   if (b == TcBackend::kAuto) return tc_backend_for_device();
   if (b != TcBackend::kMmaSync) TANDEM_CHECK_MSG(tc_device_has_wgmma(), "wgmma needs an sm_90 device (sm_90a code)");
-  if (b == TcBackend::kWgmmaWs) TANDEM_CHECK_MSG(tma_available(), "the TMA kernels need cuTensorMapEncodeTiled");
+  if (b == TcBackend::kWgmmaWs || b == TcBackend::kWgmmaWsMc)
+    TANDEM_CHECK_MSG(tma_available(), "the TMA kernels need cuTensorMapEncodeTiled");
+  if (b == TcBackend::kWgmmaWsMc)
+    TANDEM_CHECK_MSG(ws_multicast_available(), "the device launches no 2-CTA cluster of the ws kernels");
   return b;
 }
 
@@ -387,6 +393,7 @@ const char* tc_backend_name(TcBackend b) {
     case TcBackend::kWgmma: return "wgmma";
     case TcBackend::kWgmmaOverlap: return "wgmma-overlap";
     case TcBackend::kWgmmaWs: return "wgmma-ws";
+    case TcBackend::kWgmmaWsMc: return "wgmma-ws-mc";
   }
   return "?";
 }
@@ -433,8 +440,8 @@ void fp8_gemm_tc(const Fp8GemmArgs& g, TcBackend backend, cudaStream_t s) {
   TANDEM_CHECK((reinterpret_cast<uintptr_t>(g.a_scale) & 3) == 0 && g.a_scale_ld >= g.m);
   tc_init();
   backend = tc_resolve(backend);
-  if (backend == TcBackend::kWgmmaWs) {
-    fp8_gemm_ws(g, s);
+  if (backend == TcBackend::kWgmmaWs || backend == TcBackend::kWgmmaWsMc) {
+    fp8_gemm_ws(g, backend == TcBackend::kWgmmaWsMc, s);
     return;
   }
   DenseArgs a{};
@@ -492,8 +499,8 @@ void bf16_gemm_tc(const Bf16GemmArgs& g, TcBackend backend, cudaStream_t s) {
   TANDEM_CHECK_MSG(why == nullptr, why ? why : "");
   tc_init();
   backend = tc_resolve(backend);
-  if (backend == TcBackend::kWgmmaWs) {
-    bf16_gemm_ws(g, s);
+  if (backend == TcBackend::kWgmmaWs || backend == TcBackend::kWgmmaWsMc) {
+    bf16_gemm_ws(g, backend == TcBackend::kWgmmaWsMc, s);
     return;
   }
   Bf16Args a{};

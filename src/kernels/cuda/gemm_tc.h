@@ -35,19 +35,25 @@ namespace tandem::kernels::cuda {
 constexpr int64_t kTcMinRows = 96;
 
 enum class TcBackend : uint8_t {
-  kAuto,          // kWgmmaWs on sm_90 (this build's sm_90a code, a driver with TMA), mma.sync elsewhere
+  kAuto,          // kWgmmaWsMc on sm_90 (this build's sm_90a code, a driver with TMA, 2-CTA clusters;
+                  // kWgmmaWs without clusters), mma.sync elsewhere
   kMmaSync,       // portable loop, mma.sync.m16n8k32 e4m3 / m16n8k16 bf16 (any sm_89+ device)
   kWgmma,         // portable loop, wgmma.m64n128 (sm_90a only)
   kWgmmaOverlap,  // the same, the next K block's MMAs in flight during a promotion (dense FP8 only;
                   // bf16 and grouped experts run kWgmma)
   kWgmmaWs,       // warp-specialized: TMA producer, two wgmma consumer warpgroups, persistent tiles
                   // (sm_90a; FP8 128x128 tiles, bf16 128x256)
+  kWgmmaWsMc,     // kWgmmaWs in clusters of two CTAs on vertically adjacent tiles, each copying half of
+                  // their shared weight tile into both (TMA multicast; the same bits; dense only: the
+                  // grouped experts run kWgmmaWs)
 };
 // The back end kAuto resolves to on the current device.
 TcBackend tc_backend_for_device();
 // True when the current device runs this build's sm_90a code (wgmma; kWgmma, kWgmmaOverlap and,
-// with TMA, kWgmmaWs are usable).
+// with TMA, kWgmmaWs are usable; kWgmmaWsMc also needs tc_multicast_available()).
 bool tc_device_has_wgmma();
+// True when kWgmmaWsMc is usable: kWgmmaWs's conditions and the device launches its 2-CTA clusters.
+bool tc_multicast_available();
 // kAuto resolved; CHECK-fails for a back end the device cannot run (a programmer's choice).
 TcBackend tc_resolve(TcBackend b);
 const char* tc_backend_name(TcBackend b);
