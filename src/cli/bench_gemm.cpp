@@ -1,7 +1,8 @@
 // `tandem bench-gemm`: the prefill GEMMs at DeepSeek-V4-Flash's per-rank shapes under tensor
 // parallelism over 2 ranks, on the tensor cores: our block-scaled FP8 and bf16 kernels on every back
-// end the device runs (sm_90: the warp-specialized TMA kernels, in 2-CTA clusters with the weight
-// tile multicast as the forward runs them and one CTA per tile as before, and the portable
+// end the device runs (sm_90: the warp-specialized TMA kernels in clusters of 2 x 1 CTAs sharing the
+// weight tile by multicast as the forward runs them, of 2 x 2 sharing both tiles, and one CTA per
+// tile as before; and the portable
 // loop on wgmma and mma.sync) against cuBLASLt's block-scaled FP8 and bf16, and the grouped MXFP4
 // expert GEMMs for --expert-tokens tokens routed 6 per token over 256 experts (this rank: 128) with
 // a trained router's uneven load. TF/s and the fraction of the device's dense FP8 peak, measured in
@@ -34,7 +35,6 @@
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
 #include "kernels/cuda/gemm_ws.h"
-#include "kernels/cuda/tma.h"
 #include "model/cuda/moe_prefill.h"
 #endif
 
@@ -104,17 +104,21 @@ double time_ms(cudaStream_t s, int reps, const std::function<void()>& f) {
   return ms[ms.size() / 2];
 }
 
-// Our kernels' back ends on this device, the forward's (kAuto) first: sm_90 wgmma-ws-mc (2-CTA
-// clusters, weight tile multicast), wgmma-ws (one CTA per tile: the form before), wgmma, mma.sync;
-// elsewhere mma.sync. The grouped experts have no cluster form (wgmma-ws-mc runs wgmma-ws there):
-// experts=true leaves it out.
+// Our kernels' back ends on this device, the forward's (kAuto) first: sm_90 wgmma-ws-mc2 (2 x 1 CTA
+// clusters, weight tile multicast), wgmma-ws-mc4 (2 x 2, both tiles multicast), wgmma-ws (one CTA
+// per tile: the form before), wgmma, mma.sync; elsewhere mma.sync. The grouped experts have no
+// cluster form (the cluster back ends run wgmma-ws there): experts=true leaves them out.
 std::vector<kc::TcBackend> our_backends(bool experts = false) {
+  const auto cluster = [](kc::TcBackend x) {
+    return x == kc::TcBackend::kWgmmaWsMc2 || x == kc::TcBackend::kWgmmaWsMc4;
+  };
   std::vector<kc::TcBackend> b;
   const kc::TcBackend first = kc::tc_backend_for_device();
-  if (!(experts && first == kc::TcBackend::kWgmmaWsMc)) b.push_back(first);
+  if (!(experts && cluster(first))) b.push_back(first);
   if (kc::tc_device_has_wgmma())
-    for (kc::TcBackend x : {kc::TcBackend::kWgmmaWs, kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
-      if (x != first && (x != kc::TcBackend::kWgmmaWs || kc::tma_available())) b.push_back(x);
+    for (kc::TcBackend x : {kc::TcBackend::kWgmmaWsMc2, kc::TcBackend::kWgmmaWsMc4, kc::TcBackend::kWgmmaWs,
+                            kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
+      if (x != first && kc::tc_backend_usable(x) && !(experts && cluster(x))) b.push_back(x);
   return b;
 }
 
@@ -160,10 +164,16 @@ Status bench(const Args& a) {
   j["cuda_runtime"] = rt;
   j["tc_backend"] = kc::tc_backend_name(be);
   if (kc::tc_device_has_wgmma()) {
-    // The cluster form's grid: 2 x this many CTAs (one per SM at most), against the SM count.
-    const int c8 = kc::ws_multicast_clusters(true), c16 = kc::ws_multicast_clusters(false);
-    std::printf("wgmma-ws-mc: %d FP8 / %d bf16 clusters of 2 CTAs at once (%d SMs)\n", c8, c16, kc::tc_sm_count());
-    j["ws_multicast_clusters"] = {{"fp8", c8}, {"bf16", c16}, {"sms", kc::tc_sm_count()}};
+    // The cluster forms' grids: 2 or 4 x this many CTAs (one per SM at most), against the SM count.
+    nlohmann::json cj = {{"sms", kc::tc_sm_count()}};
+    for (int c : {2, 4}) {
+      const int c8 = kc::ws_max_clusters(true, c), c16 = kc::ws_max_clusters(false, c);
+      std::printf("wgmma-ws-mc%d: %d FP8 / %d bf16 clusters of %d CTAs at once (%d SMs)\n", c, c8, c16, c,
+                  kc::tc_sm_count());
+      cj["fp8_clusters_of_" + std::to_string(c)] = c8;
+      cj["bf16_clusters_of_" + std::to_string(c)] = c16;
+    }
+    j["ws_clusters"] = cj;
   }
   j["reps"] = a.reps;
   j["rows"] = nlohmann::json::array();

@@ -29,7 +29,8 @@ std::vector<TcBackend> backends() {
   if (cuda::tc_device_has_wgmma()) {
     b.push_back(TcBackend::kWgmma);
     if (cuda::tma_available()) b.push_back(TcBackend::kWgmmaWs);
-    if (cuda::tc_multicast_available()) b.push_back(TcBackend::kWgmmaWsMc);
+    for (TcBackend c : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4})
+      if (cuda::tc_backend_usable(c)) b.push_back(c);
   }
   return b;
 }

@@ -28,6 +28,7 @@
 #include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
+#include "kernels/cuda/gemm_ws.h"
 #include "kernels/cuda/tma.h"
 
 namespace tandem::kernels::cuda_testing {
@@ -41,7 +42,8 @@ std::vector<TcBackend> backends() {
     b.push_back(TcBackend::kWgmma);
     b.push_back(TcBackend::kWgmmaOverlap);
     if (cuda::tma_available()) b.push_back(TcBackend::kWgmmaWs);
-    if (cuda::tc_multicast_available()) b.push_back(TcBackend::kWgmmaWsMc);
+    for (TcBackend c : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4})
+      if (cuda::tc_backend_usable(c)) b.push_back(c);
   }
   return b;
 }
@@ -266,14 +268,18 @@ TEST(CudaFp8Quant, MatchesActQuantBitExact) {
   }
 }
 
-// The forward's back end on sm_90 is the cluster form, so the tests below must run it there (not skip
-// it quietly): every Hopper part launches 2-CTA clusters of one CTA per SM.
-TEST(CudaFp8GemmTc, Sm90RunsTheMulticastForm) {
+// The forward's back end on sm_90 is a cluster form, so the tests below must run the cluster forms
+// there (not skip them quietly): every Hopper part launches clusters of 2 and 4 CTAs of one CTA per SM.
+TEST(CudaFp8GemmTc, Sm90RunsTheClusterForms) {
   TANDEM_REQUIRE_GPU();
   if (!cuda::tc_device_has_wgmma() || !cuda::tma_available()) GTEST_SKIP() << "not an sm_90 device with TMA";
-  EXPECT_TRUE(cuda::tc_multicast_available());
-  EXPECT_EQ(cuda::tc_backend_for_device(), TcBackend::kWgmmaWsMc);
-  std::printf("[fp8-tc] forward back end: %s\n", cuda::tc_backend_name(cuda::tc_backend_for_device()));
+  std::printf("[fp8-tc] forward back end %s; clusters at once: FP8 %d of 2, %d of 4; bf16 %d of 2, %d of 4; %d SMs\n",
+              cuda::tc_backend_name(cuda::tc_backend_for_device()), cuda::ws_max_clusters(true, 2),
+              cuda::ws_max_clusters(true, 4), cuda::ws_max_clusters(false, 2), cuda::ws_max_clusters(false, 4),
+              cuda::tc_sm_count());
+  EXPECT_TRUE(cuda::tc_backend_usable(TcBackend::kWgmmaWsMc2));
+  EXPECT_TRUE(cuda::tc_backend_usable(TcBackend::kWgmmaWsMc4));
+  EXPECT_EQ(cuda::tc_backend_for_device(), TcBackend::kWgmmaWsMc2);
 }
 
 TEST(CudaFp8GemmTc, ExactBlockSumsMatchTheEmulationBitForBit) {

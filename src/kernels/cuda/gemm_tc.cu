@@ -369,20 +369,31 @@ const DeviceFacts& device_facts() {
 
 bool tc_device_has_wgmma() { return device_facts().wgmma; }
 
-bool tc_multicast_available() { return tc_device_has_wgmma() && tma_available() && ws_multicast_available(); }
+namespace {
+// CTAs per cluster of a warp-specialized back end (0: not one of them).
+int ws_cluster_of(TcBackend b) {
+  return b == TcBackend::kWgmmaWs ? 1 : b == TcBackend::kWgmmaWsMc2 ? 2 : b == TcBackend::kWgmmaWsMc4 ? 4 : 0;
+}
+}  // namespace
+
+bool tc_backend_usable(TcBackend b) {
+  if (b == TcBackend::kAuto || b == TcBackend::kMmaSync) return true;
+  if (!tc_device_has_wgmma()) return false;
+  const int cluster = ws_cluster_of(b);
+  return cluster == 0 || (tma_available() && ws_cluster_available(cluster));
+}
 
 TcBackend tc_backend_for_device() {
   if (!tc_device_has_wgmma() || !tma_available()) return TcBackend::kMmaSync;
-  return ws_multicast_available() ? TcBackend::kWgmmaWsMc : TcBackend::kWgmmaWs;
+  return ws_cluster_available(2) ? TcBackend::kWgmmaWsMc2 : TcBackend::kWgmmaWs;
 }
 
 TcBackend tc_resolve(TcBackend b) {
   if (b == TcBackend::kAuto) return tc_backend_for_device();
   if (b != TcBackend::kMmaSync) TANDEM_CHECK_MSG(tc_device_has_wgmma(), "wgmma needs an sm_90 device (sm_90a code)");
-  if (b == TcBackend::kWgmmaWs || b == TcBackend::kWgmmaWsMc)
-    TANDEM_CHECK_MSG(tma_available(), "the TMA kernels need cuTensorMapEncodeTiled");
-  if (b == TcBackend::kWgmmaWsMc)
-    TANDEM_CHECK_MSG(ws_multicast_available(), "the device launches no 2-CTA cluster of the ws kernels");
+  if (ws_cluster_of(b) > 0) TANDEM_CHECK_MSG(tma_available(), "the TMA kernels need cuTensorMapEncodeTiled");
+  if (ws_cluster_of(b) > 1)
+    TANDEM_CHECK_MSG(ws_cluster_available(ws_cluster_of(b)), "the device launches no cluster of this ws kernel form");
   return b;
 }
 
@@ -393,7 +404,8 @@ const char* tc_backend_name(TcBackend b) {
     case TcBackend::kWgmma: return "wgmma";
     case TcBackend::kWgmmaOverlap: return "wgmma-overlap";
     case TcBackend::kWgmmaWs: return "wgmma-ws";
-    case TcBackend::kWgmmaWsMc: return "wgmma-ws-mc";
+    case TcBackend::kWgmmaWsMc2: return "wgmma-ws-mc2";
+    case TcBackend::kWgmmaWsMc4: return "wgmma-ws-mc4";
   }
   return "?";
 }
@@ -440,8 +452,8 @@ void fp8_gemm_tc(const Fp8GemmArgs& g, TcBackend backend, cudaStream_t s) {
   TANDEM_CHECK((reinterpret_cast<uintptr_t>(g.a_scale) & 3) == 0 && g.a_scale_ld >= g.m);
   tc_init();
   backend = tc_resolve(backend);
-  if (backend == TcBackend::kWgmmaWs || backend == TcBackend::kWgmmaWsMc) {
-    fp8_gemm_ws(g, backend == TcBackend::kWgmmaWsMc, s);
+  if (const int cluster = ws_cluster_of(backend); cluster > 0) {
+    fp8_gemm_ws(g, cluster, s);
     return;
   }
   DenseArgs a{};
@@ -499,8 +511,8 @@ void bf16_gemm_tc(const Bf16GemmArgs& g, TcBackend backend, cudaStream_t s) {
   TANDEM_CHECK_MSG(why == nullptr, why ? why : "");
   tc_init();
   backend = tc_resolve(backend);
-  if (backend == TcBackend::kWgmmaWs || backend == TcBackend::kWgmmaWsMc) {
-    bf16_gemm_ws(g, backend == TcBackend::kWgmmaWsMc, s);
+  if (const int cluster = ws_cluster_of(backend); cluster > 0) {
+    bf16_gemm_ws(g, cluster, s);
     return;
   }
   Bf16Args a{};

@@ -35,7 +35,7 @@ namespace tandem::kernels::cuda {
 constexpr int64_t kTcMinRows = 96;
 
 enum class TcBackend : uint8_t {
-  kAuto,          // kWgmmaWsMc on sm_90 (this build's sm_90a code, a driver with TMA, 2-CTA clusters;
+  kAuto,          // kWgmmaWsMc2 on sm_90 (this build's sm_90a code, a driver with TMA, 2-CTA clusters;
                   // kWgmmaWs without clusters), mma.sync elsewhere
   kMmaSync,       // portable loop, mma.sync.m16n8k32 e4m3 / m16n8k16 bf16 (any sm_89+ device)
   kWgmma,         // portable loop, wgmma.m64n128 (sm_90a only)
@@ -43,17 +43,18 @@ enum class TcBackend : uint8_t {
                   // bf16 and grouped experts run kWgmma)
   kWgmmaWs,       // warp-specialized: TMA producer, two wgmma consumer warpgroups, persistent tiles
                   // (sm_90a; FP8 128x128 tiles, bf16 128x256)
-  kWgmmaWsMc,     // kWgmmaWs in clusters of two CTAs on vertically adjacent tiles, each copying half of
-                  // their shared weight tile into both (TMA multicast; the same bits; dense only: the
-                  // grouped experts run kWgmmaWs)
+  kWgmmaWsMc2,    // kWgmmaWs in clusters of 2 x 1 CTAs (two row blocks of one column block), each
+                  // copying half of their shared weight tile into both (TMA multicast; the same bits)
+  kWgmmaWsMc4,    // clusters of 2 x 2 CTAs sharing both the weight tiles and the activation tiles
+                  // (kWgmmaWsMc2/4: dense only, the grouped experts run kWgmmaWs)
 };
 // The back end kAuto resolves to on the current device.
 TcBackend tc_backend_for_device();
 // True when the current device runs this build's sm_90a code (wgmma; kWgmma, kWgmmaOverlap and,
-// with TMA, kWgmmaWs are usable; kWgmmaWsMc also needs tc_multicast_available()).
+// with TMA, kWgmmaWs are usable; the cluster forms also need the device to launch their clusters).
 bool tc_device_has_wgmma();
-// True when kWgmmaWsMc is usable: kWgmmaWs's conditions and the device launches its 2-CTA clusters.
-bool tc_multicast_available();
+// True when the current device runs back end b (kAuto: always).
+bool tc_backend_usable(TcBackend b);
 // kAuto resolved; CHECK-fails for a back end the device cannot run (a programmer's choice).
 TcBackend tc_resolve(TcBackend b);
 const char* tc_backend_name(TcBackend b);

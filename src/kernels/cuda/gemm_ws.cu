@@ -9,14 +9,19 @@
 //  * bf16 (batched): 128 x 256 tiles, K blocks of 64, four stages of 48 KiB, 4 x wgmma.m64n256k16
 //    per block straight into the accumulator, a stage released once the next block's MMAs are
 //    issued (one group in flight).
-// Each comes in two launch forms (TcBackend::kWgmmaWs / kWgmmaWsMc): one CTA per tile as above, or
-// clusters of two CTAs on row blocks 2j and 2j + 1 of the same column block, each CTA copying half of
-// the shared weight tile into both CTAs' stages with one multicast copy (TMA multicast): L2 -> shared
-// traffic per K block 32 -> 24 KiB (FP8) and 48 -> 32 KiB (bf16). A stage is then released by both
-// CTAs' consumer warps (16 arrivals, 8 of them remote), so neither copy engine overwrites a stage the
-// other CTA still reads. Both CTAs walk the same pair-tile sequence; an odd last row block gives the
-// second CTA a copy of the first's rows, computed and not stored. Every output is the same fixed K
-// loop on the same operands either way: the same bits.
+// Each comes in three launch forms (TcBackend::kWgmmaWs, kWgmmaWsMc2, kWgmmaWsMc4): one CTA per tile
+// as above, or thread-block clusters of kCm x kCn CTAs on adjacent tiles (row blocks kCm i' + i,
+// column blocks kCn j' + j; 2 x 1 or 2 x 2) whose operand tiles are shared by TMA multicast: CTA
+// (i, j) copies part j of its A tile (128 / kCn rows) into the stages of every CTA of its row (i, *)
+// and part i of its weight tile (kBN / kCm rows) into every CTA of its column (*, j), one copy each.
+// L2 -> shared bytes per K block: FP8 32 KiB -> 24 (2 x 1) or 16 (2 x 2); bf16 48 -> 32 or 24. A
+// stage of CTA X is written by the CTAs of X's row and column, so it is released to each of them:
+// every consumer warp arrives on the "empty" barrier of each CTA of its row and column (8 (kCm + kCn
+// - 1) arrivals expected), and no copy engine overwrites a stage another CTA still reads. Every CTA
+// of a cluster walks the same sequence of cluster tiles; a row or column block past the last one
+// (odd mt or nt) loads the last one again (its operand parts stay in bounds for the peers that share
+// them) and is computed but not stored. Every output is the same fixed K loop on the same operands
+// in every form: the same bits.
 #include "kernels/cuda/gemm_ws.h"
 
 #include <algorithm>
@@ -59,8 +64,9 @@ struct WsSmem {
 };
 
 struct WsDenseParams {
-  CUtensorMap a;              // A: e4m3 codes [m, k] or bf16 x [m, ldx]; box 128 bytes of K x 128 rows, swizzled
-  CUtensorMap b;              // W [rows, k] e4m3 / bf16; box 128 bytes of K x kBN rows, swizzled
+  CUtensorMap a;              // A: e4m3 codes [m, k] or bf16 x [m, ldx]; box 128 bytes of K x 128 / kCn rows,
+                              // swizzled
+  CUtensorMap b;              // W [rows, k] e4m3 / bf16; box 128 bytes of K x kBN / kCm rows, swizzled
   const float* a_scale;       // FP8: [k / 128, a_scale_ld]
   int64_t a_scale_ld;
   const uint8_t* w_scale;     // FP8: [ceil(n / 128), w_scale_ld] E8M0
@@ -72,52 +78,72 @@ struct WsDenseParams {
   int mt, nt, batch;          // row blocks, column blocks, batches
   int a_col_batch;            // batch b reads A columns from b * a_col_batch (elements)
   int w_row_batch;            // batch b reads W rows from b * w_row_batch
-  int w_rows;                 // rows of W in the map b (the multicast halves' coordinates stay below it)
+  int a_rows, w_rows;         // rows of the tensors in maps a and b (m; W's rows in all): the clusters'
+                              // multicast parts start below them
   bool accumulate, round;
 };
 
-// The tile of this CTA's step t: kMc = 1, tile t of ws::dense_tile; kMc = 2, pair tile t (row blocks
-// 2j, 2j + 1 of one column block), this CTA's row block 2j + rank; past the last row block (odd mt)
-// the last one again, not stored (its operands stay in bounds, its result is discarded).
+// A cluster of kCm x kCn CTAs (1 x 1: none): rank r = i + kCm j is row offset i, column offset j.
+template <int kCm, int kCn>
+struct WsCluster {
+  static_assert((kCm == 1 || kCm == 2) && (kCn == 1 || kCn == 2), "clusters of 1 x 1, 2 x 1, 1 x 2 or 2 x 2 CTAs");
+  static constexpr int kSize = kCm * kCn;
+  // CTAs whose copies land in this CTA's stages (its row and column, itself once): the releases a
+  // stage needs, per consumer warp.
+  static constexpr int kWriters = kCm + kCn - 1;
+  // Cluster ranks of row i / column j (multicast masks).
+  static __device__ __forceinline__ uint16_t row_mask(int i) {
+    return kCn == 1 ? 1u << i : (1u << i) | (1u << (i + kCm));
+  }
+  static __device__ __forceinline__ uint16_t col_mask(int j) {
+    return kCm == 1 ? 1u << (kCm * j) : (1u << (kCm * j)) | (1u << (kCm * j + 1));
+  }
+};
+
+// The tile of this CTA's step t: cluster tile t of ws::dense_tile over ceil(mt / kCm) x ceil(nt /
+// kCn) blocks of kCm x kCn tiles, this CTA's (i, j) in it; a row or column block past the last one
+// is the last one again, not stored (its operands stay in bounds, its result is discarded).
 struct WsTile {
   int b, mb, nb;
   bool store;
 };
-template <int kMc>
+template <int kCm, int kCn>
 __device__ __forceinline__ int ws_steps(const WsDenseParams& p) {
-  return p.batch * ((p.mt + kMc - 1) / kMc) * p.nt;
+  return p.batch * ((p.mt + kCm - 1) / kCm) * ((p.nt + kCn - 1) / kCn);
 }
-template <int kMc>
-__device__ __forceinline__ WsTile ws_tile(int t, const WsDenseParams& p, int rank) {
-  if constexpr (kMc == 1) {
+template <int kCm, int kCn>
+__device__ __forceinline__ WsTile ws_tile(int t, const WsDenseParams& p, int ci, int cj) {
+  if constexpr (kCm * kCn == 1) {
     const ws::DenseTile d = ws::dense_tile(t, p.mt, p.nt);
     return {d.b, d.mb, d.nb, true};
   } else {
-    const ws::DenseTile d = ws::dense_tile<8>(t, (p.mt + 1) / 2, p.nt);
-    const int mb = 2 * d.mb + rank;
-    return {d.b, min(mb, p.mt - 1), d.nb, mb < p.mt};
+    // Groups of 16 row blocks in flight as in the one-CTA form.
+    const ws::DenseTile d = ws::dense_tile<16 / kCm>(t, (p.mt + kCm - 1) / kCm, (p.nt + kCn - 1) / kCn);
+    const int mb = kCm * d.mb + ci, nb = kCn * d.nb + cj;
+    return {d.b, min(mb, p.mt - 1), min(nb, p.nt - 1), mb < p.mt && nb < p.nt};
   }
 }
-// The first step and the stride of this CTA (kMc = 2: per cluster; both CTAs take the same steps).
-template <int kMc>
+// The first step and the stride of this CTA (clusters: per cluster; its CTAs take the same steps).
+template <int kCm, int kCn>
 __device__ __forceinline__ int ws_first_step() {
-  if constexpr (kMc == 1) return blockIdx.x;
+  if constexpr (kCm * kCn == 1) return blockIdx.x;
   else return static_cast<int>(ws::cluster_id_x());
 }
-template <int kMc>
+template <int kCm, int kCn>
 __device__ __forceinline__ int ws_step_stride() {
-  if constexpr (kMc == 1) return gridDim.x;
+  if constexpr (kCm * kCn == 1) return gridDim.x;
   else return static_cast<int>(ws::cluster_count_x());
 }
-// A consumer warp's release of a stage: to its own CTA's producer, and with kMc = 2 to the peer's too
-// (whose multicast wrote half of the stage here and will write it again).
-template <int kMc>
-__device__ __forceinline__ void ws_release(uint64_t* empty) {
-  if constexpr (kMc == 1) {
+// A consumer warp's release of a stage: to its own CTA's producer, and in a cluster to every CTA of
+// its row and column (their multicast copies wrote parts of the stage here and will write it again).
+template <int kCm, int kCn>
+__device__ __forceinline__ void ws_release(uint64_t* empty, int ci, int cj) {
+  if constexpr (kCm * kCn == 1) {
     ws::mbar_arrive(empty);
   } else {
-    ws::mbar_arrive_cluster(empty, 0);
-    ws::mbar_arrive_cluster(empty, 1);
+    for (int i = 0; i < kCm; ++i) ws::mbar_arrive_cluster(empty, i + kCm * cj);   // column cj (self included)
+    for (int j = 0; j < kCn; ++j)
+      if (j != cj) ws::mbar_arrive_cluster(empty, ci + kCm * j);                  // the rest of row ci
   }
 }
 
@@ -154,18 +180,18 @@ __device__ __forceinline__ void ws_store(const float (&acc)[kAcc], const WsDense
 }
 
 // Consumer warpgroup g (0 or 1): rows [64 g, 64 g + 64) of every tile of this CTA.
-template <bool kFp8, int kMc>
+template <bool kFp8, int kCm, int kCn>
 __device__ __forceinline__ void ws_consume(const WsDenseParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                           int g, int rank) {
+                                           int g, int ci, int cj) {
   using C = WsCfg<kFp8>;
   using L = WsSmem<kFp8>;
   const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int total = ws_steps<kMc>(p);
+  const int total = ws_steps<kCm, kCn>(p);
   ws::Ring<C::kStages> ring;
   float acc[C::kAcc];
   float part[kFp8 ? 64 : 1];
-  for (int t = ws_first_step<kMc>(); t < total; t += ws_step_stride<kMc>()) {
-    const WsTile d = ws_tile<kMc>(t, p, rank);
+  for (int t = ws_first_step<kCm, kCn>(); t < total; t += ws_step_stride<kCm, kCn>()) {
+    const WsTile d = ws_tile<kCm, kCn>(t, p, ci, cj);
     const int64_t m0 = static_cast<int64_t>(d.mb) * 128, n0 = static_cast<int64_t>(d.nb) * C::kBN;
     if constexpr (kFp8) {
       // This thread's two rows (h = 0, 1) of the promotion; rows past m read row m-1's scales.
@@ -190,7 +216,7 @@ __device__ __forceinline__ void ws_consume(const WsDenseParams& p, uint8_t* smem
         tc::wgmma_commit();
         ws::wgmma_wait<0>();
         tc::fence_regs(part);
-        if (lane == 0) ws_release<kMc>(&empty[ring.stage]);  // this warp is done with the stage
+        if (lane == 0) ws_release<kCm, kCn>(&empty[ring.stage], ci, cj);  // this warp is done with the stage
         ring.next();
         // Promotion (both scales powers of two: the product and part * scale are exact).
         const float w0 = sa0 * sb, w1 = sa1 * sb;
@@ -213,108 +239,135 @@ __device__ __forceinline__ void ws_consume(const WsDenseParams& p, uint8_t* smem
         tc::wgmma_commit();
         if (kb > 0) {
           ws::wgmma_wait<1>();  // the previous block's MMAs are done: release its stage
-          if (lane == 0) ws_release<kMc>(&empty[prev]);
+          if (lane == 0) ws_release<kCm, kCn>(&empty[prev], ci, cj);
         }
         prev = ring.stage;
         ring.next();
       }
       ws::wgmma_wait<0>();
       tc::fence_regs(acc);
-      if (lane == 0) ws_release<kMc>(&empty[prev]);
+      if (lane == 0) ws_release<kCm, kCn>(&empty[prev], ci, cj);
     }
     if (d.store) ws_store<C::kAcc>(acc, p, d.b, m0, n0, g, w, lane);
   }
 }
 
-// kMc = 1: one CTA per tile; kMc = 2: launched in clusters of 2 along x (ws_launch), the weight tile
-// shared by multicast. Every thread reaches the end of the kernel: with kMc = 2 the closing cluster
-// barrier keeps each CTA's shared memory alive until the peer's last remote arrivals are done (the
-// peer's multicast copies into it completed earlier: this CTA's consumers waited for their bytes).
-template <bool kFp8, int kMc>
+// kCm x kCn = 1 x 1: one CTA per tile; else launched in clusters of kCm kCn CTAs along x (ws_launch),
+// the operand tiles shared by multicast. Every thread reaches the end of the kernel: in a cluster the
+// closing cluster barrier keeps each CTA's shared memory alive until the peers' last remote arrivals
+// on its barriers are done (the peers' multicast copies into it completed earlier: this CTA's
+// consumers waited for their bytes).
+template <bool kFp8, int kCm, int kCn>
 __global__ void __launch_bounds__(ws::kThreads, 1) ws_dense_kernel(const __grid_constant__ WsDenseParams p) {
 #if !TANDEM_TC_WGMMA
   __trap();  // sm_90a only: never launched elsewhere (tc_resolve)
 #endif
-  static_assert(kMc == 1 || kMc == 2, "clusters of one or two CTAs");
   using C = WsCfg<kFp8>;
   using L = WsSmem<kFp8>;
-  constexpr int kBHalf = L::kBTile / kMc;  // bytes of the weight tile this CTA copies (C::kBN / kMc rows)
+  using K = WsCluster<kCm, kCn>;
+  constexpr int kAPart = L::kATile / kCn, kBPart = L::kBTile / kCm;  // bytes of the tiles this CTA copies
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = tc::align1024(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kFull);
   uint64_t* empty = reinterpret_cast<uint64_t*>(smem + L::kEmpty);
-  const int rank = kMc == 1 ? 0 : static_cast<int>(ws::cluster_rank());
+  const int rank = K::kSize == 1 ? 0 : static_cast<int>(ws::cluster_rank());
+  const int ci = rank % kCm, cj = rank / kCm;
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       ws::mbar_init(&full[s], 1);
-      ws::mbar_init(&empty[s], ws::kConsumerWarps * kMc);
+      ws::mbar_init(&empty[s], ws::kConsumerWarps * K::kWriters);
     }
     ws::mbar_fence_init();
   }
-  // kMc = 2: the peer's first multicast copies and releases target these barriers.
-  if constexpr (kMc == 1) __syncthreads();
+  // In a cluster the peers' first multicast copies and releases target these barriers.
+  if constexpr (K::kSize == 1) __syncthreads();
   else ws::cluster_sync();
   if (threadIdx.x < 128) {
     ws::reg_dealloc<C::kProducerRegs>();
     if (threadIdx.x == 0) {
       ws::tma_prefetch_map(&p.a);
       ws::tma_prefetch_map(&p.b);
-      const int total = ws_steps<kMc>(p);
+      const int total = ws_steps<kCm, kCn>(p);
       ws::Ring<C::kStages> ring;
-      for (int t = ws_first_step<kMc>(); t < total; t += ws_step_stride<kMc>()) {
-        const WsTile d = ws_tile<kMc>(t, p, rank);
+      for (int t = ws_first_step<kCm, kCn>(); t < total; t += ws_step_stride<kCm, kCn>()) {
+        const WsTile d = ws_tile<kCm, kCn>(t, p, ci, cj);
         const int a_col = d.b * p.a_col_batch, a_row = d.mb * 128;
         const int b_row = d.b * p.w_row_batch + d.nb * C::kBN;
+        // This CTA's parts; a part wholly past the rows of its tensor (rows past m or columns past n
+        // only, never stored) reads the tensor's last rows instead, so no box lies wholly outside it.
+        const int a_part_row = min(a_row + cj * (128 / kCn), p.a_rows - 1);
+        const int b_part_row = min(b_row + ci * (C::kBN / kCm), p.w_rows - 1);
         for (int kb = 0; kb < p.nk; ++kb) {
           ws::mbar_wait(&empty[ring.stage], ring.phase ^ 1u);
-          // Both halves of the weight tile land on this barrier (this CTA's copy and the peer's).
+          // Every part of both tiles lands on this barrier (this CTA's copies and the peers').
           ws::mbar_arrive_expect_tx(&full[ring.stage], L::kATile + L::kBTile);
-          ws::tma_load_2d(smem + L::kA + ring.stage * L::kATile, &p.a, a_col + kb * C::kKElems, a_row,
-                          &full[ring.stage]);
+          uint8_t* a_dst = smem + L::kA + ring.stage * L::kATile;
           uint8_t* b_dst = smem + L::kB + ring.stage * L::kBTile;
-          if constexpr (kMc == 1)
+          if constexpr (kCn == 1)
+            ws::tma_load_2d(a_dst, &p.a, a_col + kb * C::kKElems, a_row, &full[ring.stage]);
+          else
+            ws::tma_load_2d_multicast(a_dst + cj * kAPart, &p.a, a_col + kb * C::kKElems, a_part_row,
+                                      &full[ring.stage], K::row_mask(ci));
+          if constexpr (kCm == 1)
             ws::tma_load_2d(b_dst, &p.b, kb * C::kKElems, b_row, &full[ring.stage]);
-          else  // this CTA's half; one wholly past W's rows (columns past n only, never stored) reads W's
-                // last rows instead, so no box lies wholly outside the tensor
-            ws::tma_load_2d_multicast(b_dst + rank * kBHalf, &p.b, kb * C::kKElems,
-                                      min(b_row + rank * (C::kBN / kMc), p.w_rows - 1), &full[ring.stage], 0x3);
+          else
+            ws::tma_load_2d_multicast(b_dst + ci * kBPart, &p.b, kb * C::kKElems, b_part_row, &full[ring.stage],
+                                      K::col_mask(cj));
           ring.next();
         }
       }
     }
   } else {
     ws::reg_alloc<C::kConsumerRegs>();
-    ws_consume<kFp8, kMc>(p, smem, full, empty, (threadIdx.x >> 7) - 1, rank);
+    ws_consume<kFp8, kCm, kCn>(p, smem, full, empty, (threadIdx.x >> 7) - 1, ci, cj);
   }
-  if constexpr (kMc == 2) ws::cluster_sync();
+  if constexpr (K::kSize > 1) ws::cluster_sync();
 }
 
-// Clusters of two the device runs at once with each kernel (0: no cluster launch), per device, read
-// once (ws_init: start-up, outside graph capture).
-struct WsClusterFacts {
-  std::once_flag once;
-  int fp8 = 0, bf16 = 0;
-};
-WsClusterFacts g_cluster_facts[64];
+// A kernel form: the cluster shape kCm x kCn (1 x 1, 2 x 1, 2 x 2) of a cluster size (1, 2, 4).
+template <bool kFp8, int kSize>
+constexpr auto ws_kernel() {
+  static_assert(kSize == 1 || kSize == 2 || kSize == 4, "cluster sizes 1, 2, 4");
+  if constexpr (kSize == 1) return ws_dense_kernel<kFp8, 1, 1>;
+  else if constexpr (kSize == 2) return ws_dense_kernel<kFp8, 2, 1>;
+  else return ws_dense_kernel<kFp8, 2, 2>;
+}
+constexpr int ws_cm(int size) { return size == 1 ? 1 : 2; }  // CTAs along M (sharing the weight tile)
+constexpr int ws_cn(int size) { return size == 4 ? 2 : 1; }  // CTAs along N (sharing the A tile)
 
-template <bool kFp8>
-int query_clusters(int sm_count) {
-  const void* k = reinterpret_cast<const void*>(ws_dense_kernel<kFp8, 2>);
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, WsSmem<kFp8>::kAlloc) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
+cudaLaunchConfig_t ws_cluster_config(int ctas, int size, int smem, cudaStream_t s, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(2 * std::max(sm_count / 2, 1)));
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas));
   cfg.blockDim = dim3(ws::kThreads);
-  cfg.dynamicSmemBytes = WsSmem<kFp8>::kAlloc;
-  cudaLaunchAttribute attr[1];
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = s;
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(size);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Clusters of 2 and of 4 the device runs at once with each kernel (0: it launches none), per device,
+// read once (ws_init: start-up, outside graph capture).
+struct WsClusterFacts {
+  std::once_flag once;
+  int fp8[2] = {0, 0}, bf16[2] = {0, 0};  // [0]: clusters of 2, [1]: of 4
+};
+WsClusterFacts g_cluster_facts[64];
+
+template <bool kFp8, int kSize>
+int query_clusters(int sm_count) {
+  const void* k = reinterpret_cast<const void*>(ws_kernel<kFp8, kSize>());
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, WsSmem<kFp8>::kAlloc) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg =
+      ws_cluster_config(kSize * std::max(sm_count / kSize, 1), kSize, WsSmem<kFp8>::kAlloc, nullptr, attr);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -330,66 +383,68 @@ const WsClusterFacts& cluster_facts() {
   WsClusterFacts& f = g_cluster_facts[dev];
   std::call_once(f.once, [&f] {
     const int sms = tc_sm_count();
-    f.fp8 = query_clusters<true>(sms);
-    f.bf16 = query_clusters<false>(sms);
+    f.fp8[0] = query_clusters<true, 2>(sms);
+    f.fp8[1] = query_clusters<true, 4>(sms);
+    f.bf16[0] = query_clusters<false, 2>(sms);
+    f.bf16[1] = query_clusters<false, 4>(sms);
   });
   return f;
 }
 
-int ws_grid(int64_t tiles) {
-  TANDEM_CHECK_MSG(tiles < (int64_t{1} << 31), "too many output tiles for one launch");
-  return static_cast<int>(std::min<int64_t>(tiles, tc_sm_count()));
+int max_clusters(bool fp8, int size) {
+  const WsClusterFacts& f = cluster_facts();
+  const int* c = fp8 ? f.fp8 : f.bf16;
+  return size == 2 ? c[0] : size == 4 ? c[1] : 0;
 }
 
-// One launch of the kMc = 1 kernel (a CTA per SM at most) or of the kMc = 2 kernel in clusters of
-// two (as many clusters as the device holds at once, at most one per pair tile).
-template <bool kFp8>
-void ws_launch(const WsDenseParams& p, bool multicast, cudaStream_t s) {
-  if (!multicast) {
-    const int grid = ws_grid(static_cast<int64_t>(p.batch) * p.mt * p.nt);
-    ws_dense_kernel<kFp8, 1><<<grid, ws::kThreads, WsSmem<kFp8>::kAlloc, s>>>(p);
+// One launch of the kernel of cluster size kSize: one CTA per SM at most (kSize 1), or as many
+// clusters as the device holds at once, at most one per cluster tile.
+template <bool kFp8, int kSize>
+void ws_launch_form(const WsDenseParams& p, cudaStream_t s) {
+  constexpr int kCm = ws_cm(kSize), kCn = ws_cn(kSize);
+  const int64_t steps =
+      static_cast<int64_t>(p.batch) * ((p.mt + kCm - 1) / kCm) * ((p.nt + kCn - 1) / kCn);
+  TANDEM_CHECK_MSG(steps < (int64_t{1} << 31), "too many output tiles for one launch");
+  if constexpr (kSize == 1) {
+    const int grid = static_cast<int>(std::min<int64_t>(steps, tc_sm_count()));
+    ws_dense_kernel<kFp8, 1, 1><<<grid, ws::kThreads, WsSmem<kFp8>::kAlloc, s>>>(p);
     TANDEM_CUDA_LAUNCH_CHECK();
-    return;
+  } else {
+    const int most = max_clusters(kFp8, kSize);
+    TANDEM_CHECK_MSG(most > 0, "the device runs no cluster of this ws kernel (tc_resolve refuses it)");
+    const int clusters = static_cast<int>(std::min<int64_t>(steps, most));
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = ws_cluster_config(kSize * clusters, kSize, WsSmem<kFp8>::kAlloc, s, attr);
+    TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ws_kernel<kFp8, kSize>(), p));
   }
-  const int max_clusters = kFp8 ? cluster_facts().fp8 : cluster_facts().bf16;
-  TANDEM_CHECK_MSG(max_clusters > 0, "the device runs no 2-CTA cluster of the ws kernels (tc_resolve refuses it)");
-  const int64_t pairs = static_cast<int64_t>(p.batch) * ((p.mt + 1) / 2) * p.nt;
-  TANDEM_CHECK_MSG(pairs < (int64_t{1} << 31), "too many output tiles for one launch");
-  const int clusters = static_cast<int>(std::min<int64_t>(pairs, max_clusters));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(2 * clusters));
-  cfg.blockDim = dim3(ws::kThreads);
-  cfg.dynamicSmemBytes = WsSmem<kFp8>::kAlloc;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ws_dense_kernel<kFp8, 2>, p));
+}
+
+template <bool kFp8>
+void ws_launch(const WsDenseParams& p, int cluster, cudaStream_t s) {
+  if (cluster == 1) ws_launch_form<kFp8, 1>(p, s);
+  else if (cluster == 2) ws_launch_form<kFp8, 2>(p, s);
+  else ws_launch_form<kFp8, 4>(p, s);
 }
 
 }  // namespace
 
 void ws_init() {
-  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(ws_dense_kernel<true, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(ws_dense_kernel<true, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          WsSmem<true>::kAlloc));
-  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(ws_dense_kernel<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(ws_dense_kernel<false, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          WsSmem<false>::kAlloc));
-  (void)cluster_facts();  // sets the kMc = 2 kernels' limits and counts their clusters
+  (void)cluster_facts();  // sets the cluster kernels' limits and counts their clusters
 }
 
-bool ws_multicast_available() {
-  const WsClusterFacts& f = cluster_facts();
-  return f.fp8 > 0 && f.bf16 > 0;
+int ws_max_clusters(bool fp8, int cluster) { return max_clusters(fp8, cluster); }
+
+bool ws_cluster_available(int cluster) {
+  return cluster == 1 || (max_clusters(true, cluster) > 0 && max_clusters(false, cluster) > 0);
 }
 
-int ws_multicast_clusters(bool fp8) { return fp8 ? cluster_facts().fp8 : cluster_facts().bf16; }
-
-void fp8_gemm_ws(const Fp8GemmArgs& g, bool multicast, cudaStream_t s) {
+void fp8_gemm_ws(const Fp8GemmArgs& g, int cluster, cudaStream_t s) {
   using C = WsCfg<true>;
+  TANDEM_CHECK(cluster == 1 || cluster == 2 || cluster == 4);
   TmaTile2d ta;
   ta.base = g.a;
   ta.dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -398,13 +453,13 @@ void fp8_gemm_ws(const Fp8GemmArgs& g, bool multicast, cudaStream_t s) {
   ta.rows = static_cast<uint64_t>(g.m);
   ta.row_stride_bytes = static_cast<uint64_t>(g.k);
   ta.box_cols = 128;
-  ta.box_rows = 128;
+  ta.box_rows = 128 / static_cast<uint32_t>(ws_cn(cluster));
   ta.swizzle128 = true;
   TmaTile2d tb = ta;
   tb.base = g.w;
   tb.rows = static_cast<uint64_t>(g.n);
-  tb.box_rows = multicast ? C::kBN / 2 : C::kBN;
-  TANDEM_CHECK_MSG(g.n < (int64_t{1} << 31), "W rows beyond the TMA coordinate range");
+  tb.box_rows = C::kBN / static_cast<uint32_t>(ws_cm(cluster));
+  TANDEM_CHECK_MSG(g.m < (int64_t{1} << 31) && g.n < (int64_t{1} << 31), "rows beyond the TMA coordinate range");
   WsDenseParams p{};
   p.a = tma_encode(ta);
   p.b = tma_encode(tb);
@@ -423,14 +478,16 @@ void fp8_gemm_ws(const Fp8GemmArgs& g, bool multicast, cudaStream_t s) {
   p.batch = 1;
   p.a_col_batch = 0;
   p.w_row_batch = 0;
+  p.a_rows = static_cast<int>(g.m);
   p.w_rows = static_cast<int>(g.n);
   p.accumulate = g.accumulate;
   p.round = g.round_bf16;
-  ws_launch<true>(p, multicast, s);
+  ws_launch<true>(p, cluster, s);
 }
 
-void bf16_gemm_ws(const Bf16GemmArgs& g, bool multicast, cudaStream_t s) {
+void bf16_gemm_ws(const Bf16GemmArgs& g, int cluster, cudaStream_t s) {
   using C = WsCfg<false>;
+  TANDEM_CHECK(cluster == 1 || cluster == 2 || cluster == 4);
   const int64_t ldx = g.ldx > 0 ? g.ldx : g.k;
   const uint64_t w_rows =
       g.w_rows > 0 ? g.w_rows : static_cast<uint64_t>((g.batch - 1) * g.w_batch_rows + g.n);
@@ -442,17 +499,18 @@ void bf16_gemm_ws(const Bf16GemmArgs& g, bool multicast, cudaStream_t s) {
   ta.rows = static_cast<uint64_t>(g.m);
   ta.row_stride_bytes = static_cast<uint64_t>(ldx) * 2;
   ta.box_cols = 64;
-  ta.box_rows = 128;
+  ta.box_rows = 128 / static_cast<uint32_t>(ws_cn(cluster));
   ta.swizzle128 = true;
   TmaTile2d tb = ta;
   tb.base = g.w;
   tb.cols = static_cast<uint64_t>(g.k);
   tb.rows = w_rows;
   tb.row_stride_bytes = static_cast<uint64_t>(g.k) * 2;
-  tb.box_rows = multicast ? C::kBN / 2 : C::kBN;
+  tb.box_rows = C::kBN / static_cast<uint32_t>(ws_cm(cluster));
   TANDEM_CHECK_MSG(g.x_batch_stride * (g.batch - 1) < (int64_t{1} << 31) &&
-                       g.w_batch_rows * (g.batch - 1) < (int64_t{1} << 31) && w_rows < (uint64_t{1} << 31),
-                   "batch offsets beyond the TMA coordinate range");
+                       g.w_batch_rows * (g.batch - 1) < (int64_t{1} << 31) && w_rows < (uint64_t{1} << 31) &&
+                       g.m < (int64_t{1} << 31),
+                   "batch offsets or rows beyond the TMA coordinate range");
   WsDenseParams p{};
   p.a = tma_encode(ta);
   p.b = tma_encode(tb);
@@ -469,20 +527,21 @@ void bf16_gemm_ws(const Bf16GemmArgs& g, bool multicast, cudaStream_t s) {
   p.batch = static_cast<int>(g.batch);
   p.a_col_batch = g.batch > 1 ? static_cast<int>(g.x_batch_stride) : 0;
   p.w_row_batch = g.batch > 1 ? static_cast<int>(g.w_batch_rows) : 0;
+  p.a_rows = static_cast<int>(g.m);
   p.w_rows = static_cast<int>(w_rows);
   p.accumulate = g.accumulate;
   p.round = g.round_bf16;
-  ws_launch<false>(p, multicast, s);
+  ws_launch<false>(p, cluster, s);
 }
 
 std::vector<SmemBound> gemm_ws_smem_bounds() {
   // TMA + wgmma with warp specialization: sm_90a only (a trap elsewhere; tc_resolve never picks it).
-  // The 2-CTA cluster forms (kMc = 2) take the same shared memory per CTA.
+  // The cluster forms take the same shared memory per CTA.
   std::vector<SmemBound> b;
-  for (const char* mc : {"1", "2"}) {
-    b.push_back({std::string("ws_dense_kernel<true, ") + mc + ">", WsSmem<true>::kAlloc,
+  for (const char* shape : {"1, 1", "2, 1", "2, 2"}) {
+    b.push_back({std::string("ws_dense_kernel<true, ") + shape + ">", WsSmem<true>::kAlloc,
                  "FP8, " + std::to_string(WsCfg<true>::kStages) + " stages", "", 0, {90}});
-    b.push_back({std::string("ws_dense_kernel<false, ") + mc + ">", WsSmem<false>::kAlloc,
+    b.push_back({std::string("ws_dense_kernel<false, ") + shape + ">", WsSmem<false>::kAlloc,
                  "bf16, " + std::to_string(WsCfg<false>::kStages) + " stages", "", 0, {90}});
   }
   return b;

@@ -13,6 +13,8 @@
 // phase bit follow from one running counter on each side. Tiles in shared memory are the 128-byte
 // rows of tc_gemm.cuh (16-byte chunk c of row r at chunk c ^ (r % 8)), which is both the TMA
 // 128-byte swizzle and the layout the wgmma descriptors describe.
+// The dense GEMMs also run in thread-block clusters whose CTAs share operand tiles by TMA multicast
+// (gemm_ws.cu: a stage is then filled by several CTAs' copy engines and released to each of them).
 // A wait that cannot complete (a broken invariant) traps after about five seconds instead of hanging.
 #pragma once
 
