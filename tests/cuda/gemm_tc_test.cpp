@@ -340,6 +340,32 @@ TEST(CudaFp8GemmTc, RandomCodesWithinTheStatedBound) {
 // gemm_fp8_linear (quantize + multiply) against the CPU gemm with quantize_x_block = 128 on
 // checkpoint-like weights, and a row computed inside a larger call equals the same row computed in
 // calls of other sizes and offsets.
+// The warp-specialized kernel's forms (one CTA per tile, 2 x 1 and 2 x 2 clusters sharing tiles by
+// multicast) and kAuto (which picks a form per shape) give the same bits on full-range random codes,
+// where the tensor cores' block sums round: the forms differ only in who copies the operands. Odd
+// row- and column-block counts, rows past the last full tile, 1..3 K blocks per stage ring pass.
+TEST(CudaFp8GemmTc, ClusterFormsGiveTheOneCtaBits) {
+  TANDEM_REQUIRE_GPU();
+  if (!cuda::tc_backend_usable(TcBackend::kWgmmaWs)) GTEST_SKIP() << "no warp-specialized kernel on this device";
+  const std::vector<Case> cases = {{1, 128, 256},          {97, 200, 384, true, true}, {130, 130, 1024},
+                                   {300, 260, 512, true}, {467, 1000, 256, false, true}, {1663, 2176, 384},
+                                   {4096, 1024, 4096, false, true}};
+  uint64_t seed = 700;
+  for (const Case& c : cases) {
+    const HostAct a = make_act(c.m, c.k, seed++, false);
+    const HostW w = make_w(c.n, c.k, seed++, false);
+    const std::vector<float> y0 = c.accumulate ? randn(static_cast<size_t>(c.m * c.n), seed++, 4.0f, true)
+                                               : poisoned_host<float>(static_cast<size_t>(c.m * c.n));
+    const std::vector<float> want = run_tc(a, w, c, y0, TcBackend::kWgmmaWs);
+    for (TcBackend be : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4, TcBackend::kAuto}) {
+      if (!cuda::tc_backend_usable(be)) continue;
+      SCOPED_TRACE(::testing::Message() << cuda::tc_backend_name(be) << " m " << c.m << " n " << c.n << " k " << c.k
+                                      << (c.accumulate ? " acc" : "") << (c.round ? " bf16" : ""));
+      EXPECT_TRUE(same_bits(run_tc(a, w, c, y0, be), want));
+    }
+  }
+}
+
 TEST(CudaFp8GemmTc, LinearMatchesCpuAndRowsAreIndependent) {
   TANDEM_REQUIRE_GPU();
   const int64_t m = 467, n = 512, k = 1024;

@@ -451,9 +451,11 @@ void fp8_gemm_tc(const Fp8GemmArgs& g, TcBackend backend, cudaStream_t s) {
   TANDEM_CHECK((reinterpret_cast<uintptr_t>(g.a) & 15) == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0);
   TANDEM_CHECK((reinterpret_cast<uintptr_t>(g.a_scale) & 3) == 0 && g.a_scale_ld >= g.m);
   tc_init();
+  const bool automatic = backend == TcBackend::kAuto;
   backend = tc_resolve(backend);
   if (const int cluster = ws_cluster_of(backend); cluster > 0) {
-    fp8_gemm_ws(g, cluster, s);
+    // kAuto: a smaller cluster where the asked one would take more rounds of the grid (the same bits).
+    fp8_gemm_ws(g, automatic ? ws_cluster_for_shape(true, cluster, g.m, g.n, 1) : cluster, s);
     return;
   }
   DenseArgs a{};
@@ -510,9 +512,10 @@ void bf16_gemm_tc(const Bf16GemmArgs& g, TcBackend backend, cudaStream_t s) {
   const char* why = bf16_gemm_problem(g);
   TANDEM_CHECK_MSG(why == nullptr, why ? why : "");
   tc_init();
+  const bool automatic = backend == TcBackend::kAuto;
   backend = tc_resolve(backend);
   if (const int cluster = ws_cluster_of(backend); cluster > 0) {
-    bf16_gemm_ws(g, cluster, s);
+    bf16_gemm_ws(g, automatic ? ws_cluster_for_shape(false, cluster, g.m, g.n, g.batch) : cluster, s);
     return;
   }
   Bf16Args a{};

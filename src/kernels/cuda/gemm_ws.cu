@@ -25,6 +25,7 @@
 #include "kernels/cuda/gemm_ws.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 
 #include "common/check.h"
@@ -437,6 +438,21 @@ void ws_init() {
 }
 
 int ws_max_clusters(bool fp8, int cluster) { return max_clusters(fp8, cluster); }
+
+int ws_cluster_for_shape(bool fp8, int cluster, int64_t m, int64_t n, int64_t batch) {
+  const int64_t bn = fp8 ? WsCfg<true>::kBN : WsCfg<false>::kBN;
+  const int64_t mt = (m + 127) / 128, nt = (n + bn - 1) / bn;
+  const auto rounds = [&](int size) {
+    const int64_t cm = ws_cm(size), cn = ws_cn(size);
+    const int64_t steps = batch * ((mt + cm - 1) / cm) * ((nt + cn - 1) / cn);
+    const int64_t at_once = size == 1 ? tc_sm_count() : max_clusters(fp8, size);
+    return at_once > 0 ? (steps + at_once - 1) / at_once : INT64_MAX;
+  };
+  const int64_t alone = rounds(1);
+  for (int size = cluster; size > 1; size /= 2)
+    if (rounds(size) <= alone) return size;
+  return 1;
+}
 
 bool ws_cluster_available(int cluster) {
   return cluster == 1 || (max_clusters(true, cluster) > 0 && max_clusters(false, cluster) > 0);

@@ -19,6 +19,10 @@ bool ws_cluster_available(int cluster);
 // Clusters of `cluster` (2 or 4) CTAs the device holds at once with the FP8 / bf16 kernel (0: none):
 // a cluster launch's grid is `cluster` times this at most (the bench prints it).
 int ws_max_clusters(bool fp8, int cluster);
+// The largest cluster size up to `cluster` whose launch for an m x n GEMM (batch batches) takes no
+// more rounds of the persistent grid than one CTA per tile does (rows 97..128 with n of 128 tiles:
+// 1 round alone, 2 in pairs whose second CTA has no rows). Every size gives the same bits.
+int ws_cluster_for_shape(bool fp8, int cluster, int64_t m, int64_t n, int64_t batch);
 void fp8_gemm_ws(const Fp8GemmArgs& g, int cluster, cudaStream_t s);
 void bf16_gemm_ws(const Bf16GemmArgs& g, int cluster, cudaStream_t s);
 
