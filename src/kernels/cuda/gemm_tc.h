@@ -2,9 +2,10 @@
 // (activations quantized per 128 along K to e4m3 with a power-of-two scale, weights e4m3 with one
 // E8M0 scale per 128 x 128 block, exact products, fp32 accumulation), the bf16 linears (bf16 x bf16,
 // fp32 accumulation, optionally batched as wo_a's grouped einsum), and the activation quantization
-// they consume. sm_90: warp-specialized kernels with TMA loads (tc_ws.cuh, gemm_ws.cu); other
-// architectures (sm_100a, sm_120, sm_121) and test references: the portable cp.async main loop of
-// tc_gemm.cuh on mma.sync (or wgmma on sm_90a).
+// they consume. sm_90: warp-specialized kernels with TMA loads (tc_ws.cuh, gemm_ws.cu), run in
+// 2-CTA clusters sharing the weight tile by multicast; other architectures (sm_100a, sm_120, sm_121)
+// and test references: the portable cp.async main loop of tc_gemm.cuh on mma.sync (or wgmma on
+// sm_90a).
 //
 // Numerics (tests/cuda/gemm_tc_test.cpp). FP8: each K block of 128 is summed on the tensor cores
 // from exact products into a fresh fp32 partial, which is scaled (exactly: powers of two) and added
