@@ -105,20 +105,24 @@ double time_ms(cudaStream_t s, int reps, const std::function<void()>& f) {
 }
 
 // Our kernels' back ends on this device, the forward's (kAuto) first: sm_90 wgmma-ws-mc2 (2 x 1 CTA
-// clusters, weight tile multicast), wgmma-ws-mc4 (2 x 2, both tiles multicast), wgmma-ws (one CTA
-// per tile: the form before), wgmma, mma.sync; elsewhere mma.sync. The grouped experts have no
-// cluster form (the cluster back ends run wgmma-ws there): experts=true leaves them out.
-std::vector<kc::TcBackend> our_backends(bool experts = false) {
+// clusters, weight tile multicast), wgmma-ws-mc4 (2 x 2, both tiles multicast), wgmma-ws-wide2 (FP8
+// 128 x 256 tiles in 2 x 1 clusters; bf16: mc2 again), wgmma-ws (one CTA per tile: the form
+// before), wgmma, mma.sync; elsewhere mma.sync. Each runs as asked, at every shape (kAuto picks a
+// form per shape). The grouped experts have no cluster form (the cluster back ends run wgmma-ws
+// there): experts=true leaves them out; bf16=true leaves out wide2 (the same kernel as mc2).
+std::vector<kc::TcBackend> our_backends(bool experts = false, bool bf16 = false) {
   const auto cluster = [](kc::TcBackend x) {
-    return x == kc::TcBackend::kWgmmaWsMc2 || x == kc::TcBackend::kWgmmaWsMc4;
+    return x == kc::TcBackend::kWgmmaWsMc2 || x == kc::TcBackend::kWgmmaWsMc4 || x == kc::TcBackend::kWgmmaWsWide2;
   };
   std::vector<kc::TcBackend> b;
   const kc::TcBackend first = kc::tc_backend_for_device();
   if (!(experts && cluster(first))) b.push_back(first);
   if (kc::tc_device_has_wgmma())
-    for (kc::TcBackend x : {kc::TcBackend::kWgmmaWsMc2, kc::TcBackend::kWgmmaWsMc4, kc::TcBackend::kWgmmaWs,
-                            kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
-      if (x != first && kc::tc_backend_usable(x) && !(experts && cluster(x))) b.push_back(x);
+    for (kc::TcBackend x : {kc::TcBackend::kWgmmaWsMc2, kc::TcBackend::kWgmmaWsMc4, kc::TcBackend::kWgmmaWsWide2,
+                            kc::TcBackend::kWgmmaWs, kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
+      if (x != first && kc::tc_backend_usable(x) && !(experts && cluster(x)) &&
+          !(bf16 && x == kc::TcBackend::kWgmmaWsWide2))
+        b.push_back(x);
   return b;
 }
 
@@ -167,12 +171,15 @@ Status bench(const Args& a) {
     // The cluster forms' grids: 2 or 4 x this many CTAs (one per SM at most), against the SM count.
     nlohmann::json cj = {{"sms", kc::tc_sm_count()}};
     for (int c : {2, 4}) {
-      const int c8 = kc::ws_max_clusters(true, c), c16 = kc::ws_max_clusters(false, c);
+      const int c8 = kc::ws_max_clusters(true, {c, false}), c16 = kc::ws_max_clusters(false, {c, false});
       std::printf("wgmma-ws-mc%d: %d FP8 / %d bf16 clusters of %d CTAs at once (%d SMs)\n", c, c8, c16, c,
                   kc::tc_sm_count());
       cj["fp8_clusters_of_" + std::to_string(c)] = c8;
       cj["bf16_clusters_of_" + std::to_string(c)] = c16;
     }
+    const int w8 = kc::ws_max_clusters(true, {2, true});
+    std::printf("wgmma-ws-wide2: %d FP8 clusters of 2 CTAs at once\n", w8);
+    cj["fp8_wide_clusters_of_2"] = w8;
     j["ws_clusters"] = cj;
   }
   j["reps"] = a.reps;
@@ -362,7 +369,7 @@ Status bench(const Args& a) {
         if (const char* why = kc::bf16_gemm_problem(g)) {
           std::printf("%-10s ours: %s\n", s.name, why);
         } else {
-          for (kc::TcBackend b : our_backends()) {
+          for (kc::TcBackend b : our_backends(false, true)) {
             const double ms = time_ms(st, a.reps, [&] { kc::bf16_gemm_tc(g, b, st); });
             add_row(s.name, std::string("tc-bf16-") + kc::tc_backend_name(b), m, s.n, s.k, s.batch, ms);
           }

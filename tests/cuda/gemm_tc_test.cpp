@@ -42,7 +42,7 @@ std::vector<TcBackend> backends() {
     b.push_back(TcBackend::kWgmma);
     b.push_back(TcBackend::kWgmmaOverlap);
     if (cuda::tma_available()) b.push_back(TcBackend::kWgmmaWs);
-    for (TcBackend c : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4})
+    for (TcBackend c : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4, TcBackend::kWgmmaWsWide2})
       if (cuda::tc_backend_usable(c)) b.push_back(c);
   }
   return b;
@@ -273,12 +273,15 @@ TEST(CudaFp8Quant, MatchesActQuantBitExact) {
 TEST(CudaFp8GemmTc, Sm90RunsTheClusterForms) {
   TANDEM_REQUIRE_GPU();
   if (!cuda::tc_device_has_wgmma() || !cuda::tma_available()) GTEST_SKIP() << "not an sm_90 device with TMA";
-  std::printf("[fp8-tc] forward back end %s; clusters at once: FP8 %d of 2, %d of 4; bf16 %d of 2, %d of 4; %d SMs\n",
-              cuda::tc_backend_name(cuda::tc_backend_for_device()), cuda::ws_max_clusters(true, 2),
-              cuda::ws_max_clusters(true, 4), cuda::ws_max_clusters(false, 2), cuda::ws_max_clusters(false, 4),
-              cuda::tc_sm_count());
+  std::printf(
+      "[fp8-tc] forward back end %s; clusters at once: FP8 %d of 2, %d of 4, %d of 2 256-wide; bf16 %d of 2, %d of 4; "
+      "%d SMs\n",
+      cuda::tc_backend_name(cuda::tc_backend_for_device()), cuda::ws_max_clusters(true, {2, false}),
+      cuda::ws_max_clusters(true, {4, false}), cuda::ws_max_clusters(true, {2, true}),
+      cuda::ws_max_clusters(false, {2, false}), cuda::ws_max_clusters(false, {4, false}), cuda::tc_sm_count());
   EXPECT_TRUE(cuda::tc_backend_usable(TcBackend::kWgmmaWsMc2));
   EXPECT_TRUE(cuda::tc_backend_usable(TcBackend::kWgmmaWsMc4));
+  EXPECT_TRUE(cuda::tc_backend_usable(TcBackend::kWgmmaWsWide2));
   EXPECT_EQ(cuda::tc_backend_for_device(), TcBackend::kWgmmaWsMc2);
 }
 
@@ -341,7 +344,8 @@ TEST(CudaFp8GemmTc, RandomCodesWithinTheStatedBound) {
 // checkpoint-like weights, and a row computed inside a larger call equals the same row computed in
 // calls of other sizes and offsets.
 // The warp-specialized kernel's forms (one CTA per tile, 2 x 1 and 2 x 2 clusters sharing tiles by
-// multicast) and kAuto (which picks a form per shape) give the same bits on full-range random codes,
+// multicast, 128 x 256 tiles in 2 x 1 clusters) and kAuto (which picks a form per shape) give the
+// same bits on full-range random codes,
 // where the tensor cores' block sums round: the forms differ only in who copies the operands. Odd
 // row- and column-block counts, rows past the last full tile, 1..3 K blocks per stage ring pass.
 TEST(CudaFp8GemmTc, ClusterFormsGiveTheOneCtaBits) {
@@ -357,7 +361,7 @@ TEST(CudaFp8GemmTc, ClusterFormsGiveTheOneCtaBits) {
     const std::vector<float> y0 = c.accumulate ? randn(static_cast<size_t>(c.m * c.n), seed++, 4.0f, true)
                                                : poisoned_host<float>(static_cast<size_t>(c.m * c.n));
     const std::vector<float> want = run_tc(a, w, c, y0, TcBackend::kWgmmaWs);
-    for (TcBackend be : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4, TcBackend::kAuto}) {
+    for (TcBackend be : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4, TcBackend::kWgmmaWsWide2, TcBackend::kAuto}) {
       if (!cuda::tc_backend_usable(be)) continue;
       SCOPED_TRACE(::testing::Message() << cuda::tc_backend_name(be) << " m " << c.m << " n " << c.n << " k " << c.k
                                       << (c.accumulate ? " acc" : "") << (c.round ? " bf16" : ""));

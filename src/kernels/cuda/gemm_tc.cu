@@ -370,30 +370,39 @@ const DeviceFacts& device_facts() {
 bool tc_device_has_wgmma() { return device_facts().wgmma; }
 
 namespace {
-// CTAs per cluster of a warp-specialized back end (0: not one of them).
-int ws_cluster_of(TcBackend b) {
-  return b == TcBackend::kWgmmaWs ? 1 : b == TcBackend::kWgmmaWsMc2 ? 2 : b == TcBackend::kWgmmaWsMc4 ? 4 : 0;
+// The warp-specialized form of a back end (cluster 0: not one of them).
+WsForm ws_form_of(TcBackend b) {
+  switch (b) {
+    case TcBackend::kWgmmaWs: return {1, false};
+    case TcBackend::kWgmmaWsMc2: return {2, false};
+    case TcBackend::kWgmmaWsMc4: return {4, false};
+    case TcBackend::kWgmmaWsWide2: return {2, true};
+    default: return {0, false};
+  }
 }
+// kAuto's FP8 form on sm_90 asks for the 256-wide tiles (falling back per shape, ws_form_for_shape):
+// off until bench-gemm has measured tc-wgmma-ws-wide2 against tc-wgmma-ws-mc2 on a GPU.
+constexpr bool kAutoFp8Wide = false;
 }  // namespace
 
 bool tc_backend_usable(TcBackend b) {
   if (b == TcBackend::kAuto || b == TcBackend::kMmaSync) return true;
   if (!tc_device_has_wgmma()) return false;
-  const int cluster = ws_cluster_of(b);
-  return cluster == 0 || (tma_available() && ws_cluster_available(cluster));
+  const WsForm f = ws_form_of(b);
+  return f.cluster == 0 || (tma_available() && ws_form_available(f));
 }
 
 TcBackend tc_backend_for_device() {
   if (!tc_device_has_wgmma() || !tma_available()) return TcBackend::kMmaSync;
-  return ws_cluster_available(2) ? TcBackend::kWgmmaWsMc2 : TcBackend::kWgmmaWs;
+  return ws_form_available({2, false}) ? TcBackend::kWgmmaWsMc2 : TcBackend::kWgmmaWs;
 }
 
 TcBackend tc_resolve(TcBackend b) {
   if (b == TcBackend::kAuto) return tc_backend_for_device();
   if (b != TcBackend::kMmaSync) TANDEM_CHECK_MSG(tc_device_has_wgmma(), "wgmma needs an sm_90 device (sm_90a code)");
-  if (ws_cluster_of(b) > 0) TANDEM_CHECK_MSG(tma_available(), "the TMA kernels need cuTensorMapEncodeTiled");
-  if (ws_cluster_of(b) > 1)
-    TANDEM_CHECK_MSG(ws_cluster_available(ws_cluster_of(b)), "the device launches no cluster of this ws kernel form");
+  const WsForm f = ws_form_of(b);
+  if (f.cluster > 0) TANDEM_CHECK_MSG(tma_available(), "the TMA kernels need cuTensorMapEncodeTiled");
+  if (f.cluster > 0) TANDEM_CHECK_MSG(ws_form_available(f), "the device launches no cluster of this ws kernel form");
   return b;
 }
 
@@ -406,6 +415,7 @@ const char* tc_backend_name(TcBackend b) {
     case TcBackend::kWgmmaWs: return "wgmma-ws";
     case TcBackend::kWgmmaWsMc2: return "wgmma-ws-mc2";
     case TcBackend::kWgmmaWsMc4: return "wgmma-ws-mc4";
+    case TcBackend::kWgmmaWsWide2: return "wgmma-ws-wide2";
   }
   return "?";
 }
@@ -453,9 +463,13 @@ void fp8_gemm_tc(const Fp8GemmArgs& g, TcBackend backend, cudaStream_t s) {
   tc_init();
   const bool automatic = backend == TcBackend::kAuto;
   backend = tc_resolve(backend);
-  if (const int cluster = ws_cluster_of(backend); cluster > 0) {
-    // kAuto: a smaller cluster where the asked one would take more rounds of the grid (the same bits).
-    fp8_gemm_ws(g, automatic ? ws_cluster_for_shape(true, cluster, g.m, g.n, 1) : cluster, s);
+  if (WsForm f = ws_form_of(backend); f.cluster > 0) {
+    // kAuto: a smaller form where the asked one would take longer in rounds of the grid (the same bits).
+    if (automatic) {
+      if (kAutoFp8Wide && f.cluster == 2 && ws_form_available({2, true})) f.wide = true;
+      f = ws_form_for_shape(true, f, g.m, g.n, 1);
+    }
+    fp8_gemm_ws(g, f, s);
     return;
   }
   DenseArgs a{};
@@ -514,8 +528,11 @@ void bf16_gemm_tc(const Bf16GemmArgs& g, TcBackend backend, cudaStream_t s) {
   tc_init();
   const bool automatic = backend == TcBackend::kAuto;
   backend = tc_resolve(backend);
-  if (const int cluster = ws_cluster_of(backend); cluster > 0) {
-    bf16_gemm_ws(g, automatic ? ws_cluster_for_shape(false, cluster, g.m, g.n, g.batch) : cluster, s);
+  if (WsForm f = ws_form_of(backend); f.cluster > 0) {
+    // The bf16 kernel's tiles are 128 x 256 in every form: kWgmmaWsWide2 runs its clusters of 2.
+    f.wide = false;
+    if (automatic) f = ws_form_for_shape(false, f, g.m, g.n, g.batch);
+    bf16_gemm_ws(g, f.cluster, s);
     return;
   }
   Bf16Args a{};

@@ -47,7 +47,9 @@ enum class TcBackend : uint8_t {
   kWgmmaWsMc2,    // kWgmmaWs in clusters of 2 x 1 CTAs (two row blocks of one column block), each
                   // copying half of their shared weight tile into both (TMA multicast; the same bits)
   kWgmmaWsMc4,    // clusters of 2 x 2 CTAs sharing both the weight tiles and the activation tiles
-                  // (kWgmmaWsMc2/4: dense only, the grouped experts run kWgmmaWs)
+  kWgmmaWsWide2,  // FP8 128 x 256 tiles (two 128-column halves promoted in turn) in 2 x 1 clusters;
+                  // bf16 as kWgmmaWsMc2 (kWgmmaWsMc2/4/Wide2: dense only, the grouped experts run
+                  // kWgmmaWs)
 };
 // The back end kAuto resolves to on the current device.
 TcBackend tc_backend_for_device();

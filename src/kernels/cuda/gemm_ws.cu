@@ -37,23 +37,35 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-template <bool kFp8>
+// The kernel's kinds: bf16, FP8 with 128 x 128 tiles, FP8 with 128 x 256 tiles (two 128-column
+// halves, each multiplied into the one partial and promoted in turn: the same MMAs and promotion per
+// output as 128 x 128, half the activation copies per FLOP).
+enum WsKind : int { kBf16 = 0, kFp8N128 = 1, kFp8N256 = 2 };
+template <int kKind>
 struct WsCfg;
 template <>
-struct WsCfg<true> {
+struct WsCfg<kFp8N128> {
+  static constexpr bool kFp8 = true;
   static constexpr int kBN = 128, kStages = 6, kKElems = 128, kAcc = 64;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 };
 template <>
-struct WsCfg<false> {
+struct WsCfg<kFp8N256> {
+  static constexpr bool kFp8 = true;
+  static constexpr int kBN = 256, kStages = 4, kKElems = 128, kAcc = 128;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+};
+template <>
+struct WsCfg<kBf16> {
+  static constexpr bool kFp8 = false;
   static constexpr int kBN = 256, kStages = 4, kKElems = 64, kAcc = 128;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 };
 
 // Shared memory (offsets from a 1024-byte aligned base): A tiles, B tiles, then the barriers.
-template <bool kFp8>
+template <int kKind>
 struct WsSmem {
-  using C = WsCfg<kFp8>;
+  using C = WsCfg<kKind>;
   static constexpr int kATile = 128 * 128;       // 128 rows x 128 bytes of K
   static constexpr int kBTile = C::kBN * 128;    // kBN rows x 128 bytes of K
   static constexpr int kA = 0;
@@ -181,48 +193,60 @@ __device__ __forceinline__ void ws_store(const float (&acc)[kAcc], const WsDense
 }
 
 // Consumer warpgroup g (0 or 1): rows [64 g, 64 g + 64) of every tile of this CTA.
-template <bool kFp8, int kCm, int kCn>
+template <int kKind, int kCm, int kCn>
 __device__ __forceinline__ void ws_consume(const WsDenseParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
                                            int g, int ci, int cj) {
-  using C = WsCfg<kFp8>;
-  using L = WsSmem<kFp8>;
+  using C = WsCfg<kKind>;
+  using L = WsSmem<kKind>;
   const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int total = ws_steps<kCm, kCn>(p);
   ws::Ring<C::kStages> ring;
   float acc[C::kAcc];
-  float part[kFp8 ? 64 : 1];
+  float part[C::kFp8 ? 64 : 1];
   for (int t = ws_first_step<kCm, kCn>(); t < total; t += ws_step_stride<kCm, kCn>()) {
     const WsTile d = ws_tile<kCm, kCn>(t, p, ci, cj);
     const int64_t m0 = static_cast<int64_t>(d.mb) * 128, n0 = static_cast<int64_t>(d.nb) * C::kBN;
-    if constexpr (kFp8) {
+    if constexpr (C::kFp8) {
+      // 128-column halves of the tile (one weight scale block each), multiplied and promoted in turn.
+      constexpr int kHalves = C::kBN / 128;
       // This thread's two rows (h = 0, 1) of the promotion; rows past m read row m-1's scales.
       const int64_t r0 = m0 + 64 * g + ws::acc_row(0, w, lane);
       const float* as0 = p.a_scale + min(r0, p.m - 1);
       const float* as1 = p.a_scale + min(r0 + 8, p.m - 1);
-      const uint8_t* wsc = p.w_scale + (n0 / 128) * p.w_scale_ld;
+      // A half wholly past n (256-wide tiles) reads the last scale row: never stored.
+      const uint8_t* wsc[kHalves];
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+      for (int h = 0; h < kHalves; ++h) wsc[h] = p.w_scale + min(n0 / 128 + h, (p.n - 1) / 128) * p.w_scale_ld;
+#pragma unroll
+      for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.0f;
       for (int kb = 0; kb < p.nk; ++kb) {
         const float sa0 = __ldg(as0 + kb * p.a_scale_ld), sa1 = __ldg(as1 + kb * p.a_scale_ld);
-        const float sb = num::e8m0_to_f32(__ldg(wsc + kb));
+        float sb[kHalves];
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) sb[h] = num::e8m0_to_f32(__ldg(wsc[h] + kb));
         ws::mbar_wait(&full[ring.stage], ring.phase);
         __syncwarp();  // lanes may leave the wait loop apart: reconverge before the .aligned wgmma
         const uint32_t a0 = tc::smem_u32(smem + L::kA + ring.stage * L::kATile) + g * 64 * 128;
         const uint32_t b0 = tc::smem_u32(smem + L::kB + ring.stage * L::kBTile);
-        tc::fence_regs(part);
-        tc::wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 4; ++s)
-          tc::wgmma_m64n128k32(part, tc::sw128_desc(a0 + 32 * s), tc::sw128_desc(b0 + 32 * s), s);
-        tc::wgmma_commit();
-        ws::wgmma_wait<0>();
-        tc::fence_regs(part);
-        if (lane == 0) ws_release<kCm, kCn>(&empty[ring.stage], ci, cj);  // this warp is done with the stage
+        for (int h = 0; h < kHalves; ++h) {
+          const uint32_t bh = b0 + h * 128 * 128;  // weight rows [128 h, 128 h + 128) of the tile
+          tc::fence_regs(part);
+          tc::wgmma_fence();
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+            tc::wgmma_m64n128k32(part, tc::sw128_desc(a0 + 32 * s), tc::sw128_desc(bh + 32 * s), s);
+          tc::wgmma_commit();
+          ws::wgmma_wait<0>();
+          tc::fence_regs(part);
+          // After the last half's MMAs this warp is done with the stage.
+          if (h == kHalves - 1 && lane == 0) ws_release<kCm, kCn>(&empty[ring.stage], ci, cj);
+          // Promotion (both scales powers of two: the product and part * scale are exact).
+          const float w0 = sa0 * sb[h], w1 = sa1 * sb[h];
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[64 * h + i] = fmaf(part[i], (i & 2) ? w1 : w0, acc[64 * h + i]);
+        }
         ring.next();
-        // Promotion (both scales powers of two: the product and part * scale are exact).
-        const float w0 = sa0 * sb, w1 = sa1 * sb;
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], (i & 2) ? w1 : w0, acc[i]);
       }
     } else {
       int prev = 0;
@@ -258,13 +282,13 @@ __device__ __forceinline__ void ws_consume(const WsDenseParams& p, uint8_t* smem
 // closing cluster barrier keeps each CTA's shared memory alive until the peers' last remote arrivals
 // on its barriers are done (the peers' multicast copies into it completed earlier: this CTA's
 // consumers waited for their bytes).
-template <bool kFp8, int kCm, int kCn>
+template <int kKind, int kCm, int kCn>
 __global__ void __launch_bounds__(ws::kThreads, 1) ws_dense_kernel(const __grid_constant__ WsDenseParams p) {
 #if !TANDEM_TC_WGMMA
   __trap();  // sm_90a only: never launched elsewhere (tc_resolve)
 #endif
-  using C = WsCfg<kFp8>;
-  using L = WsSmem<kFp8>;
+  using C = WsCfg<kKind>;
+  using L = WsSmem<kKind>;
   using K = WsCluster<kCm, kCn>;
   constexpr int kAPart = L::kATile / kCn, kBPart = L::kBTile / kCm;  // bytes of the tiles this CTA copies
   extern __shared__ uint8_t smem_raw[];
@@ -320,21 +344,24 @@ __global__ void __launch_bounds__(ws::kThreads, 1) ws_dense_kernel(const __grid_
     }
   } else {
     ws::reg_alloc<C::kConsumerRegs>();
-    ws_consume<kFp8, kCm, kCn>(p, smem, full, empty, (threadIdx.x >> 7) - 1, ci, cj);
+    ws_consume<kKind, kCm, kCn>(p, smem, full, empty, (threadIdx.x >> 7) - 1, ci, cj);
   }
   if constexpr (K::kSize > 1) ws::cluster_sync();
 }
 
-// A kernel form: the cluster shape kCm x kCn (1 x 1, 2 x 1, 2 x 2) of a cluster size (1, 2, 4).
-template <bool kFp8, int kSize>
+// A kernel form: kind and cluster size (1: 1 x 1, 2: 2 x 1, 4: 2 x 2).
+template <int kKind, int kSize>
 constexpr auto ws_kernel() {
   static_assert(kSize == 1 || kSize == 2 || kSize == 4, "cluster sizes 1, 2, 4");
-  if constexpr (kSize == 1) return ws_dense_kernel<kFp8, 1, 1>;
-  else if constexpr (kSize == 2) return ws_dense_kernel<kFp8, 2, 1>;
-  else return ws_dense_kernel<kFp8, 2, 2>;
+  if constexpr (kSize == 1) return ws_dense_kernel<kKind, 1, 1>;
+  else if constexpr (kSize == 2) return ws_dense_kernel<kKind, 2, 1>;
+  else return ws_dense_kernel<kKind, 2, 2>;
 }
 constexpr int ws_cm(int size) { return size == 1 ? 1 : 2; }  // CTAs along M (sharing the weight tile)
 constexpr int ws_cn(int size) { return size == 4 ? 2 : 1; }  // CTAs along N (sharing the A tile)
+
+int ws_kind(bool fp8, bool wide) { return !fp8 ? kBf16 : wide ? kFp8N256 : kFp8N128; }
+int ws_bn(int kind) { return kind == kFp8N128 ? WsCfg<kFp8N128>::kBN : WsCfg<kBf16>::kBN; }
 
 cudaLaunchConfig_t ws_cluster_config(int ctas, int size, int smem, cudaStream_t s, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg{};
@@ -351,24 +378,25 @@ cudaLaunchConfig_t ws_cluster_config(int ctas, int size, int smem, cudaStream_t 
   return cfg;
 }
 
-// Clusters of 2 and of 4 the device runs at once with each kernel (0: it launches none), per device,
-// read once (ws_init: start-up, outside graph capture).
+// Clusters the device runs at once with each cluster form (0: it launches none), per device, read
+// once (ws_init: start-up, outside graph capture). [kind][0]: clusters of 2, [kind][1]: of 4 (the
+// 256-wide FP8 kernel has clusters of 2 only).
 struct WsClusterFacts {
   std::once_flag once;
-  int fp8[2] = {0, 0}, bf16[2] = {0, 0};  // [0]: clusters of 2, [1]: of 4
+  int at_once[3][2] = {};
 };
 WsClusterFacts g_cluster_facts[64];
 
-template <bool kFp8, int kSize>
+template <int kKind, int kSize>
 int query_clusters(int sm_count) {
-  const void* k = reinterpret_cast<const void*>(ws_kernel<kFp8, kSize>());
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, WsSmem<kFp8>::kAlloc) != cudaSuccess) {
+  const void* k = reinterpret_cast<const void*>(ws_kernel<kKind, kSize>());
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, WsSmem<kKind>::kAlloc) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg =
-      ws_cluster_config(kSize * std::max(sm_count / kSize, 1), kSize, WsSmem<kFp8>::kAlloc, nullptr, attr);
+      ws_cluster_config(kSize * std::max(sm_count / kSize, 1), kSize, WsSmem<kKind>::kAlloc, nullptr, attr);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -384,23 +412,23 @@ const WsClusterFacts& cluster_facts() {
   WsClusterFacts& f = g_cluster_facts[dev];
   std::call_once(f.once, [&f] {
     const int sms = tc_sm_count();
-    f.fp8[0] = query_clusters<true, 2>(sms);
-    f.fp8[1] = query_clusters<true, 4>(sms);
-    f.bf16[0] = query_clusters<false, 2>(sms);
-    f.bf16[1] = query_clusters<false, 4>(sms);
+    f.at_once[kFp8N128][0] = query_clusters<kFp8N128, 2>(sms);
+    f.at_once[kFp8N128][1] = query_clusters<kFp8N128, 4>(sms);
+    f.at_once[kFp8N256][0] = query_clusters<kFp8N256, 2>(sms);
+    f.at_once[kBf16][0] = query_clusters<kBf16, 2>(sms);
+    f.at_once[kBf16][1] = query_clusters<kBf16, 4>(sms);
   });
   return f;
 }
 
-int max_clusters(bool fp8, int size) {
+int max_clusters(int kind, int size) {
   const WsClusterFacts& f = cluster_facts();
-  const int* c = fp8 ? f.fp8 : f.bf16;
-  return size == 2 ? c[0] : size == 4 ? c[1] : 0;
+  return size == 2 ? f.at_once[kind][0] : size == 4 ? f.at_once[kind][1] : 0;
 }
 
 // One launch of the kernel of cluster size kSize: one CTA per SM at most (kSize 1), or as many
 // clusters as the device holds at once, at most one per cluster tile.
-template <bool kFp8, int kSize>
+template <int kKind, int kSize>
 void ws_launch_form(const WsDenseParams& p, cudaStream_t s) {
   constexpr int kCm = ws_cm(kSize), kCn = ws_cn(kSize);
   const int64_t steps =
@@ -408,59 +436,82 @@ void ws_launch_form(const WsDenseParams& p, cudaStream_t s) {
   TANDEM_CHECK_MSG(steps < (int64_t{1} << 31), "too many output tiles for one launch");
   if constexpr (kSize == 1) {
     const int grid = static_cast<int>(std::min<int64_t>(steps, tc_sm_count()));
-    ws_dense_kernel<kFp8, 1, 1><<<grid, ws::kThreads, WsSmem<kFp8>::kAlloc, s>>>(p);
+    ws_dense_kernel<kKind, 1, 1><<<grid, ws::kThreads, WsSmem<kKind>::kAlloc, s>>>(p);
     TANDEM_CUDA_LAUNCH_CHECK();
   } else {
-    const int most = max_clusters(kFp8, kSize);
+    const int most = max_clusters(kKind, kSize);
     TANDEM_CHECK_MSG(most > 0, "the device runs no cluster of this ws kernel (tc_resolve refuses it)");
     const int clusters = static_cast<int>(std::min<int64_t>(steps, most));
     cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = ws_cluster_config(kSize * clusters, kSize, WsSmem<kFp8>::kAlloc, s, attr);
-    TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ws_kernel<kFp8, kSize>(), p));
+    const cudaLaunchConfig_t cfg = ws_cluster_config(kSize * clusters, kSize, WsSmem<kKind>::kAlloc, s, attr);
+    TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ws_kernel<kKind, kSize>(), p));
   }
 }
 
-template <bool kFp8>
-void ws_launch(const WsDenseParams& p, int cluster, cudaStream_t s) {
-  if (cluster == 1) ws_launch_form<kFp8, 1>(p, s);
-  else if (cluster == 2) ws_launch_form<kFp8, 2>(p, s);
-  else ws_launch_form<kFp8, 4>(p, s);
+// The form's launch (the 256-wide FP8 kernel: clusters of 2 only).
+void ws_launch(const WsDenseParams& p, int kind, int cluster, cudaStream_t s) {
+  if (kind == kFp8N256) {
+    TANDEM_CHECK_MSG(cluster == 2, "the 256-wide FP8 kernel runs in clusters of 2");
+    ws_launch_form<kFp8N256, 2>(p, s);
+  } else if (kind == kFp8N128) {
+    if (cluster == 1) ws_launch_form<kFp8N128, 1>(p, s);
+    else if (cluster == 2) ws_launch_form<kFp8N128, 2>(p, s);
+    else ws_launch_form<kFp8N128, 4>(p, s);
+  } else {
+    if (cluster == 1) ws_launch_form<kBf16, 1>(p, s);
+    else if (cluster == 2) ws_launch_form<kBf16, 2>(p, s);
+    else ws_launch_form<kBf16, 4>(p, s);
+  }
 }
+
+bool form_valid(WsForm f) { return (f.cluster == 1 || f.cluster == 2 || f.cluster == 4) && (!f.wide || f.cluster == 2); }
 
 }  // namespace
 
 void ws_init() {
-  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(ws_dense_kernel<true, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         WsSmem<true>::kAlloc));
-  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(ws_dense_kernel<false, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         WsSmem<false>::kAlloc));
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(ws_dense_kernel<kFp8N128, 1, 1>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, WsSmem<kFp8N128>::kAlloc));
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(ws_dense_kernel<kBf16, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         WsSmem<kBf16>::kAlloc));
   (void)cluster_facts();  // sets the cluster kernels' limits and counts their clusters
 }
 
-int ws_max_clusters(bool fp8, int cluster) { return max_clusters(fp8, cluster); }
+int ws_max_clusters(bool fp8, WsForm f) {
+  return form_valid(f) && f.cluster > 1 ? max_clusters(ws_kind(fp8, f.wide), f.cluster) : 0;
+}
 
-int ws_cluster_for_shape(bool fp8, int cluster, int64_t m, int64_t n, int64_t batch) {
-  const int64_t bn = fp8 ? WsCfg<true>::kBN : WsCfg<false>::kBN;
-  const int64_t mt = (m + 127) / 128, nt = (n + bn - 1) / bn;
-  const auto rounds = [&](int size) {
-    const int64_t cm = ws_cm(size), cn = ws_cn(size);
+bool ws_form_available(WsForm f) {
+  if (!form_valid(f)) return false;
+  if (f.cluster == 1) return true;
+  return ws_max_clusters(true, f) > 0 && ws_max_clusters(false, f) > 0;
+}
+
+WsForm ws_form_for_shape(bool fp8, WsForm asked, int64_t m, int64_t n, int64_t batch) {
+  TANDEM_CHECK(form_valid(asked));
+  // Time of a launch ~ rounds of the persistent grid x columns per tile (K is the same for all).
+  const auto cost = [&](WsForm f) -> int64_t {
+    const int kind = ws_kind(fp8, f.wide);
+    const int64_t bn = ws_bn(kind), mt = (m + 127) / 128, nt = (n + bn - 1) / bn;
+    const int64_t cm = ws_cm(f.cluster), cn = ws_cn(f.cluster);
     const int64_t steps = batch * ((mt + cm - 1) / cm) * ((nt + cn - 1) / cn);
-    const int64_t at_once = size == 1 ? tc_sm_count() : max_clusters(fp8, size);
-    return at_once > 0 ? (steps + at_once - 1) / at_once : INT64_MAX;
+    const int64_t at_once = f.cluster == 1 ? tc_sm_count() : max_clusters(kind, f.cluster);
+    return at_once > 0 ? (steps + at_once - 1) / at_once * bn : INT64_MAX;
   };
-  const int64_t alone = rounds(1);
-  for (int size = cluster; size > 1; size /= 2)
-    if (rounds(size) <= alone) return size;
-  return 1;
+  const WsForm alone{1, false};
+  const int64_t limit = cost(alone);
+  if (fp8 && asked.wide) {
+    if (cost(asked) <= limit) return asked;
+    asked = WsForm{2, false};
+  }
+  for (WsForm f{asked.cluster, false}; f.cluster > 1; f.cluster /= 2)
+    if (cost(f) <= limit) return f;
+  return alone;
 }
 
-bool ws_cluster_available(int cluster) {
-  return cluster == 1 || (max_clusters(true, cluster) > 0 && max_clusters(false, cluster) > 0);
-}
-
-void fp8_gemm_ws(const Fp8GemmArgs& g, int cluster, cudaStream_t s) {
-  using C = WsCfg<true>;
-  TANDEM_CHECK(cluster == 1 || cluster == 2 || cluster == 4);
+void fp8_gemm_ws(const Fp8GemmArgs& g, WsForm f, cudaStream_t s) {
+  TANDEM_CHECK(form_valid(f));
+  const int kind = ws_kind(true, f.wide), cluster = f.cluster;
+  const int bn = ws_bn(kind);
   TmaTile2d ta;
   ta.base = g.a;
   ta.dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -474,7 +525,7 @@ void fp8_gemm_ws(const Fp8GemmArgs& g, int cluster, cudaStream_t s) {
   TmaTile2d tb = ta;
   tb.base = g.w;
   tb.rows = static_cast<uint64_t>(g.n);
-  tb.box_rows = C::kBN / static_cast<uint32_t>(ws_cm(cluster));
+  tb.box_rows = static_cast<uint32_t>(bn / ws_cm(cluster));
   TANDEM_CHECK_MSG(g.m < (int64_t{1} << 31) && g.n < (int64_t{1} << 31), "rows beyond the TMA coordinate range");
   WsDenseParams p{};
   p.a = tma_encode(ta);
@@ -490,7 +541,7 @@ void fp8_gemm_ws(const Fp8GemmArgs& g, int cluster, cudaStream_t s) {
   p.y_col_batch = 0;
   p.nk = static_cast<int>(g.k / 128);
   p.mt = static_cast<int>((g.m + 127) / 128);
-  p.nt = static_cast<int>((g.n + C::kBN - 1) / C::kBN);
+  p.nt = static_cast<int>((g.n + bn - 1) / bn);
   p.batch = 1;
   p.a_col_batch = 0;
   p.w_row_batch = 0;
@@ -498,11 +549,11 @@ void fp8_gemm_ws(const Fp8GemmArgs& g, int cluster, cudaStream_t s) {
   p.w_rows = static_cast<int>(g.n);
   p.accumulate = g.accumulate;
   p.round = g.round_bf16;
-  ws_launch<true>(p, cluster, s);
+  ws_launch(p, kind, cluster, s);
 }
 
 void bf16_gemm_ws(const Bf16GemmArgs& g, int cluster, cudaStream_t s) {
-  using C = WsCfg<false>;
+  using C = WsCfg<kBf16>;
   TANDEM_CHECK(cluster == 1 || cluster == 2 || cluster == 4);
   const int64_t ldx = g.ldx > 0 ? g.ldx : g.k;
   const uint64_t w_rows =
@@ -547,19 +598,22 @@ void bf16_gemm_ws(const Bf16GemmArgs& g, int cluster, cudaStream_t s) {
   p.w_rows = static_cast<int>(w_rows);
   p.accumulate = g.accumulate;
   p.round = g.round_bf16;
-  ws_launch<false>(p, cluster, s);
+  ws_launch(p, kBf16, cluster, s);
 }
 
 std::vector<SmemBound> gemm_ws_smem_bounds() {
   // TMA + wgmma with warp specialization: sm_90a only (a trap elsewhere; tc_resolve never picks it).
-  // The cluster forms take the same shared memory per CTA.
+  // The cluster forms take the same shared memory per CTA. Kinds as the demangler spells them:
+  // 0 bf16, 1 FP8 128-wide, 2 FP8 256-wide.
   std::vector<SmemBound> b;
   for (const char* shape : {"1, 1", "2, 1", "2, 2"}) {
-    b.push_back({std::string("ws_dense_kernel<true, ") + shape + ">", WsSmem<true>::kAlloc,
-                 "FP8, " + std::to_string(WsCfg<true>::kStages) + " stages", "", 0, {90}});
-    b.push_back({std::string("ws_dense_kernel<false, ") + shape + ">", WsSmem<false>::kAlloc,
-                 "bf16, " + std::to_string(WsCfg<false>::kStages) + " stages", "", 0, {90}});
+    b.push_back({std::string("ws_dense_kernel<1, ") + shape + ">", WsSmem<kFp8N128>::kAlloc,
+                 "FP8, " + std::to_string(WsCfg<kFp8N128>::kStages) + " stages", "", 0, {90}});
+    b.push_back({std::string("ws_dense_kernel<0, ") + shape + ">", WsSmem<kBf16>::kAlloc,
+                 "bf16, " + std::to_string(WsCfg<kBf16>::kStages) + " stages", "", 0, {90}});
   }
+  b.push_back({"ws_dense_kernel<2, 2, 1>", WsSmem<kFp8N256>::kAlloc,
+               "FP8 256-wide, " + std::to_string(WsCfg<kFp8N256>::kStages) + " stages", "", 0, {90}});
   return b;
 }
 
