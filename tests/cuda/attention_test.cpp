@@ -13,6 +13,7 @@
 // over chunks + fold kernel, and one folding block per row) must agree bit for bit, and with the
 // output's inverse RoPE in their epilogues (AttnArgs::out_inv_freq) equal the rope op after them.
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "cuda/model_kernel_util.h"
@@ -261,9 +262,13 @@ TEST(CudaAttention, MatchesCpu) {
       }
     // This step's KV rows (after the cache round trip), queries, sinks, top-k lists.
     std::vector<float> step_kv(static_cast<size_t>(rows * hd));
+    std::vector<uint8_t> step_rec(static_cast<size_t>(rows * l.bytes));  // the same keys as records
     for (int64_t t = 0; t < rows; ++t) {
       const std::vector<float> x = random_kv(l, seed * 13 + t);
       std::copy(x.begin(), x.end(), step_kv.begin() + t * hd);
+      const std::vector<uint8_t> rec = encode_kv_record(x.data(), l);
+      ASSERT_TRUE(same_bits(decode_kv_record(rec.data(), l), x)) << "row " << t << ": the record does not hold the row";
+      std::memcpy(step_rec.data() + t * l.bytes, rec.data(), rec.size());
     }
     const std::vector<float> q = randn(static_cast<size_t>(rows * H * hd), seed + 5, 1.0f, true);
     const std::vector<float> sink = randn(static_cast<size_t>(H), seed + 6, 1.0f, false);
@@ -356,23 +361,36 @@ TEST(CudaAttention, MatchesCpu) {
     const std::vector<float> got = to_host(out_split);
     chk.check_gpu(got, "attention");
     EXPECT_TRUE(same_bits(to_host(out_fold), got)) << "folding blocks vs split over chunks";
-    // ... and the pipelined row kernel, on as many blocks as the GPU has and on 2 (each block then
-    // walks about half the rows: the two key tiles and two rows' queries change hands many times).
-    for (int sms : {0, 2}) {
-      auto out_rows = poisoned<float>(static_cast<size_t>(rows * H * hd));
-      a.out = out_rows.get();
-      a.sm_count = sms;
-      cuda_model::attention(a, kStream);
-      a.sm_count = 1 << 20;
-      const std::vector<float> gr = to_host(out_rows);
-      EXPECT_TRUE(same_bits(gr, got)) << "pipelined row kernel (sm_count " << sms << ") vs split over chunks";
-      if (!same_bits(gr, got))
+    // The step's window keys read from their records (AttnArgs::step_rec) instead of the fp32 rows:
+    // the same bits in every launch shape: split, folding blocks, then the pipelined row kernel (it
+    // needs the records) on as many blocks as the GPU has and on 2 (each block walks about half the
+    // rows: the two key tiles and two rows' queries change hands many times).
+    DeviceBuffer<uint8_t> drec = to_dev(step_rec);
+    {
+      a.step_rec = drec.get();
+      const char* names[4] = {"split over chunks", "folding blocks", "row kernel", "row kernel on 2 blocks"};
+      for (int shape = 0; shape < 4; ++shape) {
+        auto out_rec = poisoned<float>(static_cast<size_t>(rows * H * hd));
+        a.out = out_rec.get();
+        a.partial = shape == 0 ? partial.get() : nullptr;
+        a.partial_slots = shape == 0 ? rows * nchunks : 0;
+        a.rows_kernel = shape >= 2;
+        a.sm_count = shape == 2 ? 0 : shape == 3 ? 2 : 1 << 20;
+        cuda_model::attention(a, kStream);
+        const std::vector<float> gr = to_host(out_rec);
+        EXPECT_TRUE(same_bits(gr, got)) << "step keys from records, " << names[shape] << " vs fp32 rows, split";
         for (size_t i = 0; i < gr.size(); ++i)
-          if (!same_bits(std::vector<float>{gr[i]}, std::vector<float>{got[i]})) {
-            ADD_FAILURE() << "first difference at row " << i / (H * hd) << " head " << i / hd % H << " dim "
-                          << i % hd << ": " << gr[i] << " vs " << got[i];
+          if (std::memcmp(&gr[i], &got[i], sizeof(float)) != 0) {
+            ADD_FAILURE() << names[shape] << ": first difference at row " << i / (H * hd) << " head " << i / hd % H
+                          << " dim " << i % hd << ": " << gr[i] << " vs " << got[i];
             break;
           }
+      }
+      a.sm_count = 1 << 20;
+      a.partial = nullptr;
+      a.partial_slots = 0;
+      a.rows_kernel = true;
+      a.step_rec = nullptr;
     }
     a.out = out_fold.get();
     // o's inverse RoPE in the epilogue (AttnArgs::out_inv_freq) in both launch shapes == the rope op
@@ -403,6 +421,7 @@ TEST(CudaAttention, MatchesCpu) {
       const std::vector<float> want = to_host(out_fold);
       a.out_inv_freq = dinv.get();
       a.out_rope_dim = rope_dim;
+      a.step_rec = drec.get();  // the row kernel (it reads the step's keys from their records)
       auto rot_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
       a.out = rot_fold.get();
       cuda_model::attention(a, kStream);  // the pipelined row kernel (a.partial is null)
@@ -418,6 +437,7 @@ TEST(CudaAttention, MatchesCpu) {
       EXPECT_TRUE(same_bits(gf, want)) << "attention + inverse RoPE epilogue (row kernel) vs then rope";
       a.out_inv_freq = nullptr;
       a.out_rope_dim = 0;
+      a.step_rec = nullptr;
       a.partial = nullptr;
       a.partial_slots = 0;
       a.out = out_fold.get();

@@ -80,7 +80,11 @@ __device__ __forceinline__ RowKeys row_keys(const AttnArgs& a, int64_t t) {
 __device__ __forceinline__ uint64_t key_ptr(const AttnArgs& a, const RowKeys& r, int j) {
   if (j < r.nwin) {
     const int64_t wp = r.w0 + j;
-    if (wp >= r.start) return reinterpret_cast<uint64_t>(a.step_kv + (r.row0 + (wp - r.start)) * a.hd) | 1u;
+    if (wp >= r.start) {
+      const int64_t row = r.row0 + (wp - r.start);
+      if (a.step_rec) return reinterpret_cast<uint64_t>(a.step_rec + row * a.rec.bytes);
+      return reinterpret_cast<uint64_t>(a.step_kv + row * a.hd) | 1u;
+    }
     return reinterpret_cast<uint64_t>(r.slot + a.win_off + (wp % a.win_ring) * a.rec.bytes);
   }
   const int i = j - r.nwin;
@@ -196,7 +200,8 @@ struct Parts {
 };
 
 // The pipelined row kernel (attention_rows.cu): dynamic shared memory it needs at head dim hd, and
-// its launch (false when the device cannot give that much shared memory to a block).
+// its launch (false when the device cannot give that much shared memory to a block, or when the
+// step's keys are fp32 rows: a.step_rec is null).
 size_t rows_kernel_smem(int hd);
 bool launch_rows_kernel(const AttnArgs& a, cudaStream_t s, float scale);
 

@@ -84,6 +84,45 @@ __device__ __forceinline__ void load_q_rows(const AttnArgs& a, int64_t t, int h0
   }
 }
 
+// A piece of a KV record (load_piece without its fp32-row case: the row kernel runs only where the
+// step's own keys come from their records, AttnArgs::step_rec), 5 registers in flight instead of 10.
+struct RecPiece {
+  uint4 w;      // bf16 dims: w; fp8: w.xy codes; nvfp4: w.x codes
+  float scale;
+};
+__device__ __forceinline__ RecPiece load_rec_piece(uint64_t kp, const KvRecordLayout& l, int piece) {
+  RecPiece r;
+  r.w = make_uint4(0, 0, 0, 0);
+  r.scale = 0.0f;
+  if (!kp) return r;
+  const int d0 = 8 * piece;
+  const uint8_t* rec = reinterpret_cast<const uint8_t*>(kp);
+  if (l.kind == KvRecordKind::kBf16 || d0 >= l.nope) {
+    const uint8_t* src = l.kind == KvRecordKind::kBf16 ? rec + 2 * d0 : rec + l.rope_off + 2 * (d0 - l.nope);
+    const uint2 lo = __ldg(reinterpret_cast<const uint2*>(src)), hi = __ldg(reinterpret_cast<const uint2*>(src + 8));
+    r.w = make_uint4(lo.x, lo.y, hi.x, hi.y);
+  } else if (l.kind == KvRecordKind::kFp8) {
+    const uint2 c = __ldg(reinterpret_cast<const uint2*>(rec + d0));
+    r.w.x = c.x;
+    r.w.y = c.y;
+    r.scale = num::e8m0_to_f32(__ldg(rec + l.scale_off + d0 / 64));
+  } else {
+    r.w.x = __ldg(reinterpret_cast<const uint32_t*>(rec + d0 / 2));
+    r.scale = num::e4m3_decode(__ldg(rec + l.scale_off + d0 / 16));
+  }
+  return r;
+}
+// The piece as 8 bf16 values: piece_bf16's values for the same bytes.
+__device__ __forceinline__ uint4 rec_piece_bf16(const RecPiece& r, uint64_t kp, const KvRecordLayout& l, int piece) {
+  if (!kp) return make_uint4(0, 0, 0, 0);
+  if (l.kind == KvRecordKind::kBf16 || 8 * piece >= l.nope) return r.w;
+  if (l.kind == KvRecordKind::kFp8)
+    return make_uint4(e4m3x2_scaled(r.w.x & 0xffffu, r.scale), e4m3x2_scaled(r.w.x >> 16, r.scale),
+                      e4m3x2_scaled(r.w.y & 0xffffu, r.scale), e4m3x2_scaled(r.w.y >> 16, r.scale));
+  return make_uint4(e2m1x2_scaled(r.w.x, 0, r.scale), e2m1x2_scaled(r.w.x, 1, r.scale),
+                    e2m1x2_scaled(r.w.x, 2, r.scale), e2m1x2_scaled(r.w.x, 3, r.scale));
+}
+
 // The producers' walk over the block's (row, chunk) items in order.
 struct ItemIter {
   int64_t t = 0;
@@ -110,7 +149,7 @@ __device__ void producer(const AttnArgs& a, int nchunks, int h0, uint8_t* smem) 
   using L = RowsLayout<D, NT>;
   constexpr int kPieces = D / 8;                        // pieces of 8 dims per key
   constexpr int kPer = kChunk * kPieces / kProducers;   // pieces per thread per chunk
-  constexpr int kBatch = kPer < 8 ? kPer : 8;           // loads in flight per thread
+  constexpr int kBatch = kPer < 16 ? kPer : 16;         // pieces in flight per thread
   static_assert(kPer % kBatch == 0, "whole batches");
   const int ptid = static_cast<int>(threadIdx.x) - kConsumers;
   uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
@@ -131,11 +170,11 @@ __device__ void producer(const AttnArgs& a, int nchunks, int h0, uint8_t* smem) 
     uint8_t* tile = smem + L::kK + buf * kChunk * L::kPitch;
 #pragma unroll 1
     for (int j0 = 0; j0 < kPer; j0 += kBatch) {
-      RawPiece raw[kBatch];
+      RecPiece raw[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int i = (j0 + b) * kProducers + ptid;  // consecutive threads, consecutive pieces of a key
-        raw[b] = load_piece(ptr[i / kPieces], a.rec, i % kPieces);
+        raw[b] = load_rec_piece(ptr[i / kPieces], a.rec, i % kPieces);
       }
       if (j0 == 0) {  // the next item's key pointers (their list lookups overlap this batch's loads)
         it.next(a, nchunks);
@@ -144,7 +183,8 @@ __device__ void producer(const AttnArgs& a, int nchunks, int h0, uint8_t* smem) 
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int i = (j0 + b) * kProducers + ptid;
-        *reinterpret_cast<uint4*>(tile + (i / kPieces) * L::kPitch + (i % kPieces) * 16) = piece_bf16(raw[b]);
+        *reinterpret_cast<uint4*>(tile + (i / kPieces) * L::kPitch + (i % kPieces) * 16) =
+            rec_piece_bf16(raw[b], ptr[i / kPieces], a.rec, i % kPieces);
       }
     }
     bar_arrive(kBarFull + buf, kThreads);
@@ -385,6 +425,7 @@ size_t rows_kernel_smem(int hd) {
 }
 
 bool launch_rows_kernel(const AttnArgs& a, cudaStream_t s, float scale) {
+  if (!a.step_rec) return false;  // its producers read records only
   switch (a.hd) {
     case 128: return launch_d<128>(a, s, scale);
     case 256: return launch_d<256>(a, s, scale);
