@@ -1,8 +1,6 @@
 // `tandem bench-gemm`: the prefill GEMMs at DeepSeek-V4-Flash's per-rank shapes under tensor
 // parallelism over 2 ranks, on the tensor cores: our block-scaled FP8 and bf16 kernels on every back
-// end the device runs (sm_90: the warp-specialized TMA kernels in clusters of 2 x 1 CTAs sharing the
-// weight tile by multicast as the forward runs them, of 2 x 2 sharing both tiles, and one CTA per
-// tile as before; and the portable
+// end the device runs (sm_90: the warp-specialized TMA kernels the forward uses, and the portable
 // loop on wgmma and mma.sync) against cuBLASLt's block-scaled FP8 and bf16, and the grouped MXFP4
 // expert GEMMs for --expert-tokens tokens routed 6 per token over 256 experts (this rank: 128) with
 // a trained router's uneven load. TF/s and the fraction of the device's dense FP8 peak, measured in
@@ -34,7 +32,6 @@
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
-#include "kernels/cuda/gemm_ws.h"
 #include "model/cuda/moe_prefill.h"
 #endif
 
@@ -104,25 +101,13 @@ double time_ms(cudaStream_t s, int reps, const std::function<void()>& f) {
   return ms[ms.size() / 2];
 }
 
-// Our kernels' back ends on this device, the forward's (kAuto) first: sm_90 wgmma-ws-mc2 (2 x 1 CTA
-// clusters, weight tile multicast), wgmma-ws-mc4 (2 x 2, both tiles multicast), wgmma-ws-wide2 (FP8
-// 128 x 256 tiles in 2 x 1 clusters; bf16: mc2 again), wgmma-ws (one CTA per tile: the form
-// before), wgmma, mma.sync; elsewhere mma.sync. Each runs as asked, at every shape (kAuto picks a
-// form per shape). The grouped experts have no cluster form (the cluster back ends run wgmma-ws
-// there): experts=true leaves them out; bf16=true leaves out wide2 (the same kernel as mc2).
-std::vector<kc::TcBackend> our_backends(bool experts = false, bool bf16 = false) {
-  const auto cluster = [](kc::TcBackend x) {
-    return x == kc::TcBackend::kWgmmaWsMc2 || x == kc::TcBackend::kWgmmaWsMc4 || x == kc::TcBackend::kWgmmaWsWide2;
-  };
-  std::vector<kc::TcBackend> b;
-  const kc::TcBackend first = kc::tc_backend_for_device();
-  if (!(experts && cluster(first))) b.push_back(first);
+// Our kernels' back ends on this device, the forward's (kAuto) first: sm_90 wgmma-ws, wgmma,
+// mma.sync; elsewhere mma.sync.
+std::vector<kc::TcBackend> our_backends() {
+  std::vector<kc::TcBackend> b{kc::tc_backend_for_device()};
   if (kc::tc_device_has_wgmma())
-    for (kc::TcBackend x : {kc::TcBackend::kWgmmaWsMc2, kc::TcBackend::kWgmmaWsMc4, kc::TcBackend::kWgmmaWsWide2,
-                            kc::TcBackend::kWgmmaWs, kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
-      if (x != first && kc::tc_backend_usable(x) && !(experts && cluster(x)) &&
-          !(bf16 && x == kc::TcBackend::kWgmmaWsWide2))
-        b.push_back(x);
+    for (kc::TcBackend x : {kc::TcBackend::kWgmma, kc::TcBackend::kMmaSync})
+      if (x != b.front()) b.push_back(x);
   return b;
 }
 
@@ -167,21 +152,6 @@ Status bench(const Args& a) {
   j["cuda_driver"] = drv;
   j["cuda_runtime"] = rt;
   j["tc_backend"] = kc::tc_backend_name(be);
-  if (kc::tc_device_has_wgmma()) {
-    // The cluster forms' grids: 2 or 4 x this many CTAs (one per SM at most), against the SM count.
-    nlohmann::json cj = {{"sms", kc::tc_sm_count()}};
-    for (int c : {2, 4}) {
-      const int c8 = kc::ws_max_clusters(true, {c, false}), c16 = kc::ws_max_clusters(false, {c, false});
-      std::printf("wgmma-ws-mc%d: %d FP8 / %d bf16 clusters of %d CTAs at once (%d SMs)\n", c, c8, c16, c,
-                  kc::tc_sm_count());
-      cj["fp8_clusters_of_" + std::to_string(c)] = c8;
-      cj["bf16_clusters_of_" + std::to_string(c)] = c16;
-    }
-    const int w8 = kc::ws_max_clusters(true, {2, true});
-    std::printf("wgmma-ws-wide2: %d FP8 clusters of 2 CTAs at once\n", w8);
-    cj["fp8_wide_clusters_of_2"] = w8;
-    j["ws_clusters"] = cj;
-  }
   j["reps"] = a.reps;
   j["rows"] = nlohmann::json::array();
 
@@ -369,7 +339,7 @@ Status bench(const Args& a) {
         if (const char* why = kc::bf16_gemm_problem(g)) {
           std::printf("%-10s ours: %s\n", s.name, why);
         } else {
-          for (kc::TcBackend b : our_backends(false, true)) {
+          for (kc::TcBackend b : our_backends()) {
             const double ms = time_ms(st, a.reps, [&] { kc::bf16_gemm_tc(g, b, st); });
             add_row(s.name, std::string("tc-bf16-") + kc::tc_backend_name(b), m, s.n, s.k, s.batch, ms);
           }
@@ -473,7 +443,7 @@ Status bench(const Args& a) {
     TANDEM_CUDA_CHECK(cudaMemcpy(&local, ms_.offsets + n_local, sizeof local, cudaMemcpyDeviceToHost));
     std::printf("experts: %lld tokens x %d over %d experts, this rank %d: %d local pairs, %d..%d per expert\n",
                 static_cast<long long>(T), topk, E, n_local, local, *mn, *mx);
-    const std::vector<kc::TcBackend> bes = our_backends(true);
+    const std::vector<kc::TcBackend> bes = our_backends();
     nlohmann::json ex = {{"tokens", T}, {"topk", topk}, {"experts", E}, {"local_experts", n_local},
                          {"local_pairs", local}, {"min_pairs_per_expert", *mn}, {"max_pairs_per_expert", *mx}};
     ex["paths"] = nlohmann::json::array();

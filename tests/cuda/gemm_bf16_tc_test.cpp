@@ -1,7 +1,6 @@
 // The bf16 tensor-core GEMM of the prefill linears (kernels/cuda/gemm_tc.h: bf16_gemm_tc,
 // gemm_bf16_linear) on every back end the device runs (sm_90: the warp-specialized TMA kernel with
-// 128 x 256 tiles, alone and in 2-CTA clusters sharing the weight tile by multicast, the portable
-// loop on wgmma and on mma.sync), against exact references:
+// 128 x 256 tiles, the portable loop on wgmma and on mma.sync), against exact references:
 //  * inputs whose products and partial sums are exact in 24 bits (small integers times powers of
 //    two): every back end must give the exact sum (then y0 + sum, then the bf16 rounding, as asked)
 //    bit for bit: this pins every index, the batch offsets, the epilogue's accumulate/round and the
@@ -29,8 +28,6 @@ std::vector<TcBackend> backends() {
   if (cuda::tc_device_has_wgmma()) {
     b.push_back(TcBackend::kWgmma);
     if (cuda::tma_available()) b.push_back(TcBackend::kWgmmaWs);
-    for (TcBackend c : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4})
-      if (cuda::tc_backend_usable(c)) b.push_back(c);
   }
   return b;
 }
@@ -187,27 +184,6 @@ TEST(CudaBf16GemmTc, RandomValuesWithinTheStatedBound) {
 }
 
 // The same rows in calls of other sizes and offsets (the model tests' step sizes): identical bits.
-// The warp-specialized kernel's forms (one CTA per tile, 2 x 1 and 2 x 2 clusters sharing tiles by
-// multicast) and kAuto give the same bits on random bf16 values (rounding sums): odd row- and
-// column-block counts, batches, rows and columns past the last full tile.
-TEST(CudaBf16GemmTc, ClusterFormsGiveTheOneCtaBits) {
-  TANDEM_REQUIRE_GPU();
-  if (!cuda::tc_backend_usable(TcBackend::kWgmmaWs)) GTEST_SKIP() << "no warp-specialized kernel on this device";
-  const std::vector<Bf16Case> cases = {{1, 256, 64},      {45, 96, 192, 3, true, true}, {300, 128, 256, 4},
-                                       {467, 600, 512, 1, false, true}, {2100, 2304, 128, 1, true},
-                                       {4096, 1024, 1024, 4}};
-  uint64_t seed = 900;
-  for (const Bf16Case& c : cases) {
-    const Operands o = make_operands(c, seed++, false);
-    const std::vector<float> want = run(o, TcBackend::kWgmmaWs);
-    for (TcBackend be : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4, TcBackend::kAuto}) {
-      if (!cuda::tc_backend_usable(be)) continue;
-      SCOPED_TRACE(::testing::Message() << cuda::tc_backend_name(be) << " " << name(c));
-      EXPECT_TRUE(same_bits(run(o, be), want));
-    }
-  }
-}
-
 TEST(CudaBf16GemmTc, RowsAreIndependentOfTheCall) {
   TANDEM_REQUIRE_GPU();
   const Bf16Case c{467, 384, 512, 2};

@@ -1,8 +1,6 @@
 // The tensor-core prefill FP8 GEMM (kernels/cuda/gemm_tc.h) and the cuBLASLt reference points
 // (gemm_lt.h) against exact references, on every back end the device runs (sm_90: the
-// warp-specialized TMA kernels alone and in 2-CTA clusters sharing the weight tile by multicast, the
-// portable loop on wgmma, overlapped wgmma and mma.sync; the cases' odd row-block counts, n past the
-// last full tile and several pair tiles per cluster cover the cluster form's edges):
+// warp-specialized TMA kernels, the portable loop on wgmma, overlapped wgmma and mma.sync):
 //  * quantize_fp8_act == the CPU's act_quant_fp8, codes and scales bit for bit (fp32 and bf16 input,
 //    also gathering rows through src_rows);
 //  * on inputs whose K-block sums are exact in any accumulator of >= 11 bits (small codes), the
@@ -28,7 +26,6 @@
 #include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/gemm_tc.h"
-#include "kernels/cuda/gemm_ws.h"
 #include "kernels/cuda/tma.h"
 
 namespace tandem::kernels::cuda_testing {
@@ -42,8 +39,6 @@ std::vector<TcBackend> backends() {
     b.push_back(TcBackend::kWgmma);
     b.push_back(TcBackend::kWgmmaOverlap);
     if (cuda::tma_available()) b.push_back(TcBackend::kWgmmaWs);
-    for (TcBackend c : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4, TcBackend::kWgmmaWsWide2})
-      if (cuda::tc_backend_usable(c)) b.push_back(c);
   }
   return b;
 }
@@ -268,23 +263,6 @@ TEST(CudaFp8Quant, MatchesActQuantBitExact) {
   }
 }
 
-// The forward's back end on sm_90 is a cluster form, so the tests below must run the cluster forms
-// there (not skip them quietly): every Hopper part launches clusters of 2 and 4 CTAs of one CTA per SM.
-TEST(CudaFp8GemmTc, Sm90RunsTheClusterForms) {
-  TANDEM_REQUIRE_GPU();
-  if (!cuda::tc_device_has_wgmma() || !cuda::tma_available()) GTEST_SKIP() << "not an sm_90 device with TMA";
-  std::printf(
-      "[fp8-tc] forward back end %s; clusters at once: FP8 %d of 2, %d of 4, %d of 2 256-wide; bf16 %d of 2, %d of 4; "
-      "%d SMs\n",
-      cuda::tc_backend_name(cuda::tc_backend_for_device()), cuda::ws_max_clusters(true, {2, false}),
-      cuda::ws_max_clusters(true, {4, false}), cuda::ws_max_clusters(true, {2, true}),
-      cuda::ws_max_clusters(false, {2, false}), cuda::ws_max_clusters(false, {4, false}), cuda::tc_sm_count());
-  EXPECT_TRUE(cuda::tc_backend_usable(TcBackend::kWgmmaWsMc2));
-  EXPECT_TRUE(cuda::tc_backend_usable(TcBackend::kWgmmaWsMc4));
-  EXPECT_TRUE(cuda::tc_backend_usable(TcBackend::kWgmmaWsWide2));
-  EXPECT_EQ(cuda::tc_backend_for_device(), TcBackend::kWgmmaWsMc2);
-}
-
 TEST(CudaFp8GemmTc, ExactBlockSumsMatchTheEmulationBitForBit) {
   TANDEM_REQUIRE_GPU();
   // The last two: more tiles than an H200 has SMs (180 and 221), with K blocks (2 and 3) that are
@@ -292,10 +270,7 @@ TEST(CudaFp8GemmTc, ExactBlockSumsMatchTheEmulationBitForBit) {
   const std::vector<Case> cases = {{97, 128, 128}, {128, 256, 512}, {200, 384, 1024, false, true},
                                    {300, 200, 256}, {130, 130, 384, true, true}, {1000, 512, 256, true, false},
                                    {150, 131, 256, true, true},  // odd n: odd row stride, scalar stores
-                                   {1200, 2304, 256},  {1663, 2176, 384, false, true},
-                                   // 3 row blocks (a cluster's second CTA recomputes the last one and
-                                   // must not add it to y again), 4 columns in the last column block
-                                   {300, 260, 512, true, false}};
+                                   {1200, 2304, 256},  {1663, 2176, 384, false, true}};
   uint64_t seed = 100;
   for (const Case& c : cases) {
     const HostAct a = make_act(c.m, c.k, seed++, true);
@@ -343,33 +318,6 @@ TEST(CudaFp8GemmTc, RandomCodesWithinTheStatedBound) {
 // gemm_fp8_linear (quantize + multiply) against the CPU gemm with quantize_x_block = 128 on
 // checkpoint-like weights, and a row computed inside a larger call equals the same row computed in
 // calls of other sizes and offsets.
-// The warp-specialized kernel's forms (one CTA per tile, 2 x 1 and 2 x 2 clusters sharing tiles by
-// multicast, 128 x 256 tiles in 2 x 1 clusters) and kAuto (which picks a form per shape) give the
-// same bits on full-range random codes,
-// where the tensor cores' block sums round: the forms differ only in who copies the operands. Odd
-// row- and column-block counts, rows past the last full tile, 1..3 K blocks per stage ring pass.
-TEST(CudaFp8GemmTc, ClusterFormsGiveTheOneCtaBits) {
-  TANDEM_REQUIRE_GPU();
-  if (!cuda::tc_backend_usable(TcBackend::kWgmmaWs)) GTEST_SKIP() << "no warp-specialized kernel on this device";
-  const std::vector<Case> cases = {{1, 128, 256},          {97, 200, 384, true, true}, {130, 130, 1024},
-                                   {300, 260, 512, true}, {467, 1000, 256, false, true}, {1663, 2176, 384},
-                                   {4096, 1024, 4096, false, true}};
-  uint64_t seed = 700;
-  for (const Case& c : cases) {
-    const HostAct a = make_act(c.m, c.k, seed++, false);
-    const HostW w = make_w(c.n, c.k, seed++, false);
-    const std::vector<float> y0 = c.accumulate ? randn(static_cast<size_t>(c.m * c.n), seed++, 4.0f, true)
-                                               : poisoned_host<float>(static_cast<size_t>(c.m * c.n));
-    const std::vector<float> want = run_tc(a, w, c, y0, TcBackend::kWgmmaWs);
-    for (TcBackend be : {TcBackend::kWgmmaWsMc2, TcBackend::kWgmmaWsMc4, TcBackend::kWgmmaWsWide2, TcBackend::kAuto}) {
-      if (!cuda::tc_backend_usable(be)) continue;
-      SCOPED_TRACE(::testing::Message() << cuda::tc_backend_name(be) << " m " << c.m << " n " << c.n << " k " << c.k
-                                      << (c.accumulate ? " acc" : "") << (c.round ? " bf16" : ""));
-      EXPECT_TRUE(same_bits(run_tc(a, w, c, y0, be), want));
-    }
-  }
-}
-
 TEST(CudaFp8GemmTc, LinearMatchesCpuAndRowsAreIndependent) {
   TANDEM_REQUIRE_GPU();
   const int64_t m = 467, n = 512, k = 1024;

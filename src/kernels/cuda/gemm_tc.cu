@@ -369,40 +369,14 @@ const DeviceFacts& device_facts() {
 
 bool tc_device_has_wgmma() { return device_facts().wgmma; }
 
-namespace {
-// The warp-specialized form of a back end (cluster 0: not one of them).
-WsForm ws_form_of(TcBackend b) {
-  switch (b) {
-    case TcBackend::kWgmmaWs: return {1, false};
-    case TcBackend::kWgmmaWsMc2: return {2, false};
-    case TcBackend::kWgmmaWsMc4: return {4, false};
-    case TcBackend::kWgmmaWsWide2: return {2, true};
-    default: return {0, false};
-  }
-}
-// kAuto's FP8 form on sm_90 asks for the 256-wide tiles (falling back per shape, ws_form_for_shape):
-// off until bench-gemm has measured tc-wgmma-ws-wide2 against tc-wgmma-ws-mc2 on a GPU.
-constexpr bool kAutoFp8Wide = false;
-}  // namespace
-
-bool tc_backend_usable(TcBackend b) {
-  if (b == TcBackend::kAuto || b == TcBackend::kMmaSync) return true;
-  if (!tc_device_has_wgmma()) return false;
-  const WsForm f = ws_form_of(b);
-  return f.cluster == 0 || (tma_available() && ws_form_available(f));
-}
-
 TcBackend tc_backend_for_device() {
-  if (!tc_device_has_wgmma() || !tma_available()) return TcBackend::kMmaSync;
-  return ws_form_available({2, false}) ? TcBackend::kWgmmaWsMc2 : TcBackend::kWgmmaWs;
+  return tc_device_has_wgmma() && tma_available() ? TcBackend::kWgmmaWs : TcBackend::kMmaSync;
 }
 
 TcBackend tc_resolve(TcBackend b) {
   if (b == TcBackend::kAuto) return tc_backend_for_device();
   if (b != TcBackend::kMmaSync) TANDEM_CHECK_MSG(tc_device_has_wgmma(), "wgmma needs an sm_90 device (sm_90a code)");
-  const WsForm f = ws_form_of(b);
-  if (f.cluster > 0) TANDEM_CHECK_MSG(tma_available(), "the TMA kernels need cuTensorMapEncodeTiled");
-  if (f.cluster > 0) TANDEM_CHECK_MSG(ws_form_available(f), "the device launches no cluster of this ws kernel form");
+  if (b == TcBackend::kWgmmaWs) TANDEM_CHECK_MSG(tma_available(), "the TMA kernels need cuTensorMapEncodeTiled");
   return b;
 }
 
@@ -413,9 +387,6 @@ const char* tc_backend_name(TcBackend b) {
     case TcBackend::kWgmma: return "wgmma";
     case TcBackend::kWgmmaOverlap: return "wgmma-overlap";
     case TcBackend::kWgmmaWs: return "wgmma-ws";
-    case TcBackend::kWgmmaWsMc2: return "wgmma-ws-mc2";
-    case TcBackend::kWgmmaWsMc4: return "wgmma-ws-mc4";
-    case TcBackend::kWgmmaWsWide2: return "wgmma-ws-wide2";
   }
   return "?";
 }
@@ -461,15 +432,9 @@ void fp8_gemm_tc(const Fp8GemmArgs& g, TcBackend backend, cudaStream_t s) {
   TANDEM_CHECK((reinterpret_cast<uintptr_t>(g.a) & 15) == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0);
   TANDEM_CHECK((reinterpret_cast<uintptr_t>(g.a_scale) & 3) == 0 && g.a_scale_ld >= g.m);
   tc_init();
-  const bool automatic = backend == TcBackend::kAuto;
   backend = tc_resolve(backend);
-  if (WsForm f = ws_form_of(backend); f.cluster > 0) {
-    // kAuto: a smaller form where the asked one would take longer in rounds of the grid (the same bits).
-    if (automatic) {
-      if (kAutoFp8Wide && f.cluster == 2 && ws_form_available({2, true})) f.wide = true;
-      f = ws_form_for_shape(true, f, g.m, g.n, 1);
-    }
-    fp8_gemm_ws(g, f, s);
+  if (backend == TcBackend::kWgmmaWs) {
+    fp8_gemm_ws(g, s);
     return;
   }
   DenseArgs a{};
@@ -526,13 +491,9 @@ void bf16_gemm_tc(const Bf16GemmArgs& g, TcBackend backend, cudaStream_t s) {
   const char* why = bf16_gemm_problem(g);
   TANDEM_CHECK_MSG(why == nullptr, why ? why : "");
   tc_init();
-  const bool automatic = backend == TcBackend::kAuto;
   backend = tc_resolve(backend);
-  if (WsForm f = ws_form_of(backend); f.cluster > 0) {
-    // The bf16 kernel's tiles are 128 x 256 in every form: kWgmmaWsWide2 runs its clusters of 2.
-    f.wide = false;
-    if (automatic) f = ws_form_for_shape(false, f, g.m, g.n, g.batch);
-    bf16_gemm_ws(g, f.cluster, s);
+  if (backend == TcBackend::kWgmmaWs) {
+    bf16_gemm_ws(g, s);
     return;
   }
   Bf16Args a{};

@@ -2,10 +2,9 @@
 // (activations quantized per 128 along K to e4m3 with a power-of-two scale, weights e4m3 with one
 // E8M0 scale per 128 x 128 block, exact products, fp32 accumulation), the bf16 linears (bf16 x bf16,
 // fp32 accumulation, optionally batched as wo_a's grouped einsum), and the activation quantization
-// they consume. sm_90: warp-specialized kernels with TMA loads (tc_ws.cuh, gemm_ws.cu), run in
-// 2-CTA clusters sharing the weight tile by multicast; other architectures (sm_100a, sm_120, sm_121)
-// and test references: the portable cp.async main loop of tc_gemm.cuh on mma.sync (or wgmma on
-// sm_90a).
+// they consume. sm_90: warp-specialized kernels with TMA loads (tc_ws.cuh, gemm_ws.cu); other
+// architectures (sm_100a, sm_120, sm_121) and test references: the portable cp.async main loop of
+// tc_gemm.cuh on mma.sync (or wgmma on sm_90a).
 //
 // Numerics (tests/cuda/gemm_tc_test.cpp). FP8: each K block of 128 is summed on the tensor cores
 // from exact products into a fresh fp32 partial, which is scaled (exactly: powers of two) and added
@@ -36,28 +35,19 @@ namespace tandem::kernels::cuda {
 constexpr int64_t kTcMinRows = 96;
 
 enum class TcBackend : uint8_t {
-  kAuto,          // kWgmmaWsMc2 on sm_90 (this build's sm_90a code, a driver with TMA, 2-CTA clusters;
-                  // kWgmmaWs without clusters), mma.sync elsewhere
+  kAuto,          // kWgmmaWs on sm_90 (this build's sm_90a code, a driver with TMA), mma.sync elsewhere
   kMmaSync,       // portable loop, mma.sync.m16n8k32 e4m3 / m16n8k16 bf16 (any sm_89+ device)
   kWgmma,         // portable loop, wgmma.m64n128 (sm_90a only)
   kWgmmaOverlap,  // the same, the next K block's MMAs in flight during a promotion (dense FP8 only;
                   // bf16 and grouped experts run kWgmma)
   kWgmmaWs,       // warp-specialized: TMA producer, two wgmma consumer warpgroups, persistent tiles
                   // (sm_90a; FP8 128x128 tiles, bf16 128x256)
-  kWgmmaWsMc2,    // kWgmmaWs in clusters of 2 x 1 CTAs (two row blocks of one column block), each
-                  // copying half of their shared weight tile into both (TMA multicast; the same bits)
-  kWgmmaWsMc4,    // clusters of 2 x 2 CTAs sharing both the weight tiles and the activation tiles
-  kWgmmaWsWide2,  // FP8 128 x 256 tiles (two 128-column halves promoted in turn) in 2 x 1 clusters;
-                  // bf16 as kWgmmaWsMc2 (kWgmmaWsMc2/4/Wide2: dense only, the grouped experts run
-                  // kWgmmaWs)
 };
 // The back end kAuto resolves to on the current device.
 TcBackend tc_backend_for_device();
 // True when the current device runs this build's sm_90a code (wgmma; kWgmma, kWgmmaOverlap and,
-// with TMA, kWgmmaWs are usable; the cluster forms also need the device to launch their clusters).
+// with TMA, kWgmmaWs are usable).
 bool tc_device_has_wgmma();
-// True when the current device runs back end b (kAuto: always).
-bool tc_backend_usable(TcBackend b);
 // kAuto resolved; CHECK-fails for a back end the device cannot run (a programmer's choice).
 TcBackend tc_resolve(TcBackend b);
 const char* tc_backend_name(TcBackend b);

@@ -13,8 +13,6 @@
 // phase bit follow from one running counter on each side. Tiles in shared memory are the 128-byte
 // rows of tc_gemm.cuh (16-byte chunk c of row r at chunk c ^ (r % 8)), which is both the TMA
 // 128-byte swizzle and the layout the wgmma descriptors describe.
-// The dense GEMMs also run in thread-block clusters whose CTAs share operand tiles by TMA multicast
-// (gemm_ws.cu: a stage is then filled by several CTAs' copy engines and released to each of them).
 // A wait that cannot complete (a broken invariant) traps after about five seconds instead of hanging.
 #pragma once
 
@@ -92,70 +90,9 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 #endif
 }
-// tma_load_2d whose box lands at the same offset in the shared memory of every CTA of the cluster in
-// `cta_mask` (bit r: cluster rank r), each copy completing its bytes on the barrier at `bar`'s offset
-// in that CTA.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
-                                                      uint16_t cta_mask) {
-#if TANDEM_TC_WGMMA
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(tc::smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(tc::smem_u32(bar)), "h"(cta_mask)
-      : "memory");
-#endif
-}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
 #if TANDEM_TC_WGMMA
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-#endif
-}
-
-// ---------------------------------------------------------------- thread-block clusters
-// This CTA's rank in its cluster, the cluster's index in the grid and the number of clusters (x).
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r = 0;
-#if TANDEM_TC_WGMMA
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_id_x() {
-  uint32_t r = 0;
-#if TANDEM_TC_WGMMA
-  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-#endif
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_count_x() {
-  uint32_t r = 1;
-#if TANDEM_TC_WGMMA
-  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-#endif
-  return r;
-}
-// Every thread of every CTA of the cluster: none passes before all arrived; memory operations before
-// the arrival (remote mbarrier arrivals included) are visible after the wait. Not .aligned: the
-// callers' warps may arrive diverged (the producer's thread 0 leaves its loop last).
-__device__ __forceinline__ void cluster_sync() {
-#if TANDEM_TC_WGMMA
-  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-// One arrival on the barrier at `bar`'s offset in the shared memory of cluster rank `rank` (this CTA
-// included), released at cluster scope: this thread's earlier reads of the stage are done for every
-// CTA whose copy engine waits on that barrier.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-#if TANDEM_TC_WGMMA
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(tc::smem_u32(bar)),
-      "r"(rank)
-      : "memory");
 #endif
 }
 
@@ -246,14 +183,13 @@ __device__ __forceinline__ int acc_col(int i, int lane) { return 8 * (i >> 2) + 
 
 // ---------------------------------------------------------------- tile order
 // Output tiles (batch b, row block mb, column block nb) of a persistent grid, grouped so the tiles in
-// flight at once (one per SM) share row and column blocks in L2: within a batch, groups of up to
-// kGroup row blocks (16; 8 pairs of row blocks for the 2-CTA clusters), column-block-major inside a
-// group.
+// flight at once (one per SM) share row and column blocks in L2: within a batch, groups of up to 16
+// row blocks, column-block-major inside a group.
 struct DenseTile {
   int b, mb, nb;
 };
-template <int kGroup = 16>
 __device__ __forceinline__ DenseTile dense_tile(int t, int mt, int nt) {
+  constexpr int kGroup = 16;
   const int per_batch = mt * nt;
   DenseTile d;
   d.b = t / per_batch;

@@ -453,8 +453,7 @@ void moe_prefill_up(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::TcB
   backend = kc::tc_resolve(backend);
   const int64_t max_tiles = max_tiles_of(a);
   TANDEM_CHECK(max_tiles <= 65535);
-  if (backend == kc::TcBackend::kWgmmaWs || backend == kc::TcBackend::kWgmmaWsMc2 ||
-      backend == kc::TcBackend::kWgmmaWsMc4 || backend == kc::TcBackend::kWgmmaWsWide2) {  // no cluster forms
+  if (backend == kc::TcBackend::kWgmmaWs) {
     MoeWsArgs w = ws_args(a, s);
     w.up = true;
     w.a = s.x_codes;
@@ -503,8 +502,7 @@ void moe_prefill_down(const MoePrefillArgs& a, const MoePrefillScratch& s, kc::T
   kc::quantize_fp8_act(qa, st);
   const int64_t max_tiles = max_tiles_of(a);
   TANDEM_CHECK(max_tiles <= 65535);
-  if (backend == kc::TcBackend::kWgmmaWs || backend == kc::TcBackend::kWgmmaWsMc2 ||
-      backend == kc::TcBackend::kWgmmaWsMc4 || backend == kc::TcBackend::kWgmmaWsWide2) {  // no cluster forms
+  if (backend == kc::TcBackend::kWgmmaWs) {
     MoeWsArgs w = ws_args(a, s);
     w.up = false;
     w.a = s.act_codes;
