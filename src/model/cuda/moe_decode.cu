@@ -65,6 +65,9 @@ __device__ __forceinline__ float mx_row_scale(uint32_t word, int b) {
 __device__ __forceinline__ float mx_act_scale(uint32_t e) { return __uint_as_float(((e < 246u ? e : 246u) + 8u) << 23); }
 // mx_row_scale of the E8M0 byte e itself: min(e, 248) << 23 plus 6 << 23, the same bits.
 __device__ __forceinline__ float mx_row_scale_b(uint32_t e) { return __uint_as_float(((e < 248u ? e : 248u) + 6u) << 23); }
+// A hint: the line of global address p into L1 (no register, no fault semantics relied on: callers
+// pass addresses inside their buffers).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 // True when a byte of w is 0xff (the zero-byte test on ~w).
 __device__ __forceinline__ bool has_ff(uint32_t w) { return ((~w - 0x01010101u) & w & 0x80808080u) != 0; }
 
@@ -201,6 +204,17 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       const int64_t wrow = static_cast<int64_t>(x.expert) * a.n + static_cast<int64_t>(x.tile) * kRows;
       x.wsrc = static_cast<const uint8_t*>(w.data) + wrow * (a.k / 2) + unit * ku / 2 + cp_src0;
       x.ssrc = w.scale + (wrow + (lane & 15)) * (a.k / 32) + unit * ku / 32;
+      // The consumer's first dependent reads of the item into L1 (up: the chunk's token ids, which
+      // name the activation rows; down: the chunk's first activation row in this warp's unit, codes
+      // and scales). The producer builds this context ring-depth stages ahead of the consumer, so
+      // the item's start does not wait for L2 round trips one after another. Valid addresses only.
+      const int64_t prow = x.off + static_cast<int64_t>(x.chunk) * kChunk;
+      if constexpr (UP) {
+        if (lane == 0) prefetch_l1(a.pair_token + prow);
+      } else {
+        if (lane * 8 < ku) prefetch_l1(a.a_codes + prow * a.k + unit * ku + lane * 8);
+        if (lane == 0) prefetch_l1(a.a_scales + prow * (a.k / 128) + unit * ku / 128);
+      }
     }
     const int64_t left = rows - static_cast<int64_t>(x.chunk) * kChunk;
     x.nrows = static_cast<int32_t>(left < kChunk ? left : kChunk);
@@ -576,7 +590,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           pr.w = __fmul_rn(mx_row_scale_b(sc[(r0 + 9) * 8]), ft);
           reinterpret_cast<float4*>(prep)[lane] = pr;
           // Codes 32 q + 8 (lane % 4) .. + 8 of the stage (= 8 lane): group q's k quarter lane % 4.
-          const uint2 c = mma::ld_act8(a.a_codes + (aoff[0] - t * 8 + st * CPR * 32 + lane * 8));
+          const uint8_t* cp = a.a_codes + (aoff[0] - t * 8 + st * CPR * 32 + lane * 8);
+          const uint2 c = mma::ld_act8(cp);
+          if (st + 1 < cons.nst) prefetch_l1(cp + CPR * 32);  // the next stage's codes (same unit)
           reinterpret_cast<uint4*>(prep + 512)[lane] =
               make_uint4(mma::e4m3x2_to_f16x2(c.x), mma::e4m3x2_hi_to_f16x2(c.x), mma::e4m3x2_to_f16x2(c.y),
                          mma::e4m3x2_hi_to_f16x2(c.y));
