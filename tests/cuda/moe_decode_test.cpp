@@ -435,8 +435,8 @@ TEST(CudaMoeDecode, FullWidthRowsAreIndependentOfTheTokenCount) {
     const std::vector<int32_t> tp = fetch(r.buf.token_pair, static_cast<size_t>(m * K));
     const std::vector<float> act = fetch(r.buf.act, static_cast<size_t>(m * (K + 1) * I));
     const std::vector<float> po = fetch(r.buf.pair_out, static_cast<size_t>(m * K * D));
-    const std::vector<int32_t> active = fetch(r.buf.active, static_cast<size_t>(2 * std::min<int64_t>(16, m * K) + 2));
-    const int A = static_cast<int>(std::min<int64_t>(16, m * K));
+    const int A = static_cast<int>(std::min<int64_t>(L.d.n_experts, m * K));  // the buffers' max_active
+    const std::vector<int32_t> active = fetch(r.buf.active, static_cast<size_t>(2 * A + 2));
     for (int j = 0; j < active[0]; ++j) one_row_experts += active[1 + A + j + 1] - active[1 + A + j] == 1;
     for (int64_t t = 0; t < m; ++t)
       for (int k = 0; k < K; ++k) {
