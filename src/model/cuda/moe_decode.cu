@@ -431,8 +431,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         wsc = w.scale + (static_cast<int64_t>(x.tile) * kRows / 128) * sld + kb0;
       }
     }
-    // The oldest of the S stages in flight (the usual depth first: a constant wait, no jump table).
-    if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
+    // The oldest of the S stages in flight (the usual depths first: a constant wait, no jump table;
+    // 5 is the H200's with the one-token scratch, 6 without it).
+    if (S == kMaxRing - 1) mma::cp_async_wait(kMaxRing - 2);
+    else if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
     else mma::cp_async_wait(S - 1);
     __syncwarp();  // MXFP4 pieces were copied by other lanes of the warp
     const uint8_t* slot = ring + slot_i * kSlotBytes;
