@@ -604,8 +604,11 @@ TEST(CudaMoeDecode, NanWeightScaleMakesItsRowsNan) {
 }
 
 // moe_decode runs the shared expert's up projection before the experts-up kernel's dependency wait
-// (over the gate + routing kernel's run; the ring then starts over for the routed items); the three
-// kernels called one by one run it after the wait. Every buffer the call writes must have the same
+// (over the gate + routing kernel's run; the ring then starts over for the routed items), and each
+// experts-down CTA's first item, when it is the shared expert's, before the experts-down kernel's
+// wait (once the up kernel counted the shared rows quantized; its combine arrival deferred past
+// the wait); the three kernels called one by one run them after the wait. Every buffer the call
+// writes must have the same
 // bits both ways: batch 1 (every routed expert one row), 8 (FP8's half m tile), 16 (one m tile), 17
 // (two m tiles, the second of one row), 48 and 96 (two m tiles; at 96 the 384 shared items at full
 // width outnumber the grid, so a CTA does two shared items before the wait), and local expert ranges

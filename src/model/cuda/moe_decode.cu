@@ -14,10 +14,13 @@
 //     the units meet in shared memory (added in unit order), then SwiGLU, and the last tile of each
 //     128-column block to finish (a counter) quantizes the block's rows (act_quant, bit for bit).
 //  3. experts down: the same over w2 (items of 8 / units tiles x units; the shared expert's first
-//     stages prefetched before the wait, its input being kernel 2's); the last item to finish on
+//     stages prefetched before the wait, its input being kernel 2's; in moe_decode a CTA's first
+//     item, if the shared expert's, runs before the wait, over kernel 2's tail, once a counter says
+//     kernel 2 quantized every shared row block); the last item to finish on
 //     a 16-column tile (a counter per tile) combines every token on those columns: routed outputs
 //     in ascending expert id, plus the shared expert, rounded to bf16.
-// The counters are zero between calls (the last arriver resets its own), so a captured graph
+// The counters are zero between calls (the last arriver resets its own; the shared-rows counter is
+// zeroed by kernel 1 at the start of each call), so a captured graph
 // replays them as they are.
 //
 // Routed experts (MXFP4, per-32 E8M0 scales): the weights are the mma's A operand and the expert's
@@ -68,6 +71,12 @@ __device__ __forceinline__ float mx_row_scale_b(uint32_t e) { return __uint_as_f
 // A hint: the line of global address p into L1 (no register, no fault semantics relied on: callers
 // pass addresses inside their buffers).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+// A counter other CTAs (of this or an earlier kernel) release with a fence and an atomic.
+__device__ __forceinline__ int ld_acquire(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 // True when a byte of w is 0xff (the zero-byte test on ~w).
 __device__ __forceinline__ bool has_ff(uint32_t w) { return ((~w - 0x01010101u) & w & 0x80808080u) != 0; }
 
@@ -89,6 +98,9 @@ constexpr int kBarFull = 1, kBarFree = 2;
 // products as float2 (rows g, g + 8) per (group, g); [512, 1024) the token's activation codes of the
 // stage as f16 images, 16 bytes per (group, k quarter t).
 constexpr int kPrepBytes = 1024;
+// Polls of ExpertArgs::sdone (about 0.3 us apart) before the early down item falls back to the
+// grid-dependency wait: far above the up kernel's tail (tens of us), never reached in a healthy run.
+constexpr int kSdonePolls = 1 << 14;
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kThreads) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kThreads) : "memory"); }
 
@@ -126,7 +138,8 @@ struct ExpertArgs {
   int topk;
   float* y;                   // [tokens, n]
   int routed_only;
-  int early_shared;           // up: the shared expert's items before the wait (moe_decode's launch)
+  int early_shared;           // the shared expert's items before the wait (moe_decode's launches; down: its first)
+  int32_t* sdone;             // shared rows' act_quant blocks done (up adds, down polls; the gate zeroes it)
   int32_t* ccnt;              // [n / 16]
 };
 
@@ -224,8 +237,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     c.w = w;
     c.st = 0;
     const int64_t jc = w / a.ipc;
-    if (!routed_known) {  // before the wait: only the shared expert's items are known
-      c.ok = jc < a.chunks_shared;
+    if (!routed_known) {  // before the wait: only the shared expert's items are known (down: the first)
+      c.ok = jc < a.chunks_shared && (UP || w < gridDim.x);
       c.job = 0;
       c.nst = nst_fp8;
       if (c.ok) c.x = context(c);
@@ -288,7 +301,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   // launch only past its own wait): the shared expert's items run before this kernel's wait, over
   // the gate's run. Their inputs (x's codes) come from a kernel before the gate, complete once the
   // gate passed its wait; they are read through L2 only (cg) before the wait.
-  const bool early = UP && a.early_shared;
+  // Down (moe_decode's launch after the early up): the CTA's first item, if it is the shared
+  // expert's, runs before the wait, over the up kernel's tail (its CTAs start as up's CTAs leave):
+  // its input, the shared rows' act_quant, is complete once a.sdone counts every (chunk, 128-column
+  // block) of them (the up kernel's quantizers add to it after their stores; the gate zeroed it
+  // before this call's up kernel could start). Thread 0 polls it, a bounded number of times: past
+  // the bound (never expected) the CTA takes the grid-dependency wait instead, which orders the
+  // whole up kernel before it, so the poll is a shortcut, never a condition for progress. The
+  // item's combine arrival waits for the routing (the tile's total), after the wait.
+  const bool early = a.early_shared != 0;
   auto wait_jobs = [&] {
     kc::pdl_wait();
     // The jobs: the shared expert (if any), then the active routed experts; their 32-row chunks.
@@ -355,6 +376,38 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   };
   reset();
 
+  // Down: this (job, chunk)'s arrival on a 16-column tile (its outputs stored and fenced); the last
+  // of the tile's s_pre[s_jobs] arrivals combines every token on it. Warp-collective.
+  auto combine_arrive = [&](int32_t tile) {
+    int32_t* cnt = a.ccnt + tile;
+    const int64_t row0 = static_cast<int64_t>(tile) * kRows;
+    int old = 0;
+    if (lane == 0) old = atomicAdd(cnt, 1);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != s_pre[s_jobs] - 1) return;
+    __threadfence();
+    const int K = a.topk;
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += 2) {
+      const int64_t tt = t0 + (lane >> 4);
+      const int64_t col = row0 + (lane & 15);
+      if (tt >= a.tokens) continue;
+      // The token's routed outputs in ascending expert id (the routing's combine order), loads
+      // first, then the adds in order; then the shared expert.
+      int32_t pos[kMaxTopk];
+      float val[kMaxTopk];
+#pragma unroll
+      for (int q = 0; q < kMaxTopk; ++q) pos[q] = q < K ? a.combine_order[tt * K + q] : -1;
+#pragma unroll
+      for (int q = 0; q < kMaxTopk; ++q) val[q] = pos[q] >= 0 ? mma::ld_cg(a.out + pos[q] * a.ldo + col) : 0.0f;
+      float sum = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kMaxTopk; ++q)
+        if (pos[q] >= 0) sum = kc::add_rn(sum, val[q]);
+      a.y[tt * a.ldo + col] =
+          a.routed_only ? sum : kc::round_bf16(kc::add_rn(sum, mma::ld_cg(a.shared_out + tt * a.ldo + col)));
+    }
+    if (lane == 0) *cnt = 0;
+  };
   int mt_act = 0;
   // Activation rows (clamped to the chunk) of the tokens whose codes this lane loads: FP8 shared
   // expert (tokens as the mma's A rows): tokens mt * 16 + hh * 8 + g; MXFP4 routed experts (tokens
@@ -372,8 +425,24 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   const int64_t ld_as = a.k / 128;
   locate(cons, blockIdx.x);
   if (!early) cons.ok = false;  // nothing consumed before the wait
+  if (!UP && cons.ok) {
+    // Down, early: the shared rows' codes and scales complete (see `early` above).
+    __shared__ int s_ready;
+    if (threadIdx.x == 0) {
+      const int want = static_cast<int>(a.chunks_shared * (a.k / 128));
+      int ready = 0;
+      for (int i = 0; i < kSdonePolls && !ready; ++i) {
+        ready = ld_acquire(a.sdone) >= want;
+        if (!ready) __nanosleep(200);
+      }
+      s_ready = ready;
+    }
+    __syncthreads();
+    if (!s_ready) kc::pdl_wait();  // the bound passed: the whole up kernel instead
+  }
   int slot_i = 0;
   bool owe_free = false;  // early: a lead's kBarFree arrival decided once the routing is known
+  int32_t pending_tile = -1;  // down, early: a lead's combine arrival for this tile, after the wait
   for (;;) {
     if (!cons.ok) {
       if (routed_known) break;
@@ -392,6 +461,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           next(prod);
         }
         mma::cp_async_commit();
+      }
+      if (pending_tile >= 0) {  // warp-uniform: a lead of the early item
+        combine_arrive(pending_tile);
+        pending_tile = -1;
       }
       continue;
     }
@@ -503,7 +576,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           }
         }
       };
-      if (UP && !routed_known) {
+      if (!routed_known) {
         if (half) stage.template operator()<true, true>();
         else stage.template operator()<false, true>();
       } else if (half) {
@@ -802,37 +875,17 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               }
             }
             if (lane == 0) *cnt = 0;
-          }
-        } else {
-          // The last (job, chunk) to finish this 16-column tile combines every token on it.
-          int32_t* cnt = a.ccnt + x.tile;
-          int old = 0;
-          if (lane == 0) old = atomicAdd(cnt, 1);
-          old = __shfl_sync(0xffffffffu, old, 0);
-          if (old == s_pre[s_jobs] - 1) {
-            __threadfence();
-            const int K = a.topk;
-            for (int64_t t0 = 0; t0 < a.tokens; t0 += 2) {
-              const int64_t tt = t0 + (lane >> 4);
-              const int64_t col = row0 + (lane & 15);
-              if (tt >= a.tokens) continue;
-              // The token's routed outputs in ascending expert id (the routing's combine order),
-              // loads first, then the adds in order; then the shared expert.
-              int32_t pos[kMaxTopk];
-              float val[kMaxTopk];
-#pragma unroll
-              for (int q = 0; q < kMaxTopk; ++q) pos[q] = q < K ? a.combine_order[tt * K + q] : -1;
-#pragma unroll
-              for (int q = 0; q < kMaxTopk; ++q) val[q] = pos[q] >= 0 ? mma::ld_cg(a.out + pos[q] * a.ldo + col) : 0.0f;
-              float sum = 0.0f;
-#pragma unroll
-              for (int q = 0; q < kMaxTopk; ++q)
-                if (pos[q] >= 0) sum = kc::add_rn(sum, val[q]);
-              a.y[tt * a.ldo + col] =
-                  a.routed_only ? sum : kc::round_bf16(kc::add_rn(sum, mma::ld_cg(a.shared_out + tt * a.ldo + col)));
+            if (x.shared) {
+              // The shared rows' blocks done, for the down kernel's early item: after the stores.
+              __threadfence();
+              __syncwarp();
+              if (lane == 0) atomicAdd(a.sdone, 1);
             }
-            if (lane == 0) *cnt = 0;
           }
+        } else if (routed_known) {
+          combine_arrive(x.tile);
+        } else {
+          pending_tile = x.tile;  // the tile's total is the routing's
         }
       }
       reset();
@@ -911,7 +964,8 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   ea.topk = d.topk;
   ea.y = a.y;
   ea.routed_only = a.routed_only;
-  ea.early_shared = UP && early && ea.has_shared;
+  ea.early_shared = early && ea.has_shared;
+  ea.sdone = a.buf.counters + kSdone;
   ea.ccnt = a.buf.counters + kCombine0;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
@@ -1041,8 +1095,8 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
   TANDEM_CHECK_MSG(moe_decode_supports(a), "moe_decode: unsupported weights");
   TANDEM_CHECK_MSG(a.sh_w1.data || a.routed_only, "moe_decode: the combine needs the shared expert");
   moe_gate_route(a, s);
-  run_experts<true>(a, s, /*early=*/true);  // its predecessor is the gate + routing kernel
-  moe_experts_down(a, s);
+  run_experts<true>(a, s, /*early=*/true);   // its predecessor is the gate + routing kernel
+  run_experts<false>(a, s, /*early=*/true);  // its predecessor is that up kernel
 }
 
 kc::SmemBound expert_smem_bound() {
