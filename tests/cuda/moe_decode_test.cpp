@@ -398,11 +398,62 @@ TEST(CudaMoeDecode, EveryStageAtEveryTokenCount) {
   for (int64_t m : {int64_t{1}, int64_t{6}, int64_t{8}, int64_t{48}, int64_t{96}}) run_and_check(L, m, false, 10 + m);
 }
 
-// The real widths (k = 4096 up, 2048 down: the k-split paths), few experts.
+// The real widths (k = 4096 up, 2048 down: the k-split paths, 256-k MXFP4 stages), few experts:
+// every routed expert one row (1: the one-token stage), a mix of one- and two-row experts (2), and
+// experts of several rows (8, 16).
 TEST(CudaMoeDecode, FullWidthExperts) {
   TANDEM_REQUIRE_GPU();
   const Layer L = make_layer(4096, 2048, 8, 6, 200);
-  for (int64_t m : {int64_t{1}, int64_t{8}}) run_and_check(L, m, false, 20 + m);
+  for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}, int64_t{16}}) run_and_check(L, m, false, 20 + m);
+}
+
+// At the real widths, a (token, slot) pair's SwiGLU row, its w2 output and the token's y have the
+// same bits whatever the call's other tokens: a 48-token call (every expert many rows: the generic
+// MXFP4 loop, two m tiles) against calls of 1, 2, 8 and 16 of its tokens, where most experts have one
+// row (the one-token stage) and some none. RowsAreIndependentOfTheTokenCount does the same at 128-k
+// stages.
+TEST(CudaMoeDecode, FullWidthRowsAreIndependentOfTheTokenCount) {
+  TANDEM_REQUIRE_GPU();
+  const Layer L = make_layer(4096, 2048, 16, 6, 1400);
+  const int64_t M = 48, D = L.d.dim, I = L.d.inter;
+  const int K = L.d.topk;
+  const std::vector<float> x = act_rows(M, D, 141);
+  MoeRun all;
+  prepare(all, L, x, M, M, false, 0, L.d.n_experts, false);
+  cuda_model::moe_decode(all.args, kStream);
+  const std::vector<float> y_all = to_host(all.y);
+  const std::vector<int32_t> tp_all = fetch(all.buf.token_pair, static_cast<size_t>(M * K));
+  const std::vector<float> act_all = fetch(all.buf.act, static_cast<size_t>(M * (K + 1) * I));
+  const std::vector<float> po_all = fetch(all.buf.pair_out, static_cast<size_t>(M * K * D));
+  int one_row_experts = 0;
+  for (auto [i0, m] : {std::pair<int64_t, int64_t>{0, 1}, {29, 1}, {3, 2}, {10, 8}, {31, 16}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens " << i0 << ".." << i0 + m - 1 << " of " << M);
+    MoeRun r;
+    prepare(r, L, std::vector<float>(x.begin() + i0 * D, x.begin() + (i0 + m) * D), m, m, false, 0, L.d.n_experts,
+            false);
+    cuda_model::moe_decode(r.args, kStream);
+    const std::vector<int32_t> tp = fetch(r.buf.token_pair, static_cast<size_t>(m * K));
+    const std::vector<float> act = fetch(r.buf.act, static_cast<size_t>(m * (K + 1) * I));
+    const std::vector<float> po = fetch(r.buf.pair_out, static_cast<size_t>(m * K * D));
+    const int A = static_cast<int>(std::min<int64_t>(L.d.n_experts, m * K));  // the buffers' max_active
+    const std::vector<int32_t> active = fetch(r.buf.active, static_cast<size_t>(2 * A + 2));
+    for (int j = 0; j < active[0]; ++j) one_row_experts += active[1 + A + j + 1] - active[1 + A + j] == 1;
+    for (int64_t t = 0; t < m; ++t)
+      for (int k = 0; k < K; ++k) {
+        const int32_t p = tp[t * K + k], q = tp_all[(i0 + t) * K + k];
+        ASSERT_TRUE(p >= 0 && q >= 0) << "token " << t << " slot " << k << ": token_pair " << p << ", " << q;
+        EXPECT_TRUE(same_bits(std::vector<float>(act.begin() + p * I, act.begin() + (p + 1) * I),
+                              std::vector<float>(act_all.begin() + q * I, act_all.begin() + (q + 1) * I)))
+            << "SwiGLU row of token " << t << " slot " << k << " (pair row " << p << ", " << q << " in the 48)";
+        EXPECT_TRUE(same_bits(std::vector<float>(po.begin() + p * D, po.begin() + (p + 1) * D),
+                              std::vector<float>(po_all.begin() + q * D, po_all.begin() + (q + 1) * D)))
+            << "w2 output of token " << t << " slot " << k << " (pair row " << p << ", " << q << " in the 48)";
+        if (::testing::Test::HasFailure()) return;
+      }
+    EXPECT_TRUE(same_bits(to_host(r.y), std::vector<float>(y_all.begin() + i0 * D, y_all.begin() + (i0 + m) * D)))
+        << "y";
+  }
+  EXPECT_GE(one_row_experts, 6) << "the one-token stage ran for too few experts";
 }
 
 TEST(CudaMoeDecode, HashRouting) {
@@ -490,14 +541,16 @@ TEST(CudaMoeDecode, LocalExpertRange) {
 // A NaN E8M0 scale (0xff) in a routed expert's weights: in w2, that weight row's output is NaN for
 // every pair of the expert; in w1, the expert's SwiGLU column is NaN and so every w2 output of its
 // pairs; every other output keeps its bits. Both MXFP4 stage widths (128 k: dim 512, inter 256;
-// 256 k: dim 1024, inter 2048); the NaN group is not the first of its k unit, so the sums of the
+// 256 k: dim 1024, inter 2048), at 4 tokens (experts of one and several rows) and at 1 (every expert
+// one row: the one-token stage); the NaN group is not the first of its k unit, so the sums of the
 // groups before it must turn NaN too.
 TEST(CudaMoeDecode, NanWeightScaleMakesItsRowsNan) {
   TANDEM_REQUIRE_GPU();
-  for (auto [dim, inter, E] : {std::tuple<int64_t, int64_t, int>{512, 256, 32}, {1024, 2048, 8}}) {
-    SCOPED_TRACE(::testing::Message() << "dim " << dim << " inter " << inter);
+  for (auto [dim, inter, E, m] : {std::tuple<int64_t, int64_t, int, int64_t>{512, 256, 32, 4}, {1024, 2048, 8, 4},
+                                  {512, 256, 32, 1}, {1024, 2048, 8, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim << " inter " << inter << " tokens " << m);
     Layer L = make_layer(dim, inter, E, 6, 700);
-    const int64_t m = 4, D = dim, I = inter;
+    const int64_t D = dim, I = inter;
     const int K = L.d.topk;
     const std::vector<float> x = act_rows(m, D, 71);
     auto run = [&](std::vector<int32_t>* ids, std::vector<int32_t>* tp) {
@@ -551,8 +604,11 @@ TEST(CudaMoeDecode, NanWeightScaleMakesItsRowsNan) {
 }
 
 // moe_decode runs the shared expert's up projection before the experts-up kernel's dependency wait
-// (over the gate + routing kernel's run; the ring then starts over for the routed items); the three
-// kernels called one by one run it after the wait. Every buffer the call writes must have the same
+// (over the gate + routing kernel's run; the ring then starts over for the routed items), and each
+// experts-down CTA's first item, when it is the shared expert's, before the experts-down kernel's
+// wait (once the up kernel counted the shared rows quantized; its combine arrival deferred past
+// the wait); the three kernels called one by one run them after the wait. Every buffer the call
+// writes must have the same
 // bits both ways: batch 1 (every routed expert one row), 8 (FP8's half m tile), 16 (one m tile), 17
 // (two m tiles, the second of one row), 48 and 96 (two m tiles; at 96 the 384 shared items at full
 // width outnumber the grid, so a CTA does two shared items before the wait), and local expert ranges

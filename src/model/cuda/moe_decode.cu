@@ -14,10 +14,13 @@
 //     the units meet in shared memory (added in unit order), then SwiGLU, and the last tile of each
 //     128-column block to finish (a counter) quantizes the block's rows (act_quant, bit for bit).
 //  3. experts down: the same over w2 (items of 8 / units tiles x units; the shared expert's first
-//     stages prefetched before the wait, its input being kernel 2's); the last item to finish on
+//     stages prefetched before the wait, its input being kernel 2's; in moe_decode a CTA's first
+//     item, if the shared expert's, runs before the wait, over kernel 2's tail, once a counter says
+//     kernel 2 quantized every shared row block); the last item to finish on
 //     a 16-column tile (a counter per tile) combines every token on those columns: routed outputs
 //     in ascending expert id, plus the shared expert, rounded to bf16.
-// The counters are zero between calls (the last arriver resets its own), so a captured graph
+// The counters are zero between calls (the last arriver resets its own; the shared-rows counter is
+// zeroed by kernel 1 at the start of each call), so a captured graph
 // replays them as they are.
 //
 // Routed experts (MXFP4, per-32 E8M0 scales): the weights are the mma's A operand and the expert's
@@ -29,7 +32,10 @@
 // into a zeroed block accumulator, added with the scale product (exact power of two, the 2^14
 // included) into the fp32 total. A token tile's activation codes are read straight from global
 // memory (L1) at 32-bit offsets fixed per item; a single active token tile (the usual routed
-// expert at decode sizes) has its own compiled loop. The shared expert (FP8)
+// expert at decode sizes) has its own compiled loop, and a single token (every routed expert at
+// batch 1, most at batch 8) a stage of its own: each stage's scale products and the token's f16
+// activation images are formed once in a per-warp scratch (kPrepBytes), not per lane and group, so
+// a group costs its e2m1 moves, two shared loads, two mmas and two fmas. The shared expert (FP8)
 // runs the dense decode GEMV's scheme: f16 mma on codes, the accumulator rescaled by an exact power
 // of two between 128-k blocks.
 #include "model/cuda/moe_decode.h"
@@ -60,6 +66,17 @@ __device__ __forceinline__ float mx_row_scale(uint32_t word, int b) {
   return __uint_as_float(v * 128u + (6u << 23));
 }
 __device__ __forceinline__ float mx_act_scale(uint32_t e) { return __uint_as_float(((e < 246u ? e : 246u) + 8u) << 23); }
+// mx_row_scale of the E8M0 byte e itself: min(e, 248) << 23 plus 6 << 23, the same bits.
+__device__ __forceinline__ float mx_row_scale_b(uint32_t e) { return __uint_as_float(((e < 248u ? e : 248u) + 6u) << 23); }
+// A hint: the line of global address p into L1 (no register, no fault semantics relied on: callers
+// pass addresses inside their buffers).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+// A counter other CTAs (of this or an earlier kernel) release with a fence and an atomic.
+__device__ __forceinline__ int ld_acquire(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 // True when a byte of w is 0xff (the zero-byte test on ~w).
 __device__ __forceinline__ bool has_ff(uint32_t w) { return ((~w - 0x01010101u) & w & 0x80808080u) != 0; }
 
@@ -77,6 +94,13 @@ __device__ __forceinline__ int mx_chunk(int r, int c, int cpr) {
 // read them (the leads arrive, the other warps wait before writing the next item's). bar.arrive
 // orders the arriving warp's earlier shared-memory accesses before the waiters' later ones.
 constexpr int kBarFull = 1, kBarFree = 2;
+// Per-warp scratch of the one-token MXFP4 stage (ExpertArgs::prep): [0, 512) the stage's scale
+// products as float2 (rows g, g + 8) per (group, g); [512, 1024) the token's activation codes of the
+// stage as f16 images, 16 bytes per (group, k quarter t).
+constexpr int kPrepBytes = 1024;
+// Polls of ExpertArgs::sdone (about 0.3 us apart) before the early down item falls back to the
+// grid-dependency wait: far above the up kernel's tail (tens of us), never reached in a healthy run.
+constexpr int kSdonePolls = 1 << 14;
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kThreads) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kThreads) : "memory"); }
 
@@ -100,6 +124,7 @@ struct ExpertArgs {
   float* shared_out;          // down: [tokens, n]
   float limit;
   int units, tpi, ring;       // k units per matrix, tiles per item, ring stages per warp
+  int prep;                   // bytes of each warp's one-token scratch (kPrepBytes; 0: the generic loop)
   int mx_k;                   // k of an MXFP4 stage: 256, or 128 when a unit is not a multiple of 256
   int64_t ipc;                // items per job-chunk (tiles / tpi)
   int64_t chunks_shared;      // 32-row chunks of the shared job (0 without it)
@@ -113,7 +138,8 @@ struct ExpertArgs {
   int topk;
   float* y;                   // [tokens, n]
   int routed_only;
-  int early_shared;           // up: the shared expert's items before the wait (moe_decode's launch)
+  int early_shared;           // the shared expert's items before the wait (moe_decode's launches; down: its first)
+  int32_t* sdone;             // shared rows' act_quant blocks done (up adds, down polls; the gate zeroes it)
   int32_t* ccnt;              // [n / 16]
 };
 
@@ -150,6 +176,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   const int tl = warp / (NM * U), mm = (warp / U) % NM, unit = warp % U;  // role in an item
   uint8_t* ring = smem + static_cast<size_t>(warp) * S * kSlotBytes;
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(kWarps) * S * kSlotBytes);
+  uint8_t* prep = smem + static_cast<size_t>(kWarps) * S * kSlotBytes + static_cast<size_t>(kWarps) * kPer * 32 * 4 +
+                  static_cast<size_t>(warp) * a.prep;
   const int64_t ku = a.k / U;
   const int nst_fp8 = static_cast<int>(ku / 128), nst_mx = static_cast<int>(ku / a.mx_k);  // stages per unit
   const int cpr = a.mx_k / 32;  // MXFP4 chunks (groups) per stage row
@@ -189,6 +217,17 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       const int64_t wrow = static_cast<int64_t>(x.expert) * a.n + static_cast<int64_t>(x.tile) * kRows;
       x.wsrc = static_cast<const uint8_t*>(w.data) + wrow * (a.k / 2) + unit * ku / 2 + cp_src0;
       x.ssrc = w.scale + (wrow + (lane & 15)) * (a.k / 32) + unit * ku / 32;
+      // The consumer's first dependent reads of the item into L1 (up: the chunk's token ids, which
+      // name the activation rows; down: the chunk's first activation row in this warp's unit, codes
+      // and scales). The producer builds this context ring-depth stages ahead of the consumer, so
+      // the item's start does not wait for L2 round trips one after another. Valid addresses only.
+      const int64_t prow = x.off + static_cast<int64_t>(x.chunk) * kChunk;
+      if constexpr (UP) {
+        if (lane == 0) prefetch_l1(a.pair_token + prow);
+      } else {
+        if (lane * 8 < ku) prefetch_l1(a.a_codes + prow * a.k + unit * ku + lane * 8);
+        if (lane == 0) prefetch_l1(a.a_scales + prow * (a.k / 128) + unit * ku / 128);
+      }
     }
     const int64_t left = rows - static_cast<int64_t>(x.chunk) * kChunk;
     x.nrows = static_cast<int32_t>(left < kChunk ? left : kChunk);
@@ -198,8 +237,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     c.w = w;
     c.st = 0;
     const int64_t jc = w / a.ipc;
-    if (!routed_known) {  // before the wait: only the shared expert's items are known
-      c.ok = jc < a.chunks_shared;
+    if (!routed_known) {  // before the wait: only the shared expert's items are known (down: the first)
+      c.ok = jc < a.chunks_shared && (UP || w < gridDim.x);
       c.job = 0;
       c.nst = nst_fp8;
       if (c.ok) c.x = context(c);
@@ -262,7 +301,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   // launch only past its own wait): the shared expert's items run before this kernel's wait, over
   // the gate's run. Their inputs (x's codes) come from a kernel before the gate, complete once the
   // gate passed its wait; they are read through L2 only (cg) before the wait.
-  const bool early = UP && a.early_shared;
+  // Down (moe_decode's launch after the early up): the CTA's first item, if it is the shared
+  // expert's, runs before the wait, over the up kernel's tail (its CTAs start as up's CTAs leave):
+  // its input, the shared rows' act_quant, is complete once a.sdone counts every (chunk, 128-column
+  // block) of them (the up kernel's quantizers add to it after their stores; the gate zeroed it
+  // before this call's up kernel could start). Thread 0 polls it, a bounded number of times: past
+  // the bound (never expected) the CTA takes the grid-dependency wait instead, which orders the
+  // whole up kernel before it, so the poll is a shortcut, never a condition for progress. The
+  // item's combine arrival waits for the routing (the tile's total), after the wait.
+  const bool early = a.early_shared != 0;
   auto wait_jobs = [&] {
     kc::pdl_wait();
     // The jobs: the shared expert (if any), then the active routed experts; their 32-row chunks.
@@ -329,7 +376,38 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   };
   reset();
 
-  Ctx x{};
+  // Down: this (job, chunk)'s arrival on a 16-column tile (its outputs stored and fenced); the last
+  // of the tile's s_pre[s_jobs] arrivals combines every token on it. Warp-collective.
+  auto combine_arrive = [&](int32_t tile) {
+    int32_t* cnt = a.ccnt + tile;
+    const int64_t row0 = static_cast<int64_t>(tile) * kRows;
+    int old = 0;
+    if (lane == 0) old = atomicAdd(cnt, 1);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != s_pre[s_jobs] - 1) return;
+    __threadfence();
+    const int K = a.topk;
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += 2) {
+      const int64_t tt = t0 + (lane >> 4);
+      const int64_t col = row0 + (lane & 15);
+      if (tt >= a.tokens) continue;
+      // The token's routed outputs in ascending expert id (the routing's combine order), loads
+      // first, then the adds in order; then the shared expert.
+      int32_t pos[kMaxTopk];
+      float val[kMaxTopk];
+#pragma unroll
+      for (int q = 0; q < kMaxTopk; ++q) pos[q] = q < K ? a.combine_order[tt * K + q] : -1;
+#pragma unroll
+      for (int q = 0; q < kMaxTopk; ++q) val[q] = pos[q] >= 0 ? mma::ld_cg(a.out + pos[q] * a.ldo + col) : 0.0f;
+      float sum = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kMaxTopk; ++q)
+        if (pos[q] >= 0) sum = kc::add_rn(sum, val[q]);
+      a.y[tt * a.ldo + col] =
+          a.routed_only ? sum : kc::round_bf16(kc::add_rn(sum, mma::ld_cg(a.shared_out + tt * a.ldo + col)));
+    }
+    if (lane == 0) *cnt = 0;
+  };
   int mt_act = 0;
   // Activation rows (clamped to the chunk) of the tokens whose codes this lane loads: FP8 shared
   // expert (tokens as the mma's A rows): tokens mt * 16 + hh * 8 + g; MXFP4 routed experts (tokens
@@ -347,8 +425,24 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   const int64_t ld_as = a.k / 128;
   locate(cons, blockIdx.x);
   if (!early) cons.ok = false;  // nothing consumed before the wait
+  if (!UP && cons.ok) {
+    // Down, early: the shared rows' codes and scales complete (see `early` above).
+    __shared__ int s_ready;
+    if (threadIdx.x == 0) {
+      const int want = static_cast<int>(a.chunks_shared * (a.k / 128));
+      int ready = 0;
+      for (int i = 0; i < kSdonePolls && !ready; ++i) {
+        ready = ld_acquire(a.sdone) >= want;
+        if (!ready) __nanosleep(200);
+      }
+      s_ready = ready;
+    }
+    __syncthreads();
+    if (!s_ready) kc::pdl_wait();  // the bound passed: the whole up kernel instead
+  }
   int slot_i = 0;
   bool owe_free = false;  // early: a lead's kBarFree arrival decided once the routing is known
+  int32_t pending_tile = -1;  // down, early: a lead's combine arrival for this tile, after the wait
   for (;;) {
     if (!cons.ok) {
       if (routed_known) break;
@@ -368,10 +462,14 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         }
         mma::cp_async_commit();
       }
+      if (pending_tile >= 0) {  // warp-uniform: a lead of the early item
+        combine_arrive(pending_tile);
+        pending_tile = -1;
+      }
       continue;
     }
+    const Ctx& x = cons.x;  // the consumed item's context (next(cons), its only writer, ends the iteration)
     if (cons.st == 0) {
-      x = cons.x;
       mt_act = static_cast<int>(x.shared ? (x.nrows + 15) / 16 : (x.nrows + 7) / 8);  // m16 / n8 token tiles
       auto act_row = [&](int64_t j0) {
         const int64_t j = j0 < x.nrows ? j0 : x.nrows - 1;
@@ -406,8 +504,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         wsc = w.scale + (static_cast<int64_t>(x.tile) * kRows / 128) * sld + kb0;
       }
     }
-    // The oldest of the S stages in flight (the usual depth first: a constant wait, no jump table).
-    if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
+    // The oldest of the S stages in flight (the usual depths first: a constant wait, no jump table;
+    // 5 is the H200's with the one-token scratch, 6 without it).
+    if (S == kMaxRing - 1) mma::cp_async_wait(kMaxRing - 2);
+    else if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
     else mma::cp_async_wait(S - 1);
     __syncwarp();  // MXFP4 pieces were copied by other lanes of the warp
     const uint8_t* slot = ring + slot_i * kSlotBytes;
@@ -476,7 +576,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           }
         }
       };
-      if (UP && !routed_known) {
+      if (!routed_known) {
         if (half) stage.template operator()<true, true>();
         else stage.template operator()<false, true>();
       } else if (half) {
@@ -546,7 +646,61 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           }
         }
       };
-      if (x.nrows == 1) stage.template operator()<1, true>();
+      // ONE with the warp's scratch: the stage's 16 x CPR scale products (each computed once, not by
+      // all four lanes of a row) and the token's f16 activation images (loaded and converted once
+      // per stage, not per group) are formed first, a few per lane; a group is then its share of an
+      // ldmatrix, the e2m1 moves, two shared loads, two mmas and two fmas. The products and the mma
+      // operands are stage<1, true>'s, so are the bits.
+      auto stage_one = [&]<int CPR>() {
+        if (lane < CPR * 4) {
+          // Products of group q = lane / 4 for rows r0, r0 + 8, r0 + 1, r0 + 9 (r0 = 2 (lane % 4)):
+          // the float4 at lane is the float2s (q, r0) and (q, r0 + 1), as the groups read them.
+          const int q = lane >> 2, r0 = (lane & 3) * 2;
+          const float ft = mx_act_scale(a.a_scales[asoff[0][0] + st * (CPR / 4) + (q >> 2)]);  // q's 128-k block
+          const uint8_t* sc = slot + kMxDataBytes + q;  // E8M0 of (row r, group q) at r * 8
+          float4 pr;
+          pr.x = __fmul_rn(mx_row_scale_b(sc[r0 * 8]), ft);
+          pr.y = __fmul_rn(mx_row_scale_b(sc[(r0 + 8) * 8]), ft);
+          pr.z = __fmul_rn(mx_row_scale_b(sc[(r0 + 1) * 8]), ft);
+          pr.w = __fmul_rn(mx_row_scale_b(sc[(r0 + 9) * 8]), ft);
+          reinterpret_cast<float4*>(prep)[lane] = pr;
+          // Codes 32 q + 8 (lane % 4) .. + 8 of the stage (= 8 lane): group q's k quarter lane % 4.
+          const uint8_t* cp = a.a_codes + (aoff[0] - t * 8 + st * CPR * 32 + lane * 8);
+          const uint2 c = mma::ld_act8(cp);
+          if (st + 1 < cons.nst) prefetch_l1(cp + CPR * 32);  // the next stage's codes (same unit)
+          reinterpret_cast<uint4*>(prep + 512)[lane] =
+              make_uint4(mma::e4m3x2_to_f16x2(c.x), mma::e4m3x2_hi_to_f16x2(c.x), mma::e4m3x2_to_f16x2(c.y),
+                         mma::e4m3x2_hi_to_f16x2(c.y));
+        }
+        __syncwarp();  // the scratch, written by other lanes (the stage's last __syncwarp orders its reuse)
+        const float2* qs = reinterpret_cast<const float2*>(prep);
+        const uint4* qa = reinterpret_cast<const uint4*>(prep + 512);
+#pragma unroll 2
+        for (int pp = 0; pp < CPR / 2; ++pp) {
+          uint32_t wq[4];  // rows g, g + 8 of group 2 pp, then of group 2 pp + 1
+          mma::ldsm_x4(wq, slot_s + (lm_b ^ (pp << 5)));
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int q = 2 * pp + h;
+            uint32_t f0[4], f1[4];
+            mma::e2m1x8_to_f16x8(wq[2 * h], f0);
+            mma::e2m1x8_to_f16x8(wq[2 * h + 1], f1);
+            const uint32_t a0[4] = {f0[0], f1[0], f0[1], f1[1]};
+            const uint32_t a1[4] = {f0[2], f1[2], f0[3], f1[3]};
+            const uint4 b = qa[q * 4 + t];
+            const float2 sp = qs[q * 8 + g];  // (row g, row g + 8) x the token's block scale
+            float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma::mma_f16(blk, a0, b.x, b.y);
+            mma::mma_f16(blk, a1, b.z, b.w);
+            acc[0][0][0] = fmaf(blk[0], sp.x, acc[0][0][0]);
+            acc[0][0][2] = fmaf(blk[2], sp.y, acc[0][0][2]);
+          }
+        }
+      };
+      if (x.nrows == 1 && a.prep) {
+        if (cpr == 8) stage_one.template operator()<8>();
+        else stage_one.template operator()<4>();
+      } else if (x.nrows == 1) stage.template operator()<1, true>();
       else if (mt_act == 1) stage.template operator()<1, false>();
       else stage.template operator()<2 * MT, false>();
     }
@@ -721,37 +875,17 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               }
             }
             if (lane == 0) *cnt = 0;
-          }
-        } else {
-          // The last (job, chunk) to finish this 16-column tile combines every token on it.
-          int32_t* cnt = a.ccnt + x.tile;
-          int old = 0;
-          if (lane == 0) old = atomicAdd(cnt, 1);
-          old = __shfl_sync(0xffffffffu, old, 0);
-          if (old == s_pre[s_jobs] - 1) {
-            __threadfence();
-            const int K = a.topk;
-            for (int64_t t0 = 0; t0 < a.tokens; t0 += 2) {
-              const int64_t tt = t0 + (lane >> 4);
-              const int64_t col = row0 + (lane & 15);
-              if (tt >= a.tokens) continue;
-              // The token's routed outputs in ascending expert id (the routing's combine order),
-              // loads first, then the adds in order; then the shared expert.
-              int32_t pos[kMaxTopk];
-              float val[kMaxTopk];
-#pragma unroll
-              for (int q = 0; q < kMaxTopk; ++q) pos[q] = q < K ? a.combine_order[tt * K + q] : -1;
-#pragma unroll
-              for (int q = 0; q < kMaxTopk; ++q) val[q] = pos[q] >= 0 ? mma::ld_cg(a.out + pos[q] * a.ldo + col) : 0.0f;
-              float sum = 0.0f;
-#pragma unroll
-              for (int q = 0; q < kMaxTopk; ++q)
-                if (pos[q] >= 0) sum = kc::add_rn(sum, val[q]);
-              a.y[tt * a.ldo + col] =
-                  a.routed_only ? sum : kc::round_bf16(kc::add_rn(sum, mma::ld_cg(a.shared_out + tt * a.ldo + col)));
+            if (x.shared) {
+              // The shared rows' blocks done, for the down kernel's early item: after the stores.
+              __threadfence();
+              __syncwarp();
+              if (lane == 0) atomicAdd(a.sdone, 1);
             }
-            if (lane == 0) *cnt = 0;
           }
+        } else if (routed_known) {
+          combine_arrive(x.tile);
+        } else {
+          pending_tile = x.tile;  // the tile's total is the routing's
         }
       }
       reset();
@@ -773,16 +907,23 @@ void launch_experts(const ExpertArgs& ea, int64_t grid, size_t smem, bool pdl, c
 constexpr int64_t kJobTableBytes = static_cast<int64_t>(sizeof(int)) * (kMaxJobs + 2);
 
 // Ring stages per warp for `mt` m tiles: as deep as half an SM's shared memory allows beside the
-// reduction buffer and the job table. Returns the launch's dynamic shared memory (rings and the
-// reduction buffer).
-size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out) {
+// reduction buffer, the warps' one-token scratch and the job table. The scratch is left out (*prep_out
+// 0: the generic loop) where it would leave less than kMinRing stages in half an SM (sm_120 / sm_121's
+// 100 KB), which would cost the SM its second CTA. Returns the launch's dynamic shared memory (rings,
+// the reduction buffer, the scratch).
+size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out, int* prep_out) {
   const int64_t red = static_cast<int64_t>(kWarps) * mt * 8 * 32 * 4;
-  const int64_t fixed = red + kJobTableBytes;
-  int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
-  ring = std::clamp(ring, kMinRing, kMaxRing);
-  while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
-  *ring_out = ring;
-  return static_cast<size_t>(kWarps * ring * kSlotBytes + red);
+  for (const int prep : {kPrepBytes, 0}) {
+    const int64_t fixed = red + static_cast<int64_t>(kWarps) * prep + kJobTableBytes;
+    int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
+    if (prep > 0 && ring < kMinRing) continue;
+    ring = std::clamp(ring, kMinRing, kMaxRing);
+    while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
+    *ring_out = ring;
+    *prep_out = prep;
+    return static_cast<size_t>(kWarps * ring * kSlotBytes + red + static_cast<int64_t>(kWarps) * prep);
+  }
+  return 0;  // not reached: the second pass always returns
 }
 
 template <bool UP>
@@ -823,11 +964,12 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   ea.topk = d.topk;
   ea.y = a.y;
   ea.routed_only = a.routed_only;
-  ea.early_shared = UP && early && ea.has_shared;
+  ea.early_shared = early && ea.has_shared;
+  ea.sdone = a.buf.counters + kSdone;
   ea.ccnt = a.buf.counters + kCombine0;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
-  const size_t smem = expert_smem(mt, lim, &ea.ring);
+  const size_t smem = expert_smem(mt, lim, &ea.ring, &ea.prep);
   TANDEM_CHECK_MSG(static_cast<int64_t>(smem) + kJobTableBytes <= lim.smem_per_block,
                    "moe_decode: shared memory of the device");
   // Items: at most (shared chunks + every routed job's chunks) x items per chunk; routed jobs
@@ -953,22 +1095,23 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
   TANDEM_CHECK_MSG(moe_decode_supports(a), "moe_decode: unsupported weights");
   TANDEM_CHECK_MSG(a.sh_w1.data || a.routed_only, "moe_decode: the combine needs the shared expert");
   moe_gate_route(a, s);
-  run_experts<true>(a, s, /*early=*/true);  // its predecessor is the gate + routing kernel
-  moe_experts_down(a, s);
+  run_experts<true>(a, s, /*early=*/true);   // its predecessor is the gate + routing kernel
+  run_experts<false>(a, s, /*early=*/true);  // its predecessor is that up kernel
 }
 
 kc::SmemBound expert_smem_bound() {
   // The ring is sized from the device: at sm_120/sm_121's limits, the larger of the two m-tile counts.
   const kc::DecodeLaunchLimits lim = kc::decode_limits_of(1, kc::kSm12xSmemPerBlock, kc::kSm12xSmemPerSm);
   size_t most = 0;
-  int most_mt = 0, most_ring = 0;
+  int most_mt = 0, most_ring = 0, most_prep = 0;
   for (int mt : {1, 2}) {
-    int ring = 0;
-    const size_t b = expert_smem(mt, lim, &ring);
-    if (b > most) most = b, most_mt = mt, most_ring = ring;
+    int ring = 0, prep = 0;
+    const size_t b = expert_smem(mt, lim, &ring, &prep);
+    if (b > most) most = b, most_mt = mt, most_ring = ring, most_prep = prep;
   }
   return {"expert_kernel", static_cast<int64_t>(most),
-          std::to_string(most_mt) + " m tiles, ring " + std::to_string(most_ring) +
+          std::to_string(most_mt) + " m tiles, ring " + std::to_string(most_ring) + ", one-token scratch " +
+              std::to_string(most_prep) + " B a warp" +
               " (sized from the device: at sm_120/sm_121's 99 KB per block, 100 KB per SM)",
           ""};
 }

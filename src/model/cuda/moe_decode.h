@@ -107,7 +107,9 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s);
 // The three kernels, for tests and the benchmark (in this order; each reads what the previous
 // one wrote into a.buf). moe_decode runs the shared expert's up projection before the experts-up
 // kernel's dependency wait (its predecessor is the gate + routing kernel, which lets it start only
-// past its own wait); moe_experts_up alone runs it after the wait. Both give the same bits for
+// past its own wait), and a down CTA's first shared-expert item before the experts-down kernel's
+// wait (once the up kernel has counted every shared row block quantized); moe_experts_up and
+// moe_experts_down alone run them after the wait. Both give the same bits for
 // every (token, slot) pair (its row is token_pair's: the order of an expert's pairs is the routing
 // atomics', so two calls may store the same pair at different rows).
 void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s);    // -> gate_logits, ids, weights, groups

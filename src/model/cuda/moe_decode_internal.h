@@ -31,7 +31,10 @@ constexpr int kSlotBytes = kMxDataBytes + kRows * 8;
 constexpr int kMaxRing = 6;
 constexpr int kMinRing = 2;
 constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
-constexpr int kCombine0 = 32;              // counters: [0] the gate ticket, [32, 32 + dim/16) combine
+// counters: [0] the gate ticket, [1] the shared rows' act_quant blocks done (kSdone: the up kernel
+// adds, the early down item polls, the gate zeroes it each call), [32, 32 + dim/16) combine.
+constexpr int kSdone = 1;
+constexpr int kCombine0 = 32;
 
 inline int64_t max_active_of(const MoeDecodeDims& d, int64_t tokens) {
   return std::min<int64_t>(d.n_experts, tokens * d.topk);

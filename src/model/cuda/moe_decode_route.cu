@@ -35,6 +35,7 @@ struct GateRouteArgs {
   int upc, tpc, kb;           // gate_split
   float* partial;             // [kb, tokens, n_experts] per-k-block sums
   int32_t* ticket;            // arrival counter, zero between calls
+  int32_t* sdone;             // the experts kernels' shared-rows counter (moe_decode.cu), zeroed here
   float* logits;              // [tokens, n_experts] out (the routing reads its shared copy)
   kernels::MoeGateParams gate;  // bias / tid2eid, ids and weights (out); logits unused
   int expert_begin, expert_count;
@@ -261,6 +262,16 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // x's codes (written before this kernel) before its own wait (its early shared expert), so every
   // kernel before this one must be complete when it starts.
   kc::pdl_wait();
+  // The experts' shared-rows counter starts this call at zero before the dependent up kernel can
+  // start (it adds to it; the previous call's down kernel, its reader, is complete: the chain of
+  // waits before this one). The exchange is performed and fenced before CTA 0 triggers.
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) {
+      atomicExch(a.sdone, 0);
+      __threadfence();
+    }
+    __syncthreads();
+  }
   kc::pdl_trigger();
 
   float* red = reinterpret_cast<float*>(smem);
@@ -330,6 +341,7 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   ga.kb = sp.kb;
   ga.partial = a.buf.gate_partial;
   ga.ticket = a.buf.counters;
+  ga.sdone = a.buf.counters + kSdone;
   kernels::MoeGateParams& gp = ga.gate;
   ga.logits = a.buf.gate_logits;
   gp.logits = a.buf.gate_logits;
