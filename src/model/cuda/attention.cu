@@ -48,19 +48,30 @@ struct Layout {
   static constexpr int kBytes = kRow + 64;
 };
 
-// The block's 16 query heads [h0, h0 + 16) of row t as bf16 rows (zeros past the last head).
+// The block's 16 query heads [h0, h0 + 16) of row t as bf16 rows (zeros past the last head): every
+// load of the thread issued before the first store (stores to shared memory would otherwise keep
+// the compiler from hoisting the next piece's loads: one memory latency per piece).
 template <int D>
 __device__ __forceinline__ void load_q(const AttnArgs& a, int64_t t, int h0, uint8_t* sQ) {
-  constexpr int kPieces = D / 8;
-  for (int i = threadIdx.x; i < kHeads * kPieces; i += kThreads) {
-    const int hl = i / kPieces, piece = i % kPieces;
-    uint4 v = make_uint4(0, 0, 0, 0);
+  constexpr int kPieces = D / 8, kPer = kHeads * kPieces / kThreads;
+  static_assert(kHeads * kPieces % kThreads == 0, "whole pieces per thread");
+  float4 v[kPer][2];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = j * kThreads + threadIdx.x, hl = i / kPieces, piece = i % kPieces;
+    v[j][0] = v[j][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (h0 + hl < a.heads) {
       const float4* f = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0 + hl) * D) + 2 * piece;
-      const float4 x = f[0], y = f[1];
-      v = make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
+      v[j][0] = __ldg(f);
+      v[j][1] = __ldg(f + 1);
     }
-    *reinterpret_cast<uint4*>(sQ + hl * Layout<D>::kPitch + piece * 16) = v;
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = j * kThreads + threadIdx.x, hl = i / kPieces, piece = i % kPieces;
+    const float4 x = v[j][0], y = v[j][1];
+    *reinterpret_cast<uint4*>(sQ + hl * Layout<D>::kPitch + piece * 16) =
+        make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
   }
 }
 

@@ -68,19 +68,33 @@ __device__ __forceinline__ int row_chunks(const AttnArgs& a, int64_t t, int nchu
   return nch < nchunks ? nch : nchunks;
 }
 
-// Producers: the NT * 16 query heads [h0, ...) of row t as bf16 rows (zeros past the last head).
+// Producers: the NT * 16 query heads [h0, ...) of row t as bf16 rows (zeros past the last head),
+// 4 pieces' loads in flight per thread (attention.cu's load_q says why they are hoisted by hand).
 template <int D, int NT>
 __device__ __forceinline__ void load_q_rows(const AttnArgs& a, int64_t t, int h0, uint8_t* sQ, int ptid) {
-  constexpr int kPieces = D / 8;
-  for (int i = ptid; i < NT * kHeads * kPieces; i += kProducers) {
-    const int hl = i / kPieces, piece = i % kPieces;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (h0 + hl < a.heads) {
-      const float4* f = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0 + hl) * D) + 2 * piece;
-      const float4 x = __ldg(f), y = __ldg(f + 1);
-      v = make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
+  constexpr int kPieces = D / 8, kPer = NT * kHeads * kPieces / kProducers;
+  constexpr int kBatch = kPer < 4 ? kPer : 4;
+  static_assert(NT * kHeads * kPieces % kProducers == 0 && kPer % kBatch == 0, "whole batches");
+#pragma unroll 1
+  for (int j0 = 0; j0 < kPer; j0 += kBatch) {
+    float4 v[kBatch][2];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = (j0 + b) * kProducers + ptid, hl = i / kPieces, piece = i % kPieces;
+      v[b][0] = v[b][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (h0 + hl < a.heads) {
+        const float4* f = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0 + hl) * D) + 2 * piece;
+        v[b][0] = __ldg(f);
+        v[b][1] = __ldg(f + 1);
+      }
     }
-    *reinterpret_cast<uint4*>(sQ + hl * RowsLayout<D, NT>::kPitch + piece * 16) = v;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = (j0 + b) * kProducers + ptid, hl = i / kPieces, piece = i % kPieces;
+      const float4 x = v[b][0], y = v[b][1];
+      *reinterpret_cast<uint4*>(sQ + hl * RowsLayout<D, NT>::kPitch + piece * 16) =
+          make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
+    }
   }
 }
 
