@@ -65,7 +65,7 @@ struct State {
   KvRecordLayout rec = KvRecordLayout::make(cuda_model::KvRecordKind::kFp8, kHd, kRope);
   cuda_model::IndexKeyLayout key = cuda_model::IndexKeyLayout::make(kIdxDim);
   int64_t slot_bytes = 0, hca_block = 0, csa_block = 0, idx_block = 0, csa_pool_blocks = 0;
-  kc::DeviceBuffer<uint8_t> slots, hca_pool, csa_pool, idx_pool, counters, work, dummy, step_rec;
+  kc::DeviceBuffer<uint8_t> slots, hca_pool, csa_pool, idx_pool, counters, work, dummy;
   kc::DeviceBuffer<int32_t> tab_hca, tab_csa, tab_idx, row_seq, seq_row0, seq_len, seq_slot, tokens, ids, visible, top;
   kc::DeviceBuffer<int64_t> positions, seq_start;
   kc::DeviceBuffer<float> q, step_kv, sink, iq, iw, partial, out;
@@ -138,8 +138,7 @@ struct State {
     step_kv.reset(static_cast<size_t>(N * kHd));
     kc::random_fill(step_kv.get(), step_kv.size(), kc::RandomFill::kF32Bf16, 5001, s, 2.0f);
     dummy.reset(static_cast<size_t>(N * kIdxHeads * std::max(rec.bytes, key.bytes)));
-    step_rec.reset(static_cast<size_t>(N * rec.bytes));
-    cuda_model::kv_quantize({step_kv.get(), N, kHd, rec, step_rec.get()}, s);
+    cuda_model::kv_quantize({step_kv.get(), N, kHd, rec, dummy.get()}, s);
     sink.reset(kHeads);
     kc::random_fill(sink.get(), sink.size(), kc::RandomFill::kF32Bf16, 5002, s, 1.0f);
     iq.reset(static_cast<size_t>(N * kIdxHeads * kIdxDim));
@@ -187,7 +186,6 @@ struct State {
     cuda_model::AttnArgs a;
     a.q = q.get() + c * rows() * kHeads * kHd;
     a.step_kv = step_kv.get() + c * rows() * kHd;
-    a.step_rec = step_rec.get() + c * rows() * rec.bytes;  // the window keys of the step, as the model reads them
     a.slot_state = slots.get();
     a.slot_bytes = slot_bytes;
     a.win_off = 0;
@@ -285,7 +283,7 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
       const int64_t rb = st.rec.bytes, vis = L / 4;
       auto attn_row = [&](const char* name, int ratio) {
         const int64_t keys = kWindow + (ratio == 4 ? kTopk : ratio ? L / ratio : 0);
-        const char* mode = cuda_model::attention_splits(st.attn(0, ratio, st.ids.get(), kTopk)) ? "split" : "rows";
+        const char* mode = cuda_model::attention_splits(st.attn(0, ratio, st.ids.get(), kTopk)) ? "split" : "fold";
         const double us = time_calls(s, [&](int i) {
           cuda_model::attention(st.attn(i % kCopies, ratio, st.ids.get() + (i % kCopies) * st.rows() * kTopk, kTopk), s);
         });
@@ -318,37 +316,31 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
   for (int64_t L : {int64_t{4096}, int64_t{163840}, int64_t{1} << 20}) {
     State st(L, 1, kChunkRows, 2, s, tmp);
     const int64_t rb = st.rec.bytes, vis = L / 4;
-    tb.row("prefill 512: attention HCA", L, kChunkRows, kWindow + L / 128, "rows", time_calls(s, [&](int i) {
+    tb.row("prefill 512: attention HCA", L, kChunkRows, kWindow + L / 128, "fold", time_calls(s, [&](int i) {
              cuda_model::attention(st.attn(i % 2, 128, nullptr, kTopk), s);
            }),
            kChunkRows * ((kWindow + L / 128) * rb + qo));
-    tb.row("prefill 512: CSA layer", L, kChunkRows, vis, "rows", time_calls(s, [&](int i) {
+    tb.row("prefill 512: CSA layer", L, kChunkRows, vis, "fold", time_calls(s, [&](int i) {
              cuda_model::indexer_scores_paged(st.indexer(i % 2, true), s);
              cuda_model::indexer_topk(st.topk(true), s);
              cuda_model::attention(st.attn(i % 2, 4, st.top.get(), kTopk), s);
            }),
            kChunkRows * (vis * (st.key.bytes + 2.0) + (kWindow + kTopk) * rb + qo));
   }
-  // The model's prefill chunk (4,096 rows of one sequence ending at L): the attention alone, the
-  // pipelined row kernel against the folding blocks (the same bits; attention_rows.cu).
+  // The model's prefill chunk (4,096 rows of one sequence ending at L): the attention alone, per
+  // layer kind (issue 24 reports them at 160K).
   constexpr int64_t kModelChunk = 4096;
   for (int64_t L : {int64_t{4096}, int64_t{163840}}) {
     State st(L, 1, kModelChunk, 2, s, tmp);
     const int64_t rb = st.rec.bytes;
-    // modes: rows / fold = the two kernels reading the step's window keys from their records (as the
-    // model does); fold-f32 = the folding blocks on the fp32 rows (before the records were used).
-    for (int ratio : {128, 4})
-      for (const char* mode : {"rows", "fold", "fold-f32"}) {
-        const int64_t keys = kWindow + (ratio == 4 ? kTopk : L / ratio);
-        tb.row(ratio == 4 ? "prefill 4096: attention CSA" : "prefill 4096: attention HCA", L, kModelChunk, keys, mode,
-               time_calls(s, [&](int i) {
-                 cuda_model::AttnArgs a = st.attn(i % 2, ratio, st.ids.get() + (i % 2) * st.rows() * kTopk, kTopk);
-                 a.rows_kernel = mode[0] == 'r';
-                 if (mode[4] == '-') a.step_rec = nullptr;
-                 cuda_model::attention(a, s);
-               }),
-               kModelChunk * (keys * rb + qo));
-      }
+    for (int ratio : {128, 4}) {
+      const int64_t keys = kWindow + (ratio == 4 ? kTopk : L / ratio);
+      tb.row(ratio == 4 ? "prefill 4096: attention CSA" : "prefill 4096: attention HCA", L, kModelChunk, keys, "fold",
+             time_calls(s, [&](int i) {
+               cuda_model::attention(st.attn(i % 2, ratio, st.ids.get() + (i % 2) * st.rows() * kTopk, kTopk), s);
+             }),
+             kModelChunk * (keys * rb + qo));
+    }
   }
   // A prompt of L tokens in 512-row chunks: per chunk 21 CSA and 20 HCA layers whose cost grows
   // about linearly with the chunk's position (trapezoid between the 4K chunk and the last one).

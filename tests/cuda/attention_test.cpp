@@ -13,7 +13,6 @@
 // over chunks + fold kernel, and one folding block per row) must agree bit for bit, and with the
 // output's inverse RoPE in their epilogues (AttnArgs::out_inv_freq) equal the rope op after them.
 #include <cstdio>
-#include <cstring>
 #include <map>
 
 #include "cuda/model_kernel_util.h"
@@ -262,13 +261,9 @@ TEST(CudaAttention, MatchesCpu) {
       }
     // This step's KV rows (after the cache round trip), queries, sinks, top-k lists.
     std::vector<float> step_kv(static_cast<size_t>(rows * hd));
-    std::vector<uint8_t> step_rec(static_cast<size_t>(rows * l.bytes));  // the same keys as records
     for (int64_t t = 0; t < rows; ++t) {
       const std::vector<float> x = random_kv(l, seed * 13 + t);
       std::copy(x.begin(), x.end(), step_kv.begin() + t * hd);
-      const std::vector<uint8_t> rec = encode_kv_record(x.data(), l);
-      ASSERT_TRUE(same_bits(decode_kv_record(rec.data(), l), x)) << "row " << t << ": the record does not hold the row";
-      std::memcpy(step_rec.data() + t * l.bytes, rec.data(), rec.size());
     }
     const std::vector<float> q = randn(static_cast<size_t>(rows * H * hd), seed + 5, 1.0f, true);
     const std::vector<float> sink = randn(static_cast<size_t>(H), seed + 6, 1.0f, false);
@@ -349,50 +344,16 @@ TEST(CudaAttention, MatchesCpu) {
     a.out = out_split.get();
     EXPECT_TRUE(cuda_model::attention_splits(a));
     cuda_model::attention(a, kStream);
-    // ... and one folding block per (row, 16 heads) ...
+    // ... and one folding block per (row, 16 heads).
     auto out_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
     a.partial = nullptr;
     a.partial_slots = 0;
     a.out = out_fold.get();
     EXPECT_FALSE(cuda_model::attention_splits(a));
-    a.rows_kernel = false;
     cuda_model::attention(a, kStream);
-    a.rows_kernel = true;
     const std::vector<float> got = to_host(out_split);
     chk.check_gpu(got, "attention");
     EXPECT_TRUE(same_bits(to_host(out_fold), got)) << "folding blocks vs split over chunks";
-    // The step's window keys read from their records (AttnArgs::step_rec) instead of the fp32 rows:
-    // the same bits in every launch shape: split, folding blocks, then the pipelined row kernel (it
-    // needs the records) on as many blocks as the GPU has and on 2 (each block walks about half the
-    // rows: the two key tiles and two rows' queries change hands many times).
-    DeviceBuffer<uint8_t> drec = to_dev(step_rec);
-    {
-      a.step_rec = drec.get();
-      const char* names[4] = {"split over chunks", "folding blocks", "row kernel", "row kernel on 2 blocks"};
-      for (int shape = 0; shape < 4; ++shape) {
-        auto out_rec = poisoned<float>(static_cast<size_t>(rows * H * hd));
-        a.out = out_rec.get();
-        a.partial = shape == 0 ? partial.get() : nullptr;
-        a.partial_slots = shape == 0 ? rows * nchunks : 0;
-        a.rows_kernel = shape >= 2;
-        a.sm_count = shape == 2 ? 0 : shape == 3 ? 2 : 1 << 20;
-        cuda_model::attention(a, kStream);
-        const std::vector<float> gr = to_host(out_rec);
-        EXPECT_TRUE(same_bits(gr, got)) << "step keys from records, " << names[shape] << " vs fp32 rows, split";
-        for (size_t i = 0; i < gr.size(); ++i)
-          if (std::memcmp(&gr[i], &got[i], sizeof(float)) != 0) {
-            ADD_FAILURE() << names[shape] << ": first difference at row " << i / (H * hd) << " head " << i / hd % H
-                          << " dim " << i % hd << ": " << gr[i] << " vs " << got[i];
-            break;
-          }
-      }
-      a.sm_count = 1 << 20;
-      a.partial = nullptr;
-      a.partial_slots = 0;
-      a.rows_kernel = true;
-      a.step_rec = nullptr;
-    }
-    a.out = out_fold.get();
     // o's inverse RoPE in the epilogue (AttnArgs::out_inv_freq) in both launch shapes == the rope op
     // (inverse, rounded to bf16: the forward's former launch) on the plain output, bit for bit.
     {
@@ -421,10 +382,9 @@ TEST(CudaAttention, MatchesCpu) {
       const std::vector<float> want = to_host(out_fold);
       a.out_inv_freq = dinv.get();
       a.out_rope_dim = rope_dim;
-      a.step_rec = drec.get();  // the row kernel (it reads the step's keys from their records)
       auto rot_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
       a.out = rot_fold.get();
-      cuda_model::attention(a, kStream);  // the pipelined row kernel (a.partial is null)
+      cuda_model::attention(a, kStream);  // folding blocks (a.partial is null)
       auto rot_split = poisoned<float>(static_cast<size_t>(rows * H * hd));
       a.partial = partial.get();
       a.partial_slots = rows * nchunks;
@@ -434,10 +394,9 @@ TEST(CudaAttention, MatchesCpu) {
       const std::vector<float> gs = to_host(rot_split), gf = to_host(rot_fold);
       // (element i = row i / (heads * hd), head i / hd % heads, dim i % hd; the rotated dims are the last 64)
       EXPECT_TRUE(same_bits(gs, want)) << "attention + inverse RoPE epilogue (split + fold_kernel) vs then rope";
-      EXPECT_TRUE(same_bits(gf, want)) << "attention + inverse RoPE epilogue (row kernel) vs then rope";
+      EXPECT_TRUE(same_bits(gf, want)) << "attention + inverse RoPE epilogue (folding blocks) vs then rope";
       a.out_inv_freq = nullptr;
       a.out_rope_dim = 0;
-      a.step_rec = nullptr;
       a.partial = nullptr;
       a.partial_slots = 0;
       a.out = out_fold.get();

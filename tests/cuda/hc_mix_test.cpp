@@ -212,8 +212,7 @@ TEST(CudaHcMix, TiledShapeCapturesInAGraph) {
 
 // hc_pre_pack over a prefill chunk equals it run on single tokens (kRows mix, kSplit finish) for
 // sampled tokens, in every output: at 97 and 130 tokens (the tiled mix) and 4099 (the staged mix;
-// the one-CTA-per-token finish with the float4 collapse and the row kept in shared memory in all
-// three); and its time at 4099.
+// the one-CTA-per-token finish in all three); and its time at 4099.
 TEST(CudaHcPrefill, HcPrePackChunkEqualsSingleTokens) {
   TANDEM_REQUIRE_GPU();
   const int64_t D = 4096, nb = D / 128;

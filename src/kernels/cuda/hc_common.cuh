@@ -17,15 +17,10 @@ constexpr int kThreads = 256;
 // (hc_mix_ksplit keeps it <= kMaxStage), at least 32 (the block sums that reuse it).
 constexpr int kMaxStage = 4096;
 
-// The staging area in doubles: at least 32, even (what follows it is 16-byte aligned).
-__host__ __device__ inline int64_t stage_doubles(int nmix, int ksplit) {
-  const int64_t n = static_cast<int64_t>(nmix + 1) * ksplit;
-  return n < 32 ? 32 : (n + 1) / 2 * 2;
-}
-
 inline size_t stage_bytes(int nmix, int ksplit) {
-  TANDEM_CHECK(static_cast<int64_t>(nmix + 1) * ksplit <= kMaxStage);
-  return static_cast<size_t>(stage_doubles(nmix, ksplit)) * sizeof(double);
+  const int64_t n = static_cast<int64_t>(nmix + 1) * ksplit;
+  TANDEM_CHECK(n <= kMaxStage);
+  return static_cast<size_t>(n < 32 ? 32 : n) * sizeof(double);
 }
 
 // The partials of every token (hc_mix.h) in the op scratch; returns them.
@@ -84,47 +79,6 @@ __device__ __forceinline__ void collapse(const float* __restrict__ h, int64_t ld
     for (int u = 0; u < kU; ++u) {
       const int64_t d = d0 + static_cast<int64_t>(u) * nt;
       if (d < dim) y[d] = round ? round_bf16(s[u]) : s[u];
-    }
-  }
-}
-
-// collapse's arithmetic on kHc streams (pre[0, kHc)), four columns per 16-byte load: float4 column
-// q = tid, tid + nt, ... < dim / 4, kU of them per stream per pass with all kHc x kU loads issued
-// before the sums (the prefill finish: 4 x 16 bytes in flight per load where collapse has 4). The
-// same operations per column as collapse, so the same bits. h, y 16-byte aligned; dim, ld multiples
-// of 4.
-template <int kHc, int kU>
-__device__ __forceinline__ void collapse4(const float* __restrict__ h, int64_t ld, const float* pre, int64_t dim,
-                                          float* __restrict__ y, bool round, int tid, int nt) {
-  const int64_t d4 = dim / 4, ld4 = ld / 4;
-  const float4* h4 = reinterpret_cast<const float4*>(h);
-  float4* y4 = reinterpret_cast<float4*>(y);
-  float p[kHc];
-#pragma unroll
-  for (int i = 0; i < kHc; ++i) p[i] = pre[i];
-  for (int64_t q0 = tid; q0 < d4; q0 += static_cast<int64_t>(kU) * nt) {
-    float4 v[kHc][kU];
-#pragma unroll
-    for (int i = 0; i < kHc; ++i)
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int64_t q = q0 + static_cast<int64_t>(u) * nt;
-        v[i][u] = q < d4 ? h4[i * ld4 + q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t q = q0 + static_cast<int64_t>(u) * nt;
-      if (q >= d4) continue;
-      float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int i = 0; i < kHc; ++i) {
-        s.x = add_rn(s.x, mul_rn(p[i], v[i][u].x));
-        s.y = add_rn(s.y, mul_rn(p[i], v[i][u].y));
-        s.z = add_rn(s.z, mul_rn(p[i], v[i][u].z));
-        s.w = add_rn(s.w, mul_rn(p[i], v[i][u].w));
-      }
-      if (round) s = make_float4(round_bf16(s.x), round_bf16(s.y), round_bf16(s.z), round_bf16(s.w));
-      y4[q] = s;
     }
   }
 }

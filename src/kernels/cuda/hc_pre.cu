@@ -3,14 +3,11 @@
 // by shuffles in the CPU's order; wider: one thread) while warps 1.. collapse the streams (that
 // needs only the pre weights).
 // hc_pre_pack (decode_gemm.h): the same CTA then normalizes and quantizes its x row
-// (decode_act.cuh's pack_row), one kernel less per layer half on the decode path; the collapsed row
-// stays in shared memory for it (x is written once, normed). The CTA prefetches its token's streams
-// into the L2 first and, at hc 4, collapses with float4 loads (prefill chunks are bound by that read).
+// (decode_act.cuh's pack_row), one kernel less per layer half on the decode path.
 // At a few tokens (hc_mix.h's HcFinishShape::kSplit) kHcSplit CTAs finish each token instead, each
 // collapsing a slice of the columns (hc_pre_pack: a thread-block cluster, the RMSNorm's sum read
 // from the CTAs' shared memory in pack_row's order) while a ninth warp of CTA 0 runs the Sinkhorn.
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/decode_act.cuh"
 #include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/hc_common.cuh"
@@ -100,55 +97,37 @@ __device__ __forceinline__ void sinkhorn(const HcPreParams& p, const float* mix,
   }
 }
 
-// kPack: hc_pre_pack's tail (pk used); else hc_pre alone (pk unused). vec: hc == 4 and h (and x
-// without kPack) 16-byte aligned: the float4 collapse (hc::collapse4).
+// kPack: hc_pre_pack's tail (pk used); else hc_pre alone (pk unused).
 template <bool kPack>
 __global__ void __launch_bounds__(hc::kThreads)
-    hc_pre_finish(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk, bool vec) {
+    hc_pre_finish(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk) {
   pdl_enter();
   __shared__ float pre[kMaxHc];
-  extern __shared__ __align__(16) double stage[];  // finish_smem_bytes: the partials, then (kPack) x[t]
+  extern __shared__ double stage[];  // hc::stage_bytes
   __shared__ float mix[(2 + kMaxHc) * kMaxHc];
   const int hc = p.hc;
   const int nmix = (2 + hc) * hc;
   const int64_t HD = hc * p.dim;
   const int64_t t = blockIdx.x;
-  {
-    // The token's streams toward the L2 while its partials load and the mixes finish: the collapse's
-    // loads then wait on the L2, not the DRAM (no registers held, unlike loads issued this early).
-    const char* row = reinterpret_cast<const char*>(p.h + t * HD);
-    for (int64_t l = threadIdx.x; l * 128 < HD * static_cast<int64_t>(sizeof(float)); l += blockDim.x)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + l * 128));
-  }
   hc::finish_mix(partial, t, nmix, ksplit, HD, p.norm_eps, stage, mix);
   const int lane = threadIdx.x & 31;
   if (threadIdx.x < hc) pre_post(p, mix, t, threadIdx.x, pre, true);
   __syncthreads();  // pre
-  // kPack: the collapsed row stays in shared memory (after the staging area) for pack_row, which
-  // writes x[t]'s final (normed) values: x is written once and not read back.
-  float* x = kPack ? reinterpret_cast<float*>(stage + hc::stage_doubles(nmix, ksplit)) : p.x + t * p.dim;
+  float* x = p.x + t * p.dim;
   if (threadIdx.x >= kWarp) {
     // Warps 1.. collapse the streams (which needs pre only) while warp 0 runs the Sinkhorn.
-    if (vec) hc::collapse4<4, 2>(p.h + t * HD, p.dim, pre, p.dim, x, true, threadIdx.x - kWarp, blockDim.x - kWarp);
-    else hc::collapse(p.h + t * HD, p.dim, pre, hc, p.dim, x, true, threadIdx.x - kWarp, blockDim.x - kWarp);
+    hc::collapse(p.h + t * HD, p.dim, pre, hc, p.dim, x, true, threadIdx.x - kWarp, blockDim.x - kWarp);
   } else {
     sinkhorn(p, mix, t, lane);
   }
   if constexpr (kPack) {
-    // pack_row reads the row by 128-column blocks, which other threads' collapse wrote: the barrier
+    // pack_row reads x[t] by 128-column blocks, which other threads' collapse wrote: the barrier
     // makes those writes visible. stage is free since finish_mix (its last barrier): the block sum's.
     __syncthreads();
-    pack::pack_row(x, p.dim, pk.norm_weight, pk.eps, p.x + t * p.dim, pk.codes + t * p.dim,
-                   pk.scales + t * (p.dim / pack::kBlock), stage);
+    pack::pack_row(x, p.dim, pk.norm_weight, pk.eps, x, pk.codes + t * p.dim, pk.scales + t * (p.dim / pack::kBlock),
+                   stage);
   }
 }
-
-// hc_pre_finish's dynamic shared memory: the staged partials, then (kPack) the collapsed row.
-size_t finish_smem_bytes(int nmix, int ksplit, int64_t dim, bool pack) {
-  return hc::stage_bytes(nmix, ksplit) + (pack ? static_cast<size_t>(dim) * sizeof(float) : 0);
-}
-constexpr int64_t kMaxFinishSmem = hc::kMaxStage * static_cast<int64_t>(sizeof(double)) +
-                                   kMaxPackDim * static_cast<int64_t>(sizeof(float));
 
 // ---- kSplit: kHcSplit CTAs per token (hc_mix.h). CTA r of token t collapses columns [r * slice,
 // (r + 1) * slice) of x[t] (clamped to dim). Warps 0..7 do the columns; warp 8 of CTA 0 runs the
@@ -206,7 +185,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     hc_pre_finish_split(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk, int64_t slice) {
   pdl_enter();
   __shared__ float pre[kMaxHc];
-  extern __shared__ __align__(16) double stage[];  // hc::stage_bytes
+  extern __shared__ double stage[];  // hc::stage_bytes
   __shared__ float mix[(2 + kMaxHc) * kMaxHc];
   __shared__ float xs[kPack ? kMaxSlice : 1];  // kPack: this CTA's slice of x[t], collapsed
   const int hc = p.hc;
@@ -276,12 +255,7 @@ void launch(const HcPreParams& p, const HcPrePackArgs& pk, HcFinishShape shape, 
   const size_t smem = hc::stage_bytes(nmix, ksplit);
   if (shape == HcFinishShape::kAuto) shape = p.tokens <= kHcSplitMaxTokens ? HcFinishShape::kSplit : HcFinishShape::kToken;
   if (shape == HcFinishShape::kToken) {
-    const size_t fsmem = finish_smem_bytes(nmix, ksplit, p.dim, kPack);
-    allow_dynamic_smem(reinterpret_cast<const void*>(hc_pre_finish<kPack>), fsmem);  // no-op <= 48 KB (hc 4 x 4096)
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(p.h) | (kPack ? 0 : reinterpret_cast<uintptr_t>(p.x));
-    const bool vec = p.hc == 4 && p.dim % 4 == 0 && (addr & 15u) == 0;
-    launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, fsmem, s, p, partial, ksplit, pk,
-               vec);
+    launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, smem, s, p, partial, ksplit, pk);
   } else {
     const int64_t slice = split_slice(p.dim, kPack);
     const unsigned grid = static_cast<unsigned>(p.tokens * kHcSplit);
@@ -319,7 +293,7 @@ std::vector<SmemBound> hc_smem_bounds() {
   // (hc_mix_ksplit caps ksplit so); 3.2 KB for hc 4 x 4096.
   const int64_t most = hc::kMaxStage * static_cast<int64_t>(sizeof(double));
   const std::string shape = "(nmix + 1) x ksplit partials at hc_mix_ksplit's cap";
-  return {{"hc_pre_finish", kMaxFinishSmem, shape + ", + hc_pre_pack's row of kMaxPackDim floats", ""},
+  return {{"hc_pre_finish", most, shape, ""},
           {"hc_pre_finish_split", most, shape, ""},
           {"hc_head_finish", most, shape, ""},
           {"mix_staged_kernel", static_cast<int64_t>(kHcMixStagedSmem), "16 tokens x 1024 floats of h (one tile)", ""}};

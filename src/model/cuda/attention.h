@@ -34,19 +34,11 @@ constexpr int kAttnHeadTile = 16;
 //
 // Launch shapes (equal bits): a thread block per (chunk, 16 heads, row) writing each chunk's
 // (m_c, z_c, o_c) to `partial`, then a fold kernel per (row, head); or, when the step's rows fill
-// the GPU or the partials do not fit, the pipelined row kernel (attention_rows.cu: persistent
-// blocks of 32 heads whose producer warps decode the next chunk's keys while the consumer warps run
-// the current one; 212 KB of shared memory at hd 512; needs step_rec), or, where a block cannot
-// have that much shared memory (sm_120/121), step_rec is null or rows_kernel is false, a thread
-// block per (row, 16 heads) folding its chunks as it goes (91 KB at hd 512). Shared memory is
-// independent of the context length.
+// the GPU or the partials do not fit, a thread block per (row, 16 heads) folding its chunks as it
+// goes. Shared memory: 91 KB per block at hd 512, whatever the context length.
 struct AttnArgs {
   const float* q = nullptr;          // [rows, heads, hd] bf16 values (after RoPE)
   const float* step_kv = nullptr;    // [rows, hd] this step's KV values (after the cache round trip)
-  // Optional: this step's KV records [rows, rec.bytes] (the bytes whose decoding step_kv holds). When
-  // set, the window keys of the step are read from them, not from step_kv: the same values (the same
-  // bits out), 584 bytes a key at fp8 instead of 2,048.
-  const uint8_t* step_rec = nullptr;
   const uint8_t* slot_state = nullptr;  // [max_slots, slot_bytes]
   int64_t slot_bytes = 0;
   int64_t win_off = 0;               // the window ring in a slot: [win_ring, rec.bytes]
@@ -77,7 +69,6 @@ struct AttnArgs {
   float* partial = nullptr;
   int64_t partial_slots = 0;
   int sm_count = 0;                  // multiprocessors (0: the current device's)
-  bool rows_kernel = true;           // false: folding blocks instead of the pipelined row kernel (tests)
 };
 void attention(const AttnArgs& a, cudaStream_t s);
 

@@ -528,7 +528,6 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   cuda_model::AttnArgs aa;
   aa.q = q.get();
   aa.step_kv = kv.get();
-  aa.step_rec = kv_rec.get();  // the step's window keys from their records (norm_rope wrote them)
   aa.slot_state = slot_state.get();
   aa.slot_bytes = lay.slot_bytes;
   aa.win_off = L.win_off;
