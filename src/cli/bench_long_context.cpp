@@ -73,8 +73,8 @@ struct State {
   int64_t partial_slots = 0, lds = 0;
 
   State(int64_t positions_, int64_t seqs, int64_t rows_per_seq, int64_t copies_, cudaStream_t s,
-        kc::DeviceBuffer<float>& tmp)
-      : L(positions_), B(seqs), Rq(rows_per_seq), copies(copies_) {
+        kc::DeviceBuffer<float>& tmp, cuda_model::KvRecordKind kind = cuda_model::KvRecordKind::kFp8)
+      : L(positions_), B(seqs), Rq(rows_per_seq), copies(copies_), rec(KvRecordLayout::make(kind, kHd, kRope)) {
     const int64_t S = copies * B, N = S * Rq;  // sequences, rows
     nb = (L + kBs - 1) / kBs;
     slot_bytes = (kWinRing * rec.bytes + 15) / 16 * 16;
@@ -328,20 +328,23 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
            kChunkRows * (vis * (st.key.bytes + 2.0) + (kWindow + kTopk) * rb + qo));
   }
   // The model's prefill chunk (4,096 rows of one sequence ending at L): the attention alone, per
-  // layer kind (issue 24 reports them at 160K).
+  // layer kind (issue 24 reports them at 160K); fp8 records (the default cache) and, as the bound of
+  // a design that decodes each key once per step into bf16, bf16 records (a plain copy per key).
   constexpr int64_t kModelChunk = 4096;
-  for (int64_t L : {int64_t{4096}, int64_t{163840}}) {
-    State st(L, 1, kModelChunk, 2, s, tmp);
-    const int64_t rb = st.rec.bytes;
-    for (int ratio : {128, 4}) {
-      const int64_t keys = kWindow + (ratio == 4 ? kTopk : L / ratio);
-      tb.row(ratio == 4 ? "prefill 4096: attention CSA" : "prefill 4096: attention HCA", L, kModelChunk, keys, "fold",
-             time_calls(s, [&](int i) {
-               cuda_model::attention(st.attn(i % 2, ratio, st.ids.get() + (i % 2) * st.rows() * kTopk, kTopk), s);
-             }),
-             kModelChunk * (keys * rb + qo));
+  for (int64_t L : {int64_t{4096}, int64_t{163840}})
+    for (cuda_model::KvRecordKind kind : {cuda_model::KvRecordKind::kFp8, cuda_model::KvRecordKind::kBf16}) {
+      State st(L, 1, kModelChunk, 2, s, tmp, kind);
+      const bool bf16 = kind == cuda_model::KvRecordKind::kBf16;
+      const int64_t rb = st.rec.bytes;
+      for (int ratio : {128, 4}) {
+        const int64_t keys = kWindow + (ratio == 4 ? kTopk : L / ratio);
+        tb.row(ratio == 4 ? "prefill 4096: attention CSA" : "prefill 4096: attention HCA", L, kModelChunk, keys,
+               bf16 ? "fold-bf16kv" : "fold", time_calls(s, [&](int i) {
+                 cuda_model::attention(st.attn(i % 2, ratio, st.ids.get() + (i % 2) * st.rows() * kTopk, kTopk), s);
+               }),
+               kModelChunk * (keys * rb + qo));
+      }
     }
-  }
   // A prompt of L tokens in 512-row chunks: per chunk 21 CSA and 20 HCA layers whose cost grows
   // about linearly with the chunk's position (trapezoid between the 4K chunk and the last one).
   auto prefill_s = [&](int64_t L) {
