@@ -20,12 +20,7 @@ namespace {
 using cuda::HcMixShape;
 
 const char* shape_name(HcMixShape s) {
-  switch (s) {
-    case HcMixShape::kRows: return "rows";
-    case HcMixShape::kTiled: return "tiled";
-    case HcMixShape::kStaged: return "staged";
-    default: return "auto";
-  }
+  return s == HcMixShape::kRows ? "rows" : (s == HcMixShape::kTiled ? "tiled" : "auto");
 }
 
 uint64_t dbits(double v) {
@@ -95,19 +90,17 @@ TEST(CudaHcMix, TiledEqualsRowsAndTheHostTreeBitForBit) {
     int64_t tokens;
     int nmix;
     int64_t hd;
-    HcMixShape tiled;   // what a kTiled request runs
-    HcMixShape staged;  // what a kStaged request runs
+    HcMixShape tiled;  // what a kTiled request runs
   };
   // hc 4 x 4096 (nmix 24: hc_pre; 4: hc_head) at decode and prefill counts (token counts off the
-  // 16-token tile: 1, 5, 7, 97, 130, 4099; kStaged's persistent CTAs walk several items at 4096 and
-  // 4099); hd 6000 (1200-long slices: the 8 x 8 register tile; too long for kStaged); hd 384 / 200
-  // / 1000 (one slice, partly empty threads; nmix 7: a half-empty last row pair); hd 202 (pieces
-  // not 16-byte aligned: kStaged falls back); hc 16 x 4096 (slices of 4682: kRows runs).
-  const HcMixShape T = HcMixShape::kTiled, S = HcMixShape::kStaged, R = HcMixShape::kRows;
-  const C cases[] = {{1, 24, 16384, T, S},  {5, 24, 16384, T, S},    {7, 24, 16384, T, S},   {96, 24, 16384, T, S},
-                     {97, 24, 16384, T, S}, {4096, 24, 16384, T, S}, {4099, 24, 16384, T, S}, {130, 4, 16384, T, S},
-                     {37, 48, 384, T, S},   {70, 24, 6000, T, T},    {20, 24, 6000, T, T},   {9, 8, 200, T, S},
-                     {97, 7, 1000, T, S},   {9, 8, 202, T, T},       {3, 288, 65536, R, R}};
+  // 16-token tile: 1, 5, 7, 97, 130, 4099); hd 6000 (1200-long slices: the 8 x 8 register tile);
+  // hd 384 / 200 / 1000 / 202 (one slice, partly empty threads; nmix 7: a half-empty last row pair);
+  // hc 16 x 4096 (slices of 4682: too long for the tile, kRows runs).
+  const HcMixShape T = HcMixShape::kTiled, R = HcMixShape::kRows;
+  const C cases[] = {{1, 24, 16384, T},  {5, 24, 16384, T},    {7, 24, 16384, T},   {96, 24, 16384, T},
+                     {97, 24, 16384, T}, {4096, 24, 16384, T}, {4099, 24, 16384, T}, {130, 4, 16384, T},
+                     {37, 48, 384, T},   {70, 24, 6000, T},    {20, 24, 6000, T},   {9, 8, 200, T},
+                     {97, 7, 1000, T},   {9, 8, 202, T},       {3, 288, 65536, R}};
   uint64_t seed = 500;
   for (const C& c : cases) {
     SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " nmix " << c.nmix << " hd " << c.hd);
@@ -124,22 +117,20 @@ TEST(CudaHcMix, TiledEqualsRowsAndTheHostTreeBitForBit) {
     if (!have_gpu()) continue;
     DeviceBuffer<float> dh = to_dev(h), dfn = to_dev(fn);
     const size_t n = static_cast<size_t>(c.tokens) * (c.nmix + 1) * ksplit;
-    std::vector<double> got[4];
-    const HcMixShape shapes[4] = {HcMixShape::kRows, HcMixShape::kTiled, HcMixShape::kAuto, HcMixShape::kStaged};
-    for (int s = 0; s < 4; ++s) {
+    std::vector<double> got[3];
+    const HcMixShape shapes[3] = {HcMixShape::kRows, HcMixShape::kTiled, HcMixShape::kAuto};
+    for (int s = 0; s < 3; ++s) {
       auto dp = poisoned<double>(n);
       const HcMixShape ran =
           cuda::hc_mix_partials(dh.get(), dfn.get(), c.tokens, c.nmix, c.hd, ksplit, dp.get(), kStream, shapes[s]);
       if (shapes[s] != HcMixShape::kAuto) {
-        const HcMixShape want =
-            shapes[s] == HcMixShape::kTiled ? c.tiled : (shapes[s] == HcMixShape::kStaged ? c.staged : HcMixShape::kRows);
+        const HcMixShape want = shapes[s] == HcMixShape::kTiled ? c.tiled : HcMixShape::kRows;
         EXPECT_EQ(ran, want) << shape_name(shapes[s]) << " request ran " << shape_name(ran);
       }
       got[s] = to_host(dp);
     }
     EXPECT_TRUE(same_partials(got[1], got[0], c.nmix, ksplit)) << "tiled vs rows";
     EXPECT_TRUE(same_partials(got[2], got[0], c.nmix, ksplit)) << "auto vs rows";
-    EXPECT_TRUE(same_partials(got[3], got[0], c.nmix, ksplit)) << "staged vs rows";
     size_t checked = 0, bad = 0, nan = 0;
     for (int64_t t : sample)
       for (int j = 0; j <= c.nmix; ++j)
@@ -158,7 +149,7 @@ TEST(CudaHcMix, TiledEqualsRowsAndTheHostTreeBitForBit) {
     if (c.tokens > 2) {
       EXPECT_GT(nan, 0u) << "token 1's NaN";
     }
-    std::printf("[cuda hc_mix] tokens %lld nmix %d hd %lld ksplit %d: %zu partials equal in the four shapes, %zu "
+    std::printf("[cuda hc_mix] tokens %lld nmix %d hd %lld ksplit %d: %zu partials equal in the three shapes, %zu "
                 "sampled equal the host tree (%zu NaN)\n",
                 static_cast<long long>(c.tokens), c.nmix, static_cast<long long>(c.hd), ksplit, n, checked - bad, nan);
     if (c.nmix == 24 && c.hd == 16384 && (c.tokens == 1 || c.tokens == 96 || c.tokens == 4099)) {
@@ -168,12 +159,10 @@ TEST(CudaHcMix, TiledEqualsRowsAndTheHostTreeBitForBit) {
           cuda::hc_mix_partials(dh.get(), dfn.get(), c.tokens, c.nmix, c.hd, ksplit, dp.get(), kStream, s);
         });
       };
-      const double rows = run(HcMixShape::kRows), tiled = run(HcMixShape::kTiled), aut = run(HcMixShape::kAuto),
-                   staged = run(HcMixShape::kStaged);
+      const double rows = run(HcMixShape::kRows), tiled = run(HcMixShape::kTiled), aut = run(HcMixShape::kAuto);
       std::printf("[cuda perf] hc mix partials %lld tokens, hc 4 x 4096: rows (the old shape) %.1f us, tiled %.1f us, "
-                  "staged %.1f us, auto %.1f us (h %.1f MB: %.1f us at 4.3 TB/s)\n",
-                  static_cast<long long>(c.tokens), rows, tiled, staged, aut, h.size() * 4.0 / 1e6,
-                  h.size() * 4.0 / 4.3e6);
+                  "auto %.1f us (h %.1f MB: %.1f us at 4.3 TB/s)\n",
+                  static_cast<long long>(c.tokens), rows, tiled, aut, h.size() * 4.0 / 1e6, h.size() * 4.0 / 4.3e6);
     }
   }
   TANDEM_REQUIRE_GPU();
@@ -187,32 +176,28 @@ TEST(CudaHcMix, TiledShapeCapturesInAGraph) {
   DeviceBuffer<float> dh = to_dev(randn(static_cast<size_t>(tokens * hd), 900, 1.0f, false));
   DeviceBuffer<float> dfn = to_dev(randn(static_cast<size_t>(nmix * hd), 901, 0.05f, false));
   const size_t n = static_cast<size_t>(tokens) * (nmix + 1) * ksplit;
-  // kAuto runs kTiled at 200 tokens; kStaged (the prefill chunks' shape) is asked for by name.
-  for (HcMixShape shape : {HcMixShape::kAuto, HcMixShape::kStaged}) {
-    SCOPED_TRACE(shape_name(shape));
-    auto eager = poisoned<double>(n), graphed = poisoned<double>(n);
-    cuda::hc_mix_partials(dh.get(), dfn.get(), tokens, nmix, hd, ksplit, eager.get(), kStream, shape);
-    sync();
-    cudaStream_t st;
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    cuda::hc_mix_partials(dh.get(), dfn.get(), tokens, nmix, hd, ksplit, graphed.get(), st, shape);
-    TANDEM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, st));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(st));
-    EXPECT_TRUE(same_partials(to_host(graphed), to_host(eager), nmix, ksplit));
-    TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
-    TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
-    TANDEM_CUDA_CHECK(cudaStreamDestroy(st));
-  }
+  auto eager = poisoned<double>(n), graphed = poisoned<double>(n);
+  cuda::hc_mix_partials(dh.get(), dfn.get(), tokens, nmix, hd, ksplit, eager.get(), kStream, HcMixShape::kAuto);
+  sync();
+  cudaStream_t st;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  cuda::hc_mix_partials(dh.get(), dfn.get(), tokens, nmix, hd, ksplit, graphed.get(), st, HcMixShape::kAuto);
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, st));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(st));
+  EXPECT_TRUE(same_partials(to_host(graphed), to_host(eager), nmix, ksplit));
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 // hc_pre_pack over a prefill chunk equals it run on single tokens (kRows mix, kSplit finish) for
-// sampled tokens, in every output: at 97 and 130 tokens (the tiled mix) and 4099 (the staged mix;
-// the one-CTA-per-token finish in all three); and its time at 4099.
+// sampled tokens, in every output, at 97, 130 and 4099 tokens (the tiled mix, the one-CTA-per-token
+// finish); and its time at 4099.
 TEST(CudaHcPrefill, HcPrePackChunkEqualsSingleTokens) {
   TANDEM_REQUIRE_GPU();
   const int64_t D = 4096, nb = D / 128;

@@ -399,7 +399,7 @@ TEST(CudaMoeDecode, EveryStageAtEveryTokenCount) {
 }
 
 // The real widths (k = 4096 up, 2048 down: the k-split paths, 256-k MXFP4 stages), few experts:
-// every routed expert one row (1: the one-token stage), a mix of one- and two-row experts (2), and
+// every routed expert one row (1: the one-row loop), a mix of one- and two-row experts (2), and
 // experts of several rows (8, 16).
 TEST(CudaMoeDecode, FullWidthExperts) {
   TANDEM_REQUIRE_GPU();
@@ -410,7 +410,7 @@ TEST(CudaMoeDecode, FullWidthExperts) {
 // At the real widths, a (token, slot) pair's SwiGLU row, its w2 output and the token's y have the
 // same bits whatever the call's other tokens: a 48-token call (every expert many rows: the generic
 // MXFP4 loop, two m tiles) against calls of 1, 2, 8 and 16 of its tokens, where most experts have one
-// row (the one-token stage) and some none. RowsAreIndependentOfTheTokenCount does the same at 128-k
+// row (the one-row loop) and some none. RowsAreIndependentOfTheTokenCount does the same at 128-k
 // stages.
 TEST(CudaMoeDecode, FullWidthRowsAreIndependentOfTheTokenCount) {
   TANDEM_REQUIRE_GPU();
@@ -453,7 +453,7 @@ TEST(CudaMoeDecode, FullWidthRowsAreIndependentOfTheTokenCount) {
     EXPECT_TRUE(same_bits(to_host(r.y), std::vector<float>(y_all.begin() + i0 * D, y_all.begin() + (i0 + m) * D)))
         << "y";
   }
-  EXPECT_GE(one_row_experts, 6) << "the one-token stage ran for too few experts";
+  EXPECT_GE(one_row_experts, 6) << "the one-row loop ran for too few experts";
 }
 
 TEST(CudaMoeDecode, HashRouting) {
@@ -542,7 +542,7 @@ TEST(CudaMoeDecode, LocalExpertRange) {
 // every pair of the expert; in w1, the expert's SwiGLU column is NaN and so every w2 output of its
 // pairs; every other output keeps its bits. Both MXFP4 stage widths (128 k: dim 512, inter 256;
 // 256 k: dim 1024, inter 2048), at 4 tokens (experts of one and several rows) and at 1 (every expert
-// one row: the one-token stage); the NaN group is not the first of its k unit, so the sums of the
+// one row: the one-row loop); the NaN group is not the first of its k unit, so the sums of the
 // groups before it must turn NaN too.
 TEST(CudaMoeDecode, NanWeightScaleMakesItsRowsNan) {
   TANDEM_REQUIRE_GPU();

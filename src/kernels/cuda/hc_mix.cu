@@ -1,4 +1,4 @@
-// mHC mixing projection (hc_mix.h): split-K partials of fn . xf and sum(xf^2) in three launch
+// mHC mixing projection (hc_mix.h): split-K partials of fn . xf and sum(xf^2) in two launch
 // shapes with the same bits. Every partial (token t, mix row j, K slice ks) is what a 256-thread
 // CTA computes: thread i chains fmaf over k = k0 + i, k0 + i + 256, ... (fp64 for the squares),
 // then block_sum's tree: xor butterflies 16, 8, 4, 2, 1 within each warp, then the same butterfly
@@ -6,12 +6,7 @@
 // tile of tokens' h slice in registers and runs every j over it, so h is read once rather than
 // nmix + 1 times, and reduces 32 (j, token) sums per warp at once by a reduce-scatter butterfly
 // (each level adds the same pairs as warp_sum's; fp addition commutes, so the bits are equal).
-// kStaged runs kTiled's 16-token tile persistently for prefill chunks, the next tile copied into
-// shared memory while this one is reduced.
 #include "common/check.h"
-#include "kernels/cuda/cuda_util.h"
-#include "kernels/cuda/decode_gemm.h"
-#include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/hc_mix.h"
 #include "kernels/cuda/launch.cuh"
@@ -112,8 +107,6 @@ __device__ __forceinline__ T warps_total(const T* r, int stride) {
 }
 
 constexpr int kBatch = 4;  // reduce-scatter groups between two barriers
-// CTAs kTiled wants before it splits the mix rows over CTAs; kAuto's threshold for kStaged.
-constexpr int64_t kWantCtas = 256;
 
 // A CTA per (kT tokens, K slice ks, share jpart of the mix-row groups). Thread i holds h[t][k] for
 // its k (k0 + i + 256 it, it < kIt) of the tile's tokens; a group is kJ = 32 / kT mix rows x kT
@@ -205,182 +198,6 @@ __global__ void __launch_bounds__(kThreads) mix_tiled_kernel(const float* __rest
   }
 }
 
-// ---------------------------------------------------------------- kStaged
-// mix_tiled_kernel<16, 4>'s partials (the same per-thread chains, the same trees) for a prefill
-// chunk, persistent: each CTA walks the (token tile, K slice) items grid-stride; the next item's h
-// tile is copied into shared memory (cp.async, 64 KB) while the registers of this one are reduced,
-// so the stream read overlaps the arithmetic instead of preceding it. Thread i's register slot
-// (jj, tt) holds mix row 2g + (jj ^ (lane >> 4)) x token tt ^ (lane & 15), not (jj, tt): each lane's
-// 32 sums are stored XOR-permuted by its lane number, so at every level of the reduce-scatter the
-// lane keeps its lower half and sends its upper half (the pairs added are the same; no selects).
-// The permuted token rows are read from shared memory at bank = lane, without conflicts.
-constexpr int kSt = 16;                    // tokens per tile
-constexpr int kSIt = 4;                    // k positions per thread: slices of <= 1024
-constexpr int kSChunk = kSIt * kThreads;   // floats per tile row in shared memory
-constexpr size_t kStagedSmem = size_t{kSt} * kSChunk * sizeof(float);
-static_assert(kSChunk == 4 * kThreads, "stage_tile: one 16-byte piece of each row per thread");
-static_assert(kStagedSmem == kHcMixStagedSmem, "hc_mix.h's figure (hc_smem_bounds)");
-
-// The reduce-scatter of reduce_scatter() on XOR-permuted storage (slot i holds output i ^ lane,
-// N = 32): at level S slot i < S holds output (i ^ (lane & (S - 1))) | (lane & ~(S - 1)) on both
-// this lane and lane ^ S's slot i + S, so adding the two is warp_sum's pair. Lane l ends with sum l.
-template <int S, typename T>
-__device__ __forceinline__ void reduce_scatter_perm(T (&v)[32]) {
-#pragma unroll
-  for (int i = 0; i < S; ++i) v[i] = add_exact(v[i], __shfl_xor_sync(0xffffffffu, v[i + S], S));
-  if constexpr (S > 1) reduce_scatter_perm<S / 2>(v);
-}
-
-// Item `item`'s tile: tokens [t0, t0 + 16) (rows past the last repeat it, as mix_tiled_kernel's
-// loads) x k [k0, k1) into tile rows of kSChunk floats; thread i copies the 16 bytes at k0 + 4i of
-// every row (k1 - k0 <= 4 x 256; k1 - k0, k0 and hd multiples of 4, h 16-byte aligned: the
-// launcher checks). One commit group per call.
-__device__ __forceinline__ void stage_tile(const float* h, int64_t tokens, int64_t hd, int64_t t0, int64_t k0,
-                                           int64_t k1, float* tile) {
-  if (k0 + 4 * static_cast<int64_t>(threadIdx.x) < k1) {
-#pragma unroll
-    for (int r = 0; r < kSt; ++r) {
-      const int64_t t = t0 + r < tokens ? t0 + r : tokens - 1;
-      mma::cp_async16(tile + r * kSChunk + 4 * threadIdx.x, h + t * hd + k0 + 4 * threadIdx.x);
-    }
-  }
-  mma::cp_async_commit();
-}
-
-__global__ void __launch_bounds__(kThreads, 2) mix_staged_kernel(const float* __restrict__ h,
-                                                                const float* __restrict__ fn, int64_t tokens,
-                                                                int nmix, int64_t hd, int ksplit,
-                                                                double* __restrict__ partial) {
-  constexpr int kT = kSt, kIt = kSIt, kJ = 32 / kT;
-  extern __shared__ float4 tile_raw[];  // kStagedSmem
-  float* tile = reinterpret_cast<float*>(tile_raw);
-  __shared__ float red[kBatch][kWarps][32];
-  __shared__ double redd[kWarps][kT];
-  pdl_enter();
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int64_t ttiles = (tokens + kT - 1) / kT, items = ttiles * ksplit;
-  const int64_t chunk = (hd + ksplit - 1) / ksplit;
-  // item = ks * ttiles + tile: the CTAs running at once share a few K slices of fn (L2-resident).
-  auto k_range = [&](int64_t item, int64_t& k0, int64_t& k1) {
-    k0 = (item / ttiles) * chunk;
-    k1 = k0 + chunk < hd ? k0 + chunk : hd;
-  };
-  int64_t k0, k1;
-  if (static_cast<int64_t>(blockIdx.x) < items) {
-    k_range(blockIdx.x, k0, k1);
-    stage_tile(h, tokens, hd, (blockIdx.x % ttiles) * kT, k0, k1, tile);
-  }
-  const int groups = (nmix + kJ - 1) / kJ;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int ks = static_cast<int>(item / ttiles);
-    const int64_t t0 = (item % ttiles) * kT;
-    k_range(item, k0, k1);
-    mma::cp_async_wait(0);
-    __syncthreads();  // every thread's copies of this tile landed
-    float hv[kT][kIt];  // slot tt: token t0 + (tt ^ (lane & 15))
-    double sq[kT];      // token t0 + tt (reduce_scatter's plain layout)
-#pragma unroll
-    for (int tt = 0; tt < kT; ++tt) {
-      sq[tt] = 0.0;
-#pragma unroll
-      for (int it = 0; it < kIt; ++it) {
-        const int c = threadIdx.x + it * kThreads;
-        const bool in = k0 + c < k1;
-        hv[tt][it] = in ? tile[(tt ^ (lane & 15)) * kSChunk + c] : 0.0f;
-        if (in) {
-          const float v = tile[tt * kSChunk + c];
-          sq[tt] += static_cast<double>(v) * v;
-        }
-      }
-    }
-    __syncthreads();  // every thread has read the tile: the next item's copy may overwrite it
-    if (item + gridDim.x < items) {
-      int64_t n0, n1;
-      k_range(item + gridDim.x, n0, n1);
-      stage_tile(h, tokens, hd, ((item + gridDim.x) % ttiles) * kT, n0, n1, tile);
-    }
-    reduce_scatter(sq);  // lane l: token l / 2
-    if (lane % 2 == 0) redd[wid][lane / 2] = sq[0];
-
-    // This thread's fn values of group g: w[jj][it] = fn[row][k0 + i + 256 it] (0 where the row or
-    // k is out of range; those products are skipped). The next group's are loaded before this
-    // group's sums, so their latency hides behind the FMAs and the reduce-scatter.
-    auto load_w = [&](int g, float (&w)[kJ][kIt]) {
-#pragma unroll
-      for (int jj = 0; jj < kJ; ++jj) {
-        const int j = g * kJ + (jj ^ (lane >> 4));
-#pragma unroll
-        for (int it = 0; it < kIt; ++it) {
-          const int64_t k = k0 + threadIdx.x + it * kThreads;
-          w[jj][it] = (g < groups && j < nmix && k < k1) ? fn[static_cast<int64_t>(j) * hd + k] : 0.0f;
-        }
-      }
-    };
-    float wcur[kJ][kIt];
-    load_w(0, wcur);
-    for (int b0 = 0; b0 < groups; b0 += kBatch) {
-#pragma unroll 1
-      for (int b = 0; b < kBatch; ++b) {
-        if (b0 + b >= groups) break;  // uniform over the CTA
-        const int g = b0 + b;
-        float wnext[kJ][kIt];
-        load_w(g + 1, wnext);
-        float acc[32];  // slot jj * kT + tt: row g * kJ + (jj ^ (lane >> 4)), token tt ^ (lane & 15)
-#pragma unroll
-        for (int jj = 0; jj < kJ; ++jj) {
-          const bool row = g * kJ + (jj ^ (lane >> 4)) < nmix;
-#pragma unroll
-          for (int tt = 0; tt < kT; ++tt) acc[jj * kT + tt] = 0.0f;
-          if (row) {
-#pragma unroll
-            for (int it = 0; it < kIt; ++it) {
-              if (k0 + threadIdx.x + it * kThreads < k1) {
-#pragma unroll
-                for (int tt = 0; tt < kT; ++tt)
-                  acc[jj * kT + tt] = fmaf(hv[tt][it], wcur[jj][it], acc[jj * kT + tt]);
-              }
-            }
-          }
-        }
-        reduce_scatter_perm<16>(acc);  // lane l: sum l = (jj, tt) = (l / kT, l % kT)
-        red[b][wid][lane] = acc[0];
-#pragma unroll
-        for (int jj = 0; jj < kJ; ++jj)
-#pragma unroll
-          for (int it = 0; it < kIt; ++it) wcur[jj][it] = wnext[jj][it];
-      }
-      __syncthreads();
-      if (threadIdx.x < kBatch * 32) {
-        const int b = threadIdx.x >> 5, o = threadIdx.x & 31;
-        const int j = (b0 + b) * kJ + o / kT;
-        const int64_t t = t0 + o % kT;
-        if (b0 + b < groups && j < nmix && t < tokens)
-          partial[(t * (nmix + 1) + j) * ksplit + ks] = static_cast<double>(warps_total(&red[b][0][o], 32));
-      }
-      __syncthreads();  // red is rewritten by the next batch; redd complete
-    }
-    if (threadIdx.x < kT && t0 + threadIdx.x < tokens)
-      partial[((t0 + threadIdx.x) * (nmix + 1) + nmix) * ksplit + ks] = warps_total(&redd[0][threadIdx.x], kT);
-    // redd is rewritten only after the next item's first barrier, which these reads precede.
-  }
-}
-
-// Whether mix_staged_kernel runs these shapes: slices of <= 1024 whose 16-byte pieces are aligned.
-bool staged_fits(const float* h, int64_t hd, int64_t chunk) {
-  return chunk <= kSChunk && chunk % 4 == 0 && hd % 4 == 0 && (reinterpret_cast<uintptr_t>(h) & 15u) == 0;
-}
-
-void launch_staged(const float* h, const float* fn, int64_t tokens, int nmix, int64_t hd, int ksplit, double* partial,
-                   cudaStream_t s) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(mix_staged_kernel), kStagedSmem);  // per call: per device
-  const int64_t items = (tokens + kSt - 1) / kSt * ksplit;
-  // Two CTAs per SM (the register file's limit at 256 threads) walk the items.
-  const int64_t ctas = 2 * static_cast<int64_t>(decode_launch_limits().sms);
-  const int64_t grid = items < ctas ? items : ctas;
-  launch_pdl(mix_staged_kernel, dim3(static_cast<unsigned>(grid)), kThreads, kStagedSmem, s, h, fn, tokens, nmix, hd,
-             ksplit, partial);
-}
-
 template <int kT, int kIt>
 void launch_tiled(const float* h, const float* fn, int64_t tokens, int nmix, int64_t hd, int ksplit, double* partial,
                   cudaStream_t s) {
@@ -389,6 +206,7 @@ void launch_tiled(const float* h, const float* fn, int64_t tokens, int nmix, int
   const int groups = (nmix + (32 / kT) - 1) / (32 / kT);
   // Split the mix rows over CTAs where tiles x slices alone would leave the GPU mostly idle (tens of
   // tokens); each split re-reads h (from L2).
+  constexpr int64_t kWantCtas = 256;
   int jsplit = 1;
   while (jsplit * 2 <= groups && ttiles * ksplit * jsplit < kWantCtas) jsplit *= 2;
   launch_pdl(mix_tiled_kernel<kT, kIt>, dim3(static_cast<unsigned>(ttiles), ksplit, jsplit), kThreads, 0, s, h, fn,
@@ -411,18 +229,9 @@ HcMixShape hc_mix_partials(const float* h, const float* fn, int64_t tokens, int 
   TANDEM_CHECK(tokens > 0 && nmix > 0 && hd > 0 && ksplit >= 1 && ksplit <= 65535);
   const int64_t chunk = (hd + ksplit - 1) / ksplit;
   const int64_t its = (chunk + kThreads - 1) / kThreads;  // k positions per thread
-  const bool staged = staged_fits(h, hd, chunk);
-  if (shape == HcMixShape::kAuto) {
-    // kStaged where kTiled would run its 16 x 4 tile with no split of the mix rows (prefill chunks).
-    const int64_t ttiles16 = (tokens + 15) / 16;
-    if (staged && tokens >= 64 && ttiles16 * ksplit >= kWantCtas) shape = HcMixShape::kStaged;
-    else shape = tokens >= 8 ? HcMixShape::kTiled : HcMixShape::kRows;
-  }
-  if (shape == HcMixShape::kStaged && !staged) shape = HcMixShape::kTiled;
+  if (shape == HcMixShape::kAuto) shape = tokens >= 8 ? HcMixShape::kTiled : HcMixShape::kRows;
   if (shape == HcMixShape::kTiled && its > 8) shape = HcMixShape::kRows;
-  if (shape == HcMixShape::kStaged) {
-    launch_staged(h, fn, tokens, nmix, hd, ksplit, partial, s);
-  } else if (shape == HcMixShape::kTiled) {
+  if (shape == HcMixShape::kTiled) {
     // 16 tokens x 4 k positions or 8 x 8 in registers (64 floats); 16 tokens halve the fn reads.
     if (its <= 4 && tokens >= 64) launch_tiled<16, 4>(h, fn, tokens, nmix, hd, ksplit, partial, s);
     else launch_tiled<8, 8>(h, fn, tokens, nmix, hd, ksplit, partial, s);

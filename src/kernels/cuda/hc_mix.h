@@ -6,7 +6,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
 
 #include "kernels/ops.h"
@@ -16,13 +15,8 @@ namespace tandem::kernels::cuda {
 // kRows: a CTA per (mix row, K slice, 1 or 4 tokens) (decode's few tokens); kTiled: a CTA per
 // (K slice, 8 or 16 tokens, share of the mix rows) that reads its tokens' h once for all rows
 // (prefill). Both give the same bits: each partial is one CTA's fmaf chains per thread and the
-// block_sum tree over 256 threads. kStaged: kTiled's 16-token tile run by a persistent grid that
-// copies the next tile into shared memory while it reduces this one (prefill chunks; needs slices of
-// <= 1024 and 16-byte aligned pieces, else kTiled runs). kAuto picks by token count.
-enum class HcMixShape { kAuto, kRows, kTiled, kStaged };
-
-// kStaged's dynamic shared memory: one tile of 16 tokens x 1024 floats of h.
-constexpr size_t kHcMixStagedSmem = size_t{16} * 1024 * sizeof(float);
+// block_sum tree over 256 threads. kAuto picks by token count.
+enum class HcMixShape { kAuto, kRows, kTiled };
 
 // K slices of the projection (fixed by hd and nmix: the finish sums the partials in slice order).
 int hc_mix_ksplit(int64_t hd, int nmix);
@@ -31,7 +25,7 @@ int hc_mix_ksplit(int64_t hd, int nmix);
 // h row t [tokens, hd] over K slice ks (stored exactly as double); j == nmix: the fp64 sum of
 // squares of that slice. ksplit = hc_mix_ksplit(hd, nmix). Launched with PDL; allocates nothing.
 // Returns the shape it ran (kTiled falls back to kRows where a slice is too long for it: hd >
-// 2048 * ksplit; kStaged to kTiled where its tile does not fit).
+// 2048 * ksplit).
 HcMixShape hc_mix_partials(const float* h, const float* fn, int64_t tokens, int nmix, int64_t hd, int ksplit,
                            double* partial, cudaStream_t s, HcMixShape shape = HcMixShape::kAuto);
 

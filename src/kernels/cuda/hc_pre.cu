@@ -295,8 +295,7 @@ std::vector<SmemBound> hc_smem_bounds() {
   const std::string shape = "(nmix + 1) x ksplit partials at hc_mix_ksplit's cap";
   return {{"hc_pre_finish", most, shape, ""},
           {"hc_pre_finish_split", most, shape, ""},
-          {"hc_head_finish", most, shape, ""},
-          {"mix_staged_kernel", static_cast<int64_t>(kHcMixStagedSmem), "16 tokens x 1024 floats of h (one tile)", ""}};
+          {"hc_head_finish", most, shape, ""}};
 }
 
 }  // namespace tandem::kernels::cuda

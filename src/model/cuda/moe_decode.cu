@@ -32,10 +32,7 @@
 // into a zeroed block accumulator, added with the scale product (exact power of two, the 2^14
 // included) into the fp32 total. A token tile's activation codes are read straight from global
 // memory (L1) at 32-bit offsets fixed per item; a single active token tile (the usual routed
-// expert at decode sizes) has its own compiled loop, and a single token (every routed expert at
-// batch 1, most at batch 8) a stage of its own: each stage's scale products and the token's f16
-// activation images are formed once in a per-warp scratch (kPrepBytes), not per lane and group, so
-// a group costs its e2m1 moves, two shared loads, two mmas and two fmas. The shared expert (FP8)
+// expert at decode sizes) has its own compiled loop. The shared expert (FP8)
 // runs the dense decode GEMV's scheme: f16 mma on codes, the accumulator rescaled by an exact power
 // of two between 128-k blocks.
 #include "model/cuda/moe_decode.h"
@@ -66,8 +63,6 @@ __device__ __forceinline__ float mx_row_scale(uint32_t word, int b) {
   return __uint_as_float(v * 128u + (6u << 23));
 }
 __device__ __forceinline__ float mx_act_scale(uint32_t e) { return __uint_as_float(((e < 246u ? e : 246u) + 8u) << 23); }
-// mx_row_scale of the E8M0 byte e itself: min(e, 248) << 23 plus 6 << 23, the same bits.
-__device__ __forceinline__ float mx_row_scale_b(uint32_t e) { return __uint_as_float(((e < 248u ? e : 248u) + 6u) << 23); }
 // A hint: the line of global address p into L1 (no register, no fault semantics relied on: callers
 // pass addresses inside their buffers).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
@@ -94,10 +89,6 @@ __device__ __forceinline__ int mx_chunk(int r, int c, int cpr) {
 // read them (the leads arrive, the other warps wait before writing the next item's). bar.arrive
 // orders the arriving warp's earlier shared-memory accesses before the waiters' later ones.
 constexpr int kBarFull = 1, kBarFree = 2;
-// Per-warp scratch of the one-token MXFP4 stage (ExpertArgs::prep): [0, 512) the stage's scale
-// products as float2 (rows g, g + 8) per (group, g); [512, 1024) the token's activation codes of the
-// stage as f16 images, 16 bytes per (group, k quarter t).
-constexpr int kPrepBytes = 1024;
 // Polls of ExpertArgs::sdone (about 0.3 us apart) before the early down item falls back to the
 // grid-dependency wait: far above the up kernel's tail (tens of us), never reached in a healthy run.
 constexpr int kSdonePolls = 1 << 14;
@@ -124,7 +115,6 @@ struct ExpertArgs {
   float* shared_out;          // down: [tokens, n]
   float limit;
   int units, tpi, ring;       // k units per matrix, tiles per item, ring stages per warp
-  int prep;                   // bytes of each warp's one-token scratch (kPrepBytes; 0: the generic loop)
   int mx_k;                   // k of an MXFP4 stage: 256, or 128 when a unit is not a multiple of 256
   int64_t ipc;                // items per job-chunk (tiles / tpi)
   int64_t chunks_shared;      // 32-row chunks of the shared job (0 without it)
@@ -176,8 +166,6 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   const int tl = warp / (NM * U), mm = (warp / U) % NM, unit = warp % U;  // role in an item
   uint8_t* ring = smem + static_cast<size_t>(warp) * S * kSlotBytes;
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(kWarps) * S * kSlotBytes);
-  uint8_t* prep = smem + static_cast<size_t>(kWarps) * S * kSlotBytes + static_cast<size_t>(kWarps) * kPer * 32 * 4 +
-                  static_cast<size_t>(warp) * a.prep;
   const int64_t ku = a.k / U;
   const int nst_fp8 = static_cast<int>(ku / 128), nst_mx = static_cast<int>(ku / a.mx_k);  // stages per unit
   const int cpr = a.mx_k / 32;  // MXFP4 chunks (groups) per stage row
@@ -504,10 +492,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         wsc = w.scale + (static_cast<int64_t>(x.tile) * kRows / 128) * sld + kb0;
       }
     }
-    // The oldest of the S stages in flight (the usual depths first: a constant wait, no jump table;
-    // 5 is the H200's with the one-token scratch, 6 without it).
-    if (S == kMaxRing - 1) mma::cp_async_wait(kMaxRing - 2);
-    else if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
+    // The oldest of the S stages in flight (the usual depth first: a constant wait, no jump table).
+    if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
     else mma::cp_async_wait(S - 1);
     __syncwarp();  // MXFP4 pieces were copied by other lanes of the warp
     const uint8_t* slot = ring + slot_i * kSlotBytes;
@@ -646,61 +632,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           }
         }
       };
-      // ONE with the warp's scratch: the stage's 16 x CPR scale products (each computed once, not by
-      // all four lanes of a row) and the token's f16 activation images (loaded and converted once
-      // per stage, not per group) are formed first, a few per lane; a group is then its share of an
-      // ldmatrix, the e2m1 moves, two shared loads, two mmas and two fmas. The products and the mma
-      // operands are stage<1, true>'s, so are the bits.
-      auto stage_one = [&]<int CPR>() {
-        if (lane < CPR * 4) {
-          // Products of group q = lane / 4 for rows r0, r0 + 8, r0 + 1, r0 + 9 (r0 = 2 (lane % 4)):
-          // the float4 at lane is the float2s (q, r0) and (q, r0 + 1), as the groups read them.
-          const int q = lane >> 2, r0 = (lane & 3) * 2;
-          const float ft = mx_act_scale(a.a_scales[asoff[0][0] + st * (CPR / 4) + (q >> 2)]);  // q's 128-k block
-          const uint8_t* sc = slot + kMxDataBytes + q;  // E8M0 of (row r, group q) at r * 8
-          float4 pr;
-          pr.x = __fmul_rn(mx_row_scale_b(sc[r0 * 8]), ft);
-          pr.y = __fmul_rn(mx_row_scale_b(sc[(r0 + 8) * 8]), ft);
-          pr.z = __fmul_rn(mx_row_scale_b(sc[(r0 + 1) * 8]), ft);
-          pr.w = __fmul_rn(mx_row_scale_b(sc[(r0 + 9) * 8]), ft);
-          reinterpret_cast<float4*>(prep)[lane] = pr;
-          // Codes 32 q + 8 (lane % 4) .. + 8 of the stage (= 8 lane): group q's k quarter lane % 4.
-          const uint8_t* cp = a.a_codes + (aoff[0] - t * 8 + st * CPR * 32 + lane * 8);
-          const uint2 c = mma::ld_act8(cp);
-          if (st + 1 < cons.nst) prefetch_l1(cp + CPR * 32);  // the next stage's codes (same unit)
-          reinterpret_cast<uint4*>(prep + 512)[lane] =
-              make_uint4(mma::e4m3x2_to_f16x2(c.x), mma::e4m3x2_hi_to_f16x2(c.x), mma::e4m3x2_to_f16x2(c.y),
-                         mma::e4m3x2_hi_to_f16x2(c.y));
-        }
-        __syncwarp();  // the scratch, written by other lanes (the stage's last __syncwarp orders its reuse)
-        const float2* qs = reinterpret_cast<const float2*>(prep);
-        const uint4* qa = reinterpret_cast<const uint4*>(prep + 512);
-#pragma unroll 2
-        for (int pp = 0; pp < CPR / 2; ++pp) {
-          uint32_t wq[4];  // rows g, g + 8 of group 2 pp, then of group 2 pp + 1
-          mma::ldsm_x4(wq, slot_s + (lm_b ^ (pp << 5)));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int q = 2 * pp + h;
-            uint32_t f0[4], f1[4];
-            mma::e2m1x8_to_f16x8(wq[2 * h], f0);
-            mma::e2m1x8_to_f16x8(wq[2 * h + 1], f1);
-            const uint32_t a0[4] = {f0[0], f1[0], f0[1], f1[1]};
-            const uint32_t a1[4] = {f0[2], f1[2], f0[3], f1[3]};
-            const uint4 b = qa[q * 4 + t];
-            const float2 sp = qs[q * 8 + g];  // (row g, row g + 8) x the token's block scale
-            float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma::mma_f16(blk, a0, b.x, b.y);
-            mma::mma_f16(blk, a1, b.z, b.w);
-            acc[0][0][0] = fmaf(blk[0], sp.x, acc[0][0][0]);
-            acc[0][0][2] = fmaf(blk[2], sp.y, acc[0][0][2]);
-          }
-        }
-      };
-      if (x.nrows == 1 && a.prep) {
-        if (cpr == 8) stage_one.template operator()<8>();
-        else stage_one.template operator()<4>();
-      } else if (x.nrows == 1) stage.template operator()<1, true>();
+      if (x.nrows == 1) stage.template operator()<1, true>();
       else if (mt_act == 1) stage.template operator()<1, false>();
       else stage.template operator()<2 * MT, false>();
     }
@@ -907,23 +839,16 @@ void launch_experts(const ExpertArgs& ea, int64_t grid, size_t smem, bool pdl, c
 constexpr int64_t kJobTableBytes = static_cast<int64_t>(sizeof(int)) * (kMaxJobs + 2);
 
 // Ring stages per warp for `mt` m tiles: as deep as half an SM's shared memory allows beside the
-// reduction buffer, the warps' one-token scratch and the job table. The scratch is left out (*prep_out
-// 0: the generic loop) where it would leave less than kMinRing stages in half an SM (sm_120 / sm_121's
-// 100 KB), which would cost the SM its second CTA. Returns the launch's dynamic shared memory (rings,
-// the reduction buffer, the scratch).
-size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out, int* prep_out) {
+// reduction buffer and the job table. Returns the launch's dynamic shared memory (rings and the
+// reduction buffer).
+size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out) {
   const int64_t red = static_cast<int64_t>(kWarps) * mt * 8 * 32 * 4;
-  for (const int prep : {kPrepBytes, 0}) {
-    const int64_t fixed = red + static_cast<int64_t>(kWarps) * prep + kJobTableBytes;
-    int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
-    if (prep > 0 && ring < kMinRing) continue;
-    ring = std::clamp(ring, kMinRing, kMaxRing);
-    while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
-    *ring_out = ring;
-    *prep_out = prep;
-    return static_cast<size_t>(kWarps * ring * kSlotBytes + red + static_cast<int64_t>(kWarps) * prep);
-  }
-  return 0;  // not reached: the second pass always returns
+  const int64_t fixed = red + kJobTableBytes;
+  int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
+  ring = std::clamp(ring, kMinRing, kMaxRing);
+  while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
+  *ring_out = ring;
+  return static_cast<size_t>(kWarps * ring * kSlotBytes + red);
 }
 
 template <bool UP>
@@ -969,7 +894,7 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   ea.ccnt = a.buf.counters + kCombine0;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
-  const size_t smem = expert_smem(mt, lim, &ea.ring, &ea.prep);
+  const size_t smem = expert_smem(mt, lim, &ea.ring);
   TANDEM_CHECK_MSG(static_cast<int64_t>(smem) + kJobTableBytes <= lim.smem_per_block,
                    "moe_decode: shared memory of the device");
   // Items: at most (shared chunks + every routed job's chunks) x items per chunk; routed jobs
@@ -1103,15 +1028,14 @@ kc::SmemBound expert_smem_bound() {
   // The ring is sized from the device: at sm_120/sm_121's limits, the larger of the two m-tile counts.
   const kc::DecodeLaunchLimits lim = kc::decode_limits_of(1, kc::kSm12xSmemPerBlock, kc::kSm12xSmemPerSm);
   size_t most = 0;
-  int most_mt = 0, most_ring = 0, most_prep = 0;
+  int most_mt = 0, most_ring = 0;
   for (int mt : {1, 2}) {
-    int ring = 0, prep = 0;
-    const size_t b = expert_smem(mt, lim, &ring, &prep);
-    if (b > most) most = b, most_mt = mt, most_ring = ring, most_prep = prep;
+    int ring = 0;
+    const size_t b = expert_smem(mt, lim, &ring);
+    if (b > most) most = b, most_mt = mt, most_ring = ring;
   }
   return {"expert_kernel", static_cast<int64_t>(most),
-          std::to_string(most_mt) + " m tiles, ring " + std::to_string(most_ring) + ", one-token scratch " +
-              std::to_string(most_prep) + " B a warp" +
+          std::to_string(most_mt) + " m tiles, ring " + std::to_string(most_ring) +
               " (sized from the device: at sm_120/sm_121's 99 KB per block, 100 KB per SM)",
           ""};
 }
