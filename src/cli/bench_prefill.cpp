@@ -148,8 +148,9 @@ nlohmann::json prefill_kernels(cudaStream_t s, double copy_bps, const TimeCalls&
   kc::random_fill(hscale.get(), hscale.size(), kc::RandomFill::kF32Bf16, 38, s, 0.5f);
   kc::random_fill(hbase.get(), hbase.size(), kc::RandomFill::kF32Bf16, 39, s, 0.5f);
   kc::random_fill(nw.get(), nw.size(), kc::RandomFill::kF32Bf16, 40, s, 1.0f);
-  const double hbytes = T * hc * hidden * 4.0 + T * hidden * 4.0 + T * hidden + T * hidden / 128.0;
-  tab.add("hc_pre_pack 4 x 4096 (mix + finish)", hbytes, [&](int) {
+  // hc_pre_pack as the layer half launches it (partials null: the mix, then the finish), or the
+  // finish alone on partials the mix left.
+  auto pre_pack = [&](const double* partials) {
     kernels::HcPreParams p;
     p.h = h.get();
     p.fn = fn.get();
@@ -165,39 +166,24 @@ nlohmann::json prefill_kernels(cudaStream_t s, double copy_bps, const TimeCalls&
     pk.norm_weight = nw.get();
     pk.codes = pcodes.get();
     pk.scales = pscales.get();
+    pk.partials = partials;
     kc::hc_pre_pack(p, pk, s);
-  });
+  };
+  const double hbytes = T * hc * hidden * 4.0 + T * hidden * 4.0 + T * hidden + T * hidden / 128.0;
+  tab.add("hc_pre_pack 4 x 4096 (mix + finish)", hbytes, [&](int) { pre_pack(nullptr); });
   // ---- The three mHC kernels of a layer half alone (issue 24). The mix: h once, fn per tile from
   // the L2, the partials written; its arithmetic, 24 fp32 dot products of 16,384 per token (1.6 G
   // FMAs) + the fp64 squares, is about 50 us of the device's FP32 lanes, under its bytes floor.
   const int ksplit = kc::hc_mix_ksplit(hc * hidden, nmix);
   const int64_t npart = T * (nmix + 1) * ksplit;
   kc::DeviceBuffer<double> part(static_cast<size_t>(npart));
-  tab.add("hc mix partials 4 x 4096 (kAuto: staged)", T * hc * hidden * 4.0 + nmix * hc * hidden * 4.0 + npart * 8.0,
+  tab.add("hc mix partials 4 x 4096 (kAuto)", T * hc * hidden * 4.0 + nmix * hc * hidden * 4.0 + npart * 8.0,
           [&](int) { kc::hc_mix_partials(h.get(), fn.get(), T, nmix, hc * hidden, ksplit, part.get(), s); });
   // The finish (hc_pre_finish<true>) on those partials: h once, x, codes, scales, post and comb written.
   tab.add("hc_pre_pack finish 4 x 4096 (partials given)",
           T * hc * hidden * 4.0 + npart * 8.0 + T * hidden * 4.0 + T * hidden + T * hidden / 128.0 +
               T * (hc + hc * hc) * 4.0,
-          [&](int) {
-            kernels::HcPreParams p;
-            p.h = h.get();
-            p.fn = fn.get();
-            p.scale = hscale.get();
-            p.base = hbase.get();
-            p.tokens = T;
-            p.hc = hc;
-            p.dim = hidden;
-            p.x = hx.get();
-            p.post = post.get();
-            p.comb = comb.get();
-            kc::HcPrePackArgs pk;
-            pk.norm_weight = nw.get();
-            pk.codes = pcodes.get();
-            pk.scales = pscales.get();
-            pk.partials = part.get();
-            kc::hc_pre_pack(p, pk, s);
-          });
+          [&](int) { pre_pack(part.get()); });
   // hc_post (hc_post_vec_kernel<4>): the residual streams and f read, the new streams written; the
   // attention half loads bf16(f), the MoE half bf16(f + shared) (f_add: one more row read).
   kc::DeviceBuffer<float> hout(h.size()), fadd(static_cast<size_t>(T * hidden));

@@ -22,6 +22,20 @@
 namespace tandem::kernels::cuda_testing {
 namespace {
 
+// The RoPE inverse frequencies of the output epilogues' tests: base 10000, YaRN over
+// original_seq_len with `factor` (0: none).
+std::vector<float> rope_table(int rope_dim, int64_t original_seq_len, double factor) {
+  std::vector<float> inv(static_cast<size_t>(rope_dim / 2));
+  RopeFreqParams fp;
+  fp.inv_freq = inv.data();
+  fp.rope_dim = rope_dim;
+  fp.base = 10000.0;
+  fp.original_seq_len = original_seq_len;
+  fp.factor = factor;
+  rope_inv_freq(fp);
+  return inv;
+}
+
 using cuda_model::AttnArgs;
 using cuda_model::DraftAttnArgs;
 
@@ -358,15 +372,7 @@ TEST(CudaAttention, MatchesCpu) {
     // (inverse, rounded to bf16: the forward's former launch) on the plain output, bit for bit.
     {
       const int rope_dim = 64;
-      std::vector<float> inv(rope_dim / 2);
-      RopeFreqParams fp;
-      fp.inv_freq = inv.data();
-      fp.rope_dim = rope_dim;
-      fp.base = 10000.0;
-      fp.original_seq_len = 65536;
-      fp.factor = 16.0;
-      rope_inv_freq(fp);
-      DeviceBuffer<float> dinv = to_dev(inv);
+      DeviceBuffer<float> dinv = to_dev(rope_table(rope_dim, 65536, 16.0));
       RopeParams rp;
       rp.x = out_fold.get();  // == got's bits
       rp.positions = st.meta.positions;
@@ -483,12 +489,7 @@ struct DraftCase {
   // The output's inverse RoPE (rope_dim 64, base 10000) on in the args; the block's rows at P + t.
   void with_rope() {
     const int rope_dim = 64;
-    std::vector<float> inv(rope_dim / 2);
-    RopeFreqParams fp;
-    fp.inv_freq = inv.data();
-    fp.rope_dim = rope_dim;
-    fp.base = 10000.0;
-    rope_inv_freq(fp);
+    const std::vector<float> inv = rope_table(rope_dim, 0, 1.0);
     std::vector<int64_t> rpos(static_cast<size_t>(B * K));
     for (int64_t r = 0; r < B * K; ++r) rpos[r] = P[r / K] + r % K;
     dinv = to_dev(inv);
