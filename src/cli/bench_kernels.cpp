@@ -37,6 +37,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/decode_gemm.h"
+#include "kernels/cuda/hc_mix.h"
 #include "cli/bench_long_context.h"
 #include "cli/bench_prefill.h"
 #include "kernels/cuda/random_fill.h"
@@ -410,8 +411,11 @@ void Bench::hc_pre_pack_rows() {
   kc::random_fill(hscale.get(), hscale.size(), kc::RandomFill::kF32Bf16, 138, s, 0.5f);
   kc::random_fill(hbase.get(), hbase.size(), kc::RandomFill::kF32Bf16, 139, s, 0.5f);
   kc::random_fill(nw.get(), nw.size(), kc::RandomFill::kF32Bf16, 140, s, 1.0f);
+  const int ksplit = kc::hc_mix_ksplit(HD, nmix);
+  kc::DeviceBuffer<double> part(static_cast<size_t>(m_max * (nmix + 1) * ksplit));
   for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}}) {
-    auto us = [&](kc::HcFinishShape shape) {
+    // partials: null = the mix and the finish (as a layer half launches them); else the finish alone.
+    auto us = [&](kc::HcFinishShape shape, const double* partials = nullptr, int sinkhorn_iters = 20) {
       return time_calls(s, [&](int i) {
         kernels::HcPreParams p;
         p.h = h.get();
@@ -424,11 +428,13 @@ void Bench::hc_pre_pack_rows() {
         p.x = hx.get();
         p.post = post.get();
         p.comb = comb.get();
+        p.sinkhorn_iters = sinkhorn_iters;
         kc::HcPrePackArgs pk;
         pk.norm_weight = nw.get();
         pk.codes = pcodes.get();
         pk.scales = pscales.get();
         pk.finish = shape;
+        pk.partials = partials;
         kc::hc_pre_pack(p, pk, s);
       });
     };
@@ -442,6 +448,19 @@ void Bench::hc_pre_pack_rows() {
     // No new_frac_of_copy key: the copy-fraction targets are the weight-reading kernels'.
     rows.push_back({{"kernel", name}, {"n", dim}, {"k", HD}, {"rows", m}, {"bytes", bytes}, {"old_us", old_us},
                     {"split_us", new_us}});
+    // Where a launch pair's time goes: the mix alone, the split finish alone on the mix's partials,
+    // and that finish with one Sinkhorn iteration instead of the model's 20 (its comb is then not
+    // the model's: a timing only, to read the iterations' share off the difference).
+    const double mix_us = time_calls(s, [&](int i) {
+      kc::hc_mix_partials(h.get(), fn.get() + fn_n * static_cast<size_t>(i % copies), m, nmix, HD, ksplit, part.get(), s);
+    });
+    const double fin_us = us(kc::HcFinishShape::kSplit, part.get());
+    const double fin1_us = us(kc::HcFinishShape::kSplit, part.get(), 1);
+    std::printf("%-38s %3lld  mix alone %6.1f us, split finish alone %6.1f us, with 1 Sinkhorn iteration %6.1f us\n",
+                "  hc_pre_pack parts", static_cast<long long>(m), mix_us, fin_us, fin1_us);
+    std::fflush(stdout);
+    rows.push_back({{"kernel", "hc_pre_pack 4 x 4096 parts"}, {"rows", m}, {"mix_us", mix_us},
+                    {"split_finish_us", fin_us}, {"split_finish_1_sinkhorn_us", fin1_us}});
   }
 }
 
