@@ -413,9 +413,17 @@ void Bench::hc_pre_pack_rows() {
   kc::random_fill(nw.get(), nw.size(), kc::RandomFill::kF32Bf16, 140, s, 1.0f);
   const int ksplit = kc::hc_mix_ksplit(HD, nmix);
   kc::DeviceBuffer<double> part(static_cast<size_t>(m_max * (nmix + 1) * ksplit));
+  // The comb's side branch (HcCombSide), as the model runs it: joined before the next call's mix.
+  cudaStream_t side_stream;
+  cudaEvent_t fork, join;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  const kc::HcCombSide side{side_stream, fork, join};
   for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}}) {
     // partials: null = the mix and the finish (as a layer half launches them); else the finish alone.
-    auto us = [&](kc::HcFinishShape shape, const double* partials = nullptr, int sinkhorn_iters = 20) {
+    auto us = [&](kc::HcFinishShape shape, const double* partials = nullptr, int sinkhorn_iters = 20,
+                  bool comb_apart = false) {
       return time_calls(s, [&](int i) {
         kernels::HcPreParams p;
         p.h = h.get();
@@ -435,7 +443,9 @@ void Bench::hc_pre_pack_rows() {
         pk.scales = pscales.get();
         pk.finish = shape;
         pk.partials = partials;
+        pk.comb_side = comb_apart ? &side : nullptr;
         kc::hc_pre_pack(p, pk, s);
+        if (comb_apart) TANDEM_CUDA_CHECK(cudaStreamWaitEvent(s, join, 0));
       });
     };
     const double old_us = us(kc::HcFinishShape::kToken), new_us = us(kc::HcFinishShape::kSplit);
@@ -456,12 +466,39 @@ void Bench::hc_pre_pack_rows() {
     });
     const double fin_us = us(kc::HcFinishShape::kSplit, part.get());
     const double fin1_us = us(kc::HcFinishShape::kSplit, part.get(), 1);
+    // The comb on the side stream (the model's decode path): the pair, and the finish alone beside it.
+    const double side_us = us(kc::HcFinishShape::kSplit, nullptr, 20, true);
+    const double fin_side_us = us(kc::HcFinishShape::kSplit, part.get(), 20, true);
     std::printf("%-38s %3lld  mix alone %6.1f us, split finish alone %6.1f us, with 1 Sinkhorn iteration %6.1f us\n",
                 "  hc_pre_pack parts", static_cast<long long>(m), mix_us, fin_us, fin1_us);
+    // hc_pre without the pack (its split finish: no cluster, no norm), the pair: what the cluster and
+    // the pack add.
+    const double nopack_us = time_calls(s, [&](int i) {
+      kernels::HcPreParams p;
+      p.h = h.get();
+      p.fn = fn.get() + fn_n * static_cast<size_t>(i % copies);
+      p.scale = hscale.get();
+      p.base = hbase.get();
+      p.tokens = m;
+      p.hc = hc;
+      p.dim = dim;
+      p.x = hx.get();
+      p.post = post.get();
+      p.comb = comb.get();
+      kc::hc_pre(p, s, kc::HcFinishShape::kSplit);
+    });
+    std::printf("%-38s %3lld  mix + finish %6.1f us, the finish alone %6.1f us; hc_pre without the pack %6.1f us\n",
+                "  comb on a side stream", static_cast<long long>(m), side_us, fin_side_us, nopack_us);
     std::fflush(stdout);
     rows.push_back({{"kernel", "hc_pre_pack 4 x 4096 parts"}, {"rows", m}, {"mix_us", mix_us},
-                    {"split_finish_us", fin_us}, {"split_finish_1_sinkhorn_us", fin1_us}});
+                    {"split_finish_us", fin_us}, {"split_finish_1_sinkhorn_us", fin1_us},
+                    {"comb_side_pair_us", side_us}, {"comb_side_finish_us", fin_side_us},
+                    {"hc_pre_no_pack_pair_us", nopack_us}});
   }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(side_stream));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(fork));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(join));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(side_stream));
 }
 
 // ---------------------------------------------------------------- sampler

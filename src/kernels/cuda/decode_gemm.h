@@ -120,6 +120,18 @@ struct DecodeActPackArgs {
 constexpr int64_t kMaxPackDim = 12288;
 void decode_act_pack(const DecodeActPackArgs& a, cudaStream_t s);
 
+// comb (the Sinkhorn of the mixes' last hc * hc rows: 20 dependent rounds of sums and divisions, the
+// finishing kernel's longest chain) on a second stream: the op records `fork` on its stream after
+// the mix, makes `stream` wait for it, runs the comb there (same bits) and records `join`. The
+// finishing kernel then writes x, codes, scales and post only, and the kernels after it do not wait
+// for the Sinkhorn; comb is written once `join` completes: the caller makes its stream wait for
+// `join` before anything reads comb (and before the mix's next launch on its stream, which
+// rewrites the partials the comb reads). Works eagerly and under stream capture (a graph branch).
+struct HcCombSide {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+
 // hc_pre (cuda_ops.h) with decode_act_pack of its output fused into the kernel that finishes it
 // (hc_pre.cu), for the decode path's layer halves: the CTA that collapses a token's streams into
 // x[t] then normalizes x[t] in place and quantizes it. Bit for bit hc_pre followed by
@@ -133,6 +145,8 @@ struct HcPrePackArgs {
   // Optional: the mix's partials of these tokens (hc_mix_partials with hc_mix_ksplit(hc * dim, nmix)),
   // already computed: only the finishing kernel runs (the bench times it alone).
   const double* partials = nullptr;
+  // Optional: comb off the finishing kernel's path (HcCombSide). Null: the finishing kernel writes it.
+  const HcCombSide* comb_side = nullptr;
 };
 // p.dim a multiple of 128, <= kMaxPackDim; p.hc <= 16.
 void hc_pre_pack(const HcPreParams& p, const HcPrePackArgs& pack, cudaStream_t s);

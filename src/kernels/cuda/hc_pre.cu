@@ -7,6 +7,10 @@
 // At a few tokens (hc_mix.h's HcFinishShape::kSplit) kHcSplit CTAs finish each token instead, each
 // collapsing a slice of the columns (hc_pre_pack: a thread-block cluster, the RMSNorm's sum read
 // from the CTAs' shared memory in pack_row's order) while a ninth warp of CTA 0 runs the Sinkhorn.
+// hc_pre_pack with a HcCombSide: the finishing kernels skip the Sinkhorn, and comb_kernel (a warp per
+// token: the comb rows' finish_mix, then the same sinkhorn()) runs it on the side stream.
+// The finishing kernels touch their weights (scale, base, the norm weight) before the dependency
+// wait: those L2 round trips then overlap the mix instead of following it.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/decode_act.cuh"
 #include "kernels/cuda/decode_gemm.h"
@@ -97,10 +101,51 @@ __device__ __forceinline__ void sinkhorn(const HcPreParams& p, const float* mix,
   }
 }
 
-// kPack: hc_pre_pack's tail (pk used); else hc_pre alone (pk unused).
+// Brings the 128-byte lines of x[0, n) into L1, a line per thread (the finishing kernels, before
+// their dependency wait: weights are written by no kernel of the step, launch.cuh's rule 1).
+__device__ __forceinline__ void prefetch_l1(const float* x, int64_t n) {
+  if (n <= 0) return;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(x) & ~uintptr_t{127};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(x + n);
+  for (uintptr_t a = first + threadIdx.x * uintptr_t{128}; a < end; a += blockDim.x * uintptr_t{128})
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
+}
+
+// The weights a finishing CTA reads after the mixes: scale, base and, with the pack, the norm
+// weight's columns [c0, c0 + n).
+__device__ __forceinline__ void prefetch_weights(const HcPreParams& p, const float* norm_weight, int64_t c0, int64_t n) {
+  prefetch_l1(p.scale, 3);
+  prefetch_l1(p.base, (2 + p.hc) * p.hc);
+  if (norm_weight) prefetch_l1(norm_weight + c0, n);
+}
+
+// comb of token blockIdx.x alone (hc_pre_pack's HcCombSide), one warp: the comb rows' mixes as
+// finish_mix computes them (the same fp64 sum of squares and fp32 sums in ks order), then sinkhorn().
+// mix[2 hc ..] only; the other rows are the finishing kernel's. Launched after the mix completes (a
+// full dependency: no PDL).
+__global__ void __launch_bounds__(kWarp) comb_kernel(HcPreParams p, const double* partial, int ksplit) {
+  __shared__ float mix[(2 + kMaxHc) * kMaxHc];
+  const int hc = p.hc, nmix = (2 + hc) * hc, lane = threadIdx.x;
+  const int64_t t = blockIdx.x;
+  const double* pt = partial + t * (nmix + 1) * ksplit;
+  double ss = 0.0;
+  for (int ks = 0; ks < ksplit; ++ks) ss += pt[nmix * ksplit + ks];
+  const float r = div_rn(1.0f, sqrtf(add_rn(static_cast<float>(ss / static_cast<double>(hc * p.dim)), p.norm_eps)));
+  for (int j = 2 * hc + lane; j < nmix; j += kWarp) {
+    float d = 0.0f;
+    for (int ks = 0; ks < ksplit; ++ks) d = add_rn(d, static_cast<float>(pt[j * ksplit + ks]));
+    mix[j] = mul_rn(d, r);
+  }
+  __syncwarp();
+  sinkhorn(p, mix, t, lane);
+}
+
+// kPack: hc_pre_pack's tail (pk used); else hc_pre alone (pk unused). comb: this kernel runs the
+// Sinkhorn (else comb_kernel does, on the side stream).
 template <bool kPack>
 __global__ void __launch_bounds__(hc::kThreads)
-    hc_pre_finish(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk) {
+    hc_pre_finish(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk, bool comb) {
+  prefetch_weights(p, kPack ? pk.norm_weight : nullptr, 0, p.dim);
   pdl_enter();
   __shared__ float pre[kMaxHc];
   extern __shared__ double stage[];  // hc::stage_bytes
@@ -117,7 +162,7 @@ __global__ void __launch_bounds__(hc::kThreads)
   if (threadIdx.x >= kWarp) {
     // Warps 1.. collapse the streams (which needs pre only) while warp 0 runs the Sinkhorn.
     hc::collapse(p.h + t * HD, p.dim, pre, hc, p.dim, x, true, threadIdx.x - kWarp, blockDim.x - kWarp);
-  } else {
+  } else if (comb) {
     sinkhorn(p, mix, t, lane);
   }
   if constexpr (kPack) {
@@ -182,7 +227,11 @@ __device__ __forceinline__ double sum_256(double v, double* red) {
 
 template <bool kPack>
 __global__ void __launch_bounds__(kSplitThreads)
-    hc_pre_finish_split(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk, int64_t slice) {
+    hc_pre_finish_split(HcPreParams p, const double* partial, int ksplit, HcPrePackArgs pk, int64_t slice, bool comb) {
+  {
+    const int64_t r = blockIdx.x % kHcSplit, c0 = r * slice < p.dim ? r * slice : p.dim;
+    prefetch_weights(p, kPack ? pk.norm_weight : nullptr, c0, p.dim - c0 < slice ? p.dim - c0 : slice);
+  }
   pdl_enter();
   __shared__ float pre[kMaxHc];
   extern __shared__ double stage[];  // hc::stage_bytes
@@ -200,7 +249,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   __syncthreads();  // pre; the last block-wide barrier (warp 8 leaves the column work)
   if (warp == kSinkhornWarp) {
     if constexpr (kPack) cluster_arrive();  // warp 8 reads no peer's slice: it releases both barriers at once
-    if (r == 0) sinkhorn(p, mix, t, lane);
+    if (r == 0 && comb) sinkhorn(p, mix, t, lane);
     if constexpr (kPack) {
       __syncwarp();
       cluster_wait();
@@ -252,19 +301,32 @@ void launch(const HcPreParams& p, const HcPrePackArgs& pk, HcFinishShape shape, 
   const int ksplit = hc_mix_ksplit(HD, nmix);
   const double* partial =
       pk.partials ? pk.partials : hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
+  const HcCombSide* side = pk.comb_side;
+  if (side) {
+    // The comb's branch: after the mix (a full dependency), beside the finishing kernel.
+    TANDEM_CHECK(side->stream && side->fork && side->join && side->stream != s);
+    TANDEM_CHECK_MSG(p.tokens <= 0x7fffffff, "hc_pre: too many tokens");
+    TANDEM_CUDA_CHECK(cudaEventRecord(side->fork, s));
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
+    comb_kernel<<<static_cast<unsigned>(p.tokens), kWarp, 0, side->stream>>>(p, partial, ksplit);
+    TANDEM_CUDA_LAUNCH_CHECK();
+    TANDEM_CUDA_CHECK(cudaEventRecord(side->join, side->stream));
+  }
+  const bool comb = side == nullptr;
   const size_t smem = hc::stage_bytes(nmix, ksplit);
   if (shape == HcFinishShape::kAuto) shape = p.tokens <= kHcSplitMaxTokens ? HcFinishShape::kSplit : HcFinishShape::kToken;
   if (shape == HcFinishShape::kToken) {
-    launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, smem, s, p, partial, ksplit, pk);
+    launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, smem, s, p, partial, ksplit, pk,
+               comb);
   } else {
     const int64_t slice = split_slice(p.dim, kPack);
     const unsigned grid = static_cast<unsigned>(p.tokens * kHcSplit);
     if constexpr (kPack) {
       TANDEM_CHECK(slice <= kMaxSlice);
       launch_pdl_cluster(hc_pre_finish_split<true>, grid, kSplitThreads, smem, kHcSplit, s, p, partial, ksplit, pk,
-                         slice);
+                         slice, comb);
     } else {
-      launch_pdl(hc_pre_finish_split<false>, grid, kSplitThreads, smem, s, p, partial, ksplit, pk, slice);
+      launch_pdl(hc_pre_finish_split<false>, grid, kSplitThreads, smem, s, p, partial, ksplit, pk, slice, comb);
     }
   }
   TANDEM_CUDA_LAUNCH_CHECK();

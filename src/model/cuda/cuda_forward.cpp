@@ -144,6 +144,7 @@ void CudaModel::Impl::norm_rows(float* xx, int64_t rows, int64_t dim, const floa
 
 void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const float* scale, const float* base,
                              float* xo, float* posto, float* combo, const float* norm_weight) {
+  join_comb();             // a pending comb branch still reads the mix's partials this call rewrites
   dec.packed_x = nullptr;  // xo is rewritten
   kernels::HcPreParams p;
   p.h = hh;
@@ -164,7 +165,14 @@ void CudaModel::Impl::hc_pre(const float* hh, int64_t n, const float* fn, const 
   if (norm_weight) dec_norm_rows(xo, n, p.dim, norm_weight);
 }
 
+void CudaModel::Impl::join_comb() {
+  if (!comb_pending) return;
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream, comb_join, 0));
+  comb_pending = false;
+}
+
 void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float* hh) {
+  join_comb();  // comb (hc_pre_pack's side branch)
   kernels::HcPostParams p;
   p.f = aa;
   p.res = rr;

@@ -124,6 +124,12 @@ struct CudaModel::Impl {
   cuda_model::DWeights w;
   cuda_model::DeviceLayout lay;
   cudaStream_t stream = nullptr;
+  // The mHC comb's branch (kernels::cuda::HcCombSide): the layer halves' Sinkhorn runs on
+  // side_stream beside the main chain; hc_post (its reader) joins it first (join_comb).
+  cudaStream_t side_stream = nullptr;
+  cudaEvent_t comb_fork = nullptr, comb_join = nullptr;
+  bool comb_pending = false;   // a comb branch forked and not yet joined into `stream`
+  void join_comb();
   std::string device_name;
   int64_t own_bytes = 0;       // device bytes this model allocated (weights, state, scratch)
   int64_t max_rows = 0;        // rows of the scratch (max(step tokens, draft rows))

@@ -102,6 +102,10 @@ CudaModel::Impl::~Impl() {
   if (plan_host) cudaFreeHost(plan_host);
   if (draft_host) cudaFreeHost(draft_host);
   if (sample_host) cudaFreeHost(sample_host);
+  if (side_stream) cudaStreamSynchronize(side_stream);
+  if (comb_fork) cudaEventDestroy(comb_fork);
+  if (comb_join) cudaEventDestroy(comb_join);
+  if (side_stream) cudaStreamDestroy(side_stream);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -161,6 +165,9 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
                                device_name, TANDEM_CUDA_ARCHS);
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, copt.device));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comb_fork, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comb_join, cudaEventDisableTiming));
   return Status();
 }
 
@@ -590,6 +597,7 @@ void CudaModel::Impl::launch() {
     head_logits(head_in.get(), step.lrows, w, w.hc_head_fn, w.hc_head_scale, w.hc_head_base, w.norm, head_y.get(),
                 logits.get());
   }
+  join_comb();  // every branch ends in the step (hc_post joins each; this is the backstop)
   in_step = false;
 }
 
