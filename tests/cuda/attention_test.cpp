@@ -172,8 +172,9 @@ struct AttnCheck {
   std::vector<double> ref, gpu_bound, cpu_bound;
   std::vector<float> cpu, emu;
   // keys: the CPU's order; kernel_keys: the kernel's (the same keys, the top-k list in list order).
+  // list_len: the kernel's list length where it holds masked ids (its chunk count), else 0.
   void add(const float* q, int64_t heads, int64_t hd, const std::vector<const float*>& keys, const float* sink,
-           const std::vector<const float*>* kernel_keys = nullptr) {
+           const std::vector<const float*>* kernel_keys = nullptr, size_t list_len = 0) {
     const size_t o = ref.size();
     ref.resize(o + heads * hd);
     gpu_bound.resize(o + heads * hd);
@@ -183,7 +184,8 @@ struct AttnCheck {
     std::vector<float> scratch(keys.size() + 1);
     model::attend(q, heads, hd, keys.data(), keys.size(), sink, cpu.data() + o, scratch.data());
     std::vector<double> dummy(hd);
-    const AttnDepths gd = target ? mqa_gpu_depths(hd, keys.size()) : draft_gpu_depths(hd, keys.size());
+    const AttnDepths gd =
+        target ? mqa_gpu_depths(hd, std::max(keys.size(), list_len)) : draft_gpu_depths(hd, keys.size());
     for (int64_t h = 0; h < heads; ++h) {
       attend_ref(q + h * hd, hd, keys, sink[h], gd, &ref[o + h * hd], &gpu_bound[o + h * hd]);
       attend_ref(q + h * hd, hd, keys, sink[h], cpu_depths(hd, keys.size()), dummy.data(), &cpu_bound[o + h * hd]);
@@ -213,6 +215,7 @@ struct TargetCase {
   int ratio;          // 0 (window only), 4 (top-k list), 128 (every visible entry)
   int heads, hd, topk;
   std::vector<SeqPlan> seqs;  // blocks are assigned by the test
+  bool mask_ids = false;      // ratio 4: some of the list's first k ids -1 or not yet visible (masked)
 };
 
 TEST(CudaAttention, MatchesCpu) {
@@ -233,6 +236,21 @@ TEST(CudaAttention, MatchesCpu) {
   cases.push_back({KvRecordKind::kFp8, 4, 32, 512, 512, {{0, 2100, 6, {}}}});
   cases.push_back({KvRecordKind::kBf16, 128, 8, 512, 0, {{1, 1500, 96, {}}}});
   cases.push_back({KvRecordKind::kNvfp4, 0, 8, 512, 0, {{0, 700, 96, {}}}});
+  // Decode shapes of the split launch (AttnSplitLoads::kOneRound against kRounds and the folding
+  // blocks): 1, 2 and 8 rows, windows of 1 key, partial, exactly full (position 127) and wrapped,
+  // this step's fp32 rows among the window's records (a 6-row sequence), masked top-k ids, every
+  // record kind, head dims 512 and 128, head counts that do and do not fill the 16-head tiles.
+  cases.push_back({KvRecordKind::kFp8, 0, 32, 512, 0, {{0, 0, 1, {}}}});
+  cases.push_back({KvRecordKind::kFp8, 0, 32, 512, 0, {{1, 300, 1, {}}, {0, 60, 1, {}}}});
+  cases.push_back({KvRecordKind::kBf16, 0, 16, 512, 0, {{2, 127, 1, {}}}});
+  cases.push_back({KvRecordKind::kNvfp4, 128, 32, 512, 0, {{0, 3000, 6, {}}, {1, 128, 1, {}}, {2, 5, 1, {}}}});
+  cases.push_back({KvRecordKind::kFp8, 128, 32, 512, 0, {{1, 9000, 1, {}}}});
+  cases.push_back({KvRecordKind::kBf16, 4, 32, 512, 512, {{0, 4000, 1, {}}, {1, 900, 1, {}}}, true});
+  cases.push_back({KvRecordKind::kFp8, 4, 32, 512, 512, {{2, 2400, 1, {}}}, true});
+  cases.push_back({KvRecordKind::kNvfp4, 4, 20, 512, 512, {{0, 2100, 8, {}}}, true});
+  cases.push_back({KvRecordKind::kFp8, 4, 6, 128, 32, {{0, 500, 1, {}}}, true});
+  cases.push_back({KvRecordKind::kNvfp4, 0, 20, 128, 0, {{1, 200, 2, {}}}});
+  cases.push_back({KvRecordKind::kBf16, 128, 8, 128, 0, {{0, 900, 1, {}}}});
   uint64_t seed = 1;
   for (TargetCase& c : cases) {
     const KvRecordLayout l = KvRecordLayout::make(c.kind, c.hd, 64);
@@ -293,6 +311,11 @@ TEST(CudaAttention, MatchesCpu) {
       for (int64_t j = 0; j < vis; ++j) ids[j] = static_cast<int32_t>(j);
       for (int64_t j = vis - 1; j > 0; --j) std::swap(ids[j], ids[mix64(seed + t * 7919 + j) % (j + 1)]);
       for (int64_t i = 0; i < std::min<int64_t>(c.topk, vis); ++i) topk[t * topk_ld + i] = ids[i];
+      if (c.mask_ids)  // masked ids inside the list: -1 and ids not yet visible
+        for (int64_t i = 0; i < std::min<int64_t>(c.topk, vis); ++i) {
+          if (i % 5 == 2) topk[t * topk_ld + i] = -1;
+          if (i % 7 == 3) topk[t * topk_ld + i] = static_cast<int32_t>(vis + i);
+        }
     }
     seed += 100;
 
@@ -307,9 +330,15 @@ TEST(CudaAttention, MatchesCpu) {
         keys.push_back(wp >= sp.start ? step_kv.data() + (st.seq_row0[s] + wp - sp.start) * hd
                                       : ring_val.at({sp.slot, wp}).data());
       std::vector<const float*> kernel_keys = keys;
+      size_t list_len = 0;
       if (c.ratio == 4) {
         const int64_t vis = (p + 1) / 4, k = std::min<int64_t>(c.topk, vis);
-        std::vector<int32_t> sel(topk.begin() + t * topk_ld, topk.begin() + t * topk_ld + k);
+        std::vector<int32_t> sel;
+        for (int64_t i = 0; i < k; ++i) {
+          const int32_t id = topk[t * topk_ld + i];
+          if (id >= 0 && id < vis) sel.push_back(id);  // the others are masked
+        }
+        list_len = keys.size() + static_cast<size_t>(k);
         for (int32_t j : sel) kernel_keys.push_back(entry_val.at({static_cast<size_t>(s), j}).data());
         std::sort(sel.begin(), sel.end());  // the CPU walks the selection in position order
         for (int32_t j : sel) keys.push_back(entry_val.at({static_cast<size_t>(s), j}).data());
@@ -317,7 +346,7 @@ TEST(CudaAttention, MatchesCpu) {
         for (int64_t j = 0; j < (p + 1) / c.ratio; ++j) keys.push_back(entry_val.at({static_cast<size_t>(s), j}).data());
         kernel_keys = keys;
       }
-      chk.add(q.data() + t * H * hd, H, hd, keys, sink.data(), &kernel_keys);
+      chk.add(q.data() + t * H * hd, H, hd, keys, sink.data(), &kernel_keys, list_len);
     }
     chk.check_cpu();
     if (!have_gpu()) continue;
@@ -357,7 +386,19 @@ TEST(CudaAttention, MatchesCpu) {
     a.sm_count = 1 << 20;
     a.out = out_split.get();
     EXPECT_TRUE(cuda_model::attention_splits(a));
+    EXPECT_EQ(a.split_loads, cuda_model::AttnSplitLoads::kOneRound);  // the default
     cuda_model::attention(a, kStream);
+    // ... with the former chunk loads (AttnSplitLoads::kRounds) ...
+    {
+      auto out_rounds = poisoned<float>(static_cast<size_t>(rows * H * hd));
+      a.out = out_rounds.get();
+      a.split_loads = cuda_model::AttnSplitLoads::kRounds;
+      cuda_model::attention(a, kStream);
+      a.split_loads = cuda_model::AttnSplitLoads::kOneRound;
+      a.out = out_split.get();
+      EXPECT_TRUE(same_bits(to_host(out_rounds), to_host(out_split)))
+          << "split, chunk loads in rounds vs in one round (element = (row * heads + head) * hd + dim)";
+    }
     // ... and one folding block per (row, 16 heads).
     auto out_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
     a.partial = nullptr;

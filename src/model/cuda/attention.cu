@@ -6,7 +6,9 @@
 // per fragment, key order). The chunks are folded in list order, either in registers by a block
 // that walks its row's chunks (prefill, large batches) or, split over the chunks, by fold_kernel
 // from each chunk's (m_c, z_c, O_c) in `partial`: the same operations on the same values, so both
-// give the same bits.
+// give the same bits. A split block gets its chunk's keys in one round of loads by default
+// (split_block_one_round: key pointers before the grid-dependency wait, every record byte copied
+// into the tile at once and decoded there in place) or, AttnSplitLoads::kRounds, in 4 rounds.
 #include "model/cuda/attention.h"
 
 #include <cuda_runtime.h>
@@ -129,38 +131,56 @@ struct RawPiece {
   int mode;          // 0 masked, 1 fp32 row, 2 bf16 dims, 3 fp8 codes, 4 nvfp4 codes
 };
 
-__device__ __forceinline__ RawPiece load_piece(uint64_t kp, const KvRecordLayout& l, int piece) {
+// The piece of a KV record (no fp32 row): from global memory through the read-only path (kLdg),
+// or from the record's bytes in shared memory (the split launch's one-round loads).
+template <bool kLdg, typename T>
+__device__ __forceinline__ T ld_at(const uint8_t* p) {
+  if constexpr (kLdg) return __ldg(reinterpret_cast<const T*>(p));
+  else return *reinterpret_cast<const T*>(p);
+}
+template <bool kLdg>
+__device__ __forceinline__ RawPiece record_piece(const uint8_t* rec, const KvRecordLayout& l, int piece) {
   RawPiece r;
   r.w0 = r.w1 = make_uint4(0, 0, 0, 0);
   r.scale = 0.0f;
-  r.mode = 0;
-  if (!kp) return r;
   const int d0 = 8 * piece;
-  if (kp & 1) {
-    const uint4* f = reinterpret_cast<const uint4*>(kp & ~uint64_t{1}) + 2 * piece;
-    r.w0 = __ldg(f);
-    r.w1 = __ldg(f + 1);
-    r.mode = 1;
-    return r;
-  }
-  const uint8_t* rec = reinterpret_cast<const uint8_t*>(kp);
   if (l.kind == KvRecordKind::kBf16 || d0 >= l.nope) {
     const uint8_t* src = l.kind == KvRecordKind::kBf16 ? rec + 2 * d0 : rec + l.rope_off + 2 * (d0 - l.nope);
-    const uint2 lo = __ldg(reinterpret_cast<const uint2*>(src)), hi = __ldg(reinterpret_cast<const uint2*>(src + 8));
+    const uint2 lo = ld_at<kLdg, uint2>(src), hi = ld_at<kLdg, uint2>(src + 8);
     r.w0 = make_uint4(lo.x, lo.y, hi.x, hi.y);
     r.mode = 2;
   } else if (l.kind == KvRecordKind::kFp8) {
-    const uint2 c = __ldg(reinterpret_cast<const uint2*>(rec + d0));
+    const uint2 c = ld_at<kLdg, uint2>(rec + d0);
     r.w0.x = c.x;
     r.w0.y = c.y;
-    r.scale = num::e8m0_to_f32(__ldg(rec + l.scale_off + d0 / 64));
+    r.scale = num::e8m0_to_f32(ld_at<kLdg, uint8_t>(rec + l.scale_off + d0 / 64));
     r.mode = 3;
   } else {
-    r.w0.x = __ldg(reinterpret_cast<const uint32_t*>(rec + d0 / 2));
-    r.scale = num::e4m3_decode(__ldg(rec + l.scale_off + d0 / 16));
+    r.w0.x = ld_at<kLdg, uint32_t>(rec + d0 / 2);
+    r.scale = num::e4m3_decode(ld_at<kLdg, uint8_t>(rec + l.scale_off + d0 / 16));
     r.mode = 4;
   }
   return r;
+}
+
+__device__ __forceinline__ RawPiece load_piece(uint64_t kp, const KvRecordLayout& l, int piece) {
+  if (kp & 1) {
+    RawPiece r;
+    const uint4* f = reinterpret_cast<const uint4*>(kp & ~uint64_t{1}) + 2 * piece;
+    r.w0 = __ldg(f);
+    r.w1 = __ldg(f + 1);
+    r.scale = 0.0f;
+    r.mode = 1;
+    return r;
+  }
+  if (!kp) {
+    RawPiece r;
+    r.w0 = r.w1 = make_uint4(0, 0, 0, 0);
+    r.scale = 0.0f;
+    r.mode = 0;
+    return r;
+  }
+  return record_piece<true>(reinterpret_cast<const uint8_t*>(kp), l, piece);
 }
 
 __device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two_codes, float s) {
@@ -230,52 +250,24 @@ __device__ __forceinline__ void load_q(const AttnArgs& a, int64_t t, int h0, uin
   }
 }
 
-// Chunk c of the row (rk: the row's key list, in shared memory). The chunk's max and sum for heads
-// g and g + 8 (g = lane / 4) of this thread, then O_c in parts: consume(part, oc, mc, zc) gets the
-// thread's mma fragments of dims [dim0 + part * D/8/kParts, +D/8/kParts) (dim0 = warp * D/8):
-// oc[n][0..1] = head g, oc[n][2..3] = head g + 8, at dims + 8n + 2 (lane % 4) + {0, 1}. Parts keep
-// the fragments of a fold and of the next part's products from being live at once. Begins with
-// __syncthreads().
 template <int D>
 struct Parts {
   static constexpr int NT = D / 64;                // 8-dim n-tiles per warp
   static constexpr int kParts = NT >= 4 ? 2 : 1;
   static constexpr int NTP = NT / kParts;          // n-tiles per part (even: x4.trans loads pairs)
 };
-template <int D, int kMaxBatch, typename Consume>
-__device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& rk, int c, uint8_t* smem, float scale,
-                                             Consume&& consume) {
+// Phases 2-4 of a chunk whose keys are in the tile as bf16 rows (masked keys: zeros, sptr 0),
+// after a barrier that follows their stores: S, the softmax's max and sums, O_c in parts.
+template <int D, typename Consume>
+__device__ __forceinline__ void chunk_math(uint8_t* smem, float scale, Consume&& consume) {
   using L = Layout<D>;
-  constexpr int kPieces = D / 8;
-  constexpr int kIters = kChunk * kPieces / kThreads;
-  constexpr int kBatch = kIters < kMaxBatch ? kIters : kMaxBatch;  // loads in flight per thread
   constexpr int NTP = Parts<D>::NTP;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   uint8_t* sK = smem + L::kK;
   uint8_t* sP = smem + L::kP;
-  uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
+  const uint64_t* sptr = reinterpret_cast<const uint64_t*>(smem + L::kPtr);
   float* smax = reinterpret_cast<float*>(smem + L::kMax);
   float* ssum = reinterpret_cast<float*>(smem + L::kSum);
-
-  __syncthreads();  // the previous chunk's readers of every shared array are done
-  if (tid < kChunk) sptr[tid] = key_ptr(a, rk, c * kChunk + tid);
-  __syncthreads();
-  // 1. the chunk's keys as bf16 rows (masked keys as zeros: 0 * 0 in P V)
-#pragma unroll 1
-  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
-    RawPiece raw[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = (i0 + b) * kThreads + tid;
-      raw[b] = load_piece(sptr[i / kPieces], a.rec, i % kPieces);
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = (i0 + b) * kThreads + tid;
-      *reinterpret_cast<uint4*>(sK + (i / kPieces) * L::kPitch + (i % kPieces) * 16) = piece_bf16(raw[b]);
-    }
-  }
-  __syncthreads();
 
   // 2. S = Q K^T for keys [8 warp, 8 warp + 8): k steps alternate between two accumulators
   const uint32_t sK_u = smem_u32(sK);
@@ -387,14 +379,217 @@ __device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& r
   }
 }
 
+// Chunk c of the row (rk: the row's key list, in shared memory). The chunk's max and sum for heads
+// g and g + 8 (g = lane / 4) of this thread, then O_c in parts (chunk_math): consume(part, oc, mc, zc) gets the
+// thread's mma fragments of dims [dim0 + part * D/8/kParts, +D/8/kParts) (dim0 = warp * D/8):
+// oc[n][0..1] = head g, oc[n][2..3] = head g + 8, at dims + 8n + 2 (lane % 4) + {0, 1}. Parts keep
+// the fragments of a fold and of the next part's products from being live at once. Begins with
+// __syncthreads().
+template <int D, int kMaxBatch, typename Consume>
+__device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& rk, int c, uint8_t* smem, float scale,
+                                             Consume&& consume) {
+  using L = Layout<D>;
+  constexpr int kPieces = D / 8;
+  constexpr int kIters = kChunk * kPieces / kThreads;
+  constexpr int kBatch = kIters < kMaxBatch ? kIters : kMaxBatch;  // loads in flight per thread
+  const int tid = threadIdx.x;
+  uint8_t* sK = smem + L::kK;
+  uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
+
+  __syncthreads();  // the previous chunk's readers of every shared array are done
+  if (tid < kChunk) sptr[tid] = key_ptr(a, rk, c * kChunk + tid);
+  __syncthreads();
+  // 1. the chunk's keys as bf16 rows (masked keys as zeros: 0 * 0 in P V)
+#pragma unroll 1
+  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+    RawPiece raw[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = (i0 + b) * kThreads + tid;
+      raw[b] = load_piece(sptr[i / kPieces], a.rec, i % kPieces);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = (i0 + b) * kThreads + tid;
+      *reinterpret_cast<uint4*>(sK + (i / kPieces) * L::kPitch + (i % kPieces) * 16) = piece_bf16(raw[b]);
+    }
+  }
+  __syncthreads();
+
+  chunk_math<D>(smem, scale, consume);
+}
+
+// A split block's chunk partials (consume of chunk_math): O_c of its heads to partial[slot], m_c
+// and z_c to the (m, z) array after the partials.
+template <int D>
+struct PartialStore {
+  float* po;   // [heads, D] of the slot
+  float* pml;  // [heads, 2] of the slot
+  int h0, heads, g, tq, dim0;
+  template <int NTP>
+  __device__ __forceinline__ void operator()(int part, float (&oc)[NTP][4], const float (&mc)[2],
+                                             const float (&zc)[2]) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int h = h0 + g + 8 * i;
+      if (h >= heads) continue;
+#pragma unroll
+      for (int n = 0; n < NTP; ++n)
+        *reinterpret_cast<float2*>(po + h * D + dim0 + 8 * (part * NTP + n)) = make_float2(oc[n][2 * i], oc[n][2 * i + 1]);
+      if (part == 0 && threadIdx.x < 32 && tq == 0) {
+        pml[h * 2] = mc[i];
+        pml[h * 2 + 1] = zc[i];
+      }
+    }
+  }
+};
+
+// A block of the split launch with AttnSplitLoads::kOneRound: chunk blockIdx.x of row t, heads
+// [h0, h0 + 16), to its partial slot; every thread of the block calls it first thing.
+//  - Before the grid-dependency wait (launch.cuh, rule 1): the row's key list and the key pointers
+//    of the chunk that no kernel of the step chooses (the window's, the every-entry list's), read
+//    from StepMeta and AttnArgs' scalars only: the step's metadata is copied in before the step's
+//    first kernel and no kernel writes it. The records they point to are only L2-prefetched there
+//    (a prefetch reads nothing into the program: whatever a kernel before this one still writes,
+//    the loads after the wait see it, the L2 being the point of coherence). The top-k entries'
+//    pointers (the list is this step's indexer's), the queries and this step's fp32 rows: after it.
+//  - The chunk's record bytes all at once: cp.async of 8-byte words (records are 8-byte aligned)
+//    into each key's row of the key tile (a record's bytes, at most 2 hd, fit its 2 hd + 16 byte
+//    row), while the fp32 rows' and masked keys' pieces go straight into theirs; then every row is
+//    decoded in place, each row read whole by its key's threads before a barrier and written after
+//    it (a row's bytes are read and written by the same kPieces threads: no other row is touched).
+//    The same decoded values as the rounds of load_piece (the same record_piece and piece_bf16).
+template <int D>
+__device__ __forceinline__ void split_block_one_round(const AttnArgs& a, int64_t t, int h0, int nchunks, float scale,
+                                                      uint8_t* smem) {
+  using L = Layout<D>;
+  constexpr int kPieces = D / 8;                         // 16-byte bf16 pieces per key
+  constexpr int kKeysPerPass = kThreads / kPieces;       // keys a pass of the block covers (4, 8, 16)
+  constexpr int kPasses = kChunk / kKeysPerPass;         // passes per chunk (16, 8, 4)
+  constexpr int kQIters = kHeads * kPieces / kThreads;   // query pieces per thread (4, 2, 1)
+  constexpr int kDecodeBatch = kPasses < 8 ? kPasses : 8;  // rows decoded between two barriers
+  static_assert(kThreads % kPieces == 0 && kPasses % 4 == 0 && kPasses % kDecodeBatch == 0 && kQIters >= 1);
+  const int tid = threadIdx.x;
+  const int piece = tid % kPieces, kslot = tid / kPieces;  // this thread's piece of key kslot + kKeysPerPass * pass
+  uint8_t* sK = smem + L::kK;
+  uint8_t* sQ = smem + L::kQ;
+  uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
+
+  const RowKeys rk = row_keys(a, t);  // every thread: the block's chunk count without a barrier
+  int nch = (rk.nk + kChunk - 1) / kChunk;
+  nch = nch < nchunks ? nch : nchunks;
+  const int c0 = static_cast<int>(blockIdx.x);
+  if (c0 >= nch) {
+    kernels::cuda::pdl_wait();  // rule 2
+    return;
+  }
+  const int j = c0 * kChunk + tid;
+  const bool chosen = a.topk != nullptr && j >= rk.nwin;  // a top-k entry: its pointer after the wait
+  if (tid < kChunk && !chosen) {
+    const uint64_t kp = key_ptr(a, rk, j);
+    sptr[tid] = kp;
+    if (kp && !(kp & 1)) {
+      const uintptr_t first = kp & ~uint64_t{127}, end = kp + static_cast<uint64_t>(a.rec.bytes);
+      for (uintptr_t line = first; line < end; line += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    }
+  }
+  kernels::cuda::pdl_wait();
+  // The dependent (fold_kernel) reads only StepMeta and the sink before its own wait.
+  kernels::cuda::pdl_trigger();
+  if (tid < kChunk && chosen) sptr[tid] = key_ptr(a, rk, j);
+  // the queries' loads, all issued before the barrier (their stores after the records' copies)
+  float4 qv[kQIters][2];
+#pragma unroll
+  for (int k = 0; k < kQIters; ++k) {
+    const int i = k * kThreads + tid, hl = i / kPieces, qp = i % kPieces;
+    if (h0 + hl < a.heads) {
+      const float4* f = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0 + hl) * D) + 2 * qp;
+      qv[k][0] = f[0];
+      qv[k][1] = f[1];
+    } else {
+      qv[k][0] = qv[k][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  __syncthreads();  // sptr
+  // the records' bytes: words piece, piece + kPieces, ... (<= 2: a record has at most 2 D bytes)
+  const int words = a.rec.bytes / 8;
+#pragma unroll 4
+  for (int p = 0; p < kPasses; ++p) {
+    const int k = p * kKeysPerPass + kslot;
+    const uint64_t kp = sptr[k];
+    if (!kp || (kp & 1)) continue;
+    const uint8_t* rec = reinterpret_cast<const uint8_t*>(kp);
+    for (int w = piece; w < words; w += kPieces) mma::cp_async8(sK + k * L::kPitch + 8 * w, rec + 8 * w);
+  }
+  mma::cp_async_commit();
+#pragma unroll
+  for (int k = 0; k < kQIters; ++k) {
+    const int i = k * kThreads + tid, hl = i / kPieces, qp = i % kPieces;
+    const float4 x = qv[k][0], y = qv[k][1];
+    *reinterpret_cast<uint4*>(sQ + hl * L::kPitch + qp * 16) =
+        make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
+  }
+  // this step's fp32 rows and the masked keys (zeros), 4 pieces in flight
+#pragma unroll 1
+  for (int p0 = 0; p0 < kPasses; p0 += 4) {
+    RawPiece raw[4];
+    bool direct[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint64_t kp = sptr[(p0 + b) * kKeysPerPass + kslot];
+      direct[b] = !kp || (kp & 1);
+      raw[b] = load_piece(direct[b] ? kp : 0, a.rec, piece);
+    }
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+      if (direct[b])
+        *reinterpret_cast<uint4*>(sK + ((p0 + b) * kKeysPerPass + kslot) * L::kPitch + piece * 16) = piece_bf16(raw[b]);
+  }
+  mma::cp_async_wait(0);
+  // the records decoded in place
+  __syncthreads();  // every copy of the block landed (a batch's rows are not another batch's)
+#pragma unroll 1
+  for (int p0 = 0; p0 < kPasses; p0 += kDecodeBatch) {
+    uint4 v[kDecodeBatch];
+    bool rec[kDecodeBatch];
+#pragma unroll
+    for (int b = 0; b < kDecodeBatch; ++b) {
+      const int k = (p0 + b) * kKeysPerPass + kslot;
+      const uint64_t kp = sptr[k];
+      rec[b] = kp && !(kp & 1);
+      v[b] = rec[b] ? piece_bf16(record_piece<false>(sK + k * L::kPitch, a.rec, piece)) : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();  // every piece of these rows read
+#pragma unroll
+    for (int b = 0; b < kDecodeBatch; ++b)
+      if (rec[b]) *reinterpret_cast<uint4*>(sK + ((p0 + b) * kKeysPerPass + kslot) * L::kPitch + piece * 16) = v[b];
+  }
+  __syncthreads();
+  const int64_t slot = t * nchunks + c0;
+  const int lane = tid & 31, tq = lane & 3;
+  chunk_math<D>(smem, scale,
+                PartialStore<D>{a.partial + slot * a.heads * D, a.partial + a.partial_slots * a.heads * D + slot * a.heads * 2,
+                                h0, a.heads, lane >> 2, tq, (tid >> 5) * (D / 8) + 2 * tq});
+}
+
+
 // grid: split (chunks, head tiles, rows) -> partials; else (rows, head tiles), folding in registers.
-template <int D, bool kSplit>
+// kOneRound (split only): split_block_one_round.
+template <int D, bool kSplit, bool kOneRound>
 __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunks, float scale) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int NTP = Parts<D>::NTP, kParts = Parts<D>::kParts;
-  kernels::cuda::pdl_wait();
   const int64_t t = kSplit ? blockIdx.z : blockIdx.x;
   const int h0 = static_cast<int>(blockIdx.y) * kHeads;
+  if constexpr (kSplit && kOneRound) {
+    if (t >= a.rows) {
+      kernels::cuda::pdl_wait();
+      return;
+    }
+    split_block_one_round<D>(a, t, h0, nchunks, scale, smem);
+    return;
+  }
+  kernels::cuda::pdl_wait();
   if (t >= a.rows) return;
   RowKeys& rk = *reinterpret_cast<RowKeys*>(smem + Layout<D>::kRow);
   const int nk = row_keys(a, t).nk;  // every thread: the block's chunk count without a barrier
@@ -411,20 +606,7 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
     const int64_t slot = t * nchunks + c0;
     float* po = a.partial + slot * a.heads * D;
     float* pml = a.partial + a.partial_slots * a.heads * D + slot * a.heads * 2;
-    attend_chunk<D, 4>(a, rk, c0, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int h = h0 + g + 8 * i;
-        if (h >= a.heads) continue;
-#pragma unroll
-        for (int n = 0; n < NTP; ++n)
-          *reinterpret_cast<float2*>(po + h * D + dim0 + 8 * (part * NTP + n)) = make_float2(oc[n][2 * i], oc[n][2 * i + 1]);
-        if (part == 0 && threadIdx.x < 32 && tq == 0) {
-          pml[h * 2] = mc[i];
-          pml[h * 2 + 1] = zc[i];
-        }
-      }
-    });
+    attend_chunk<D, 4>(a, rk, c0, smem, scale, PartialStore<D>{po, pml, h0, a.heads, g, tq, dim0});
     kernels::cuda::pdl_trigger();
     return;
   }
@@ -470,16 +652,22 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
 }
 
 // The fold of a split launch: one block per (row, head), one thread per dim, the chunks in order.
-template <int D>
+// kEarly (with kOneRound blocks): the row's key count from StepMeta before the wait (see
+// split_block_one_round: no kernel of the step writes it).
+template <int D, bool kEarly>
 __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
   __shared__ float s_m[kFoldGroup], s_z[kFoldGroup], s_alpha[kFoldGroup], s_beta[kFoldGroup];
   __shared__ float s_mrun, s_zrun;
-  kernels::cuda::pdl_wait();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, H = a.heads, tid = threadIdx.x, lane = tid & 31;
-  if (t >= a.rows) return;
-  const RowKeys rk = row_keys(a, t);
-  int nch = (rk.nk + kChunk - 1) / kChunk;
+  if (t >= a.rows) {
+    kernels::cuda::pdl_wait();
+    return;
+  }
+  int nk = kEarly ? row_keys(a, t).nk : 0;
+  kernels::cuda::pdl_wait();
+  if (!kEarly) nk = row_keys(a, t).nk;
+  int nch = (nk + kChunk - 1) / kChunk;
   nch = nch < nchunks ? nch : nchunks;
   const int64_t slot0 = t * nchunks;
   const float* __restrict__ po = a.partial + slot0 * H * D + static_cast<int64_t>(h) * D + tid;
@@ -540,14 +728,16 @@ template <int D>
 void launch(const AttnArgs& a, cudaStream_t s, int nchunks, unsigned tiles, float scale, bool split) {
   constexpr size_t smem = Layout<D>::kBytes;
   if (split) {
-    auto k = mqa_kernel<D, true>;
+    const bool one_round = a.split_loads == AttnSplitLoads::kOneRound;
+    auto k = one_round ? mqa_kernel<D, true, true> : mqa_kernel<D, true, false>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
     kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(nchunks), tiles, static_cast<unsigned>(a.rows)),
                               dim3(kThreads), smem, s, a, nchunks, scale);
-    kernels::cuda::launch_pdl(fold_kernel<D>, dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)),
-                              dim3(D), 0, s, a, nchunks);
+    kernels::cuda::launch_pdl(one_round ? fold_kernel<D, true> : fold_kernel<D, false>,
+                              dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)), dim3(D), 0, s, a,
+                              nchunks);
   } else {
-    auto k = mqa_kernel<D, false>;
+    auto k = mqa_kernel<D, false, false>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
     kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(a.rows), tiles), dim3(kThreads), smem, s, a, nchunks,
                               scale);
