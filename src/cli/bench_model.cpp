@@ -170,6 +170,7 @@ Status bench(Args a) {
     b.comm = std::make_unique<cuda_model::StandinComm>(a.rank, a.tp_size);
     o.model.comm = b.comm.get();
   }
+  o.hc_comb_side = a.hc_comb_side;
   o.max_logits_rows = max_b * std::max(a.verify_tokens, K);
   o.max_draft_requests = max_b;
   const auto t0 = Clock::now();
@@ -207,7 +208,8 @@ Status bench(Args a) {
                 {"catalog_tensors", catalog.tensors.size()}, {"catalog_bytes", catalog.total_bytes()},
                 {"rank_tensors", b.plan.held_tensors}, {"rank_catalog_bytes", b.plan.held_bytes},
                 {"rank_replicated_bytes", b.plan.replicated_bytes}, {"rank_sharded_bytes", b.plan.sharded_bytes},
-                {"load_report", b.model->load_report().summary()}, {"startup_s", startup_s}};
+                {"load_report", b.model->load_report().summary()}, {"startup_s", startup_s},
+                {"hc_comb_side", a.hc_comb_side}};
   j["collectives"] = {{"path", a.tp_size > 1 ? "standin (one rank alone)" : "none (one rank)"},
                       {"latency_us_used", a.collective_us},
                       {"measured_paths_us", {{"nccl_graph", 6.5}, {"nccl_symmetric_window", 4.1}, {"peer_oneshot_read", 5.0}}},
@@ -329,6 +331,8 @@ int bench_model_main(int argc, char** argv) {
   app.add_option("--shape-seconds", a.shape_seconds, "timing budget per step shape (default 1.5)");
   app.add_option("--max-seconds", a.max_seconds, "skip the remaining sections past this wall time (default 240)");
   app.add_option("--gpu-memory-utilization", a.gpu_memory_utilization, "for the KV capacity report (default 0.90)");
+  app.add_option("--hc-comb-side", a.hc_comb_side,
+                 "the decode path's mHC Sinkhorn on a side stream (default true; false: in the finishing kernel)");
   app.add_option("--ablation", a.ablate,
                  "replay the batch-1 decode and draft steps once per kernel with that kernel's nodes removed: each "
                  "kernel's cost to the step (default true)");

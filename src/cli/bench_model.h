@@ -42,6 +42,7 @@ struct Args {
   double collective_us = 6.5;          // modelled cost of one collective (one-row all-reduce in a graph)
   double gpu_memory_utilization = 0.90;
   bool ablate = true;                  // the batch-1 decode step's per-kernel ablation
+  bool hc_comb_side = true;            // CudaModelOptions::hc_comb_side
 };
 
 // Modelled per-collective latencies measured on 2x H200 inside a CUDA graph (issue 21).

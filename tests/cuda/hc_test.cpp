@@ -581,10 +581,34 @@ TEST(CudaHcFinish, CombOnASideStreamEqualsTheFinish) {
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   const cuda::HcCombSide sd{side, fork, join};
   uint64_t seed = 1300;
-  for (const C& c : {C{4, 4096, 20, 1, HcFinishShape::kSplit}, C{4, 4096, 20, 5, HcFinishShape::kSplit},
+  // The captured graph's edges, printed (what the capture made of the fork and the join: a
+  // programmatic or a full edge into each kernel).
+  auto print_edges = [](cudaGraph_t g) {
+    size_t ne = 0;
+    TANDEM_CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &ne));
+    std::vector<cudaGraphNode_t> from(ne), to(ne);
+    std::vector<cudaGraphEdgeData> ed(ne);
+    TANDEM_CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), ed.data(), &ne));
+    auto name = [](cudaGraphNode_t n) -> std::string {
+      cudaGraphNodeType t;
+      TANDEM_CUDA_CHECK(cudaGraphNodeGetType(n, &t));
+      if (t != cudaGraphNodeTypeKernel) return "node type " + std::to_string(static_cast<int>(t));
+      cudaKernelNodeParams kp{};
+      TANDEM_CUDA_CHECK(cudaGraphKernelNodeGetParams(n, &kp));
+      const char* nm = nullptr;
+      if (cudaFuncGetName(&nm, kp.func) != cudaSuccess || !nm) return "kernel";
+      const std::string s(nm);
+      return s.size() > 60 ? s.substr(0, 60) : s;
+    };
+    for (size_t i = 0; i < ne; ++i)
+      std::printf("[hc comb side] edge %s -> %s: type %d (1 = programmatic), from port %d\n", name(from[i]).c_str(),
+                  name(to[i]).c_str(), static_cast<int>(ed[i].type), static_cast<int>(ed[i].from_port));
+  };
+  const C cases[] = {C{4, 4096, 20, 1, HcFinishShape::kSplit}, C{4, 4096, 20, 5, HcFinishShape::kSplit},
                      C{4, 4096, 20, 5, HcFinishShape::kToken}, C{4, 4096, 20, 40, HcFinishShape::kAuto},
                      C{6, 256, 5, 3, HcFinishShape::kSplit}, C{6, 256, 5, 3, HcFinishShape::kToken},
-                     C{4, 384, 1, 2, HcFinishShape::kSplit}}) {
+                     C{4, 384, 1, 2, HcFinishShape::kSplit}};
+  for (const C& c : cases) {
     SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " hc " << c.hc << " dim " << c.dim << " iters "
                                       << c.iters << " shape " << static_cast<int>(c.shape));
     const int nmix = (2 + c.hc) * c.hc;
@@ -643,6 +667,7 @@ TEST(CudaHcFinish, CombOnASideStreamEqualsTheFinish) {
     call(g1, st, true);
     call(g2, st, true);
     TANDEM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    if (&c == &cases[0]) print_edges(g);
     TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
     for (int r = 0; r < 2; ++r) TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, st));
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(st));

@@ -110,9 +110,9 @@ bool CudaModel::Impl::dec_hc_pre_norm(const kernels::HcPreParams& p, const float
   k.scales = dec.scales.get();
   // The Sinkhorn on the side branch: only hc_post reads comb, a sub-block later.
   const kc::HcCombSide side{side_stream, comb_fork, comb_join};
-  k.comb_side = &side;
+  if (copt.hc_comb_side) k.comb_side = &side;
   kc::hc_pre_pack(p, k, stream);
-  comb_pending = true;
+  comb_pending = copt.hc_comb_side;
   dec.packed_x = p.x;
   dec.packed_rows = p.tokens;
   dec.packed_dim = p.dim;

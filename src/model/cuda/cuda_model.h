@@ -52,6 +52,9 @@ struct CudaModelOptions {
   // Decode-size projections and MoE on the tensor-core decode kernels (kernels/cuda/decode_gemm.h,
   // model/cuda/moe_decode.h) where the weights suit them; false = the generic ops everywhere.
   bool decode_kernels = true;
+  // The decode path's mHC Sinkhorn on a side stream (kernels::cuda::HcCombSide: a graph branch
+  // beside the finishing kernel, joined by hc_post); false = inside the finishing kernel. Same bits.
+  bool hc_comb_side = true;
 };
 
 class CudaModel {
