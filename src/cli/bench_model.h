@@ -43,6 +43,7 @@ struct Args {
   double gpu_memory_utilization = 0.90;
   bool ablate = true;                  // the batch-1 decode step's per-kernel ablation
   bool hc_comb_side = true;            // CudaModelOptions::hc_comb_side
+  bool compressor_side = true;         // CudaModelOptions::compressor_side
 };
 
 // Modelled per-collective latencies measured on 2x H200 inside a CUDA graph (issue 21).

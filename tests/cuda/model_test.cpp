@@ -520,6 +520,68 @@ TEST(CudaModel, GraphReplayEqualsEagerOnTheGemvKernels) {
   graph_replay_equals_eager(gemv_only_pair(), int64_t{1} << 40);
 }
 
+// The side branches (the mHC Sinkhorn beside the finishing kernel, the compressors' chain beside
+// q/kv: CudaModelOptions::hc_comb_side, compressor_side) change no bit: two models of the same
+// weights, with the branches and on one stream, both replaying graphs (and the branches' model also
+// eagerly: p.gpu), give identical logits over prefill, decode and verify steps.
+TEST(CudaModel, SideBranchesEqualOneStream) {
+  TANDEM_REQUIRE_GPU();
+  Pair& p = fp8_pair();
+  ASSERT_TRUE(p.gpu);
+  auto make = [&](bool sides) {
+    CudaModelOptions co;
+    co.model = model_options();
+    co.max_graph_batch = 4;
+    co.hc_comb_side = sides;
+    co.compressor_side = sides;
+    auto m = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(*m) : nullptr;
+  };
+  std::unique_ptr<CudaModel> sd = make(true), os = make(false);
+  ASSERT_TRUE(sd && os);
+  const int64_t V = p.cfg.vocab_size;
+  std::vector<std::vector<int32_t>> seqs = {tokens(300, 51), tokens(300, 52), tokens(300, 53)};
+  std::vector<std::vector<int32_t>> tables = {table_for(0), table_for(1), table_for(2)};
+  int64_t rows = 0, off_eager = 0, off_one = 0;
+  auto same = [&](const StepOutput& a, const StepOutput& b) {
+    return a.num_logits_rows == b.num_logits_rows &&
+           std::memcmp(a.logits.data(), b.logits.data(), sizeof(float) * a.num_logits_rows * V) == 0;
+  };
+  for (int step = -1; step < 24; ++step) {
+    StepBatch b;
+    for (int s = 0; s < 3; ++s) {
+      if (step < 0) {  // the prompts
+        p.gpu->reset(s);
+        sd->reset(s);
+        os->reset(s);
+        b.seqs.push_back({s, 0, std::span<const int32_t>(seqs[s].data(), 40 + 30 * s), tables[s], LogitsMode::kLast,
+                          false});
+        continue;
+      }
+      const int n = step % 4 == 3 ? 6 : 1;
+      const int64_t pos = sd->slot_length(s);
+      b.seqs.push_back({s, pos, std::span<const int32_t>(seqs[s].data() + pos, n), tables[s],
+                        n == 1 ? LogitsMode::kLast : LogitsMode::kAll, false});
+    }
+    StepOutput eo, so, oo;
+    ASSERT_TRUE(p.gpu->forward(b, &eo).ok());
+    ASSERT_TRUE(sd->forward(b, &so).ok());
+    ASSERT_TRUE(os->forward(b, &oo).ok());
+    rows += so.num_logits_rows;
+    off_eager += !same(so, eo);
+    off_one += !same(so, oo);
+  }
+  const auto gs = sd->graph_stats();
+  std::printf("[cuda] side branches: %lld logits rows, %lld graph replays; steps off the eager model %lld, off the "
+              "one-stream model %lld\n",
+              static_cast<long long>(rows), static_cast<long long>(gs.replays), static_cast<long long>(off_eager),
+              static_cast<long long>(off_one));
+  EXPECT_GT(gs.replays, 15);
+  EXPECT_EQ(off_one, 0) << "side branches vs one stream (both replaying graphs)";
+  EXPECT_EQ(off_eager, 0) << "graph replays with side branches vs the eager model";
+}
+
 // A row's path is its sequence's, not its step's: a verify row computed alone and in a step of 99
 // rows (its 6 tokens plus a 93-token prompt, no sequence longer than tc_min_rows) gets the same bits,
 // and so does the prompt (when the path followed the step's row count, the 99-row step ran on the

@@ -216,9 +216,9 @@ bool CudaModel::Impl::dec_q_and_kv(const DAttn& at, const float* xx, int64_t n) 
 // compressor's wkv and wgate, the indexer compressor's, and the indexer's weights_proj, as the
 // segments of one launch (each segment's bits are those of its launch alone: decode_gemm_units
 // depends on the weight only). Their linear() calls then find them done.
-void CudaModel::Impl::dec_x_projections(const DAttn& at, int ratio, const float* xx, int64_t n, float* comp_kv,
-                                        float* comp_gate, float* icomp_kv, float* icomp_gate) {
-  if (!dec.enabled || n == 0 || n > dec.max_rows || tc_rows(n) || reinterpret_cast<uintptr_t>(xx) % 16) return;
+bool CudaModel::Impl::dec_x_projections(const DAttn& at, int ratio, const float* xx, int64_t n, float* comp_kv,
+                                        float* comp_gate, float* icomp_kv, float* icomp_gate, bool launch) {
+  if (!dec.enabled || n == 0 || n > dec.max_rows || tc_rows(n) || reinterpret_cast<uintptr_t>(xx) % 16) return false;
   const int64_t D = cfg.hidden_size;
   // (projection, output, rounded to bf16): as the linear() calls of run_compressor (fp32 rows) and
   // attention_target (weights_proj, rounded).
@@ -238,7 +238,7 @@ void CudaModel::Impl::dec_x_projections(const DAttn& at, int ratio, const float*
     segs[ns++] = {&at.icomp.wgate, icomp_gate, false};
     segs[ns++] = {&at.idx_wproj, iw.get(), true};
   }
-  if (ns < 2) return;
+  if (ns < 2) return false;
   kc::DecodeGemmArgs a;
   a.x = xx;
   a.ldx = D;
@@ -247,15 +247,17 @@ void CudaModel::Impl::dec_x_projections(const DAttn& at, int ratio, const float*
   for (int i = 0; i < ns; ++i) {
     const DLinear* l = segs[i].l;
     if (l->w.format != WeightFormat::kBf16 || l->act_quant || l->w.k != D || !kc::decode_gemm_supports(l->w, false))
-      return;  // the linear() calls take their own paths
+      return false;  // the linear() calls take their own paths
     kc::DecodeSegment& sg = a.seg[a.num_segments++];
     sg.w = l->w;
     sg.y = segs[i].y;
     sg.round_bf16 = segs[i].round;
   }
+  if (!launch) return true;
   dec.packed_x = nullptr;  // as dec_linear for a bf16 weight: x's codes are not reused past here
   kc::decode_gemm(a, stream);
   for (int i = 0; i < ns; ++i) dec.add_done(segs[i].l, xx, segs[i].y, n, segs[i].round);
+  return true;
 }
 
 // wo_a's groups (this rank's) as the segments of one launch (bf16 activations), then wo_b().

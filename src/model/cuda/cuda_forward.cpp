@@ -449,7 +449,20 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const float* rope = ratio ? rope_comp.get() : rope_swa.get();
 
   dec.n_done = 0;  // grouped launches' results belong to the layer that made them
+  // Decode rows whose x projections group into one launch run the compressors' chain (that launch,
+  // the compressors' rows, entries and pool stores) on comp_stream, forked here (x is final) and
+  // joined before the indexer: it shares nothing with q_and_kv but x. Everything it calls then takes
+  // the decode kernels (linear() finds the grouped projections done), which use no shared scratch.
+  const bool branch = copt.compressor_side &&
+                      dec_x_projections(at, ratio, x.get(), n, tmp_kv.get(), tmp_gate.get(), tmp_ikv.get(),
+                                        tmp_igate.get(), false);
+  if (branch) TANDEM_CUDA_CHECK(cudaEventRecord(comp_fork, stream));
   q_and_kv(at, x.get(), n, rope, meta.positions);
+  const cudaStream_t main_stream = stream;
+  if (branch) {
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(comp_stream, comp_fork, 0));
+    stream = comp_stream;  // the branch's launches (every op below takes `stream`)
+  }
   section(OpClass::kCompressor);
   dec_x_projections(at, ratio, x.get(), n, tmp_kv.get(), tmp_gate.get(), tmp_ikv.get(), tmp_igate.get());
   section(OpClass::kAttention);
@@ -463,6 +476,11 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   if (at.has_indexer)
     run_compressor(at.icomp, L.icomp_off, lay.icomp_ring[layer], icomp_rows.get(), L.pool_idx, x.get(), n,
                    tmp_ikv.get(), tmp_igate.get());
+  if (branch) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(comp_join, comp_stream));
+    stream = main_stream;
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream, comp_join, 0));
+  }
 
   // Visible compressed entries bound the indexer's columns and the attention's key list: from the
   // step's context bound (exact when eager, its power-of-two bucket when replaying a graph).

@@ -130,6 +130,10 @@ struct CudaModel::Impl {
   cudaEvent_t comb_fork = nullptr, comb_join = nullptr;
   bool comb_pending = false;   // a comb branch forked and not yet joined into `stream`
   void join_comb();
+  // The compressors' branch (attention_target, decode rows): x's projections, the compressors' rows,
+  // entries and pool stores run on comp_stream beside q_and_kv; joined before the indexer.
+  cudaStream_t comp_stream = nullptr;
+  cudaEvent_t comp_fork = nullptr, comp_join = nullptr;
   std::string device_name;
   int64_t own_bytes = 0;       // device bytes this model allocated (weights, state, scratch)
   int64_t max_rows = 0;        // rows of the scratch (max(step tokens, draft rows))
@@ -369,8 +373,10 @@ struct CudaModel::Impl {
   void dec_codes_of(const float* x, int64_t n, int64_t k);
   bool dec_linear(const cuda_model::DLinear& l, const float* x, int64_t m, float* y, bool round_out, int64_t ldy = 0);
   bool dec_q_and_kv(const cuda_model::DAttn& at, const float* x, int64_t n);
-  void dec_x_projections(const cuda_model::DAttn& at, int ratio, const float* x, int64_t n, float* comp_kv,
-                         float* comp_gate, float* icomp_kv, float* icomp_gate);
+  // x's bf16 projections (the compressors' wkv/wgate, the indexer's weights_proj) as one launch;
+  // returns whether they group (launch = false: only whether they would).
+  bool dec_x_projections(const cuda_model::DAttn& at, int ratio, const float* x, int64_t n, float* comp_kv,
+                         float* comp_gate, float* icomp_kv, float* icomp_gate, bool launch = true);
   bool dec_output_proj(const cuda_model::DAttn& at, const float* o, int64_t n, float* y);
   bool dec_moe(const cuda_model::DMoE& m, const float* x, const int32_t* tokens, int64_t n, float* y, int layer);
 

@@ -102,10 +102,12 @@ CudaModel::Impl::~Impl() {
   if (plan_host) cudaFreeHost(plan_host);
   if (draft_host) cudaFreeHost(draft_host);
   if (sample_host) cudaFreeHost(sample_host);
-  if (side_stream) cudaStreamSynchronize(side_stream);
-  if (comb_fork) cudaEventDestroy(comb_fork);
-  if (comb_join) cudaEventDestroy(comb_join);
-  if (side_stream) cudaStreamDestroy(side_stream);
+  for (cudaStream_t s : {side_stream, comp_stream})
+    if (s) cudaStreamSynchronize(s);
+  for (cudaEvent_t e : {comb_fork, comb_join, comp_fork, comp_join})
+    if (e) cudaEventDestroy(e);
+  for (cudaStream_t s : {side_stream, comp_stream})
+    if (s) cudaStreamDestroy(s);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -168,6 +170,9 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comb_fork, cudaEventDisableTiming));
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comb_join, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&comp_stream, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comp_fork, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comp_join, cudaEventDisableTiming));
   return Status();
 }
 

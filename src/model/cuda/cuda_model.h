@@ -55,6 +55,10 @@ struct CudaModelOptions {
   // The decode path's mHC Sinkhorn on a side stream (kernels::cuda::HcCombSide: a graph branch
   // beside the finishing kernel, joined by hc_post); false = inside the finishing kernel. Same bits.
   bool hc_comb_side = true;
+  // The decode path's compressor chain (x's bf16 projections, the compressors' rows, entries and
+  // pool stores) on a second stream beside q/kv (a graph branch joined before the indexer); false =
+  // after them on the one stream. Same bits.
+  bool compressor_side = true;
 };
 
 class CudaModel {
