@@ -468,18 +468,21 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   section(OpClass::kAttention);
 
   // The compressors' wkv and wgate and the indexer's weights_proj read x: one bf16 copy (prefill rows).
+  // The indexer's compressor first: with the branch, the indexer joins its keys while the main
+  // compressor's launches still run (the attention joins those).
   std::optional<TcShare> share_x;
   share_x.emplace(*this, x.get());
-  if (ratio)
-    run_compressor(at.comp, L.comp_off, lay.comp_ring[layer], comp_rows.get(), L.pool_main, x.get(), n, tmp_kv.get(),
-                   tmp_gate.get());
   if (at.has_indexer)
     run_compressor(at.icomp, L.icomp_off, lay.icomp_ring[layer], icomp_rows.get(), L.pool_idx, x.get(), n,
                    tmp_ikv.get(), tmp_igate.get());
+  if (branch) TANDEM_CUDA_CHECK(cudaEventRecord(comp_join_idx, comp_stream));
+  if (ratio)
+    run_compressor(at.comp, L.comp_off, lay.comp_ring[layer], comp_rows.get(), L.pool_main, x.get(), n, tmp_kv.get(),
+                   tmp_gate.get());
   if (branch) {
     TANDEM_CUDA_CHECK(cudaEventRecord(comp_join, comp_stream));
     stream = main_stream;
-    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream, comp_join, 0));
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream, comp_join_idx, 0));  // the indexer's keys (and weights)
   }
 
   // Visible compressed entries bound the indexer's columns and the attention's key list: from the
@@ -550,6 +553,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
     }
   }
 
+  if (branch) TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream, comp_join, 0));  // the compressed entries
   section(OpClass::kAttention);
   cuda_model::AttnArgs aa;
   aa.q = q.get();

@@ -131,9 +131,10 @@ struct CudaModel::Impl {
   bool comb_pending = false;   // a comb branch forked and not yet joined into `stream`
   void join_comb();
   // The compressors' branch (attention_target, decode rows): x's projections, the compressors' rows,
-  // entries and pool stores run on comp_stream beside q_and_kv; joined before the indexer.
+  // entries and pool stores run on comp_stream beside q_and_kv; the indexer joins its compressor
+  // (comp_join_idx), the attention the whole branch (comp_join).
   cudaStream_t comp_stream = nullptr;
-  cudaEvent_t comp_fork = nullptr, comp_join = nullptr;
+  cudaEvent_t comp_fork = nullptr, comp_join_idx = nullptr, comp_join = nullptr;
   std::string device_name;
   int64_t own_bytes = 0;       // device bytes this model allocated (weights, state, scratch)
   int64_t max_rows = 0;        // rows of the scratch (max(step tokens, draft rows))

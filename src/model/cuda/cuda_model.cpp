@@ -104,7 +104,7 @@ CudaModel::Impl::~Impl() {
   if (sample_host) cudaFreeHost(sample_host);
   for (cudaStream_t s : {side_stream, comp_stream})
     if (s) cudaStreamSynchronize(s);
-  for (cudaEvent_t e : {comb_fork, comb_join, comp_fork, comp_join})
+  for (cudaEvent_t e : {comb_fork, comb_join, comp_fork, comp_join_idx, comp_join})
     if (e) cudaEventDestroy(e);
   for (cudaStream_t s : {side_stream, comp_stream})
     if (s) cudaStreamDestroy(s);
@@ -172,6 +172,7 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comb_join, cudaEventDisableTiming));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&comp_stream, cudaStreamNonBlocking));
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comp_fork, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comp_join_idx, cudaEventDisableTiming));
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comp_join, cudaEventDisableTiming));
   return Status();
 }
