@@ -421,21 +421,26 @@ void Bench::hc_pre_pack_rows() {
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   const kc::HcCombSide side{side_stream, fork, join};
   for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}}) {
+    // Call i's hc_pre arguments (fn rotating over its copies).
+    auto params = [&](int i) {
+      kernels::HcPreParams p;
+      p.h = h.get();
+      p.fn = fn.get() + fn_n * static_cast<size_t>(i % copies);
+      p.scale = hscale.get();
+      p.base = hbase.get();
+      p.tokens = m;
+      p.hc = hc;
+      p.dim = dim;
+      p.x = hx.get();
+      p.post = post.get();
+      p.comb = comb.get();
+      return p;
+    };
     // partials: null = the mix and the finish (as a layer half launches them); else the finish alone.
     auto us = [&](kc::HcFinishShape shape, const double* partials = nullptr, int sinkhorn_iters = 20,
                   bool comb_apart = false) {
       return time_calls(s, [&](int i) {
-        kernels::HcPreParams p;
-        p.h = h.get();
-        p.fn = fn.get() + fn_n * static_cast<size_t>(i % copies);
-        p.scale = hscale.get();
-        p.base = hbase.get();
-        p.tokens = m;
-        p.hc = hc;
-        p.dim = dim;
-        p.x = hx.get();
-        p.post = post.get();
-        p.comb = comb.get();
+        kernels::HcPreParams p = params(i);
         p.sinkhorn_iters = sinkhorn_iters;
         kc::HcPrePackArgs pk;
         pk.norm_weight = nw.get();
@@ -473,20 +478,7 @@ void Bench::hc_pre_pack_rows() {
                 "  hc_pre_pack parts", static_cast<long long>(m), mix_us, fin_us, fin1_us);
     // hc_pre without the pack (its split finish: no cluster, no norm), the pair: what the cluster and
     // the pack add.
-    const double nopack_us = time_calls(s, [&](int i) {
-      kernels::HcPreParams p;
-      p.h = h.get();
-      p.fn = fn.get() + fn_n * static_cast<size_t>(i % copies);
-      p.scale = hscale.get();
-      p.base = hbase.get();
-      p.tokens = m;
-      p.hc = hc;
-      p.dim = dim;
-      p.x = hx.get();
-      p.post = post.get();
-      p.comb = comb.get();
-      kc::hc_pre(p, s, kc::HcFinishShape::kSplit);
-    });
+    const double nopack_us = time_calls(s, [&](int i) { kc::hc_pre(params(i), s, kc::HcFinishShape::kSplit); });
     std::printf("%-38s %3lld  mix + finish %6.1f us, the finish alone %6.1f us; hc_pre without the pack %6.1f us\n",
                 "  comb on a side stream", static_cast<long long>(m), side_us, fin_side_us, nopack_us);
     std::fflush(stdout);

@@ -288,14 +288,6 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
           cuda_model::attention(st.attn(i % kCopies, ratio, st.ids.get() + (i % kCopies) * st.rows() * kTopk, kTopk), s);
         });
         tb.row(name, L, B, keys, mode, us, B * (keys * rb + qo));
-        // the split launch's former chunk loads (AttnSplitLoads::kRounds), the same bits, side by side
-        if (std::string(mode) == "split")
-          tb.row(name, L, B, keys, "splitR", time_calls(s, [&](int i) {
-                   cuda_model::AttnArgs a = st.attn(i % kCopies, ratio, st.ids.get() + (i % kCopies) * st.rows() * kTopk, kTopk);
-                   a.split_loads = cuda_model::AttnSplitLoads::kRounds;
-                   cuda_model::attention(a, s);
-                 }),
-                 B * (keys * rb + qo));
       };
       if (L == 4096) attn_row("attention SWA (window)", 0);
       attn_row("attention HCA (window + L/128)", 128);

@@ -236,8 +236,7 @@ TEST(CudaAttention, MatchesCpu) {
   cases.push_back({KvRecordKind::kFp8, 4, 32, 512, 512, {{0, 2100, 6, {}}}});
   cases.push_back({KvRecordKind::kBf16, 128, 8, 512, 0, {{1, 1500, 96, {}}}});
   cases.push_back({KvRecordKind::kNvfp4, 0, 8, 512, 0, {{0, 700, 96, {}}}});
-  // Decode shapes of the split launch (AttnSplitLoads::kOneRound against kRounds and the folding
-  // blocks): 1, 2 and 8 rows, windows of 1 key, partial, exactly full (position 127) and wrapped,
+  // Decode shapes of the split launch (against the folding blocks): 1, 2 and 8 rows, windows of 1 key, partial, exactly full (position 127) and wrapped,
   // this step's fp32 rows among the window's records (a 6-row sequence), masked top-k ids, every
   // record kind, head dims 512 and 128, head counts that do and do not fill the 16-head tiles.
   cases.push_back({KvRecordKind::kFp8, 0, 32, 512, 0, {{0, 0, 1, {}}}});
@@ -386,19 +385,7 @@ TEST(CudaAttention, MatchesCpu) {
     a.sm_count = 1 << 20;
     a.out = out_split.get();
     EXPECT_TRUE(cuda_model::attention_splits(a));
-    EXPECT_EQ(a.split_loads, cuda_model::AttnSplitLoads::kOneRound);  // the default
     cuda_model::attention(a, kStream);
-    // ... with the former chunk loads (AttnSplitLoads::kRounds) ...
-    {
-      auto out_rounds = poisoned<float>(static_cast<size_t>(rows * H * hd));
-      a.out = out_rounds.get();
-      a.split_loads = cuda_model::AttnSplitLoads::kRounds;
-      cuda_model::attention(a, kStream);
-      a.split_loads = cuda_model::AttnSplitLoads::kOneRound;
-      a.out = out_split.get();
-      EXPECT_TRUE(same_bits(to_host(out_rounds), to_host(out_split)))
-          << "split, chunk loads in rounds vs in one round (element = (row * heads + head) * hd + dim)";
-    }
     // ... and one folding block per (row, 16 heads).
     auto out_fold = poisoned<float>(static_cast<size_t>(rows * H * hd));
     a.partial = nullptr;

@@ -20,6 +20,9 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/decode_test_util.h"
@@ -350,9 +353,29 @@ TEST(CudaHcPrePack, EqualsHcPreThenDecodeActPack) {
 // stay exact, which mixes() asserts), compared with the host reference (hc_pre_ref, pack_norm_ref,
 // the CPU act_quant op) as well; (b) unrounded random streams whose columns span 2^-20 .. 2^20,
 // GPU shape against GPU shape only (their mixes are not exact). The norm weight has a NaN column.
+// hc_pre_pack also runs with its comb on a side stream (HcCombSide: comb_kernel beside the
+// finishing kernel, which then skips the Sinkhorn) in both shapes: every output equal bit for bit.
 struct FinishOut {
   std::vector<float> x, post, comb;
   std::vector<uint8_t> codes, scales;
+};
+
+// hc_pre_pack's comb branch (HcCombSide): a second stream and its fork / join events.
+struct CombSide {
+  cuda::HcCombSide side;
+  CombSide() {
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming));
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming));
+  }
+  ~CombSide() {
+    cudaStreamSynchronize(side.stream);
+    cudaEventDestroy(side.fork);
+    cudaEventDestroy(side.join);
+    cudaStreamDestroy(side.stream);
+  }
+  CombSide(const CombSide&) = delete;
+  CombSide& operator=(const CombSide&) = delete;
 };
 
 TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
@@ -366,6 +389,7 @@ TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
   const float eps = 1e-5f;
   const int64_t kCross = cuda::kHcSplitMaxTokens;
   uint64_t seed = 500;
+  std::optional<CombSide> side;  // made once a GPU is known
   for (const C& c : {C{4, 4096, 20, true}, C{4, 512, 20, true}, C{4, 384, 20, true}, C{4, 256, 20, true},
                      C{6, 256, 5, true}, C{4, 100, 20, false}, C{3, 72, 2, false}}) {
     for (int64_t T : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{8}, kCross, kCross + 1}) {
@@ -422,7 +446,8 @@ TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
         p.scale = dscale.get();
         p.base = dbase.get();
         const size_t nx = static_cast<size_t>(T * D);
-        auto run = [&](bool pack, HcFinishShape shape) {
+        if (!side) side.emplace();
+        auto run = [&](bool pack, HcFinishShape shape, bool comb_side = false) {
           auto x = poisoned<float>(nx), post = poisoned<float>(rpost.size()), comb = poisoned<float>(rcomb.size());
           auto codes = poisoned<uint8_t>(pack ? nx : 0), scales = poisoned<uint8_t>(pack ? static_cast<size_t>(T * nb) : 0);
           HcPreParams q = p;
@@ -436,7 +461,9 @@ TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
             k.codes = codes.get();
             k.scales = scales.get();
             k.finish = shape;
+            k.comb_side = comb_side ? &side->side : nullptr;
             cuda::hc_pre_pack(q, k, kStream);
+            if (comb_side) TANDEM_CUDA_CHECK(cudaStreamWaitEvent(kStream, side->side.join, 0));
           } else {
             cuda::hc_pre(q, kStream, shape);
           }
@@ -470,6 +497,17 @@ TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
           // The automatic shape is one of the two.
           const FinishOut z = run(pack, HcFinishShape::kAuto);
           EXPECT_TRUE(same_bits(z.x, a.x)) << op << " x: automatic shape";
+          if (!pack) continue;
+          // The comb on the side stream, both shapes: the same bits in every output.
+          for (const HcFinishShape shape : {HcFinishShape::kToken, HcFinishShape::kSplit}) {
+            const FinishOut sd = run(true, shape, true);
+            const char* sh = shape == HcFinishShape::kToken ? "one CTA per token" : "split";
+            EXPECT_TRUE(same_bits(sd.comb, a.comb)) << "comb on the side stream (" << sh << ")";
+            EXPECT_TRUE(same_bits(sd.x, a.x)) << "x, comb on the side stream (" << sh << ")";
+            EXPECT_TRUE(same_bits(sd.post, a.post)) << "post, comb on the side stream (" << sh << ")";
+            EXPECT_TRUE(same_values(sd.codes, a.codes, static_cast<size_t>(D))) << "codes, comb on the side (" << sh << ")";
+            EXPECT_TRUE(same_values(sd.scales, a.scales, static_cast<size_t>(nb))) << "scales, comb on the side (" << sh << ")";
+          }
         }
         if (grid && D == 4096 && (T == 1 || T == 8 || T >= kCross)) {  // the crossover's two sides too
           auto x = poisoned<float>(nx), post = poisoned<float>(rpost.size()), comb = poisoned<float>(rcomb.size());
@@ -498,7 +536,10 @@ TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
 }
 
 // hc_pre_pack's cluster shape captured in a CUDA graph (a PDL cluster launch inside capture, twice
-// in a row so one cluster kernel precedes the next mix programmatically) replays the eager bits.
+// in a row so one cluster kernel precedes the next mix programmatically) replays the eager bits;
+// so does the same pair with the comb on a side stream (a graph branch forked after each mix and
+// joined before the next; the captured edges are printed: what the capture made of the fork and
+// the join, a programmatic or a full edge into each kernel).
 TEST(CudaHcFinish, SplitCapturesInAGraph) {
   TANDEM_REQUIRE_GPU();
   const int64_t T = 8, D = 4096, HD = 4 * D, nb = D / 128;
@@ -516,7 +557,8 @@ TEST(CudaHcFinish, SplitCapturesInAGraph) {
                poisoned<float>(static_cast<size_t>(T * 16)), poisoned<uint8_t>(static_cast<size_t>(T * D)),
                poisoned<uint8_t>(static_cast<size_t>(T * nb))};
   };
-  auto call = [&](Out& o, cudaStream_t st) {
+  CombSide side;
+  auto call = [&](Out& o, cudaStream_t st, bool comb_side) {
     HcPreParams p;
     p.h = dh.get();
     p.fn = dfn.get();
@@ -531,31 +573,58 @@ TEST(CudaHcFinish, SplitCapturesInAGraph) {
     k.codes = o.codes.get();
     k.scales = o.scales.get();
     k.finish = cuda::HcFinishShape::kSplit;
+    k.comb_side = comb_side ? &side.side : nullptr;
     cuda::hc_pre_pack(p, k, st);
+    if (comb_side) TANDEM_CUDA_CHECK(cudaStreamWaitEvent(st, side.side.join, 0));  // before the next mix
   };
-  Out eager = outs(), g1 = outs(), g2 = outs();
-  call(eager, kStream);
+  auto print_edges = [](cudaGraph_t g) {
+    size_t ne = 0;
+    TANDEM_CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &ne));
+    std::vector<cudaGraphNode_t> from(ne), to(ne);
+    std::vector<cudaGraphEdgeData> ed(ne);
+    TANDEM_CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), ed.data(), &ne));
+    auto name = [](cudaGraphNode_t n) -> std::string {
+      cudaGraphNodeType t;
+      TANDEM_CUDA_CHECK(cudaGraphNodeGetType(n, &t));
+      if (t != cudaGraphNodeTypeKernel) return "node type " + std::to_string(static_cast<int>(t));
+      cudaKernelNodeParams kp{};
+      TANDEM_CUDA_CHECK(cudaGraphKernelNodeGetParams(n, &kp));
+      const char* nm = nullptr;
+      if (cudaFuncGetName(&nm, kp.func) != cudaSuccess || !nm) return "kernel";
+      return std::string(nm).substr(0, 60);
+    };
+    for (size_t i = 0; i < ne; ++i)
+      std::printf("[hc comb side] edge %s -> %s: type %d (1 = programmatic), from port %d\n", name(from[i]).c_str(),
+                  name(to[i]).c_str(), static_cast<int>(ed[i].type), static_cast<int>(ed[i].from_port));
+  };
+  Out eager = outs();
+  call(eager, kStream, false);
   sync();
   cudaStream_t st;
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  call(g1, st);
-  call(g2, st);
-  TANDEM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, st));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(st));
-  for (Out* o : {&g1, &g2}) {
-    EXPECT_TRUE(same_bits(to_host(o->x), to_host(eager.x))) << "x";
-    EXPECT_TRUE(same_bits(to_host(o->post), to_host(eager.post))) << "post";
-    EXPECT_TRUE(same_bits(to_host(o->comb), to_host(eager.comb))) << "comb";
-    EXPECT_TRUE(same_values(to_host(o->codes), to_host(eager.codes), static_cast<size_t>(D))) << "codes";
-    EXPECT_TRUE(same_values(to_host(o->scales), to_host(eager.scales), static_cast<size_t>(nb))) << "scales";
+  for (const bool comb_side : {false, true}) {
+    SCOPED_TRACE(comb_side ? "comb on a side stream" : "one stream");
+    Out g1 = outs(), g2 = outs();
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    call(g1, st, comb_side);
+    call(g2, st, comb_side);
+    TANDEM_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    if (comb_side) print_edges(g);
+    TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int r = 0; r < 2; ++r) TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, st));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(st));
+    for (Out* o : {&g1, &g2}) {
+      EXPECT_TRUE(same_bits(to_host(o->x), to_host(eager.x))) << "x";
+      EXPECT_TRUE(same_bits(to_host(o->post), to_host(eager.post))) << "post";
+      EXPECT_TRUE(same_bits(to_host(o->comb), to_host(eager.comb))) << "comb";
+      EXPECT_TRUE(same_values(to_host(o->codes), to_host(eager.codes), static_cast<size_t>(D))) << "codes";
+      EXPECT_TRUE(same_values(to_host(o->scales), to_host(eager.scales), static_cast<size_t>(nb))) << "scales";
+    }
+    TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+    TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
   }
-  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
-  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
   TANDEM_CUDA_CHECK(cudaStreamDestroy(st));
 }
 

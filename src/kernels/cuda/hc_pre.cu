@@ -8,7 +8,7 @@
 // collapsing a slice of the columns (hc_pre_pack: a thread-block cluster, the RMSNorm's sum read
 // from the CTAs' shared memory in pack_row's order) while a ninth warp of CTA 0 runs the Sinkhorn.
 // hc_pre_pack with a HcCombSide: the finishing kernels skip the Sinkhorn, and comb_kernel (a warp per
-// token: the comb rows' finish_mix, then the same sinkhorn()) runs it on the side stream.
+// token: the same finish_mix, then the same sinkhorn()) runs it on the side stream.
 // The finishing kernels touch their weights (scale, base, the norm weight) before the dependency
 // wait: those L2 round trips then overlap the mix instead of following it.
 #include "kernels/cuda/cuda_ops.h"
@@ -119,25 +119,15 @@ __device__ __forceinline__ void prefetch_weights(const HcPreParams& p, const flo
   if (norm_weight) prefetch_l1(norm_weight + c0, n);
 }
 
-// comb of token blockIdx.x alone (hc_pre_pack's HcCombSide), one warp: the comb rows' mixes as
-// finish_mix computes them (the same fp64 sum of squares and fp32 sums in ks order), then sinkhorn().
-// mix[2 hc ..] only; the other rows are the finishing kernel's. Launched after the mix completes (a
-// full dependency: no PDL).
+// comb of token blockIdx.x alone (hc_pre_pack's HcCombSide), one warp: finish_mix (every mix, the
+// finishing kernel's arithmetic), then sinkhorn(). Launched after the mix completes (a full
+// dependency: no PDL); `stage` as the finishing kernels'.
 __global__ void __launch_bounds__(kWarp) comb_kernel(HcPreParams p, const double* partial, int ksplit) {
+  extern __shared__ double stage[];  // hc::stage_bytes
   __shared__ float mix[(2 + kMaxHc) * kMaxHc];
-  const int hc = p.hc, nmix = (2 + hc) * hc, lane = threadIdx.x;
-  const int64_t t = blockIdx.x;
-  const double* pt = partial + t * (nmix + 1) * ksplit;
-  double ss = 0.0;
-  for (int ks = 0; ks < ksplit; ++ks) ss += pt[nmix * ksplit + ks];
-  const float r = div_rn(1.0f, sqrtf(add_rn(static_cast<float>(ss / static_cast<double>(hc * p.dim)), p.norm_eps)));
-  for (int j = 2 * hc + lane; j < nmix; j += kWarp) {
-    float d = 0.0f;
-    for (int ks = 0; ks < ksplit; ++ks) d = add_rn(d, static_cast<float>(pt[j * ksplit + ks]));
-    mix[j] = mul_rn(d, r);
-  }
-  __syncwarp();
-  sinkhorn(p, mix, t, lane);
+  const int nmix = (2 + p.hc) * p.hc;
+  hc::finish_mix(partial, blockIdx.x, nmix, ksplit, p.hc * p.dim, p.norm_eps, stage, mix);
+  sinkhorn(p, mix, blockIdx.x, threadIdx.x);
 }
 
 // kPack: hc_pre_pack's tail (pk used); else hc_pre alone (pk unused). comb: this kernel runs the
@@ -301,19 +291,18 @@ void launch(const HcPreParams& p, const HcPrePackArgs& pk, HcFinishShape shape, 
   const int ksplit = hc_mix_ksplit(HD, nmix);
   const double* partial =
       pk.partials ? pk.partials : hc::launch_mix(p.h, p.fn, p.tokens, nmix, HD, ksplit, s);
+  const size_t smem = hc::stage_bytes(nmix, ksplit);
   const HcCombSide* side = pk.comb_side;
   if (side) {
     // The comb's branch: after the mix (a full dependency), beside the finishing kernel.
     TANDEM_CHECK(side->stream && side->fork && side->join && side->stream != s);
-    TANDEM_CHECK_MSG(p.tokens <= 0x7fffffff, "hc_pre: too many tokens");
     TANDEM_CUDA_CHECK(cudaEventRecord(side->fork, s));
     TANDEM_CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
-    comb_kernel<<<static_cast<unsigned>(p.tokens), kWarp, 0, side->stream>>>(p, partial, ksplit);
+    comb_kernel<<<static_cast<unsigned>(p.tokens), kWarp, smem, side->stream>>>(p, partial, ksplit);
     TANDEM_CUDA_LAUNCH_CHECK();
     TANDEM_CUDA_CHECK(cudaEventRecord(side->join, side->stream));
   }
   const bool comb = side == nullptr;
-  const size_t smem = hc::stage_bytes(nmix, ksplit);
   if (shape == HcFinishShape::kAuto) shape = p.tokens <= kHcSplitMaxTokens ? HcFinishShape::kSplit : HcFinishShape::kToken;
   if (shape == HcFinishShape::kToken) {
     launch_pdl(hc_pre_finish<kPack>, static_cast<unsigned>(p.tokens), hc::kThreads, smem, s, p, partial, ksplit, pk,

@@ -6,9 +6,9 @@
 // per fragment, key order). The chunks are folded in list order, either in registers by a block
 // that walks its row's chunks (prefill, large batches) or, split over the chunks, by fold_kernel
 // from each chunk's (m_c, z_c, O_c) in `partial`: the same operations on the same values, so both
-// give the same bits. A split block gets its chunk's keys in one round of loads by default
+// give the same bits. A split block gets its chunk's keys in one round of loads
 // (split_block_one_round: key pointers before the grid-dependency wait, every record byte copied
-// into the tile at once and decoded there in place) or, AttnSplitLoads::kRounds, in 4 rounds.
+// into the tile at once and decoded there in place); a folding block in rounds (attend_chunk).
 #include "model/cuda/attention.h"
 
 #include <cuda_runtime.h>
@@ -444,7 +444,7 @@ struct PartialStore {
   }
 };
 
-// A block of the split launch with AttnSplitLoads::kOneRound: chunk blockIdx.x of row t, heads
+// A block of the split launch: chunk blockIdx.x of row t, heads
 // [h0, h0 + 16), to its partial slot; every thread of the block calls it first thing.
 //  - Before the grid-dependency wait (launch.cuh, rule 1): the row's key list and the key pointers
 //    of the chunk that no kernel of the step chooses (the window's, the every-entry list's), read
@@ -573,15 +573,15 @@ __device__ __forceinline__ void split_block_one_round(const AttnArgs& a, int64_t
 }
 
 
-// grid: split (chunks, head tiles, rows) -> partials; else (rows, head tiles), folding in registers.
-// kOneRound (split only): split_block_one_round.
-template <int D, bool kSplit, bool kOneRound>
+// grid: split (chunks, head tiles, rows) -> partials (split_block_one_round); else (rows, head
+// tiles), folding in registers.
+template <int D, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunks, float scale) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int NTP = Parts<D>::NTP, kParts = Parts<D>::kParts;
   const int64_t t = kSplit ? blockIdx.z : blockIdx.x;
   const int h0 = static_cast<int>(blockIdx.y) * kHeads;
-  if constexpr (kSplit && kOneRound) {
+  if constexpr (kSplit) {
     if (t >= a.rows) {
       kernels::cuda::pdl_wait();
       return;
@@ -595,21 +595,12 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
   const int nk = row_keys(a, t).nk;  // every thread: the block's chunk count without a barrier
   int nch = (nk + kChunk - 1) / kChunk;
   nch = nch < nchunks ? nch : nchunks;
-  const int c0 = kSplit ? static_cast<int>(blockIdx.x) : 0;
-  if (c0 >= nch) return;
+  if (nch == 0) return;
   if (threadIdx.x == 0) rk = row_keys(a, t);  // read after attend_chunk's first barrier
   load_q<D>(a, t, h0, smem + Layout<D>::kQ);
 
   const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int dim0 = (threadIdx.x >> 5) * (D / 8) + 2 * tq;
-  if (kSplit) {
-    const int64_t slot = t * nchunks + c0;
-    float* po = a.partial + slot * a.heads * D;
-    float* pml = a.partial + a.partial_slots * a.heads * D + slot * a.heads * 2;
-    attend_chunk<D, 4>(a, rk, c0, smem, scale, PartialStore<D>{po, pml, h0, a.heads, g, tq, dim0});
-    kernels::cuda::pdl_trigger();
-    return;
-  }
   float orun[kParts * NTP][4], mrun[2] = {-INFINITY, -INFINITY}, zrun[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int n = 0; n < kParts * NTP; ++n)
@@ -652,9 +643,9 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
 }
 
 // The fold of a split launch: one block per (row, head), one thread per dim, the chunks in order.
-// kEarly (with kOneRound blocks): the row's key count from StepMeta before the wait (see
-// split_block_one_round: no kernel of the step writes it).
-template <int D, bool kEarly>
+// The row's key count from StepMeta before the wait (as split_block_one_round: no kernel of the
+// step writes it).
+template <int D>
 __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
   __shared__ float s_m[kFoldGroup], s_z[kFoldGroup], s_alpha[kFoldGroup], s_beta[kFoldGroup];
   __shared__ float s_mrun, s_zrun;
@@ -664,9 +655,8 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
     kernels::cuda::pdl_wait();
     return;
   }
-  int nk = kEarly ? row_keys(a, t).nk : 0;
+  const int nk = row_keys(a, t).nk;
   kernels::cuda::pdl_wait();
-  if (!kEarly) nk = row_keys(a, t).nk;
   int nch = (nk + kChunk - 1) / kChunk;
   nch = nch < nchunks ? nch : nchunks;
   const int64_t slot0 = t * nchunks;
@@ -728,16 +718,14 @@ template <int D>
 void launch(const AttnArgs& a, cudaStream_t s, int nchunks, unsigned tiles, float scale, bool split) {
   constexpr size_t smem = Layout<D>::kBytes;
   if (split) {
-    const bool one_round = a.split_loads == AttnSplitLoads::kOneRound;
-    auto k = one_round ? mqa_kernel<D, true, true> : mqa_kernel<D, true, false>;
+    auto k = mqa_kernel<D, true>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
     kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(nchunks), tiles, static_cast<unsigned>(a.rows)),
                               dim3(kThreads), smem, s, a, nchunks, scale);
-    kernels::cuda::launch_pdl(one_round ? fold_kernel<D, true> : fold_kernel<D, false>,
-                              dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)), dim3(D), 0, s, a,
-                              nchunks);
+    kernels::cuda::launch_pdl(fold_kernel<D>, dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)),
+                              dim3(D), 0, s, a, nchunks);
   } else {
-    auto k = mqa_kernel<D, false, false>;
+    auto k = mqa_kernel<D, false>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
     kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(a.rows), tiles), dim3(kThreads), smem, s, a, nchunks,
                               scale);

@@ -18,13 +18,6 @@ namespace tandem::cuda_model {
 constexpr int kAttnChunk = 64;
 constexpr int kAttnHeadTile = 16;
 
-// How a block of the split launch gets its chunk's keys (the same bits either way; tests and
-// bench-kernels run both). kOneRound: the row's key list and the window's / every-entry list's key
-// pointers before the grid-dependency wait (StepMeta is written before the step's first kernel),
-// then every record byte of the chunk in flight at once (cp.async into the key tile, decoded there
-// in place). kRounds: the former chain, everything after the wait, 4 rounds of 4 pieces per thread.
-enum class AttnSplitLoads : uint8_t { kOneRound = 0, kRounds = 1 };
-
 // Target attention of every row over its key list: the window [pos-W+1, pos] (this step's fp32 rows
 // for positions of the step, else the slot's ring records), then the compressed entries (the top-k
 // list in its order when topk != null, else every visible entry j < (pos+1)/ratio in order); ids of
@@ -76,7 +69,6 @@ struct AttnArgs {
   float* partial = nullptr;
   int64_t partial_slots = 0;
   int sm_count = 0;                  // multiprocessors (0: the current device's)
-  AttnSplitLoads split_loads = AttnSplitLoads::kOneRound;  // the split launch's chunk loads
 };
 void attention(const AttnArgs& a, cudaStream_t s);
 
