@@ -340,12 +340,13 @@ void hc_pre_pack(const HcPreParams& p, const HcPrePackArgs& pack, cudaStream_t s
 }
 
 std::vector<SmemBound> hc_smem_bounds() {
-  // The finishing CTA stages one token's partials: hc::stage_bytes, at most hc::kMaxStage doubles
+  // The finishing CTA (and comb_kernel) stages one token's partials: hc::stage_bytes, at most hc::kMaxStage doubles
   // (hc_mix_ksplit caps ksplit so); 3.2 KB for hc 4 x 4096.
   const int64_t most = hc::kMaxStage * static_cast<int64_t>(sizeof(double));
   const std::string shape = "(nmix + 1) x ksplit partials at hc_mix_ksplit's cap";
   return {{"hc_pre_finish", most, shape, ""},
           {"hc_pre_finish_split", most, shape, ""},
+          {"comb_kernel", most, shape, ""},
           {"hc_head_finish", most, shape, ""}};
 }
 
