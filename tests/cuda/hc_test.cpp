@@ -505,8 +505,10 @@ TEST(CudaHcFinish, SplitEqualsOneCtaPerToken) {
             EXPECT_TRUE(same_bits(sd.comb, a.comb)) << "comb on the side stream (" << sh << ")";
             EXPECT_TRUE(same_bits(sd.x, a.x)) << "x, comb on the side stream (" << sh << ")";
             EXPECT_TRUE(same_bits(sd.post, a.post)) << "post, comb on the side stream (" << sh << ")";
-            EXPECT_TRUE(same_values(sd.codes, a.codes, static_cast<size_t>(D))) << "codes, comb on the side (" << sh << ")";
-            EXPECT_TRUE(same_values(sd.scales, a.scales, static_cast<size_t>(nb))) << "scales, comb on the side (" << sh << ")";
+            EXPECT_TRUE(same_values(sd.codes, a.codes, static_cast<size_t>(D)))
+                << "codes, comb on the side (" << sh << ")";
+            EXPECT_TRUE(same_values(sd.scales, a.scales, static_cast<size_t>(nb)))
+                << "scales, comb on the side (" << sh << ")";
           }
         }
         if (grid && D == 4096 && (T == 1 || T == 8 || T >= kCross)) {  // the crossover's two sides too

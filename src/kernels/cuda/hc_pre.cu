@@ -113,7 +113,8 @@ __device__ __forceinline__ void prefetch_l1(const float* x, int64_t n) {
 
 // The weights a finishing CTA reads after the mixes: scale, base and, with the pack, the norm
 // weight's columns [c0, c0 + n).
-__device__ __forceinline__ void prefetch_weights(const HcPreParams& p, const float* norm_weight, int64_t c0, int64_t n) {
+__device__ __forceinline__ void prefetch_weights(const HcPreParams& p, const float* norm_weight, int64_t c0,
+                                                 int64_t n) {
   prefetch_l1(p.scale, 3);
   prefetch_l1(p.base, (2 + p.hc) * p.hc);
   if (norm_weight) prefetch_l1(norm_weight + c0, n);
