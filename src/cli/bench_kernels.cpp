@@ -42,6 +42,7 @@
 #include "cli/bench_prefill.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/sample_rows.h"
+#include "kernels/cuda/timeline.cuh"
 #include "model/cuda/model_kernels.h"
 #include "model/cuda/moe_decode.h"
 #endif
@@ -198,6 +199,7 @@ struct Bench {
   double copy_bps = 0;  // the copy ceiling (Ceilings::copy)
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json moe = nlohmann::json::array();
+  nlohmann::json moe_timeline = nlohmann::json::array();
   // Activations: fp32 rows holding bf16 values, and their act_quant codes.
   kc::DeviceBuffer<float> x;
   kc::DeviceBuffer<uint8_t> codes, scales;
@@ -388,6 +390,8 @@ struct Bench {
   }
 
   void moe_layers();
+  nlohmann::json timeline_of(const std::function<void(int, uint64_t*)>& call, int layers, const std::string& name,
+                             int64_t m);
   nlohmann::json sampler();
   void hc_pre_pack_rows();
 };
@@ -709,8 +713,129 @@ void Bench::moe_layers() {
                      {"new_us", new_us}, {"new_frac_of_copy", frac(bytes, new_us)},
                      {"kernels_us", {{"gate_route", st[0]}, {"experts_up_quant", st[1]}, {"experts_down_combine", st[2]}}},
                      {"predicted_us_at_4p3TBps", bytes / 4.3e12 * 1e6}});
+      if (tp == 2 && m != 16) {
+        moe_timeline.push_back(timeline_of([&](int l, uint64_t* t) {
+          cuda_model::MoeDecodeArgs a = args(l, m, 0, count);
+          a.timeline = t;
+          cuda_model::moe_decode(a, s);
+        }, kLayers, name, m));
+        // The same kernels without the early shared-expert items (each waits for its predecessor
+        // before any work): what the routing tail and the items take without that overlap.
+        moe_timeline.push_back(timeline_of([&](int l, uint64_t* t) {
+          cuda_model::MoeDecodeArgs a = args(l, m, 0, count);
+          a.timeline = t;
+          cuda_model::moe_gate_route(a, s);
+          cuda_model::moe_experts_up(a, s);
+          cuda_model::moe_experts_down(a, s);
+        }, kLayers, name + ", no early items", m));
+      }
     }
   }
+}
+
+// Where one MoE call's time goes, CTA by CTA: `layers` calls (call(l, timeline)) captured in one
+// graph as a step runs them, the third call's three kernels recording their phases
+// (kernels/cuda/timeline.cuh; moe_decode.cu names the marks). Times in us from the gate's
+// dependency release (the previous call's down kernel complete).
+nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& call, int layers, const std::string& name,
+                                  int64_t m) {
+  namespace tl = kc::timeline;
+  const size_t words = static_cast<size_t>(3) * tl::kCtas * tl::kSlots;
+  kc::DeviceBuffer<uint64_t> buf(words);
+  const int rec = std::min(2, layers - 1);
+  for (int l = 0; l < layers; ++l) call(l, nullptr);  // eager warm-up
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int l = 0; l < layers; ++l) call(l, l == rec ? buf.get() : nullptr);
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t ge;
+  TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int r = 0; r < 3; ++r) TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(buf.get(), 0, words * sizeof(uint64_t), s));
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  std::vector<uint64_t> h(words);
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(h.data(), buf.get(), words * sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+  TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
+
+  auto at = [&](int k, int cta, int slot) { return h[(static_cast<size_t>(k) * tl::kCtas + cta) * tl::kSlots + slot]; };
+  uint64_t t0 = UINT64_MAX;
+  for (int c = 0; c < tl::kCtas; ++c)
+    if (at(0, c, 3)) t0 = std::min(t0, at(0, c, 3));
+  std::vector<uint64_t> all;
+  for (uint64_t v : h)
+    if (v > 1000000) all.push_back(v);  // timestamps (word 0's SM ids and counts are small)
+  std::sort(all.begin(), all.end());
+  uint64_t tick = 0;
+  for (size_t i = 1; i < all.size(); ++i)
+    if (all[i] != all[i - 1] && (tick == 0 || all[i] - all[i - 1] < tick)) tick = all[i] - all[i - 1];
+  auto us = [&](uint64_t v) { return v ? (static_cast<double>(v) - static_cast<double>(t0)) / 1000.0 : -1.0; };
+  auto stats = [](std::vector<double> v) {
+    if (v.empty()) return nlohmann::json();
+    std::sort(v.begin(), v.end());
+    return nlohmann::json{{"n", v.size()}, {"min", v.front()}, {"median", v[v.size() / 2]}, {"max", v.back()}};
+  };
+  static const char* kKernels[3] = {"gate_route", "experts_up", "experts_down"};
+  static const std::vector<std::pair<int, const char*>> kMarks[3] = {
+      {{1, "entry"}, {3, "wait_done"}, {4, "partials_stored"}, {5, "route_start"}, {10, "route_zeroed"},
+       {11, "sel_computed"}, {12, "sel_shared"}, {13, "first_pick"}, {7, "route_picked"}, {8, "route_counted"}, {9, "route_grouped"}, {6, "route_end"}, {15, "exit"}},
+      {{1, "entry"}, {2, "prologue_issued"}, {3, "routing_known"}, {15, "exit"}},
+      {{1, "entry"}, {2, "prologue_issued"}, {14, "early_poll_done"}, {3, "routing_known"}, {15, "exit"}}};
+  nlohmann::json out = {{"layer", name}, {"batch", m}, {"timer_tick_ns", tick},
+                        {"note", "us from the gate kernel's first dependency release; per kernel, each mark's "
+                                 "distribution over its CTAs; items: per CTA, thread 0's item i from its first "
+                                 "stage ready to its tile-0 epilogue done; records: per CTA [sm, count, marks 1..15] "
+                                 "in us (-1: not reached)"}};
+  std::printf("\n  timeline, %s, batch %lld (us from the gate's dependency release; timer tick %llu ns)\n",
+              name.c_str(), static_cast<long long>(m), static_cast<unsigned long long>(tick));
+  for (int k = 0; k < 3; ++k) {
+    nlohmann::json kj = {{"kernel", kKernels[k]}};
+    nlohmann::json recs = nlohmann::json::array();
+    std::vector<double> dur, first_start, items;
+    int ctas = 0;
+    for (int c = 0; c < tl::kCtas; ++c) {
+      if (!at(k, c, 1)) continue;
+      ++ctas;
+      const uint64_t w0 = at(k, c, 0);
+      nlohmann::json r = nlohmann::json::array({w0 & 0xffffffffu, w0 >> 32});
+      for (int q = 1; q < tl::kSlots; ++q) r.push_back(std::round(us(at(k, c, q)) * 1000.0) / 1000.0);
+      recs.push_back(r);
+      items.push_back(static_cast<double>(w0 >> 32));
+      for (int i = 0; i < 5 && k > 0; ++i) {
+        const uint64_t a0 = at(k, c, 4 + 2 * i), a1 = at(k, c, 5 + 2 * i);
+        if (a0 && a1) dur.push_back((static_cast<double>(a1) - static_cast<double>(a0)) / 1000.0);
+        if (i == 0 && a0) first_start.push_back(us(a0));
+      }
+    }
+    kj["ctas"] = ctas;
+    std::printf("  %-13s %4d CTAs", kKernels[k], ctas);
+    for (const auto& [slot, label] : kMarks[k]) {
+      std::vector<double> v;
+      for (int c = 0; c < tl::kCtas; ++c)
+        if (at(k, c, 1) && at(k, c, slot)) v.push_back(us(at(k, c, slot)));
+      kj[label] = stats(v);
+      if (!v.empty()) {
+        std::sort(v.begin(), v.end());
+        std::printf("  %s %.1f/%.1f/%.1f", label, v.front(), v[v.size() / 2], v.back());
+      }
+    }
+    if (k > 0) {
+      kj["items_per_cta"] = stats(items);
+      kj["first_item_ready"] = stats(first_start);
+      kj["item_us"] = stats(dur);
+      if (!dur.empty()) {
+        std::sort(dur.begin(), dur.end());
+        std::printf("  item %.1f/%.1f/%.1f", dur.front(), dur[dur.size() / 2], dur.back());
+      }
+    }
+    std::printf("\n");
+    kj["records"] = recs;
+    out["kernels"].push_back(kj);
+  }
+  std::fflush(stdout);
+  return out;
 }
 
 // `only`: the sections to run (linear, hc, moe, long, sampler, prefill; empty: all), e.g. to profile one.
@@ -777,6 +902,7 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
   j["calls_per_graph"] = kCalls;
   j["kernels"] = b.rows;
   j["moe_layers"] = b.moe;
+  j["moe_timeline"] = b.moe_timeline;
   j["long_context"] = lc;
   j["sampler"] = smp;
   j["prefill"] = pre;

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "cuda/decode_test_util.h"
+#include "kernels/cuda/timeline.cuh"
 #include "model/cuda/moe_decode.h"
 
 namespace tandem::kernels::cuda_testing {
@@ -751,6 +752,62 @@ TEST(CudaMoeDecode, GraphReplayEqualsEager) {
   TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
   TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
   TANDEM_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// The timeline instrument (kernels/cuda/timeline.cuh, bench-kernels' MoE rows): recording changes no
+// output bit, and every CTA's record is consistent: its marks in order, the routing done by exactly
+// one gate CTA, the experts kernels' item counts adding up to their items (every up item of the
+// shared job and of each routed expert's chunks, 2048 / 16 tiles per job-chunk at one tile an item).
+TEST(CudaMoeDecode, TimelineChangesNoResult) {
+  TANDEM_REQUIRE_GPU();
+  namespace tl = kernels::cuda::timeline;
+  const Layer L = make_layer(512, 256, 32, 6, 610);
+  const int64_t m = 3;
+  MoeRun r;
+  prepare(r, L, act_rows(m, L.d.dim, 67), m, 16, false, 0, L.d.n_experts, false);
+  cuda_model::moe_decode(r.args, kStream);
+  const std::vector<float> want = to_host(r.y);
+  const size_t words = static_cast<size_t>(3) * tl::kCtas * tl::kSlots;
+  DeviceBuffer<uint64_t> rec(words);
+  TANDEM_CUDA_CHECK(cudaMemset(rec.get(), 0, words * sizeof(uint64_t)));
+  TANDEM_CUDA_CHECK(cudaMemset(r.y.get(), 0xff, r.y.bytes()));
+  r.args.timeline = rec.get();
+  cuda_model::moe_decode(r.args, kStream);
+  EXPECT_TRUE(same_bits(to_host(r.y), want));
+  const std::vector<uint64_t> h = fetch(rec.get(), words);
+  auto at = [&](int k, int c, int q) { return h[(static_cast<size_t>(k) * tl::kCtas + c) * tl::kSlots + q]; };
+  // Items of the up kernel: one per 16 output columns of each job-chunk (the shared job and the
+  // active experts, each one chunk at 3 tokens).
+  const std::vector<int32_t> active = fetch(r.buf.active, 1);
+  const int64_t up_items = (1 + active[0]) * (L.d.inter / 16);
+  int routers = 0;
+  int64_t items[3] = {0, 0, 0};
+  for (int k = 0; k < 3; ++k) {
+    int ctas = 0;
+    for (int c = 0; c < tl::kCtas; ++c) {
+      const uint64_t entry = at(k, c, 1), exit = at(k, c, 15);
+      if (!entry) continue;
+      ++ctas;
+      EXPECT_GE(exit, entry) << "kernel " << k << " CTA " << c;
+      if (k == 0) {
+        EXPECT_GE(at(k, c, 3), entry);
+        EXPECT_GE(exit, at(k, c, 4));
+        if (at(k, c, 0) >> 32) {
+          ++routers;
+          EXPECT_GE(at(k, c, 6), at(k, c, 5));
+        }
+      } else {
+        items[k] += static_cast<int64_t>(at(k, c, 0) >> 32);
+        EXPECT_GE(at(k, c, 3), entry);  // routing known: every CTA passes its wait
+        for (int i = 0; i < 5 && i < static_cast<int>(at(k, c, 0) >> 32); ++i)
+          EXPECT_GE(at(k, c, 5 + 2 * i), at(k, c, 4 + 2 * i)) << "kernel " << k << " CTA " << c << " item " << i;
+      }
+    }
+    EXPECT_GT(ctas, 0) << "kernel " << k;
+  }
+  EXPECT_EQ(routers, 1);
+  EXPECT_EQ(items[1], up_items);
+  EXPECT_GT(items[2], 0);
 }
 
 // Sanity against the CPU oracle's composition (forward.cpp's moe with the CPU ops): the same

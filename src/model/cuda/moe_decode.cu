@@ -47,6 +47,7 @@ namespace tandem::cuda_model {
 using kernels::WeightFormat;
 using kernels::WeightRef;
 namespace mma = kernels::cuda::mma;
+namespace tl = kernels::cuda::timeline;
 using namespace moe_internal;  // NOLINT: this file's half of the decode MoE
 
 namespace {
@@ -131,6 +132,10 @@ struct ExpertArgs {
   int early_shared;           // the shared expert's items before the wait (moe_decode's launches; down: its first)
   int32_t* sdone;             // shared rows' act_quant blocks done (up adds, down polls; the gate zeroes it)
   int32_t* ccnt;              // [n / 16]
+  // Instrument: this kernel's timeline records (timeline.cuh), null: none. Thread 0's marks: 1 entry,
+  // 2 prologue issued, 3 routing known, 4 + 2i / 5 + 2i item i's first stage ready / its tile-0
+  // epilogue done (i < 5), 14 the early down item's poll done, 15 exit; count: items consumed.
+  uint64_t* tl;
 };
 
 // Where a warp's weight stream is: item w (>= total: done), stage st, the item's job (0 = shared
@@ -162,6 +167,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
+  uint64_t* const tlr = threadIdx.x == 0 ? tl::record(a.tl) : nullptr;
+  tl::mark(tlr, 1);
+  uint32_t tl_items = 0;
   const int S = a.ring, U = a.units;
   const int tl = warp / (NM * U), mm = (warp / U) % NM, unit = warp % U;  // role in an item
   uint8_t* ring = smem + static_cast<size_t>(warp) * S * kSlotBytes;
@@ -285,6 +293,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     ++loaded;
   }
   kc::pdl_trigger();
+  tl::mark(tlr, 2);
   // Early (a.early_shared: up, launched right after the gate + routing kernel, which triggers this
   // launch only past its own wait): the shared expert's items run before this kernel's wait, over
   // the gate's run. Their inputs (x's codes) come from a kernel before the gate, complete once the
@@ -331,6 +340,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       }
     }
     __syncthreads();
+    tl::mark(tlr, 3);
     routed_known = true;
     total = static_cast<int64_t>(s_pre[s_jobs]) * a.ipc;
     if (!UP && s_pre[s_jobs] == 0) {
@@ -426,6 +436,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       s_ready = ready;
     }
     __syncthreads();
+    tl::mark(tlr, 14);
     if (!s_ready) kc::pdl_wait();  // the bound passed: the whole up kernel instead
   }
   int slot_i = 0;
@@ -498,6 +509,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     __syncwarp();  // MXFP4 pieces were copied by other lanes of the warp
     const uint8_t* slot = ring + slot_i * kSlotBytes;
     const int st = cons.st;
+    if (st == 0 && tl_items < 5) tl::mark(tlr, 4 + 2 * static_cast<int>(tl_items));
     if (x.shared) {
       // ---- FP8 shared expert: as the dense decode GEMV on act_quant codes ----
       // HALF: the A rows g + 8 (tokens 8 .. 15 of a chunk of at most 8) are zeros, not loaded: the
@@ -820,11 +832,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           pending_tile = x.tile;  // the tile's total is the routing's
         }
       }
+      if (tl_items < 5) tl::mark(tlr, 5 + 2 * static_cast<int>(tl_items));
+      ++tl_items;
       reset();
     }
     next(cons);
   }
   mma::cp_async_wait(0);
+  tl::mark(tlr, 15);
+  tl::finish(tlr, tl_items);
 }
 
 template <bool UP, int MT>
@@ -892,6 +908,7 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   ea.early_shared = early && ea.has_shared;
   ea.sdone = a.buf.counters + kSdone;
   ea.ccnt = a.buf.counters + kCombine0;
+  ea.tl = a.timeline ? a.timeline + (UP ? 1 : 2) * tl::kCtas * tl::kSlots : nullptr;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
   const size_t smem = expert_smem(mt, lim, &ea.ring);

@@ -96,6 +96,9 @@ struct MoeDecodeArgs {
   float* y = nullptr;                  // [tokens, dim] out
   bool routed_only = false;            // y = routed sum (fp32, unrounded), shared left in buf.shared_out
   bool pdl = true;
+  // Instrument (bench-kernels): per-CTA phase timestamps (kernels/cuda/timeline.cuh) of the three
+  // kernels, in three regions of timeline::kCtas records each (gate + routing, up, down); null: none.
+  uint64_t* timeline = nullptr;
 };
 
 // True when moe_decode handles these weights (formats and alignment; never depends on tokens).

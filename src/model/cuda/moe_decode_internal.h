@@ -10,6 +10,7 @@
 #include "kernels/cuda/decode_gemm.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/moe_gate.cuh"
+#include "kernels/cuda/timeline.cuh"
 #include "model/cuda/moe_decode.h"
 
 namespace tandem::cuda_model::moe_internal {

@@ -24,6 +24,7 @@
 namespace tandem::cuda_model {
 
 namespace mma = kernels::cuda::mma;
+namespace tl = kernels::cuda::timeline;
 using namespace moe_internal;  // NOLINT: this file's half of the decode MoE
 
 namespace {
@@ -45,6 +46,12 @@ struct GateRouteArgs {
   float* pair_weight;         // [tokens * topk]
   int32_t* token_pair;        // [tokens, topk]
   int32_t* combine_order;     // [tokens, topk]
+  // Instrument: timeline records (timeline.cuh), null: none. Thread 0's marks: 1 entry, 3 past the
+  // dependency wait, 4 partials stored, 5 / 6 the routing CTA's tail start / end (inside it: 10 its
+  // scratch zeroed, 11 / 12 the first round's selection values computed / shared, 13 thread 0's
+  // token picked, 7 every token picked, 8 experts counted, 9 grouped), 15 exit; count: 1 for the
+  // routing CTA.
+  uint64_t* tl;
 };
 
 // 16 bytes of weight, read-only and not kept in L1; volatile, so it stays before pdl_wait().
@@ -105,7 +112,7 @@ __host__ __device__ inline size_t tail_bytes(int E, int EL, TailSmem* t, uint8_t
 constexpr size_t kRedBytes = sizeof(float) * 2 * kWarps * 16 * kGateRows;
 
 // Routing and grouping by the last CTA (see the file comment).
-__device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
+__device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const kernels::MoeGateParams& gp = a.gate;
   const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
@@ -124,6 +131,7 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
     const int n = static_cast<int>(T - t0 < kWarps ? T - t0 : kWarps);
     const int nE = n * E;
     const float* src = a.partial + t0 * E;
+    if (t0 == 0) tl::mark(tlr, 10);
     // Logits: the k blocks' partials added in order (4 outputs a thread at once, every load issued
     // before the first add), then each expert's selection value.
     for (int i0 = threadIdx.x; i0 < nE; i0 += 4 * kThreads) {
@@ -148,12 +156,15 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
         if (!hash) s.sel[i] = kc::moe_gate_sel(z, gp.bias != nullptr, bias[q]);
       }
     }
+    if (t0 == 0) tl::mark(tlr, 11);
     __syncthreads();
+    if (t0 == 0) tl::mark(tlr, 12);
     if (warp < n) {
       const int64_t t = t0 + warp;
       int32_t id;
       float w;
       kc::moe_gate_pick(gp, t, s.z + warp * E, s.sel + warp * E, lane, id, w);
+      if (t0 == 0) tl::mark(tlr, 13);
       if (lane < K) {
         gp.expert_ids[t * K + lane] = id;
         gp.weights[t * K + lane] = w;
@@ -165,11 +176,13 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
     }
     __syncthreads();  // ids / weights visible; z and sel are rewritten by the next round
   }
+  tl::mark(tlr, 7);
   for (int64_t p = threadIdx.x; p < P; p += kThreads) {
     const int e = ids[p] - a.expert_begin;
     if (e >= 0 && e < EL) atomicAdd(&s.cnt[e], 1);
   }
   __syncthreads();
+  tl::mark(tlr, 8);
   int32_t* act_expert = a.active + 1;
   int32_t* act_off = a.active + 1 + a.max_active;
   // Active experts in ascending id, each with its pairs' offset: a warp per 32-expert chunk ranks
@@ -213,6 +226,7 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem) {
     }
   }
   __syncthreads();
+  tl::mark(tlr, 9);
   // Placement. The order of an expert's pairs is whatever the atomics give: no result depends on
   // it (a token's expert output is independent of the other tokens, and the combine walks each
   // token's experts in id order through token_pair).
@@ -243,6 +257,8 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   __shared__ int s_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
+  uint64_t* const tlr = threadIdx.x == 0 ? tl::record(a.tl) : nullptr;
+  tl::mark(tlr, 1);
   const int E = a.gate.n_experts;
   const int64_t D = a.dim, T = a.tokens;
   const int rg = static_cast<int>(blockIdx.x) / a.kb, kb = static_cast<int>(blockIdx.x) % a.kb;
@@ -262,6 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // x's codes (written before this kernel) before its own wait (its early shared expert), so every
   // kernel before this one must be complete when it starts.
   kc::pdl_wait();
+  tl::mark(tlr, 3);
   // The experts' shared-rows counter starts this call at zero before the dependent up kernel can
   // start (it adds to it; the previous call's down kernel, its reader, is complete: the chain of
   // waits before this one). The exchange is performed and fenced before CTA 0 triggers.
@@ -313,12 +330,21 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // all of them (it reads the other CTAs' partials from L2).
   __threadfence();
   __syncthreads();
+  tl::mark(tlr, 4);
   if (threadIdx.x == 0) s_last = atomicAdd(a.ticket, 1) == static_cast<int>(gridDim.x) - 1;
   __syncthreads();
-  if (!s_last) return;
+  if (!s_last) {
+    tl::mark(tlr, 15);
+    tl::finish(tlr, 0);
+    return;
+  }
   __threadfence();
-  route_tail(a, smem);  // the red buffers' last readers are past the barriers above
+  tl::mark(tlr, 5);
+  route_tail(a, smem, tlr);  // the red buffers' last readers are past the barriers above
   if (threadIdx.x == 0) *a.ticket = 0;
+  tl::mark(tlr, 6);
+  tl::mark(tlr, 15);
+  tl::finish(tlr, 1);
 }
 
 }  // namespace
@@ -362,6 +388,7 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   ga.pair_weight = a.buf.pair_weight;
   ga.token_pair = a.buf.token_pair;
   ga.combine_order = a.buf.combine_order;
+  ga.tl = a.timeline;
   const size_t smem = route_smem(d.n_experts, a.expert_count);
   static std::atomic<bool> attr{false};
   allow_smem(reinterpret_cast<const void*>(gate_route_kernel), attr);
