@@ -780,7 +780,8 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
   static const char* kKernels[3] = {"gate_route", "experts_up", "experts_down"};
   static const std::vector<std::pair<int, const char*>> kMarks[3] = {
       {{1, "entry"}, {3, "wait_done"}, {4, "partials_stored"}, {5, "route_start"}, {10, "route_zeroed"},
-       {11, "sel_computed"}, {12, "sel_shared"}, {13, "first_pick"}, {7, "route_picked"}, {8, "route_counted"}, {9, "route_grouped"}, {6, "route_end"}, {15, "exit"}},
+       {11, "sel_computed"}, {12, "sel_shared"}, {13, "first_pick"}, {7, "route_picked"}, {8, "route_counted"},
+       {9, "route_grouped"}, {6, "route_end"}, {15, "exit"}},
       {{1, "entry"}, {2, "prologue_issued"}, {3, "routing_known"}, {15, "exit"}},
       {{1, "entry"}, {2, "prologue_issued"}, {14, "early_poll_done"}, {3, "routing_known"}, {15, "exit"}}};
   nlohmann::json out = {{"layer", name}, {"batch", m}, {"timer_tick_ns", tick},
