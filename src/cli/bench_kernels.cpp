@@ -739,8 +739,8 @@ void Bench::moe_layers() {
 // dependency release (the previous call's down kernel complete).
 nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& call, int layers, const std::string& name,
                                   int64_t m) {
-  namespace tl = kc::timeline;
-  const size_t words = static_cast<size_t>(3) * tl::kCtas * tl::kSlots;
+  namespace timeline = kc::timeline;
+  const size_t words = static_cast<size_t>(3) * timeline::kCtas * timeline::kSlots;
   kc::DeviceBuffer<uint64_t> buf(words);
   const int rec = std::min(2, layers - 1);
   for (int l = 0; l < layers; ++l) call(l, nullptr);  // eager warm-up
@@ -760,13 +760,15 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
   TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
   TANDEM_CUDA_CHECK(cudaGraphDestroy(g));
 
-  auto at = [&](int k, int cta, int slot) { return h[(static_cast<size_t>(k) * tl::kCtas + cta) * tl::kSlots + slot]; };
+  auto at = [&](int k, int cta, int slot) { return h[(static_cast<size_t>(k) * timeline::kCtas + cta) * timeline::kSlots + slot]; };
   uint64_t t0 = UINT64_MAX;
-  for (int c = 0; c < tl::kCtas; ++c)
+  for (int c = 0; c < timeline::kCtas; ++c)
     if (at(0, c, 3)) t0 = std::min(t0, at(0, c, 3));
+  // The timer's step: the smallest difference between distinct readings (word 0 of a record holds
+  // the SM id and a count, not a reading).
   std::vector<uint64_t> all;
-  for (uint64_t v : h)
-    if (v > 1000000) all.push_back(v);  // timestamps (word 0's SM ids and counts are small)
+  for (size_t i = 0; i < h.size(); ++i)
+    if (i % timeline::kSlots != 0 && h[i]) all.push_back(h[i]);
   std::sort(all.begin(), all.end());
   uint64_t tick = 0;
   for (size_t i = 1; i < all.size(); ++i)
@@ -796,12 +798,12 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
     nlohmann::json recs = nlohmann::json::array();
     std::vector<double> dur, first_start, items;
     int ctas = 0;
-    for (int c = 0; c < tl::kCtas; ++c) {
+    for (int c = 0; c < timeline::kCtas; ++c) {
       if (!at(k, c, 1)) continue;
       ++ctas;
       const uint64_t w0 = at(k, c, 0);
       nlohmann::json r = nlohmann::json::array({w0 & 0xffffffffu, w0 >> 32});
-      for (int q = 1; q < tl::kSlots; ++q) r.push_back(std::round(us(at(k, c, q)) * 1000.0) / 1000.0);
+      for (int q = 1; q < timeline::kSlots; ++q) r.push_back(std::round(us(at(k, c, q)) * 1000.0) / 1000.0);
       recs.push_back(r);
       items.push_back(static_cast<double>(w0 >> 32));
       for (int i = 0; i < 5 && k > 0; ++i) {
@@ -814,7 +816,7 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
     std::printf("  %-13s %4d CTAs", kKernels[k], ctas);
     for (const auto& [slot, label] : kMarks[k]) {
       std::vector<double> v;
-      for (int c = 0; c < tl::kCtas; ++c)
+      for (int c = 0; c < timeline::kCtas; ++c)
         if (at(k, c, 1) && at(k, c, slot)) v.push_back(us(at(k, c, slot)));
       kj[label] = stats(v);
       if (!v.empty()) {

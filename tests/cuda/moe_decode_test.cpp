@@ -760,14 +760,14 @@ TEST(CudaMoeDecode, GraphReplayEqualsEager) {
 // shared job and of each routed expert's chunks, 2048 / 16 tiles per job-chunk at one tile an item).
 TEST(CudaMoeDecode, TimelineChangesNoResult) {
   TANDEM_REQUIRE_GPU();
-  namespace tl = kernels::cuda::timeline;
+  namespace timeline = kernels::cuda::timeline;
   const Layer L = make_layer(512, 256, 32, 6, 610);
   const int64_t m = 3;
   MoeRun r;
   prepare(r, L, act_rows(m, L.d.dim, 67), m, 16, false, 0, L.d.n_experts, false);
   cuda_model::moe_decode(r.args, kStream);
   const std::vector<float> want = to_host(r.y);
-  const size_t words = static_cast<size_t>(3) * tl::kCtas * tl::kSlots;
+  const size_t words = static_cast<size_t>(3) * timeline::kCtas * timeline::kSlots;
   DeviceBuffer<uint64_t> rec(words);
   TANDEM_CUDA_CHECK(cudaMemset(rec.get(), 0, words * sizeof(uint64_t)));
   TANDEM_CUDA_CHECK(cudaMemset(r.y.get(), 0xff, r.y.bytes()));
@@ -775,7 +775,7 @@ TEST(CudaMoeDecode, TimelineChangesNoResult) {
   cuda_model::moe_decode(r.args, kStream);
   EXPECT_TRUE(same_bits(to_host(r.y), want));
   const std::vector<uint64_t> h = fetch(rec.get(), words);
-  auto at = [&](int k, int c, int q) { return h[(static_cast<size_t>(k) * tl::kCtas + c) * tl::kSlots + q]; };
+  auto at = [&](int k, int c, int q) { return h[(static_cast<size_t>(k) * timeline::kCtas + c) * timeline::kSlots + q]; };
   // Items of the up kernel: one per 16 output columns of each job-chunk (the shared job and the
   // active experts, each one chunk at 3 tokens).
   const std::vector<int32_t> active = fetch(r.buf.active, 1);
@@ -784,7 +784,7 @@ TEST(CudaMoeDecode, TimelineChangesNoResult) {
   int64_t items[3] = {0, 0, 0};
   for (int k = 0; k < 3; ++k) {
     int ctas = 0;
-    for (int c = 0; c < tl::kCtas; ++c) {
+    for (int c = 0; c < timeline::kCtas; ++c) {
       const uint64_t entry = at(k, c, 1), exit = at(k, c, 15);
       if (!entry) continue;
       ++ctas;

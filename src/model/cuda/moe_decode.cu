@@ -47,7 +47,7 @@ namespace tandem::cuda_model {
 using kernels::WeightFormat;
 using kernels::WeightRef;
 namespace mma = kernels::cuda::mma;
-namespace tl = kernels::cuda::timeline;
+namespace timeline = kernels::cuda::timeline;
 using namespace moe_internal;  // NOLINT: this file's half of the decode MoE
 
 namespace {
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  uint64_t* const tlr = threadIdx.x == 0 ? tl::record(a.tl) : nullptr;
-  tl::mark(tlr, 1);
+  uint64_t* const tlr = threadIdx.x == 0 ? timeline::record(a.tl) : nullptr;
+  timeline::mark(tlr, 1);
   uint32_t tl_items = 0;
   const int S = a.ring, U = a.units;
   const int tl = warp / (NM * U), mm = (warp / U) % NM, unit = warp % U;  // role in an item
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     ++loaded;
   }
   kc::pdl_trigger();
-  tl::mark(tlr, 2);
+  timeline::mark(tlr, 2);
   // Early (a.early_shared: up, launched right after the gate + routing kernel, which triggers this
   // launch only past its own wait): the shared expert's items run before this kernel's wait, over
   // the gate's run. Their inputs (x's codes) come from a kernel before the gate, complete once the
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       }
     }
     __syncthreads();
-    tl::mark(tlr, 3);
+    timeline::mark(tlr, 3);
     routed_known = true;
     total = static_cast<int64_t>(s_pre[s_jobs]) * a.ipc;
     if (!UP && s_pre[s_jobs] == 0) {
@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       s_ready = ready;
     }
     __syncthreads();
-    tl::mark(tlr, 14);
+    timeline::mark(tlr, 14);
     if (!s_ready) kc::pdl_wait();  // the bound passed: the whole up kernel instead
   }
   int slot_i = 0;
@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     __syncwarp();  // MXFP4 pieces were copied by other lanes of the warp
     const uint8_t* slot = ring + slot_i * kSlotBytes;
     const int st = cons.st;
-    if (st == 0 && tl_items < 5) tl::mark(tlr, 4 + 2 * static_cast<int>(tl_items));
+    if (st == 0 && tl_items < 5) timeline::mark(tlr, 4 + 2 * static_cast<int>(tl_items));
     if (x.shared) {
       // ---- FP8 shared expert: as the dense decode GEMV on act_quant codes ----
       // HALF: the A rows g + 8 (tokens 8 .. 15 of a chunk of at most 8) are zeros, not loaded: the
@@ -832,15 +832,15 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           pending_tile = x.tile;  // the tile's total is the routing's
         }
       }
-      if (tl_items < 5) tl::mark(tlr, 5 + 2 * static_cast<int>(tl_items));
+      if (tl_items < 5) timeline::mark(tlr, 5 + 2 * static_cast<int>(tl_items));
       ++tl_items;
       reset();
     }
     next(cons);
   }
   mma::cp_async_wait(0);
-  tl::mark(tlr, 15);
-  tl::finish(tlr, tl_items);
+  timeline::mark(tlr, 15);
+  timeline::finish(tlr, tl_items);
 }
 
 template <bool UP, int MT>
@@ -908,7 +908,7 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   ea.early_shared = early && ea.has_shared;
   ea.sdone = a.buf.counters + kSdone;
   ea.ccnt = a.buf.counters + kCombine0;
-  ea.tl = a.timeline ? a.timeline + (UP ? 1 : 2) * tl::kCtas * tl::kSlots : nullptr;
+  ea.tl = a.timeline ? a.timeline + (UP ? 1 : 2) * timeline::kCtas * timeline::kSlots : nullptr;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
   const size_t smem = expert_smem(mt, lim, &ea.ring);

@@ -24,7 +24,7 @@
 namespace tandem::cuda_model {
 
 namespace mma = kernels::cuda::mma;
-namespace tl = kernels::cuda::timeline;
+namespace timeline = kernels::cuda::timeline;
 using namespace moe_internal;  // NOLINT: this file's half of the decode MoE
 
 namespace {
@@ -131,7 +131,7 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr)
     const int n = static_cast<int>(T - t0 < kWarps ? T - t0 : kWarps);
     const int nE = n * E;
     const float* src = a.partial + t0 * E;
-    if (t0 == 0) tl::mark(tlr, 10);
+    if (t0 == 0) timeline::mark(tlr, 10);
     // Logits: the k blocks' partials added in order (4 outputs a thread at once, every load issued
     // before the first add), then each expert's selection value.
     for (int i0 = threadIdx.x; i0 < nE; i0 += 4 * kThreads) {
@@ -156,15 +156,15 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr)
         if (!hash) s.sel[i] = kc::moe_gate_sel(z, gp.bias != nullptr, bias[q]);
       }
     }
-    if (t0 == 0) tl::mark(tlr, 11);
+    if (t0 == 0) timeline::mark(tlr, 11);
     __syncthreads();
-    if (t0 == 0) tl::mark(tlr, 12);
+    if (t0 == 0) timeline::mark(tlr, 12);
     if (warp < n) {
       const int64_t t = t0 + warp;
       int32_t id;
       float w;
       kc::moe_gate_pick(gp, t, s.z + warp * E, s.sel + warp * E, lane, id, w);
-      if (t0 == 0) tl::mark(tlr, 13);
+      if (t0 == 0) timeline::mark(tlr, 13);
       if (lane < K) {
         gp.expert_ids[t * K + lane] = id;
         gp.weights[t * K + lane] = w;
@@ -176,13 +176,13 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr)
     }
     __syncthreads();  // ids / weights visible; z and sel are rewritten by the next round
   }
-  tl::mark(tlr, 7);
+  timeline::mark(tlr, 7);
   for (int64_t p = threadIdx.x; p < P; p += kThreads) {
     const int e = ids[p] - a.expert_begin;
     if (e >= 0 && e < EL) atomicAdd(&s.cnt[e], 1);
   }
   __syncthreads();
-  tl::mark(tlr, 8);
+  timeline::mark(tlr, 8);
   int32_t* act_expert = a.active + 1;
   int32_t* act_off = a.active + 1 + a.max_active;
   // Active experts in ascending id, each with its pairs' offset: a warp per 32-expert chunk ranks
@@ -226,7 +226,7 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr)
     }
   }
   __syncthreads();
-  tl::mark(tlr, 9);
+  timeline::mark(tlr, 9);
   // Placement. The order of an expert's pairs is whatever the atomics give: no result depends on
   // it (a token's expert output is independent of the other tokens, and the combine walks each
   // token's experts in id order through token_pair).
@@ -257,8 +257,8 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   __shared__ int s_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  uint64_t* const tlr = threadIdx.x == 0 ? tl::record(a.tl) : nullptr;
-  tl::mark(tlr, 1);
+  uint64_t* const tlr = threadIdx.x == 0 ? timeline::record(a.tl) : nullptr;
+  timeline::mark(tlr, 1);
   const int E = a.gate.n_experts;
   const int64_t D = a.dim, T = a.tokens;
   const int rg = static_cast<int>(blockIdx.x) / a.kb, kb = static_cast<int>(blockIdx.x) % a.kb;
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // x's codes (written before this kernel) before its own wait (its early shared expert), so every
   // kernel before this one must be complete when it starts.
   kc::pdl_wait();
-  tl::mark(tlr, 3);
+  timeline::mark(tlr, 3);
   // The experts' shared-rows counter starts this call at zero before the dependent up kernel can
   // start (it adds to it; the previous call's down kernel, its reader, is complete: the chain of
   // waits before this one). The exchange is performed and fenced before CTA 0 triggers.
@@ -330,21 +330,21 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // all of them (it reads the other CTAs' partials from L2).
   __threadfence();
   __syncthreads();
-  tl::mark(tlr, 4);
+  timeline::mark(tlr, 4);
   if (threadIdx.x == 0) s_last = atomicAdd(a.ticket, 1) == static_cast<int>(gridDim.x) - 1;
   __syncthreads();
   if (!s_last) {
-    tl::mark(tlr, 15);
-    tl::finish(tlr, 0);
+    timeline::mark(tlr, 15);
+    timeline::finish(tlr, 0);
     return;
   }
   __threadfence();
-  tl::mark(tlr, 5);
+  timeline::mark(tlr, 5);
   route_tail(a, smem, tlr);  // the red buffers' last readers are past the barriers above
   if (threadIdx.x == 0) *a.ticket = 0;
-  tl::mark(tlr, 6);
-  tl::mark(tlr, 15);
-  tl::finish(tlr, 1);
+  timeline::mark(tlr, 6);
+  timeline::mark(tlr, 15);
+  timeline::finish(tlr, 1);
 }
 
 }  // namespace
