@@ -282,6 +282,25 @@ struct Bench {
         gemv(i);
       });
       row(name, n, k, m, bytes, old_us, new_us, pack_us);
+      if (m == 1) {
+        // One launch CTA by CTA, the third of ten captured back to back (each on its own weight copy).
+        static const std::vector<TlKernel> kGemv = {
+            {"decode_gemm", {{1, "entry"}, {2, "prologue_issued"}, {3, "wait_done"}, {15, "exit"}}, true}};
+        gemv_timeline.push_back(timeline_of([&](int l, uint64_t* t) {
+          kc::DecodeGemmArgs a;
+          a.x_codes = codes.get();
+          a.x_scales = scales.get();
+          a.ldx = k;
+          a.m = m;
+          a.k = k;
+          a.num_segments = 1;
+          a.seg[0].w = w.ref(l);
+          a.seg[0].y = y.get();
+          a.seg[0].round_bf16 = true;
+          a.timeline = t;
+          kc::decode_gemm(a, s);
+        }, 10, name, m, kGemv));
+      }
     }
   }
 
@@ -312,7 +331,7 @@ struct Bench {
           col += w->n;
         }
       });
-      const double new_us = time_calls(s, [&](int i) {
+      auto gemv = [&](int i) {
         kc::DecodeGemmArgs a;
         a.x = x.get();
         a.ldx = k;
@@ -327,7 +346,8 @@ struct Bench {
           col += ws[j]->n;
         }
         kc::decode_gemm(a, s);
-      });
+      };
+      const double new_us = time_calls(s, gemv);
       row(name, ntot, k, m, bytes, old_us, new_us, 0);
     }
   }
@@ -355,7 +375,7 @@ struct Bench {
         p.round_bf16 = true;
         kc::gemm(p, s);
       });
-      const double new_us = time_calls(s, [&](int i) {
+      auto gemv = [&](int i) {
         kc::DecodeGemmArgs a;
         a.x = x.get();
         a.ldx = G * gin;
@@ -370,7 +390,8 @@ struct Bench {
           a.seg[g].round_bf16 = true;
         }
         kc::decode_gemm(a, s);
-      });
+      };
+      const double new_us = time_calls(s, gemv);
       row(name, G * R, gin, m, bytes, old_us, new_us, 0);
     }
   }
@@ -390,8 +411,16 @@ struct Bench {
   }
 
   void moe_layers();
+  // A kernel's timeline description: its name, its marks (slot, label) and whether slots 4 + 2i /
+  // 5 + 2i are items (kernels/cuda/timeline.cuh).
+  struct TlKernel {
+    const char* name;
+    std::vector<std::pair<int, const char*>> marks;
+    bool items;
+  };
   nlohmann::json timeline_of(const std::function<void(int, uint64_t*)>& call, int layers, const std::string& name,
-                             int64_t m);
+                             int64_t m, const std::vector<TlKernel>& kernels);
+  nlohmann::json gemv_timeline = nlohmann::json::array();
   nlohmann::json sampler();
   void hc_pre_pack_rows();
 };
@@ -689,6 +718,15 @@ void Bench::moe_layers() {
     }
     return sum / kLayers;
   };
+  const std::vector<TlKernel> moe_tl = {
+      {"gate_route",
+       {{1, "entry"}, {3, "wait_done"}, {4, "partials_stored"}, {5, "route_start"}, {10, "route_zeroed"},
+        {11, "sel_computed"}, {12, "sel_shared"}, {13, "first_pick"}, {7, "route_picked"}, {8, "route_counted"},
+        {9, "route_grouped"}, {6, "route_end"}, {15, "exit"}},
+       false},
+      {"experts_up", {{1, "entry"}, {2, "prologue_issued"}, {3, "routing_known"}, {15, "exit"}}, true},
+      {"experts_down", {{1, "entry"}, {2, "prologue_issued"}, {14, "early_poll_done"}, {3, "routing_known"}, {15, "exit"}},
+       true}};
   std::printf("\n%-38s %6s %9s %6s %9s %6s %8s   kernels (us): gate+route up+quant down+combine\n",
               "MoE layer (routed + shared)",
               "batch", "old us", "old %", "new us", "new %", "experts");
@@ -718,7 +756,7 @@ void Bench::moe_layers() {
           cuda_model::MoeDecodeArgs a = args(l, m, 0, count);
           a.timeline = t;
           cuda_model::moe_decode(a, s);
-        }, kLayers, name, m));
+        }, kLayers, name, m, moe_tl));
         // The same kernels without the early shared-expert items (each waits for its predecessor
         // before any work): what the routing tail and the items take without that overlap.
         moe_timeline.push_back(timeline_of([&](int l, uint64_t* t) {
@@ -727,7 +765,7 @@ void Bench::moe_layers() {
           cuda_model::moe_gate_route(a, s);
           cuda_model::moe_experts_up(a, s);
           cuda_model::moe_experts_down(a, s);
-        }, kLayers, name + ", no early items", m));
+        }, kLayers, name + ", no early items", m, moe_tl));
       }
     }
   }
@@ -738,9 +776,10 @@ void Bench::moe_layers() {
 // (kernels/cuda/timeline.cuh; moe_decode.cu names the marks). Times in us from the gate's
 // dependency release (the previous call's down kernel complete).
 nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& call, int layers, const std::string& name,
-                                  int64_t m) {
+                                  int64_t m, const std::vector<TlKernel>& kernels) {
   namespace timeline = kc::timeline;
-  const size_t words = static_cast<size_t>(3) * timeline::kCtas * timeline::kSlots;
+  const int nk = static_cast<int>(kernels.size());
+  const size_t words = static_cast<size_t>(nk) * timeline::kCtas * timeline::kSlots;
   kc::DeviceBuffer<uint64_t> buf(words);
   const int rec = std::min(2, layers - 1);
   for (int l = 0; l < layers; ++l) call(l, nullptr);  // eager warm-up
@@ -779,22 +818,15 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
     std::sort(v.begin(), v.end());
     return nlohmann::json{{"n", v.size()}, {"min", v.front()}, {"median", v[v.size() / 2]}, {"max", v.back()}};
   };
-  static const char* kKernels[3] = {"gate_route", "experts_up", "experts_down"};
-  static const std::vector<std::pair<int, const char*>> kMarks[3] = {
-      {{1, "entry"}, {3, "wait_done"}, {4, "partials_stored"}, {5, "route_start"}, {10, "route_zeroed"},
-       {11, "sel_computed"}, {12, "sel_shared"}, {13, "first_pick"}, {7, "route_picked"}, {8, "route_counted"},
-       {9, "route_grouped"}, {6, "route_end"}, {15, "exit"}},
-      {{1, "entry"}, {2, "prologue_issued"}, {3, "routing_known"}, {15, "exit"}},
-      {{1, "entry"}, {2, "prologue_issued"}, {14, "early_poll_done"}, {3, "routing_known"}, {15, "exit"}}};
   nlohmann::json out = {{"layer", name}, {"batch", m}, {"timer_tick_ns", tick},
-                        {"note", "us from the gate kernel's first dependency release; per kernel, each mark's "
+                        {"note", "us from the first kernel's first dependency release; per kernel, each mark's "
                                  "distribution over its CTAs; items: per CTA, thread 0's item i from its first "
                                  "stage ready to its tile-0 epilogue done; records: per CTA [sm, count, marks 1..15] "
                                  "in us (-1: not reached)"}};
-  std::printf("\n  timeline, %s, batch %lld (us from the gate's dependency release; timer tick %llu ns)\n",
+  std::printf("\n  timeline, %s, batch %lld (us from the first kernel's dependency release; timer tick %llu ns)\n",
               name.c_str(), static_cast<long long>(m), static_cast<unsigned long long>(tick));
-  for (int k = 0; k < 3; ++k) {
-    nlohmann::json kj = {{"kernel", kKernels[k]}};
+  for (int k = 0; k < nk; ++k) {
+    nlohmann::json kj = {{"kernel", kernels[k].name}};
     nlohmann::json recs = nlohmann::json::array();
     std::vector<double> dur, first_start, items;
     int ctas = 0;
@@ -806,15 +838,15 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
       for (int q = 1; q < timeline::kSlots; ++q) r.push_back(std::round(us(at(k, c, q)) * 1000.0) / 1000.0);
       recs.push_back(r);
       items.push_back(static_cast<double>(w0 >> 32));
-      for (int i = 0; i < 5 && k > 0; ++i) {
+      for (int i = 0; i < 5 && kernels[k].items; ++i) {
         const uint64_t a0 = at(k, c, 4 + 2 * i), a1 = at(k, c, 5 + 2 * i);
         if (a0 && a1) dur.push_back((static_cast<double>(a1) - static_cast<double>(a0)) / 1000.0);
         if (i == 0 && a0) first_start.push_back(us(a0));
       }
     }
     kj["ctas"] = ctas;
-    std::printf("  %-13s %4d CTAs", kKernels[k], ctas);
-    for (const auto& [slot, label] : kMarks[k]) {
+    std::printf("  %-13s %4d CTAs", kernels[k].name, ctas);
+    for (const auto& [slot, label] : kernels[k].marks) {
       std::vector<double> v;
       for (int c = 0; c < timeline::kCtas; ++c)
         if (at(k, c, 1) && at(k, c, slot)) v.push_back(us(at(k, c, slot)));
@@ -824,7 +856,7 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
         std::printf("  %s %.1f/%.1f/%.1f", label, v.front(), v[v.size() / 2], v.back());
       }
     }
-    if (k > 0) {
+    if (kernels[k].items) {
       kj["items_per_cta"] = stats(items);
       kj["first_item_ready"] = stats(first_start);
       kj["item_us"] = stats(dur);
@@ -906,6 +938,7 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
   j["kernels"] = b.rows;
   j["moe_layers"] = b.moe;
   j["moe_timeline"] = b.moe_timeline;
+  j["gemv_timeline"] = b.gemv_timeline;
   j["long_context"] = lc;
   j["sampler"] = smp;
   j["prefill"] = pre;

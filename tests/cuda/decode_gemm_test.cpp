@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cuda/decode_test_util.h"
+#include "kernels/cuda/timeline.cuh"
 
 namespace tandem::kernels::cuda_testing {
 namespace {
@@ -67,6 +68,55 @@ TEST(CudaDecodeGemm, Fp8CodesGroupedMatchesFloat64AtEveryRowCount) {
       EXPECT_TRUE(same_bits(gkv, std::vector<float>(full_kv.begin(), full_kv.begin() + m * 512))) << "wkv rows vs m=100";
     }
   }
+}
+
+// The timeline instrument (kernels/cuda/timeline.cuh): recording changes no output bit; each CTA's
+// marks are in order and the items of all CTAs add up to the launch's (16-row tiles / tiles an
+// item, one 96-row chunk).
+TEST(CudaDecodeGemm, TimelineChangesNoResult) {
+  TANDEM_REQUIRE_GPU();
+  namespace tl = cuda::timeline;
+  const int64_t K = 1024, N = 2048, M = 3;
+  HostMatrix w = random_matrix(WeightFormat::kFp8Block, N, K, 21);
+  Fp8Operand op = fp8_operand(act_rows(M, K, 22), M, K);
+  auto y = poisoned<float>(static_cast<size_t>(M * N));
+  DecodeGemmArgs a;
+  a.x_codes = op.codes.get();
+  a.x_scales = op.scales.get();
+  a.ldx = K;
+  a.m = M;
+  a.k = K;
+  a.num_segments = 1;
+  a.seg[0].w = w.dev();
+  a.seg[0].y = y.get();
+  a.seg[0].round_bf16 = true;
+  cuda::decode_gemm(a, kStream);
+  const std::vector<float> want = to_host(y);
+  const size_t words = static_cast<size_t>(tl::kCtas) * tl::kSlots;
+  DeviceBuffer<uint64_t> rec(words);
+  TANDEM_CUDA_CHECK(cudaMemset(rec.get(), 0, words * sizeof(uint64_t)));
+  TANDEM_CUDA_CHECK(cudaMemset(y.get(), 0xff, y.bytes()));
+  a.timeline = rec.get();
+  cuda::decode_gemm(a, kStream);
+  EXPECT_TRUE(same_bits(to_host(y), want));
+  std::vector<uint64_t> h(words);
+  TANDEM_CUDA_CHECK(cudaMemcpy(h.data(), rec.get(), words * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  int64_t items = 0;
+  int ctas = 0;
+  for (int c = 0; c < tl::kCtas; ++c) {
+    const uint64_t* r = h.data() + static_cast<size_t>(c) * tl::kSlots;
+    if (!r[1]) continue;
+    ++ctas;
+    EXPECT_GE(r[2], r[1]);
+    EXPECT_GE(r[3], r[2]);
+    EXPECT_GE(r[15], r[3]);
+    const int n = static_cast<int>(r[0] >> 32);
+    items += n;
+    for (int i = 0; i < 5 && i < n; ++i) EXPECT_GE(r[5 + 2 * i], r[4 + 2 * i]) << "CTA " << c << " item " << i;
+  }
+  EXPECT_GT(ctas, 0);
+  const int units = cuda::decode_gemm_k_split(a);
+  EXPECT_EQ(items, N / 16 / (8 / units)) << "units " << units;
 }
 
 TEST(CudaDecodeGemm, Fp8CodesRaggedStridedAccumulating) {

@@ -2,6 +2,7 @@
 // decode_gemm_body.cuh the device code and its design).
 #include <algorithm>
 #include <atomic>
+#include <bit>
 
 #include "common/check.h"
 #include "kernels/cuda/decode_gemm_body.cuh"
@@ -107,7 +108,9 @@ Plan plan(const DecodeGemmArgs& a) {
   ka.ldx = a.ldx;
   ka.m = a.m;
   ka.k = a.k;
+  ka.rowb = a.k * (p.kind == Kind::kBf16F32 ? 2 : 1);
   ka.num_segments = a.num_segments;
+  ka.tl = a.timeline;
   const int64_t stage_k = p.kind == Kind::kBf16F32 ? 64 : 128;
   int64_t items = 0;
   for (int i = 0; i < a.num_segments; ++i) {
@@ -122,6 +125,9 @@ Plan plan(const DecodeGemmArgs& a) {
     sg.n = static_cast<int32_t>(d.w.n);
     sg.tiles = static_cast<int32_t>((d.w.n + kTileRows - 1) / kTileRows);
     sg.units = units_for(p.kind, d.w.n, a.k);
+    sg.units_log2 = std::countr_zero(static_cast<uint32_t>(sg.units));  // a power of two
+    sg.ku = a.k / sg.units;
+    sg.unit_bytes = ka.rowb / sg.units;
     sg.tpi = kWarps / sg.units;
     sg.nst = static_cast<int32_t>(a.k / sg.units / stage_k);
     sg.item0 = items;

@@ -62,6 +62,9 @@ struct DecodeGemmArgs {
   int num_segments = 0;
   DecodeSegment seg[kMaxDecodeSegments];
   bool pdl = true;                    // launch with programmatic dependent launch (launch.cuh)
+  // Instrument (bench-kernels): per-CTA phase timestamps (timeline.cuh; decode_gemm_body.cuh names
+  // the marks) into timeline::kCtas records; null: none.
+  uint64_t* timeline = nullptr;
 };
 
 // True when decode_gemm handles weight `w` with an FP8-code activation (fp8_act) or an fp32 one:

@@ -28,6 +28,7 @@
 #include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/device.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/timeline.cuh"
 
 namespace tandem::kernels::cuda::gemv {
 
@@ -69,6 +70,9 @@ struct Seg {
   int64_t x_col0;
   int64_t item0;         // first item (of one chunk) of this segment
   int32_t n, tiles, units, tpi, nst;  // rows, 16-row tiles, k units, tiles per item, stages per unit
+  int32_t units_log2;    // units = 1 << units_log2
+  int64_t ku;            // k per unit (k / units)
+  int64_t unit_bytes;    // bytes of a weight row's unit (ku x the element size)
   int32_t round_bf16, accumulate;
 };
 
@@ -79,34 +83,53 @@ struct KernelArgs {
   const float* x;
   int64_t ldx;
   int64_t m, k;
+  int64_t rowb;     // bytes of a weight row (k x the element size)
   int64_t chunks;   // 96-row chunks
   int64_t total;    // items x chunks
   int32_t num_segments;
   int32_t ring;     // stages per warp ring
   Seg seg[kMaxDecodeSegments];
+  // Instrument: timeline records (timeline.cuh), null: none. Thread 0's marks: 1 entry, 2 prologue
+  // issued, 3 past the dependency wait, 4 + 2i / 5 + 2i item i's first stage ready / its stores done
+  // (i < 5), 15 exit; count: items.
+  uint64_t* tl;
 };
 
 // Where a warp's weight stream is: item-chunk index w (>= total: done), stage st of its unit, and
 // the item's segment, chunk and this warp's tile (unclamped) and unit (decoded once per item).
+// Also this lane's weight pointers at the unit's first stage (rows g and g + 8 of the tile, the
+// lane's 16 bytes of each 64-byte half: load_stage adds the stage and the half), so that a stage's
+// copies need no index arithmetic (the GEMV at one row is bound by its instructions' latency, the
+// per-stage bookkeeping included: PERFORMANCE.md, eleventh session).
 struct Cursor {
   int64_t w;
   int st, s, nst, tile, unit;
   int64_t chunk;
+  const uint8_t* wp[2];
 };
 __device__ __forceinline__ void seek(const KernelArgs& a, Cursor& c, int64_t w) {
   c.w = w;
   c.st = 0;
   if (w >= a.total) return;
-  const int64_t gi = w / a.chunks;
-  c.chunk = w - gi * a.chunks;
+  int64_t gi = w;
+  c.chunk = 0;
+  if (a.chunks > 1) {
+    gi = w / a.chunks;
+    c.chunk = w - gi * a.chunks;
+  }
   int s = 0;
   while (s + 1 < a.num_segments && gi >= a.seg[s + 1].item0) ++s;
   c.s = s;
   const Seg& sg = a.seg[s];
   c.nst = sg.nst;
-  const int warp = threadIdx.x >> 5;
-  c.tile = static_cast<int>((gi - sg.item0) * sg.tpi) + warp / sg.units;
-  c.unit = warp % sg.units;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  c.tile = static_cast<int>((gi - sg.item0) * sg.tpi) + (warp >> sg.units_log2);
+  c.unit = warp & (sg.units - 1);
+  const int tile = min(c.tile, sg.tiles - 1);
+  const uint8_t* base = sg.w + c.unit * sg.unit_bytes + (lane & 3) * 16;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+    c.wp[nt] = base + static_cast<int64_t>(min(tile * kTileRows + nt * 8 + (lane >> 2), sg.n - 1)) * a.rowb;
 }
 __device__ __forceinline__ void advance(const KernelArgs& a, Cursor& c) {
   if (++c.st == c.nst) seek(a, c, c.w + gridDim.x);
@@ -114,17 +137,11 @@ __device__ __forceinline__ void advance(const KernelArgs& a, Cursor& c) {
 
 template <Kind KIND>
 __device__ __forceinline__ void load_stage(const KernelArgs& a, const Cursor& c, uint8_t* slot, int warp, int lane) {
-  using T = Traits<KIND>;
-  const Seg& sg = a.seg[c.s];
-  const int tile = min(c.tile, sg.tiles - 1);
-  const int64_t rowb = a.k * T::kElemBytes;
-  const int64_t koff = c.unit * (rowb / sg.units) + static_cast<int64_t>(c.st) * 128;
-  const int g = lane >> 2, t = lane & 3;
+  const int koff = c.st * 128;
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
     const int nt = p >> 1, h = p & 1;
-    const int64_t row = min(tile * kTileRows + nt * 8 + g, sg.n - 1);
-    mma::cp_async16(slot + p * kPieceBytes + lane * 16, sg.w + row * rowb + koff + h * 64 + t * 16);
+    mma::cp_async16(slot + p * kPieceBytes + lane * 16, c.wp[nt] + koff + h * 64);
   }
 }
 
@@ -146,6 +163,9 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
   const int S = a.ring;
   uint8_t* ring = smem + static_cast<size_t>(warp) * S * kStageBytes;
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(kWarps) * S * kStageBytes);
+  uint64_t* const tlr = threadIdx.x == 0 ? timeline::record(a.tl) : nullptr;
+  timeline::mark(tlr, 1);
+  uint32_t tl_items = 0;
 
   // Prologue: the first S stages of this warp's stream (weights only) before the dependency wait.
   Cursor prod, cons;
@@ -159,7 +179,9 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
     mma::cp_async_commit();
   }
   pdl_trigger();
+  timeline::mark(tlr, 2);
   pdl_wait();
+  timeline::mark(tlr, 3);
 
   float acc[MT][kNT][4];
   int prev_e[MT][2];
@@ -191,7 +213,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
       tile = cons.tile;
       unit = cons.unit;
       const int tc = min(tile, sg.tiles - 1);
-      const int64_t ku = a.k / sg.units;
+      const int64_t ku = sg.ku;
       m0 = cons.chunk * kDecodeRowsPerCall;
       const int64_t mt_left = (a.m - m0 + 15) / 16;
       mt_act = mt_left < MT ? static_cast<int>(mt_left) : MT;
@@ -203,6 +225,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
       if constexpr (kFp8W) wscale = sg.scale + (static_cast<int64_t>(tc) * kTileRows / 128) * sg.sld + unit * ku / 128;
     }
     mma::cp_async_wait(S - 1);  // this lane's pieces of stage (cons) have landed
+    if (cons.st == 0 && tl_items < 5) timeline::mark(tlr, 4 + 2 * static_cast<int>(tl_items));
     const uint8_t* slot = ring + slot_i * kStageBytes;
     uint4 b[kNT][kSubs];
 #pragma unroll
@@ -260,7 +283,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
           if constexpr (KIND == Kind::kFp8Codes) {
             const uint32_t w4 = word(b[nt][h], j);
             bf[nt][j][0] = mma::e4m3x2_to_f16x2(w4);
-            bf[nt][j][1] = mma::e4m3x2_to_f16x2(w4 >> 16);
+            bf[nt][j][1] = mma::e4m3x2_hi_to_f16x2(w4);
           } else if constexpr (KIND == Kind::kFp8F32) {
             const uint32_t w4 = word(b[nt][h], j);
             bf[nt][j][0] = mma::e4m3x2_to_bf16x2(w4);
@@ -281,7 +304,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
           for (int j = 0; j < kJ; ++j) {
             const uint32_t w0 = word(c0, j), w1 = word(c1, j);
             const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), mma::e4m3x2_to_f16x2(w1),
-                                    mma::e4m3x2_to_f16x2(w0 >> 16), mma::e4m3x2_to_f16x2(w1 >> 16)};
+                                    mma::e4m3x2_hi_to_f16x2(w0), mma::e4m3x2_hi_to_f16x2(w1)};
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) mma::mma_f16(acc[mt][nt], af, bf[nt][j][0], bf[nt][j][1]);
           }
@@ -327,7 +350,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
             }
           }
       }
-      const int units = sg.units, tl = warp / units;
+      const int units = sg.units, tl = warp >> sg.units_log2;
       if (units > 1) {  // uniform over the CTA (one item at a time)
         if (unit > 0) {
           float* dst = red + static_cast<int64_t>((unit - 1) * sg.tpi + tl) * kPer * 32;
@@ -370,11 +393,15 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
               *yp = sg.round_bf16 ? round_bf16(v) : v;
             }
       }
+      if (tl_items < 5) timeline::mark(tlr, 5 + 2 * static_cast<int>(tl_items));
+      ++tl_items;
       reset();
     }
     advance(a, cons);
   }
   mma::cp_async_wait(0);
+  timeline::mark(tlr, 15);
+  timeline::finish(tlr, tl_items);
 }
 
 

@@ -64,9 +64,6 @@ __device__ __forceinline__ float mx_row_scale(uint32_t word, int b) {
   return __uint_as_float(v * 128u + (6u << 23));
 }
 __device__ __forceinline__ float mx_act_scale(uint32_t e) { return __uint_as_float(((e < 246u ? e : 246u) + 8u) << 23); }
-// A hint: the line of global address p into L1 (no register, no fault semantics relied on: callers
-// pass addresses inside their buffers).
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 // A counter other CTAs (of this or an earlier kernel) release with a fence and an atomic.
 __device__ __forceinline__ int ld_acquire(const int32_t* p) {
   int v;
@@ -213,17 +210,10 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       const int64_t wrow = static_cast<int64_t>(x.expert) * a.n + static_cast<int64_t>(x.tile) * kRows;
       x.wsrc = static_cast<const uint8_t*>(w.data) + wrow * (a.k / 2) + unit * ku / 2 + cp_src0;
       x.ssrc = w.scale + (wrow + (lane & 15)) * (a.k / 32) + unit * ku / 32;
-      // The consumer's first dependent reads of the item into L1 (up: the chunk's token ids, which
-      // name the activation rows; down: the chunk's first activation row in this warp's unit, codes
-      // and scales). The producer builds this context ring-depth stages ahead of the consumer, so
-      // the item's start does not wait for L2 round trips one after another. Valid addresses only.
-      const int64_t prow = x.off + static_cast<int64_t>(x.chunk) * kChunk;
-      if constexpr (UP) {
-        if (lane == 0) prefetch_l1(a.pair_token + prow);
-      } else {
-        if (lane * 8 < ku) prefetch_l1(a.a_codes + prow * a.k + unit * ku + lane * 8);
-        if (lane == 0) prefetch_l1(a.a_scales + prow * (a.k / 128) + unit * ku / 128);
-      }
+      // (No L1 prefetch of the item's first dependent reads here: on sm_90 a prefetch.global.L1
+      // stalls the issuing warp about as long as the load it anticipates. With the token ids (up)
+      // and the first row's codes and scales (down) prefetched here, the layer measured 72.5 us
+      // at one token against 70.6 without, 293.4 against 285.0 at 8: PERFORMANCE.md.)
     }
     const int64_t left = rows - static_cast<int64_t>(x.chunk) * kChunk;
     x.nrows = static_cast<int32_t>(left < kChunk ? left : kChunk);
@@ -705,14 +695,6 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               for (int i = 0; i < 4; ++i) dst[((mt * 2 + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i];
           bar_arrive(kBarFull);
         } else {
-          if constexpr (UP) {
-            // The chunk's routing weights (at most 32 floats) into L1 while the lead waits for the
-            // partials: the epilogue's loads of them then skip the L2 round trip.
-            if (!x.shared) {
-              const int j = lane < x.nrows ? lane : x.nrows - 1;
-              asm volatile("prefetch.global.L1 [%0];" ::"l"(a.pair_weight + (x.off + x.chunk * kChunk + j)));
-            }
-          }
           bar_sync(kBarFull);
           // w1 (down: w2): the units in order
           for (int u = 1; u < U; ++u)
