@@ -12,11 +12,11 @@ namespace tandem::kernels::cuda {
 namespace gemv {
 namespace {
 
-template <Kind KIND, int MT>
+template <Kind KIND, int MT, bool HALF>
 __global__ void __launch_bounds__(kThreads, MT == 6 && KIND == Kind::kFp8Codes ? 1 : 2)
     decode_gemm_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  decode_gemv_body<KIND, MT>(a, smem);
+  decode_gemv_body<KIND, MT, HALF>(a, smem);
 }
 
 Kind kind_of(const DecodeGemmArgs& a) {
@@ -45,9 +45,9 @@ void validate_args(const DecodeGemmArgs& a, Kind kind) {
   }
 }
 
-template <Kind KIND, int MT>
+template <Kind KIND, int MT, bool HALF = false>
 void launch_kind(const Plan& p, bool pdl, cudaStream_t s) {
-  auto* kern = decode_gemm_kernel<KIND, MT>;
+  auto* kern = decode_gemm_kernel<KIND, MT, HALF>;
   static std::atomic<bool> attr_set{false};  // set on the first (eager) call, never inside a capture
   if (!attr_set.load()) {
     decode_allow_smem(reinterpret_cast<const void*>(kern));
@@ -65,7 +65,7 @@ void launch_kind(const Plan& p, bool pdl, cudaStream_t s) {
 template <Kind KIND>
 void launch_mt(const Plan& p, bool pdl, cudaStream_t s) {
   switch (p.mt) {
-    case 1: return launch_kind<KIND, 1>(p, pdl, s);
+    case 1: return p.half ? launch_kind<KIND, 1, true>(p, pdl, s) : launch_kind<KIND, 1>(p, pdl, s);
     case 2: return launch_kind<KIND, 2>(p, pdl, s);
     case 3: return launch_kind<KIND, 3>(p, pdl, s);
     default: return launch_kind<KIND, 6>(p, pdl, s);
@@ -139,6 +139,7 @@ Plan plan(const DecodeGemmArgs& a) {
   ka.total = items * ka.chunks;
   const int64_t mc = std::min<int64_t>(a.m, kDecodeRowsPerCall);
   p.mt = mc <= 16 ? 1 : mc <= 32 ? 2 : mc <= 48 ? 3 : 6;
+  p.half = a.m <= 8;
   const DecodeLaunchLimits& lim = decode_launch_limits();
   p.smem = plan_smem(p.mt, lim, &ka.ring);
   TANDEM_CHECK_MSG(p.smem <= static_cast<size_t>(lim.smem_per_block), "decode_gemm: shared memory of the device");

@@ -151,8 +151,12 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 
 // launch's KernelArgs and its dynamic shared memory (Plan::smem bytes). Every thread returns from
 // it past the grid-dependency wait, with its cp.async groups drained: the shared memory is then
 // free for the caller.
-template <Kind KIND, int MT>
+// HALF (one m tile, a call of at most 8 rows: the decode steps at batch <= 8, the verify of 6 at
+// batch 1): the A rows g + 8 hold no row of the call; their activation is zeros, neither loaded nor
+// converted, and their scales are not read (rows g, the only ones stored, do not depend on them).
+template <Kind KIND, int MT, bool HALF = false>
 __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* smem) {
+  static_assert(!HALF || MT == 1, "HALF is a one-m-tile shape");
   using T = Traits<KIND>;
   constexpr int kSubs = T::kStageK / T::kSubK;  // 2
   constexpr bool kFp8W = KIND != Kind::kBf16F32;
@@ -246,7 +250,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         for (int mt = 0; mt < MT; ++mt) {
           if (mt >= mt_act) break;
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
+          for (int hh = 0; hh < (HALF ? 1 : 2); ++hh) {
             const int e = ew + a.x_scales[static_cast<int64_t>(tok[mt][hh]) * a.ld_scales + kb];
             if (st > 0) {
               const float r = mma::exp2i(prev_e[mt][hh] - e);
@@ -299,12 +303,12 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         if (mt >= mt_act) break;
         if constexpr (KIND == Kind::kFp8Codes) {
           const uint4 c0 = mma::ld_act16(a.x_codes + static_cast<int64_t>(tok[mt][0]) * a.ldx + kl);
-          const uint4 c1 = mma::ld_act16(a.x_codes + static_cast<int64_t>(tok[mt][1]) * a.ldx + kl);
+          const uint4 c1 = HALF ? uint4{} : mma::ld_act16(a.x_codes + static_cast<int64_t>(tok[mt][1]) * a.ldx + kl);
 #pragma unroll
           for (int j = 0; j < kJ; ++j) {
             const uint32_t w0 = word(c0, j), w1 = word(c1, j);
-            const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), mma::e4m3x2_to_f16x2(w1),
-                                    mma::e4m3x2_hi_to_f16x2(w0), mma::e4m3x2_hi_to_f16x2(w1)};
+            const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), HALF ? 0u : mma::e4m3x2_to_f16x2(w1),
+                                    mma::e4m3x2_hi_to_f16x2(w0), HALF ? 0u : mma::e4m3x2_hi_to_f16x2(w1)};
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) mma::mma_f16(acc[mt][nt], af, bf[nt][j][0], bf[nt][j][1]);
           }
@@ -312,9 +316,9 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
 #pragma unroll
           for (int j = 0; j < kJ; ++j) {
             const float4 x0 = mma::ld_act_f4(a.x + static_cast<int64_t>(tok[mt][0]) * a.ldx + kl + 4 * j);
-            const float4 x1 = mma::ld_act_f4(a.x + static_cast<int64_t>(tok[mt][1]) * a.ldx + kl + 4 * j);
-            const uint32_t af[4] = {mma::f32x2_to_bf16x2(x0.x, x0.y), mma::f32x2_to_bf16x2(x1.x, x1.y),
-                                    mma::f32x2_to_bf16x2(x0.z, x0.w), mma::f32x2_to_bf16x2(x1.z, x1.w)};
+            const float4 x1 = HALF ? float4{} : mma::ld_act_f4(a.x + static_cast<int64_t>(tok[mt][1]) * a.ldx + kl + 4 * j);
+            const uint32_t af[4] = {mma::f32x2_to_bf16x2(x0.x, x0.y), HALF ? 0u : mma::f32x2_to_bf16x2(x1.x, x1.y),
+                                    mma::f32x2_to_bf16x2(x0.z, x0.w), HALF ? 0u : mma::f32x2_to_bf16x2(x1.z, x1.w)};
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) mma::mma_bf16(acc[mt][nt], af, bf[nt][j][0], bf[nt][j][1]);
           }
@@ -410,6 +414,7 @@ struct Plan {
   KernelArgs ka{};
   Kind kind = Kind::kFp8Codes;
   int mt = 1;           // m tiles per chunk: 1, 2, 3 or 6
+  bool half = false;    // at most 8 rows: the HALF body (decode_gemv_body)
   size_t smem = 0;      // dynamic shared memory bytes
   int64_t grid = 0;     // CTAs (<= SMs)
 };
