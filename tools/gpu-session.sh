@@ -73,10 +73,14 @@ fi
 printf '%s\n' "${summary[@]}"
 # The lent machine brings back only a few files of $OUT (eight, alphabetically): everything but the
 # JSON results goes into one archive, logs.tar.xz (PACK_LOGS=0 keeps the files as they are).
+# A second invocation in the same $OUT packs into logs-2.tar.xz, logs-3.tar.xz, ... (never over an
+# earlier archive).
 if [[ ${PACK_LOGS:-1} == 1 ]]; then
   list=$(mktemp)
-  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name '*.json' ! -name logs.tar.xz -printf '%P\n' > "$list" &&
-     if [[ -s $list ]]; then tar -cJf logs.tar.xz -T "$list" && xargs -d '\n' rm -rf < "$list"; fi)
+  archive=logs.tar.xz
+  for ((i = 2; ; ++i)); do [[ -e $OUT/$archive ]] || break; archive=logs-$i.tar.xz; done
+  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name '*.json' ! -name 'logs*.tar.xz' -printf '%P\n' > "$list" &&
+     if [[ -s $list ]]; then tar -cJf "$archive" -T "$list" && xargs -d '\n' rm -rf < "$list"; fi)
   rm -f "$list"
   ls "$OUT"
 fi
