@@ -135,8 +135,8 @@ __device__ __forceinline__ void advance(const KernelArgs& a, Cursor& c) {
   if (++c.st == c.nst) seek(a, c, c.w + gridDim.x);
 }
 
-template <Kind KIND>
-__device__ __forceinline__ void load_stage(const KernelArgs& a, const Cursor& c, uint8_t* slot, int warp, int lane) {
+// Stage (c) of this lane's weight pieces into its ring slot.
+__device__ __forceinline__ void load_stage(const Cursor& c, uint8_t* slot, int lane) {
   const int koff = c.st * 128;
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
@@ -177,7 +177,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
   cons = prod;
   for (int i = 0; i < S; ++i) {
     if (prod.w < a.total) {
-      load_stage<KIND>(a, prod, ring + i * kStageBytes, warp, lane);
+      load_stage(prod, ring + i * kStageBytes, lane);
       advance(a, prod);
     }
     mma::cp_async_commit();
@@ -329,7 +329,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
     // Refill the slot just read (its pieces are in registers, consumed by the mmas above) with the
     // stage S ahead; every iteration commits a group, empty or not, so the wait count stays S - 1.
     if (prod.w < a.total) {
-      load_stage<KIND>(a, prod, ring + slot_i * kStageBytes, warp, lane);
+      load_stage(prod, ring + slot_i * kStageBytes, lane);
       advance(a, prod);
     }
     mma::cp_async_commit();
