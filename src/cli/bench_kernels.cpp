@@ -263,7 +263,8 @@ struct Bench {
       const double bytes = static_cast<double>(w.bytes()) + m * k * 4.0 + m * n * 4.0;
       const double old_us = old_gemm_us(w, m, n, k);
       pack(m, k);
-      auto gemv = [&](int i) {
+      // Weight copy i; `timeline`: the launch's CTA records (null: none).
+      auto gemv_tl = [&](int i, uint64_t* timeline) {
         kc::DecodeGemmArgs a;
         a.x_codes = codes.get();
         a.x_scales = scales.get();
@@ -274,8 +275,10 @@ struct Bench {
         a.seg[0].w = w.ref(i);
         a.seg[0].y = y.get();
         a.seg[0].round_bf16 = true;
+        a.timeline = timeline;
         kc::decode_gemm(a, s);
       };
+      auto gemv = [&](int i) { gemv_tl(i, nullptr); };
       const double new_us = time_calls(s, gemv);
       const double pack_us = time_calls(s, [&](int i) {
         pack(m, k);
@@ -286,20 +289,7 @@ struct Bench {
         // One launch CTA by CTA, the third of ten captured back to back (each on its own weight copy).
         static const std::vector<TlKernel> kGemv = {
             {"decode_gemm", {{1, "entry"}, {2, "prologue_issued"}, {3, "wait_done"}, {15, "exit"}}, true}};
-        gemv_timeline.push_back(timeline_of([&](int l, uint64_t* t) {
-          kc::DecodeGemmArgs a;
-          a.x_codes = codes.get();
-          a.x_scales = scales.get();
-          a.ldx = k;
-          a.m = m;
-          a.k = k;
-          a.num_segments = 1;
-          a.seg[0].w = w.ref(l);
-          a.seg[0].y = y.get();
-          a.seg[0].round_bf16 = true;
-          a.timeline = t;
-          kc::decode_gemm(a, s);
-        }, 10, name, m, kGemv));
+        gemv_timeline.push_back(timeline_of(gemv_tl, 10, name, m, kGemv));
       }
     }
   }
@@ -331,7 +321,7 @@ struct Bench {
           col += w->n;
         }
       });
-      auto gemv = [&](int i) {
+      const double new_us = time_calls(s, [&](int i) {
         kc::DecodeGemmArgs a;
         a.x = x.get();
         a.ldx = k;
@@ -346,8 +336,7 @@ struct Bench {
           col += ws[j]->n;
         }
         kc::decode_gemm(a, s);
-      };
-      const double new_us = time_calls(s, gemv);
+      });
       row(name, ntot, k, m, bytes, old_us, new_us, 0);
     }
   }
@@ -375,7 +364,7 @@ struct Bench {
         p.round_bf16 = true;
         kc::gemm(p, s);
       });
-      auto gemv = [&](int i) {
+      const double new_us = time_calls(s, [&](int i) {
         kc::DecodeGemmArgs a;
         a.x = x.get();
         a.ldx = G * gin;
@@ -390,8 +379,7 @@ struct Bench {
           a.seg[g].round_bf16 = true;
         }
         kc::decode_gemm(a, s);
-      };
-      const double new_us = time_calls(s, gemv);
+      });
       row(name, G * R, gin, m, bytes, old_us, new_us, 0);
     }
   }

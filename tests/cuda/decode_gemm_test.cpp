@@ -29,6 +29,20 @@ Fp8Operand fp8_operand(const std::vector<float>& x, int64_t rows, int64_t ld) {
   o.ld = ld;
   return o;
 }
+// One FP8 projection of op's first m rows (all k = op.ld columns) into y [m, w.n].
+DecodeGemmArgs fp8_args(const Fp8Operand& op, int64_t m, const HostMatrix& w, float* y, bool round_bf16) {
+  DecodeGemmArgs a;
+  a.x_codes = op.codes.get();
+  a.x_scales = op.scales.get();
+  a.ldx = op.ld;
+  a.m = m;
+  a.k = op.ld;
+  a.num_segments = 1;
+  a.seg[0].w = w.dev();
+  a.seg[0].y = y;
+  a.seg[0].round_bf16 = round_bf16;
+  return a;
+}
 
 TEST(CudaDecodeGemm, Fp8CodesGroupedMatchesFloat64AtEveryRowCount) {
   TANDEM_REQUIRE_GPU();
@@ -75,24 +89,15 @@ TEST(CudaDecodeGemm, Fp8CodesGroupedMatchesFloat64AtEveryRowCount) {
 // item, one 96-row chunk).
 TEST(CudaDecodeGemm, TimelineChangesNoResult) {
   TANDEM_REQUIRE_GPU();
-  namespace tl = cuda::timeline;
+  namespace timeline = cuda::timeline;
   const int64_t K = 1024, N = 2048, M = 3;
   HostMatrix w = random_matrix(WeightFormat::kFp8Block, N, K, 21);
   Fp8Operand op = fp8_operand(act_rows(M, K, 22), M, K);
   auto y = poisoned<float>(static_cast<size_t>(M * N));
-  DecodeGemmArgs a;
-  a.x_codes = op.codes.get();
-  a.x_scales = op.scales.get();
-  a.ldx = K;
-  a.m = M;
-  a.k = K;
-  a.num_segments = 1;
-  a.seg[0].w = w.dev();
-  a.seg[0].y = y.get();
-  a.seg[0].round_bf16 = true;
+  DecodeGemmArgs a = fp8_args(op, M, w, y.get(), true);
   cuda::decode_gemm(a, kStream);
   const std::vector<float> want = to_host(y);
-  const size_t words = static_cast<size_t>(tl::kCtas) * tl::kSlots;
+  const size_t words = static_cast<size_t>(timeline::kCtas) * timeline::kSlots;
   DeviceBuffer<uint64_t> rec(words);
   TANDEM_CUDA_CHECK(cudaMemset(rec.get(), 0, words * sizeof(uint64_t)));
   TANDEM_CUDA_CHECK(cudaMemset(y.get(), 0xff, y.bytes()));
@@ -103,8 +108,8 @@ TEST(CudaDecodeGemm, TimelineChangesNoResult) {
   TANDEM_CUDA_CHECK(cudaMemcpy(h.data(), rec.get(), words * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   int64_t items = 0;
   int ctas = 0;
-  for (int c = 0; c < tl::kCtas; ++c) {
-    const uint64_t* r = h.data() + static_cast<size_t>(c) * tl::kSlots;
+  for (int c = 0; c < timeline::kCtas; ++c) {
+    const uint64_t* r = h.data() + static_cast<size_t>(c) * timeline::kSlots;
     if (!r[1]) continue;
     ++ctas;
     EXPECT_GE(r[2], r[1]);
@@ -166,15 +171,7 @@ TEST(CudaDecodeGemm, Fp8CodesNanRowStaysNan) {
   x[2 * K + 100] = std::numeric_limits<float>::quiet_NaN();
   Fp8Operand op = fp8_operand(x, m, K);
   auto y = poisoned<float>(static_cast<size_t>(m * n));
-  DecodeGemmArgs a;
-  a.x_codes = op.codes.get();
-  a.x_scales = op.scales.get();
-  a.ldx = K;
-  a.m = m;
-  a.k = K;
-  a.num_segments = 1;
-  a.seg[0].w = w.dev();
-  a.seg[0].y = y.get();
+  const DecodeGemmArgs a = fp8_args(op, m, w, y.get(), false);
   cuda::decode_gemm(a, kStream);
   EXPECT_TRUE(within_bound(to_host(y), n, reference(op.h.values.data(), K, 0, m, w),
                            decode_factor(K, cuda::decode_gemm_k_split(a)), false));

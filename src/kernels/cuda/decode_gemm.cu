@@ -125,11 +125,12 @@ Plan plan(const DecodeGemmArgs& a) {
     sg.n = static_cast<int32_t>(d.w.n);
     sg.tiles = static_cast<int32_t>((d.w.n + kTileRows - 1) / kTileRows);
     sg.units = units_for(p.kind, d.w.n, a.k);
-    sg.units_log2 = std::countr_zero(static_cast<uint32_t>(sg.units));  // a power of two
+    TANDEM_CHECK(std::has_single_bit(static_cast<uint32_t>(sg.units)));
+    sg.units_log2 = std::countr_zero(static_cast<uint32_t>(sg.units));
     sg.ku = a.k / sg.units;
     sg.unit_bytes = ka.rowb / sg.units;
     sg.tpi = kWarps / sg.units;
-    sg.nst = static_cast<int32_t>(a.k / sg.units / stage_k);
+    sg.nst = static_cast<int32_t>(sg.ku / stage_k);
     sg.item0 = items;
     sg.round_bf16 = d.round_bf16;
     sg.accumulate = d.accumulate;
