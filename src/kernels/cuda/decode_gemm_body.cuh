@@ -152,8 +152,11 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 
 // it past the grid-dependency wait, with its cp.async groups drained: the shared memory is then
 // free for the caller.
 // HALF (one m tile, a call of at most 8 rows: the decode steps at batch <= 8, the verify of 6 at
-// batch 1): the A rows g + 8 hold no row of the call; their activation is zeros, neither loaded nor
-// converted, and their scales are not read (rows g, the only ones stored, do not depend on them).
+// batch 1): the roles of the mma's operands swap (half_stage below): the tile's 16 weight rows are
+// A and the call's rows B's n8 columns, so a stage takes half the mmas of the general body, whose A
+// rows g + 8 would hold no row of such a call. An output's products, rescales and sums are the
+// general body's (CudaDecodeGemm.RowsAreIndependentOfTheRowCount compares 1, 6 and 8 rows with 9
+// and 100).
 template <Kind KIND, int MT, bool HALF = false>
 __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* smem) {
   static_assert(!HALF || MT == 1, "HALF is a one-m-tile shape");
@@ -209,6 +212,78 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
   int64_t m0 = 0, xk0 = 0;
   int32_t tok[MT][2];  // clamped activation rows of this lane's A rows g and g + 8
   const uint8_t* wscale = nullptr;
+  // HALF: this lane's activation row (token g, clamped: the B column it feeds) at its k-slots of
+  // the unit's first stage, and the scale rows of its C columns 2t and 2t + 1 at the unit's first block.
+  const uint8_t* xh8 = nullptr;
+  const float* xhf = nullptr;
+  const uint8_t* xsh[2] = {nullptr, nullptr};
+
+  // HALF's stage: the weights are the mma's A operand (rows g and g + 8 of the tile: the lane's two
+  // row pieces, at the same k-slots as before) and the call's rows its n8 columns (B column g: row
+  // g's activation, clamped), so one mma covers the tile's 16 weight rows where the two n8 tiles of
+  // the general body took two, and no zero A rows are moved. C: acc[0][0] = (weight row g, call
+  // rows 2t and 2t + 1), (row g + 8, the same two). Each output sees the same products, rescales
+  // and sums as in the general body (one 16 x 8 x 16 mma per 16 k, in k order).
+  auto half_stage = [&](const uint4 (&b)[kNT][kSubs], int st, int64_t kst) {
+    float(&c)[4] = acc[0][0];
+    if constexpr (kFp8W) {
+      const int ew = wscale[st];
+      nan_scale |= ew == 255;
+      last_ew = ew;
+      if constexpr (KIND == Kind::kFp8Codes) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {  // C columns 2t + q
+          const int e = ew + xsh[q][st];
+          if (st > 0) {
+            const float r = mma::exp2i(prev_e[0][q] - e);
+            c[q] *= r;
+            c[2 + q] *= r;
+          }
+          prev_e[0][q] = e;
+        }
+      } else {
+        if (st > 0) {
+          const float r = mma::exp2i(prev_e[0][0] - ew);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) c[i] *= r;
+        }
+        prev_e[0][0] = ew;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kSubs; ++h) {
+      constexpr int kJ = T::kSubK / 16;
+      if constexpr (KIND == Kind::kFp8Codes) {
+        const uint4 x = mma::ld_act16(xh8 + kst + h * T::kSubK);
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+          const uint32_t w0 = word(b[0][h], j), w1 = word(b[1][h], j), xw = word(x, j);
+          const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), mma::e4m3x2_to_f16x2(w1), mma::e4m3x2_hi_to_f16x2(w0),
+                                  mma::e4m3x2_hi_to_f16x2(w1)};
+          mma::mma_f16(c, af, mma::e4m3x2_to_f16x2(xw), mma::e4m3x2_hi_to_f16x2(xw));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+          uint32_t af[4];
+          if constexpr (KIND == Kind::kFp8F32) {
+            const uint32_t w0 = word(b[0][h], j), w1 = word(b[1][h], j);
+            af[0] = mma::e4m3x2_to_bf16x2(w0);
+            af[1] = mma::e4m3x2_to_bf16x2(w1);
+            af[2] = mma::e4m3x2_to_bf16x2(w0 >> 16);
+            af[3] = mma::e4m3x2_to_bf16x2(w1 >> 16);
+          } else {
+            af[0] = word(b[0][h], 2 * j);
+            af[1] = word(b[1][h], 2 * j);
+            af[2] = word(b[0][h], 2 * j + 1);
+            af[3] = word(b[1][h], 2 * j + 1);
+          }
+          const float4 x = mma::ld_act_f4(xhf + kst + h * T::kSubK + 4 * j);
+          mma::mma_bf16(c, af, mma::f32x2_to_bf16x2(x.x, x.y), mma::f32x2_to_bf16x2(x.z, x.w));
+        }
+      }
+    }
+  };
 
   int slot_i = 0;
   while (cons.w < a.total) {
@@ -227,6 +302,17 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         for (int hh = 0; hh < 2; ++hh) tok[mt][hh] = static_cast<int32_t>(min(m0 + mt * 16 + g + hh * 8, a.m - 1));
       xk0 = sg.x_col0 + unit * ku;
       if constexpr (kFp8W) wscale = sg.scale + (static_cast<int64_t>(tc) * kTileRows / 128) * sg.sld + unit * ku / 128;
+      if constexpr (HALF) {
+        const int64_t tb = min(m0 + g, a.m - 1);
+        const int64_t kl0 = xk0 + t * (16 / T::kElemBytes);
+        if constexpr (KIND == Kind::kFp8Codes) {
+          xh8 = a.x_codes + tb * a.ldx + kl0;
+#pragma unroll
+          for (int q = 0; q < 2; ++q) xsh[q] = a.x_scales + min(m0 + 2 * t + q, a.m - 1) * a.ld_scales + xk0 / 128;
+        } else {
+          xhf = a.x + tb * a.ldx + kl0;
+        }
+      }
     }
     mma::cp_async_wait(S - 1);  // this lane's pieces of stage (cons) have landed
     if (cons.st == 0 && tl_items < 5) timeline::mark(tlr, 4 + 2 * static_cast<int>(tl_items));
@@ -240,6 +326,9 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
     // ---- the stage's mmas (k in order; FP8: in this 128-k block's scale) ----
     const int st = cons.st;
     const int64_t kst = static_cast<int64_t>(st) * T::kStageK;
+    if constexpr (HALF) {
+      half_stage(b, st, kst);
+    } else {
     if constexpr (kFp8W) {
       const int ew = wscale[st];
       nan_scale |= ew == 255;
@@ -250,7 +339,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         for (int mt = 0; mt < MT; ++mt) {
           if (mt >= mt_act) break;
 #pragma unroll
-          for (int hh = 0; hh < (HALF ? 1 : 2); ++hh) {
+          for (int hh = 0; hh < 2; ++hh) {
             const int e = ew + a.x_scales[static_cast<int64_t>(tok[mt][hh]) * a.ld_scales + kb];
             if (st > 0) {
               const float r = mma::exp2i(prev_e[mt][hh] - e);
@@ -303,12 +392,12 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         if (mt >= mt_act) break;
         if constexpr (KIND == Kind::kFp8Codes) {
           const uint4 c0 = mma::ld_act16(a.x_codes + static_cast<int64_t>(tok[mt][0]) * a.ldx + kl);
-          const uint4 c1 = HALF ? uint4{} : mma::ld_act16(a.x_codes + static_cast<int64_t>(tok[mt][1]) * a.ldx + kl);
+          const uint4 c1 = mma::ld_act16(a.x_codes + static_cast<int64_t>(tok[mt][1]) * a.ldx + kl);
 #pragma unroll
           for (int j = 0; j < kJ; ++j) {
             const uint32_t w0 = word(c0, j), w1 = word(c1, j);
-            const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), HALF ? 0u : mma::e4m3x2_to_f16x2(w1),
-                                    mma::e4m3x2_hi_to_f16x2(w0), HALF ? 0u : mma::e4m3x2_hi_to_f16x2(w1)};
+            const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), mma::e4m3x2_to_f16x2(w1), mma::e4m3x2_hi_to_f16x2(w0),
+                                    mma::e4m3x2_hi_to_f16x2(w1)};
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) mma::mma_f16(acc[mt][nt], af, bf[nt][j][0], bf[nt][j][1]);
           }
@@ -316,15 +405,16 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
 #pragma unroll
           for (int j = 0; j < kJ; ++j) {
             const float4 x0 = mma::ld_act_f4(a.x + static_cast<int64_t>(tok[mt][0]) * a.ldx + kl + 4 * j);
-            const float4 x1 = HALF ? float4{} : mma::ld_act_f4(a.x + static_cast<int64_t>(tok[mt][1]) * a.ldx + kl + 4 * j);
-            const uint32_t af[4] = {mma::f32x2_to_bf16x2(x0.x, x0.y), HALF ? 0u : mma::f32x2_to_bf16x2(x1.x, x1.y),
-                                    mma::f32x2_to_bf16x2(x0.z, x0.w), HALF ? 0u : mma::f32x2_to_bf16x2(x1.z, x1.w)};
+            const float4 x1 = mma::ld_act_f4(a.x + static_cast<int64_t>(tok[mt][1]) * a.ldx + kl + 4 * j);
+            const uint32_t af[4] = {mma::f32x2_to_bf16x2(x0.x, x0.y), mma::f32x2_to_bf16x2(x1.x, x1.y),
+                                    mma::f32x2_to_bf16x2(x0.z, x0.w), mma::f32x2_to_bf16x2(x1.z, x1.w)};
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) mma::mma_bf16(acc[mt][nt], af, bf[nt][j][0], bf[nt][j][1]);
           }
         }
       }
     }
+    }  // !HALF
 
     // Refill the slot just read (its pieces are in registers, consumed by the mmas above) with the
     // stage S ahead; every iteration commits a group, empty or not, so the wait count stays S - 1.
@@ -339,6 +429,17 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
       // ---- end of the unit: back to real units, k-split sum in unit order, store ----
       if constexpr (kFp8W) {
         const float sw = mma::exp2i(last_ew - 127);
+        if constexpr (HALF) {
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {  // C columns 2t + q: rows g and g + 8
+            const float sx = KIND == Kind::kFp8Codes ? mma::exp2i(prev_e[0][q] - last_ew - 127) : 1.0f;
+#pragma unroll
+            for (int i = q; i < 4; i += 2) {
+              float& v = acc[0][0][i];
+              v = nan_scale ? __int_as_float(0x7fc00000) : (v * sw) * sx;
+            }
+          }
+        } else
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -358,6 +459,10 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
       if (units > 1) {  // uniform over the CTA (one item at a time)
         if (unit > 0) {
           float* dst = red + static_cast<int64_t>((unit - 1) * sg.tpi + tl) * kPer * 32;
+          if constexpr (HALF) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dst[i * 32 + lane] = acc[0][0][i];
+          } else
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -369,6 +474,10 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         if (unit == 0) {
           for (int u = 1; u < units; ++u) {
             const float* src = red + static_cast<int64_t>((u - 1) * sg.tpi + tl) * kPer * 32;
+            if constexpr (HALF) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[0][0][i] = add_rn(acc[0][0][i], src[i * 32 + lane]);
+            } else
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -382,6 +491,18 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
       }
       if (unit == 0 && tile < sg.tiles) {
         const int64_t row0 = static_cast<int64_t>(tile) * kTileRows;
+        if constexpr (HALF) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int64_t token = m0 + 2 * t + (i & 1);
+            const int64_t row = row0 + g + (i >= 2 ? 8 : 0);
+            if (token >= a.m || row >= sg.n) continue;
+            float* yp = sg.y + token * sg.ldy + row;
+            float v = acc[0][0][i];
+            if (sg.accumulate) v = add_rn(*yp, v);
+            *yp = sg.round_bf16 ? round_bf16(v) : v;
+          }
+        } else
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -407,7 +407,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
   // mt * 16 + hh * 8 + g at k t * 16 of the unit, and ([.][0]) that row's first scale of the unit.
   int32_t aoff[2 * MT];
   int32_t asoff[2 * MT][2];
-  bool half = false;  // FP8: A rows g + 8 hold no token of the chunk (MT 1, at most 8 rows): zeros
+  // FP8, MT 1 and at most 8 rows: the weights become the mma's A operand and the tokens its n8
+  // columns (the routed experts' layout, half_stage below) instead of A rows g + 8 with no token.
+  bool half = false;
   const uint8_t* wsc = nullptr;
   const int64_t kb0 = unit * ku / 128;   // the unit's first 128-k block
   const int64_t ld_as = a.k / 128;
@@ -471,6 +473,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) arow[mt][hh] = act_row(mt * 16 + g + hh * 8);
       if (!x.shared) {
+        half = false;
 #pragma unroll
         for (int tt = 0; tt < 2 * MT; ++tt) {
           aoff[tt] = static_cast<int32_t>(static_cast<int64_t>(arow[tt >> 1][tt & 1]) * a.k + unit * ku + t * 8);
@@ -486,6 +489,11 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
           asoff[i][1] = 0;
         }
         half = MT == 1 && x.nrows <= 8;
+        if (half) {
+#pragma unroll
+          for (int q = 0; q < 2; ++q)
+            asoff[0][q] = static_cast<int32_t>(static_cast<int64_t>(act_row(2 * t + q)) * ld_as + kb0);  // C columns 2t + q
+        }
       }
       if (x.shared) {
         const WeightRef& w = mm == 0 ? a.s0 : a.s1;
@@ -502,18 +510,16 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     if (st == 0 && tl_items < 5) timeline::mark(tlr, 4 + 2 * static_cast<int>(tl_items));
     if (x.shared) {
       // ---- FP8 shared expert: as the dense decode GEMV on act_quant codes ----
-      // HALF: the A rows g + 8 (tokens 8 .. 15 of a chunk of at most 8) are zeros, not loaded: the
-      // rows g, the only ones stored, do not depend on them.
       const int ew = wsc[st];
       nan_scale |= ew == 255;
       last_ew = ew;
       // CG: before the wait (early), the activations through L2 only.
-      auto stage = [&]<bool HALF, bool CG>() {
+      auto stage = [&]<bool CG>() {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (mt >= mt_act) break;
 #pragma unroll
-          for (int hh = 0; hh < (HALF ? 1 : 2); ++hh) {
+          for (int hh = 0; hh < 2; ++hh) {
             const uint8_t* sp = a.a_scales + (asoff[mt * 2 + hh][0] + st);
             const int e = ew + (CG ? __ldcg(sp) : *sp);
             if (st > 0) {
@@ -541,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
               return CG ? __ldcg(reinterpret_cast<const uint4*>(p)) : mma::ld_act16(p);
             };
             c[mt][0] = ld(a.a_codes + (aoff[mt * 2] + kl));
-            c[mt][1] = HALF ? make_uint4(0u, 0u, 0u, 0u) : ld(a.a_codes + (aoff[mt * 2 + 1] + kl));
+            c[mt][1] = ld(a.a_codes + (aoff[mt * 2 + 1] + kl));
           }
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -556,21 +562,54 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
             for (int mt = 0; mt < MT; ++mt) {
               if (mt >= mt_act) break;
               const uint32_t w0 = word4(c[mt][0], j), w1 = word4(c[mt][1], j);
-              const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), HALF ? 0u : mma::e4m3x2_to_f16x2(w1),
-                                      mma::e4m3x2_hi_to_f16x2(w0), HALF ? 0u : mma::e4m3x2_hi_to_f16x2(w1)};
+              const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), mma::e4m3x2_to_f16x2(w1), mma::e4m3x2_hi_to_f16x2(w0),
+                                      mma::e4m3x2_hi_to_f16x2(w1)};
 #pragma unroll
               for (int nt = 0; nt < 2; ++nt) mma::mma_f16(acc[mt][nt], af, bf[nt][0], bf[nt][1]);
             }
           }
         }
       };
-      if (!routed_known) {
-        if (half) stage.template operator()<true, true>();
-        else stage.template operator()<false, true>();
-      } else if (half) {
-        stage.template operator()<true, false>();
+      // At most 8 tokens: the tile's 16 weight rows are A (rows g, g + 8: the lane's two pieces at
+      // the same k-slots), token g's codes B column g, so one mma per 16 k covers the tile (two in
+      // stage<>, whose A rows g + 8 would hold no token). C: acc[0][0] = (rows g, g + 8) x tokens
+      // (2t, 2t + 1), as a routed expert's; every output sees the same products, rescales and sums.
+      auto half_stage = [&]<bool CG>() {
+        float(&cc)[4] = acc[0][0];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {  // C columns 2t + q
+          const uint8_t* sp = a.a_scales + (asoff[0][q] + st);
+          const int e = ew + (CG ? __ldcg(sp) : *sp);
+          if (st > 0) {
+            const float r = mma::exp2i(prev_e[0][q] - e);
+            cc[q] *= r;
+            cc[2 + q] *= r;
+          }
+          prev_e[0][q] = e;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint4 b[2];
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) b[nt] = mma::lds128(slot + (nt * 2 + h) * 512 + lane * 16);
+          const uint8_t* cp = a.a_codes + (aoff[0] + st * 128 + h * 64);
+          const uint4 c = CG ? __ldcg(reinterpret_cast<const uint4*>(cp)) : mma::ld_act16(cp);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t w0 = word4(b[0], j), w1 = word4(b[1], j), xw = word4(c, j);
+            const uint32_t af[4] = {mma::e4m3x2_to_f16x2(w0), mma::e4m3x2_to_f16x2(w1), mma::e4m3x2_hi_to_f16x2(w0),
+                                    mma::e4m3x2_hi_to_f16x2(w1)};
+            mma::mma_f16(cc, af, mma::e4m3x2_to_f16x2(xw), mma::e4m3x2_hi_to_f16x2(xw));
+          }
+        }
+      };
+      if (half) {
+        if (!routed_known) half_stage.template operator()<true>();
+        else half_stage.template operator()<false>();
+      } else if (!routed_known) {
+        stage.template operator()<true>();
       } else {
-        stage.template operator()<false, false>();
+        stage.template operator()<false>();
       }
     } else {
       // ---- MXFP4 routed expert: groups of 32 k, one weight scale per mma ----
@@ -651,18 +690,21 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
       if (x.shared) {
         const float sw = mma::exp2i(last_ew - 127);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt) {
+          // The activation scale of A rows g (0) and g + 8 (1), or with `half` of C columns 2t + q.
+          float sxs[2];
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const float sx = mt < mt_act ? mma::exp2i(prev_e[mt][hh] - last_ew - 127) : 1.0f;
+          for (int u = 0; u < 2; ++u) sxs[u] = mt < mt_act ? mma::exp2i(prev_e[mt][u] - last_ew - 127) : 1.0f;
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
               for (int q = 0; q < 2; ++q) {
                 float& v = acc[mt][nt][2 * hh + q];
-                v = nan_scale ? __int_as_float(0x7fc00000) : (v * sw) * sx;
+                v = nan_scale ? __int_as_float(0x7fc00000) : (v * sw) * sxs[half ? q : hh];
               }
-          }
+        }
       } else if (nan_rows) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -738,10 +780,12 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               // (token within the chunk, output column) of accumulator (mt, nt, i): the shared
-              // expert's tokens are A rows, the routed experts' tokens C columns (token tile 2 mt + nt).
-              const int64_t j = x.shared ? mt * 16 + g + (i >= 2 ? 8 : 0) : (mt * 2 + nt) * 8 + 2 * t + (i & 1);
+              // expert's tokens are A rows, the routed experts' (and the shared expert's at most 8
+              // with `half`) C columns (token tile 2 mt + nt).
+              const bool rows = x.shared && !half;
+              const int64_t j = rows ? mt * 16 + g + (i >= 2 ? 8 : 0) : (mt * 2 + nt) * 8 + 2 * t + (i & 1);
               if (j >= x.nrows) continue;
-              const int64_t col = row0 + (x.shared ? nt * 8 + 2 * t + (i & 1) : g + (i >= 2 ? 8 : 0));
+              const int64_t col = row0 + (rows ? nt * 8 + 2 * t + (i & 1) : g + (i >= 2 ? 8 : 0));
               const int64_t jr = static_cast<int64_t>(x.chunk) * kChunk + j;
               if constexpr (UP) {
                 // The linears' bf16 outputs, then SwiGLU exactly as the swiglu op (and the routing weight).
