@@ -314,7 +314,10 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         }
       }
     }
-    mma::cp_async_wait(S - 1);  // this lane's pieces of stage (cons) have landed
+    // This lane's pieces of stage (cons) have landed: the usual depth (one or two m tiles on a
+    // device with half an SM's shared memory for 6 stages) as a constant wait, else the jump table.
+    if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
+    else mma::cp_async_wait(S - 1);
     if (cons.st == 0 && tl_items < 5) timeline::mark(tlr, 4 + 2 * static_cast<int>(tl_items));
     const uint8_t* slot = ring + slot_i * kStageBytes;
     uint4 b[kNT][kSubs];

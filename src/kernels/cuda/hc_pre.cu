@@ -174,6 +174,10 @@ __global__ void __launch_bounds__(hc::kThreads)
 // own 128-column blocks with pack_row's per-block code. Same bits as hc_pre_finish.
 
 constexpr int kSplitThreads = hc::kThreads + kWarp;
+// The streams a finishing thread loads before the partials (hc_pre_finish_split): up to kEarlyHc
+// streams of kEarlyCols columns (dim 4096 over 8 CTAs of 256 threads: 2).
+constexpr int kEarlyHc = 4;
+constexpr int kEarlyCols = 2;
 constexpr int kSinkhornWarp = hc::kThreads / kWarp;
 // hc_pre_pack's slice: whole 128-column blocks, at most this many columns (dim <= kMaxPackDim).
 constexpr int64_t kMaxSlice = (kMaxPackDim / pack::kBlock + kHcSplit - 1) / kHcSplit * pack::kBlock;
@@ -233,6 +237,23 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int64_t dim = p.dim, HD = hc * dim;
   const int64_t t = blockIdx.x / kHcSplit;
   const int r = static_cast<int>(blockIdx.x % kHcSplit);  // == the cluster rank (1-D clusters of kHcSplit)
+  const int64_t c0 = r * slice < dim ? r * slice : dim;
+  const int64_t n = dim - c0 < slice ? dim - c0 : slice;
+  // The slice's streams (written by the kernel before this one) in registers now, so that their L2
+  // round trip overlaps the partials' below instead of following it (the decode shapes: at most 4
+  // streams and two columns a thread; others load in hc::collapse).
+  const bool early_h = hc <= kEarlyHc && n <= kEarlyCols * hc::kThreads && threadIdx.x < hc::kThreads;
+  float hv[kEarlyHc][kEarlyCols];
+  if (early_h) {
+    const float* hs = p.h + t * HD + c0;
+#pragma unroll
+    for (int i = 0; i < kEarlyHc; ++i)
+#pragma unroll
+      for (int u = 0; u < kEarlyCols; ++u) {
+        const int64_t d = threadIdx.x + static_cast<int64_t>(u) * hc::kThreads;
+        hv[i][u] = i < hc && d < n ? hs[i * dim + d] : 0.0f;
+      }
+  }
   // Every CTA finishes the mixes and pre itself (a few KB from L2); CTA 0 writes post and comb.
   hc::finish_mix(partial, t, nmix, ksplit, HD, p.norm_eps, stage, mix);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -249,9 +270,21 @@ __global__ void __launch_bounds__(kSplitThreads)
     }
     return;
   }
-  const int64_t c0 = r * slice < dim ? r * slice : dim;
-  const int64_t n = dim - c0 < slice ? dim - c0 : slice;
-  hc::collapse(p.h + t * HD + c0, dim, pre, hc, n, kPack ? xs : p.x + t * dim + c0, true, threadIdx.x, hc::kThreads);
+  float* const xo = kPack ? xs : p.x + t * dim + c0;
+  if (early_h) {
+    // hc::collapse's arithmetic on the registers: streams in order from 0, no FMA, bf16-rounded.
+#pragma unroll
+    for (int u = 0; u < kEarlyCols; ++u) {
+      const int64_t d = threadIdx.x + static_cast<int64_t>(u) * hc::kThreads;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kEarlyHc; ++i)
+        if (i < hc) sum = add_rn(sum, mul_rn(pre[i], hv[i][u]));
+      if (d < n) xo[d] = round_bf16(sum);
+    }
+  } else {
+    hc::collapse(p.h + t * HD + c0, dim, pre, hc, n, xo, true, threadIdx.x, hc::kThreads);
+  }
   if constexpr (kPack) {
     cluster_arrive();  // this slice is in shared memory
     cluster_wait();    // and every other CTA's
