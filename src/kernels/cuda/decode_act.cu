@@ -19,11 +19,30 @@ using pack::kThreads;
 
 __global__ void __launch_bounds__(kThreads) act_pack_kernel(const DecodeActPackArgs a) {
   __shared__ double red[32];
+  // The norm weights of this warp's blocks (every row's) in registers before the dependency wait
+  // (launch.cuh's rule 1: no kernel writes them), so their load overlaps the previous kernel instead
+  // of following the row's sum of squares. Rows of more blocks read them in pack_block.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t nb = a.dim / kBlock;
+  const bool pre = a.norm_weight && nb <= pack::kPreBlocks * (kThreads / kWarp);
+  float wv[pack::kPreBlocks][pack::kPer];
+  if (pre) {
+#pragma unroll
+    for (int j = 0; j < pack::kPreBlocks; ++j) {
+      const int64_t b = warp + j * (kThreads / kWarp);
+#pragma unroll
+      for (int i = 0; i < pack::kPer; ++i) wv[j][i] = b < nb ? a.norm_weight[b * kBlock + lane + i * kWarp] : 0.0f;
+    }
+  }
   pdl_trigger();
   pdl_wait();
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
-    pack::pack_row(a.x + r * a.ldx, a.dim, a.norm_weight, a.eps, a.y ? a.y + r * a.ldy : nullptr, a.codes + r * a.ldc,
-                   a.scales + r * a.lds, red);
+    float* y = a.y ? a.y + r * a.ldy : nullptr;
+    const float* x = a.x + r * a.ldx;
+    uint8_t* codes = a.codes + r * a.ldc;
+    uint8_t* scales = a.scales + r * a.lds;
+    if (pre) pack::pack_row(x, a.dim, a.norm_weight, a.eps, y, codes, scales, red, wv);
+    else pack::pack_row(x, a.dim, a.norm_weight, a.eps, y, codes, scales, red);
     // The next row's block sum reuses red: block_sum opens with a barrier, nothing else is shared.
   }
 }

@@ -23,15 +23,18 @@ __device__ __forceinline__ float rms_scale(double ss, int64_t dim, float eps) {
 // the block's 128 values (xb[i] = x[c0 + i]); v = norm_weight ? round_bf16(w * (x * rs)) : x, then
 // act_quant.cu's amax, E8M0 scale and e4m3 codes. codes/scales/y are the row's (indexed by column /
 // block); y is written only with norm_weight.
+// wv (optional): this lane's norm weights of the block (wv[i] = norm_weight[c0 + lane + 32 i]),
+// loaded by the caller (decode_act_pack's kernel: before its dependency wait).
 __device__ __forceinline__ void pack_block(const float* xb, int64_t c0, const float* norm_weight, float rs, float* y,
-                                           uint8_t* codes, uint8_t* scales) {
+                                           uint8_t* codes, uint8_t* scales, const float* wv = nullptr) {
   const int lane = threadIdx.x & 31;
   float v[kPer];
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const float xv = xb[lane + i * kWarp];
-    v[i] = norm_weight ? round_bf16(mul_rn(norm_weight[c0 + lane + i * kWarp], mul_rn(xv, rs))) : xv;
+    const float w = norm_weight ? (wv ? wv[i] : norm_weight[c0 + lane + i * kWarp]) : 0.0f;
+    v[i] = norm_weight ? round_bf16(mul_rn(w, mul_rn(xv, rs))) : xv;
     const float av = fabsf(v[i]);
     amax = av > amax ? av : amax;  // NaN compares false: ignored, as the act_quant op
   }
@@ -57,8 +60,12 @@ __device__ __forceinline__ void pack_block(const float* xb, int64_t c0, const fl
 // (same amax, scale and e4m3 conversion). Call with blockDim.x == kThreads from every thread (the
 // block sum has barriers); `red` holds 32 doubles of shared memory, free at the call. hc_pre.cu's
 // cluster kernel repeats the sum over distributed shared memory: keep the two in step.
+// wv (optional, with norm_weight): the norm weights of this warp's blocks warp, warp + 8, ... in
+// registers (wv[j][i]: block warp + 8 j, pack_block's wv), for rows of at most kPreBlocks * 8 blocks.
+constexpr int kPreBlocks = 4;
 __device__ __forceinline__ void pack_row(const float* x, int64_t dim, const float* norm_weight, float eps, float* y,
-                                         uint8_t* codes, uint8_t* scales, double* red) {
+                                         uint8_t* codes, uint8_t* scales, double* red,
+                                         const float (*wv)[kPer] = nullptr) {
   const int warp = threadIdx.x >> 5;
   const int64_t nb = dim / kBlock;
   float rs = 1.0f;
@@ -73,8 +80,16 @@ __device__ __forceinline__ void pack_row(const float* x, int64_t dim, const floa
     ss = block_sum(ss, red);
     rs = rms_scale(ss, dim, eps);
   }
-  for (int64_t b = warp; b < nb; b += kThreads / kWarp)
-    pack_block(x + b * kBlock, b * kBlock, norm_weight, rs, y, codes, scales);
+  if (wv) {
+#pragma unroll
+    for (int j = 0; j < kPreBlocks; ++j) {
+      const int64_t b = warp + j * (kThreads / kWarp);
+      if (b < nb) pack_block(x + b * kBlock, b * kBlock, norm_weight, rs, y, codes, scales, wv[j]);
+    }
+  } else {
+    for (int64_t b = warp; b < nb; b += kThreads / kWarp)
+      pack_block(x + b * kBlock, b * kBlock, norm_weight, rs, y, codes, scales);
+  }
 }
 
 }  // namespace

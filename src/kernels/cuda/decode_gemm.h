@@ -19,7 +19,10 @@
 // weight's format, rows and k; never from m or the rest of the launch); within a unit the tensor
 // core accumulates 16 k at a time in k order (FP8: in the current 128-k block's scale, the
 // accumulator rescaled by an exact power of two between blocks); the units' fp32 partials are
-// then added in unit order.
+// then added in unit order. At most 8 rows the call's rows are the mma's B columns and the weight
+// rows its A rows (decode_gemm_body.cuh's HALF), elsewhere the other way round: the same products
+// and k order per output, and the tensor core's sum does not depend on the orientation (the row
+// count tests compare both bit for bit).
 // Error bound (tests/cuda/decode_gemm_test.cpp). Tensor-core model: a k16 step adds its 16 exact
 // products to the accumulator aligned to the largest term and truncated to fp32's 24 bits, no
 // guard bits: its error is below 16 * 2^-23 of the largest term, so below 2^-19 * sum_i |x_i w_i|

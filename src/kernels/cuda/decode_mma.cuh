@@ -4,7 +4,8 @@
 // and the load flavours (weights streamed past L1, activations through L1 for the CTA's other warps).
 //
 // Fragment convention (PTX m16n8k16, g = lane / 4, t = lane % 4): A is [16 tokens x 16 k], B is
-// [16 k x 8 weight rows]. A thread holds A rows g and g+8 and B column g, each at the k-slots
+// [16 k x 8 weight rows] (at most 8 tokens, and the MoE's routed experts: A is [16 weight rows x 16
+// k] and B [16 k x 8 tokens], the same k-slots). A thread holds A rows g and g+8 and B column g, each at the k-slots
 // {2t, 2t+1, 2t+8, 2t+9}; it owns D[g][2t..2t+1] and D[g+8][2t..2t+1]. Because a dot product
 // may visit k in any order, each kernel maps a thread's k-slots onto the k columns it loaded
 // itself (the same map for A and B), so 16-byte weight loads feed the mma without shuffles.

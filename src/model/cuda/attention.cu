@@ -40,7 +40,9 @@ constexpr int kHeads = kAttnHeadTile;     // heads per block: one mma m-tile
 constexpr int kPTerms = 3;                // p = p1 + p2 + p3 with each term a bf16 value (exact)
 constexpr int kPPitch = kChunk * 2 + 16;  // bytes per row of a P plane (+16: ldmatrix rows in distinct banks)
 constexpr int kFoldGroup = 128;           // chunks per pass of fold_kernel's shared arrays
+constexpr int kFoldPre = 16;              // chunks whose partials fold_kernel loads before its scan
 static_assert(kChunk == 8 * kWarps, "one 8-key n-tile per warp");
+static_assert(kFoldPre <= kFoldGroup, "the preloaded chunks are one group");
 static_assert(kHeads == 16, "one m16 tile of heads");
 
 // Shared memory of one block (byte offsets, every one a multiple of 16).
@@ -663,6 +665,14 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
   const float* __restrict__ po = a.partial + slot0 * H * D + static_cast<int64_t>(h) * D + tid;
   const float* __restrict__ pml = a.partial + a.partial_slots * H * D + slot0 * H * 2 + h * 2;
   const int64_t ostride = static_cast<int64_t>(H) * D;
+  // Up to kFoldPre chunks (decode at short contexts): this thread's partials requested now, beside
+  // the (m, z) loads and the scan below, not after them.
+  const bool pre = nch <= kFoldPre;
+  float pv[kFoldPre];
+  if (pre) {
+#pragma unroll
+    for (int i = 0; i < kFoldPre; ++i) pv[i] = i < nch ? po[i * ostride] : 0.0f;
+  }
   float o = 0.0f, carry = -INFINITY, zrun = 0.0f;  // carry: warp 0's running max
   for (int c0 = 0; c0 < nch; c0 += kFoldGroup) {
     const int ng = nch - c0 < kFoldGroup ? nch - c0 : kFoldGroup;
@@ -697,8 +707,14 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
     __syncthreads();
     if (tid == 0)
       for (int i = 0; i < ng; ++i) zrun = fold(zrun, s_z[i], s_alpha[i], s_beta[i]);
+    if (pre) {  // one group (kFoldPre <= kFoldGroup): c0 == 0
+#pragma unroll
+      for (int i = 0; i < kFoldPre; ++i)
+        if (i < ng) o = fold(o, pv[i], s_alpha[i], s_beta[i]);
+    } else {
 #pragma unroll 16
-    for (int i = 0; i < ng; ++i) o = fold(o, po[(c0 + i) * ostride], s_alpha[i], s_beta[i]);
+      for (int i = 0; i < ng; ++i) o = fold(o, po[(c0 + i) * ostride], s_alpha[i], s_beta[i]);
+    }
   }
   if (tid == 0) {
     s_mrun = carry;
