@@ -219,7 +219,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
   const uint8_t* xsh[2] = {nullptr, nullptr};
 
   // HALF's stage: the weights are the mma's A operand (rows g and g + 8 of the tile: the lane's two
-  // row pieces, at the same k-slots as before) and the call's rows its n8 columns (B column g: row
+  // row pieces, at the general body's k-slots) and the call's rows its n8 columns (B column g: row
   // g's activation, clamped), so one mma covers the tile's 16 weight rows where the two n8 tiles of
   // the general body took two, and no zero A rows are moved. C: acc[0][0] = (weight row g, call
   // rows 2t and 2t + 1), (row g + 8, the same two). Each output sees the same products, rescales
