@@ -210,7 +210,7 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
   // Item context (set at each item's first stage).
   int tile = 0, unit = 0, mt_act = 0;
   int64_t m0 = 0, xk0 = 0;
-  int32_t tok[MT][2];  // clamped activation rows of this lane's A rows g and g + 8
+  int32_t tok[MT][2];  // clamped activation rows of this lane's A rows g and g + 8 (not HALF)
   const uint8_t* wscale = nullptr;
   // HALF: this lane's activation row (token g, clamped: the B column it feeds) at its k-slots of
   // the unit's first stage, and the scale rows of its C columns 2t and 2t + 1 at the unit's first block.
@@ -296,10 +296,12 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
       m0 = cons.chunk * kDecodeRowsPerCall;
       const int64_t mt_left = (a.m - m0 + 15) / 16;
       mt_act = mt_left < MT ? static_cast<int>(mt_left) : MT;
+      if constexpr (!HALF) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) tok[mt][hh] = static_cast<int32_t>(min(m0 + mt * 16 + g + hh * 8, a.m - 1));
+          for (int hh = 0; hh < 2; ++hh) tok[mt][hh] = static_cast<int32_t>(min(m0 + mt * 16 + g + hh * 8, a.m - 1));
+      }
       xk0 = sg.x_col0 + unit * ku;
       if constexpr (kFp8W) wscale = sg.scale + (static_cast<int64_t>(tc) * kTileRows / 128) * sg.sld + unit * ku / 128;
       if constexpr (HALF) {
@@ -314,10 +316,9 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         }
       }
     }
-    // This lane's pieces of stage (cons) have landed: the usual depth (one or two m tiles on a
-    // device with half an SM's shared memory for 6 stages) as a constant wait, else the jump table.
-    if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
-    else mma::cp_async_wait(S - 1);
+    // This lane's pieces of stage (cons) have landed (the usual depth: one or two m tiles on a device
+    // with half an SM's shared memory for 6 stages).
+    mma::cp_async_wait_ring<kMaxRing>(S);
     if (cons.st == 0 && tl_items < 5) timeline::mark(tlr, 4 + 2 * static_cast<int>(tl_items));
     const uint8_t* slot = ring + slot_i * kStageBytes;
     uint4 b[kNT][kSubs];
@@ -430,46 +431,41 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
 
     if (st == cons.nst - 1) {
       // ---- end of the unit: back to real units, k-split sum in unit order, store ----
+      // Accumulator (mt, nt, i): the general body's C is (call row mt * 16 + g [+ 8], weight row
+      // nt * 8 + 2t [+ 1]); HALF's (acc[0][0] only) is (call row 2t [+ 1], weight row g [+ 8]).
+      constexpr int kLiveNT = HALF ? 1 : kNT;
+      auto call_row = [&](int mt, int i) -> int64_t {
+        return HALF ? m0 + 2 * t + (i & 1) : m0 + mt * 16 + g + (i >= 2 ? 8 : 0);
+      };
+      auto weight_row = [&](int64_t row0, int nt, int i) -> int64_t {
+        return HALF ? row0 + g + (i >= 2 ? 8 : 0) : row0 + nt * 8 + 2 * t + (i & 1);
+      };
       if constexpr (kFp8W) {
         const float sw = mma::exp2i(last_ew - 127);
-        if constexpr (HALF) {
 #pragma unroll
-          for (int q = 0; q < 2; ++q) {  // C columns 2t + q: rows g and g + 8
-            const float sx = KIND == Kind::kFp8Codes ? mma::exp2i(prev_e[0][q] - last_ew - 127) : 1.0f;
+        for (int mt = 0; mt < MT; ++mt) {
+          float sx[2] = {1.0f, 1.0f};  // prev_e[mt][.]: A rows g, g + 8 (HALF: C columns 2t, 2t + 1)
+          if constexpr (KIND == Kind::kFp8Codes) {
 #pragma unroll
-            for (int i = q; i < 4; i += 2) {
-              float& v = acc[0][0][i];
-              v = nan_scale ? __int_as_float(0x7fc00000) : (v * sw) * sx;
-            }
+            for (int u = 0; u < 2; ++u) sx[u] = mt < mt_act ? mma::exp2i(prev_e[mt][u] - last_ew - 127) : 1.0f;
           }
-        } else
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+          for (int nt = 0; nt < kLiveNT; ++nt)
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float sx = 1.0f;
-            if constexpr (KIND == Kind::kFp8Codes) sx = mt < mt_act ? mma::exp2i(prev_e[mt][hh] - last_ew - 127) : 1.0f;
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-              float& v0 = acc[mt][nt][2 * hh];
-              float& v1 = acc[mt][nt][2 * hh + 1];
-              v0 = nan_scale ? __int_as_float(0x7fc00000) : (v0 * sw) * sx;
-              v1 = nan_scale ? __int_as_float(0x7fc00000) : (v1 * sw) * sx;
+            for (int i = 0; i < 4; ++i) {
+              float& v = acc[mt][nt][i];
+              v = nan_scale ? __int_as_float(0x7fc00000) : (v * sw) * sx[HALF ? (i & 1) : (i >> 1)];
             }
-          }
+        }
       }
       const int units = sg.units, tl = warp >> sg.units_log2;
       if (units > 1) {  // uniform over the CTA (one item at a time)
         if (unit > 0) {
           float* dst = red + static_cast<int64_t>((unit - 1) * sg.tpi + tl) * kPer * 32;
-          if constexpr (HALF) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) dst[i * 32 + lane] = acc[0][0][i];
-          } else
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
+            for (int nt = 0; nt < kLiveNT; ++nt)
 #pragma unroll
               for (int i = 0; i < 4; ++i) dst[((mt * kNT + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i];
         }
@@ -477,14 +473,10 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
         if (unit == 0) {
           for (int u = 1; u < units; ++u) {
             const float* src = red + static_cast<int64_t>((u - 1) * sg.tpi + tl) * kPer * 32;
-            if constexpr (HALF) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[0][0][i] = add_rn(acc[0][0][i], src[i * 32 + lane]);
-            } else
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-              for (int nt = 0; nt < kNT; ++nt)
+              for (int nt = 0; nt < kLiveNT; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
                   acc[mt][nt][i] = add_rn(acc[mt][nt][i], src[((mt * kNT + nt) * 4 + i) * 32 + lane]);
@@ -494,26 +486,13 @@ __device__ __forceinline__ void decode_gemv_body(const KernelArgs& a, uint8_t* s
       }
       if (unit == 0 && tile < sg.tiles) {
         const int64_t row0 = static_cast<int64_t>(tile) * kTileRows;
-        if constexpr (HALF) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int64_t token = m0 + 2 * t + (i & 1);
-            const int64_t row = row0 + g + (i >= 2 ? 8 : 0);
-            if (token >= a.m || row >= sg.n) continue;
-            float* yp = sg.y + token * sg.ldy + row;
-            float v = acc[0][0][i];
-            if (sg.accumulate) v = add_rn(*yp, v);
-            *yp = sg.round_bf16 ? round_bf16(v) : v;
-          }
-        } else
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
+          for (int nt = 0; nt < kLiveNT; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-              const int64_t token = m0 + mt * 16 + g + (i >= 2 ? 8 : 0);
-              const int64_t row = row0 + nt * 8 + 2 * t + (i & 1);
+              const int64_t token = call_row(mt, i), row = weight_row(row0, nt, i);
               if (token >= a.m || row >= sg.n) continue;
               float* yp = sg.y + token * sg.ldy + row;
               float v = acc[mt][nt][i];

@@ -142,6 +142,13 @@ __device__ __forceinline__ void cp_async_wait(int n) {
     default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
   }
 }
+// The oldest of a ring's S stages in flight has landed (every iteration commits one group): the
+// usual depth kUsual as a constant wait, any other through cp_async_wait's jump table.
+template <int kUsual>
+__device__ __forceinline__ void cp_async_wait_ring(int S) {
+  if (S == kUsual) asm volatile("cp.async.wait_group %0;" ::"n"(kUsual - 1) : "memory");
+  else cp_async_wait(S - 1);
+}
 // ldmatrix .x4 (sm_75 and later, every target): lanes 8i .. 8i + 7 give the shared addresses of the
 // eight 16-byte rows of matrix i; lane (g, t) receives bytes 4t .. 4t + 3 of row g of matrix i in d[i].
 // One instruction reads what four 4-byte loads per lane would.

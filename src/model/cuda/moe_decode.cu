@@ -501,9 +501,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
         wsc = w.scale + (static_cast<int64_t>(x.tile) * kRows / 128) * sld + kb0;
       }
     }
-    // The oldest of the S stages in flight (the usual depth first: a constant wait, no jump table).
-    if (S == kMaxRing) mma::cp_async_wait(kMaxRing - 1);
-    else mma::cp_async_wait(S - 1);
+    mma::cp_async_wait_ring<kMaxRing>(S);  // the oldest of the S stages in flight
     __syncwarp();  // MXFP4 pieces were copied by other lanes of the warp
     const uint8_t* slot = ring + slot_i * kSlotBytes;
     const int st = cons.st;
