@@ -486,6 +486,73 @@ TEST(CudaMoeDecode, GateRouteManyPairs) {
   }
 }
 
+// The lean routing tail (up to 8 tokens and 128 pairs) against the general one (forced by
+// general_route) and the lean one run dry before the wait too (route_warm) on the same call: all pass the routing and grouping checks, the expert ids,
+// weights and logits are the same bits, every pair has the same expert, and the outputs y are the
+// same bits. Score and hash layers, a local expert range, 256 experts at 8 tokens (the logits in
+// two rounds of 1,024), 16 experts a token at 8 tokens (128 pairs: 4 a lane), 4,096 wide (k split
+// over 4 CTAs), 512 experts (the passes over shared memory instead of the sorted pick), a token's
+// experts all held by one lane of the sorted pick, a gate repeating an expert within a token (hash).
+TEST(CudaMoeDecode, LeanRoutingEqualsTheGeneral) {
+  TANDEM_REQUIRE_GPU();
+  const Layer A = make_layer(512, 256, 32, 6, 1000);
+  const Layer B = make_layer(512, 128, 256, 8, 1100);
+  const Layer C = make_layer(512, 128, 64, 16, 1200);
+  const Layer W = make_layer(4096, 128, 32, 6, 1300);
+  const Layer X = make_layer(512, 128, 512, 6, 1500);  // past the sorted pick's 256 experts
+  // Every expert of lane 5 (ids 5 + 32 j) far ahead of the others: a token's 8 experts all come
+  // from one lane's sorted keys (the whole network and every pop).
+  Layer S = make_layer(512, 128, 256, 8, 1600);
+  for (int e = 5; e < 256; e += 32) S.bias[e] += 50.0f;
+  S.dbias = to_dev(S.bias);
+  Layer R = make_layer(512, 256, 32, 6, 1400);
+  for (int v = 0; v < 1000; ++v) R.tid2eid[v * 6 + 3] = R.tid2eid[v * 6 + 1];  // an expert twice per token
+  R.dtid2eid = to_dev(R.tid2eid);
+  for (const auto& [layer, m, hash, begin, count] :
+       {std::tuple<const Layer*, int64_t, bool, int, int>{&A, 1, false, 0, 32}, {&A, 6, false, 0, 32},
+        {&A, 8, false, 8, 16}, {&A, 5, true, 0, 32}, {&B, 8, false, 0, 256}, {&B, 3, false, 64, 128},
+        {&C, 8, false, 0, 64}, {&W, 1, false, 0, 32}, {&W, 7, false, 16, 16}, {&X, 2, false, 0, 512},
+        {&S, 8, false, 0, 256}, {&S, 1, false, 128, 128},
+        {&R, 4, true, 0, 32}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << layer->d.dim << " experts " << layer->d.n_experts << " top "
+                                      << layer->d.topk << " tokens " << m << (hash ? " hash" : "") << " local "
+                                      << begin << ".." << begin + count - 1);
+    const std::vector<float> x = act_rows(m, layer->d.dim, 90 + m);
+    const int K = layer->d.topk;
+    const size_t P = static_cast<size_t>(m * K);
+    MoeRun r[3];  // lean, general, lean warmed (route_warm)
+    for (int i = 0; i < 3; ++i) {
+      prepare(r[i], *layer, x, m, m, hash, begin, count, false);
+      r[i].args.general_route = i == 1;
+      r[i].args.route_warm = i == 2;
+      ASSERT_TRUE(cuda_model::moe_decode_supports(r[i].args));
+      cuda_model::moe_decode(r[i].args, kStream);
+      RouteView v;
+      check_route(r[i], *layer, v);
+      ASSERT_TRUE(v.complete) << (i == 0 ? "lean" : i == 1 ? "general" : "warmed");
+    }
+    const auto& l = r[0].buf;
+    const auto& g = r[1].buf;
+    const size_t E = static_cast<size_t>(layer->d.n_experts);
+    EXPECT_TRUE(same_bits(fetch(l.gate_logits, m * E), fetch(g.gate_logits, m * E))) << "logits";
+    EXPECT_TRUE(same_values(fetch(l.expert_ids, P), fetch(g.expert_ids, P))) << "expert ids";
+    EXPECT_TRUE(same_bits(fetch(l.weights, P), fetch(g.weights, P))) << "weights";
+    const size_t A2 = 2 * static_cast<size_t>(std::min<int64_t>(layer->d.n_experts, m * K)) + 2;
+    const std::vector<int32_t> al = fetch(l.active, A2), ag = fetch(g.active, A2);
+    ASSERT_EQ(al[0], ag[0]) << "active experts";
+    const size_t n = static_cast<size_t>(al[0]);
+    EXPECT_TRUE(same_values(std::vector<int32_t>(al.begin(), al.begin() + 1 + n),
+                            std::vector<int32_t>(ag.begin(), ag.begin() + 1 + n)))
+        << "active expert ids";
+    const size_t off0 = 1 + (A2 - 2) / 2;
+    EXPECT_TRUE(same_values(std::vector<int32_t>(al.begin() + off0, al.begin() + off0 + n + 1),
+                            std::vector<int32_t>(ag.begin() + off0, ag.begin() + off0 + n + 1)))
+        << "offsets";
+    EXPECT_TRUE(same_bits(to_host(r[0].y), to_host(r[1].y))) << "y";
+    EXPECT_TRUE(same_bits(to_host(r[0].y), to_host(r[2].y))) << "y, warmed";
+  }
+}
+
 // A token's output bits do not depend on the other tokens of the call or the buffers' size.
 TEST(CudaMoeDecode, RowsAreIndependentOfTheTokenCount) {
   TANDEM_REQUIRE_GPU();

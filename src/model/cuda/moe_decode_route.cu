@@ -15,8 +15,10 @@
 //
 // Tail (the last CTA only, no other global round trip than reading the partials): 8 tokens at a
 // time, all threads add the partials and compute every expert's selection value into shared
-// memory, then each warp picks one token's experts; the grouping reads the ids from shared memory
-// (global memory past kRoutePairs pairs) and keeps the offsets there.
+// memory, then each warp picks one token's experts (from registers up to 256 experts:
+// moe_gate_choose_sorted); the grouping reads the ids from shared memory (global memory past
+// kRoutePairs pairs) and keeps the offsets there. Up to 8 tokens a leaner tail gives the same
+// results (route_tail_lean).
 #include "kernels/cuda/decode_mma.cuh"
 #include "model/cuda/moe_decode_internal.h"
 #include "model/cuda/smem_bounds.h"
@@ -46,12 +48,14 @@ struct GateRouteArgs {
   float* pair_weight;         // [tokens * topk]
   int32_t* token_pair;        // [tokens, topk]
   int32_t* combine_order;     // [tokens, topk]
-  // Instrument: timeline records (timeline.cuh), null: none. Thread 0's marks: 1 entry, 3 past the
-  // dependency wait, 4 partials stored, 5 / 6 the routing CTA's tail start / end (inside it: 10 its
-  // scratch zeroed, 11 / 12 the first round's selection values computed / shared, 13 thread 0's
+  // Instrument: timeline records (timeline.cuh), null: none. Thread 0's marks: 1 entry, 2 at the
+  // dependency wait (past route_warm's dry tail), 3 past it, 4 partials stored, 5 / 6 the routing
+  // CTA's tail start / end (inside it: 10 its scratch zeroed, 11 / 12 the first round's selection values computed / shared, 13 thread 0's
   // token picked, 7 every token picked, 8 experts counted, 9 grouped), 15 exit; count: 1 for the
   // routing CTA.
   uint64_t* tl;
+  int general;                // MoeDecodeArgs::general_route: the general tail at every token count
+  int warm;                   // MoeDecodeArgs::route_warm
 };
 
 // 16 bytes of weight, read-only and not kept in L1; volatile, so it stays before pdl_wait().
@@ -163,7 +167,11 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr)
       const int64_t t = t0 + warp;
       int32_t id;
       float w;
-      kc::moe_gate_pick(gp, t, s.z + warp * E, s.sel + warp * E, lane, id, w);
+      if (!hash && E <= kc::kMoeGateSortedExperts) {
+        kc::moe_gate_weights(gp, s.z + warp * E, kc::moe_gate_choose_sorted(E, K, s.sel + warp * E, lane), lane, id, w);
+      } else {
+        kc::moe_gate_pick(gp, t, s.z + warp * E, s.sel + warp * E, lane, id, w);
+      }
       if (t0 == 0) timeline::mark(tlr, 13);
       if (lane < K) {
         gp.expert_ids[t * K + lane] = id;
@@ -252,6 +260,181 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr)
   }
 }
 
+// The routing of a small call (lean_route: at most kWarps tokens and kLeanPairs pairs: the decode
+// steps up to batch 8, the verify of 6 at batch 1) with the general tail's results in fewer
+// instructions, fewer of them distinct, and shorter serial chains. The tail runs once per layer on
+// one SM whose instruction caches hold the experts' and the GEMV's code; Nsight Compute's samples of
+// the general tail put instruction fetch (no_instruction) first among its stalls, and its ~1,400
+// distinct instructions, nearly all run once, took 15-17 us for one token. Here:
+//  - the logits as the general tail adds them, then each thread's scores and selection values in a
+//    loop (one copy of the score's code, not four, and not again for the weights: the scores are
+//    kept);
+//  - each token's warp picks from registers (moe_gate_choose_sorted, up to 256 experts; more, or a
+//    hash layer: moe_gate_pick) instead of topk scans of shared memory;
+//  - warp 0 alone groups the pairs: shared-memory counts per expert (an atomic gives a pair its
+//    place under its expert), one pass of warp scans over the experts for the slots and offsets.
+// Every output is the general tail's but the order of an expert's pairs (the atomics' in both; no
+// result depends on it: moe_decode.h).
+constexpr int kLeanPairs = 4 * kc::kWarp;  // pairs of a lean call (4 a lane of warp 0)
+__host__ __device__ inline bool lean_route(int64_t tokens, int topk) { return tokens <= kWarps && tokens * topk <= kLeanPairs; }
+
+// dry: no global memory read past the weights or written, no marks (MoeDecodeArgs::route_warm).
+__device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr, bool dry) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const kernels::MoeGateParams& gp = a.gate;
+  const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
+  const int T = static_cast<int>(a.tokens), P = T * K, TE = T * E;
+  TailSmem s;
+  tail_bytes(E, EL, &s, smem);
+  const bool hash = gp.tid2eid != nullptr;
+  timeline::mark(tlr, 10);
+  // Logits: 4 a thread at a time, the k blocks' partials added in order, every load of the four
+  // issued first (one round at up to 4 tokens of 256 experts).
+#pragma unroll 1
+  for (int i0 = threadIdx.x; i0 < TE; i0 += 4 * kThreads) {
+    float v[4][kGateMaxKb];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int i = i0 + q * kThreads;
+#pragma unroll
+      for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = !dry && i < TE && b < a.kb ? __ldcg(a.partial + b * TE + i) : 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int i = i0 + q * kThreads;
+      float z = v[q][0];
+#pragma unroll
+      for (int b = 1; b < kGateMaxKb; ++b)
+        if (b < a.kb) z = kc::add_rn(z, v[q][b]);
+      if (i < TE) {
+        s.z[i] = z;
+        if (!dry) a.logits[i] = z;
+      }
+    }
+  }
+  // Selection values of this thread's logits (its own writes above); the scores replace the logits
+  // in s.z for the weights (moe_gate_sel's arithmetic, one copy of the score's code).
+  if (!hash) {
+#pragma unroll 1
+    for (int i = threadIdx.x; i < TE; i += kThreads) {
+      const float sc = kc::moe_gate_score(s.z[i]);
+      s.sel[i] = gp.bias ? kc::add_rn(sc, gp.bias[i % E]) : sc;
+      s.z[i] = sc;
+    }
+  }
+  timeline::mark(tlr, 11);
+  __syncthreads();
+  timeline::mark(tlr, 12);
+  if (warp < T) {  // token `warp`
+    const float* z = s.z + warp * E;
+    int32_t id;
+    float w;
+    if (hash) {
+      kc::moe_gate_pick(gp, warp, z, s.sel + warp * E, lane, id, w);
+    } else {
+      const float* sel = s.sel + warp * E;
+      const int32_t chosen = E <= kc::kMoeGateSortedExperts ? kc::moe_gate_choose_sorted(E, K, sel, lane)
+                                                             : kc::moe_gate_choose(E, K, sel, lane);
+      kc::moe_gate_weights<true>(gp, z, chosen, lane, id, w);  // z holds the scores
+    }
+    timeline::mark(tlr, 13);
+    if (lane < K) {
+      if (!dry) {
+        gp.expert_ids[warp * K + lane] = id;
+        gp.weights[warp * K + lane] = w;
+      }
+      s.ids[warp * K + lane] = id;
+      s.wts[warp * K + lane] = w;
+    }
+  }
+  __syncthreads();
+  timeline::mark(tlr, 7);
+  if (warp != 0) return;
+  // Grouping by warp 0. Lane l holds pairs l + 32 r: their local experts (-1: another rank's) and
+  // places under them (counted in shared memory).
+  for (int e = lane; e < EL; e += kc::kWarp) s.cnt[e] = 0;
+  __syncwarp();
+  int le[kLeanPairs / kc::kWarp], place[kLeanPairs / kc::kWarp];
+#pragma unroll
+  for (int r = 0; r < kLeanPairs / kc::kWarp; ++r) {
+    const int p = lane + r * kc::kWarp;
+    const int e = p < P ? s.ids[p] - a.expert_begin : -1;
+    le[r] = e >= 0 && e < EL ? e : -1;
+    place[r] = le[r] >= 0 ? atomicAdd(&s.cnt[le[r]], 1) : 0;
+  }
+  __syncwarp();
+  timeline::mark(tlr, 8);
+  // Lane l's experts are [l c, l c + c): their pairs and active experts, scanned over the lanes,
+  // give each active expert its slot (ascending id) and its pairs' offset.
+  const int c = (EL + kc::kWarp - 1) / kc::kWarp;
+  int n = 0, d = 0;
+#pragma unroll 1
+  for (int j = 0; j < c; ++j) {
+    const int e = lane * c + j;
+    const int v = e < EL ? s.cnt[e] : 0;
+    n += v;
+    d += v > 0;
+  }
+  int ni = n, di = d;
+#pragma unroll
+  for (int o = 1; o < kc::kWarp; o <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, ni, o), y = __shfl_up_sync(0xffffffffu, di, o);
+    if (lane >= o) {
+      ni += x;
+      di += y;
+    }
+  }
+  const int local = __shfl_sync(0xffffffffu, ni, kc::kWarp - 1), distinct = __shfl_sync(0xffffffffu, di, kc::kWarp - 1);
+  int32_t* act_expert = a.active + 1;
+  int32_t* act_off = a.active + 1 + a.max_active;
+  int off = ni - n, slot = di - d;
+#pragma unroll 1
+  for (int j = 0; j < c; ++j) {
+    const int e = lane * c + j;
+    const int v = e < EL ? s.cnt[e] : 0;
+    if (v > 0) {
+      if (!dry) {
+        act_expert[slot] = e;
+        act_off[slot] = off;
+      }
+      s.off[e] = off;
+      ++slot;
+    }
+    off += v;
+  }
+  if (lane == 0 && !dry) {
+    a.active[0] = distinct;
+    act_off[distinct] = local;
+  }
+  __syncwarp();
+  timeline::mark(tlr, 9);
+  // Placement and each token's combine order (its pairs by ascending expert id, ties by slot).
+#pragma unroll
+  for (int r = 0; r < kLeanPairs / kc::kWarp; ++r) {
+    const int p = lane + r * kc::kWarp;
+    if (p >= P) break;
+    const int id = s.ids[p], k = p % K;
+    int pos = -1;
+    if (le[r] >= 0) {
+      pos = s.off[le[r]] + place[r];
+      if (!dry) {
+        a.pair_token[pos] = p / K;
+        a.pair_weight[pos] = s.wts[p];
+      }
+    }
+    if (dry) continue;
+    a.token_pair[p] = pos;
+    const int t0 = p / K * K;
+    int rank = 0;
+#pragma unroll 1
+    for (int q = 0; q < K; ++q) {
+      const int iq = s.ids[t0 + q];
+      rank += iq < id || (iq == id && q < k);
+    }
+    a.combine_order[t0 + rank] = pos;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_constant__ GateRouteArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_last;
@@ -277,6 +460,13 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // The trigger comes after the wait: moe_decode's experts-up kernel, the dependent launch, reads
   // x's codes (written before this kernel) before its own wait (its early shared expert), so every
   // kernel before this one must be complete when it starts.
+  // route_warm: every CTA (any may be the last) runs the lean tail dry while it waits, so that the
+  // routing CTA finds the tail's code in its SM's instruction caches.
+  if (a.warm && !a.general && lean_route(a.tokens, a.gate.topk)) {
+    route_tail_lean(a, smem, nullptr, true);
+    __syncthreads();  // warp 0's grouping scratch overlaps the GEMV's partial tiles
+  }
+  timeline::mark(tlr, 2);
   kc::pdl_wait();
   timeline::mark(tlr, 3);
   // The experts' shared-rows counter starts this call at zero before the dependent up kernel can
@@ -340,7 +530,12 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   }
   __threadfence();
   timeline::mark(tlr, 5);
-  route_tail(a, smem, tlr);  // the red buffers' last readers are past the barriers above
+  // The red buffers' last readers are past the barriers above.
+  if (!a.general && lean_route(a.tokens, a.gate.topk)) {
+    route_tail_lean(a, smem, tlr, false);
+  } else {
+    route_tail(a, smem, tlr);
+  }
   if (threadIdx.x == 0) *a.ticket = 0;
   timeline::mark(tlr, 6);
   timeline::mark(tlr, 15);
@@ -389,6 +584,8 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   ga.token_pair = a.buf.token_pair;
   ga.combine_order = a.buf.combine_order;
   ga.tl = a.timeline;
+  ga.general = a.general_route;
+  ga.warm = a.route_warm;
   const size_t smem = route_smem(d.n_experts, a.expert_count);
   static std::atomic<bool> attr{false};
   allow_smem(reinterpret_cast<const void*>(gate_route_kernel), attr);
