@@ -708,7 +708,7 @@ void Bench::moe_layers() {
   };
   const std::vector<TlKernel> moe_tl = {
       {"gate_route",
-       {{1, "entry"}, {2, "warmed"}, {3, "wait_done"}, {4, "partials_stored"}, {5, "route_start"}, {10, "route_zeroed"},
+       {{1, "entry"}, {3, "wait_done"}, {4, "partials_stored"}, {5, "route_start"}, {10, "route_zeroed"},
         {11, "sel_computed"}, {12, "sel_shared"}, {13, "first_pick"}, {7, "route_picked"}, {8, "route_counted"},
         {9, "route_grouped"}, {6, "route_end"}, {15, "exit"}},
        false},
@@ -740,16 +740,10 @@ void Bench::moe_layers() {
         a.general_route = true;
         cuda_model::moe_decode(a, s);
       }) : 0.0;
-      const double warm_us = m <= 8 ? time_calls(s, [&](int i) {
-        cuda_model::MoeDecodeArgs a = args(i % kLayers, m, 0, count);
-        a.route_warm = true;
-        cuda_model::moe_decode(a, s);
-      }) : 0.0;
-      if (warm_us > 0) std::printf("%-38s %6lld %9s %6s %9.1f   (the lean routing tail warmed before the wait)\n", "", static_cast<long long>(m), "", "", warm_us);
       if (general_us > 0) std::printf("%-38s %6lld %9s %6s %9.1f   (the general routing tail)\n", "", static_cast<long long>(m), "", "", general_us);
       std::fflush(stdout);
       moe.push_back({{"layer", name}, {"batch", m}, {"tensor_parallel", tp}, {"bytes_mean", bytes},
-                     {"general_route_us", general_us}, {"route_warm_us", warm_us},
+                     {"general_route_us", general_us},
                      {"active_experts_mean", (bytes - fixed_bytes) / expert_bytes}, {"old_us", old_us},
                      {"new_us", new_us}, {"new_frac_of_copy", frac(bytes, new_us)},
                      {"kernels_us", {{"gate_route", st[0]}, {"experts_up_quant", st[1]}, {"experts_down_combine", st[2]}}},
@@ -775,12 +769,6 @@ void Bench::moe_layers() {
           a.general_route = true;
           cuda_model::moe_decode(a, s);
         }, kLayers, name + ", general routing tail", m, moe_tl));
-        moe_timeline.push_back(timeline_of([&](int l, uint64_t* t) {
-          cuda_model::MoeDecodeArgs a = args(l, m, 0, count);
-          a.timeline = t;
-          a.route_warm = true;
-          cuda_model::moe_decode(a, s);
-        }, kLayers, name + ", lean routing tail warmed", m, moe_tl));
       }
     }
   }

@@ -487,7 +487,7 @@ TEST(CudaMoeDecode, GateRouteManyPairs) {
 }
 
 // The lean routing tail (up to 8 tokens and 128 pairs) against the general one (forced by
-// general_route) and the lean one run dry before the wait too (route_warm) on the same call: all pass the routing and grouping checks, the expert ids,
+// general_route) on the same call: both pass the routing and grouping checks, the expert ids,
 // weights and logits are the same bits, every pair has the same expert, and the outputs y are the
 // same bits. Score and hash layers, a local expert range, 256 experts at 8 tokens (the logits in
 // two rounds of 1,024), 16 experts a token at 8 tokens (128 pairs: 4 a lane), 4,096 wide (k split
@@ -508,28 +508,30 @@ TEST(CudaMoeDecode, LeanRoutingEqualsTheGeneral) {
   Layer R = make_layer(512, 256, 32, 6, 1400);
   for (int v = 0; v < 1000; ++v) R.tid2eid[v * 6 + 3] = R.tid2eid[v * 6 + 1];  // an expert twice per token
   R.dtid2eid = to_dev(R.tid2eid);
+  int case_no = 0;
   for (const auto& [layer, m, hash, begin, count] :
        {std::tuple<const Layer*, int64_t, bool, int, int>{&A, 1, false, 0, 32}, {&A, 6, false, 0, 32},
         {&A, 8, false, 8, 16}, {&A, 5, true, 0, 32}, {&B, 8, false, 0, 256}, {&B, 3, false, 64, 128},
         {&C, 8, false, 0, 64}, {&W, 1, false, 0, 32}, {&W, 7, false, 16, 16}, {&X, 2, false, 0, 512},
-        {&S, 8, false, 0, 256}, {&S, 1, false, 128, 128},
-        {&R, 4, true, 0, 32}}) {
-    SCOPED_TRACE(::testing::Message() << "dim " << layer->d.dim << " experts " << layer->d.n_experts << " top "
-                                      << layer->d.topk << " tokens " << m << (hash ? " hash" : "") << " local "
-                                      << begin << ".." << begin + count - 1);
-    const std::vector<float> x = act_rows(m, layer->d.dim, 90 + m);
+        {&S, 8, false, 0, 256}, {&S, 8, false, 0, 256}, {&S, 8, false, 0, 256}, {&S, 8, false, 0, 256},
+        {&S, 1, false, 128, 128}, {&R, 4, true, 0, 32}}) {
+    SCOPED_TRACE(::testing::Message() << "case " << case_no + 1 << ": dim " << layer->d.dim << " experts "
+                                      << layer->d.n_experts << " top " << layer->d.topk << " tokens " << m
+                                      << (hash ? " hash" : "") << " local " << begin << ".." << begin + count - 1);
+    // Each case its own rows (S's four calls: 32 orders of one lane's 8 keys, each sorted by the
+    // network; one comparator missing misorders 14-69% of the 8! orders).
+    const std::vector<float> x = act_rows(m, layer->d.dim, 90 + m + 1000 * ++case_no);
     const int K = layer->d.topk;
     const size_t P = static_cast<size_t>(m * K);
-    MoeRun r[3];  // lean, general, lean warmed (route_warm)
-    for (int i = 0; i < 3; ++i) {
+    MoeRun r[2];  // lean, general
+    for (int i = 0; i < 2; ++i) {
       prepare(r[i], *layer, x, m, m, hash, begin, count, false);
       r[i].args.general_route = i == 1;
-      r[i].args.route_warm = i == 2;
       ASSERT_TRUE(cuda_model::moe_decode_supports(r[i].args));
       cuda_model::moe_decode(r[i].args, kStream);
       RouteView v;
       check_route(r[i], *layer, v);
-      ASSERT_TRUE(v.complete) << (i == 0 ? "lean" : i == 1 ? "general" : "warmed");
+      ASSERT_TRUE(v.complete) << (i == 0 ? "lean" : "general");
     }
     const auto& l = r[0].buf;
     const auto& g = r[1].buf;
@@ -549,7 +551,6 @@ TEST(CudaMoeDecode, LeanRoutingEqualsTheGeneral) {
                             std::vector<int32_t>(ag.begin() + off0, ag.begin() + off0 + n + 1)))
         << "offsets";
     EXPECT_TRUE(same_bits(to_host(r[0].y), to_host(r[1].y))) << "y";
-    EXPECT_TRUE(same_bits(to_host(r[0].y), to_host(r[2].y))) << "y, warmed";
   }
 }
 

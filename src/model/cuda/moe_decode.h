@@ -102,8 +102,6 @@ struct MoeDecodeArgs {
   // Instrument (tests, bench-kernels): the routing's general tail at every token count instead of
   // the lean one it takes up to 8 tokens (moe_decode_route.cu); the same results.
   bool general_route = false;
-  // Every gate CTA runs the lean routing tail dry before its dependency wait (instruction caches).
-  bool route_warm = false;
 };
 
 // True when moe_decode handles these weights (formats and alignment; never depends on tokens).

@@ -48,14 +48,13 @@ struct GateRouteArgs {
   float* pair_weight;         // [tokens * topk]
   int32_t* token_pair;        // [tokens, topk]
   int32_t* combine_order;     // [tokens, topk]
-  // Instrument: timeline records (timeline.cuh), null: none. Thread 0's marks: 1 entry, 2 at the
-  // dependency wait (past route_warm's dry tail), 3 past it, 4 partials stored, 5 / 6 the routing
+  // Instrument: timeline records (timeline.cuh), null: none. Thread 0's marks: 1 entry, 3 past the
+  // dependency wait, 4 partials stored, 5 / 6 the routing
   // CTA's tail start / end (inside it: 10 its scratch zeroed, 11 / 12 the first round's selection values computed / shared, 13 thread 0's
   // token picked, 7 every token picked, 8 experts counted, 9 grouped), 15 exit; count: 1 for the
   // routing CTA.
   uint64_t* tl;
   int general;                // MoeDecodeArgs::general_route: the general tail at every token count
-  int warm;                   // MoeDecodeArgs::route_warm
 };
 
 // 16 bytes of weight, read-only and not kept in L1; volatile, so it stays before pdl_wait().
@@ -262,10 +261,10 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr)
 
 // The routing of a small call (lean_route: at most kWarps tokens and kLeanPairs pairs: the decode
 // steps up to batch 8, the verify of 6 at batch 1) with the general tail's results in fewer
-// instructions, fewer of them distinct, and shorter serial chains. The tail runs once per layer on
-// one SM whose instruction caches hold the experts' and the GEMV's code; Nsight Compute's samples of
-// the general tail put instruction fetch (no_instruction) first among its stalls, and its ~1,400
-// distinct instructions, nearly all run once, took 15-17 us for one token. Here:
+// instructions and shorter serial chains. Every routed expert item waits for this one CTA; the
+// general tail took 15-19 us for one token, about 1,040 instructions a warp (1,382 distinct, nearly
+// all run once), and Nsight Compute's samples put half its warps at a barrier (waiting for the one
+// that works) and a fifth in fixed-latency waits. Here:
 //  - the logits as the general tail adds them, then each thread's scores and selection values in a
 //    loop (one copy of the score's code, not four, and not again for the weights: the scores are
 //    kept);
@@ -278,8 +277,7 @@ __device__ void route_tail(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr)
 constexpr int kLeanPairs = 4 * kc::kWarp;  // pairs of a lean call (4 a lane of warp 0)
 __host__ __device__ inline bool lean_route(int64_t tokens, int topk) { return tokens <= kWarps && tokens * topk <= kLeanPairs; }
 
-// dry: no global memory read past the weights or written, no marks (MoeDecodeArgs::route_warm).
-__device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr, bool dry) {
+__device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t* tlr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const kernels::MoeGateParams& gp = a.gate;
   const int E = gp.n_experts, K = gp.topk, EL = a.expert_count;
@@ -297,7 +295,7 @@ __device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t*
     for (int q = 0; q < 4; ++q) {
       const int i = i0 + q * kThreads;
 #pragma unroll
-      for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = !dry && i < TE && b < a.kb ? __ldcg(a.partial + b * TE + i) : 0.0f;
+      for (int b = 0; b < kGateMaxKb; ++b) v[q][b] = i < TE && b < a.kb ? __ldcg(a.partial + b * TE + i) : 0.0f;
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -308,7 +306,7 @@ __device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t*
         if (b < a.kb) z = kc::add_rn(z, v[q][b]);
       if (i < TE) {
         s.z[i] = z;
-        if (!dry) a.logits[i] = z;
+        a.logits[i] = z;
       }
     }
   }
@@ -339,10 +337,8 @@ __device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t*
     }
     timeline::mark(tlr, 13);
     if (lane < K) {
-      if (!dry) {
-        gp.expert_ids[warp * K + lane] = id;
-        gp.weights[warp * K + lane] = w;
-      }
+      gp.expert_ids[warp * K + lane] = id;
+      gp.weights[warp * K + lane] = w;
       s.ids[warp * K + lane] = id;
       s.wts[warp * K + lane] = w;
     }
@@ -393,16 +389,14 @@ __device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t*
     const int e = lane * c + j;
     const int v = e < EL ? s.cnt[e] : 0;
     if (v > 0) {
-      if (!dry) {
-        act_expert[slot] = e;
-        act_off[slot] = off;
-      }
+      act_expert[slot] = e;
+      act_off[slot] = off;
       s.off[e] = off;
       ++slot;
     }
     off += v;
   }
-  if (lane == 0 && !dry) {
+  if (lane == 0) {
     a.active[0] = distinct;
     act_off[distinct] = local;
   }
@@ -417,12 +411,9 @@ __device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t*
     int pos = -1;
     if (le[r] >= 0) {
       pos = s.off[le[r]] + place[r];
-      if (!dry) {
-        a.pair_token[pos] = p / K;
-        a.pair_weight[pos] = s.wts[p];
-      }
+      a.pair_token[pos] = p / K;
+      a.pair_weight[pos] = s.wts[p];
     }
-    if (dry) continue;
     a.token_pair[p] = pos;
     const int t0 = p / K * K;
     int rank = 0;
@@ -460,13 +451,6 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   // The trigger comes after the wait: moe_decode's experts-up kernel, the dependent launch, reads
   // x's codes (written before this kernel) before its own wait (its early shared expert), so every
   // kernel before this one must be complete when it starts.
-  // route_warm: every CTA (any may be the last) runs the lean tail dry while it waits, so that the
-  // routing CTA finds the tail's code in its SM's instruction caches.
-  if (a.warm && !a.general && lean_route(a.tokens, a.gate.topk)) {
-    route_tail_lean(a, smem, nullptr, true);
-    __syncthreads();  // warp 0's grouping scratch overlaps the GEMV's partial tiles
-  }
-  timeline::mark(tlr, 2);
   kc::pdl_wait();
   timeline::mark(tlr, 3);
   // The experts' shared-rows counter starts this call at zero before the dependent up kernel can
@@ -532,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_route_kernel(const __grid_co
   timeline::mark(tlr, 5);
   // The red buffers' last readers are past the barriers above.
   if (!a.general && lean_route(a.tokens, a.gate.topk)) {
-    route_tail_lean(a, smem, tlr, false);
+    route_tail_lean(a, smem, tlr);
   } else {
     route_tail(a, smem, tlr);
   }
@@ -585,7 +569,6 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   ga.combine_order = a.buf.combine_order;
   ga.tl = a.timeline;
   ga.general = a.general_route;
-  ga.warm = a.route_warm;
   const size_t smem = route_smem(d.n_experts, a.expert_count);
   static std::atomic<bool> attr{false};
   allow_smem(reinterpret_cast<const void*>(gate_route_kernel), attr);
