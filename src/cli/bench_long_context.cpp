@@ -336,6 +336,25 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
       State st(L, 1, kModelChunk, 2, s, tmp, kind);
       const bool bf16 = kind == cuda_model::KvRecordKind::kBf16;
       const int64_t rb = st.rec.bytes;
+      if (!bf16) {
+        // The CSA layer's other two kernels at the chunk, as a rank of TP=2 runs them (the scores
+        // are summed over ranks between them, so the top-k counts its own first pass): scores of
+        // every row against the L/4 index keys (the rank's index heads), then each row's top-512.
+        // The row-group kernel (the forward's) and, for comparison, the one-row kernel's spans of 4 rows.
+        const int64_t vis = L / 4;
+        for (const bool group : {true, false})
+          tb.row("prefill 4096: indexer", L, kModelChunk, vis, group ? "group" : "rows4", time_calls(s, [&](int i) {
+                   cuda_model::IndexerArgs ia = st.indexer(i % 2, false);
+                   ia.group_kernel = group;
+                   cuda_model::indexer_scores_paged(ia, s);
+                 }),
+                 vis * (st.key.bytes + 2.0 * kModelChunk) + kModelChunk * kIdxHeads * kIdxDim * 4.0);
+        TANDEM_CUDA_CHECK(cudaMemsetAsync(st.counters.get(), 0, st.counters.bytes(), s));
+        tb.row("prefill 4096: top-512", L, kModelChunk, vis, "", time_calls(s, [&](int) {
+                 cuda_model::indexer_topk(st.topk(false), s);
+               }),
+               kModelChunk * vis * 2.0 * (vis <= cuda_model::kTopkSlice ? 1 : 3));
+      }
       for (int ratio : {128, 4}) {
         const int64_t keys = kWindow + (ratio == 4 ? kTopk : L / ratio);
         tb.row(ratio == 4 ? "prefill 4096: attention CSA" : "prefill 4096: attention HCA", L, kModelChunk, keys,

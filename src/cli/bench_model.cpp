@@ -149,6 +149,13 @@ Status bench(Args a) {
   for (auto& x : b.a.long_contexts) clamp_ctx(x);
   for (auto& x : b.a.prefill) x = std::min<int64_t>(x, maxpos);
   for (auto& x : b.a.ttft) x = std::min<int64_t>(x, maxpos);
+  if (b.a.trace_offsets == std::vector<int64_t>{-1}) {
+    b.a.trace_offsets.clear();
+    int64_t longest = 0;
+    for (int64_t x : b.a.prefill) longest = std::max(longest, x);
+    if (longest > a.prefill_chunk) b.a.trace_offsets.push_back((longest - 1) / a.prefill_chunk * a.prefill_chunk);
+  }
+  for (auto& x : b.a.trace_offsets) x = std::min<int64_t>(x, maxpos - a.prefill_chunk) / a.prefill_chunk * a.prefill_chunk;
   int max_b = 1;
   for (int x : a.batches) max_b = std::max(max_b, x);
   max_b = std::max(max_b, 16);  // the allocation check runs 16 sequences
@@ -156,6 +163,7 @@ Status bench(Args a) {
   for (int64_t x : b.a.long_contexts) max_ctx = std::max(max_ctx, x);
   for (int64_t x : b.a.prefill) max_ctx = std::max(max_ctx, x);
   for (int64_t x : b.a.ttft) max_ctx = std::max(max_ctx, x);
+  for (int64_t x : b.a.trace_offsets) max_ctx = std::max(max_ctx, x + a.prefill_chunk);
 
   CudaModelOptions o;
   o.model.max_slots = max_b;
@@ -306,7 +314,7 @@ int bench_model_main(int argc, char** argv) {
 #ifdef TANDEM_HAVE_CUDA_RUNNER
   bench_model::Args a;
   std::string batches = "1,2,4,8,16", longs = "4096,163840,1048576", prefill = "8192,32768,131072",
-              ttft = "163840,1048576";
+              ttft = "163840,1048576", traces = "auto";
   app.add_option("--model", a.model_dir, "model directory");
   app.add_option("--synthetic", a.synthetic, "an official config with synthetic weights generated on the GPU: "
                                              "deepseek-v4-flash-0731 | deepseek-v4-flash-preview");
@@ -324,6 +332,9 @@ int bench_model_main(int argc, char** argv) {
   app.add_option("--long-contexts", longs, "contexts of the batch-1 decode (default 4096,163840,1048576)");
   app.add_option("--prefill", prefill, "prompt lengths for prefill throughput (default 8192,32768,131072; none: skip)");
   app.add_option("--ttft", ttft, "prompt lengths for time to first token (default 163840,1048576; none: skip)");
+  app.add_option("--trace-offsets", traces,
+                 "offsets of extra prefill chunks traced with CUPTI (default auto: the last chunk of the longest "
+                 "--prefill prompt; none: skip)");
   app.add_option("--prefill-chunk", a.prefill_chunk,
                  "chunk of the prefill estimate (default 4096: the canonical runtime profile's --max-num-batched-tokens)");
   app.add_option("--ttft-chunk", a.ttft_chunk, "chunk of the time-to-first-token estimate (default 4096)");
@@ -361,6 +372,8 @@ int bench_model_main(int argc, char** argv) {
   if (st.ok()) st = bench_model::parse_list<int64_t>(longs, "--long-contexts", 8, int64_t{1} << 24, a.long_contexts);
   if (st.ok()) st = bench_model::parse_list<int64_t>(prefill, "--prefill", 1, int64_t{1} << 24, a.prefill);
   if (st.ok()) st = bench_model::parse_list<int64_t>(ttft, "--ttft", 1, int64_t{1} << 24, a.ttft);
+  if (st.ok() && traces != "auto")
+    st = bench_model::parse_list<int64_t>(traces, "--trace-offsets", 1, int64_t{1} << 24, a.trace_offsets);
   if (st.ok() && a.batches.empty()) st = invalid_argument("--batches is empty");
   if (!st.ok()) return fail(st);
   set_log_level(LogLevel::kWarn);

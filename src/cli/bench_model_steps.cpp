@@ -326,15 +326,16 @@ Result<nlohmann::json> estimate_prefill(Bench& b, int64_t P, int C) {
                                    "every chunk"}};
 }
 
-// Where a prefill chunk's time goes: one chunk of `C` tokens at offset 0 recorded with CUPTI
-// (eager launches, so each kernel's time is its own), kernels grouped by name, the largest first.
-nlohmann::json prefill_kernel_split(Bench& b, int C) {
+// Where a prefill chunk's time goes: one chunk of `C` tokens at offset `off` (a synthetically filled
+// context before it) recorded with CUPTI (eager launches, so each kernel's time is its own), kernels
+// grouped by name, the largest first.
+nlohmann::json prefill_kernel_split(Bench& b, int C, int64_t off) {
   if (!b.cupti) return {{"available", false}, {"reason", b.cupti_status}};
-  const ChunkInput in = chunk_input(b, C, C);
-  if (!b.model->fill_synthetic_context(0, 0, in.table, b.a.seed + 99).ok()) return {{"available", false}};
+  const ChunkInput in = chunk_input(b, C, off + C);
+  if (!b.model->fill_synthetic_context(0, off, in.table, b.a.seed + 99).ok()) return {{"available", false}};
   StepBatch sb;
   sb.seqs.push_back(
-      {0, 0, std::span<const int32_t>(in.toks.data(), in.toks.size()), in.table, LogitsMode::kLast, false});
+      {0, off, std::span<const int32_t>(in.toks.data(), in.toks.size()), in.table, LogitsMode::kLast, false});
   std::string why;
   Status st;
   const auto t0 = Clock::now();
@@ -354,10 +355,10 @@ nlohmann::json prefill_kernel_split(Bench& b, int C) {
   std::vector<std::pair<double, std::string>> top;
   for (const auto& [n, v] : names) top.push_back({v.second, n});
   std::sort(top.rbegin(), top.rend());
-  std::printf("prefill chunk of %d tokens at offset 0 (CUPTI, eager): wall %.1f ms, span %.1f ms, kernels %.1f ms in %zu "
-              "launches, copies %.1f ms\n",
-              C, wall_ms, span_ms, kernel_ms, recs.size(), copy_ms);
-  nlohmann::json out = {{"available", true}, {"chunk", C}, {"wall_ms", wall_ms}, {"span_ms", span_ms},
+  std::printf("prefill chunk of %d tokens at offset %lld (CUPTI, eager): wall %.1f ms, span %.1f ms, kernels %.1f ms in "
+              "%zu launches, copies %.1f ms\n",
+              C, static_cast<long long>(off), wall_ms, span_ms, kernel_ms, recs.size(), copy_ms);
+  nlohmann::json out = {{"available", true}, {"chunk", C}, {"offset", off}, {"wall_ms", wall_ms}, {"span_ms", span_ms},
                         {"kernel_ms", kernel_ms}, {"copy_ms", copy_ms}, {"records", recs.size()}};
   for (size_t i = 0; i < std::min<size_t>(top.size(), 20); ++i) {
     const auto& [ms, n] = top[i];
@@ -384,7 +385,13 @@ Status run_prefill(Bench& b) {
     TANDEM_ASSIGN_OR_RETURN(nlohmann::json r, estimate_prefill(b, P, b.a.prefill_chunk));
     if (P == 8192) b.prefill_8k_tok_s = r["tokens_per_s"].get<double>();
     b.j["prefill"].push_back(std::move(r));
-    if (!b.j.contains("prefill_chunk_kernels")) b.j["prefill_chunk_kernels"] = prefill_kernel_split(b, b.a.prefill_chunk);
+    if (!b.j.contains("prefill_chunk_kernels")) b.j["prefill_chunk_kernels"] = prefill_kernel_split(b, b.a.prefill_chunk, 0);
+  }
+  // The same split at long offsets (where the indexer's and the attention's work grows with the
+  // context): by default the last chunk of the longest --prefill prompt.
+  for (int64_t off : b.a.trace_offsets) {
+    if (b.over_budget() || off <= 0) continue;
+    b.j["prefill_chunk_kernels_at"].push_back(prefill_kernel_split(b, b.a.prefill_chunk, off));
   }
   for (int64_t P : b.a.ttft) {
     if (b.over_budget()) break;

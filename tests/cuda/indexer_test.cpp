@@ -179,21 +179,30 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
                   static_cast<long long>(rows), static_cast<long long>(n_cols),
                   median_us([&] { cuda_model::indexer_scores_paged(ip, kStream); }));
     }
-    // rows of one sequence sharing the key tiles (4 per block asked: 64 heads get 2, the 128 query
-    // rows that fit; groups that straddle sequences run in spans): the same bits
-    {
-      auto dsc4 = poisoned<uint16_t>(static_cast<size_t>(rows * lds));
-      IndexerArgs i4 = ia;
-      i4.scores = dsc4.get();
-      i4.hist = nullptr;
-      i4.rows_per_block = 4;
-      cuda_model::indexer_scores_paged(i4, kStream);
-      const std::vector<uint16_t> bits4 = to_host(dsc4);
-      std::vector<float> got4(want.size());
-      for (int64_t t = 0; t < rows; ++t)
-        for (int64_t e = 0; e < n_cols; ++e) got4[t * n_cols + e] = num::bf16_to_f32(bits4[t * lds + e]);
-      EXPECT_TRUE(same_bits(got4, want)) << "4 rows per block";
-    }
+    // rows of one sequence sharing the key tiles (2, 4 and 8 per block asked: 64 heads get 2, the
+    // 128 query rows that fit; groups that straddle sequences run in spans), on the row-group kernel
+    // and on the one-row kernel's spans (at most 4 rows): the same bits. A grid sized for one
+    // multiprocessor (sm_count 1) makes each block walk several tiles (the row-group kernel loads
+    // the next tile's records during the current one's products).
+    for (const bool group : {true, false})
+      for (const int rpb : {2, 4, 8})
+        for (const int sms : {0, 1}) {
+          SCOPED_TRACE(::testing::Message() << "sm_count " << sms);
+          auto dsc4 = poisoned<uint16_t>(static_cast<size_t>(rows * lds));
+          IndexerArgs i4 = ia;
+          i4.scores = dsc4.get();
+          i4.hist = nullptr;
+          i4.rows_per_block = rpb;
+          i4.group_kernel = group;
+          i4.sm_count = sms;
+          cuda_model::indexer_scores_paged(i4, kStream);
+          const std::vector<uint16_t> bits4 = to_host(dsc4);
+          std::vector<float> got4(want.size());
+          for (int64_t t = 0; t < rows; ++t)
+            for (int64_t e = 0; e < n_cols; ++e) got4[t * n_cols + e] = num::bf16_to_f32(bits4[t * lds + e]);
+          EXPECT_TRUE(same_bits(got4, want))
+              << rpb << " rows per block, " << (group ? "row-group" : "one-row") << " kernel";
+        }
     // the head weights' scale applied by the kernel (IndexerArgs::w_scale, the forward's path) ==
     // scale_round on unscaled weights, then the kernel: the same score bits, 1 and 4 rows per block
     {

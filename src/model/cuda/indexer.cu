@@ -1,10 +1,13 @@
-// The lightning indexer on the tensor cores (indexer.h). A block takes one row and walks tiles of
-// 128 entries: the tile's FP4 key records are decoded into a bf16 tile in shared memory (e2m1 x
-// E8M0 is exact in bf16), Q K^T runs as m16n8k16 bf16 mma (16 keys per warp, every 16-head tile of
-// the row's queries from shared memory), each dot is rounded to bf16, passed through relu, scaled
-// by its head weight and rounded again, and one thread per entry adds the heads' terms in ascending
-// order (the CPU's fp32 order) and stores the bf16 score. The first pass of the top-k selection (a
-// histogram of the scores' top key byte) rides along.
+// The lightning indexer on the tensor cores (indexer.h), two kernels with the same bits. One row per
+// block (indexer_kernel: decode-size steps) walks tiles of 128 entries: the tile's FP4 key records
+// are decoded into a bf16 tile in shared memory (e2m1 x E8M0 is exact in bf16), Q K^T runs as
+// m16n8k16 bf16 mma (16 keys per warp, every 16-head tile of the row's queries from shared memory),
+// each dot is rounded to bf16, passed through relu, scaled by its head weight and rounded again,
+// and one thread per entry adds the heads' terms in ascending order (the CPU's fp32 order) and
+// stores the bf16 score. Up to 8 consecutive rows of one sequence per block (prefill chunks,
+// verify batches: indexer_group_kernel, described above it) share each decoded key tile, with the
+// queries in registers and the next tile's records loaded during the products. The first pass of
+// the top-k selection (a histogram of the scores' top key byte) rides along.
 #include "model/cuda/indexer.h"
 
 #include <cuda_runtime.h>
@@ -266,6 +269,270 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerArgs a, int R)
   kernels::cuda::pdl_trigger();
 }
 
+// ---- the row-group kernel: consecutive rows of one sequence (prefill chunks, verify batches) ----
+//
+// The same scores as indexer_kernel, bit for bit (each output element is the same operations on
+// the same values), laid out for throughput when a block holds several rows:
+//  - a block's rows x heads (at most 128 query rows) are 8 m-tiles; warp w takes the m-tile pair
+//    w % 4 and the tile's entries [64 (w / 4), + 64), its queries' mma A fragments in registers for
+//    the whole span (one load), so a tile's shared-memory traffic is the keys' B fragments only;
+//  - a tile's key records are loaded into registers one tile ahead (before the current tile's
+//    products), decoded after them into the one bf16 key tile (codes through a 256-entry table of
+//    bf16 pairs, then the E8M0 scale as one bf16 product: both exact, the values fp4x8_bf16 gives);
+//  - the terms bf16(relu(bf16(dot)) * w) are formed on bf16 pairs (a bf16 product of two bf16
+//    values rounds once, as round_bf16(mul_rn) does) into a [query row][entry] tile, and every
+//    thread then adds one row's heads for two entries in ascending order, as indexer_kernel does.
+// Two barriers per tile. Shared memory about 79 KB at dim 128 (sm_120/121 hold it).
+constexpr int kGroupRows = 8;              // rows of a block (at most 128 query rows)
+
+template <int D>
+struct GroupLayout {
+  static constexpr int kPitch = 2 * D + 16;                  // bytes per bf16 key row
+  static constexpr int kTPitch = 2 * kTile + 16;             // bytes per bf16 term row (128 entries)
+  static constexpr int kK = 0;                               // [kTile][kPitch] keys
+  static constexpr int kT = kK + kTile * kPitch;             // [kMaxM][kTPitch] terms
+  static constexpr int kLut = kT + kMaxM * kTPitch;          // [256] bf16 pairs of an FP4 code byte
+  static constexpr int kW = kLut + 256 * 4;                  // [kMaxM] fp32 head weights
+  static constexpr int kHist = kW + kMaxM * 4;               // [kGroupRows][256] u32
+  static constexpr int kVis = kHist + kGroupRows * 256 * 4;  // [kGroupRows] int64
+  static constexpr int kBytes = kVis + kGroupRows * 8;
+};
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#else
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#endif
+  return d;
+}
+// max(x, 0) per half: NaN -> 0 (max returns the number), as `d > 0 ? d : 0` does.
+__device__ __forceinline__ uint32_t bf16x2_relu(uint32_t a) {
+  uint32_t d;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(0u));
+  return d;
+}
+// An E8M0 scale as bf16 bits: 2^(b-127) (b = 0: the subnormal 2^-127; 255: NaN).
+__device__ __forceinline__ uint32_t e8m0_bf16(uint8_t b) {
+  return b == 0 ? 0x0040u : b == 255 ? 0x7fc0u : static_cast<uint32_t>(b) << 7;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) indexer_group_kernel(IndexerArgs a, int R) {
+  using L = GroupLayout<D>;
+  constexpr int KS = D / 16;                 // k steps of the dot
+  constexpr int kPieces = D / 8;             // 8-dim pieces of a key
+  constexpr int kIters = kTile * kPieces / kThreads;  // pieces per thread per tile
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sK = smem + L::kK;
+  uint8_t* sT = smem + L::kT;
+  uint32_t* sLut = reinterpret_cast<uint32_t*>(smem + L::kLut);
+  float* sW = reinterpret_cast<float*>(smem + L::kW);
+  uint32_t* sHist = reinterpret_cast<uint32_t*>(smem + L::kHist);
+  int64_t* sVis = reinterpret_cast<int64_t*>(smem + L::kVis);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int mp = warp & 3, nh = warp >> 2;   // m-tiles 2 mp, 2 mp + 1; entries [64 nh, 64 nh + 64)
+  {
+    const uint8_t b = static_cast<uint8_t>(tid);  // the table reads no kernel's output
+    sLut[tid] = mma::f32x2_to_bf16x2(num::e2m1_decode(static_cast<uint8_t>(b & 0xfu)),
+                                     num::e2m1_decode(static_cast<uint8_t>(b >> 4)));
+  }
+  kernels::cuda::pdl_wait();
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * R;
+  if (t0 >= a.rows) return;
+  const int H = a.heads;
+  const int nr_all = static_cast<int>(a.rows - t0 < R ? a.rows - t0 : R);
+  const int64_t ntiles = (a.n_cols + kTile - 1) / kTile;
+  const uint32_t sK_u = smem_u32(sK);
+  // B fragments of this warp: keys 64 nh + 16 p + (lane & 7) (+ 8), dims k0 + 8 (lane >> 3)
+  const uint32_t b_addr = sK_u + (64 * nh + (lane & 7)) * L::kPitch + (lane >> 3) * 16;
+
+  for (int s0 = 0; s0 < nr_all;) {
+    const int seq = a.m.row_seq[t0 + s0];
+    int s1 = s0 + 1;
+    while (s1 < nr_all && a.m.row_seq[t0 + s1] == seq) ++s1;
+    const int nr = s1 - s0, mrows = nr * H;
+    const int64_t ta = t0 + s0;
+    const int32_t* table = a.m.block_tables + static_cast<int64_t>(seq) * a.m.max_blocks;
+    int64_t maxvis = 0;
+    for (int r = 0; r < nr; ++r) {
+      const int64_t v = (a.m.positions[ta + r] + 1) / 4;
+      maxvis = v > maxvis ? v : maxvis;
+    }
+    const bool mma_on = 32 * mp < mrows;
+    // this warp's queries as A fragments (rows past the span: zeros), its rows' weights as pairs
+    uint32_t qa[2][KS][4];
+    uint32_t wv[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int m = 32 * mp + 16 * mt + g + 8 * hi;
+        const float* qrow = a.q + (ta * H + m) * D;
+        float w = 0.0f;
+        if (m < mrows) {
+          w = a.w[ta * H + m];
+          if (a.w_scale != 0.0f) w = scaled_weight(w, a.w_scale);
+        }
+        wv[mt][hi] = mma::f32x2_to_bf16x2(w, w);
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+          for (int kh = 0; kh < 2; ++kh) {
+            uint32_t v = 0;
+            if (m < mrows) {
+              const float2 x = *reinterpret_cast<const float2*>(qrow + 16 * ks + 8 * kh + 2 * tq);
+              v = mma::f32x2_to_bf16x2(x.x, x.y);
+            }
+            qa[mt][ks][hi + 2 * kh] = v;
+          }
+      }
+    __syncthreads();  // the previous span's readers of every shared array are done
+    if (tid < nr) {
+      sVis[tid] = (a.m.positions[ta + tid] + 1) / 4;
+      if (blockIdx.x == 0) a.visible[ta + tid] = static_cast<int32_t>(sVis[tid]);
+    }
+    for (int i = tid; i < kMaxM; i += kThreads) {
+      const float w = i < mrows ? a.w[ta * H + i] : 0.0f;
+      sW[i] = a.w_scale != 0.0f ? scaled_weight(w, a.w_scale) : w;
+    }
+    if (a.hist)
+      for (int i = tid; i < kGroupRows * 256; i += kThreads) sHist[i] = 0;
+
+    // This thread's key pieces of tile t: keys it * 16 + tid / kPieces... (kIters of them), piece tid % kPieces.
+    uint32_t codes[kIters];
+    uint8_t scb[kIters];
+    auto load_tile = [&](int64_t t) {
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int i = it * kThreads + tid, key = i / kPieces, piece = i % kPieces;
+        const int64_t e = t * kTile + key;
+        codes[it] = 0;
+        scb[it] = 127;
+        if (e < maxvis) {
+          const int64_t pos = 4 * e;
+          const uint8_t* rec = a.pool + static_cast<int64_t>(table[pos / a.m.block_size]) * a.block_bytes + a.pool_idx +
+                               ((pos % a.m.block_size) / 4) * a.key.bytes;
+          if constexpr (D % 128 == 0) {
+            codes[it] = __ldg(reinterpret_cast<const uint32_t*>(rec + 4 * piece));
+          } else {
+            codes[it] = static_cast<uint32_t>(__ldg(rec + 4 * piece)) |
+                        (static_cast<uint32_t>(__ldg(rec + 4 * piece + 1)) << 8) |
+                        (static_cast<uint32_t>(__ldg(rec + 4 * piece + 2)) << 16) |
+                        (static_cast<uint32_t>(__ldg(rec + 4 * piece + 3)) << 24);
+          }
+          scb[it] = __ldg(rec + D / 2 + piece / 4);
+        }
+      }
+    };
+    auto decode_tile = [&] {
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int i = it * kThreads + tid, key = i / kPieces, piece = i % kPieces;
+        const uint32_t sc = e8m0_bf16(scb[it]), sc2 = sc | (sc << 16);
+        uint4 v;
+        v.x = bf16x2_mul(sLut[codes[it] & 0xffu], sc2);
+        v.y = bf16x2_mul(sLut[(codes[it] >> 8) & 0xffu], sc2);
+        v.z = bf16x2_mul(sLut[(codes[it] >> 16) & 0xffu], sc2);
+        v.w = bf16x2_mul(sLut[codes[it] >> 24], sc2);
+        *reinterpret_cast<uint4*>(sK + key * L::kPitch + piece * 16) = v;
+      }
+    };
+
+    const int64_t live = (maxvis + kTile - 1) / kTile;  // tiles with an entry visible to the span
+    int64_t tile = blockIdx.x;
+    if (tile < live) {
+      load_tile(tile);
+      __syncthreads();  // sLut
+      decode_tile();
+      __syncthreads();
+    }
+    for (; tile < live; tile += gridDim.x) {
+      const int64_t next = tile + gridDim.x;
+      if (next < live) load_tile(next);  // in flight during the products
+      const int64_t e0 = tile * kTile;
+      if (mma_on) {
+        float acc[2][8][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+#pragma unroll
+        for (int k0 = 0; k0 < D; k0 += 32) {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            uint32_t b[4];
+            ldsm_x4(b, b_addr + nt * 8 * L::kPitch + 2 * k0);  // b0, b1 of k0 and of k0 + 16
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma::mma_bf16(acc[mt][nt], qa[mt][k0 / 16], b[0], b[1]);
+              mma::mma_bf16(acc[mt][nt], qa[mt][k0 / 16 + 1], b[2], b[3]);
+            }
+          }
+        }
+        // terms bf16(relu(bf16(dot)) * w) of query rows 32 mp + 16 mt + g (+ 8), entries 64 nh + 8 nt + 2 tq (+ 1)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            uint8_t* trow = sT + (32 * mp + 16 * mt + g + 8 * hi) * L::kTPitch + (64 * nh + 2 * tq) * 2;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+              const uint32_t d = mma::f32x2_to_bf16x2(acc[mt][nt][2 * hi], acc[mt][nt][2 * hi + 1]);
+              *reinterpret_cast<uint32_t*>(trow + nt * 16) = bf16x2_mul(bf16x2_relu(d), wv[mt][hi]);
+            }
+          }
+      }
+      __syncthreads();  // the terms are stored; every warp is done with the key tile
+      if (next < live) decode_tile();
+      // the heads of row r for entries e, e + 1 (ascending head order, fp32, as indexer_kernel)
+      for (int pidx = tid; pidx < nr * (kTile / 2); pidx += kThreads) {
+        const int r = pidx / (kTile / 2), j = pidx % (kTile / 2);
+        const uint8_t* col = sT + static_cast<size_t>(r * H) * L::kTPitch + 4 * j;
+        float t0s = 0.0f, t1s = 0.0f;
+        for (int h = 0; h < H; ++h) {
+          const uint32_t two = *reinterpret_cast<const uint32_t*>(col + h * L::kTPitch);
+          t0s = add_rn(t0s, __uint_as_float(two << 16));
+          t1s = add_rn(t1s, __uint_as_float(two & 0xffff0000u));
+        }
+        const int64_t e = e0 + 2 * j, vis = sVis[r];
+        uint16_t bits0 = kBf16NegInf, bits1 = kBf16NegInf;
+        if (e < vis) bits0 = num::f32_to_bf16(t0s);
+        if (e + 1 < vis) bits1 = num::f32_to_bf16(t1s);
+        if (a.hist) {
+          if (e < vis) atomicAdd(&sHist[r * 256 + (topk_key16(bits0) >> 8)], 1u);
+          if (e + 1 < vis) atomicAdd(&sHist[r * 256 + (topk_key16(bits1) >> 8)], 1u);
+        }
+        uint16_t* dst = a.scores + (ta + r) * a.lds + e;
+        if (e + 1 < a.n_cols) {
+          *reinterpret_cast<uint32_t*>(dst) = static_cast<uint32_t>(bits0) | (static_cast<uint32_t>(bits1) << 16);
+        } else if (e < a.n_cols) {
+          *dst = bits0;
+        }
+      }
+      __syncthreads();  // the next tile's keys are stored; the terms are read
+    }
+    // tiles past every row's visibility: -inf only
+    for (; tile < ntiles; tile += gridDim.x) {
+      const int64_t e0 = tile * kTile;
+      for (int i = tid; i < nr * kTile; i += kThreads) {
+        const int64_t e = e0 + i % kTile;
+        if (e < a.n_cols) a.scores[(ta + i / kTile) * a.lds + e] = kBf16NegInf;
+      }
+    }
+    if (a.hist) {
+      __syncthreads();
+      for (int i = tid; i < nr * 256; i += kThreads)
+        if (sHist[i]) atomicAdd(&a.hist[(ta + i / 256) * 256 + i % 256], sHist[i]);
+    }
+    s0 = s1;
+  }
+  kernels::cuda::pdl_trigger();
+}
+
 __global__ void scale_round_kernel(ScaleRoundArgs a) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < a.n) a.x[i] = scaled_weight(a.x[i], a.scale);
@@ -281,9 +548,21 @@ void launch(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
 }
 
 template <int D>
+void launch_group(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
+  constexpr size_t smem = GroupLayout<D>::kBytes;
+  auto k = indexer_group_kernel<D>;
+  kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
+  const unsigned groups = static_cast<unsigned>((a.rows + R - 1) / R);
+  kernels::cuda::launch_pdl(k, dim3(grid_x, groups), dim3(kThreads), smem, s, a, R);
+}
+
+template <int D>
 void launch_d(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
   if (R > 1) {
-    launch<D, 8>(a, s, grid_x, R);
+    if (a.group_kernel)
+      launch_group<D>(a, s, grid_x, R);
+    else
+      launch<D, 8>(a, s, grid_x, R);
     return;
   }
   switch ((a.heads + 15) / 16) {
@@ -310,14 +589,14 @@ void indexer_scores_paged(const IndexerArgs& a, cudaStream_t s) {
     TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
     TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   }
-  // Rows per block: up to 4 of one sequence share its key tiles (at most 128 query rows) in steps
-  // of 32 rows or more (prefill chunks, verify batches); smaller steps take one row per block. A
-  // request for more than fits (rows_per_block 4 with 64 heads: 256 query rows) is clamped to what
-  // fits, at least 2 for any supported head count: R changes no bit of the result.
-  const int fit = std::min(kMaxRows, kMaxM / a.heads);
-  const int asked = a.rows_per_block > 0
-                        ? a.rows_per_block
-                        : (a.rows >= 32 ? std::min(kMaxRows, kMaxM / (16 * ((a.heads + 15) / 16))) : 1);
+  // Rows per block: in steps of 32 rows or more (prefill chunks, verify batches) up to 8 of one
+  // sequence share its key tiles on the row-group kernel (at most 128 query rows: 4 at one rank of
+  // TP=2's 32 heads, 2 at 64); smaller steps take one row per block (indexer_kernel). A request for
+  // more than fits is clamped to what fits, at least 2 for any supported head count: R changes no
+  // bit of the result.
+  const int fit = a.group_kernel ? std::min(kGroupRows, kMaxM / a.heads)
+                                 : std::min(kMaxRows, kMaxM / a.heads);
+  const int asked = a.rows_per_block > 0 ? a.rows_per_block : (a.rows >= 32 ? fit : 1);
   const int R = std::clamp(asked, 1, fit);
   // Blocks per row group: enough for about eight per multiprocessor over the step (each loads its
   // queries once), never more than the tiles.
@@ -337,11 +616,15 @@ void scale_round(const ScaleRoundArgs& a, cudaStream_t s) {
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
-kernels::cuda::SmemBound indexer_smem_bound() {
-  return {"indexer_kernel", Layout<128>::kBytes,
-          "head dim 128 (the largest supported), " + std::to_string(kMaxM) + " query rows, " +
-              std::to_string(kTile) + "-entry tiles, any context length",
-          ""};
+std::vector<kernels::cuda::SmemBound> indexer_smem_bounds() {
+  return {{"indexer_kernel", Layout<128>::kBytes,
+           "head dim 128 (the largest supported), up to " + std::to_string(kMaxM) + " query rows, " +
+               std::to_string(kTile) + "-entry tiles, any context length",
+           ""},
+          {"indexer_group_kernel", GroupLayout<128>::kBytes,
+           "head dim 128, " + std::to_string(kMaxM) + " query rows, " + std::to_string(kTile) +
+               "-entry tiles, any context length",
+           ""}};
 }
 
 }  // namespace tandem::cuda_model

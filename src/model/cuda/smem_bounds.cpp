@@ -12,7 +12,7 @@ int attention_max_keys(const ModelConfig& c, int ratio, bool csa, int64_t end_bo
 std::vector<kernels::cuda::SmemBound> dynamic_smem_bounds(const ModelConfig& c) {
   std::vector<kernels::cuda::SmemBound> out = attention_smem_bounds();
   if (c.has_dspark()) out.push_back(draft_attention_smem_bound(c.sliding_window, c.dspark_block_size, c.head_dim));
-  out.push_back(indexer_smem_bound());
+  for (auto& b : indexer_smem_bounds()) out.push_back(std::move(b));
   out.push_back(norm_rope_smem_bound());
   out.push_back(moe_up_smem_bound(c.hidden_size));
   out.push_back(moe_down_smem_bound(c.moe_intermediate_size));

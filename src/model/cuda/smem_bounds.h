@@ -28,7 +28,7 @@ std::vector<kernels::cuda::SmemBound> dynamic_smem_bounds(const ModelConfig& c);
 // One per launcher, defined next to it.
 std::vector<kernels::cuda::SmemBound> attention_smem_bounds();     // attention.cu (any context)
 kernels::cuda::SmemBound draft_attention_smem_bound(int window, int block, int hd);  // attention_draft.cu
-kernels::cuda::SmemBound indexer_smem_bound();                     // indexer.cu (largest head dim)
+std::vector<kernels::cuda::SmemBound> indexer_smem_bounds();       // indexer.cu (largest head dim)
 kernels::cuda::SmemBound norm_rope_smem_bound();                   // norm_rope.cu (the launcher's cap)
 kernels::cuda::SmemBound moe_up_smem_bound(int64_t dim);            // moe.cu
 kernels::cuda::SmemBound moe_down_smem_bound(int64_t inter);        // moe.cu
