@@ -83,13 +83,22 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
     // Queries: FP4 round trips per (row, head); head weights: bf16.
     std::vector<float> qv = randn(static_cast<size_t>(rows * H * D), seed + 1, 1.0f, true);
     for (int64_t i = 0; i < rows * H; ++i) index_key_round_trip(qv.data() + i * D, c.dim);
-    const std::vector<float> w = randn(static_cast<size_t>(rows * H), seed + 2, 0.05f, true);
+    // The last head repeats the first one's query with the opposite weight, 2^20 times larger than
+    // the others: their terms cancel after the heads between them were added to the first, whose
+    // low bits were lost there, so the heads' fp32 summation order shows in the score's bits.
+    std::vector<float> w = randn(static_cast<size_t>(rows * H), seed + 2, 0.05f, true);
+    if (H > 1)
+      for (int64_t t = 0; t < rows; ++t) {
+        std::copy_n(qv.data() + t * H * D, D, qv.data() + (t * H + H - 1) * D);
+        w[t * H] = std::ldexp(w[t * H], 20);
+        w[t * H + H - 1] = -w[t * H];
+      }
     seed += 10;
 
     // CPU: per sequence, as attention_target runs it.
     std::vector<float> want(static_cast<size_t>(rows * n_cols), -std::numeric_limits<float>::infinity());
     std::vector<int32_t> want_vis(static_cast<size_t>(rows));
-    int64_t inexact = 0;
+    int64_t inexact = 0, order_shows = 0;
     for (size_t q = 0; q < c.seqs.size(); ++q) {
       const SeqPlan& sp = c.seqs[q];
       const int64_t r0 = st.seq_row0[q], vmax = (sp.start + sp.len) / 4;
@@ -112,11 +121,26 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
       for (int t = 0; t < sp.len; ++t)
         for (int64_t e = 0; e < vmax; ++e) {
           want[(r0 + t) * n_cols + e] = sc[t * vmax + e];
-          for (int64_t h = 0; h < H; ++h)
-            inexact += !dot_exact_in_fp32(qv.data() + ((r0 + t) * H + h) * D, keys[q].data() + e * D, D);
+          std::vector<float> terms(static_cast<size_t>(H));
+          for (int64_t h = 0; h < H; ++h) {
+            const float* qh = qv.data() + ((r0 + t) * H + h) * D;
+            inexact += !dot_exact_in_fp32(qh, keys[q].data() + e * D, D);
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * keys[q][e * D + d];
+            const float rd = num::round_bf16(static_cast<float>(dot));
+            terms[h] = num::round_bf16((rd > 0.0f ? rd : 0.0f) * w[(r0 + t) * H + h]);
+          }
+          // the same terms added in descending head order: does the order show in the bits?
+          float up = 0.0f, down = 0.0f;
+          for (int64_t h = 0; h < H; ++h) up += terms[h];
+          for (int64_t h = H - 1; h >= 0; --h) down += terms[h];
+          order_shows += e < vis[t] && num::f32_to_bf16(up) != num::f32_to_bf16(down);
         }
     }
     ASSERT_EQ(inexact, 0) << "the case must keep every q.k dot exact in fp32 (block scales within 9 binades)";
+    if (H > 8) {
+      EXPECT_GT(order_shows, 0) << "the case's scores must depend on the heads' summation order";
+    }
     // The CPU's top-k of its scores (kernels::cpu::topk), as the ids the device returns: ascending.
     const int TK = 512;
     std::vector<int32_t> want_top(static_cast<size_t>(rows * TK), -1);

@@ -274,25 +274,28 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerArgs a, int R)
 // The same scores as indexer_kernel, bit for bit (each output element is the same operations on
 // the same values), laid out for throughput when a block holds several rows:
 //  - a block's rows x heads (at most 128 query rows) are 8 m-tiles; warp w takes the m-tile pair
-//    w % 4 and the tile's entries [64 (w / 4), + 64), its queries' mma A fragments in registers for
+//    w % 4 and the tile's entries [32 (w / 4), + 32), its queries' mma A fragments in registers for
 //    the whole span (one load), so a tile's shared-memory traffic is the keys' B fragments only;
+//  - tiles of 64 entries: two blocks per multiprocessor, so one block's products overlap the
+//    other's decoding and sums;
 //  - a tile's key records are loaded into registers one tile ahead (before the current tile's
-//    products), decoded after them into the one bf16 key tile (codes through a 256-entry table of
-//    bf16 pairs, then the E8M0 scale as one bf16 product: both exact, the values fp4x8_bf16 gives);
+//    products) and decoded after them into the one bf16 key tile: the e2m1 codes through byte
+//    permutes of two 8-entry tables (the bf16 bits of 0, .5, 1, ..., 6 and the sign bits), then the
+//    E8M0 scale as one bf16 product (both exact: the values fp4x8_bf16 gives);
 //  - the terms bf16(relu(bf16(dot)) * w) are formed on bf16 pairs (a bf16 product of two bf16
 //    values rounds once, as round_bf16(mul_rn) does) into a [query row][entry] tile, and every
-//    thread then adds one row's heads for two entries in ascending order, as indexer_kernel does.
-// Two barriers per tile. Shared memory about 79 KB at dim 128 (sm_120/121 hold it).
+//    thread then adds one row's heads for one entry in ascending order, as indexer_kernel does.
+// Two barriers per tile. Shared memory about 45 KB at dim 128.
 constexpr int kGroupRows = 8;              // rows of a block (at most 128 query rows)
+constexpr int kGTile = 64;                 // entries per tile of the row-group kernel
 
 template <int D>
 struct GroupLayout {
   static constexpr int kPitch = 2 * D + 16;                  // bytes per bf16 key row
-  static constexpr int kTPitch = 2 * kTile + 16;             // bytes per bf16 term row (128 entries)
-  static constexpr int kK = 0;                               // [kTile][kPitch] keys
-  static constexpr int kT = kK + kTile * kPitch;             // [kMaxM][kTPitch] terms
-  static constexpr int kLut = kT + kMaxM * kTPitch;          // [256] bf16 pairs of an FP4 code byte
-  static constexpr int kW = kLut + 256 * 4;                  // [kMaxM] fp32 head weights
+  static constexpr int kTPitch = 2 * kGTile + 16;            // bytes per bf16 term row
+  static constexpr int kK = 0;                               // [kGTile][kPitch] keys
+  static constexpr int kT = kK + kGTile * kPitch;            // [kMaxM][kTPitch] terms
+  static constexpr int kW = kT + kMaxM * kTPitch;            // [kMaxM] bf16 pairs (w, w) of the head weights
   static constexpr int kHist = kW + kMaxM * 4;               // [kGroupRows][256] u32
   static constexpr int kVis = kHist + kGroupRows * 256 * 4;  // [kGroupRows] int64
   static constexpr int kBytes = kVis + kGroupRows * 8;
@@ -314,39 +317,47 @@ __device__ __forceinline__ uint32_t bf16x2_relu(uint32_t a) {
   return d;
 }
 // An E8M0 scale as bf16 bits: 2^(b-127) (b = 0: the subnormal 2^-127; 255: NaN).
-__device__ __forceinline__ uint32_t e8m0_bf16(uint8_t b) {
-  return b == 0 ? 0x0040u : b == 255 ? 0x7fc0u : static_cast<uint32_t>(b) << 7;
+__device__ __forceinline__ uint32_t e8m0_bf16(uint32_t b) {
+  return b == 0 ? 0x0040u : b == 255 ? 0x7fc0u : b << 7;
+}
+// 8 e2m1 codes (element i in bits 4i..4i+3) as 4 bf16 pairs (exact): the magnitudes' low and high
+// bytes from two 8-entry tables (prmt selects by the 3-bit magnitude), interleaved, then each
+// element's sign bit moved to its half's bit 15.
+__device__ __forceinline__ void e2m1x8_to_bf16x8(uint32_t c, uint32_t (&o)[4]) {
+  constexpr uint32_t kLoA = 0xc0800000u, kLoB = 0xc0804000u;  // low bytes of 0, .5, 1, 1.5 | 2, 3, 4, 6
+  constexpr uint32_t kHiA = 0x3f3f3f00u, kHiB = 0x40404040u;  // high bytes
+  const uint32_t m = c & 0x77777777u;
+  const uint32_t l0 = __byte_perm(kLoA, kLoB, m), h0 = __byte_perm(kHiA, kHiB, m);
+  const uint32_t l1 = __byte_perm(kLoA, kLoB, m >> 16), h1 = __byte_perm(kHiA, kHiB, m >> 16);
+  const uint32_t c4 = c << 4;  // byte i: bit 7 = element 2i's sign; c's byte i: bit 7 = element 2i+1's
+  o[0] = __byte_perm(l0, h0, 0x5140) | (__byte_perm(c4, c, 0x4000) & 0x80008000u);
+  o[1] = __byte_perm(l0, h0, 0x7362) | (__byte_perm(c4, c, 0x5111) & 0x80008000u);
+  o[2] = __byte_perm(l1, h1, 0x5140) | (__byte_perm(c4, c, 0x6222) & 0x80008000u);
+  o[3] = __byte_perm(l1, h1, 0x7362) | (__byte_perm(c4, c, 0x7333) & 0x80008000u);
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads, 1) indexer_group_kernel(IndexerArgs a, int R) {
+__global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs a, int R) {
   using L = GroupLayout<D>;
   constexpr int KS = D / 16;                 // k steps of the dot
   constexpr int kPieces = D / 8;             // 8-dim pieces of a key
-  constexpr int kIters = kTile * kPieces / kThreads;  // pieces per thread per tile
+  constexpr int kIters = kGTile * kPieces / kThreads;  // pieces per thread per tile
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sK = smem + L::kK;
   uint8_t* sT = smem + L::kT;
-  uint32_t* sLut = reinterpret_cast<uint32_t*>(smem + L::kLut);
-  float* sW = reinterpret_cast<float*>(smem + L::kW);
+  uint32_t* sW = reinterpret_cast<uint32_t*>(smem + L::kW);
   uint32_t* sHist = reinterpret_cast<uint32_t*>(smem + L::kHist);
   int64_t* sVis = reinterpret_cast<int64_t*>(smem + L::kVis);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-  const int mp = warp & 3, nh = warp >> 2;   // m-tiles 2 mp, 2 mp + 1; entries [64 nh, 64 nh + 64)
-  {
-    const uint8_t b = static_cast<uint8_t>(tid);  // the table reads no kernel's output
-    sLut[tid] = mma::f32x2_to_bf16x2(num::e2m1_decode(static_cast<uint8_t>(b & 0xfu)),
-                                     num::e2m1_decode(static_cast<uint8_t>(b >> 4)));
-  }
+  const int mp = warp & 3, nq = warp >> 2;   // m-tiles 2 mp, 2 mp + 1; entries [32 nq, 32 nq + 32)
   kernels::cuda::pdl_wait();
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * R;
   if (t0 >= a.rows) return;
   const int H = a.heads;
   const int nr_all = static_cast<int>(a.rows - t0 < R ? a.rows - t0 : R);
-  const int64_t ntiles = (a.n_cols + kTile - 1) / kTile;
-  const uint32_t sK_u = smem_u32(sK);
-  // B fragments of this warp: keys 64 nh + 16 p + (lane & 7) (+ 8), dims k0 + 8 (lane >> 3)
-  const uint32_t b_addr = sK_u + (64 * nh + (lane & 7)) * L::kPitch + (lane >> 3) * 16;
+  const int64_t ntiles = (a.n_cols + kGTile - 1) / kGTile;
+  // B fragments of this warp: keys 32 nq + 8 nt + (lane & 7), dims k0 + 8 (lane >> 3)
+  const uint32_t b_addr = smem_u32(sK) + (32 * nq + (lane & 7)) * L::kPitch + (lane >> 3) * 16;
 
   for (int s0 = 0; s0 < nr_all;) {
     const int seq = a.m.row_seq[t0 + s0];
@@ -361,21 +372,14 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_group_kernel(IndexerArgs 
       maxvis = v > maxvis ? v : maxvis;
     }
     const bool mma_on = 32 * mp < mrows;
-    // this warp's queries as A fragments (rows past the span: zeros), its rows' weights as pairs
+    // this warp's queries as A fragments (rows past the span: zeros)
     uint32_t qa[2][KS][4];
-    uint32_t wv[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         const int m = 32 * mp + 16 * mt + g + 8 * hi;
         const float* qrow = a.q + (ta * H + m) * D;
-        float w = 0.0f;
-        if (m < mrows) {
-          w = a.w[ta * H + m];
-          if (a.w_scale != 0.0f) w = scaled_weight(w, a.w_scale);
-        }
-        wv[mt][hi] = mma::f32x2_to_bf16x2(w, w);
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
@@ -393,23 +397,26 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_group_kernel(IndexerArgs 
       sVis[tid] = (a.m.positions[ta + tid] + 1) / 4;
       if (blockIdx.x == 0) a.visible[ta + tid] = static_cast<int32_t>(sVis[tid]);
     }
-    for (int i = tid; i < kMaxM; i += kThreads) {
-      const float w = i < mrows ? a.w[ta * H + i] : 0.0f;
-      sW[i] = a.w_scale != 0.0f ? scaled_weight(w, a.w_scale) : w;
+    for (int i = tid; i < kMaxM; i += kThreads) {  // the span's head weights as bf16 pairs (scale_round's values)
+      float w = 0.0f;
+      if (i < mrows) {
+        w = a.w[ta * H + i];
+        if (a.w_scale != 0.0f) w = scaled_weight(w, a.w_scale);
+      }
+      sW[i] = mma::f32x2_to_bf16x2(w, w);
     }
     if (a.hist)
       for (int i = tid; i < kGroupRows * 256; i += kThreads) sHist[i] = 0;
 
-    // This thread's key pieces of tile t: keys it * 16 + tid / kPieces... (kIters of them), piece tid % kPieces.
-    uint32_t codes[kIters];
-    uint8_t scb[kIters];
+    // This thread's key pieces of a tile: keys it * (kThreads / kPieces) + tid / kPieces, piece tid % kPieces.
+    uint32_t codes[kIters], scales = 0;  // scales: byte it = the E8M0 scale of piece it
     auto load_tile = [&](int64_t t) {
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         const int i = it * kThreads + tid, key = i / kPieces, piece = i % kPieces;
-        const int64_t e = t * kTile + key;
+        const int64_t e = t * kGTile + key;
         codes[it] = 0;
-        scb[it] = 127;
+        uint32_t sc = 127;
         if (e < maxvis) {
           const int64_t pos = 4 * e;
           const uint8_t* rec = a.pool + static_cast<int64_t>(table[pos / a.m.block_size]) * a.block_bytes + a.pool_idx +
@@ -422,48 +429,46 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_group_kernel(IndexerArgs 
                         (static_cast<uint32_t>(__ldg(rec + 4 * piece + 2)) << 16) |
                         (static_cast<uint32_t>(__ldg(rec + 4 * piece + 3)) << 24);
           }
-          scb[it] = __ldg(rec + D / 2 + piece / 4);
+          sc = __ldg(rec + D / 2 + piece / 4);
         }
+        scales = it == 0 ? sc : scales | (sc << (8 * it));
       }
     };
     auto decode_tile = [&] {
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         const int i = it * kThreads + tid, key = i / kPieces, piece = i % kPieces;
-        const uint32_t sc = e8m0_bf16(scb[it]), sc2 = sc | (sc << 16);
-        uint4 v;
-        v.x = bf16x2_mul(sLut[codes[it] & 0xffu], sc2);
-        v.y = bf16x2_mul(sLut[(codes[it] >> 8) & 0xffu], sc2);
-        v.z = bf16x2_mul(sLut[(codes[it] >> 16) & 0xffu], sc2);
-        v.w = bf16x2_mul(sLut[codes[it] >> 24], sc2);
-        *reinterpret_cast<uint4*>(sK + key * L::kPitch + piece * 16) = v;
+        const uint32_t sc = e8m0_bf16((scales >> (8 * it)) & 0xffu), sc2 = sc | (sc << 16);
+        uint32_t v[4];
+        e2m1x8_to_bf16x8(codes[it], v);
+        *reinterpret_cast<uint4*>(sK + key * L::kPitch + piece * 16) =
+            make_uint4(bf16x2_mul(v[0], sc2), bf16x2_mul(v[1], sc2), bf16x2_mul(v[2], sc2), bf16x2_mul(v[3], sc2));
       }
     };
 
-    const int64_t live = (maxvis + kTile - 1) / kTile;  // tiles with an entry visible to the span
+    const int64_t live = (maxvis + kGTile - 1) / kGTile;  // tiles with an entry visible to the span
     int64_t tile = blockIdx.x;
     if (tile < live) {
       load_tile(tile);
-      __syncthreads();  // sLut
       decode_tile();
       __syncthreads();
     }
     for (; tile < live; tile += gridDim.x) {
       const int64_t next = tile + gridDim.x;
       if (next < live) load_tile(next);  // in flight during the products
-      const int64_t e0 = tile * kTile;
+      const int64_t e0 = tile * kGTile;
       if (mma_on) {
-        float acc[2][8][4];
+        float acc[2][4][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
+          for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 32) {
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
+          for (int nt = 0; nt < 4; ++nt) {
             uint32_t b[4];
             ldsm_x4(b, b_addr + nt * 8 * L::kPitch + 2 * k0);  // b0, b1 of k0 and of k0 + 16
 #pragma unroll
@@ -473,54 +478,48 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_group_kernel(IndexerArgs 
             }
           }
         }
-        // terms bf16(relu(bf16(dot)) * w) of query rows 32 mp + 16 mt + g (+ 8), entries 64 nh + 8 nt + 2 tq (+ 1)
+        // terms bf16(relu(bf16(dot)) * w) of query rows 32 mp + 16 mt + g (+ 8), entries 32 nq + 8 nt + 2 tq (+ 1)
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int hi = 0; hi < 2; ++hi) {
-            uint8_t* trow = sT + (32 * mp + 16 * mt + g + 8 * hi) * L::kTPitch + (64 * nh + 2 * tq) * 2;
+            const int m = 32 * mp + 16 * mt + g + 8 * hi;
+            const uint32_t w2 = sW[m];
+            uint8_t* trow = sT + m * L::kTPitch + (32 * nq + 2 * tq) * 2;
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
+            for (int nt = 0; nt < 4; ++nt) {
               const uint32_t d = mma::f32x2_to_bf16x2(acc[mt][nt][2 * hi], acc[mt][nt][2 * hi + 1]);
-              *reinterpret_cast<uint32_t*>(trow + nt * 16) = bf16x2_mul(bf16x2_relu(d), wv[mt][hi]);
+              *reinterpret_cast<uint32_t*>(trow + nt * 16) = bf16x2_mul(bf16x2_relu(d), w2);
             }
           }
       }
       __syncthreads();  // the terms are stored; every warp is done with the key tile
       if (next < live) decode_tile();
-      // the heads of row r for entries e, e + 1 (ascending head order, fp32, as indexer_kernel)
-      for (int pidx = tid; pidx < nr * (kTile / 2); pidx += kThreads) {
-        const int r = pidx / (kTile / 2), j = pidx % (kTile / 2);
-        const uint8_t* col = sT + static_cast<size_t>(r * H) * L::kTPitch + 4 * j;
-        float t0s = 0.0f, t1s = 0.0f;
-        for (int h = 0; h < H; ++h) {
-          const uint32_t two = *reinterpret_cast<const uint32_t*>(col + h * L::kTPitch);
-          t0s = add_rn(t0s, __uint_as_float(two << 16));
-          t1s = add_rn(t1s, __uint_as_float(two & 0xffff0000u));
-        }
-        const int64_t e = e0 + 2 * j, vis = sVis[r];
-        uint16_t bits0 = kBf16NegInf, bits1 = kBf16NegInf;
-        if (e < vis) bits0 = num::f32_to_bf16(t0s);
-        if (e + 1 < vis) bits1 = num::f32_to_bf16(t1s);
-        if (a.hist) {
-          if (e < vis) atomicAdd(&sHist[r * 256 + (topk_key16(bits0) >> 8)], 1u);
-          if (e + 1 < vis) atomicAdd(&sHist[r * 256 + (topk_key16(bits1) >> 8)], 1u);
-        }
-        uint16_t* dst = a.scores + (ta + r) * a.lds + e;
-        if (e + 1 < a.n_cols) {
-          *reinterpret_cast<uint32_t*>(dst) = static_cast<uint32_t>(bits0) | (static_cast<uint32_t>(bits1) << 16);
-        } else if (e < a.n_cols) {
-          *dst = bits0;
+      // the heads of row r for entry e (ascending head order, fp32, as indexer_kernel)
+      for (int pidx = tid; pidx < nr * kGTile; pidx += kThreads) {
+        const int r = pidx / kGTile, j = pidx % kGTile;
+        const uint8_t* col = sT + static_cast<size_t>(r * H) * L::kTPitch + 2 * j;
+        float total = 0.0f;
+        for (int h = 0; h < H; ++h)
+          total = add_rn(total, __uint_as_float(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(col + h * L::kTPitch)) << 16));
+        const int64_t e = e0 + j;
+        if (e < a.n_cols) {
+          uint16_t bits = kBf16NegInf;
+          if (e < sVis[r]) {
+            bits = num::f32_to_bf16(total);
+            if (a.hist) atomicAdd(&sHist[r * 256 + (topk_key16(bits) >> 8)], 1u);
+          }
+          a.scores[(ta + r) * a.lds + e] = bits;
         }
       }
       __syncthreads();  // the next tile's keys are stored; the terms are read
     }
     // tiles past every row's visibility: -inf only
     for (; tile < ntiles; tile += gridDim.x) {
-      const int64_t e0 = tile * kTile;
-      for (int i = tid; i < nr * kTile; i += kThreads) {
-        const int64_t e = e0 + i % kTile;
-        if (e < a.n_cols) a.scores[(ta + i / kTile) * a.lds + e] = kBf16NegInf;
+      const int64_t e0 = tile * kGTile;
+      for (int i = tid; i < nr * kGTile; i += kThreads) {
+        const int64_t e = e0 + i % kGTile;
+        if (e < a.n_cols) a.scores[(ta + i / kGTile) * a.lds + e] = kBf16NegInf;
       }
     }
     if (a.hist) {
@@ -601,7 +600,8 @@ void indexer_scores_paged(const IndexerArgs& a, cudaStream_t s) {
   // Blocks per row group: enough for about eight per multiprocessor over the step (each loads its
   // queries once), never more than the tiles.
   const int64_t groups = (a.rows + R - 1) / R;
-  const int64_t ntiles = std::max<int64_t>(1, (a.n_cols + kTile - 1) / kTile);
+  const int tile = R > 1 && a.group_kernel ? kGTile : kTile;
+  const int64_t ntiles = std::max<int64_t>(1, (a.n_cols + tile - 1) / tile);
   const int64_t want = std::max<int64_t>(1, (8 * static_cast<int64_t>(sms) + groups - 1) / groups);
   const unsigned grid_x = static_cast<unsigned>(std::min(ntiles, want));
   if (a.dim == 64)
@@ -622,7 +622,7 @@ std::vector<kernels::cuda::SmemBound> indexer_smem_bounds() {
                std::to_string(kTile) + "-entry tiles, any context length",
            ""},
           {"indexer_group_kernel", GroupLayout<128>::kBytes,
-           "head dim 128, " + std::to_string(kMaxM) + " query rows, " + std::to_string(kTile) +
+           "head dim 128, " + std::to_string(kMaxM) + " query rows, " + std::to_string(kGTile) +
                "-entry tiles, any context length",
            ""}};
 }
