@@ -298,7 +298,8 @@ struct GroupLayout {
   static constexpr int kW = kT + kMaxM * kTPitch;            // [kMaxM] bf16 pairs (w, w) of the head weights
   static constexpr int kHist = kW + kMaxM * 4;               // [kGroupRows][256] u32
   static constexpr int kVis = kHist + kGroupRows * 256 * 4;  // [kGroupRows] int64
-  static constexpr int kBytes = kVis + kGroupRows * 8;
+  static constexpr int kRec = kVis + kGroupRows * 8;         // [2][kGTile] record pointers
+  static constexpr int kBytes = kRec + 2 * kGTile * 8;
 };
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
@@ -336,7 +337,9 @@ __device__ __forceinline__ void e2m1x8_to_bf16x8(uint32_t c, uint32_t (&o)[4]) {
   o[3] = __byte_perm(l1, h1, 0x7362) | (__byte_perm(c4, c, 0x7333) & 0x80008000u);
 }
 
-template <int D>
+// WM m-tiles per warp (2: warps are 4 m-tile pairs x 2 halves of the tile's entries; 1: 8 m-tiles x
+// all 64 entries, half the A registers, twice the B fragment loads).
+template <int D, int WM>
 __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs a, int R) {
   using L = GroupLayout<D>;
   constexpr int KS = D / 16;                 // k steps of the dot
@@ -348,16 +351,18 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
   uint32_t* sW = reinterpret_cast<uint32_t*>(smem + L::kW);
   uint32_t* sHist = reinterpret_cast<uint32_t*>(smem + L::kHist);
   int64_t* sVis = reinterpret_cast<int64_t*>(smem + L::kVis);
+  const uint8_t** sRec = reinterpret_cast<const uint8_t**>(smem + L::kRec);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-  const int mp = warp & 3, nq = warp >> 2;   // m-tiles 2 mp, 2 mp + 1; entries [32 nq, 32 nq + 32)
+  constexpr int MG = 8 / WM, NT = kGTile / 8 / (8 / MG);  // m-groups; n-tiles per warp
+  const int mp = warp % MG, nq = warp / MG;  // m-tiles [WM mp, + WM); entries [8 NT nq, + 8 NT)
   kernels::cuda::pdl_wait();
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * R;
   if (t0 >= a.rows) return;
   const int H = a.heads;
   const int nr_all = static_cast<int>(a.rows - t0 < R ? a.rows - t0 : R);
   const int64_t ntiles = (a.n_cols + kGTile - 1) / kGTile;
-  // B fragments of this warp: keys 32 nq + 8 nt + (lane & 7), dims k0 + 8 (lane >> 3)
-  const uint32_t b_addr = smem_u32(sK) + (32 * nq + (lane & 7)) * L::kPitch + (lane >> 3) * 16;
+  // B fragments of this warp: keys 8 NT nq + 8 nt + (lane & 7), dims k0 + 8 (lane >> 3)
+  const uint32_t b_addr = smem_u32(sK) + (8 * NT * nq + (lane & 7)) * L::kPitch + (lane >> 3) * 16;
 
   for (int s0 = 0; s0 < nr_all;) {
     const int seq = a.m.row_seq[t0 + s0];
@@ -366,19 +371,19 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
     const int nr = s1 - s0, mrows = nr * H;
     const int64_t ta = t0 + s0;
     const int32_t* table = a.m.block_tables + static_cast<int64_t>(seq) * a.m.max_blocks;
-    int64_t maxvis = 0;
+    int maxvis = 0;  // entries (< 2^29 for any supported context)
     for (int r = 0; r < nr; ++r) {
-      const int64_t v = (a.m.positions[ta + r] + 1) / 4;
+      const int v = static_cast<int>((a.m.positions[ta + r] + 1) / 4);
       maxvis = v > maxvis ? v : maxvis;
     }
-    const bool mma_on = 32 * mp < mrows;
+    const bool mma_on = 16 * WM * mp < mrows;
     // this warp's queries as A fragments (rows past the span: zeros)
-    uint32_t qa[2][KS][4];
+    uint32_t qa[WM][KS][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
-        const int m = 32 * mp + 16 * mt + g + 8 * hi;
+        const int m = 16 * (WM * mp + mt) + g + 8 * hi;
         const float* qrow = a.q + (ta * H + m) * D;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
@@ -408,19 +413,32 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
     if (a.hist)
       for (int i = tid; i < kGroupRows * 256; i += kThreads) sHist[i] = 0;
 
+    // Record pointers of a tile's entries (null past the span's visibility), one per entry, computed
+    // by threads 0..kGTile-1 two tiles ahead into a double buffer: the block-table word is loaded at
+    // the top of one iteration and used after its products.
+    const uint32_t bs = static_cast<uint32_t>(a.m.block_size);
+    auto table_word = [&](int t) -> int32_t {
+      const int e = t * kGTile + tid;
+      return e < maxvis ? table[static_cast<uint32_t>(4 * e) / bs] : 0;
+    };
+    auto store_ptr = [&](int t, int32_t blk, int buf) {
+      const int e = t * kGTile + tid;
+      const uint8_t* rec = nullptr;
+      if (e < maxvis)
+        rec = a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_idx +
+              static_cast<int64_t>((static_cast<uint32_t>(4 * e) % bs) / 4) * a.key.bytes;
+      sRec[buf * kGTile + tid] = rec;
+    };
     // This thread's key pieces of a tile: keys it * (kThreads / kPieces) + tid / kPieces, piece tid % kPieces.
-    uint32_t codes[kIters], scales = 0;  // scales: byte it = the E8M0 scale of piece it
-    auto load_tile = [&](int64_t t) {
+    uint32_t codes[kIters], scb[kIters];
+    auto load_tile = [&](int buf) {
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         const int i = it * kThreads + tid, key = i / kPieces, piece = i % kPieces;
-        const int64_t e = t * kGTile + key;
+        const uint8_t* rec = sRec[buf * kGTile + key];
         codes[it] = 0;
-        uint32_t sc = 127;
-        if (e < maxvis) {
-          const int64_t pos = 4 * e;
-          const uint8_t* rec = a.pool + static_cast<int64_t>(table[pos / a.m.block_size]) * a.block_bytes + a.pool_idx +
-                               ((pos % a.m.block_size) / 4) * a.key.bytes;
+        scb[it] = 127;
+        if (rec) {
           if constexpr (D % 128 == 0) {
             codes[it] = __ldg(reinterpret_cast<const uint32_t*>(rec + 4 * piece));
           } else {
@@ -429,16 +447,15 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
                         (static_cast<uint32_t>(__ldg(rec + 4 * piece + 2)) << 16) |
                         (static_cast<uint32_t>(__ldg(rec + 4 * piece + 3)) << 24);
           }
-          sc = __ldg(rec + D / 2 + piece / 4);
+          scb[it] = __ldg(rec + D / 2 + piece / 4);
         }
-        scales = it == 0 ? sc : scales | (sc << (8 * it));
       }
     };
     auto decode_tile = [&] {
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         const int i = it * kThreads + tid, key = i / kPieces, piece = i % kPieces;
-        const uint32_t sc = e8m0_bf16((scales >> (8 * it)) & 0xffu), sc2 = sc | (sc << 16);
+        const uint32_t sc = e8m0_bf16(scb[it]), sc2 = sc | (sc << 16);
         uint32_t v[4];
         e2m1x8_to_bf16x8(codes[it], v);
         *reinterpret_cast<uint4*>(sK + key * L::kPitch + piece * 16) =
@@ -446,48 +463,57 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
       }
     };
 
-    const int64_t live = (maxvis + kGTile - 1) / kGTile;  // tiles with an entry visible to the span
-    int64_t tile = blockIdx.x;
+    const int live = (maxvis + kGTile - 1) / kGTile;  // tiles with an entry visible to the span
+    const int gx = static_cast<int>(gridDim.x);
+    int tile = static_cast<int>(blockIdx.x);
+    int buf = 0;  // sRec[buf]: this tile's pointers; sRec[buf ^ 1]: the next tile's
     if (tile < live) {
-      load_tile(tile);
+      if (tid < kGTile) {
+        store_ptr(tile, table_word(tile), 0);
+        if (tile + gx < live) store_ptr(tile + gx, table_word(tile + gx), 1);
+      }
+      __syncthreads();
+      load_tile(0);
       decode_tile();
       __syncthreads();
     }
-    for (; tile < live; tile += gridDim.x) {
-      const int64_t next = tile + gridDim.x;
-      if (next < live) load_tile(next);  // in flight during the products
-      const int64_t e0 = tile * kGTile;
+    for (; tile < live; tile += gx, buf ^= 1) {
+      const int next = tile + gx, next2 = tile + 2 * gx;
+      int32_t tw = 0;
+      if (tid < kGTile && next2 < live) tw = table_word(next2);  // used after the products
+      if (next < live) load_tile(buf ^ 1);  // in flight during the products
+      const int64_t e0 = static_cast<int64_t>(tile) * kGTile;
       if (mma_on) {
-        float acc[2][4][4];
+        float acc[WM][NT][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
+          for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 #pragma unroll
         for (int k0 = 0; k0 < D; k0 += 32) {
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
+          for (int nt = 0; nt < NT; ++nt) {
             uint32_t b[4];
             ldsm_x4(b, b_addr + nt * 8 * L::kPitch + 2 * k0);  // b0, b1 of k0 and of k0 + 16
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
+            for (int mt = 0; mt < WM; ++mt) {
               mma::mma_bf16(acc[mt][nt], qa[mt][k0 / 16], b[0], b[1]);
               mma::mma_bf16(acc[mt][nt], qa[mt][k0 / 16 + 1], b[2], b[3]);
             }
           }
         }
-        // terms bf16(relu(bf16(dot)) * w) of query rows 32 mp + 16 mt + g (+ 8), entries 32 nq + 8 nt + 2 tq (+ 1)
+        // terms bf16(relu(bf16(dot)) * w) of query rows 16 (WM mp + mt) + g (+ 8), entries 8 (NT nq + nt) + 2 tq (+ 1)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
           for (int hi = 0; hi < 2; ++hi) {
-            const int m = 32 * mp + 16 * mt + g + 8 * hi;
+            const int m = 16 * (WM * mp + mt) + g + 8 * hi;
             const uint32_t w2 = sW[m];
-            uint8_t* trow = sT + m * L::kTPitch + (32 * nq + 2 * tq) * 2;
+            uint8_t* trow = sT + m * L::kTPitch + (8 * NT * nq + 2 * tq) * 2;
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
+            for (int nt = 0; nt < NT; ++nt) {
               const uint32_t d = mma::f32x2_to_bf16x2(acc[mt][nt][2 * hi], acc[mt][nt][2 * hi + 1]);
               *reinterpret_cast<uint32_t*>(trow + nt * 16) = bf16x2_mul(bf16x2_relu(d), w2);
             }
@@ -495,6 +521,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
       }
       __syncthreads();  // the terms are stored; every warp is done with the key tile
       if (next < live) decode_tile();
+      if (tid < kGTile && next2 < live) store_ptr(next2, tw, buf);  // this tile's pointers were read
       // the heads of row r for entry e (ascending head order, fp32, as indexer_kernel)
       for (int pidx = tid; pidx < nr * kGTile; pidx += kThreads) {
         const int r = pidx / kGTile, j = pidx % kGTile;
@@ -549,7 +576,7 @@ void launch(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
 template <int D>
 void launch_group(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
   constexpr size_t smem = GroupLayout<D>::kBytes;
-  auto k = indexer_group_kernel<D>;
+  auto k = a.group_kernel == 2 ? indexer_group_kernel<D, 1> : indexer_group_kernel<D, 2>;
   kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
   const unsigned groups = static_cast<unsigned>((a.rows + R - 1) / R);
   kernels::cuda::launch_pdl(k, dim3(grid_x, groups), dim3(kThreads), smem, s, a, R);
