@@ -340,12 +340,10 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
         // The CSA layer's other two kernels at the chunk, as a rank of TP=2 runs them (the scores
         // are summed over ranks between them, so the top-k counts its own first pass): scores of
         // every row against the L/4 index keys (the rank's index heads), then each row's top-512.
-        // The row-group kernel (the forward's), its one-m-tile-per-warp variant and, for comparison,
-        // the one-row kernel's spans of 4 rows.
+        // The row-group kernel (the forward's) and, for comparison, the one-row kernel's spans of 4 rows.
         const int64_t vis = L / 4;
-        for (const int group : {1, 2, 0})
-          tb.row("prefill 4096: indexer", L, kModelChunk, vis, group == 1 ? "group" : group == 2 ? "group1m" : "rows4",
-                 time_calls(s, [&](int i) {
+        for (const bool group : {true, false})
+          tb.row("prefill 4096: indexer", L, kModelChunk, vis, group ? "group" : "rows4", time_calls(s, [&](int i) {
                    cuda_model::IndexerArgs ia = st.indexer(i % 2, false);
                    ia.group_kernel = group;
                    cuda_model::indexer_scores_paged(ia, s);

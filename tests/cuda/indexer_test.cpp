@@ -205,10 +205,10 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
     }
     // rows of one sequence sharing the key tiles (2, 4 and 8 per block asked: 64 heads get 2, the
     // 128 query rows that fit; groups that straddle sequences run in spans), on the row-group kernel
-    // (both warp layouts) and on the one-row kernel's spans (at most 4 rows): the same bits. A grid sized for one
+    // and on the one-row kernel's spans (at most 4 rows): the same bits. A grid sized for one
     // multiprocessor (sm_count 1) makes each block walk several tiles (the row-group kernel loads
     // the next tile's records during the current one's products).
-    for (const int group : {1, 2, 0})
+    for (const bool group : {true, false})
       for (const int rpb : {2, 4, 8})
         for (const int sms : {0, 1}) {
           SCOPED_TRACE(::testing::Message() << "sm_count " << sms);
@@ -225,7 +225,7 @@ TEST(CudaIndexerPaged, MatchesCpuBitForBit) {
           for (int64_t t = 0; t < rows; ++t)
             for (int64_t e = 0; e < n_cols; ++e) got4[t * n_cols + e] = num::bf16_to_f32(bits4[t * lds + e]);
           EXPECT_TRUE(same_bits(got4, want))
-              << rpb << " rows per block, kernel " << group << " (1, 2: row-group, 0: one-row)";
+              << rpb << " rows per block, " << (group ? "row-group" : "one-row") << " kernel";
         }
     // the head weights' scale applied by the kernel (IndexerArgs::w_scale, the forward's path) ==
     // scale_round on unscaled weights, then the kernel: the same score bits, 1 and 4 rows per block

@@ -281,11 +281,14 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerArgs a, int R)
 //  - a tile's key records are loaded into registers one tile ahead (before the current tile's
 //    products) and decoded after them into the one bf16 key tile: the e2m1 codes through byte
 //    permutes of two 8-entry tables (the bf16 bits of 0, .5, 1, ..., 6 and the sign bits), then the
-//    E8M0 scale as one bf16 product (both exact: the values fp4x8_bf16 gives);
+//    E8M0 scale as one bf16 product (both exact: the values fp4x8_bf16 gives). The records'
+//    addresses are computed once per entry, two tiles ahead, into shared memory (the block-table
+//    word loaded before a tile's products, used after them): computed per piece, with 64-bit
+//    division, they cost a third of the kernel's time;
 //  - the terms bf16(relu(bf16(dot)) * w) are formed on bf16 pairs (a bf16 product of two bf16
 //    values rounds once, as round_bf16(mul_rn) does) into a [query row][entry] tile, and every
 //    thread then adds one row's heads for one entry in ascending order, as indexer_kernel does.
-// Two barriers per tile. Shared memory about 45 KB at dim 128.
+// Two barriers per tile. Shared memory about 46 KB at dim 128.
 constexpr int kGroupRows = 8;              // rows of a block (at most 128 query rows)
 constexpr int kGTile = 64;                 // entries per tile of the row-group kernel
 
@@ -337,9 +340,7 @@ __device__ __forceinline__ void e2m1x8_to_bf16x8(uint32_t c, uint32_t (&o)[4]) {
   o[3] = __byte_perm(l1, h1, 0x7362) | (__byte_perm(c4, c, 0x7333) & 0x80008000u);
 }
 
-// WM m-tiles per warp (2: warps are 4 m-tile pairs x 2 halves of the tile's entries; 1: 8 m-tiles x
-// all 64 entries, half the A registers, twice the B fragment loads).
-template <int D, int WM>
+template <int D>
 __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs a, int R) {
   using L = GroupLayout<D>;
   constexpr int KS = D / 16;                 // k steps of the dot
@@ -353,7 +354,10 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
   int64_t* sVis = reinterpret_cast<int64_t*>(smem + L::kVis);
   const uint8_t** sRec = reinterpret_cast<const uint8_t**>(smem + L::kRec);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-  constexpr int MG = 8 / WM, NT = kGTile / 8 / (8 / MG);  // m-groups; n-tiles per warp
+  // Warps are 4 m-tile pairs x 2 halves of the tile's entries (measured against 8 m-tiles x all 64
+  // entries, half the A registers and twice the B fragment loads: 6.4 against 6.9 ms at 4,096 rows
+  // and 160K of context).
+  constexpr int WM = 2, MG = 8 / WM, NT = kGTile / 8 / (8 / MG);  // m-tiles per warp, m-groups, n-tiles per warp
   const int mp = warp % MG, nq = warp / MG;  // m-tiles [WM mp, + WM); entries [8 NT nq, + 8 NT)
   kernels::cuda::pdl_wait();
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * R;
@@ -576,7 +580,7 @@ void launch(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
 template <int D>
 void launch_group(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
   constexpr size_t smem = GroupLayout<D>::kBytes;
-  auto k = a.group_kernel == 2 ? indexer_group_kernel<D, 1> : indexer_group_kernel<D, 2>;
+  auto k = indexer_group_kernel<D>;
   kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
   const unsigned groups = static_cast<unsigned>((a.rows + R - 1) / R);
   kernels::cuda::launch_pdl(k, dim3(grid_x, groups), dim3(kThreads), smem, s, a, R);

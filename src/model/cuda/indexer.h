@@ -47,10 +47,9 @@ struct IndexerArgs {
   int rows_per_block = 0;            // rows of one sequence sharing a block's key tiles (0: by the step's
                                      // size), clamped to 1..min(8, 128 / heads); changes no result, only
                                      // how often keys are decoded
-  int group_kernel = 1;              // rows_per_block > 1: 1 = the row-group kernel, 2 = its variant with
-                                     // one m-tile per warp, 0 = the one-row kernel's spans of at most 4
-                                     // rows (its former shape): the same bits, kept for the tests and
-                                     // bench-kernels' comparison
+  bool group_kernel = true;          // rows_per_block > 1 on the row-group kernel (false: the one-row
+                                     // kernel's spans of at most 4 rows, its former shape: the same
+                                     // bits, kept for the tests and bench-kernels' comparison)
 };
 void indexer_scores_paged(const IndexerArgs& a, cudaStream_t s);
 bool indexer_supports(int heads, int dim);
