@@ -287,7 +287,9 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerArgs a, int R)
 //    division, they cost a third of the kernel's time;
 //  - the terms bf16(relu(bf16(dot)) * w) are formed on bf16 pairs (a bf16 product of two bf16
 //    values rounds once, as round_bf16(mul_rn) does) into a [query row][entry] tile, and every
-//    thread then adds one row's heads for one entry in ascending order, as indexer_kernel does.
+//    thread then adds one row's heads for two entries in ascending order, as indexer_kernel does
+//    (one 32-bit load a head for both; at 32 and 64 heads the loop is unrolled: Nsight Compute
+//    found the kernel bound by instruction issue, the head sums' loop the largest share).
 // Two barriers per tile. Shared memory about 46 KB at dim 128.
 constexpr int kGroupRows = 8;              // rows of a block (at most 128 query rows)
 constexpr int kGTile = 64;                 // entries per tile of the row-group kernel
@@ -340,7 +342,9 @@ __device__ __forceinline__ void e2m1x8_to_bf16x8(uint32_t c, uint32_t (&o)[4]) {
   o[3] = __byte_perm(l1, h1, 0x7362) | (__byte_perm(c4, c, 0x7333) & 0x80008000u);
 }
 
-template <int D>
+// HC: the head count when it is one of the model's (32: a rank of TP=2, 64: TP=1; the head sums'
+// loop unrolled), 0 for any other (a.heads).
+template <int D, int HC>
 __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs a, int R) {
   using L = GroupLayout<D>;
   constexpr int KS = D / 16;                 // k steps of the dot
@@ -362,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
   kernels::cuda::pdl_wait();
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * R;
   if (t0 >= a.rows) return;
-  const int H = a.heads;
+  const int H = HC > 0 ? HC : a.heads;
   const int nr_all = static_cast<int>(a.rows - t0 < R ? a.rows - t0 : R);
   const int64_t ntiles = (a.n_cols + kGTile - 1) / kGTile;
   // B fragments of this warp: keys 8 NT nq + 8 nt + (lane & 7), dims k0 + 8 (lane >> 3)
@@ -526,22 +530,37 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
       __syncthreads();  // the terms are stored; every warp is done with the key tile
       if (next < live) decode_tile();
       if (tid < kGTile && next2 < live) store_ptr(next2, tw, buf);  // this tile's pointers were read
-      // the heads of row r for entry e (ascending head order, fp32, as indexer_kernel)
-      for (int pidx = tid; pidx < nr * kGTile; pidx += kThreads) {
-        const int r = pidx / kGTile, j = pidx % kGTile;
-        const uint8_t* col = sT + static_cast<size_t>(r * H) * L::kTPitch + 2 * j;
-        float total = 0.0f;
-        for (int h = 0; h < H; ++h)
-          total = add_rn(total, __uint_as_float(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(col + h * L::kTPitch)) << 16));
-        const int64_t e = e0 + j;
-        if (e < a.n_cols) {
-          uint16_t bits = kBf16NegInf;
-          if (e < sVis[r]) {
-            bits = num::f32_to_bf16(total);
-            if (a.hist) atomicAdd(&sHist[r * 256 + (topk_key16(bits) >> 8)], 1u);
-          }
-          a.scores[(ta + r) * a.lds + e] = bits;
+      // the heads of row r for entries e, e + 1 (ascending head order, fp32, as indexer_kernel): one
+      // 32-bit load a head for both, the loop unrolled at the model's head counts
+      for (int pidx = tid; pidx < nr * (kGTile / 2); pidx += kThreads) {
+        const int r = pidx / (kGTile / 2), j = pidx % (kGTile / 2);
+        const uint8_t* col = sT + static_cast<size_t>(r * H) * L::kTPitch + 4 * j;
+        float t0s = 0.0f, t1s = 0.0f;
+        auto add_head = [&](int h) {
+          const uint32_t two = *reinterpret_cast<const uint32_t*>(col + h * L::kTPitch);
+          t0s = add_rn(t0s, __uint_as_float(two << 16));
+          t1s = add_rn(t1s, __uint_as_float(two & 0xffff0000u));
+        };
+        if constexpr (HC > 0) {
+#pragma unroll
+          for (int h = 0; h < HC; ++h) add_head(h);
+        } else {
+#pragma unroll 4
+          for (int h = 0; h < H; ++h) add_head(h);
         }
+        const int64_t e = e0 + 2 * j, vis = sVis[r];
+        uint16_t bits0 = kBf16NegInf, bits1 = kBf16NegInf;
+        if (e < vis) bits0 = num::f32_to_bf16(t0s);
+        if (e + 1 < vis) bits1 = num::f32_to_bf16(t1s);
+        if (a.hist) {
+          if (e < vis) atomicAdd(&sHist[r * 256 + (topk_key16(bits0) >> 8)], 1u);
+          if (e + 1 < vis) atomicAdd(&sHist[r * 256 + (topk_key16(bits1) >> 8)], 1u);
+        }
+        uint16_t* dst = a.scores + (ta + r) * a.lds + e;
+        if (e + 1 < a.n_cols)
+          *reinterpret_cast<uint32_t*>(dst) = static_cast<uint32_t>(bits0) | (static_cast<uint32_t>(bits1) << 16);
+        else if (e < a.n_cols)
+          *dst = bits0;
       }
       __syncthreads();  // the next tile's keys are stored; the terms are read
     }
@@ -580,7 +599,7 @@ void launch(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
 template <int D>
 void launch_group(const IndexerArgs& a, cudaStream_t s, unsigned grid_x, int R) {
   constexpr size_t smem = GroupLayout<D>::kBytes;
-  auto k = indexer_group_kernel<D>;
+  auto k = a.heads == 32 ? indexer_group_kernel<D, 32> : a.heads == 64 ? indexer_group_kernel<D, 64> : indexer_group_kernel<D, 0>;
   kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
   const unsigned groups = static_cast<unsigned>((a.rows + R - 1) / R);
   kernels::cuda::launch_pdl(k, dim3(grid_x, groups), dim3(kThreads), smem, s, a, R);
