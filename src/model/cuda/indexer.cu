@@ -67,6 +67,24 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
                : "memory");
 }
 
+// Piece `piece` (dims [8 piece, 8 piece + 8)) of an FP4 index-key record: its 8 e2m1 codes (element
+// i in bits 4i..4i+3; records of dim 128 are 4-byte aligned, of dim 64 only 2-byte) and the E8M0
+// scale byte of its 32-dim block.
+template <int D>
+__device__ __forceinline__ uint32_t key_piece_codes(const uint8_t* rec, int piece) {
+  if constexpr (D % 128 == 0) {
+    return __ldg(reinterpret_cast<const uint32_t*>(rec + 4 * piece));
+  } else {
+    return static_cast<uint32_t>(__ldg(rec + 4 * piece)) | (static_cast<uint32_t>(__ldg(rec + 4 * piece + 1)) << 8) |
+           (static_cast<uint32_t>(__ldg(rec + 4 * piece + 2)) << 16) |
+           (static_cast<uint32_t>(__ldg(rec + 4 * piece + 3)) << 24);
+  }
+}
+template <int D>
+__device__ __forceinline__ uint8_t key_piece_scale(const uint8_t* rec, int piece) {
+  return __ldg(rec + D / 2 + piece / 4);
+}
+
 // 8 e2m1 codes (element i in bits 4i..4i+3) times a power-of-two scale as 8 bf16 (exact).
 __device__ __forceinline__ uint4 fp4x8_bf16(uint32_t codes, float s) {
   uint32_t r[4];
@@ -170,15 +188,8 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerArgs a, int R)
           codes[it] = 0;
           sc[it] = 127;
           if (rec) {
-            if constexpr (D % 128 == 0) {
-              codes[it] = __ldg(reinterpret_cast<const uint32_t*>(rec + 4 * piece));
-            } else {
-              codes[it] = static_cast<uint32_t>(__ldg(rec + 4 * piece)) |
-                          (static_cast<uint32_t>(__ldg(rec + 4 * piece + 1)) << 8) |
-                          (static_cast<uint32_t>(__ldg(rec + 4 * piece + 2)) << 16) |
-                          (static_cast<uint32_t>(__ldg(rec + 4 * piece + 3)) << 24);
-            }
-            sc[it] = __ldg(rec + D / 2 + piece / 4);
+            codes[it] = key_piece_codes<D>(rec, piece);
+            sc[it] = key_piece_scale<D>(rec, piece);
           }
         }
 #pragma unroll
@@ -447,15 +458,8 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_group_kernel(IndexerArgs 
         codes[it] = 0;
         scb[it] = 127;
         if (rec) {
-          if constexpr (D % 128 == 0) {
-            codes[it] = __ldg(reinterpret_cast<const uint32_t*>(rec + 4 * piece));
-          } else {
-            codes[it] = static_cast<uint32_t>(__ldg(rec + 4 * piece)) |
-                        (static_cast<uint32_t>(__ldg(rec + 4 * piece + 1)) << 8) |
-                        (static_cast<uint32_t>(__ldg(rec + 4 * piece + 2)) << 16) |
-                        (static_cast<uint32_t>(__ldg(rec + 4 * piece + 3)) << 24);
-          }
-          scb[it] = __ldg(rec + D / 2 + piece / 4);
+          codes[it] = key_piece_codes<D>(rec, piece);
+          scb[it] = key_piece_scale<D>(rec, piece);
         }
       }
     };
