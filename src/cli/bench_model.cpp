@@ -149,12 +149,6 @@ Status bench(Args a) {
   for (auto& x : b.a.long_contexts) clamp_ctx(x);
   for (auto& x : b.a.prefill) x = std::min<int64_t>(x, maxpos);
   for (auto& x : b.a.ttft) x = std::min<int64_t>(x, maxpos);
-  if (b.a.trace_offsets == std::vector<int64_t>{-1}) {
-    b.a.trace_offsets.clear();
-    int64_t longest = 0;
-    for (int64_t x : b.a.prefill) longest = std::max(longest, x);
-    if (longest > a.prefill_chunk) b.a.trace_offsets.push_back((longest - 1) / a.prefill_chunk * a.prefill_chunk);
-  }
   for (auto& x : b.a.trace_offsets) x = std::min<int64_t>(x, maxpos - a.prefill_chunk) / a.prefill_chunk * a.prefill_chunk;
   int max_b = 1;
   for (int x : a.batches) max_b = std::max(max_b, x);
@@ -372,8 +366,13 @@ int bench_model_main(int argc, char** argv) {
   if (st.ok()) st = bench_model::parse_list<int64_t>(longs, "--long-contexts", 8, int64_t{1} << 24, a.long_contexts);
   if (st.ok()) st = bench_model::parse_list<int64_t>(prefill, "--prefill", 1, int64_t{1} << 24, a.prefill);
   if (st.ok()) st = bench_model::parse_list<int64_t>(ttft, "--ttft", 1, int64_t{1} << 24, a.ttft);
-  if (st.ok() && traces != "auto")
+  if (st.ok() && traces != "auto") {
     st = bench_model::parse_list<int64_t>(traces, "--trace-offsets", 1, int64_t{1} << 24, a.trace_offsets);
+  } else if (st.ok()) {  // the last chunk of the longest --prefill prompt
+    int64_t longest = 0;
+    for (int64_t x : a.prefill) longest = std::max(longest, x);
+    if (longest > a.prefill_chunk) a.trace_offsets.push_back((longest - 1) / a.prefill_chunk * a.prefill_chunk);
+  }
   if (st.ok() && a.batches.empty()) st = invalid_argument("--batches is empty");
   if (!st.ok()) return fail(st);
   set_log_level(LogLevel::kWarn);

@@ -34,9 +34,8 @@ struct Args {
   std::vector<int64_t> long_contexts = {4096, 163840, 1048576};
   std::vector<int64_t> prefill = {8192, 32768, 131072};
   std::vector<int64_t> ttft = {163840, 1048576};
-  // Offsets of the extra CUPTI-traced prefill chunks (prefill_chunk_kernels_at); -1 = the last
-  // chunk of the longest --prefill prompt.
-  std::vector<int64_t> trace_offsets = {-1};
+  // Offsets of the extra CUPTI-traced prefill chunks (prefill_chunk_kernels_at).
+  std::vector<int64_t> trace_offsets;
   // Chunks of the canonical runtime profile (--max-num-batched-tokens 4096, shared/seeds).
   int prefill_chunk = 4096, ttft_chunk = 4096, prefill_samples = 3;
   int reps = 30;
