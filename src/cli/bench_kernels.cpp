@@ -876,7 +876,7 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
   return out;
 }
 
-// `only`: the sections to run (linear, hc, moe, long, sampler, prefill; empty: all), e.g. to profile one.
+// `only`: the sections to run (linear, hc, moe, long, long-chunk, sampler, prefill; empty: all), e.g. to profile one.
 Status run(const std::string& out_path, const std::set<std::string>& only) {
   auto want = [&](const char* sec) { return only.empty() || only.count(sec) > 0; };
   if (kc::device_count() == 0) return make_error(StatusCode::kUnavailable, "no CUDA device visible");
@@ -917,8 +917,10 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
   }
   if (want("hc")) b.hc_pre_pack_rows();
   if (want("moe")) b.moe_layers();
-  const nlohmann::json lc = want("long") ? bench_kernels::long_context(b.s, b.copy_bps, time_calls)
-                                         : nlohmann::json::object({{"targets", nlohmann::json::array()}});
+  const nlohmann::json lc =
+      want("long") ? bench_kernels::long_context(b.s, b.copy_bps, time_calls)
+      : want("long-chunk") ? bench_kernels::long_context(b.s, b.copy_bps, time_calls, true)
+                           : nlohmann::json::object({{"targets", nlohmann::json::array()}});
   const nlohmann::json smp = want("sampler") ? b.sampler() : nlohmann::json::array();
   const nlohmann::json pre =
       want("prefill") ? bench_kernels::prefill_kernels(b.s, b.copy_bps, time_calls) : nlohmann::json::array();
@@ -984,9 +986,11 @@ int bench_kernels_main(int argc, char** argv) {
   app.add_option("--out", out, "JSON output path (default bench/results/bench-kernels-<date>.json, or ./ without "
                                "bench/results)");
   std::vector<std::string> only;
-  app.add_option("--only", only, "sections to run: linear, hc, moe, long, sampler, prefill (default: all)")
+  app.add_option("--only", only,
+                 "sections to run: linear, hc, moe, long, sampler, prefill (default: all); long-chunk: only the "
+                 "long section's 4,096-row prefill chunk")
       ->delimiter(',')
-      ->check(CLI::IsMember({"linear", "hc", "moe", "long", "sampler", "prefill"}));
+      ->check(CLI::IsMember({"linear", "hc", "moe", "long", "long-chunk", "sampler", "prefill"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

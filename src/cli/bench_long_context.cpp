@@ -69,8 +69,8 @@ struct State {
   kc::DeviceBuffer<int32_t> tab_hca, tab_csa, tab_idx, row_seq, seq_row0, seq_len, seq_slot, tokens, ids, visible, top;
   kc::DeviceBuffer<int64_t> positions, seq_start;
   kc::DeviceBuffer<float> q, step_kv, sink, iq, iw, partial, out;
-  kc::DeviceBuffer<uint16_t> scores;
-  int64_t partial_slots = 0, lds = 0;
+  kc::DeviceBuffer<uint16_t> scores, key_rows;
+  int64_t partial_slots = 0, lds = 0, key_rows_cap = 0;
 
   State(int64_t positions_, int64_t seqs, int64_t rows_per_seq, int64_t copies_, cudaStream_t s,
         kc::DeviceBuffer<float>& tmp, cuda_model::KvRecordKind kind = cuda_model::KvRecordKind::kFp8)
@@ -155,6 +155,10 @@ struct State {
     partial_slots = Rq == 1 ? R * ((keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk) : 0;
     if (partial_slots) partial.reset(static_cast<size_t>(cuda_model::attn_partial_floats(kHeads, kHd, partial_slots)));
     out.reset(static_cast<size_t>(R * kHeads * kHd));
+    // a prefill chunk's key-row scratch (AttnArgs::key_rows), as the model sizes it: the step's rows
+    // and one sequence's HCA entries
+    key_rows_cap = Rq > 1 ? R + L / 128 : 0;
+    if (key_rows_cap) key_rows.reset(static_cast<size_t>(key_rows_cap * kHd));
     lds = (vis + 7) / 8 * 8;
     scores.reset(static_cast<size_t>(R * lds));
     visible.reset(static_cast<size_t>(R));
@@ -181,8 +185,9 @@ struct State {
     m.block_size = kBs;
     return m;
   }
-  // ratio 0 (window), 4 (CSA: the given top-k lists) or 128 (HCA)
-  cuda_model::AttnArgs attn(int c, int ratio, const int32_t* topk, int64_t topk_ld) const {
+  // ratio 0 (window), 4 (CSA: the given top-k lists) or 128 (HCA); with_rows: with the key-row scratch
+  // (a prefill chunk: the model's path)
+  cuda_model::AttnArgs attn(int c, int ratio, const int32_t* topk, int64_t topk_ld, bool with_rows = false) const {
     cuda_model::AttnArgs a;
     a.q = q.get() + c * rows() * kHeads * kHd;
     a.step_kv = step_kv.get() + c * rows() * kHd;
@@ -208,6 +213,11 @@ struct State {
     a.rows = rows();
     a.partial = partial.get();
     a.partial_slots = partial_slots;
+    if (with_rows && key_rows_cap) {
+      a.key_rows = key_rows.get();
+      a.key_rows_cap = key_rows_cap;
+      a.seqs = B;
+    }
     return a;
   }
   cuda_model::IndexerArgs indexer(int c, bool hist) const {
@@ -269,7 +279,7 @@ struct Table {
 
 }  // namespace
 
-nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& time_calls) {
+nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& time_calls, bool chunk_only) {
   Table tb;
   tb.copy_bps = copy_bps;
   std::printf("\n%-30s %8s %3s %7s %-6s %9s %10s %9s %7s\n", "long context (rank of TP=2)", "context", "B", "keys",
@@ -277,6 +287,7 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
   kc::DeviceBuffer<float> tmp(static_cast<size_t>(16384) * kHd);
   const double qo = kHeads * kHd * 4.0 * 2;  // a row's queries read and output written (fp32)
   for (int64_t L : {int64_t{4096}, int64_t{163840}, int64_t{1} << 20}) {
+    if (chunk_only) break;
     for (int64_t B : {int64_t{1}, int64_t{8}}) {
       if (L > 163840 && B > 1) continue;
       State st(L, B, 1, kCopies, s, tmp);
@@ -314,22 +325,24 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
   // the sequence's keys through the L2 as a real chunk does).
   constexpr int64_t kChunkRows = 512;
   for (int64_t L : {int64_t{4096}, int64_t{163840}, int64_t{1} << 20}) {
+    if (chunk_only) break;
     State st(L, 1, kChunkRows, 2, s, tmp);
     const int64_t rb = st.rec.bytes, vis = L / 4;
-    tb.row("prefill 512: attention HCA", L, kChunkRows, kWindow + L / 128, "fold", time_calls(s, [&](int i) {
-             cuda_model::attention(st.attn(i % 2, 128, nullptr, kTopk), s);
+    tb.row("prefill 512: attention HCA", L, kChunkRows, kWindow + L / 128, "fold-rows", time_calls(s, [&](int i) {
+             cuda_model::attention(st.attn(i % 2, 128, nullptr, kTopk, true), s);
            }),
            kChunkRows * ((kWindow + L / 128) * rb + qo));
     tb.row("prefill 512: CSA layer", L, kChunkRows, vis, "fold", time_calls(s, [&](int i) {
              cuda_model::indexer_scores_paged(st.indexer(i % 2, true), s);
              cuda_model::indexer_topk(st.topk(true), s);
-             cuda_model::attention(st.attn(i % 2, 4, st.top.get(), kTopk), s);
+             cuda_model::attention(st.attn(i % 2, 4, st.top.get(), kTopk, true), s);
            }),
            kChunkRows * (vis * (st.key.bytes + 2.0) + (kWindow + kTopk) * rb + qo));
   }
   // The model's prefill chunk (4,096 rows of one sequence ending at L): the attention alone, per
-  // layer kind (issue 24 reports them at 160K); fp8 records (the default cache) and, as the bound of
-  // a design that decodes each key once per step into bf16, bf16 records (a plain copy per key).
+  // layer kind (issue 24 reports them at 160K); fp8 records (the default cache) with the key-row
+  // scratch (`fold-rows`: the model's path, the step's rows and the HCA entries in bf16, written by
+  // attention() itself, included in the time) and without it (`fold`), and bf16 records.
   constexpr int64_t kModelChunk = 4096;
   for (int64_t L : {int64_t{4096}, int64_t{163840}})
     for (cuda_model::KvRecordKind kind : {cuda_model::KvRecordKind::kFp8, cuda_model::KvRecordKind::kBf16}) {
@@ -355,15 +368,24 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
                }),
                kModelChunk * vis * 2.0 * (vis <= cuda_model::kTopkSlice ? 1 : 3));
       }
-      for (int ratio : {128, 4}) {
-        const int64_t keys = kWindow + (ratio == 4 ? kTopk : L / ratio);
-        tb.row(ratio == 4 ? "prefill 4096: attention CSA" : "prefill 4096: attention HCA", L, kModelChunk, keys,
-               bf16 ? "fold-bf16kv" : "fold", time_calls(s, [&](int i) {
-                 cuda_model::attention(st.attn(i % 2, ratio, st.ids.get() + (i % 2) * st.rows() * kTopk, kTopk), s);
-               }),
-               kModelChunk * (keys * rb + qo));
-      }
+      for (int ratio : {128, 4})
+        for (const bool rows : {true, false}) {
+          if (bf16 && rows) continue;
+          const int64_t keys = kWindow + (ratio == 4 ? kTopk : L / ratio);
+          tb.row(ratio == 4 ? "prefill 4096: attention CSA" : "prefill 4096: attention HCA", L, kModelChunk, keys,
+                 bf16 ? "fold-bf16kv" : rows ? "fold-rows" : "fold", time_calls(s, [&](int i) {
+                   cuda_model::attention(
+                       st.attn(i % 2, ratio, st.ids.get() + (i % 2) * st.rows() * kTopk, kTopk, rows), s);
+                 }),
+                 kModelChunk * (keys * rb + qo));
+        }
     }
+  if (chunk_only) {
+    nlohmann::json j;
+    j["rows"] = tb.rows;
+    j["targets"] = nlohmann::json::array();
+    return j;
+  }
   // A prompt of L tokens in 512-row chunks: per chunk 21 CSA and 20 HCA layers whose cost grows
   // about linearly with the chunk's position (trapezoid between the 4K chunk and the last one).
   auto prefill_s = [&](int64_t L) {

@@ -16,8 +16,9 @@ namespace tandem::bench_kernels {
 // Median us of one call of `call(i)` (graph replays; bench_kernels.cpp's time_calls).
 using TimeCalls = std::function<double(cudaStream_t, const std::function<void(int)>&)>;
 
-// Prints a table; returns its rows and the long-context estimates as JSON.
-nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& time_calls);
+// Prints a table; returns its rows and the long-context estimates as JSON. chunk_only: only the
+// model's 4,096-row prefill chunk (indexer, top-512, attention per layer kind; no estimates).
+nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& time_calls, bool chunk_only = false);
 
 }  // namespace tandem::bench_kernels
 #endif

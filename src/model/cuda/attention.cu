@@ -6,9 +6,11 @@
 // per fragment, key order). The chunks are folded in list order, either in registers by a block
 // that walks its row's chunks (prefill, large batches) or, split over the chunks, by fold_kernel
 // from each chunk's (m_c, z_c, O_c) in `partial`: the same operations on the same values, so both
-// give the same bits. A split block gets its chunk's keys in one round of loads
-// (split_block_one_round: key pointers before the grid-dependency wait, every record byte copied
-// into the tile at once and decoded there in place); a folding block in rounds (attend_chunk).
+// give the same bits. Both get a chunk's keys in one round of loads (copy_records: every record
+// byte copied into the tile at once by cp.async; finish_keys: this step's fp32 rows loaded, the
+// records decoded there in place). A split block computes its key pointers before the
+// grid-dependency wait (split_block_one_round); a folding block one chunk ahead, while the current
+// chunk's copies fly (attend_chunk).
 #include "model/cuda/attention.h"
 
 #include <cuda_runtime.h>
@@ -52,8 +54,9 @@ struct Layout {
   static constexpr int kK = 0;                                  // [kChunk][kPitch] keys (= values)
   static constexpr int kQ = kK + kChunk * kPitch;               // [kHeads][kPitch] queries
   static constexpr int kP = kQ + kHeads * kPitch;               // [kPTerms][kHeads][kPPitch] p planes
-  static constexpr int kPtr = kP + kPTerms * kHeads * kPPitch;  // [kChunk] tagged key pointers
-  static constexpr int kMax = kPtr + kChunk * 8;                // [kWarps][kHeads] warp maxima
+  static constexpr int kPtr = kP + kPTerms * kHeads * kPPitch;  // [2][kChunk] tagged key pointers (a folding
+                                                                // block: this chunk's and the next one's)
+  static constexpr int kMax = kPtr + 2 * kChunk * 8;            // [kWarps][kHeads] warp maxima
   static constexpr int kSum = kMax + kWarps * kHeads * 4;       // [kWarps][kHeads] warp sums
   static constexpr int kRow = kSum + kWarps * kHeads * 4;       // the row's RowKeys
   static constexpr int kBytes = kRow + 64;
@@ -107,18 +110,26 @@ __device__ __forceinline__ RowKeys row_keys(const AttnArgs& a, int64_t t) {
   return r;
 }
 
-// Key j of the row's list as a pointer with a tag in bit 0 (1 = this step's fp32 row, 0 = a KV
-// record); 0 = masked (past the list, or an id the list does not make visible).
+// Key j of the row's list as a pointer with a tag in bits 0-1 (1 = this step's fp32 row, 2 = a
+// bf16 row of the key-row scratch, 0 = a KV record); 0 = masked (past the list, or an id the list
+// does not make visible).
+constexpr uint64_t kTagF32 = 1, kTagBf16 = 2, kTags = 3;
 __device__ __forceinline__ uint64_t key_ptr(const AttnArgs& a, const RowKeys& r, int j) {
   if (j < r.nwin) {
     const int64_t wp = r.w0 + j;
-    if (wp >= r.start) return reinterpret_cast<uint64_t>(a.step_kv + (r.row0 + (wp - r.start)) * a.hd) | 1u;
+    if (wp >= r.start) {
+      const int64_t row = r.row0 + (wp - r.start);
+      if (a.kr_step) return reinterpret_cast<uint64_t>(a.key_rows + row * a.hd) | kTagBf16;
+      return reinterpret_cast<uint64_t>(a.step_kv + row * a.hd) | kTagF32;
+    }
     return reinterpret_cast<uint64_t>(r.slot + a.win_off + (wp % a.win_ring) * a.rec.bytes);
   }
   const int i = j - r.nwin;
   if (i >= r.ncomp) return 0;
   const int64_t id = r.top ? static_cast<int64_t>(r.top[i]) : i;
   if (id < 0 || id >= r.vis) return 0;
+  if (r.seq < a.kr_seqs)  // the entry decoded once for the step (key_rows_kernel)
+    return reinterpret_cast<uint64_t>(a.key_rows + (a.rows + r.seq * a.kr_comp + id) * a.hd) | kTagBf16;
   const int64_t pos = static_cast<int64_t>(a.ratio) * id;
   const int32_t blk = a.m.block_tables[static_cast<int64_t>(r.seq) * a.m.max_blocks + pos / a.m.block_size];
   return reinterpret_cast<uint64_t>(a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_main +
@@ -166,7 +177,15 @@ __device__ __forceinline__ RawPiece record_piece(const uint8_t* rec, const KvRec
 }
 
 __device__ __forceinline__ RawPiece load_piece(uint64_t kp, const KvRecordLayout& l, int piece) {
-  if (kp & 1) {
+  if (kp & kTagBf16) {
+    RawPiece r;
+    r.w0 = __ldg(reinterpret_cast<const uint4*>(kp & ~kTags) + piece);
+    r.w1 = make_uint4(0, 0, 0, 0);
+    r.scale = 0.0f;
+    r.mode = 2;
+    return r;
+  }
+  if (kp & kTagF32) {
     RawPiece r;
     const uint4* f = reinterpret_cast<const uint4*>(kp & ~uint64_t{1}) + 2 * piece;
     r.w0 = __ldg(f);
@@ -258,16 +277,15 @@ struct Parts {
   static constexpr int kParts = NT >= 4 ? 2 : 1;
   static constexpr int NTP = NT / kParts;          // n-tiles per part (even: x4.trans loads pairs)
 };
-// Phases 2-4 of a chunk whose keys are in the tile as bf16 rows (masked keys: zeros, sptr 0),
+// Phases 2-4 of a chunk whose keys are in the tile as bf16 rows (masked keys: zeros, sptr[k] 0),
 // after a barrier that follows their stores: S, the softmax's max and sums, O_c in parts.
 template <int D, typename Consume>
-__device__ __forceinline__ void chunk_math(uint8_t* smem, float scale, Consume&& consume) {
+__device__ __forceinline__ void chunk_math(uint8_t* smem, const uint64_t* sptr, float scale, Consume&& consume) {
   using L = Layout<D>;
   constexpr int NTP = Parts<D>::NTP;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   uint8_t* sK = smem + L::kK;
   uint8_t* sP = smem + L::kP;
-  const uint64_t* sptr = reinterpret_cast<const uint64_t*>(smem + L::kPtr);
   float* smax = reinterpret_cast<float*>(smem + L::kMax);
   float* ssum = reinterpret_cast<float*>(smem + L::kSum);
 
@@ -381,44 +399,158 @@ __device__ __forceinline__ void chunk_math(uint8_t* smem, float scale, Consume&&
   }
 }
 
-// Chunk c of the row (rk: the row's key list, in shared memory). The chunk's max and sum for heads
-// g and g + 8 (g = lane / 4) of this thread, then O_c in parts (chunk_math): consume(part, oc, mc, zc) gets the
-// thread's mma fragments of dims [dim0 + part * D/8/kParts, +D/8/kParts) (dim0 = warp * D/8):
-// oc[n][0..1] = head g, oc[n][2..3] = head g + 8, at dims + 8n + 2 (lane % 4) + {0, 1}. Parts keep
-// the fragments of a fold and of the next part's products from being live at once. Begins with
-// __syncthreads().
-template <int D, int kMaxBatch, typename Consume>
-__device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& rk, int c, uint8_t* smem, float scale,
-                                             Consume&& consume) {
-  using L = Layout<D>;
-  constexpr int kPieces = D / 8;
-  constexpr int kIters = kChunk * kPieces / kThreads;
-  constexpr int kBatch = kIters < kMaxBatch ? kIters : kMaxBatch;  // loads in flight per thread
-  const int tid = threadIdx.x;
-  uint8_t* sK = smem + L::kK;
-  uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
+// ---- a chunk's keys into the tile, in one round (both launch shapes) ----
+// Each thread handles one 16-byte bf16 piece (dims [8 piece, 8 piece + 8)) of keys kslot,
+// kslot + kKeysPerPass, ... (kThreads is a multiple of the pieces per key).
+template <int D>
+struct Round {
+  static constexpr int kPieces = D / 8;                         // 16-byte bf16 pieces per key
+  static constexpr int kKeysPerPass = kThreads / kPieces;       // keys a pass of the block covers (4, 8, 16)
+  static constexpr int kPasses = kChunk / kKeysPerPass;         // passes per chunk (16, 8, 4)
+  static constexpr int kDecodeBatch = kPasses < 8 ? kPasses : 8;  // rows decoded between two barriers
+  static_assert(kThreads % kPieces == 0 && kPasses % 4 == 0 && kPasses % kDecodeBatch == 0);
+};
 
-  __syncthreads();  // the previous chunk's readers of every shared array are done
-  if (tid < kChunk) sptr[tid] = key_ptr(a, rk, c * kChunk + tid);
-  __syncthreads();
-  // 1. the chunk's keys as bf16 rows (masked keys as zeros: 0 * 0 in P V)
+// 1. The records' bytes, all at once: cp.async of 8-byte words (records are 8-byte aligned) into
+// each key's row of the tile (a record's bytes, at most 2 D, fit its 2 D + 16 byte row), committed
+// as one group. Keys whose pointers are fp32 rows or masked are finish_keys' work.
+template <int D>
+__device__ __forceinline__ void copy_records(const AttnArgs& a, uint8_t* sK, const uint64_t* sptr) {
+  using R = Round<D>;
+  const int piece = threadIdx.x % R::kPieces, kslot = threadIdx.x / R::kPieces;
+  const int words = a.rec.bytes / 8;  // words piece, piece + kPieces, ... (<= 2: at most 2 D bytes)
+#pragma unroll 4
+  for (int p = 0; p < R::kPasses; ++p) {
+    const int k = p * R::kKeysPerPass + kslot;
+    const uint64_t kp = sptr[k];
+    if (!kp || (kp & kTags)) continue;
+    const uint8_t* rec = reinterpret_cast<const uint8_t*>(kp);
+    for (int w = piece; w < words; w += R::kPieces)
+      mma::cp_async8(sK + k * Layout<D>::kPitch + 8 * w, rec + 8 * w);
+  }
+  mma::cp_async_commit();
+}
+
+// The records of the tile decoded in place (finish_keys), kind K (= rec.kind).
+template <int D, KvRecordKind K>
+__device__ __forceinline__ void decode_rows(const KvRecordLayout& rec, uint8_t* sK, const uint64_t* sptr) {
+  using L = Layout<D>;
+  using R = Round<D>;
+  const int piece = threadIdx.x % R::kPieces, kslot = threadIdx.x / R::kPieces;
+  KvRecordLayout l = rec;
+  l.kind = K;
 #pragma unroll 1
-  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
-    RawPiece raw[kBatch];
+  for (int p0 = 0; p0 < R::kPasses; p0 += R::kDecodeBatch) {
+    uint4 v[R::kDecodeBatch];
+    bool is_rec[R::kDecodeBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = (i0 + b) * kThreads + tid;
-      raw[b] = load_piece(sptr[i / kPieces], a.rec, i % kPieces);
+    for (int b = 0; b < R::kDecodeBatch; ++b) {
+      const int k = (p0 + b) * R::kKeysPerPass + kslot;
+      const uint64_t kp = sptr[k];
+      is_rec[b] = kp && !(kp & kTags);
+      v[b] = is_rec[b] ? piece_bf16(record_piece<false>(sK + k * L::kPitch, l, piece)) : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();  // every piece of these rows read
+#pragma unroll
+    for (int b = 0; b < R::kDecodeBatch; ++b)
+      if (is_rec[b]) *reinterpret_cast<uint4*>(sK + ((p0 + b) * R::kKeysPerPass + kslot) * L::kPitch + piece * 16) = v[b];
+  }
+}
+
+// 2. This step's fp32 rows and the masked keys (zeros) straight into their rows, 4 pieces in
+// flight; then the copies' wait and every record decoded in place (decode_rows): each row read
+// whole by its key's threads before a barrier and written after it (a row's bytes are read and
+// written by the same kPieces threads: no other row is touched). The same decoded values as
+// load_piece's (the same record_piece and piece_bf16). Ends with a barrier: the tile is complete.
+template <int D>
+__device__ __forceinline__ void finish_keys(const AttnArgs& a, uint8_t* sK, const uint64_t* sptr) {
+  using L = Layout<D>;
+  using R = Round<D>;
+  const int piece = threadIdx.x % R::kPieces, kslot = threadIdx.x / R::kPieces;
+#pragma unroll 1
+  for (int p0 = 0; p0 < R::kPasses; p0 += 4) {
+    RawPiece raw[4];
+    bool direct[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint64_t kp = sptr[(p0 + b) * R::kKeysPerPass + kslot];
+      direct[b] = !kp || (kp & kTags);
+      raw[b] = load_piece(direct[b] ? kp : 0, a.rec, piece);
     }
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = (i0 + b) * kThreads + tid;
-      *reinterpret_cast<uint4*>(sK + (i / kPieces) * L::kPitch + (i % kPieces) * 16) = piece_bf16(raw[b]);
+    for (int b = 0; b < 4; ++b)
+      if (direct[b])
+        *reinterpret_cast<uint4*>(sK + ((p0 + b) * R::kKeysPerPass + kslot) * L::kPitch + piece * 16) = piece_bf16(raw[b]);
+  }
+  mma::cp_async_wait(0);
+  __syncthreads();  // every copy of the block landed (a batch's rows are not another batch's)
+  switch (a.rec.kind) {  // the kind as a constant inside each loop
+    case KvRecordKind::kBf16: break;  // a bf16 record is its row: piece p's bytes are at 16 p already
+    case KvRecordKind::kNvfp4: decode_rows<D, KvRecordKind::kNvfp4>(a.rec, sK, sptr); break;
+    default: decode_rows<D, KvRecordKind::kFp8>(a.rec, sK, sptr); break;
+  }
+  __syncthreads();
+}
+
+// The L2 lines of a KV record (a prefetch reads nothing into the program).
+__device__ __forceinline__ void prefetch_record(const AttnArgs& a, uint64_t kp) {
+  if (!kp || (kp & kTags)) return;
+  const uintptr_t first = kp & ~uint64_t{127}, end = kp + static_cast<uint64_t>(a.rec.bytes);
+  for (uintptr_t line = first; line < end; line += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+}
+
+// Chunk c of nch of the row (rk: the row's key list, in shared memory) in a folding block. The
+// chunk's key pointers are in buffer c % 2 of the block's two (written before the previous barrier:
+// by the block's prologue for chunk 0, else during chunk c - 1); while its keys' loads fly, the
+// next chunk's pointers go to the other buffer (its readers, chunk c - 1's, are past this chunk's
+// first barrier) and their records are L2-prefetched. The keys: a chunk of bf16 rows only (the
+// key-row scratch: the step's rows, the entries decoded for the step) by one cp.async of 16 bytes a
+// piece; any other in rounds of kBatch pieces a thread through registers (load_piece, piece_bf16).
+// Then the chunk's max and sum for heads g and g + 8 (g = lane / 4) of this thread, and O_c in parts
+// (chunk_math): consume(part, oc, mc, zc) gets the thread's mma fragments of dims [dim0 + part *
+// D/8/kParts, +D/8/kParts) (dim0 = warp * D/8): oc[n][0..1] = head g, oc[n][2..3] = head g + 8, at
+// dims + 8n + 2 (lane % 4) + {0, 1}. Parts keep the fragments of a fold and of the next part's
+// products from being live at once.
+template <int D, typename Consume>
+__device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& rk, int c, int nch, uint8_t* smem,
+                                             float scale, Consume&& consume) {
+  using L = Layout<D>;
+  using R = Round<D>;
+  constexpr int kBatch = 4;  // pieces in flight per thread in the rounds
+  const int tid = threadIdx.x, piece = tid % R::kPieces, kslot = tid / R::kPieces;
+  uint8_t* sK = smem + L::kK;
+  uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
+  const uint64_t* cur = sptr + (c & 1) * kChunk;
+  // the previous chunk's readers of every shared array are done; is every key a bf16 row?
+  const bool rows_only = __syncthreads_and(tid >= kChunk || (cur[tid] & kTags) == kTagBf16);
+  if (rows_only) {
+#pragma unroll
+    for (int p = 0; p < R::kPasses; ++p) {
+      const int k = p * R::kKeysPerPass + kslot;
+      mma::cp_async16(sK + k * L::kPitch + piece * 16, reinterpret_cast<const uint4*>(cur[k] & ~kTags) + piece);
+    }
+    mma::cp_async_commit();
+  }
+  if (tid < kChunk && c + 1 < nch) {
+    const uint64_t kp = key_ptr(a, rk, (c + 1) * kChunk + tid);
+    sptr[((c + 1) & 1) * kChunk + tid] = kp;
+    prefetch_record(a, kp);
+  }
+  if (rows_only) {
+    mma::cp_async_wait(0);
+  } else {
+#pragma unroll 1
+    for (int p0 = 0; p0 < R::kPasses; p0 += kBatch) {
+      RawPiece raw[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) raw[b] = load_piece(cur[(p0 + b) * R::kKeysPerPass + kslot], a.rec, piece);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+        *reinterpret_cast<uint4*>(sK + ((p0 + b) * R::kKeysPerPass + kslot) * L::kPitch + piece * 16) = piece_bf16(raw[b]);
     }
   }
   __syncthreads();
-
-  chunk_math<D>(smem, scale, consume);
+  chunk_math<D>(smem, cur, scale, consume);
 }
 
 // A split block's chunk partials (consume of chunk_math): O_c of its heads to partial[slot], m_c
@@ -455,24 +587,16 @@ struct PartialStore {
 //    (a prefetch reads nothing into the program: whatever a kernel before this one still writes,
 //    the loads after the wait see it, the L2 being the point of coherence). The top-k entries'
 //    pointers (the list is this step's indexer's), the queries and this step's fp32 rows: after it.
-//  - The chunk's record bytes all at once: cp.async of 8-byte words (records are 8-byte aligned)
-//    into each key's row of the key tile (a record's bytes, at most 2 hd, fit its 2 hd + 16 byte
-//    row), while the fp32 rows' and masked keys' pieces go straight into theirs; then every row is
-//    decoded in place, each row read whole by its key's threads before a barrier and written after
-//    it (a row's bytes are read and written by the same kPieces threads: no other row is touched).
-//    The same decoded values as the rounds of load_piece (the same record_piece and piece_bf16).
+//  - The chunk's keys in one round (copy_records, finish_keys), the queries' stores between the
+//    records' copies and the direct pieces.
 template <int D>
 __device__ __forceinline__ void split_block_one_round(const AttnArgs& a, int64_t t, int h0, int nchunks, float scale,
                                                       uint8_t* smem) {
   using L = Layout<D>;
-  constexpr int kPieces = D / 8;                         // 16-byte bf16 pieces per key
-  constexpr int kKeysPerPass = kThreads / kPieces;       // keys a pass of the block covers (4, 8, 16)
-  constexpr int kPasses = kChunk / kKeysPerPass;         // passes per chunk (16, 8, 4)
+  constexpr int kPieces = Round<D>::kPieces;
   constexpr int kQIters = kHeads * kPieces / kThreads;   // query pieces per thread (4, 2, 1)
-  constexpr int kDecodeBatch = kPasses < 8 ? kPasses : 8;  // rows decoded between two barriers
-  static_assert(kThreads % kPieces == 0 && kPasses % 4 == 0 && kPasses % kDecodeBatch == 0 && kQIters >= 1);
+  static_assert(kQIters >= 1);
   const int tid = threadIdx.x;
-  const int piece = tid % kPieces, kslot = tid / kPieces;  // this thread's piece of key kslot + kKeysPerPass * pass
   uint8_t* sK = smem + L::kK;
   uint8_t* sQ = smem + L::kQ;
   uint64_t* sptr = reinterpret_cast<uint64_t*>(smem + L::kPtr);
@@ -490,10 +614,7 @@ __device__ __forceinline__ void split_block_one_round(const AttnArgs& a, int64_t
   if (tid < kChunk && !chosen) {
     const uint64_t kp = key_ptr(a, rk, j);
     sptr[tid] = kp;
-    if (kp && !(kp & 1)) {
-      const uintptr_t first = kp & ~uint64_t{127}, end = kp + static_cast<uint64_t>(a.rec.bytes);
-      for (uintptr_t line = first; line < end; line += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-    }
+    prefetch_record(a, kp);
   }
   kernels::cuda::pdl_wait();
   // The dependent (fold_kernel) reads only StepMeta and the sink before its own wait.
@@ -513,17 +634,7 @@ __device__ __forceinline__ void split_block_one_round(const AttnArgs& a, int64_t
     }
   }
   __syncthreads();  // sptr
-  // the records' bytes: words piece, piece + kPieces, ... (<= 2: a record has at most 2 D bytes)
-  const int words = a.rec.bytes / 8;
-#pragma unroll 4
-  for (int p = 0; p < kPasses; ++p) {
-    const int k = p * kKeysPerPass + kslot;
-    const uint64_t kp = sptr[k];
-    if (!kp || (kp & 1)) continue;
-    const uint8_t* rec = reinterpret_cast<const uint8_t*>(kp);
-    for (int w = piece; w < words; w += kPieces) mma::cp_async8(sK + k * L::kPitch + 8 * w, rec + 8 * w);
-  }
-  mma::cp_async_commit();
+  copy_records<D>(a, sK, sptr);
 #pragma unroll
   for (int k = 0; k < kQIters; ++k) {
     const int i = k * kThreads + tid, hl = i / kPieces, qp = i % kPieces;
@@ -531,45 +642,10 @@ __device__ __forceinline__ void split_block_one_round(const AttnArgs& a, int64_t
     *reinterpret_cast<uint4*>(sQ + hl * L::kPitch + qp * 16) =
         make_uint4(bf16x2(x.x, x.y), bf16x2(x.z, x.w), bf16x2(y.x, y.y), bf16x2(y.z, y.w));
   }
-  // this step's fp32 rows and the masked keys (zeros), 4 pieces in flight
-#pragma unroll 1
-  for (int p0 = 0; p0 < kPasses; p0 += 4) {
-    RawPiece raw[4];
-    bool direct[4];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint64_t kp = sptr[(p0 + b) * kKeysPerPass + kslot];
-      direct[b] = !kp || (kp & 1);
-      raw[b] = load_piece(direct[b] ? kp : 0, a.rec, piece);
-    }
-#pragma unroll
-    for (int b = 0; b < 4; ++b)
-      if (direct[b])
-        *reinterpret_cast<uint4*>(sK + ((p0 + b) * kKeysPerPass + kslot) * L::kPitch + piece * 16) = piece_bf16(raw[b]);
-  }
-  mma::cp_async_wait(0);
-  // the records decoded in place
-  __syncthreads();  // every copy of the block landed (a batch's rows are not another batch's)
-#pragma unroll 1
-  for (int p0 = 0; p0 < kPasses; p0 += kDecodeBatch) {
-    uint4 v[kDecodeBatch];
-    bool rec[kDecodeBatch];
-#pragma unroll
-    for (int b = 0; b < kDecodeBatch; ++b) {
-      const int k = (p0 + b) * kKeysPerPass + kslot;
-      const uint64_t kp = sptr[k];
-      rec[b] = kp && !(kp & 1);
-      v[b] = rec[b] ? piece_bf16(record_piece<false>(sK + k * L::kPitch, a.rec, piece)) : make_uint4(0, 0, 0, 0);
-    }
-    __syncthreads();  // every piece of these rows read
-#pragma unroll
-    for (int b = 0; b < kDecodeBatch; ++b)
-      if (rec[b]) *reinterpret_cast<uint4*>(sK + ((p0 + b) * kKeysPerPass + kslot) * L::kPitch + piece * 16) = v[b];
-  }
-  __syncthreads();
+  finish_keys<D>(a, sK, sptr);
   const int64_t slot = t * nchunks + c0;
   const int lane = tid & 31, tq = lane & 3;
-  chunk_math<D>(smem, scale,
+  chunk_math<D>(smem, sptr, scale,
                 PartialStore<D>{a.partial + slot * a.heads * D, a.partial + a.partial_slots * a.heads * D + slot * a.heads * 2,
                                 h0, a.heads, lane >> 2, tq, (tid >> 5) * (D / 8) + 2 * tq});
 }
@@ -598,8 +674,11 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
   int nch = (nk + kChunk - 1) / kChunk;
   nch = nch < nchunks ? nch : nchunks;
   if (nch == 0) return;
-  if (threadIdx.x == 0) rk = row_keys(a, t);  // read after attend_chunk's first barrier
+  if (threadIdx.x == 0) rk = row_keys(a, t);
   load_q<D>(a, t, h0, smem + Layout<D>::kQ);
+  __syncthreads();  // rk
+  if (threadIdx.x < kChunk)  // chunk 0's key pointers (read after attend_chunk's first barrier)
+    reinterpret_cast<uint64_t*>(smem + Layout<D>::kPtr)[threadIdx.x] = key_ptr(a, rk, static_cast<int>(threadIdx.x));
 
   const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int dim0 = (threadIdx.x >> 5) * (D / 8) + 2 * tq;
@@ -611,7 +690,7 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunk
 #pragma unroll 1
   for (int c = 0; c < nch; ++c) {
     float al[2], be[2];
-    attend_chunk<D, 4>(a, rk, c, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
+    attend_chunk<D>(a, rk, c, nch, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
       if (part == 0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -730,6 +809,36 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
   a.out[(t * H + h) * D + tid] = pr[tid & 1];
 }
 
+// The key-row scratch (AttnArgs::key_rows): row r < a.rows is this step's fp32 row r rounded to
+// bf16 (piece_bf16 of the fp32 piece), row a.rows + s * kr_comp + id the decoded entry id of
+// sequence s (written for id < (last position of s + 1) / ratio, the most any of its rows sees).
+// One 16-byte piece a thread, kRowsPerBlock rows a block.
+template <int D>
+__global__ void __launch_bounds__(kThreads) key_rows_kernel(AttnArgs a) {
+  constexpr int kPieces = D / 8, kRowsPerBlock = kThreads / kPieces;
+  kernels::cuda::pdl_enter();
+  const int piece = threadIdx.x % kPieces;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kPieces;
+  const int64_t nrows = a.rows + a.kr_seqs * a.kr_comp;
+  if (r >= nrows) return;
+  uint4 v;
+  if (r < a.rows) {
+    v = piece_bf16(load_piece(reinterpret_cast<uint64_t>(a.step_kv + r * D) | kTagF32, a.rec, piece));
+  } else {
+    const int64_t e = r - a.rows, s = e / a.kr_comp, id = e % a.kr_comp;
+    const int len = a.m.seq_len[s];
+    if (len <= 0) return;
+    const int64_t vis = (a.m.positions[a.m.seq_row0[s] + len - 1] + 1) / a.ratio;
+    if (id >= vis) return;
+    const int64_t pos = static_cast<int64_t>(a.ratio) * id;
+    const int32_t blk = a.m.block_tables[s * a.m.max_blocks + pos / a.m.block_size];
+    const uint8_t* rec = a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_main +
+                         ((pos % a.m.block_size) / a.ratio) * a.rec.bytes;
+    v = piece_bf16(record_piece<true>(rec, a.rec, piece));
+  }
+  reinterpret_cast<uint4*>(a.key_rows + r * D)[piece] = v;
+}
+
 template <int D>
 void launch(const AttnArgs& a, cudaStream_t s, int nchunks, unsigned tiles, float scale, bool split) {
   constexpr size_t smem = Layout<D>::kBytes;
@@ -741,6 +850,12 @@ void launch(const AttnArgs& a, cudaStream_t s, int nchunks, unsigned tiles, floa
     kernels::cuda::launch_pdl(fold_kernel<D>, dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)),
                               dim3(D), 0, s, a, nchunks);
   } else {
+    if (a.kr_step) {
+      constexpr int kRowsPerBlock = kThreads / (D / 8);
+      const int64_t nrows = a.rows + a.kr_seqs * a.kr_comp;
+      kernels::cuda::launch_pdl(key_rows_kernel<D>, dim3(static_cast<unsigned>((nrows + kRowsPerBlock - 1) / kRowsPerBlock)),
+                                dim3(kThreads), 0, s, a);
+    }
     auto k = mqa_kernel<D, false>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
     kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(a.rows), tiles), dim3(kThreads), smem, s, a, nchunks,
@@ -781,10 +896,21 @@ void attention(const AttnArgs& a, cudaStream_t s) {
   // The CPU's score scale: fl(1 / fl(sqrt(hd))) (model::attend).
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.hd));
   const bool split = attention_splits(a);
+  AttnArgs b = a;
+  b.kr_step = 0;
+  b.kr_seqs = 0;
+  b.kr_comp = 0;
+  if (!split && a.key_rows && a.rows <= a.key_rows_cap) {
+    b.kr_step = 1;
+    const int64_t comp = a.max_keys - a.window;  // >= the entries any row sees (ratio, no top-k)
+    if (a.ratio && !a.topk && comp > 0 && a.seqs > 0 && a.rows >= 4 * a.seqs)
+      b.kr_seqs = static_cast<int>(std::min<int64_t>(a.seqs, (a.key_rows_cap - a.rows) / comp));
+    b.kr_comp = b.kr_seqs ? comp : 0;
+  }
   switch (a.hd) {
-    case 128: launch<128>(a, s, nchunks, tiles, scale, split); break;
-    case 256: launch<256>(a, s, nchunks, tiles, scale, split); break;
-    default: launch<512>(a, s, nchunks, tiles, scale, split); break;
+    case 128: launch<128>(b, s, nchunks, tiles, scale, split); break;
+    case 256: launch<256>(b, s, nchunks, tiles, scale, split); break;
+    default: launch<512>(b, s, nchunks, tiles, scale, split); break;
   }
 }
 

@@ -584,6 +584,9 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   aa.partial = attn_partial.get();
   aa.partial_slots = attn_partial_slots;
   aa.sm_count = sm_count;
+  aa.key_rows = attn_keys.get();
+  aa.key_rows_cap = attn_keys_rows;
+  aa.seqs = in_step && step.batch ? static_cast<int64_t>(step.batch->seqs.size()) : 0;
   cuda_model::attention(aa, stream);
   output_proj(at, o.get(), n, y);
 

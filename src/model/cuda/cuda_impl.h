@@ -175,6 +175,8 @@ struct CudaModel::Impl {
   Buf<uint8_t> kv_rec, entry_rec;
   Buf<float> attn_partial;         // split-K attention: attn_partial_slots (row, chunk) partials
   int64_t attn_partial_slots = 0;
+  Buf<uint16_t> attn_keys;         // the attention's key-row scratch (AttnArgs::key_rows): attn_keys_rows x hd bf16
+  int64_t attn_keys_rows = 0;
   Buf<uint16_t> idx_scores;        // indexer scores (bf16) of a chunk of rows
   Buf<uint8_t> topk_counters, topk_work;  // the indexer top-k's state (indexer_topk.h)
   Buf<int64_t> entry_pos, draft_pos;
