@@ -156,8 +156,8 @@ struct State {
     if (partial_slots) partial.reset(static_cast<size_t>(cuda_model::attn_partial_floats(kHeads, kHd, partial_slots)));
     out.reset(static_cast<size_t>(R * kHeads * kHd));
     // a prefill chunk's key-row scratch (AttnArgs::key_rows), as the model sizes it: the step's rows
-    // and one sequence's HCA entries
-    key_rows_cap = Rq > 1 ? R + L / 128 : 0;
+    // and one sequence's entries, at most 65,536
+    key_rows_cap = Rq > 1 ? R + std::min<int64_t>(L / 4, 65536) : 0;
     if (key_rows_cap) key_rows.reset(static_cast<size_t>(key_rows_cap * kHd));
     lds = (vis + 7) / 8 * 8;
     scores.reset(static_cast<size_t>(R * lds));
@@ -217,6 +217,7 @@ struct State {
       a.key_rows = key_rows.get();
       a.key_rows_cap = key_rows_cap;
       a.seqs = B;
+      a.entries_bound = ratio ? L / ratio : 0;
     }
     return a;
   }

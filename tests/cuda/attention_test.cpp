@@ -240,6 +240,7 @@ TEST(CudaAttention, MatchesCpu) {
   // 0 (no entry visible to its first rows), rows crossing an entry's boundary.
   cases.push_back({KvRecordKind::kFp8, 128, 32, 512, 0, {{0, 5000, 8, {}}, {1, 120, 8, {}}, {2, 250, 8, {}}}});
   cases.push_back({KvRecordKind::kNvfp4, 128, 16, 128, 0, {{1, 2040, 16, {}}, {0, 0, 4, {}}}});
+  cases.push_back({KvRecordKind::kFp8, 4, 32, 512, 512, {{0, 3000, 8, {}}, {1, 200, 8, {}}}, true});
   // Decode shapes of the split launch (against the folding blocks): 1, 2 and 8 rows, windows of 1 key, partial, exactly full (position 127) and wrapped,
   // this step's fp32 rows among the window's records (a 6-row sequence), masked top-k ids, every
   // record kind, head dims 512 and 128, head counts that do and do not fill the 16-head tiles.
@@ -401,11 +402,12 @@ TEST(CudaAttention, MatchesCpu) {
     chk.check_gpu(got, "attention");
     EXPECT_TRUE(same_bits(to_host(out_fold), got)) << "folding blocks vs split over chunks";
     // ... and the folding blocks with the key-row scratch (AttnArgs::key_rows): this step's rows in
-    // bf16 and, with ratio > 0, no top-k list and at least 4 rows a sequence, the entries decoded
-    // once for the step (every sequence's, then only the first one's: the others' from their
-    // records; the scratch's unused rows poisoned): the same bits.
+    // bf16 and, with ratio > 0 and at least 4 rows a sequence, the entries decoded once for the step
+    // (every sequence's, then only the first one's: the others' from their records; the scratch's
+    // unused rows poisoned; with a top-k list the ids it selects are looked up there): the same bits.
     {
-      const int64_t comp = a.max_keys - W, nseq = static_cast<int64_t>(c.seqs.size());
+      const int64_t comp = c.ratio ? max_vis : 0, nseq = static_cast<int64_t>(c.seqs.size());
+      a.entries_bound = comp;
       for (const int64_t fit : {nseq, int64_t{1}}) {
         const int64_t cap = rows + fit * comp;
         auto krows = poisoned<uint16_t>(static_cast<size_t>(cap * hd));
@@ -421,6 +423,7 @@ TEST(CudaAttention, MatchesCpu) {
       a.key_rows = nullptr;
       a.key_rows_cap = 0;
       a.seqs = 0;
+      a.entries_bound = 0;
     }
     // o's inverse RoPE in the epilogue (AttnArgs::out_inv_freq) in both launch shapes == the rope op
     // (inverse, rounded to bf16: the forward's former launch) on the plain output, bit for bit.

@@ -902,8 +902,8 @@ void attention(const AttnArgs& a, cudaStream_t s) {
   b.kr_comp = 0;
   if (!split && a.key_rows && a.rows <= a.key_rows_cap) {
     b.kr_step = 1;
-    const int64_t comp = a.max_keys - a.window;  // >= the entries any row sees (ratio, no top-k)
-    if (a.ratio && !a.topk && comp > 0 && a.seqs > 0 && a.rows >= 4 * a.seqs)
+    const int64_t comp = a.entries_bound > 0 ? a.entries_bound : a.topk ? 0 : a.max_keys - a.window;
+    if (a.ratio && comp > 0 && a.seqs > 0 && a.rows >= 4 * a.seqs)
       b.kr_seqs = static_cast<int>(std::min<int64_t>(a.seqs, (a.key_rows_cap - a.rows) / comp));
     b.kr_comp = b.kr_seqs ? comp : 0;
   }

@@ -71,14 +71,16 @@ struct AttnArgs {
   int sm_count = 0;                  // multiprocessors (0: the current device's)
   // Optional key-row scratch of key_rows_cap rows of hd bf16 values, for the folding blocks (steps
   // whose rows fill the GPU: prefill chunks). attention() then first writes, in one launch
-  // (key_rows_kernel), this step's fp32 KV rows as bf16 rows and, with ratio > 0 and no top-k list
-  // when the step runs at least 4 rows per sequence, every compressed entry its rows can see, for as
-  // many of the step's `seqs` sequences as fit: each key decoded once per step instead of once per
-  // row and 16 heads, and a chunk of such keys copied into shared memory without converting. The
-  // same values (a record's decode is exact, a row's bf16 rounding the same), so the same bits.
+  // (key_rows_kernel), this step's fp32 KV rows as bf16 rows and, with ratio > 0 when the step runs
+  // at least 4 rows per sequence, every compressed entry its rows can see, for as many of the step's
+  // `seqs` sequences as fit (entries_bound each): each key decoded once per step instead of once per
+  // row and 16 heads, and such keys copied into shared memory without converting. The same values (a
+  // record's decode is exact, a row's bf16 rounding the same), so the same bits.
   uint16_t* key_rows = nullptr;
   int64_t key_rows_cap = 0;
   int64_t seqs = 0;                  // sequences of the step (StepMeta's per-sequence arrays)
+  int64_t entries_bound = 0;         // >= the entries any row sees ((position + 1) / ratio); 0: without a
+                                     // top-k list max_keys - window, with one no entries in the scratch
   // Set by attention() (callers leave them 0): the step's rows are in key_rows [0, rows); the
   // entries of sequence s < kr_seqs at key_rows [rows + s * kr_comp, + kr_comp).
   int kr_step = 0;

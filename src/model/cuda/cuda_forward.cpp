@@ -587,6 +587,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   aa.key_rows = attn_keys.get();
   aa.key_rows_cap = attn_keys_rows;
   aa.seqs = in_step && step.batch ? static_cast<int64_t>(step.batch->seqs.size()) : 0;
+  aa.entries_bound = ratio ? step.end_bound / ratio : 0;
   cuda_model::attention(aa, stream);
   output_proj(at, o.get(), n, y);
 

@@ -301,16 +301,13 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   const int64_t max_chunks = (max_keys + cuda_model::kAttnChunk - 1) / cuda_model::kAttnChunk;
   m.attn_partial_slots = std::min<int64_t>(std::min<int64_t>(N, 96) * max_chunks, 2048);
   take(m.attn_partial, cuda_model::attn_partial_floats(static_cast<int>(H), static_cast<int>(hd), m.attn_partial_slots));
-  // Key rows for the prefill attention (AttnArgs::key_rows): a step's KV rows in bf16, and the
-  // entries of one sequence at the longest context that a layer without a top-k list reads (HCA:
-  // 8,192 at 1M positions, 8 MB at hd 512), at most 16,384 (a longer list is read from its records).
+  // Key rows for the prefill attention (AttnArgs::key_rows): a step's KV rows in bf16, and one
+  // sequence's compressed entries at the longest context, at most 65,536 (64 MB at hd 512: CSA's up
+  // to 256K positions, HCA's up to 8M; a sequence whose entries do not fit reads its records).
   int64_t comp_entries = 0;
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const int r = c.compress_ratios[l];
-    if (r && !(r == 4 && m.w.layers[l].attn.has_indexer))
-      comp_entries = std::max<int64_t>(comp_entries, c.max_position_embeddings / r);
-  }
-  m.attn_keys_rows = N + (comp_entries <= 16384 ? comp_entries : 0);
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    if (const int r = c.compress_ratios[l]) comp_entries = std::max<int64_t>(comp_entries, c.max_position_embeddings / r);
+  m.attn_keys_rows = N + std::min<int64_t>(comp_entries, 65536);
   take(m.attn_keys, m.attn_keys_rows * hd);
   take(m.kv_rec, N * m.lay.rec.bytes);
   take(m.entry_rec, N * std::max(m.lay.rec.bytes, m.lay.key.bytes));
