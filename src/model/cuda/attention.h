@@ -35,7 +35,7 @@ constexpr int kAttnHeadTile = 16;
 // Launch shapes (equal bits): a thread block per (chunk, 16 heads, row) writing each chunk's
 // (m_c, z_c, o_c) to `partial`, then a fold kernel per (row, head); or, when the step's rows fill
 // the GPU or the partials do not fit, a thread block per (row, 16 heads) folding its chunks as it
-// goes. Shared memory: 91 KB per block at hd 512, whatever the context length.
+// goes. Shared memory: about 90 KiB per block at hd 512, whatever the context length.
 struct AttnArgs {
   const float* q = nullptr;          // [rows, heads, hd] bf16 values (after RoPE)
   const float* step_kv = nullptr;    // [rows, hd] this step's KV values (after the cache round trip)
