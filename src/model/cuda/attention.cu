@@ -6,11 +6,13 @@
 // per fragment, key order). The chunks are folded in list order, either in registers by a block
 // that walks its row's chunks (prefill, large batches) or, split over the chunks, by fold_kernel
 // from each chunk's (m_c, z_c, O_c) in `partial`: the same operations on the same values, so both
-// give the same bits. Both get a chunk's keys in one round of loads (copy_records: every record
-// byte copied into the tile at once by cp.async; finish_keys: this step's fp32 rows loaded, the
-// records decoded there in place). A split block computes its key pointers before the
-// grid-dependency wait (split_block_one_round); a folding block one chunk ahead, while the current
-// chunk's copies fly (attend_chunk).
+// give the same bits. A split block gets its chunk's keys in one round of loads (copy_records: every
+// record byte copied into the tile at once by cp.async; finish_keys: this step's fp32 rows loaded,
+// the records decoded there in place), its key pointers computed before the grid-dependency wait
+// (split_block_one_round). A folding block computes the next chunk's pointers while the current
+// chunk's loads fly, and, with the key-row scratch (AttnArgs::key_rows: the step's rows and the
+// compressed entries decoded once per step by key_rows_kernel), copies a chunk of bf16 rows by
+// cp.async; any other chunk in rounds of loads through registers (attend_chunk).
 #include "model/cuda/attention.h"
 
 #include <cuda_runtime.h>
@@ -399,9 +401,10 @@ __device__ __forceinline__ void chunk_math(uint8_t* smem, const uint64_t* sptr, 
   }
 }
 
-// ---- a chunk's keys into the tile, in one round (both launch shapes) ----
+// ---- a chunk's keys into the tile ----
 // Each thread handles one 16-byte bf16 piece (dims [8 piece, 8 piece + 8)) of keys kslot,
-// kslot + kKeysPerPass, ... (kThreads is a multiple of the pieces per key).
+// kslot + kKeysPerPass, ... (kThreads is a multiple of the pieces per key): the split launch's one
+// round (copy_records, finish_keys) and the folding blocks' copies and rounds (attend_chunk).
 template <int D>
 struct Round {
   static constexpr int kPieces = D / 8;                         // 16-byte bf16 pieces per key
