@@ -333,7 +333,7 @@ nlohmann::json long_context(cudaStream_t s, double copy_bps, const TimeCalls& ti
              cuda_model::attention(st.attn(i % 2, 128, nullptr, kTopk, true), s);
            }),
            kChunkRows * ((kWindow + L / 128) * rb + qo));
-    tb.row("prefill 512: CSA layer", L, kChunkRows, vis, "fold", time_calls(s, [&](int i) {
+    tb.row("prefill 512: CSA layer", L, kChunkRows, vis, "fold-rows", time_calls(s, [&](int i) {
              cuda_model::indexer_scores_paged(st.indexer(i % 2, true), s);
              cuda_model::indexer_topk(st.topk(true), s);
              cuda_model::attention(st.attn(i % 2, 4, st.top.get(), kTopk, true), s);
