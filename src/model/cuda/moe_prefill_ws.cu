@@ -35,7 +35,12 @@ namespace ws = kernels::cuda::ws;
 namespace {
 
 constexpr int kStages = 5;
-constexpr int kLead = kStages - 2;      // K blocks the copies run ahead of the conversion
+// K blocks the copies run ahead of the conversion. Thread 0 waits for the stage it refills, i.e.
+// for the consumers' release of K block (current + kLead - kStages), while its warp has a K block
+// to convert: the further ahead, the more often warp 0 (and with it every stage's "B converted")
+// waits. Measured at 4,096 tokens (bench-gemm, up / down us): kLead 1: 1,297 / 714, 2: 1,304 / 717,
+// 3: 1,326 / 735, 4: 1,760 / 910; the copies' latency is covered from one K block ahead.
+constexpr int kLead = kStages - 3;
 // 512 threads: two producer warpgroups (8 converter warps, two per SM sub-partition so one's
 // latencies hide behind the other's work; thread 0 also issues the copies), then the two consumer
 // warpgroups of tc_ws.cuh's layout.
@@ -141,7 +146,7 @@ struct MoeLoader {
 // item i = B tile column i / 4 (a weight row), 32-element group i % 4 (= ct % 4 for both). A
 // warp's 32 consecutive items cover 8 rows x 4 groups: conflict-free reads of 512 raw bytes and
 // swizzled 16-byte stores. Thread 0 also issues the copies, kLead K blocks ahead of the conversion:
-// the stage it refills was released by the consumers of K block (current - 2), which needs only
+// the stage it refills was released by the consumers of K block (current - 3), which needs only
 // conversions already done, so the wait cannot block on the converters.
 template <bool kUp>
 __device__ __forceinline__ void moe_convert(const MoeWsParams& p, uint8_t* smem, uint64_t* full_ld, uint64_t* full_b,
