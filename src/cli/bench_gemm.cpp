@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "common/build_info.h"
 #include "common/log.h"
 #include "common/numeric.h"
 #include "common/status.h"
@@ -144,7 +145,7 @@ Status bench(const Args& a) {
   nlohmann::json j;
   j["date"] = today_utc();
   const char* commit = std::getenv("TANDEM_COMMIT");
-  j["commit"] = commit ? commit : "unknown";
+  j["commit"] = commit ? std::string(commit) : build_info().commit + (build_info().commit_dirty ? "-dirty" : "");
   j["gpu"] = kc::device_description(0);
   int drv = 0, rt = 0;
   cudaDriverGetVersion(&drv);

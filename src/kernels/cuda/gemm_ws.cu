@@ -1,11 +1,11 @@
 // The dense prefill GEMMs on sm_90: warp-specialized, fed by TMA, persistent over the output tiles
 // (tc_ws.cuh describes the roles and the stage ring). Two instantiations:
 //  * block-scaled FP8: 128 x 128 tiles (one 128-row weight scale block per tile), K blocks of 128,
-//    six stages of 32 KiB; each consumer warpgroup multiplies a K block into a fresh partial
-//    (4 x wgmma.m64n128k32), releases the stage, then promotes the partial into its accumulator with
-//    the block's scales while the other warpgroup's MMAs run: the arithmetic of tc::mainloop
-//    (acc = fma(partial, a_scale * w_scale, acc) in K order), so every back end gives the same bits
-//    whenever the tensor cores sum a block exactly;
+//    six stages of 32 KiB; each consumer warpgroup multiplies K blocks into two fresh partials in
+//    turn (4 x wgmma.m64n128k32 each) and, while one block's MMAs run, releases the previous block's
+//    stage and promotes its partial into the accumulator with that block's scales: the arithmetic of
+//    tc::mainloop (acc = fma(partial, a_scale * w_scale, acc) in K order), so every back end gives
+//    the same bits whenever the tensor cores sum a block exactly;
 //  * bf16 (batched): 128 x 256 tiles, K blocks of 64, four stages of 48 KiB, 4 x wgmma.m64n256k16
 //    per block straight into the accumulator, a stage released once the next block's MMAs are
 //    issued (one group in flight).
