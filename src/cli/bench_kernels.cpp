@@ -79,15 +79,7 @@ double time_calls(cudaStream_t s, const std::function<void(int)>& call) {
   cudaEvent_t e0, e1;
   TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
   TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
-  auto replay = [&] {
-    TANDEM_CUDA_CHECK(cudaEventRecord(e0, s));
-    TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, s));
-    TANDEM_CUDA_CHECK(cudaEventRecord(e1, s));
-    TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return static_cast<double>(ms);
-  };
+  auto replay = [&] { return kc::graph_launch_us(ge, s, e0, e1) / 1000.0; };  // ms
   replay();
   const double first = replay();
   const int reps = std::clamp(static_cast<int>(30.0 / std::max(first, 1e-3)), 5, 200);

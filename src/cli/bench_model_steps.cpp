@@ -500,13 +500,8 @@ Status run_sampler(Bench& b) {
     TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
     std::vector<double> gus;
     for (int r = 0; r < 11; ++r) {
-      TANDEM_CUDA_CHECK(cudaEventRecord(e0, gs));
-      TANDEM_CUDA_CHECK(cudaGraphLaunch(ge, gs));
-      TANDEM_CUDA_CHECK(cudaEventRecord(e1, gs));
-      TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r > 0) gus.push_back(ms * 1000.0 / kGraphCalls);
+      const double us = kernels::cuda::graph_launch_us(ge, gs, e0, e1);
+      if (r > 0) gus.push_back(us / kGraphCalls);
     }
     TANDEM_CUDA_CHECK(cudaGraphExecDestroy(ge));
     TANDEM_CUDA_CHECK(cudaGraphDestroy(g));

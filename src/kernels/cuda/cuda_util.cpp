@@ -84,4 +84,14 @@ bool binary_supports_device(int dev) {
   return false;
 }
 
+double graph_launch_us(cudaGraphExec_t graph, cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
+  TANDEM_CUDA_CHECK(cudaEventRecord(e0, stream));
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(graph, stream));
+  TANDEM_CUDA_CHECK(cudaEventRecord(e1, stream));
+  TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms * 1000.0;
+}
+
 }  // namespace tandem::kernels::cuda

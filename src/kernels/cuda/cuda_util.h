@@ -99,4 +99,8 @@ const char* device_description(int dev);
 // True when this binary carries machine code for device `dev`'s architecture.
 bool binary_supports_device(int dev);
 
+// Microseconds of one launch of `graph` on `stream`, between two events the caller created
+// (waits for it: benchmarks and measurements only).
+double graph_launch_us(cudaGraphExec_t graph, cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1);
+
 }  // namespace tandem::kernels::cuda

@@ -181,15 +181,7 @@ CudaModel::StepProfile time_eager_and_graph(cudaStream_t stream, int reps, int e
     // Whole and ablated replays alternate, and the saving is the median of the paired differences,
     // so a drift of the clocks over the series (a few percent) does not enter it.
     prof.ablation = ablate_kernels(g, nodes, stream, [&](cudaGraphExec_t x) {
-      auto once = [&](cudaGraphExec_t e) {
-        TANDEM_CUDA_CHECK(cudaEventRecord(e0, stream));
-        TANDEM_CUDA_CHECK(cudaGraphLaunch(e, stream));
-        TANDEM_CUDA_CHECK(cudaEventRecord(e1, stream));
-        TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        return ms * 1000.0;
-      };
+      auto once = [&](cudaGraphExec_t e) { return kernels::cuda::graph_launch_us(e, stream, e0, e1); };
       once(x);  // upload and warm-up
       std::vector<double> without, diff;
       for (int r = 0; r < std::max(5, reps / 3); ++r) {
