@@ -147,24 +147,31 @@ __device__ __forceinline__ void ws_consume(const WsDenseParams& p, uint8_t* smem
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = fmaf(pp[i], (i & 2) ? w_prev1 : w_prev0, acc[i]);
       };
-      // Block kb into `cur`; block kb - 1's partial, `prv`, retired while it runs.
-      auto step = [&](float (&cur)[64], float (&prv)[64], int kb) {
-        const float sa0 = __ldg(as0 + kb * p.a_scale_ld), sa1 = __ldg(as1 + kb * p.a_scale_ld);
-        const float sb = num::e8m0_to_f32(__ldg(wsc + kb));
-        issue(cur);
+      // K blocks in pairs, even ones into part and odd ones into part2.
+      for (int kb = 0; kb < p.nk; kb += 2) {
+        float sa0 = __ldg(as0 + kb * p.a_scale_ld), sa1 = __ldg(as1 + kb * p.a_scale_ld);
+        float sb = num::e8m0_to_f32(__ldg(wsc + kb));
+        issue(part);
         if (kb > 0) {
           ws::wgmma_wait<1>();
-          retire(prv);
+          retire(part2);
         }
         prev = ring.stage;
         ring.next();
         w_prev0 = sa0 * sb;
         w_prev1 = sa1 * sb;
-      };
-      // K blocks in pairs, even ones into part and odd ones into part2.
-      for (int kb = 0; kb < p.nk; kb += 2) {
-        step(part, part2, kb);
-        if (kb + 1 < p.nk) step(part2, part, kb + 1);
+        if (kb + 1 < p.nk) {
+          sa0 = __ldg(as0 + (kb + 1) * p.a_scale_ld);
+          sa1 = __ldg(as1 + (kb + 1) * p.a_scale_ld);
+          sb = num::e8m0_to_f32(__ldg(wsc + kb + 1));
+          issue(part2);
+          ws::wgmma_wait<1>();
+          retire(part);
+          prev = ring.stage;
+          ring.next();
+          w_prev0 = sa0 * sb;
+          w_prev1 = sa1 * sb;
+        }
       }
       ws::wgmma_wait<0>();
       if (p.nk & 1) retire(part);

@@ -112,33 +112,16 @@ __device__ __forceinline__ RowKeys row_keys(const AttnArgs& a, int64_t t) {
   return r;
 }
 
-// What attention() derives from AttnArgs for one launch of the folding blocks (zeros: no key-row
-// scratch, and always for the split launch): the step's rows are AttnArgs::key_rows [0, rows) when
-// `step`; the entries of sequence s < seqs at key_rows [rows + s * comp, + comp).
-struct KeyRows {
-  int step = 0;
-  int seqs = 0;
-  int64_t comp = 0;
-};
-
-// Compressed entry `id` of sequence `seq`: its record in the paged pool.
-__device__ __forceinline__ const uint8_t* entry_record(const AttnArgs& a, int64_t seq, int64_t id) {
-  const int64_t pos = static_cast<int64_t>(a.ratio) * id;
-  const int32_t blk = a.m.block_tables[seq * a.m.max_blocks + pos / a.m.block_size];
-  return a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_main +
-         ((pos % a.m.block_size) / a.ratio) * a.rec.bytes;
-}
-
 // Key j of the row's list as a pointer with a tag in bits 0-1 (1 = this step's fp32 row, 2 = a
 // bf16 row of the key-row scratch, 0 = a KV record); 0 = masked (past the list, or an id the list
 // does not make visible).
 constexpr uint64_t kTagF32 = 1, kTagBf16 = 2, kTags = 3;
-__device__ __forceinline__ uint64_t key_ptr(const AttnArgs& a, const KeyRows& kr, const RowKeys& r, int j) {
+__device__ __forceinline__ uint64_t key_ptr(const AttnArgs& a, const RowKeys& r, int j) {
   if (j < r.nwin) {
     const int64_t wp = r.w0 + j;
     if (wp >= r.start) {
       const int64_t row = r.row0 + (wp - r.start);
-      if (kr.step) return reinterpret_cast<uint64_t>(a.key_rows + row * a.hd) | kTagBf16;
+      if (a.kr_step) return reinterpret_cast<uint64_t>(a.key_rows + row * a.hd) | kTagBf16;
       return reinterpret_cast<uint64_t>(a.step_kv + row * a.hd) | kTagF32;
     }
     return reinterpret_cast<uint64_t>(r.slot + a.win_off + (wp % a.win_ring) * a.rec.bytes);
@@ -147,9 +130,12 @@ __device__ __forceinline__ uint64_t key_ptr(const AttnArgs& a, const KeyRows& kr
   if (i >= r.ncomp) return 0;
   const int64_t id = r.top ? static_cast<int64_t>(r.top[i]) : i;
   if (id < 0 || id >= r.vis) return 0;
-  if (r.seq < kr.seqs)  // the entry decoded once for the step (key_rows_kernel)
-    return reinterpret_cast<uint64_t>(a.key_rows + (a.rows + r.seq * kr.comp + id) * a.hd) | kTagBf16;
-  return reinterpret_cast<uint64_t>(entry_record(a, r.seq, id));
+  if (r.seq < a.kr_seqs)  // the entry decoded once for the step (key_rows_kernel)
+    return reinterpret_cast<uint64_t>(a.key_rows + (a.rows + r.seq * a.kr_comp + id) * a.hd) | kTagBf16;
+  const int64_t pos = static_cast<int64_t>(a.ratio) * id;
+  const int32_t blk = a.m.block_tables[static_cast<int64_t>(r.seq) * a.m.max_blocks + pos / a.m.block_size];
+  return reinterpret_cast<uint64_t>(a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_main +
+                                    ((pos % a.m.block_size) / a.ratio) * a.rec.bytes);
 }
 
 // Dims [8 piece, 8 piece + 8) of a key, as loaded (decoded by piece_bf16). Records are 8-byte
@@ -529,8 +515,7 @@ __device__ __forceinline__ void prefetch_record(const AttnArgs& a, uint64_t kp) 
 // dims + 8n + 2 (lane % 4) + {0, 1}. Parts keep the fragments of a fold and of the next part's
 // products from being live at once.
 template <int D, typename Consume>
-__device__ __forceinline__ void attend_chunk(const AttnArgs& a, const KeyRows& kr, const RowKeys& rk, int c, int nch,
-                                             uint8_t* smem,
+__device__ __forceinline__ void attend_chunk(const AttnArgs& a, const RowKeys& rk, int c, int nch, uint8_t* smem,
                                              float scale, Consume&& consume) {
   using L = Layout<D>;
   using R = Round<D>;
@@ -550,7 +535,7 @@ __device__ __forceinline__ void attend_chunk(const AttnArgs& a, const KeyRows& k
     mma::cp_async_commit();
   }
   if (tid < kChunk && c + 1 < nch) {
-    const uint64_t kp = key_ptr(a, kr, rk, (c + 1) * kChunk + tid);
+    const uint64_t kp = key_ptr(a, rk, (c + 1) * kChunk + tid);
     sptr[((c + 1) & 1) * kChunk + tid] = kp;
     prefetch_record(a, kp);
   }
@@ -630,14 +615,14 @@ __device__ __forceinline__ void split_block_one_round(const AttnArgs& a, int64_t
   const int j = c0 * kChunk + tid;
   const bool chosen = a.topk != nullptr && j >= rk.nwin;  // a top-k entry: its pointer after the wait
   if (tid < kChunk && !chosen) {
-    const uint64_t kp = key_ptr(a, KeyRows{}, rk, j);
+    const uint64_t kp = key_ptr(a, rk, j);
     sptr[tid] = kp;
     prefetch_record(a, kp);
   }
   kernels::cuda::pdl_wait();
   // The dependent (fold_kernel) reads only StepMeta and the sink before its own wait.
   kernels::cuda::pdl_trigger();
-  if (tid < kChunk && chosen) sptr[tid] = key_ptr(a, KeyRows{}, rk, j);
+  if (tid < kChunk && chosen) sptr[tid] = key_ptr(a, rk, j);
   // the queries' loads, all issued before the barrier (their stores after the records' copies)
   float4 qv[kQIters][2];
 #pragma unroll
@@ -672,7 +657,7 @@ __device__ __forceinline__ void split_block_one_round(const AttnArgs& a, int64_t
 // grid: split (chunks, head tiles, rows) -> partials (split_block_one_round); else (rows, head
 // tiles), folding in registers.
 template <int D, bool kSplit>
-__global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, KeyRows kr, int nchunks, float scale) {
+__global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, int nchunks, float scale) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int NTP = Parts<D>::NTP, kParts = Parts<D>::kParts;
   const int64_t t = kSplit ? blockIdx.z : blockIdx.x;
@@ -696,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, KeyRows kr
   load_q<D>(a, t, h0, smem + Layout<D>::kQ);
   __syncthreads();  // rk
   if (threadIdx.x < kChunk)  // chunk 0's key pointers (read after attend_chunk's first barrier)
-    reinterpret_cast<uint64_t*>(smem + Layout<D>::kPtr)[threadIdx.x] = key_ptr(a, kr, rk, static_cast<int>(threadIdx.x));
+    reinterpret_cast<uint64_t*>(smem + Layout<D>::kPtr)[threadIdx.x] = key_ptr(a, rk, static_cast<int>(threadIdx.x));
 
   const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int dim0 = (threadIdx.x >> 5) * (D / 8) + 2 * tq;
@@ -708,7 +693,7 @@ __global__ void __launch_bounds__(kThreads, 2) mqa_kernel(AttnArgs a, KeyRows kr
 #pragma unroll 1
   for (int c = 0; c < nch; ++c) {
     float al[2], be[2];
-    attend_chunk<D>(a, kr, rk, c, nch, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
+    attend_chunk<D>(a, rk, c, nch, smem, scale, [&](int part, float (&oc)[NTP][4], const float (&mc)[2], const float (&zc)[2]) {
       if (part == 0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -828,51 +813,55 @@ __global__ void __launch_bounds__(512) fold_kernel(AttnArgs a, int nchunks) {
 }
 
 // The key-row scratch (AttnArgs::key_rows): row r < a.rows is this step's fp32 row r rounded to
-// bf16 (piece_bf16 of the fp32 piece), row a.rows + s * kr.comp + id the decoded entry id of
+// bf16 (piece_bf16 of the fp32 piece), row a.rows + s * kr_comp + id the decoded entry id of
 // sequence s (written for id < (last position of s + 1) / ratio, the most any of its rows sees).
 // One 16-byte piece a thread, kRowsPerBlock rows a block.
 template <int D>
-__global__ void __launch_bounds__(kThreads) key_rows_kernel(AttnArgs a, KeyRows kr) {
+__global__ void __launch_bounds__(kThreads) key_rows_kernel(AttnArgs a) {
   constexpr int kPieces = D / 8, kRowsPerBlock = kThreads / kPieces;
   kernels::cuda::pdl_enter();
   const int piece = threadIdx.x % kPieces;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kPieces;
-  const int64_t nrows = a.rows + kr.seqs * kr.comp;
+  const int64_t nrows = a.rows + a.kr_seqs * a.kr_comp;
   if (r >= nrows) return;
   uint4 v;
   if (r < a.rows) {
     v = piece_bf16(load_piece(reinterpret_cast<uint64_t>(a.step_kv + r * D) | kTagF32, a.rec, piece));
   } else {
-    const int64_t e = r - a.rows, s = e / kr.comp, id = e % kr.comp;
+    const int64_t e = r - a.rows, s = e / a.kr_comp, id = e % a.kr_comp;
     const int len = a.m.seq_len[s];
     if (len <= 0) return;
     const int64_t vis = (a.m.positions[a.m.seq_row0[s] + len - 1] + 1) / a.ratio;
     if (id >= vis) return;
-    v = piece_bf16(record_piece<true>(entry_record(a, s, id), a.rec, piece));
+    const int64_t pos = static_cast<int64_t>(a.ratio) * id;
+    const int32_t blk = a.m.block_tables[s * a.m.max_blocks + pos / a.m.block_size];
+    const uint8_t* rec = a.pool + static_cast<int64_t>(blk) * a.block_bytes + a.pool_main +
+                         ((pos % a.m.block_size) / a.ratio) * a.rec.bytes;
+    v = piece_bf16(record_piece<true>(rec, a.rec, piece));
   }
   reinterpret_cast<uint4*>(a.key_rows + r * D)[piece] = v;
 }
 
 template <int D>
-void launch(const AttnArgs& a, const KeyRows& kr, cudaStream_t s, int nchunks, unsigned tiles, float scale, bool split) {
+void launch(const AttnArgs& a, cudaStream_t s, int nchunks, unsigned tiles, float scale, bool split) {
   constexpr size_t smem = Layout<D>::kBytes;
   if (split) {
     auto k = mqa_kernel<D, true>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
     kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(nchunks), tiles, static_cast<unsigned>(a.rows)),
-                              dim3(kThreads), smem, s, a, KeyRows{}, nchunks, scale);
+                              dim3(kThreads), smem, s, a, nchunks, scale);
     kernels::cuda::launch_pdl(fold_kernel<D>, dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.heads)),
                               dim3(D), 0, s, a, nchunks);
   } else {
-    if (kr.step) {
+    if (a.kr_step) {
       constexpr int kRowsPerBlock = kThreads / (D / 8);
-      const int64_t nrows = a.rows + kr.seqs * kr.comp;
+      const int64_t nrows = a.rows + a.kr_seqs * a.kr_comp;
       kernels::cuda::launch_pdl(key_rows_kernel<D>, dim3(static_cast<unsigned>((nrows + kRowsPerBlock - 1) / kRowsPerBlock)),
-                                dim3(kThreads), 0, s, a, kr);
+                                dim3(kThreads), 0, s, a);
     }
     auto k = mqa_kernel<D, false>;
     kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
-    kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(a.rows), tiles), dim3(kThreads), smem, s, a, kr, nchunks,
+    kernels::cuda::launch_pdl(k, dim3(static_cast<unsigned>(a.rows), tiles), dim3(kThreads), smem, s, a, nchunks,
                               scale);
   }
 }
@@ -910,18 +899,21 @@ void attention(const AttnArgs& a, cudaStream_t s) {
   // The CPU's score scale: fl(1 / fl(sqrt(hd))) (model::attend).
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.hd));
   const bool split = attention_splits(a);
-  KeyRows kr;
+  AttnArgs b = a;
+  b.kr_step = 0;
+  b.kr_seqs = 0;
+  b.kr_comp = 0;
   if (!split && a.key_rows && a.rows <= a.key_rows_cap) {
-    kr.step = 1;
+    b.kr_step = 1;
     const int64_t comp = a.entries_bound > 0 ? a.entries_bound : a.topk ? 0 : a.max_keys - a.window;
     if (a.ratio && comp > 0 && a.seqs > 0 && a.rows >= 4 * a.seqs)
-      kr.seqs = static_cast<int>(std::min<int64_t>(a.seqs, (a.key_rows_cap - a.rows) / comp));
-    kr.comp = kr.seqs ? comp : 0;
+      b.kr_seqs = static_cast<int>(std::min<int64_t>(a.seqs, (a.key_rows_cap - a.rows) / comp));
+    b.kr_comp = b.kr_seqs ? comp : 0;
   }
   switch (a.hd) {
-    case 128: launch<128>(a, kr, s, nchunks, tiles, scale, split); break;
-    case 256: launch<256>(a, kr, s, nchunks, tiles, scale, split); break;
-    default: launch<512>(a, kr, s, nchunks, tiles, scale, split); break;
+    case 128: launch<128>(b, s, nchunks, tiles, scale, split); break;
+    case 256: launch<256>(b, s, nchunks, tiles, scale, split); break;
+    default: launch<512>(b, s, nchunks, tiles, scale, split); break;
   }
 }
 

@@ -81,6 +81,11 @@ struct AttnArgs {
   int64_t seqs = 0;                  // sequences of the step (StepMeta's per-sequence arrays)
   int64_t entries_bound = 0;         // >= the entries any row sees ((position + 1) / ratio); 0: without a
                                      // top-k list max_keys - window, with one no entries in the scratch
+  // Set by attention() (callers leave them 0): the step's rows are in key_rows [0, rows); the
+  // entries of sequence s < kr_seqs at key_rows [rows + s * kr_comp, + kr_comp).
+  int kr_step = 0;
+  int kr_seqs = 0;
+  int64_t kr_comp = 0;
 };
 void attention(const AttnArgs& a, cudaStream_t s);
 
