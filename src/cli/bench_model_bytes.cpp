@@ -319,8 +319,9 @@ json targets(const Bench& b) {
       "the serving runner's decode/verify graphs end with the sampling launch (CudaModel::forward_sample; "
       "test_cuda CudaSamplerGraph.*); bench-model's steps do not sample, so `tandem bench` shows its effect");
   const std::string sampler_note =
-      "a launch inside a CUDA graph of 20 (as in serving, the step graph's last node); `sampler` in the JSON "
-      "also has one eager launch between two events (launch latency included)";
+      "a launch inside a CUDA graph of repeated launches (`sampler[].graph_calls`; as in serving, the step "
+      "graph's last node); `sampler` in the JSON also has one eager launch between two events (launch latency "
+      "included)";
   add(23, "top-p sampling of 48 rows at the model's vocabulary", 100, b.sample_top_p_us, "us", true, sampler_note);
   add(23, "greedy sampling of 48 rows at the model's vocabulary", 20, b.sample_greedy_us, "us", true, sampler_note);
   add(23, "slot snapshots for prefix caching stay on the device", 1, b.snapshot_save_us > 0 && b.snapshot_load_us > 0,
