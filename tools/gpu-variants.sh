@@ -2,7 +2,8 @@
 # Builds a variant of `tandem` from an existing build directory without a second build tree: the
 # given sources are compiled again with extra flags (e.g. -DEXP_LEAD=3 for a compile-time switch an
 # experiment added), their objects replace the originals in copies of the static libraries, and
-# `tandem` is relinked against those copies into OUTDIR/NAME/tandem (stripped). About a minute per
+# `tandem` (or each of $VARIANT_TARGETS, e.g. "tandem test_cuda") is relinked against those copies
+# into OUTDIR/NAME/ (stripped). About a minute per
 # variant for one or two CUDA files, so one device call can time several builds of a kernel side by
 # side (docs/PERFORMANCE.md, "Eighteenth session"). Development aid for this project's own
 # workplace, like tools/gpu-pack.sh.
@@ -40,23 +41,25 @@ for src in "$@"; do
   cmd=$(ninja -t commands "$obj" | tail -1 | sed "s# -o [^ ]*# -o $dst#; s#-MD -MT [^ ]* -MF [^ ]*##")
   # shellcheck disable=SC2086
   bash -c "$cmd $FLAGS"
-  if [[ $target == tandem ]]; then
-    direct+=("$obj" "$dst")  # linked into the executable itself
+  if [[ ! -f lib$target.a ]]; then
+    direct+=("$obj" "$dst")  # linked into an executable itself
   else
     lib=lib$target.a
-    [[ -f "$lib" ]] || { echo "gpu-variants: $obj is in neither tandem nor $lib" >&2; exit 1; }
     libs[$lib]="${libs[$lib]:-} $dst"
   fi
 done
-link=$(ninja -t commands tandem | tail -1)
-for ((i = 0; i < ${#direct[@]}; i += 2)); do link=${link// ${direct[i]} / ${direct[i + 1]} }; done
 for lib in "${!libs[@]}"; do
   cp "$lib" "$out/$lib"
   # shellcheck disable=SC2086
   ar r "$out/$lib" ${libs[$lib]}
-  link=${link// $lib / $out/$lib }
 done
-link=${link/ -o tandem / -o $out/tandem }
-bash -c "$link"
-strip "$out/tandem"
-echo "$out/tandem"
+# Each target's link line with the variant objects and library copies in place of the originals.
+for t in ${VARIANT_TARGETS:-tandem}; do
+  link=$(ninja -t commands "$t" | tail -1)
+  for ((i = 0; i < ${#direct[@]}; i += 2)); do link=${link// ${direct[i]} / ${direct[i + 1]} }; done
+  for lib in "${!libs[@]}"; do link=${link// $lib / $out/$lib }; done
+  link=${link/ -o $t / -o $out/$t }
+  bash -c "$link"
+  strip "$out/$t"
+  echo "$out/$t"
+done

@@ -401,7 +401,7 @@ struct Bench {
   nlohmann::json timeline_of(const std::function<void(int, uint64_t*)>& call, int layers, const std::string& name,
                              int64_t m, const std::vector<TlKernel>& kernels);
   nlohmann::json gemv_timeline = nlohmann::json::array();
-  nlohmann::json sampler();
+  nlohmann::json sampler(const std::set<std::string>& kinds);
   void hc_pre_pack_rows();
 };
 
@@ -509,8 +509,9 @@ void Bench::hc_pre_pack_rows() {
 // ---------------------------------------------------------------- sampler
 // sample_rows_device over 48 rows of the full vocabulary: greedy, top-p 0.9 and top-k 50 + top-p
 // (temperature 1, logits uniform in [-8, 8)), one launch per call. Targets (issue 23): top-p
-// <= 100 us, greedy <= 20 us.
-nlohmann::json Bench::sampler() {
+// <= 100 us, greedy <= 20 us. `kinds`: the configurations to run by name (empty: all), e.g. one
+// for a profiler.
+nlohmann::json Bench::sampler(const std::set<std::string>& kinds) {
   const int64_t V = 129280;
   const int n = 48;
   kc::DeviceBuffer<float> logits(static_cast<size_t>(n * V));
@@ -538,6 +539,7 @@ nlohmann::json Bench::sampler() {
     int top_k;
   };
   for (const Cfg& c : {Cfg{"greedy", 0.0, 1.0, 0}, Cfg{"top-p 0.9", 1.0, 0.9, 0}, Cfg{"top-k 50 + top-p 0.9", 1.0, 0.9, 50}}) {
+    if (!kinds.empty() && kinds.count(c.name) == 0) continue;
     std::vector<SampleRow> h(n);
     for (int i = 0; i < n; ++i) {
       h[i].logits_row = i;
@@ -869,7 +871,7 @@ nlohmann::json Bench::timeline_of(const std::function<void(int, uint64_t*)>& cal
 }
 
 // `only`: the sections to run (linear, hc, moe, long, long-chunk, sampler, prefill; empty: all), e.g. to profile one.
-Status run(const std::string& out_path, const std::set<std::string>& only) {
+Status run(const std::string& out_path, const std::set<std::string>& only, const std::set<std::string>& sampler_kinds) {
   auto want = [&](const char* sec) { return only.empty() || only.count(sec) > 0; };
   if (kc::device_count() == 0) return make_error(StatusCode::kUnavailable, "no CUDA device visible");
   if (!kc::binary_supports_device(0))
@@ -913,7 +915,7 @@ Status run(const std::string& out_path, const std::set<std::string>& only) {
       want("long") ? bench_kernels::long_context(b.s, b.copy_bps, time_calls)
       : want("long-chunk") ? bench_kernels::long_context(b.s, b.copy_bps, time_calls, true)
                            : nlohmann::json::object({{"targets", nlohmann::json::array()}});
-  const nlohmann::json smp = want("sampler") ? b.sampler() : nlohmann::json::array();
+  const nlohmann::json smp = want("sampler") ? b.sampler(sampler_kinds) : nlohmann::json::array();
   const nlohmann::json pre =
       want("prefill") ? bench_kernels::prefill_kernels(b.s, b.copy_bps, time_calls) : nlohmann::json::array();
 
@@ -983,6 +985,11 @@ int bench_kernels_main(int argc, char** argv) {
                  "long section's 4,096-row prefill chunk")
       ->delimiter(',')
       ->check(CLI::IsMember({"linear", "hc", "moe", "long", "long-chunk", "sampler", "prefill"}));
+  std::vector<std::string> sampler_kinds;
+  app.add_option("--sampler-kinds", sampler_kinds,
+                 "the sampler section's configurations to run (default: all), e.g. one for a profiler")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"greedy", "top-p 0.9", "top-k 50 + top-p 0.9"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -995,7 +1002,8 @@ int bench_kernels_main(int argc, char** argv) {
     out = (std::filesystem::is_directory("bench/results", ec) ? "bench/results/" : "") + std::string("bench-kernels-") +
           today_utc() + ".json";
   }
-  Status st = run(out, std::set<std::string>(only.begin(), only.end()));
+  Status st = run(out, std::set<std::string>(only.begin(), only.end()),
+                  std::set<std::string>(sampler_kinds.begin(), sampler_kinds.end()));
   if (!st.ok()) {
     std::fprintf(stderr, "tandem bench-kernels: %s\n", st.to_string().c_str());
     return 1;
@@ -1004,6 +1012,7 @@ int bench_kernels_main(int argc, char** argv) {
 #else
   (void)out;
   (void)only;
+  (void)sampler_kinds;
   std::fprintf(stderr, "tandem bench-kernels: this build has no CUDA runner (no CUDA toolkit at build time)\n");
   return 1;
 #endif
