@@ -74,11 +74,7 @@ __device__ __forceinline__ int ld_acquire(const int32_t* p) {
 // few instructions where the 64-bit division is a long sequence; it runs at every item change
 // (Nsight Compute, batch 1: ~3% of the expert kernels' stall samples on the 64-bit divisions).
 __device__ __forceinline__ int64_t item_chunk(int64_t w, int64_t ipc) {
-#ifdef EXP_NO_DIV32
-  return w / ipc;
-#else
   return static_cast<int64_t>(static_cast<uint32_t>(w) / static_cast<uint32_t>(ipc));
-#endif
 }
 // True when a byte of w is 0xff (the zero-byte test on ~w).
 __device__ __forceinline__ bool has_ff(uint32_t w) { return ((~w - 0x01010101u) & w & 0x80808080u) != 0; }
@@ -244,17 +240,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_kernel(const __grid_consta
     if (!c.ok) return;
     // The job: the last with s_pre[job] <= jc. A cursor's items only move forward (by the grid), so
     // the scan starts at its previous job (0 before the routing), usually a step or two from it.
-#ifdef EXP_NO_SCAN
-    int lo = 0, hi = s_jobs;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (s_pre[mid] <= jc) lo = mid;
-      else hi = mid;
-    }
-#else
     int lo = c.job;
     while (lo + 1 < s_jobs && s_pre[lo + 1] <= jc) ++lo;
-#endif
     c.job = lo;
     c.nst = a.has_shared && lo == 0 ? nst_fp8 : nst_mx;
     c.x = context(c);
