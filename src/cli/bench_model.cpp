@@ -344,6 +344,9 @@ int bench_model_main(int argc, char** argv) {
   app.add_option("--ablation", a.ablate,
                  "replay the batch-1 decode and draft steps once per kernel with that kernel's nodes removed: each "
                  "kernel's cost to the step (default true)");
+  app.add_option("--moe-timeline-layer", a.moe_timeline_layer,
+                 "record the per-CTA phase marks of this target layer's decode MoE inside the batch-1 decode step "
+                 "(steps[0].moe_timeline; default: the middle layer; -1: none)");
   app.add_option("--cupti", a.cupti, "libcupti.so path (default: libcupti.so.13 from the usual places)");
   try {
     app.parse(argc, argv);

@@ -44,6 +44,7 @@ struct Args {
   double collective_us = 6.5;          // modelled cost of one collective (one-row all-reduce in a graph)
   double gpu_memory_utilization = 0.90;
   bool ablate = true;                  // the batch-1 decode step's per-kernel ablation
+  int moe_timeline_layer = -2;         // the batch-1 decode step's MoE timeline: layer (-2: the middle one, -1: none)
   bool hc_comb_side = true;            // CudaModelOptions::hc_comb_side
   bool compressor_side = true;         // CudaModelOptions::compressor_side
 };

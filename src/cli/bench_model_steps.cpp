@@ -13,8 +13,10 @@
 #include <map>
 
 #include "cli/bench_model.h"
+#include "cli/bench_timeline.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/sample_rows.h"
+#include "kernels/cuda/timeline.cuh"
 
 namespace tandem::bench_model {
 namespace {
@@ -142,6 +144,28 @@ nlohmann::json ablation(const CudaModel::StepProfile& prof) {
                    "work that routing adds or removes"}};
 }
 
+// One layer's decode MoE inside the captured step `sb`: its three kernels' per-CTA phase marks
+// (bench_timeline.h), from the last of a few graph replays with the instrument set, times in us
+// from the gate kernel's dependency release. The same kernels alone: bench-kernels --only moe.
+Result<nlohmann::json> moe_timeline(Bench& b, const StepBatch& sb, const StepShape& shape, int layer) {
+  namespace timeline = kernels::cuda::timeline;
+  const auto& kernels = bench_timeline::moe_kernels();
+  const size_t words = kernels.size() * timeline::kCtas * timeline::kSlots;
+  kernels::cuda::DeviceBuffer<uint64_t> buf(words);
+  TANDEM_CUDA_CHECK(cudaMemset(buf.get(), 0, words * sizeof(uint64_t)));
+  b.model->set_moe_timeline(buf.get(), layer);
+  auto prof = b.model->profile_step(sb, 5, nullptr, {}, 1);
+  b.model->set_moe_timeline(nullptr, -1);
+  TANDEM_RETURN_IF_ERROR(prof.status());
+  TANDEM_RETURN_IF_ERROR(rollback_all(b, shape.batch, shape.tokens));
+  std::vector<uint64_t> h(words);
+  TANDEM_CUDA_CHECK(cudaMemcpy(h.data(), buf.get(), words * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  nlohmann::json r = bench_timeline::report(h, kernels, "layer " + std::to_string(layer) + " inside the step", 1);
+  r["layer"] = layer;
+  r["step_graph_us"] = prof->graph_us;
+  return r;
+}
+
 // Graph replays + a CUPTI trace of one replay for `sb`; the routing and collectives of one eager step.
 // `ablate`: also each kernel's cost to the step, from replays with its nodes removed (`ablation`).
 Result<nlohmann::json> measure_target(Bench& b, const char* kind, const StepBatch& sb, const StepShape& shape,
@@ -225,6 +249,12 @@ Status run_step_sweep(Bench& b) {
                                                                shape, b.a.ablate && B == 1 && n == 1));
       const double med = r["graph_us"].value("median", -1.0);
       const double bytes = r["bytes_read"].value("total", -1.0);
+      if (B == 1 && n == 1 && b.a.moe_timeline_layer != -1) {
+        const int layer = b.a.moe_timeline_layer == -2 ? b.cfg.num_hidden_layers / 2 : b.a.moe_timeline_layer;
+        if (layer >= 0 && layer < b.cfg.num_hidden_layers) {
+          TANDEM_ASSIGN_OR_RETURN(r["moe_timeline"], moe_timeline(b, batch_of(b, s, B, n), shape, layer));
+        }
+      }
       if (B == 1 && n == 1) {
         b.decode_b1_us = med;
         b.decode_b1_bytes = bytes;

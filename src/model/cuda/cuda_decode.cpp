@@ -321,6 +321,7 @@ bool CudaModel::Impl::dec_moe(const DMoE& m, const float* xx, const int32_t* tok
   a.buf = dec.moe;
   a.y = y;
   a.routed_only = tp();  // the fp32 routed sum; the shared expert's rows stay in buf.shared_out
+  if (moe_timeline && layer == moe_timeline_layer) a.timeline = moe_timeline;
   if (!cuda_model::moe_decode_supports(a)) return false;
   dec_codes_of(xx, n, D);
   section(CudaModel::OpClass::kRoutedExperts);

@@ -211,6 +211,8 @@ struct CudaModel::Impl {
   void section(CudaModel::OpClass c);
   Buf<int32_t> route_rec;            // [layers + draft stages, max_rows * topk] expert ids of a recorded step
   bool recording_routes = false;
+  uint64_t* moe_timeline = nullptr;  // set_moe_timeline: records of layer moe_timeline_layer's decode MoE
+  int moe_timeline_layer = -1;
   Buf<int32_t> fill_table;           // block ids of a synthetic context fill [max_blocks]
   // draft request arrays (device) + pinned staging
   Buf<int32_t> d_req_slot, d_prev, d_tokens;

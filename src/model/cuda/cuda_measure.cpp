@@ -386,6 +386,11 @@ Result<std::vector<int32_t>> CudaModel::routing_of_step(const StepBatch& batch) 
   return ids;
 }
 
+void CudaModel::set_moe_timeline(uint64_t* records, int layer) {
+  impl_->moe_timeline = records;
+  impl_->moe_timeline_layer = layer;
+}
+
 Result<std::vector<int32_t>> CudaModel::routing_of_draft(std::span<const DraftQueryDev> requests) {
   Impl& m = *impl_;
   if (!m.w.has_draft) return invalid_argument("routing_of_draft: the model has no DSpark draft");

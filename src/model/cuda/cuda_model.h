@@ -226,6 +226,10 @@ class CudaModel {
   Result<std::vector<int32_t>> routing_of_step(const StepBatch& batch);
   // The same for a greedy draft of `requests`: [num_draft_stages, B * draft_tokens(), topk].
   Result<std::vector<int32_t>> routing_of_draft(std::span<const DraftQueryDev> requests);
+  // While set, the decode MoE of target layer `layer` records its three kernels' per-CTA phase
+  // timestamps into `records` (3 x kernels/cuda/timeline.cuh's kCtas records, MoeDecodeArgs::timeline)
+  // in every step launched or captured; null: none. An instrument (bench-model's moe_timeline).
+  void set_moe_timeline(uint64_t* records, int layer);
   int tp_rank() const;
   int tp_size() const;
   // "rank 0/2: weights 80.1 GiB, KV pool ..." (the start-up log line of every pool).
