@@ -145,16 +145,21 @@ nlohmann::json ablation(const CudaModel::StepProfile& prof) {
 }
 
 // One layer's decode MoE inside the captured step `sb`: its three kernels' per-CTA phase marks
-// (bench_timeline.h), from the last of a few graph replays with the instrument set, times in us
+// (bench_timeline.h), from one graph replay with the instrument set, times in us
 // from the gate kernel's dependency release. The same kernels alone: bench-kernels --only moe.
 Result<nlohmann::json> moe_timeline(Bench& b, const StepBatch& sb, const StepShape& shape, int layer) {
   namespace timeline = kernels::cuda::timeline;
   const auto& kernels = bench_timeline::moe_kernels();
   const size_t words = kernels.size() * timeline::kCtas * timeline::kSlots;
   kernels::cuda::DeviceBuffer<uint64_t> buf(words);
-  TANDEM_CUDA_CHECK(cudaMemset(buf.get(), 0, words * sizeof(uint64_t)));
+  // The records of one replay (the hook's, after the timing): each CTA's marks, a different CTA
+  // routing in each replay, so earlier replays' are cleared first.
+  CudaModel::ReplayHook hook = [&](const std::function<void()>& replay) {
+    TANDEM_CUDA_CHECK(cudaMemset(buf.get(), 0, words * sizeof(uint64_t)));
+    replay();
+  };
   b.model->set_moe_timeline(buf.get(), layer);
-  auto prof = b.model->profile_step(sb, 5, nullptr, {}, 1);
+  auto prof = b.model->profile_step(sb, 5, nullptr, hook, 1);
   b.model->set_moe_timeline(nullptr, -1);
   TANDEM_RETURN_IF_ERROR(prof.status());
   TANDEM_RETURN_IF_ERROR(rollback_all(b, shape.batch, shape.tokens));
