@@ -895,16 +895,6 @@ size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out) {
   return static_cast<size_t>(kWarps * ring * kSlotBytes + red);
 }
 
-}  // namespace
-
-int64_t moe_internal::expert_block_smem(int64_t tokens) {
-  int ring = 0;
-  const int mt = std::min<int64_t>(tokens, kChunk) <= 16 ? 1 : 2;
-  return static_cast<int64_t>(expert_smem(mt, kc::decode_launch_limits(), &ring)) + kJobTableBytes;
-}
-
-namespace {
-
 template <bool UP>
 void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   const MoeDecodeDims& d = a.dims;

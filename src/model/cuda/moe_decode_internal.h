@@ -88,8 +88,6 @@ inline GateSplit gate_split(int64_t dim, int n_experts) {
 // the pairs of up to kRoutePairs (token, slot) pairs).
 constexpr int kRoutePairs = 1024;
 size_t route_smem(int n_experts, int expert_count);
-// Shared memory (dynamic + static) of one CTA of the experts kernels for a call of `tokens` tokens.
-int64_t expert_block_smem(int64_t tokens);
 
 template <typename Kernel, typename... Args>
 void launch(Kernel* kern, dim3 grid, size_t smem, bool pdl, cudaStream_t s, Args&&... args) {

@@ -569,20 +569,7 @@ void moe_gate_route(const MoeDecodeArgs& a, cudaStream_t s) {
   ga.combine_order = a.buf.combine_order;
   ga.tl = a.timeline;
   ga.general = a.general_route;
-  // Each gate CTA asks for enough shared memory that no CTA of the experts kernels fits beside it
-  // (the runtime reserves 1 KB per CTA): the up kernel's CTAs, launched as the gate passes its wait
-  // to run the shared expert early, start on an SM once its gate CTA has left (~2 us after the wait,
-  // its partial stored), and the last gate CTA, which runs the routing tail, has its SM to itself.
-  // With an up CTA beside it, the tail's serial chain (picks, grouping) ran 3-4x slower inside the
-  // step than alone (bench-model's moe_timeline). Only where the device's shared memory allows it.
-  size_t smem = route_smem(d.n_experts, a.expert_count);
-#ifndef EXP_ROUTE_SHARED
-  {
-    const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
-    const int64_t alone = lim.smem_per_sm - 2 * 1024 - expert_block_smem(a.tokens) + 128;
-    if (alone > static_cast<int64_t>(smem) && alone <= lim.smem_per_block) smem = static_cast<size_t>(alone);
-  }
-#endif
+  const size_t smem = route_smem(d.n_experts, a.expert_count);
   static std::atomic<bool> attr{false};
   allow_smem(reinterpret_cast<const void*>(gate_route_kernel), attr);
   launch(gate_route_kernel, dim3(static_cast<unsigned>(sp.grid())), smem, a.pdl, s, ga);
