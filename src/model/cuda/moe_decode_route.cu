@@ -67,9 +67,6 @@ __device__ __forceinline__ uint4 ld_weight16(const uint8_t* p) {
 }
 __device__ __forceinline__ uint32_t word4(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
-// The lean tail's pick of a single token spread over the CTA's warps: up to this many experts a token.
-constexpr int kPickTopk = 8;
-
 // The routing CTA's shared memory (route_smem bytes), carved the same way on both sides.
 struct TailSmem {
   float* z;        // [kWarps, E] logits of the round's tokens
@@ -82,7 +79,6 @@ struct TailSmem {
   int* chunk;      // [2, 32] active experts and pairs of each 32-expert chunk (EL <= 1024)
   int32_t* ids;    // [kRoutePairs]
   float* wts;      // [kRoutePairs]
-  uint64_t* cand;  // [kWarps * kPickTopk] each warp's best selection keys (the lean tail's one-token pick)
 };
 __host__ __device__ inline size_t tail_bytes(int E, int EL, TailSmem* t, uint8_t* base) {
   size_t o = 0;
@@ -101,7 +97,6 @@ __host__ __device__ inline size_t tail_bytes(int E, int EL, TailSmem* t, uint8_t
   uint8_t* chunk = take(sizeof(int) * 2 * 32);
   uint8_t* ids = take(sizeof(int32_t) * kRoutePairs);
   uint8_t* wts = take(sizeof(float) * kRoutePairs);
-  uint8_t* cand = take(sizeof(uint64_t) * kWarps * kPickTopk);
   if (t) {
     t->z = reinterpret_cast<float*>(z);
     t->sel = reinterpret_cast<float*>(sel);
@@ -113,7 +108,6 @@ __host__ __device__ inline size_t tail_bytes(int E, int EL, TailSmem* t, uint8_t
     t->chunk = reinterpret_cast<int*>(chunk);
     t->ids = reinterpret_cast<int32_t*>(ids);
     t->wts = reinterpret_cast<float*>(wts);
-    t->cand = reinterpret_cast<uint64_t*>(cand);
   }
   return o;
 }
@@ -329,44 +323,7 @@ __device__ void route_tail_lean(const GateRouteArgs& a, uint8_t* smem, uint64_t*
   timeline::mark(tlr, 11);
   __syncthreads();
   timeline::mark(tlr, 12);
-  if (T == 1 && !hash && E <= kWarps * kc::kWarp && K <= kPickTopk) {
-    // One token (every batch-1 decode step): the pick over all 8 warps in two short chains instead
-    // of one warp's sorting network and K passes (inside the step that one chain ran ~3x slower than
-    // alone: PERFORMANCE.md, nineteenth session). Warp w takes the K largest selection keys of its
-    // 32 experts (one a lane), warp 0 the K largest of those 8 K candidates: the keys are distinct
-    // (they hold the expert id), so the same experts in the same order as moe_gate_choose_sorted.
-    const int e = warp * kc::kWarp + lane;
-    uint64_t key = e < E ? kc::select_key(s.sel[e], static_cast<uint32_t>(e)) : 0, mine = 0;
-#pragma unroll 1
-    for (int i = 0; i < K; ++i) {
-      const uint64_t best = kc::moe_gate_warp_max(key);
-      if (key == best) key = 0;
-      if (lane == i) mine = best;
-    }
-    if (lane < K) s.cand[warp * K + lane] = mine;
-    __syncthreads();
-    if (warp == 0) {
-      uint64_t c0 = lane < kWarps * K ? s.cand[lane] : 0, c1 = lane + kc::kWarp < kWarps * K ? s.cand[lane + kc::kWarp] : 0;
-      int32_t chosen = -1;
-#pragma unroll 1
-      for (int i = 0; i < K; ++i) {
-        const uint64_t best = kc::moe_gate_warp_max(c0 > c1 ? c0 : c1);
-        if (c0 == best) c0 = 0;
-        else if (c1 == best) c1 = 0;
-        if (lane == i) chosen = static_cast<int32_t>(kc::select_key_index(best));
-      }
-      int32_t id;
-      float w;
-      kc::moe_gate_weights<true>(gp, s.z, chosen, lane, id, w);  // z holds the scores
-      timeline::mark(tlr, 13);
-      if (lane < K) {
-        gp.expert_ids[lane] = id;
-        gp.weights[lane] = w;
-        s.ids[lane] = id;
-        s.wts[lane] = w;
-      }
-    }
-  } else if (warp < T) {  // token `warp`
+  if (warp < T) {  // token `warp`
     const float* z = s.z + warp * E;
     int32_t id;
     float w;
