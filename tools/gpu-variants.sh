@@ -3,15 +3,14 @@
 # given sources are compiled again with extra flags (e.g. -DEXP_LEAD=3 for a compile-time switch an
 # experiment added), their objects replace the originals in copies of the static libraries, and
 # `tandem` (or each of $VARIANT_TARGETS, e.g. "tandem test_cuda") is relinked against those copies
-# into OUTDIR/NAME/ (stripped). About a minute per
-# variant for one or two CUDA files, so one device call can time several builds of a kernel side by
-# side (docs/PERFORMANCE.md, "Eighteenth session"). Development aid for this project's own
-# workplace, like tools/gpu-pack.sh.
+# into OUTDIR/NAME/ (stripped). About a minute per variant for one or two CUDA files, so one device
+# call can time several builds of a kernel side by side (docs/PERFORMANCE.md, "Eighteenth session").
+# Development aid for this project's own workplace, like tools/gpu-pack.sh.
 # Usage: tools/gpu-variants.sh BUILD_DIR OUTDIR NAME "FLAGS" SOURCE [SOURCE...]
 #   e.g. tools/gpu-variants.sh build-cuda /tmp/var lead3 "-DEXP_LEAD=3" src/model/cuda/moe_prefill_ws.cu
 set -euo pipefail
 if [[ $# -lt 5 ]]; then
-  sed -n '2,10p' "$0" >&2
+  sed -n '2,9p' "$0" >&2
   exit 2
 fi
 BUILD=$(cd "$1" && pwd)
@@ -26,7 +25,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$BUILD"
 declare -A libs  # static library -> the variant objects it takes
-direct=()        # (object, variant object) pairs linked into tandem itself
+direct=()        # (object, variant object) pairs linked into an executable itself
 for src in "$@"; do
   src=${src#"$root"/}  # a path from the repository root
   # The object ninja builds from this source: CMakeFiles/<target>.dir/<path>.o

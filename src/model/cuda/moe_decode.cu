@@ -70,7 +70,7 @@ __device__ __forceinline__ int ld_acquire(const int32_t* p) {
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-// The job-chunk of item w: w / ipc in 32 bits (run_experts checks that every item index fits), a
+// The job-chunk of item w: w / ipc in 32 bits (moe_decode_supports bounds every item index), a
 // few instructions where the 64-bit division is a long sequence; it runs at every item change
 // (Nsight Compute, batch 1: ~3% of the expert kernels' stall samples on the 64-bit divisions).
 __device__ __forceinline__ int64_t item_chunk(int64_t w, int64_t ipc) {
@@ -948,8 +948,6 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   const int64_t upper = ea.ipc * (ea.chunks_shared + slots + chunks_of(a.tokens * d.topk));
   const int64_t grid =
       std::max<int64_t>(1, std::min<int64_t>(upper, kc::decode_max_ctas(lim, static_cast<int64_t>(smem) + kJobTableBytes)));
-  // item_chunk divides item indices (at most upper + grid, the last one a CTA locates) in 32 bits.
-  TANDEM_CHECK_MSG(upper + grid < (int64_t{1} << 31), "moe_decode: too many items");
   if (mt == 1) launch_experts<UP, 1>(ea, grid, smem, a.pdl, s);
   else launch_experts<UP, 2>(ea, grid, smem, a.pdl, s);
 }
@@ -1048,7 +1046,10 @@ bool moe_decode_supports(const MoeDecodeArgs& a) {
       (!fp8_ok(a.sh_w1, d.inter, d.dim) || !fp8_ok(a.sh_w3, d.inter, d.dim) || !fp8_ok(a.sh_w2, d.dim, d.inter)))
     return false;
   if (!aligned(a.x_codes, 16) || !aligned(a.buf.act_codes, 16)) return false;
-  // The expert kernels address activation codes with 32-bit offsets.
+  // The expert kernels address activation codes with 32-bit offsets. This also bounds their item
+  // indices, which item_chunk divides in 32 bits: a launch has at most ipc (<= max(dim, inter) / 16)
+  // x (shared chunks + active experts + pair chunks <= 2 (topk + 1) max_tokens) items, below 2^28,
+  // and a CTA locates at most its grid (a few hundred) past the last.
   if (d.max_tokens * (d.topk + 1) * std::max(d.dim, d.inter) >= (int64_t{1} << 31)) return false;
   // The routing CTA's scratch (two floats per expert per warp and the grouping's arrays) fits one
   // block's shared memory.
