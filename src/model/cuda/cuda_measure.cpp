@@ -63,9 +63,11 @@ Status check_fits(const CudaModel::Impl& m, int64_t weight_bytes, int64_t buffer
 namespace cuda_model {
 namespace {
 
-// The captured step is one stream's chain: every node has at most one dependency and one dependent.
-// Removes `victims` from a clone of `g`, joining each one's predecessor to its successor with the
-// victim's outgoing edge data (a programmatic edge stays programmatic). Null when `g` is no chain.
+// Removes `victims` from a clone of `g`, joining each one's predecessors to its successors. The
+// captured step is mostly one stream's chain (a node with one dependency and one dependent: the
+// join takes the victim's outgoing edge data, so a programmatic edge stays programmatic); where the
+// step forks (side streams joined by events) a victim's predecessors and successors are joined with
+// full dependencies, so that the ablated graph keeps every ordering the victim implied.
 cudaGraph_t without_nodes(cudaGraph_t g, const std::vector<cudaGraphNode_t>& victims) {
   cudaGraph_t c;
   TANDEM_CUDA_CHECK(cudaGraphClone(&c, g));
@@ -75,26 +77,25 @@ cudaGraph_t without_nodes(cudaGraph_t g, const std::vector<cudaGraphNode_t>& vic
     size_t ni = 0, no = 0;
     TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(cv, nullptr, nullptr, &ni));
     TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(cv, nullptr, nullptr, &no));
-    if (ni > 1 || no > 1) {
-      TANDEM_CUDA_CHECK(cudaGraphDestroy(c));
-      return nullptr;
-    }
-    cudaGraphNode_t in = nullptr, out = nullptr;
-    cudaGraphEdgeData ein{}, eout{};
-    if (ni) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(cv, &in, &ein, &ni));
-    if (no) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(cv, &out, &eout, &no));
+    std::vector<cudaGraphNode_t> in(ni), out(no);
+    std::vector<cudaGraphEdgeData> ein(ni), eout(no);
+    if (ni) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(cv, in.data(), ein.data(), &ni));
+    if (no) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(cv, out.data(), eout.data(), &no));
     TANDEM_CUDA_CHECK(cudaGraphDestroyNode(cv));
-    if (!in || !out) continue;
-    // A programmatic edge needs kernels at both ends: after a copy or memset node the join is a
-    // full dependency.
-    cudaGraphNodeType tin;
-    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(in, &tin));
-    if (tin != cudaGraphNodeTypeKernel) eout = cudaGraphEdgeData{};
-    if (cudaGraphAddDependencies(c, &in, &out, &eout, 1) != cudaSuccess) {
-      (void)cudaGetLastError();  // an edge type these two nodes cannot take: a full dependency
-      const cudaGraphEdgeData full{};
-      TANDEM_CUDA_CHECK(cudaGraphAddDependencies(c, &in, &out, &full, 1));
-    }
+    const bool chain = ni == 1 && no == 1;
+    for (cudaGraphNode_t a : in)
+      for (size_t j = 0; j < no; ++j) {
+        // A programmatic edge needs kernels at both ends: after a copy or memset node the join is
+        // a full dependency.
+        cudaGraphNodeType tin;
+        TANDEM_CUDA_CHECK(cudaGraphNodeGetType(a, &tin));
+        const cudaGraphEdgeData e = chain && tin == cudaGraphNodeTypeKernel ? eout[j] : cudaGraphEdgeData{};
+        if (cudaGraphAddDependencies(c, &a, &out[j], &e, 1) != cudaSuccess) {
+          (void)cudaGetLastError();  // an edge type these two nodes cannot take, or one that exists
+          const cudaGraphEdgeData full{};
+          if (cudaGraphAddDependencies(c, &a, &out[j], &full, 1) != cudaSuccess) (void)cudaGetLastError();
+        }
+      }
   }
   return c;
 }
@@ -119,7 +120,6 @@ std::vector<CudaModel::StepProfile::Ablation> ablate_kernels(cudaGraph_t g, cons
   std::vector<CudaModel::StepProfile::Ablation> out;
   for (const std::string& name : order) {
     cudaGraph_t c = without_nodes(g, by_name[name]);
-    if (!c) continue;
     cudaGraphExec_t ge;
     TANDEM_CUDA_CHECK(cudaGraphInstantiate(&ge, c, 0));
     const auto [without_us, saved_us] = timed_pair(ge);
