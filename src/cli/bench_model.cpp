@@ -174,6 +174,7 @@ Status bench(Args a) {
   }
   o.hc_comb_side = a.hc_comb_side;
   o.compressor_side = a.compressor_side;
+  o.ring_commit_side = a.ring_commit_side;
   o.max_logits_rows = max_b * std::max(a.verify_tokens, K);
   o.max_draft_requests = max_b;
   const auto t0 = Clock::now();
@@ -212,7 +213,8 @@ Status bench(Args a) {
                 {"rank_tensors", b.plan.held_tensors}, {"rank_catalog_bytes", b.plan.held_bytes},
                 {"rank_replicated_bytes", b.plan.replicated_bytes}, {"rank_sharded_bytes", b.plan.sharded_bytes},
                 {"load_report", b.model->load_report().summary()}, {"startup_s", startup_s},
-                {"hc_comb_side", a.hc_comb_side}, {"compressor_side", a.compressor_side}};
+                {"hc_comb_side", a.hc_comb_side}, {"compressor_side", a.compressor_side},
+                {"ring_commit_side", a.ring_commit_side}};
   j["collectives"] = {{"path", a.tp_size > 1 ? "standin (one rank alone)" : "none (one rank)"},
                       {"latency_us_used", a.collective_us},
                       {"measured_paths_us", {{"nccl_graph", 6.5}, {"nccl_symmetric_window", 4.1}, {"peer_oneshot_read", 5.0}}},
@@ -341,6 +343,9 @@ int bench_model_main(int argc, char** argv) {
                  "the decode path's mHC Sinkhorn on a side stream (default true; false: in the finishing kernel)");
   app.add_option("--compressor-side", a.compressor_side,
                  "the decode path's compressor chain on a second stream beside q/kv (default true; false: after them)");
+  app.add_option("--ring-commit-side", a.ring_commit_side,
+                 "each layer's ring commit on a third stream beside the output projections (default true; false: "
+                 "after them)");
   app.add_option("--ablation", a.ablate,
                  "replay the batch-1 decode and draft steps once per kernel with that kernel's nodes removed: each "
                  "kernel's cost to the step (default true)");

@@ -47,6 +47,7 @@ struct Args {
   int moe_timeline_layer = -2;         // the batch-1 decode step's MoE timeline: layer (-2: the middle one, -1: none)
   bool hc_comb_side = true;            // CudaModelOptions::hc_comb_side
   bool compressor_side = true;         // CudaModelOptions::compressor_side
+  bool ring_commit_side = true;        // CudaModelOptions::ring_commit_side
 };
 
 // Modelled per-collective latencies measured on 2x H200 inside a CUDA graph (issue 21).

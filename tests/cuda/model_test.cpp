@@ -521,7 +521,8 @@ TEST(CudaModel, GraphReplayEqualsEagerOnTheGemvKernels) {
 }
 
 // The side branches (the mHC Sinkhorn beside the finishing kernel, the compressors' chain beside
-// q/kv: CudaModelOptions::hc_comb_side, compressor_side) change no bit: two models of the same
+// q/kv, the ring commit beside the output projections: CudaModelOptions::hc_comb_side,
+// compressor_side, ring_commit_side) change no bit: two models of the same
 // weights, with the branches and on one stream, both replaying graphs (and the branches' model also
 // eagerly: p.gpu), give identical logits over prefill, decode and verify steps.
 TEST(CudaModel, SideBranchesEqualOneStream) {
@@ -534,6 +535,7 @@ TEST(CudaModel, SideBranchesEqualOneStream) {
     co.max_graph_batch = 4;
     co.hc_comb_side = sides;
     co.compressor_side = sides;
+    co.ring_commit_side = sides;
     auto m = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     return m.ok() ? std::move(*m) : nullptr;

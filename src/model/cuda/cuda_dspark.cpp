@@ -98,6 +98,7 @@ void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
   }
   draft_heads(B, want_probs);
   join_comb();  // every branch ends in the draft (hc_post joins each; this is the backstop)
+  join_ring();
 }
 
 void CudaModel::Impl::draft_inputs(int64_t B) {

@@ -171,6 +171,12 @@ void CudaModel::Impl::join_comb() {
   comb_pending = false;
 }
 
+void CudaModel::Impl::join_ring() {
+  if (!ring_pending) return;
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream, ring_join, 0));
+  ring_pending = false;
+}
+
 void CudaModel::Impl::hc_post(const float* aa, const float* rr, int64_t n, float* hh) {
   join_comb();  // comb (hc_pre_pack's side branch)
   kernels::HcPostParams p;
@@ -448,6 +454,7 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   const int ratio = b.ratio;
   const float* rope = ratio ? rope_comp.get() : rope_swa.get();
 
+  join_ring();     // the previous layer's ring commit still reads the step rows this layer rewrites
   dec.n_done = 0;  // grouped launches' results belong to the layer that made them
   // Decode rows whose x projections group into one launch run the compressors' chain (that launch,
   // the compressors' rows, entries and pool stores) on comp_stream, forked here (x is final) and
@@ -589,9 +596,17 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
   aa.seqs = in_step && step.batch ? static_cast<int64_t>(step.batch->seqs.size()) : 0;
   aa.entries_bound = ratio ? step.end_bound / ratio : 0;
   cuda_model::attention(aa, stream);
-  output_proj(at, o.get(), n, y);
 
-  // Commit this step's rows into the slot rings (after every read of the old rows), in one launch.
+  // Commit this step's rows into the slot rings (after every read of the old rows), in one launch:
+  // on ring_stream beside the output projections (and the FFN half) when ring_commit_side, else
+  // after them.
+  const bool ring_side = copt.ring_commit_side;
+  if (!ring_side) output_proj(at, o.get(), n, y);
+  if (ring_side) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(ring_fork, stream));
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(ring_stream, ring_fork, 0));
+    stream = ring_stream;
+  }
   section(OpClass::kAttention);
   cuda_model::RingCommitArgs rings[3];
   int nrings = 0;
@@ -605,6 +620,12 @@ void CudaModel::Impl::attention_target(int layer, int64_t n, float* y) {
                        static_cast<int64_t>(sizeof(float)) * 2 * lay.icomp_chans[layer], meta, n, slot_state.get(),
                        lay.slot_bytes, L.icomp_off, lay.icomp_ring[layer]};
   cuda_model::ring_commit_batch(rings, nrings, stream);
+  if (ring_side) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(ring_join, ring_stream));
+    stream = main_stream;
+    ring_pending = true;
+    output_proj(at, o.get(), n, y);
+  }
 }
 
 void CudaModel::Impl::block_forward(int layer, int64_t n) {

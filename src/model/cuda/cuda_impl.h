@@ -135,6 +135,13 @@ struct CudaModel::Impl {
   // (comp_join_idx), the attention the whole branch (comp_join).
   cudaStream_t comp_stream = nullptr;
   cudaEvent_t comp_fork = nullptr, comp_join_idx = nullptr, comp_join = nullptr;
+  // The ring commit's branch (attention_target): forked after the attention (the last reader of the
+  // rings' old rows), joined before the next layer's attention_target rewrites the step rows it
+  // copies (join_ring), and at the end of every forward.
+  cudaStream_t ring_stream = nullptr;
+  cudaEvent_t ring_fork = nullptr, ring_join = nullptr;
+  bool ring_pending = false;
+  void join_ring();
   std::string device_name;
   int64_t own_bytes = 0;       // device bytes this model allocated (weights, state, scratch)
   int64_t max_rows = 0;        // rows of the scratch (max(step tokens, draft rows))

@@ -102,11 +102,11 @@ CudaModel::Impl::~Impl() {
   if (plan_host) cudaFreeHost(plan_host);
   if (draft_host) cudaFreeHost(draft_host);
   if (sample_host) cudaFreeHost(sample_host);
-  for (cudaStream_t s : {side_stream, comp_stream})
+  for (cudaStream_t s : {side_stream, comp_stream, ring_stream})
     if (s) cudaStreamSynchronize(s);
-  for (cudaEvent_t e : {comb_fork, comb_join, comp_fork, comp_join_idx, comp_join})
+  for (cudaEvent_t e : {comb_fork, comb_join, comp_fork, comp_join_idx, comp_join, ring_fork, ring_join})
     if (e) cudaEventDestroy(e);
-  for (cudaStream_t s : {side_stream, comp_stream})
+  for (cudaStream_t s : {side_stream, comp_stream, ring_stream})
     if (s) cudaStreamDestroy(s);
   if (stream) cudaStreamDestroy(stream);
 }
@@ -174,6 +174,9 @@ Status CudaModel::Impl::init(const ModelConfig& config, const CudaModelOptions& 
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comp_fork, cudaEventDisableTiming));
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comp_join_idx, cudaEventDisableTiming));
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&comp_join, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&ring_stream, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&ring_fork, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&ring_join, cudaEventDisableTiming));
   return Status();
 }
 
@@ -612,6 +615,7 @@ void CudaModel::Impl::launch() {
                 logits.get());
   }
   join_comb();  // every branch ends in the step (hc_post joins each; this is the backstop)
+  join_ring();
   in_step = false;
 }
 

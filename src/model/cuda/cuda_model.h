@@ -59,6 +59,11 @@ struct CudaModelOptions {
   // pool stores) on a second stream beside q/kv (a graph branch joined before the indexer); false =
   // after them on the one stream. Same bits.
   bool compressor_side = true;
+  // The layer's ring commit (the step's KV records, compressor and indexer rows into the slot
+  // rings) on a third stream after the attention, a graph branch beside the output projections and
+  // the FFN half, joined before the next layer's attention (which rewrites the rows it copies);
+  // false = on the one stream after the output projections. Same bits.
+  bool ring_commit_side = true;
 };
 
 class CudaModel {
