@@ -136,7 +136,7 @@ nlohmann::json ablation(const CudaModel::StepProfile& prof) {
   }
   return {{"graph_us", prof.graph_us}, {"sum_saved_us", sum}, {"kernels", rows},
           {"note", "each kernel's nodes removed from the captured step (neighbours joined by the removed node's "
-                   "outgoing edge; at a fork or join, each predecessor to each successor by a full edge); saved_us: the median of (whole - without) over alternating replays, its cost to "
+                   "outgoing edge; at a fork or join, each predecessor to each successor); saved_us: the median of (whole - without) over alternating replays, its cost to "
                    "the step, overlap included; the sum of the savings against graph_us shows how much the kernels "
                    "overlap. A kernel whose outputs steer later kernels through state shared by every layer is "
                    "measured with that state frozen: without the MoE gate + routing, every layer's experts run on "

@@ -63,11 +63,9 @@ Status check_fits(const CudaModel::Impl& m, int64_t weight_bytes, int64_t buffer
 namespace cuda_model {
 namespace {
 
-// Removes `victims` from a clone of `g`, joining each one's predecessors to its successors. The
-// captured step is mostly one stream's chain (a node with one dependency and one dependent: the
-// join takes the victim's outgoing edge data, so a programmatic edge stays programmatic); where the
-// step forks (side streams joined by events) a victim's predecessors and successors are joined with
-// full dependencies, so that the ablated graph keeps every ordering the victim implied.
+// Removes `victims` from a clone of `g`, joining each one's predecessors to its successors (at a
+// fork or join of the step's side streams, every predecessor to every successor), so that the
+// ablated graph keeps every ordering the victim implied, with the victim's outgoing edge types.
 cudaGraph_t without_nodes(cudaGraph_t g, const std::vector<cudaGraphNode_t>& victims) {
   cudaGraph_t c;
   TANDEM_CUDA_CHECK(cudaGraphClone(&c, g));
@@ -82,14 +80,15 @@ cudaGraph_t without_nodes(cudaGraph_t g, const std::vector<cudaGraphNode_t>& vic
     if (ni) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(cv, in.data(), ein.data(), &ni));
     if (no) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(cv, out.data(), eout.data(), &no));
     TANDEM_CUDA_CHECK(cudaGraphDestroyNode(cv));
-    const bool chain = ni == 1 && no == 1;
     for (cudaGraphNode_t a : in)
       for (size_t j = 0; j < no; ++j) {
-        // A programmatic edge needs kernels at both ends: after a copy or memset node the join is
-        // a full dependency.
+        // Each join takes the victim's edge to that successor (a programmatic edge stays
+        // programmatic: every kernel waits for its predecessors before touching their data, so
+        // an earlier launch of the successor is safe); it needs kernels at both ends: after a copy
+        // or memset node the join is a full dependency.
         cudaGraphNodeType tin;
         TANDEM_CUDA_CHECK(cudaGraphNodeGetType(a, &tin));
-        const cudaGraphEdgeData e = chain && tin == cudaGraphNodeTypeKernel ? eout[j] : cudaGraphEdgeData{};
+        const cudaGraphEdgeData e = tin == cudaGraphNodeTypeKernel ? eout[j] : cudaGraphEdgeData{};
         if (cudaGraphAddDependencies(c, &a, &out[j], &e, 1) != cudaSuccess) {
           (void)cudaGetLastError();  // an edge type these two nodes cannot take, or one that exists
           const cudaGraphEdgeData full{};

@@ -141,7 +141,7 @@ class CudaModel {
     std::vector<ClassMark> marks;          // the graph's op classes
     // With ablate: per kernel (by mangled name), the graph replayed with every node of it removed
     // (its neighbours joined by the removed node's outgoing edge, programmatic or not; at a fork or
-    // join of the step's side streams, every predecessor to every successor by full edges). The
+    // join of the step's side streams, every predecessor to every successor). The
     // difference to graph_us is what that kernel costs the step, overlap with its neighbours
     // included; the data it would write goes stale, which does not change the other kernels' work
     // on this path (no data-dependent trip counts beyond routing, which stays the last replay's).
