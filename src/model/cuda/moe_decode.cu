@@ -889,7 +889,7 @@ size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out) {
   const int64_t red = static_cast<int64_t>(kWarps) * mt * 8 * 32 * 4;
   const int64_t fixed = red + kJobTableBytes;
   int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
-  ring = std::clamp(ring, kMinRing, kMaxRing);
+  ring = std::clamp(ring, kMinRing, kExpertRing);
   while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
   *ring_out = ring;
   return static_cast<size_t>(kWarps * ring * kSlotBytes + red);
