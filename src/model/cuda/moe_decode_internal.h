@@ -35,7 +35,7 @@ constexpr int kMinRing = 2;
 // held) in the twentieth session, the shallow ring is the fastest at 1, 8 and 16 tokens (the rank's
 // MoE layer 64.0 -> 60.6 us at one token, 276 -> 271 at 8, 450 -> 444 at 16; PERFORMANCE.md): with
 // six, every warp's whole ring is requested the moment the routing is known (25 MB at one token, the
-// routed up weights entire), and each warp's first stage waits behind all of it.
+// routed up weights entire); likely (not measured) each warp's first stage then waits behind most of it.
 constexpr int kExpertRing = 2;
 constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
 // counters: [0] the gate ticket, [1] the shared rows' act_quant blocks done (kSdone: the up kernel
