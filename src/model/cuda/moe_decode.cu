@@ -882,17 +882,11 @@ void launch_experts(const ExpertArgs& ea, int64_t grid, size_t smem, bool pdl, c
 // The job table expert_kernel keeps in static shared memory, beside the dynamic part.
 constexpr int64_t kJobTableBytes = static_cast<int64_t>(sizeof(int)) * (kMaxJobs + 2);
 
-// Ring stages per warp for `mt` m tiles: as deep as half an SM's shared memory allows beside the
-// reduction buffer and the job table. Returns the launch's dynamic shared memory (rings and the
-// reduction buffer).
-size_t expert_smem(int mt, const kc::DecodeLaunchLimits& lim, int* ring_out) {
+// The launch's dynamic shared memory for `mt` m tiles: every warp's ring of kExpertRing stages and
+// the reduction buffer (the job table is static).
+size_t expert_smem(int mt) {
   const int64_t red = static_cast<int64_t>(kWarps) * mt * 8 * 32 * 4;
-  const int64_t fixed = red + kJobTableBytes;
-  int ring = static_cast<int>((lim.smem_half - fixed) / (kWarps * kSlotBytes));
-  ring = std::clamp(ring, kMinRing, kExpertRing);
-  while (ring > kMinRing && kWarps * ring * kSlotBytes + fixed > lim.smem_per_block) --ring;
-  *ring_out = ring;
-  return static_cast<size_t>(kWarps * ring * kSlotBytes + red);
+  return static_cast<size_t>(kWarps * kExpertRing * kSlotBytes + red);
 }
 
 template <bool UP>
@@ -939,7 +933,8 @@ void run_experts(const MoeDecodeArgs& a, cudaStream_t s, bool early) {
   ea.tl = a.timeline ? a.timeline + (UP ? 1 : 2) * timeline::kCtas * timeline::kSlots : nullptr;
   const int mt = std::min<int64_t>(a.tokens, kChunk) <= 16 ? 1 : 2;
   const kc::DecodeLaunchLimits& lim = kc::decode_launch_limits();
-  const size_t smem = expert_smem(mt, lim, &ea.ring);
+  ea.ring = kExpertRing;
+  const size_t smem = expert_smem(mt);
   TANDEM_CHECK_MSG(static_cast<int64_t>(smem) + kJobTableBytes <= lim.smem_per_block,
                    "moe_decode: shared memory of the device");
   // Items: at most (shared chunks + every routed job's chunks) x items per chunk; routed jobs
@@ -1073,19 +1068,9 @@ void moe_decode(const MoeDecodeArgs& a, cudaStream_t s) {
 }
 
 kc::SmemBound expert_smem_bound() {
-  // The ring is sized from the device: at sm_120/sm_121's limits, the larger of the two m-tile counts.
-  const kc::DecodeLaunchLimits lim = kc::decode_limits_of(1, kc::kSm12xSmemPerBlock, kc::kSm12xSmemPerSm);
-  size_t most = 0;
-  int most_mt = 0, most_ring = 0;
-  for (int mt : {1, 2}) {
-    int ring = 0;
-    const size_t b = expert_smem(mt, lim, &ring);
-    if (b > most) most = b, most_mt = mt, most_ring = ring;
-  }
-  return {"expert_kernel", static_cast<int64_t>(most),
-          std::to_string(most_mt) + " m tiles, ring " + std::to_string(most_ring) +
-              " (sized from the device: at sm_120/sm_121's 99 KB per block, 100 KB per SM)",
-          ""};
+  // The larger of the two m-tile counts (the ring is kExpertRing stages on every device).
+  return {"expert_kernel", static_cast<int64_t>(expert_smem(2)),
+          "2 m tiles, ring " + std::to_string(kExpertRing) + " stages a warp", ""};
 }
 
 }  // namespace tandem::cuda_model

@@ -29,14 +29,14 @@ constexpr int kMaxUnits = 4;
 // the 16 rows' E8M0 scales (8 bytes a row).
 constexpr int kMxDataBytes = 2048;
 constexpr int kSlotBytes = kMxDataBytes + kRows * 8;
-constexpr int kMaxRing = 6;
-constexpr int kMinRing = 2;
+constexpr int kMaxRing = 6;  // the most ring stages the experts kernels' wait handles
 // The experts kernels' ring: two stages a warp. Measured against 3, 4 and 6 (as many as half an SM
 // held) in the twentieth session, the shallow ring is the fastest at 1, 8 and 16 tokens (the rank's
 // MoE layer 64.0 -> 60.6 us at one token, 276 -> 271 at 8, 450 -> 444 at 16; PERFORMANCE.md): with
 // six, every warp's whole ring is requested the moment the routing is known (25 MB at one token, the
 // routed up weights entire); likely (not measured) each warp's first stage then waits behind most of it.
 constexpr int kExpertRing = 2;
+static_assert(kExpertRing >= 2 && kExpertRing <= kMaxRing, "the kernels' ring waits");
 constexpr int kMaxJobs = 1 + kc::kMoeGateMaxExperts;
 // counters: [0] the gate ticket, [1] the shared rows' act_quant blocks done (kSdone: the up kernel
 // adds, the early down item polls, the gate zeroes it each call), [32, 32 + dim/16) combine.
