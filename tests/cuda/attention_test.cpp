@@ -610,10 +610,11 @@ TEST(CudaDraftAttention, MatchesCpu) {
 }
 
 // The model's shapes (32 heads per rank of TP=2, 64 unsharded, 8; head dim 512, and the builtin
-// model's 128), one request (a full wrapped ring) and four (1 key, a partial ring, exactly full,
-// wrapped), heads that do not fill a block's group: against the CPU within the bound and against
-// the reference kernel bit for bit, with and without the epilogue's inverse RoPE. The launcher
-// takes 2 heads per block while the blocks fit on the GPU at once and 4 beyond, so both run here.
+// model's 6 heads of 128), one request (a full wrapped ring) and four (1 key, a partial ring, exactly
+// full, wrapped), heads that do not fill a block's group: against the CPU within the bound and
+// against the reference kernel bit for bit, with and without the epilogue's inverse RoPE. The
+// launcher takes 2 heads per block while the blocks fit on the GPU at once and 4 beyond, so both run
+// here, and chunks of 16, 32 and 64 keys (head dims 512, 256 and 128: keys_per_warp).
 TEST(CudaDraftAttention, ModelShapesMatchReferenceBitForBit) {
   struct Shape {
     int64_t H, hd;
@@ -625,7 +626,10 @@ TEST(CudaDraftAttention, ModelShapesMatchReferenceBitForBit) {
                                      {8, 512, {0}, {1000}},
                                      {32, 512, {3, 0, 2, 1}, {1, 77, 128, 1000}},
                                      {66, 512, {1, 0, 3, 2}, {5, 128, 260, 64}},
-                                     {8, 128, {1, 0}, {40, 200}}};
+                                     {8, 128, {1, 0}, {40, 200}},
+                                     {6, 128, {0}, {300}},
+                                     {6, 128, {2, 0, 1, 3}, {1, 63, 129, 1000}},
+                                     {8, 256, {1, 0}, {33, 400}}};
   uint64_t seed = 4100;
   for (KvRecordKind kind : {KvRecordKind::kFp8, KvRecordKind::kNvfp4, KvRecordKind::kBf16})
     for (const Shape& s : shapes) {
@@ -650,6 +654,16 @@ TEST(CudaDraftAttention, ModelShapesMatchReferenceBitForBit) {
         const double us_ref = median_us([&] { cuda_model::draft_attention_reference(c.a, kStream); });
         std::printf("[cuda perf] draft attention fp8, 32 heads x 512, window 128 + 5, 1 request: %.1f us "
                     "(one block per (row, head): %.1f us)\n",
+                    us_new, us_ref);
+        c.a.out = nullptr;
+      }
+      if (kind == KvRecordKind::kFp8 && s.H == 6 && s.hd == 128 && c.B == 1) {
+        auto perf_out = poisoned<float>(out.size());
+        c.a.out = perf_out.get();
+        const double us_new = median_us([&] { cuda_model::draft_attention(c.a, kStream); });
+        const double us_ref = median_us([&] { cuda_model::draft_attention_reference(c.a, kStream); });
+        std::printf("[cuda perf] draft attention fp8, 6 heads x 128 (the built-in model), window 128 + 5, 1 request: "
+                    "%.1f us (one block per (row, head): %.1f us)\n",
                     us_new, us_ref);
         c.a.out = nullptr;
       }

@@ -1,7 +1,9 @@
 // DSpark's draft attention (attention.h): one block per (row, group of G heads). The key list (the
-// context ring, then the draft block) is decoded once per block, 16 keys at a time, into fp32 rows in
-// shared memory (MQA: every head reads the same keys), in two passes: the scores of every
-// (head, key), then the sink-normalised weighted sums. Each head's arithmetic is the previous
+// context ring, then the draft block) is decoded once per block and pass, a chunk of 8 KPW keys at a
+// time (8 K elements: 16 keys of head dim 512, 64 of head dim 128; each chunk is a round of loads and
+// two barriers, so small heads take fewer, larger chunks), into fp32 rows in shared memory (MQA:
+// every head reads the same keys), in two passes: the scores of every (head, key), then the
+// sink-normalised weighted sums. Each head's arithmetic is the previous
 // one-block-per-(row, head) kernel's, kept here as draft_attention_reference (tests compare the two
 // bit for bit): lane-strided dot products and a warp_sum, block_max / block_sum over 256 threads,
 // the weighted sum over the keys in order, the bf16 output (optionally rotated back: the output's
@@ -31,9 +33,11 @@ namespace {
 
 constexpr int kThreads = 256;             // the reference's block: its reductions' shape
 constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = 16;                // keys decoded per step (2 per warp in the score pass)
 constexpr int kMaxHd = 512;               // one dim pair per thread in the weighted sum
-constexpr int kMaxPieces = kChunk * kMaxHd / 8 / kThreads;  // 8-element pieces per thread and chunk
+constexpr int kChunkElems = 16 * kMaxHd;  // elements of a chunk's keys: KPW = kChunkElems / (8 hd) keys per warp
+constexpr int kMaxPieces = kChunkElems / 8 / kThreads;  // 8-element pieces per thread and chunk (4)
+// Keys per warp in a chunk of the score pass for head dim hd: 2 (hd 512), 4 (256), 8 (<= 128).
+constexpr int keys_per_warp(int hd) { return hd <= 128 ? 8 : hd <= 256 ? 4 : 2; }
 
 // Key pointers carry a tag in bit 0: 1 = fp32 row (this step's KV), 0 = a KV record.
 __device__ __forceinline__ float key_elem(uint64_t kp, const KvRecordLayout& l, int d) {
@@ -222,14 +226,16 @@ __global__ void __launch_bounds__(kThreads) draft_attention_ref_kernel(DraftAttn
 
 // ---- the kernel: one block per (row, G heads) ----
 
-// Shared memory: key pointers [max_keys] | scores, then weights [G][ldp] | q [G][hd] | keys [kChunk][hd].
+// Shared memory: key pointers [max_keys] | scores, then weights [G][ldp] | q [G][hd] | keys [chunk][hd]
+// (chunk = 8 keys_per_warp(hd): at most kChunkElems floats).
 struct Smem {
   int max_keys, ldp, hd;
   __host__ __device__ Smem(int max_keys_, int hd_) : max_keys(max_keys_), ldp((max_keys_ + 3) / 4 * 4), hd(hd_) {}
+  __host__ __device__ int chunk() const { return 8 * keys_per_warp(hd); }
   __host__ __device__ size_t p_off() const { return (static_cast<size_t>(max_keys) * 8 + 15) / 16 * 16; }
   __host__ __device__ size_t q_off(int G) const { return p_off() + static_cast<size_t>(G) * ldp * 4; }
   __host__ __device__ size_t k_off(int G) const { return q_off(G) + static_cast<size_t>(G) * hd * 4; }
-  __host__ __device__ size_t bytes(int G) const { return k_off(G) + static_cast<size_t>(kChunk) * hd * 4; }
+  __host__ __device__ size_t bytes(int G) const { return k_off(G) + static_cast<size_t>(chunk()) * hd * 4; }
 };
 
 // Sum of a[p] over the warp's lanes for N pairs p at once, each by warp_sum's butterfly (offsets 16,
@@ -258,8 +264,9 @@ __device__ __forceinline__ float warp_sum_scatter(float (&a)[N], int lane, int& 
   return v;
 }
 
-template <int G>
+template <int G, int KPW>
 __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs a) {
+  constexpr int kChunk = 8 * KPW;  // keys a chunk: KPW per warp in the score pass
   kernels::cuda::pdl_enter();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float s_red[2][G][kWarps];
@@ -311,35 +318,37 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
     }
   };
 
-  // Pass 1: scores. Warp w takes keys k0 + 2w, k0 + 2w + 1 of each chunk for the G heads: lane-strided
-  // sums over d = lane, lane + 32, ... (the reference's loop), then warp_sum, times the scale.
+  // Pass 1: scores. Warp w takes keys k0 + KPW w, ..., k0 + KPW w + KPW - 1 of each chunk for the G
+  // heads: lane-strided sums over d = lane, lane + 32, ... (the reference's loop), then warp_sum's
+  // butterfly (warp_sum_scatter: the same additions for any number of sums), times the scale.
   const float scale = attn_scale(hd);
   load_chunk(0);
   for (int k0 = 0; k0 < nk; k0 += kChunk) {
     store_chunk();
     __syncthreads();
     if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
-    const int i0 = k0 + 2 * warp;
+    const int i0 = k0 + KPW * warp;
     if (i0 < nk) {
-      float acc[2 * G];
+      float acc[KPW * G];
 #pragma unroll
-      for (int j = 0; j < 2 * G; ++j) acc[j] = 0.0f;
-      const float* k0r = s_k + (2 * warp) * hd;
-      const float* k1r = k0r + hd;
+      for (int j = 0; j < KPW * G; ++j) acc[j] = 0.0f;
+      const float* kr = s_k + (KPW * warp) * hd;
 #pragma unroll 4
       for (int d = lane; d < hd; d += 32) {
-        const float x0 = k0r[d], x1 = k1r[d];
+        float x[KPW];
+#pragma unroll
+        for (int kk = 0; kk < KPW; ++kk) x[kk] = kr[kk * hd + d];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
           const float qv = s_q[h * hd + d];
-          acc[2 * h] += qv * x0;
-          acc[2 * h + 1] += qv * x1;
+#pragma unroll
+          for (int kk = 0; kk < KPW; ++kk) acc[KPW * h + kk] += qv * x[kk];
         }
       }
       int idx;
-      const float s = warp_sum_scatter<2 * G>(acc, lane, idx);
-      const int i = i0 + (idx & 1);
-      if ((lane & (32 / (2 * G) - 1)) == 0 && i < nk) s_p[(idx >> 1) * lay.ldp + i] = s * scale;
+      const float s = warp_sum_scatter<KPW * G>(acc, lane, idx);
+      const int i = i0 + idx % KPW;
+      if ((lane & (32 / (KPW * G) - 1)) == 0 && i < nk) s_p[(idx / KPW) * lay.ldp + i] = s * scale;
     }
     __syncthreads();
   }
@@ -440,13 +449,22 @@ void check_args(const DraftAttnArgs& a) {
                  a.hd % 64 == 0);
 }
 
-template <int G>
+template <int G, int KPW>
 void launch(const DraftAttnArgs& a, cudaStream_t s) {
   const size_t smem = Smem(a.window + a.K, a.hd).bytes(G);
-  kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(draft_attention_kernel<G>), smem);
+  kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(draft_attention_kernel<G, KPW>), smem);
   dim3 grid(static_cast<unsigned>(a.B * a.K), static_cast<unsigned>((a.heads + G - 1) / G));
-  kernels::cuda::launch_pdl(draft_attention_kernel<G>, grid, kThreads, smem, s, a);
+  kernels::cuda::launch_pdl(draft_attention_kernel<G, KPW>, grid, kThreads, smem, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+template <int G>
+void launch_g(const DraftAttnArgs& a, cudaStream_t s) {
+  switch (keys_per_warp(a.hd)) {
+    case 8: return launch<G, 8>(a, s);
+    case 4: return launch<G, 4>(a, s);
+    default: return launch<G, 2>(a, s);
+  }
 }
 
 }  // namespace
@@ -460,9 +478,9 @@ void draft_attention(const DraftAttnArgs& a, cudaStream_t s) {
   TANDEM_CHECK(reinterpret_cast<uintptr_t>(a.ctx) % 8 == 0 && a.slot_stride % 8 == 0 && a.stage_off % 8 == 0 &&
                a.rec.bytes % 8 == 0 && a.rec.rope_off % 8 == 0 && reinterpret_cast<uintptr_t>(a.block_kv) % 16 == 0);
   if (heads_per_block(a) == 2)
-    launch<2>(a, s);
+    launch_g<2>(a, s);
   else
-    launch<4>(a, s);
+    launch_g<4>(a, s);
 }
 
 void draft_attention_reference(const DraftAttnArgs& a, cudaStream_t s) {
@@ -485,7 +503,7 @@ void draft_kv_decode_rows(const uint8_t* recs, int64_t n, const KvRecordLayout& 
 kernels::cuda::SmemBound draft_attention_smem_bound(int window, int block, int hd) {
   return {"draft_attention_kernel", static_cast<int64_t>(Smem(window + block, hd).bytes(4)),
           "window " + std::to_string(window) + " + " + std::to_string(block) + " block rows, 4 heads, " +
-              std::to_string(kChunk) + " decoded keys of head dim " + std::to_string(hd),
+              std::to_string(Smem(window + block, hd).chunk()) + " decoded keys of head dim " + std::to_string(hd),
           ""};
 }
 
