@@ -555,13 +555,14 @@ struct DraftCase {
     a.out_inv_freq = dinv.get();
     a.out_rope_dim = rope_dim;
   }
-  std::vector<float> run(bool reference) {
+  // whole: draft_attention's whole-list shape where the device holds it, else a chunk at a time.
+  std::vector<float> run(bool reference, bool whole = true) {
     auto out = poisoned<float>(static_cast<size_t>(B * K * H * hd));
     a.out = out.get();
     if (reference)
       cuda_model::draft_attention_reference(a, kStream);
     else
-      cuda_model::draft_attention(a, kStream);
+      cuda_model::draft_attention(a, kStream, whole);
     std::vector<float> h = to_host(out);
     a.out = nullptr;
     return h;
@@ -584,6 +585,7 @@ TEST(CudaDraftAttention, MatchesCpu) {
     chk.check_gpu(out, "draft_attention");
     // (element = (row * heads + head) * hd + dim)
     EXPECT_TRUE(same_bits(out, c.run(true))) << "draft_attention vs the one-block-per-(row, head) reference";
+    EXPECT_TRUE(same_bits(out, c.run(false, false))) << "the whole key list vs a chunk at a time";
     // The output's inverse RoPE in the epilogue (DraftAttnArgs::out_inv_freq) == the rope op (inverse,
     // rounded to bf16) after the plain kernel, bit for bit; the block's rows at P + t.
     c.with_rope();
@@ -645,8 +647,10 @@ TEST(CudaDraftAttention, ModelShapesMatchReferenceBitForBit) {
       chk.check_gpu(out, "draft_attention");
       EXPECT_TRUE(same_bits(out, c.run(true)))
           << "draft_attention vs the reference (element = (row * heads + head) * hd + dim)";
+      EXPECT_TRUE(same_bits(out, c.run(false, false))) << "the whole key list vs a chunk at a time";
       c.with_rope();
       EXPECT_TRUE(same_bits(c.run(false), c.run(true))) << "with the inverse RoPE epilogue";
+      EXPECT_TRUE(same_bits(c.run(false, false), c.run(true))) << "with the inverse RoPE epilogue, a chunk at a time";
       if (kind == KvRecordKind::kFp8 && s.H == 32 && s.hd == 512 && c.B == 1) {
         auto perf_out = poisoned<float>(out.size());
         c.a.out = perf_out.get();
@@ -661,10 +665,11 @@ TEST(CudaDraftAttention, ModelShapesMatchReferenceBitForBit) {
         auto perf_out = poisoned<float>(out.size());
         c.a.out = perf_out.get();
         const double us_new = median_us([&] { cuda_model::draft_attention(c.a, kStream); });
+        const double us_chunks = median_us([&] { cuda_model::draft_attention(c.a, kStream, false); });
         const double us_ref = median_us([&] { cuda_model::draft_attention_reference(c.a, kStream); });
         std::printf("[cuda perf] draft attention fp8, 6 heads x 128 (the built-in model), window 128 + 5, 1 request: "
-                    "%.1f us (one block per (row, head): %.1f us)\n",
-                    us_new, us_ref);
+                    "%.1f us (a chunk at a time: %.1f us; one block per (row, head): %.1f us)\n",
+                    us_new, us_chunks, us_ref);
         c.a.out = nullptr;
       }
     }

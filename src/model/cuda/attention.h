@@ -120,7 +120,9 @@ struct DraftAttnArgs {
   const float* out_inv_freq = nullptr;     // [out_rope_dim / 2]
   int out_rope_dim = 0;                    // even, <= hd
 };
-void draft_attention(const DraftAttnArgs& a, cudaStream_t s);
+// whole_list: decode every key of the list once into shared memory where the device holds it (the
+// default); false: a chunk at a time in each pass (what a smaller device runs; tests compare both).
+void draft_attention(const DraftAttnArgs& a, cudaStream_t s, bool whole_list = true);
 // Tests only: the previous kernel, one block per (row, head), each head decoding every key itself
 // (draft_attention's outputs equal its bit for bit); window + K <= 512, hd <= 1024.
 void draft_attention_reference(const DraftAttnArgs& a, cudaStream_t s);

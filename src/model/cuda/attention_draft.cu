@@ -1,9 +1,11 @@
 // DSpark's draft attention (attention.h): one block per (row, group of G heads). The key list (the
-// context ring, then the draft block) is decoded once per block and pass, a chunk of 8 KPW keys at a
-// time (8 K elements: 16 keys of head dim 512, 64 of head dim 128; each chunk is a round of loads and
-// two barriers, so small heads take fewer, larger chunks), into fp32 rows in shared memory (MQA:
-// every head reads the same keys), in two passes: the scores of every (head, key), then the
-// sink-normalised weighted sums. Each head's arithmetic is the previous
+// context ring, then the draft block) is decoded into fp32 rows in shared memory (MQA: every head
+// reads the same keys) and read in two passes: the scores of every (head, key), then the
+// sink-normalised weighted sums. Where the device's shared memory holds every key's row (the
+// built-in model's 133 keys of head dim 128: 68 KB), the list is decoded once, in one pipelined
+// pass, before the scores; otherwise (the full size's head dim 512) each pass decodes a chunk of 8 KPW
+// keys at a time (8 K elements: 16 keys of head dim 512, 64 of 128), a round of loads and two
+// barriers per chunk. Each head's arithmetic is the previous
 // one-block-per-(row, head) kernel's, kept here as draft_attention_reference (tests compare the two
 // bit for bit): lane-strided dot products and a warp_sum, block_max / block_sum over 256 threads,
 // the weighted sum over the keys in order, the bf16 output (optionally rotated back: the output's
@@ -227,7 +229,8 @@ __global__ void __launch_bounds__(kThreads) draft_attention_ref_kernel(DraftAttn
 // ---- the kernel: one block per (row, G heads) ----
 
 // Shared memory: key pointers [max_keys] | scores, then weights [G][ldp] | q [G][hd] | keys [chunk][hd]
-// (chunk = 8 keys_per_warp(hd): at most kChunkElems floats).
+// (chunk = 8 keys_per_warp(hd): at most kChunkElems floats), or, `whole`, every key's row
+// [max_keys][hd].
 struct Smem {
   int max_keys, ldp, hd;
   __host__ __device__ Smem(int max_keys_, int hd_) : max_keys(max_keys_), ldp((max_keys_ + 3) / 4 * 4), hd(hd_) {}
@@ -235,7 +238,9 @@ struct Smem {
   __host__ __device__ size_t p_off() const { return (static_cast<size_t>(max_keys) * 8 + 15) / 16 * 16; }
   __host__ __device__ size_t q_off(int G) const { return p_off() + static_cast<size_t>(G) * ldp * 4; }
   __host__ __device__ size_t k_off(int G) const { return q_off(G) + static_cast<size_t>(G) * hd * 4; }
-  __host__ __device__ size_t bytes(int G) const { return k_off(G) + static_cast<size_t>(chunk()) * hd * 4; }
+  __host__ __device__ size_t bytes(int G, bool whole = false) const {
+    return k_off(G) + static_cast<size_t>(whole ? (max_keys + chunk() - 1) / chunk() * chunk() : chunk()) * hd * 4;
+  }
 };
 
 // Sum of a[p] over the warp's lanes for N pairs p at once, each by warp_sum's butterfly (offsets 16,
@@ -264,7 +269,10 @@ __device__ __forceinline__ float warp_sum_scatter(float (&a)[N], int lane, int& 
   return v;
 }
 
-template <int G, int KPW>
+// kWhole: every key of the list is decoded once, in one pipelined pass before the scores, into its own
+// row of shared memory, and both passes read the rows from there (no loads or barriers between
+// chunks); else each pass decodes a chunk at a time into one chunk's rows. The arithmetic is the same.
+template <int G, int KPW, bool kWhole>
 __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs a) {
   constexpr int kChunk = 8 * KPW;  // keys a chunk: KPW per warp in the score pass
   kernels::cuda::pdl_enter();
@@ -294,45 +302,62 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
   }
   __syncthreads();
 
-  // Chunk [k0, k0 + kChunk): each thread's pieces loaded into registers, then decoded into s_k.
-  RawPiece raw[kMaxPieces];
-  auto load_chunk = [&](int k0) {
+  // Chunk [k0, k0 + kChunk): each thread's pieces loaded into registers, then decoded into rows.
+  RawPiece raw[kMaxPieces], raw2[kWhole ? kMaxPieces : 1];
+  auto load_into = [&](RawPiece* rp, int k0) {
     const int n = min(kChunk, nk - k0) * nd;
 #pragma unroll
     for (int m = 0; m < kMaxPieces; ++m) {
       const int p = tid + m * kThreads;
-      raw[m].mode = 0;
-      if (p < n) raw[m] = load_piece(s_keys[k0 + p / nd], a.rec, (p % nd) * 8);
+      rp[m].mode = 0;
+      if (p < n) rp[m] = load_piece(s_keys[k0 + p / nd], a.rec, (p % nd) * 8);
     }
   };
-  auto store_chunk = [&]() {
+  auto store_from = [&](const RawPiece* rp, float* rows) {
 #pragma unroll
     for (int m = 0; m < kMaxPieces; ++m) {
-      if (raw[m].mode == 0) continue;
+      if (rp[m].mode == 0) continue;
       const int p = tid + m * kThreads;
       float v[8];
-      decode_piece(raw[m], v);
-      float4* dst = reinterpret_cast<float4*>(s_k + (p / nd) * hd + (p % nd) * 8);
+      decode_piece(rp[m], v);
+      float4* dst = reinterpret_cast<float4*>(rows + (p / nd) * hd + (p % nd) * 8);
       dst[0] = make_float4(v[0], v[1], v[2], v[3]);
       dst[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
   };
+  auto load_chunk = [&](int k0) { load_into(raw, k0); };
+  auto store_chunk = [&]() { store_from(raw, s_k); };
+  // The chunk's rows: chunk k0's own rows (kWhole) or the one chunk's.
+  auto rows_of = [&](int k0) -> const float* { return kWhole ? s_k + static_cast<int64_t>(k0) * hd : s_k; };
+  if constexpr (kWhole) {
+    // Every chunk's loads issued one chunk ahead of its decode, in two register sets.
+    load_into(raw, 0);
+    for (int k0 = 0; k0 < nk; k0 += 2 * kChunk) {
+      if (k0 + kChunk < nk) load_into(raw2, k0 + kChunk);
+      store_from(raw, s_k + static_cast<int64_t>(k0) * hd);
+      if (k0 + 2 * kChunk < nk) load_into(raw, k0 + 2 * kChunk);
+      if (k0 + kChunk < nk) store_from(raw2, s_k + static_cast<int64_t>(k0 + kChunk) * hd);
+    }
+    __syncthreads();
+  }
 
   // Pass 1: scores. Warp w takes keys k0 + KPW w, ..., k0 + KPW w + KPW - 1 of each chunk for the G
   // heads: lane-strided sums over d = lane, lane + 32, ... (the reference's loop), then warp_sum's
   // butterfly (warp_sum_scatter: the same additions for any number of sums), times the scale.
   const float scale = attn_scale(hd);
-  load_chunk(0);
+  if (!kWhole) load_chunk(0);
   for (int k0 = 0; k0 < nk; k0 += kChunk) {
-    store_chunk();
-    __syncthreads();
-    if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
+    if (!kWhole) {
+      store_chunk();
+      __syncthreads();
+      if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
+    }
     const int i0 = k0 + KPW * warp;
     if (i0 < nk) {
       float acc[KPW * G];
 #pragma unroll
       for (int j = 0; j < KPW * G; ++j) acc[j] = 0.0f;
-      const float* kr = s_k + (KPW * warp) * hd;
+      const float* kr = rows_of(k0) + (KPW * warp) * hd;
 #pragma unroll 4
       for (int d = lane; d < hd; d += 32) {
         float x[KPW];
@@ -350,8 +375,9 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
       const int i = i0 + idx % KPW;
       if ((lane & (32 / (KPW * G) - 1)) == 0 && i < nk) s_p[(idx / KPW) * lay.ldp + i] = s * scale;
     }
-    __syncthreads();
+    if (!kWhole) __syncthreads();
   }
+  if (kWhole) __syncthreads();
 
   // Softmax per head, each as the reference's 256 threads: thread t's max and sum over keys t,
   // t + 256, ..., then block_max / block_sum's two warp stages.
@@ -388,14 +414,16 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
   float o[G][2];
 #pragma unroll
   for (int h = 0; h < G; ++h) o[h][0] = o[h][1] = 0.0f;
-  load_chunk(0);
+  if (!kWhole) load_chunk(0);
   for (int k0 = 0; k0 < nk; k0 += kChunk) {
-    store_chunk();
-    __syncthreads();
-    if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
+    if (!kWhole) {
+      store_chunk();
+      __syncthreads();
+      if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
+    }
     const int n = min(kChunk, nk - k0);
     if (d0 < hd) {
-      const float* kr = s_k + d0;
+      const float* kr = rows_of(k0) + d0;
       int i = 0;
       for (; i + 4 <= n; i += 4) {
         float4 p4[G];
@@ -422,7 +450,7 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
         }
       }
     }
-    __syncthreads();
+    if (!kWhole) __syncthreads();
   }
   if (d0 >= hd) return;
   const int r0 = hd - a.out_rope_dim;
@@ -449,27 +477,33 @@ void check_args(const DraftAttnArgs& a) {
                  a.hd % 64 == 0);
 }
 
+// Every key's row in shared memory (kWhole) where the device's per-block shared memory holds them
+// (the built-in model's 133 keys of head dim 128: 68 KB; not the 512-dim heads of the full size).
 template <int G, int KPW>
-void launch(const DraftAttnArgs& a, cudaStream_t s) {
-  const size_t smem = Smem(a.window + a.K, a.hd).bytes(G);
-  kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(draft_attention_kernel<G, KPW>), smem);
+void launch(const DraftAttnArgs& a, cudaStream_t s, bool whole_list) {
+  const Smem lay(a.window + a.K, a.hd);
+  const bool whole = whole_list && lay.bytes(G, true) + sizeof(float) * 2 * G * kWarps <=
+                     static_cast<size_t>(kernels::cuda::decode_launch_limits().smem_per_block);
+  const size_t smem = lay.bytes(G, whole);
+  auto kern = whole ? draft_attention_kernel<G, KPW, true> : draft_attention_kernel<G, KPW, false>;
+  kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kern), smem);
   dim3 grid(static_cast<unsigned>(a.B * a.K), static_cast<unsigned>((a.heads + G - 1) / G));
-  kernels::cuda::launch_pdl(draft_attention_kernel<G, KPW>, grid, kThreads, smem, s, a);
+  kernels::cuda::launch_pdl(kern, grid, kThreads, smem, s, a);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 template <int G>
-void launch_g(const DraftAttnArgs& a, cudaStream_t s) {
+void launch_g(const DraftAttnArgs& a, cudaStream_t s, bool whole_list) {
   switch (keys_per_warp(a.hd)) {
-    case 8: return launch<G, 8>(a, s);
-    case 4: return launch<G, 4>(a, s);
-    default: return launch<G, 2>(a, s);
+    case 8: return launch<G, 8>(a, s, whole_list);
+    case 4: return launch<G, 4>(a, s, whole_list);
+    default: return launch<G, 2>(a, s, whole_list);
   }
 }
 
 }  // namespace
 
-void draft_attention(const DraftAttnArgs& a, cudaStream_t s) {
+void draft_attention(const DraftAttnArgs& a, cudaStream_t s, bool whole_list) {
   if (a.B == 0) return;
   check_args(a);
   // The decoder's pieces: 8 dims in one scale group and one side of the NoPE/RoPE split; records
@@ -478,9 +512,9 @@ void draft_attention(const DraftAttnArgs& a, cudaStream_t s) {
   TANDEM_CHECK(reinterpret_cast<uintptr_t>(a.ctx) % 8 == 0 && a.slot_stride % 8 == 0 && a.stage_off % 8 == 0 &&
                a.rec.bytes % 8 == 0 && a.rec.rope_off % 8 == 0 && reinterpret_cast<uintptr_t>(a.block_kv) % 16 == 0);
   if (heads_per_block(a) == 2)
-    launch_g<2>(a, s);
+    launch_g<2>(a, s, whole_list);
   else
-    launch_g<4>(a, s);
+    launch_g<4>(a, s, whole_list);
 }
 
 void draft_attention_reference(const DraftAttnArgs& a, cudaStream_t s) {
