@@ -615,8 +615,10 @@ TEST(CudaDraftAttention, MatchesCpu) {
 // model's 6 heads of 128), one request (a full wrapped ring) and four (1 key, a partial ring, exactly
 // full, wrapped), heads that do not fill a block's group: against the CPU within the bound and
 // against the reference kernel bit for bit, with and without the epilogue's inverse RoPE. The
-// launcher takes 2 heads per block while the blocks fit on the GPU at once and 4 beyond, so both run
-// here, and chunks of 16, 32 and 64 keys (head dims 512, 256 and 128: keys_per_warp).
+// launcher takes 1 head per block while the blocks fit on the GPU at once, then 2 and 4 beyond, so
+// all three run here (the 128-dim shapes take 1 on an H100/H200), and chunks of 16, 32 and 64 keys
+// (head dims 512, 256 and 128: keys_per_warp), each with the whole key list in shared memory where
+// it fits and a chunk at a time.
 TEST(CudaDraftAttention, ModelShapesMatchReferenceBitForBit) {
   struct Shape {
     int64_t H, hd;

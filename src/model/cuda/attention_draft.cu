@@ -465,9 +465,13 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
   }
 }
 
-// Heads per block: 2 while the blocks fit on the multiprocessors at once, else 4 (fewer key decodes).
+// Heads per block: 1 while a block per (row, head) fits on the multiprocessors at once (each block's
+// dependent chains are the critical path: half of them with one head), 2 while blocks of two do,
+// else 4 (fewer key decodes).
 int heads_per_block(const DraftAttnArgs& a) {
-  return a.B * a.K * ((a.heads + 1) / 2) <= kernels::cuda::decode_launch_limits().sms ? 2 : 4;
+  const int64_t rows = a.B * a.K, sms = kernels::cuda::decode_launch_limits().sms;
+  if (rows * a.heads <= sms) return 1;
+  return rows * ((a.heads + 1) / 2) <= sms ? 2 : 4;
 }
 
 void check_args(const DraftAttnArgs& a) {
@@ -511,10 +515,11 @@ void draft_attention(const DraftAttnArgs& a, cudaStream_t s, bool whole_list) {
   TANDEM_CHECK(a.hd % 64 == 0 && a.hd <= kMaxHd && a.rec.nope % 16 == 0);
   TANDEM_CHECK(reinterpret_cast<uintptr_t>(a.ctx) % 8 == 0 && a.slot_stride % 8 == 0 && a.stage_off % 8 == 0 &&
                a.rec.bytes % 8 == 0 && a.rec.rope_off % 8 == 0 && reinterpret_cast<uintptr_t>(a.block_kv) % 16 == 0);
-  if (heads_per_block(a) == 2)
-    launch_g<2>(a, s, whole_list);
-  else
-    launch_g<4>(a, s, whole_list);
+  switch (heads_per_block(a)) {
+    case 1: return launch_g<1>(a, s, whole_list);
+    case 2: return launch_g<2>(a, s, whole_list);
+    default: return launch_g<4>(a, s, whole_list);
+  }
 }
 
 void draft_attention_reference(const DraftAttnArgs& a, cudaStream_t s) {
