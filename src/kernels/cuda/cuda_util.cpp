@@ -27,14 +27,18 @@ void* device_alloc(size_t bytes) {
 
 void device_free(void* p) { TANDEM_CUDA_CHECK(cudaFree(p)); }
 
-void allow_dynamic_smem(const void* kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
+size_t dynamic_smem_room(const void* kernel) {
   int dev = 0, optin = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&dev));
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   cudaFuncAttributes fa{};
   TANDEM_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-  const size_t room = static_cast<size_t>(optin) - fa.sharedSizeBytes;
+  return static_cast<size_t>(optin) - fa.sharedSizeBytes;
+}
+
+void allow_dynamic_smem(const void* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  const size_t room = dynamic_smem_room(kernel);
   TANDEM_CHECK_MSG(bytes <= room, "a kernel needs more shared memory than the device has");
   TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(room)));
 }

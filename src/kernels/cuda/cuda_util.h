@@ -91,6 +91,9 @@ size_t scratch_bytes(ScratchSlot slot);
 // memory (CHECKs that `bytes` fits). Called by the launcher before every such launch (cheap, no
 // synchronization, legal inside stream capture), so nothing is remembered per process or device.
 void allow_dynamic_smem(const void* kernel, size_t bytes);
+// The dynamic shared memory `kernel` can have on the current device: the per-block opt-in limit less
+// the kernel's static shared memory (what allow_dynamic_smem raises the limit to).
+size_t dynamic_smem_room(const void* kernel);
 
 // Number of CUDA devices visible (0 when there is no driver or no GPU; never aborts).
 int device_count();

@@ -325,8 +325,6 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
       dst[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
   };
-  auto load_chunk = [&](int k0) { load_into(raw, k0); };
-  auto store_chunk = [&]() { store_from(raw, s_k); };
   // The chunk's rows: chunk k0's own rows (kWhole) or the one chunk's.
   auto rows_of = [&](int k0) -> const float* { return kWhole ? s_k + static_cast<int64_t>(k0) * hd : s_k; };
   if constexpr (kWhole) {
@@ -345,12 +343,12 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
   // heads: lane-strided sums over d = lane, lane + 32, ... (the reference's loop), then warp_sum's
   // butterfly (warp_sum_scatter: the same additions for any number of sums), times the scale.
   const float scale = attn_scale(hd);
-  if (!kWhole) load_chunk(0);
+  if (!kWhole) load_into(raw, 0);
   for (int k0 = 0; k0 < nk; k0 += kChunk) {
     if (!kWhole) {
-      store_chunk();
+      store_from(raw, s_k);
       __syncthreads();
-      if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
+      if (k0 + kChunk < nk) load_into(raw, k0 + kChunk);
     }
     const int i0 = k0 + KPW * warp;
     if (i0 < nk) {
@@ -414,12 +412,12 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
   float o[G][2];
 #pragma unroll
   for (int h = 0; h < G; ++h) o[h][0] = o[h][1] = 0.0f;
-  if (!kWhole) load_chunk(0);
+  if (!kWhole) load_into(raw, 0);
   for (int k0 = 0; k0 < nk; k0 += kChunk) {
     if (!kWhole) {
-      store_chunk();
+      store_from(raw, s_k);
       __syncthreads();
-      if (k0 + kChunk < nk) load_chunk(k0 + kChunk);
+      if (k0 + kChunk < nk) load_into(raw, k0 + kChunk);
     }
     const int n = min(kChunk, nk - k0);
     if (d0 < hd) {
@@ -465,9 +463,9 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
   }
 }
 
-// Heads per block: 1 while a block per (row, head) fits on the multiprocessors at once (each block's
-// dependent chains are the critical path: half of them with one head), 2 while blocks of two do,
-// else 4 (fewer key decodes).
+// Heads per block: 1 while a block per (row, head) fits on the multiprocessors at once (measured
+// faster for the built-in model's draft, docs/PERFORMANCE.md "Twenty-first session"), 2 while blocks
+// of two do, else 4 (fewer key decodes).
 int heads_per_block(const DraftAttnArgs& a) {
   const int64_t rows = a.B * a.K, sms = kernels::cuda::decode_launch_limits().sms;
   if (rows * a.heads <= sms) return 1;
@@ -486,10 +484,11 @@ void check_args(const DraftAttnArgs& a) {
 template <int G, int KPW>
 void launch(const DraftAttnArgs& a, cudaStream_t s, bool whole_list) {
   const Smem lay(a.window + a.K, a.hd);
-  const bool whole = whole_list && lay.bytes(G, true) + sizeof(float) * 2 * G * kWarps <=
-                     static_cast<size_t>(kernels::cuda::decode_launch_limits().smem_per_block);
+  const auto whole_kern = draft_attention_kernel<G, KPW, true>;
+  const bool whole =
+      whole_list && lay.bytes(G, true) <= kernels::cuda::dynamic_smem_room(reinterpret_cast<const void*>(whole_kern));
   const size_t smem = lay.bytes(G, whole);
-  auto kern = whole ? draft_attention_kernel<G, KPW, true> : draft_attention_kernel<G, KPW, false>;
+  auto kern = whole ? whole_kern : draft_attention_kernel<G, KPW, false>;
   kernels::cuda::allow_dynamic_smem(reinterpret_cast<const void*>(kern), smem);
   dim3 grid(static_cast<unsigned>(a.B * a.K), static_cast<unsigned>((a.heads + G - 1) / G));
   kernels::cuda::launch_pdl(kern, grid, kThreads, smem, s, a);
