@@ -36,6 +36,21 @@ arms = {}
 for arm in ("dspark", "plain"):
     r = json.load(open(f"{arms_dir}/bench-{arm}.json"))
     arms[arm] = {k: r.get(k) for k in ("settings", "summary", "totals", "target")}
+    # Where the engine thread's time went, per step that ran a batch (the server's tandem:engine_*
+    # counters over each run), us.
+    phases = []
+    for run in r.get("runs", []):
+        names = (run.get("server") or {}).get("names") or {}
+        steps = names.get("tandem:engine_steps_total", 0)
+        if steps <= 0:
+            continue
+        row = {"workload": run.get("workload"), "concurrency": run.get("concurrency"), "steps": steps,
+               "wall_s": run.get("wall_s")}
+        for k, v in names.items():
+            if k.startswith("tandem:engine_") and k.endswith("_seconds_total"):
+                row[k[len("tandem:engine_"):-len("_seconds_total")] + "_us_per_step"] = 1e6 * v / steps
+        phases.append(row)
+    arms[arm]["engine_phases"] = phases
 json.dump({"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(), "commit": commit, "gpu": gpu, "driver": driver,
            "what": "tandem bench (streamed chat completions, greedy, 512 tokens) against tandem serve --device cuda "
                    "on the built-in model, DSpark K=5 vs no speculation", "arms": arms},
@@ -43,5 +58,7 @@ json.dump({"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat
 for arm, a in arms.items():
     for row in a["summary"]:
         print(arm, json.dumps({k: row.get(k) for k in ("workload", "concurrency", "aggregate_tok_s", "per_stream_decode_tok_s", "ttft_s", "acceptance_rate")}))
+    for row in a["engine_phases"]:
+        print(arm, "engine", json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}))
 PY
 exit $rc

@@ -84,13 +84,18 @@ class CudaRunner : public SlotRunner<CudaModel> {
     q_rows_.assign(static_cast<size_t>(alloc.max_slots), 0);
     // Every decode/verify/draft shape the engine replays is captured now, not on a request's path.
     const auto t0 = std::chrono::steady_clock::now();
+    const int64_t free0 = free_device_memory();
     // The rank that samples (a tensor-parallel group's head; workers only compute) captures the
     // decode and verify graphs with the sampler as their last launch.
     const int graphs = model_->capture_graphs(/*taps=*/alloc.num_draft_tokens > 0, /*sampler=*/tp_rank_ == 0);
+    const int64_t free1 = free_device_memory();
     if (graphs > 0)
-      TLOG_INFO("engine", "captured {} CUDA graphs (decode and verify steps of up to {} sequences, drafts) in {:.0f} ms",
-                graphs, o.max_graph_batch,
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      TLOG_INFO("engine",
+                "captured {} CUDA graphs (decode and verify steps of up to {} sequences at contexts up to {} tokens, "
+                "drafts) in {:.0f} ms, {:.1f} MiB of device memory",
+                graphs, o.max_graph_batch, model_->graph_context_captured(),
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                free0 >= 0 && free1 >= 0 ? static_cast<double>(free0 - free1) / 1048576.0 : 0.0);
     allocs_at_start_ = kernels::cuda::alloc_stats().count;
     TLOG_INFO("engine", "model loaded on {} from {} (KV dtype {}): {}", model_->device_name(),
               synthetic_.name.empty() ? ck_.dir : "synthetic " + synthetic_.name, kv_dtype_name(o.model.kv_dtype),
@@ -176,6 +181,7 @@ class CudaRunner : public SlotRunner<CudaModel> {
   }
   int64_t device_graph_instantiations() const override { return model_ ? model_->graph_stats().instantiations : -1; }
   int64_t device_free_bytes() const override { return model_ ? free_device_memory() : -1; }
+  double device_wait_seconds() const override { return model_ ? model_->device_wait_seconds() : -1; }
 
   // The step runs on the device and its rows are sampled there: logits, taps and draft
   // distributions stay on the GPU; token ids and logprobs come back. A decode or verify step's

@@ -184,6 +184,16 @@ struct EngineMetrics {
   // device memory taken since start-up as cudaMemGetInfo sees it (must stay 0; 0 when not measured).
   int64_t device_graphs_after_start = -1;
   int64_t device_bytes_taken_after_start = 0;
+  // Where the engine thread's time goes (seconds since start-up, summed over steps): scheduling and
+  // building the batch, the runner's forward (uploads, launch, device time, results), the outputs
+  // (sampling results, events to the requests' callbacks), the runner's commit (the DSpark draft's
+  // context insertion), the draft (choosing who drafts, the runner's proposal), and the loop's own
+  // time between two steps while there is work (inbox, metrics). device_wait: how much of forward
+  // and draft the runner spent blocked on the device (-1 when it does not measure it).
+  int64_t engine_steps_total = 0;
+  double engine_schedule_s = 0, engine_forward_s = 0, engine_outputs_s = 0, engine_commit_s = 0, engine_draft_s = 0,
+         engine_between_steps_s = 0;
+  double device_wait_s = -1;
   // Latency samples since the last call (drained by take_metrics()).
   std::vector<double> ttft_s, itl_s, e2e_s;
 };

@@ -603,6 +603,15 @@ void EngineCore::expire_deadlines() {
 
 Status EngineCore::step() {
   ++steps_;
+  const auto t_step = Clock::now();
+  if (work_after_step_) m_.engine_between_steps_s += std::chrono::duration<double>(t_step - last_step_end_).count();
+  struct StepEnd {  // every return: when it ended and whether work is left
+    EngineCore& c;
+    ~StepEnd() {
+      c.last_step_end_ = Clock::now();
+      c.work_after_step_ = c.has_work();
+    }
+  } step_end{*this};
   expire_deadlines();
   if (!has_work()) return Status();
   if (spec_enabled()) plan_verify();
@@ -701,8 +710,11 @@ Status EngineCore::step() {
       off += static_cast<size_t>(s->scheduled);
     }
     auto t0 = Clock::now();
+    m_.engine_schedule_s += std::chrono::duration<double>(t0 - t_step).count();
+    ++m_.engine_steps_total;
     Status st = runner_->forward(batch_, &samples_, out_);
     double dt = seconds_since(t0);
+    m_.engine_forward_s += dt;
     if (!st.ok()) {
       TLOG_ERROR("engine", "forward failed: {}", st.to_string());
       std::vector<Seq*> failed = scheduled_;
@@ -716,8 +728,14 @@ Status EngineCore::step() {
     draft_seqs_.clear();
     commits_.clear();
     done_.assign(scheduled_.begin(), scheduled_.end());  // process_output may finish (and free) requests
+    const auto t_out = Clock::now();
     for (size_t i = 0; i < done_.size(); ++i) process_output(*done_[i], out_, i, draft_reqs_);
-    if (Status cs = runner_->commit(commits_); !cs.ok()) {
+    const auto t_commit = Clock::now();
+    m_.engine_outputs_s += std::chrono::duration<double>(t_commit - t_out).count();
+    Status cs = runner_->commit(commits_);
+    const auto t_draft = Clock::now();
+    m_.engine_commit_s += std::chrono::duration<double>(t_draft - t_commit).count();
+    if (!cs.ok()) {
       TLOG_ERROR("engine", "commit failed: {}", cs.to_string());
       std::vector<Seq*> failed = running_;
       for (Seq* s : failed) finish(*s, FinishReason::kError, "model commit failed: " + cs.message(), nullptr);
@@ -757,6 +775,7 @@ Status EngineCore::step() {
         }
       }
     }
+    m_.engine_draft_s += seconds_since(t_draft);
   }
 
   m_.num_requests_running = static_cast<int64_t>(running_.size());
@@ -974,6 +993,7 @@ EngineMetrics EngineCore::metrics(bool drain_latencies) {
   }
   for (const Seq* s : waiting_) m_.prefill_tokens_pending += s->prompt_len;
   m_.device_allocations_after_start = runner_->device_allocations_after_start();
+  m_.device_wait_s = runner_->device_wait_seconds();
   const int64_t graphs = runner_->device_graph_instantiations(), free_now = runner_->device_free_bytes();
   m_.device_graphs_after_start = graphs >= 0 && graphs_at_start_ >= 0 ? graphs - graphs_at_start_ : -1;
   m_.device_bytes_taken_after_start = free_now >= 0 && free_at_start_ >= 0 ? free_at_start_ - free_now : 0;

@@ -131,6 +131,10 @@ class EngineCore {
   std::vector<int> free_slots_;
   uint64_t next_order_ = 0;
   int64_t steps_ = 0;
+  // The end of the last step, and whether work was left then (the gap to the next step counts as
+  // the loop's time between steps only then).
+  Clock::time_point last_step_end_{};
+  bool work_after_step_ = false;
 
   // Per-step scratch (sized at start-up).
   std::vector<Seq*> scheduled_;

@@ -163,6 +163,9 @@ class ModelRunner {
   // and reports how far they moved since (must be 0 under load).
   virtual int64_t device_graph_instantiations() const { return -1; }
   virtual int64_t device_free_bytes() const { return -1; }
+  // Seconds the runner has spent blocked waiting for the device since start-up (forward and draft
+  // synchronizations); -1 = not measured.
+  virtual double device_wait_seconds() const { return -1; }
 };
 
 // "model name" of /proc/cpuinfo (or "unknown CPU").

@@ -79,6 +79,12 @@ ServerCounters counter_deltas(const std::map<std::string, double>& before, const
       break;
     }
   }
+  // Tandem's engine-thread counters (where a step's time goes), when the server has them.
+  for (const auto& [n, v] : after) {
+    if (!n.starts_with("tandem:engine_") || !n.ends_with("_total")) continue;
+    auto b = before.find(n);
+    c.raw[n] = v - (b == before.end() ? 0.0 : b->second);
+  }
   return c;
 }
 

@@ -96,6 +96,15 @@ std::string MetricsRegistry::render(const EngineMetrics& m, const std::string& m
     metric(out, "tandem:device_graphs_after_start", "gauge", "CUDA graphs instantiated since start-up (must stay 0).", l, m.device_graphs_after_start);
     metric(out, "tandem:device_bytes_taken_after_start", "gauge", "Device memory taken since start-up, as cudaMemGetInfo reports it (must stay 0).", l, m.device_bytes_taken_after_start);
   }
+  metric(out, "tandem:engine_steps_total", "counter", "Engine steps that ran a batch.", l, m.engine_steps_total);
+  metric(out, "tandem:engine_schedule_seconds_total", "counter", "Engine thread: scheduling and building batches.", l, m.engine_schedule_s);
+  metric(out, "tandem:engine_forward_seconds_total", "counter", "Engine thread: the runner's forward steps (uploads, launch, device, results).", l, m.engine_forward_s);
+  metric(out, "tandem:engine_outputs_seconds_total", "counter", "Engine thread: step outputs (sampling results, request events).", l, m.engine_outputs_s);
+  metric(out, "tandem:engine_commit_seconds_total", "counter", "Engine thread: the runner's commits (draft context insertion).", l, m.engine_commit_s);
+  metric(out, "tandem:engine_draft_seconds_total", "counter", "Engine thread: choosing drafts and the runner's draft proposals.", l, m.engine_draft_s);
+  metric(out, "tandem:engine_between_steps_seconds_total", "counter", "Engine thread: between two steps while work was left (inbox, metrics).", l, m.engine_between_steps_s);
+  if (m.device_wait_s >= 0)
+    metric(out, "tandem:engine_device_wait_seconds_total", "counter", "Engine thread: blocked on the device inside forward and draft.", l, m.device_wait_s);
   metric(out, "tandem:http_requests_in_flight", "gauge", "Generation requests the HTTP server holds.", l, in_flight);
   metric(out, "tandem:request_errors_total", "counter", "Requests answered with an error status.", l, errors_);
   return out;

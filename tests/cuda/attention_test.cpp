@@ -474,8 +474,9 @@ TEST(CudaAttention, MatchesCpu) {
 
 // ---------------------------------------------------------------- draft attention
 // One draft attention case: B requests (slots, anchor positions P) of this stage's context ring
-// (records of `kind`, window W) plus their K block rows, H heads of head dim hd, random queries and
-// sinks; host data and device buffers, and the args of a launch.
+// (records of `kind`, window W; position p at ring row p % R, R = ring or W) plus their K block
+// rows, H heads of head dim hd, random queries and sinks; host data and device buffers, and the
+// args of a launch.
 struct DraftCase {
   static constexpr int W = 128, K = 5, stages = 2, stage = 1;
   KvRecordLayout l;
@@ -491,18 +492,19 @@ struct DraftCase {
   DraftAttnArgs a;
 
   DraftCase(KvRecordKind kind, int64_t heads, int64_t head_dim, std::vector<int32_t> slots, std::vector<int64_t> pos,
-            uint64_t seed)
+            uint64_t seed, int ring = 0)
       : l(KvRecordLayout::make(kind, static_cast<int>(head_dim), 64)), H(heads), hd(head_dim),
         B(static_cast<int64_t>(slots.size())), slot(std::move(slots)), P(std::move(pos)) {
     int max_slot = 0;
     for (int32_t s : slot) max_slot = std::max(max_slot, s);
-    const int64_t slot_stride = static_cast<int64_t>(stages) * W * l.bytes + 16, stage_off = stage * W * l.bytes;
+    const int64_t R = ring > 0 ? ring : W;
+    const int64_t slot_stride = static_cast<int64_t>(stages) * R * l.bytes + 16, stage_off = stage * R * l.bytes;
     std::vector<uint8_t> ctx(static_cast<size_t>((max_slot + 1) * slot_stride), 0x77);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t p = std::max<int64_t>(0, P[b] - W); p < P[b]; ++p) {
         const std::vector<float> x = randn(static_cast<size_t>(hd), seed + slot[b] * 100003 + p, 1.0f, true);
         const std::vector<uint8_t> rec = encode_kv_record(x.data(), l);
-        std::memcpy(&ctx[slot[b] * slot_stride + stage_off + (p % W) * l.bytes], rec.data(), rec.size());
+        std::memcpy(&ctx[slot[b] * slot_stride + stage_off + (p % R) * l.bytes], rec.data(), rec.size());
         ctx_val[{slot[b], p}] = decode_kv_record(rec.data(), l);
       }
     block_kv.resize(static_cast<size_t>(B * K * hd));
@@ -528,6 +530,7 @@ struct DraftCase {
     a.req_pos = dpos.get();
     a.K = K;
     a.window = W;
+    a.ring = ring;
     a.sink = dsink.get();
     a.heads = static_cast<int>(H);
     a.hd = static_cast<int>(hd);
@@ -571,11 +574,13 @@ struct DraftCase {
 
 TEST(CudaDraftAttention, MatchesCpu) {
   uint64_t seed = 900;
+  // The ring as long as the window, and as the model lays it out (W + max_rollback rows).
+  for (int ring : {0, DraftCase::W + 8})
   for (KvRecordKind kind : {KvRecordKind::kFp8, KvRecordKind::kNvfp4, KvRecordKind::kBf16}) {
     // anchor positions: 1 context key, 50, a full wrapped ring
-    DraftCase c(kind, 8, 512, {2, 0, 1}, {1, 50, 300}, seed);
+    DraftCase c(kind, 8, 512, {2, 0, 1}, {1, 50, 300}, seed, ring);
     seed += 100;
-    SCOPED_TRACE(::testing::Message() << kind_name(kind) << " requests " << c.B << " K " << c.K);
+    SCOPED_TRACE(::testing::Message() << kind_name(kind) << " requests " << c.B << " K " << c.K << " ring " << ring);
     AttnCheck chk;
     chk.target = false;
     c.add_rows(chk);

@@ -159,12 +159,12 @@ inline void run_draft(Subject& s) {
   s.cpu->draft_reset(slot);
   ASSERT_TRUE(s.cpu->draft_insert_context(slot, 0, taps).ok());
   auto cc = mt::cpu_draft_context(*s.cpu, slot);
-  const std::vector<float> ctx_c(cc.begin(), cc.end());
+  std::vector<float> ctx_c(cc.begin(), cc.end());
   kernels::cpu::set_gemm_isa(kernels::cpu::Isa::kBaseline);
   s.cpu->draft_reset(spare);
   const Status ist = s.cpu->draft_insert_context(spare, 0, taps);
   auto cb = mt::cpu_draft_context(*s.cpu, spare);
-  const std::vector<float> ctx_p(cb.begin(), cb.end());
+  std::vector<float> ctx_p(cb.begin(), cb.end());
   kernels::cpu::set_gemm_isa(kernels::cpu::Isa::kAuto);
   ASSERT_TRUE(ist.ok()) << ist.to_string();
   s.dev->reset(slot);
@@ -193,15 +193,36 @@ inline void run_draft(Subject& s) {
     ASSERT_TRUE(s.gemv->draft_insert_context(slot, 0, taps).ok());
     s.gemv->read_draft_context(slot, gv_ctx);
   }
+  // The CPU's context rings hold position p at row p % W, the device's at row p % R (the CUDA
+  // model's W + max_rollback rows): the CPU's rows of positions [lo, P) in the device's layout,
+  // which the teacher-forced drafts below (anchors P and P - kBack) read. A ring of W rows aliases
+  // those positions as the CPU's does; a longer one must hold them all.
+  constexpr int64_t kBack = 7;
+  const int64_t R = s.dev->draft_ring_rows(), lo = std::max<int64_t>(0, P - kBack - W);
+  ASSERT_TRUE(R == W || R >= W + kBack) << "ring of " << R << " rows, window " << W;
+  if (s.gemv) {
+    ASSERT_EQ(s.gemv->draft_ring_rows(), R);
+  }
+  auto to_ring = [&](std::vector<float>& ctx) {
+    if (ctx.empty()) return;
+    std::vector<float> g(static_cast<size_t>(c.num_draft_stages * R * hd), 0.0f);
+    for (int st = 0; st < c.num_draft_stages; ++st)
+      for (int64_t p = lo; p < P; ++p)
+        std::copy_n(ctx.data() + (st * W + p % W) * hd, hd, g.data() + (st * R + p % R) * hd);
+    ctx.swap(g);
+  };
+  to_ring(ctx_c);
+  to_ring(ctx_p);
+  to_ring(ctx_t);
   int64_t inexact = 0, ignored = 0;
   std::vector<uint8_t> enc_c, enc_p, enc_t;
-  encode_kv(s, ctx_c.data(), c.num_draft_stages * W, enc_c, &inexact);
-  encode_kv(s, ctx_p.data(), c.num_draft_stages * W, enc_p, &ignored);
-  if (tc_insert) encode_kv(s, ctx_t.data(), c.num_draft_stages * W, enc_t, &ignored);
+  encode_kv(s, ctx_c.data(), c.num_draft_stages * R, enc_c, &inexact);
+  encode_kv(s, ctx_p.data(), c.num_draft_stages * R, enc_p, &ignored);
+  if (tc_insert) encode_kv(s, ctx_t.data(), c.num_draft_stages * R, enc_t, &ignored);
   for (int st = 0; st < c.num_draft_stages; ++st) {
     RecordSet set;
     for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) {
-      const int64_t i = st * W + p % W;
+      const int64_t i = st * R + p % R;
       set.offs.push_back(i * s.lay.rec.bytes);
       set.cpu.push_back(ctx_c.data() + i * hd);
     }
@@ -223,7 +244,7 @@ inline void run_draft(Subject& s) {
   s.dev->write_draft_context(slot, enc_c);
   s.rep.line(at + " | context upload: records not decoding to the CPU's values " + std::to_string(inexact) + " (limit 0)",
              inexact == 0);
-  std::vector<DraftRequest> reqs = {{slot, toks[P], P}, {slot, toks[P - 7], P - 7}};
+  std::vector<DraftRequest> reqs = {{slot, toks[P], P}, {slot, toks[P - kBack], P - kBack}};
   std::vector<CudaModel::DraftQueryDev> dq;
   for (const auto& r : reqs) dq.push_back({r.slot, r.anchor_token, r.anchor_pos, 0.0, 0});
   const int64_t B = static_cast<int64_t>(reqs.size());

@@ -139,6 +139,7 @@ class HostDevice : public layer_harness::Device {
       }
     });
   }
+  int64_t draft_ring_rows() override { return m_->config().sliding_window; }  // the CPU's rings
   void read_draft_context(int slot, std::vector<uint8_t>& out) override {
     auto c = mt::cpu_draft_context(*m_, slot);
     const int64_t n = static_cast<int64_t>(c.size()) / hd();

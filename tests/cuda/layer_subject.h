@@ -38,6 +38,9 @@ class Device {
   virtual void write_slot(int slot, std::span<const uint8_t> in) = 0;
   virtual void read_pool(std::vector<uint8_t>& out) = 0;
   virtual void write_pool(std::span<const uint8_t> in) = 0;
+  // A slot's DSpark context rings as records ([stages, draft_ring_rows(), rec.bytes]; position p
+  // at row p % draft_ring_rows(): the CUDA model's W + max_rollback, the CPU's W).
+  virtual int64_t draft_ring_rows() = 0;
   virtual void read_draft_context(int slot, std::vector<uint8_t>& out) = 0;
   virtual void write_draft_context(int slot, std::span<const uint8_t> in) = 0;
   virtual void set_slot_length(int slot, int64_t length) = 0;

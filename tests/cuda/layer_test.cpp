@@ -57,6 +57,7 @@ class CudaDevice : public layer_harness::Device {
   void write_slot(int slot, std::span<const uint8_t> in) override { mt::cuda_write_slot(*m_, slot, in); }
   void read_pool(std::vector<uint8_t>& out) override { mt::cuda_read_pool(*m_, out); }
   void write_pool(std::span<const uint8_t> in) override { mt::cuda_write_pool(*m_, in); }
+  int64_t draft_ring_rows() override { return mt::cuda_state_layout(*m_).draft_ring; }
   void read_draft_context(int slot, std::vector<uint8_t>& out) override { mt::cuda_read_draft_context(*m_, slot, out); }
   void write_draft_context(int slot, std::span<const uint8_t> in) override {
     mt::cuda_write_draft_context(*m_, slot, in);

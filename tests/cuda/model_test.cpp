@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <sstream>
 #include <tuple>
 
@@ -667,6 +668,78 @@ TEST(CudaModel, DraftGraphReplayEqualsEager) {
   EXPECT_GE(gm.graph_stats().replays, 3);
 }
 
+// The draft's context inserted by the step itself (every row, accepted or not, into rings of W +
+// max_rollback rows: CudaModelOptions::draft_insert_in_step) against the engine's commits (only the
+// accepted rows): two models of the same weights run the same prompts, verify steps of 1-6 tokens
+// (graph replays, and eager steps whose sequences add different counts) with random acceptance,
+// and propose drafts after every commit: the same tokens and confidences, bit for bit.
+TEST(CudaModel, DraftContextInsertedByTheStepEqualsTheCommits) {
+  TANDEM_REQUIRE_GPU();
+  Pair& p = fp8_pair();
+  ASSERT_TRUE(p.gpu && p.gpu->has_draft());
+  auto make = [&](bool in_step) {
+    CudaModelOptions co;
+    co.model = model_options();
+    co.max_graph_batch = 4;
+    co.draft_insert_in_step = in_step;
+    auto m = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    return m.ok() ? std::move(*m) : nullptr;
+  };
+  std::unique_ptr<CudaModel> is = make(true), co = make(false);
+  ASSERT_TRUE(is && co);
+  const int max_n = static_cast<int>(model_options().max_rollback) + 1;
+  std::vector<std::vector<int32_t>> seqs = {tokens(400, 61), tokens(400, 62)};
+  std::vector<std::vector<int32_t>> tables = {table_for(0), table_for(1)};
+  std::mt19937 rng(7);
+  int64_t drafts = 0, off = 0, replays = 0;
+  for (int round = -1; round < 30; ++round) {
+    StepBatch b;
+    std::vector<int64_t> start(2);
+    for (int s = 0; s < 2; ++s) {
+      start[s] = is->slot_length(s);
+      // Prompts, then rounds of the same count for both sequences (graph replays) and, every
+      // fifth round, different counts (an eager step).
+      const int n = round < 0 ? 40 + 9 * s : round % 5 == 4 ? 1 + (s + round) % max_n : 1 + round % max_n;
+      if (round < 0) {
+        is->reset(s);
+        co->reset(s);
+      }
+      b.seqs.push_back({s, start[s], std::span<const int32_t>(seqs[s].data() + start[s], static_cast<size_t>(n)),
+                        tables[s], n == 1 ? LogitsMode::kLast : LogitsMode::kAll, true});
+    }
+    const int64_t replays_before = is->graph_stats().replays;
+    StepOutput io, cout;
+    ASSERT_TRUE(is->forward(b, &io).ok());
+    ASSERT_TRUE(co->forward(b, &cout).ok());
+    replays += is->graph_stats().replays - replays_before;
+    std::vector<CudaModel::DraftQueryDev> qs;
+    for (int s = 0; s < 2; ++s) {
+      const int64_t n = static_cast<int64_t>(b.seqs[s].tokens.size());
+      const int64_t keep = round < 0 ? n : 1 + static_cast<int64_t>(rng() % n);  // accepted rows
+      for (CudaModel* m : {is.get(), co.get()}) {
+        ASSERT_TRUE(m->rollback(s, start[s] + keep).ok());
+        ASSERT_TRUE(m->draft_insert_context_from_step(s, start[s], s, keep).ok());
+      }
+      qs.push_back({s, seqs[s][start[s] + keep], start[s] + keep, 0.0, 0});
+    }
+    std::vector<DraftResult> ir, cr;
+    ASSERT_TRUE(is->draft_propose(qs, false, ir).ok());
+    ASSERT_TRUE(co->draft_propose(qs, false, cr).ok());
+    for (size_t i = 0; i < qs.size(); ++i) {
+      ++drafts;
+      const bool same = ir[i].tokens == cr[i].tokens && ir[i].confidence.size() == cr[i].confidence.size() &&
+                        std::memcmp(ir[i].confidence.data(), cr[i].confidence.data(),
+                                    sizeof(float) * cr[i].confidence.size()) == 0;
+      off += !same;
+      EXPECT_TRUE(same) << "round " << round << " request " << i;
+    }
+  }
+  std::printf("[cuda] draft context in the step vs at commit: %lld drafts, %lld differ; %lld graph replays\n",
+              static_cast<long long>(drafts), static_cast<long long>(off), static_cast<long long>(replays));
+  EXPECT_GT(replays, 10);
+}
+
 TEST(CudaModel, BadStepsAreErrorsAndChangeNothing) {
   TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
@@ -1036,6 +1109,38 @@ TEST(CudaModel, NoDeviceAllocationAfterStartup) {
 // (DeviceBuffer), take device memory (cudaMemGetInfo) or instantiate a graph: neither on the first
 // pass after start-up (first-use effects: a kernel module loaded lazily, a shape not captured) nor
 // on later passes (a per-step allocation).
+// capture_graphs covers the context buckets up to graph_context (and the pool's longest sequence)
+// while the graphs' memory fits graph_memory_budget; with no budget, only the first bucket.
+TEST(CudaModel, GraphBucketsFollowTheContextAndMemoryBudget) {
+  TANDEM_REQUIRE_GPU();
+  Pair& p = fp8_pair();
+  ASSERT_TRUE(p.gpu);
+  auto captured = [&](int64_t context, int64_t budget, int64_t* covered) {
+    CudaModelOptions co;
+    co.model = model_options();
+    co.max_graph_batch = 2;
+    co.graph_context = context;
+    co.graph_memory_budget = budget;
+    auto g = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    if (!g.ok()) return 0;
+    const int n = (*g)->capture_graphs(/*taps=*/false);
+    *covered = (*g)->graph_context_captured();
+    return n;
+  };
+  int64_t c0 = 0, c1 = 0, c2 = 0;
+  const int none = captured(8192, 0, &c0), two = captured(512, int64_t{1} << 30, &c1),
+            all = captured(int64_t{1} << 20, int64_t{1} << 30, &c2);
+  const int per_bucket = 2 * (static_cast<int>(model_options().max_rollback) + 1);  // batches 1, 2 x 1..9 tokens
+  EXPECT_EQ(c0, 256);
+  EXPECT_EQ(c1, 512);
+  EXPECT_EQ(c2, model_options().num_blocks * model_options().block_size);  // the pool's longest sequence
+  EXPECT_EQ(two - none, per_bucket);
+  EXPECT_EQ(all - none, 4 * per_bucket);  // 512 .. 4096
+  std::printf("[cuda] graph buckets: %d graphs up to %lld tokens without a budget, %d up to %lld, %d up to %lld\n",
+              none, static_cast<long long>(c0), two, static_cast<long long>(c1), all, static_cast<long long>(c2));
+}
+
 TEST(CudaModel, NothingAllocatesOrInstantiatesUnderLoadAfterGraphStartup) {
   TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
@@ -1049,16 +1154,20 @@ TEST(CudaModel, NothingAllocatesOrInstantiatesUnderLoadAfterGraphStartup) {
   const int captured = gm.capture_graphs(/*taps=*/true);
   EXPECT_GT(captured, 0);
   const int64_t V = p.cfg.vocab_size, W = (V + 31) / 32;
-  std::vector<std::vector<int32_t>> seqs = {tokens(200, 61), tokens(200, 62), tokens(200, 63)};
+  std::vector<std::vector<int32_t>> seqs = {tokens(600, 61), tokens(600, 62), tokens(600, 63)};
   std::vector<std::vector<int32_t>> tables = {table_for(0), table_for(1), table_for(2)};
   auto load = [&](int rep) {
-    StepBatch b;
-    for (int s = 0; s < 3; ++s) {
+    // Prompts just below 256 and 512 tokens: the steps after them cross into the next context
+    // bucket, whose graphs capture_graphs captured too.
+    const int prompt = rep < 2 ? 240 : 500;
+    for (int s = 0; s < 3; ++s) {  // eager prefills, one sequence a step (a step holds 512 tokens)
       gm.reset(s);
-      b.seqs.push_back({s, 0, std::span<const int32_t>(seqs[s].data(), 100 + 5 * s), tables[s], LogitsMode::kLast, true});
+      StepBatch b;
+      b.seqs.push_back({s, 0, std::span<const int32_t>(seqs[s].data(), prompt + 5 * s), tables[s], LogitsMode::kLast,
+                        true});
+      ASSERT_TRUE(gm.forward(b, nullptr).ok());
+      ASSERT_TRUE(gm.draft_insert_context_from_step(s, 0, 0, prompt + 5 * s).ok());
     }
-    ASSERT_TRUE(gm.forward(b, nullptr).ok());  // eager prefill
-    for (int s = 0; s < 3; ++s) ASSERT_TRUE(gm.draft_insert_context_from_step(s, 0, s, 100 + 5 * s).ok());
     for (int step = 0; step < 16; ++step) {
       const int n = step % 4 == 3 ? 6 : 1;  // decode steps and verify steps of 6: graph replays
       StepBatch d;

@@ -111,6 +111,24 @@ TEST(EngineCoreSpec, ThresholdVerifiesFewerTokensWithHigherAcceptance) {
   EXPECT_GT(rt, rf);
 }
 
+// The engine thread's phase counters: every step that ran a batch is counted, and the phases the
+// fake model spins in hold at least that spin (a lower bound, so no timing can make it fail).
+TEST(EngineCoreSpec, PhaseSecondsCoverTheRunnersWork) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EngineMetrics m;
+  run_prompts(with_spec(small_config(), "auto"), 4, 6, 40, &m);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_GT(m.engine_steps_total, 0);
+  ASSERT_GT(m.spec_decode_num_drafts_total, 0);
+  EXPECT_GE(m.engine_forward_s, m.engine_steps_total * 300e-6);  // forward_fixed_us
+  EXPECT_GE(m.engine_draft_s, 30e-6);                            // at least one draft call
+  for (double v : {m.engine_schedule_s, m.engine_outputs_s, m.engine_commit_s, m.engine_between_steps_s}) EXPECT_GE(v, 0);
+  EXPECT_LE(m.engine_schedule_s + m.engine_forward_s + m.engine_outputs_s + m.engine_commit_s + m.engine_draft_s +
+                m.engine_between_steps_s,
+            wall);
+  EXPECT_EQ(m.device_wait_s, -1);  // the fake runner does not measure it
+}
+
 // A request's output does not depend on what runs around it (greedy and seeded sampling).
 TEST(EngineCore, OutputIndependentOfNeighbours) {
   for (bool spec : {false, true}) {

@@ -78,6 +78,16 @@ TEST(BenchPrometheus, SumsLabelSetsAndSkipsJunk) {
   EXPECT_DOUBLE_EQ(*d.spec_accepted_tokens, 20);
   EXPECT_FALSE(d.spec_drafts);
   EXPECT_FALSE(d.prompt_tokens);
+
+  // Tandem's engine-thread counters travel as raw deltas; other tandem gauges do not.
+  m["tandem:engine_forward_seconds_total"] = 1.5;
+  after["tandem:engine_forward_seconds_total"] = 2.25;
+  after["tandem:engine_steps_total"] = 7;
+  after["tandem:kv_blocks_free"] = 3;
+  d = counter_deltas(m, after);
+  EXPECT_DOUBLE_EQ(d.raw.at("tandem:engine_forward_seconds_total"), 0.75);
+  EXPECT_DOUBLE_EQ(d.raw.at("tandem:engine_steps_total"), 7);
+  EXPECT_EQ(d.raw.count("tandem:kv_blocks_free"), 0u);
 }
 
 TEST(BenchWorkloads, CountCheck) {

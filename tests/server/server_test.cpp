@@ -734,7 +734,9 @@ TEST(Server, MetricsExposition) {
                            "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:spec_decode_num_drafts_total",
                            "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
                            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tandem\",position=\"0\"}",
-                           "tandem:kv_blocks_leaked{model_name=\"tandem\"} 0", "# TYPE vllm:time_to_first_token_seconds histogram"}) {
+                           "tandem:kv_blocks_leaked{model_name=\"tandem\"} 0", "# TYPE vllm:time_to_first_token_seconds histogram",
+                           "# TYPE tandem:engine_steps_total counter", "tandem:engine_forward_seconds_total",
+                           "tandem:engine_between_steps_seconds_total"}) {
     EXPECT_NE(t.find(name), std::string::npos) << name;
   }
 }

@@ -97,17 +97,18 @@ int64_t attn_partial_floats(int heads, int hd, int64_t slots);
 bool attention_splits(const AttnArgs& a);
 
 // DSpark draft attention: row r = (request b, block position t) attends to the request's context
-// ring [max(0,P-W), P) (records, ring index p % W) and all K block rows (fp32, non-causal).
+// [max(0,P-W), P) (records, position p at ring row p % ring) and all K block rows (fp32, non-causal).
 struct DraftAttnArgs {
   const float* q = nullptr;          // [B*K, heads, hd]
   const float* block_kv = nullptr;   // [B*K, hd]
-  const uint8_t* ctx = nullptr;      // [slots, stages, W, rec.bytes]; this stage's ring at ctx + slot*slot_stride + stage_off
+  const uint8_t* ctx = nullptr;      // [slots, stages, ring, rec.bytes]; this stage's ring at ctx + slot*slot_stride + stage_off
   int64_t slot_stride = 0;
   int64_t stage_off = 0;
   const int32_t* req_slot = nullptr; // [B]
   const int64_t* req_pos = nullptr;  // [B] anchor position P
   int K = 5;
   int window = 128;
+  int ring = 0;                      // rows of the ring, >= window (0: window)
   const float* sink = nullptr;       // [heads]
   int heads = 64;
   int hd = 512;

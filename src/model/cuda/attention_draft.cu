@@ -197,6 +197,9 @@ __device__ void attend_keys(const float* qh, const uint64_t* s_keys, float* s_p,
   }
 }
 
+// Rows of a stage's context ring: position p at row p % ring_rows (DraftAttnArgs::ring).
+__host__ __device__ inline int64_t ring_rows(const DraftAttnArgs& a) { return a.ring > 0 ? a.ring : a.window; }
+
 // The reference's fixed shared memory (tests only; the launcher checks the shape against it).
 constexpr int kRefMaxKeys = 512;
 constexpr int kRefMaxHd = 1024;
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) draft_attention_ref_kernel(DraftAttn
   const int64_t c0 = P - a.window > 0 ? P - a.window : 0;
   const int nctx = static_cast<int>(P - c0);
   for (int i = threadIdx.x; i < nctx; i += blockDim.x)
-    s_keys[i] = reinterpret_cast<uint64_t>(ring + ((c0 + i) % a.window) * a.rec.bytes);
+    s_keys[i] = reinterpret_cast<uint64_t>(ring + ((c0 + i) % ring_rows(a)) * a.rec.bytes);
   for (int i = threadIdx.x; i < a.K; i += blockDim.x)
     s_keys[nctx + i] = reinterpret_cast<uint64_t>(a.block_kv + (b * a.K + i) * a.hd) | 1;
   const float* qh = a.q + (r * a.heads + h) * a.hd;
@@ -293,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) draft_attention_kernel(DraftAttnArgs
   const int64_t c0 = P - a.window > 0 ? P - a.window : 0;
   const int nctx = static_cast<int>(P - c0), nk = nctx + a.K;
   for (int i = tid; i < nctx; i += kThreads)
-    s_keys[i] = reinterpret_cast<uint64_t>(ring + ((c0 + i) % a.window) * a.rec.bytes);
+    s_keys[i] = reinterpret_cast<uint64_t>(ring + ((c0 + i) % ring_rows(a)) * a.rec.bytes);
   for (int i = tid; i < a.K; i += kThreads)
     s_keys[nctx + i] = reinterpret_cast<uint64_t>(a.block_kv + (b * a.K + i) * hd) | 1;
   for (int i = tid; i < G * hd; i += kThreads) {
@@ -473,7 +476,8 @@ int heads_per_block(const DraftAttnArgs& a) {
 }
 
 void check_args(const DraftAttnArgs& a) {
-  TANDEM_CHECK(a.K >= 1 && a.window >= 1 && a.heads >= 1 && a.hd > 0 && a.rec.head_dim == a.hd);
+  TANDEM_CHECK(a.K >= 1 && a.window >= 1 && (a.ring == 0 || a.ring >= a.window) && a.heads >= 1 && a.hd > 0 &&
+               a.rec.head_dim == a.hd);
   if (a.out_inv_freq)
     TANDEM_CHECK(a.out_positions && a.out_rope_dim > 0 && a.out_rope_dim % 2 == 0 && a.out_rope_dim <= a.hd &&
                  a.hd % 64 == 0);

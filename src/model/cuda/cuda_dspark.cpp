@@ -33,6 +33,7 @@ Status CudaModel::draft_insert_context_from_step(int slot, int64_t start_pos, in
   if (rows < 0 || rows > static_cast<int64_t>(m.step.batch->seqs[seq].tokens.size()))
     return invalid_argument("draft_insert_context: {} rows of a {}-token entry", rows,
                             m.step.batch->seqs[seq].tokens.size());
+  if (m.step.ctx_in_step) return Status();  // the step inserted every row itself (insert_step_context)
   return m.insert_draft_context(slot, start_pos, m.taps.get() + m.step.taps_row[seq] * tap_dim(), rows,
                                 cudaMemcpyDeviceToDevice);
 }
@@ -46,7 +47,7 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
   if (start_pos < 0) return invalid_argument("draft_insert_context: negative start_pos");
   const int64_t td = c.hidden_size * static_cast<int64_t>(c.dspark_target_layer_ids.size());
   if (n == 0) return Status();
-  const int64_t D = c.hidden_size, hd = c.head_dim, W = c.sliding_window;
+  const int64_t W = c.sliding_window, R = m.lay.draft_ring;
   // Only the last W positions can ever be read.
   const int64_t skip = n > W ? n - W : 0;
   const float* rows = taps_rows + skip * td;
@@ -54,40 +55,77 @@ Status CudaModel::Impl::insert_draft_context(int slot, int64_t start_pos, const 
   n -= skip;
   for (int64_t r0 = 0; r0 < n; r0 += m.opt.max_tokens_per_step) {
     const int64_t rn = std::min<int64_t>(m.opt.max_tokens_per_step, n - r0);
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.mh.get(), rows + r0 * td, sizeof(float) * rn * td, kind, m.stream));
-    kernels::RoundBf16Params rb;
-    rb.x = m.mh.get();
-    rb.rows = rn;
-    rb.cols = td;
-    kernels::cuda::round_bf16(rb, m.stream);
-    m.linear(m.w.draft.main_proj, m.mh.get(), rn, m.main_x.get());
-    m.norm_rows(m.main_x.get(), rn, D, m.w.draft.main_norm);
     // Positions pos0 + r0 + t for the RoPE of the context KV.
     cuda_model::iota_positions({pos0 + r0, rn, m.draft_pos.get()}, m.stream);
-    for (int st = 0; st < c.num_draft_stages; ++st) {
-      const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
-      m.linear(a.wkv, m.main_x.get(), rn, m.kv.get());
-      // kv's RMSNorm, RoPE and records in one kernel (as the target's q_and_kv)
-      cuda_model::NormRopeArgs nr;
-      nr.k = m.kv.get();
-      nr.k_dim = static_cast<int>(hd);
-      nr.k_norm = a.kv_norm;
-      nr.rec = m.lay.rec;
-      nr.records = m.kv_rec.get();
-      nr.positions = m.draft_pos.get();
-      nr.inv_freq = m.rope_swa.get();
-      nr.rope_dim = static_cast<int>(c.qk_rope_head_dim);
-      nr.tokens = rn;
-      nr.eps = static_cast<float>(c.rms_norm_eps);
-      m.dec.packed_x = nullptr;  // as norm_rows: kv is rewritten
-      cuda_model::norm_rope(nr, m.stream);
-      uint8_t* ring = m.draft_ctx.get() + slot * m.lay.draft_slot_bytes + st * W * m.lay.rec.bytes;
-      cuda_model::ring_write({m.kv_rec.get(), m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(W)}, m.stream);
-    }
+    m.draft_context_records(rows + r0 * td, rn, kind, m.draft_pos.get(), 0, [&](int st, const uint8_t* records) {
+      uint8_t* ring = m.draft_ctx.get() + slot * m.lay.draft_slot_bytes + st * R * m.lay.rec.bytes;
+      cuda_model::ring_write({records, m.lay.rec.bytes, 0, rn, pos0 + r0, ring, static_cast<int>(R)}, m.stream);
+    });
   }
   // No synchronization: copies from the caller's (pageable) rows complete before cudaMemcpyAsync
   // returns, device rows are read in stream order, and later work is ordered on the same stream.
   return Status();
+}
+
+template <typename Store>
+void CudaModel::Impl::draft_context_records(const float* taps_rows, int64_t n, cudaMemcpyKind kind,
+                                            const int64_t* positions, int64_t stage_stride, Store store) {
+  Impl& m = *this;
+  const ModelConfig& c = m.cfg;
+  const int64_t td = c.hidden_size * static_cast<int64_t>(c.dspark_target_layer_ids.size());
+  const int64_t D = c.hidden_size, hd = c.head_dim;
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.mh.get(), taps_rows, sizeof(float) * n * td, kind, m.stream));
+  kernels::RoundBf16Params rb;
+  rb.x = m.mh.get();
+  rb.rows = n;
+  rb.cols = td;
+  kernels::cuda::round_bf16(rb, m.stream);
+  m.linear(m.w.draft.main_proj, m.mh.get(), n, m.main_x.get());
+  m.norm_rows(m.main_x.get(), n, D, m.w.draft.main_norm);
+  for (int st = 0; st < c.num_draft_stages; ++st) {
+    const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
+    m.linear(a.wkv, m.main_x.get(), n, m.kv.get());
+    // kv's RMSNorm, RoPE and records in one kernel (as the target's q_and_kv)
+    uint8_t* records = m.kv_rec.get() + st * stage_stride;
+    cuda_model::NormRopeArgs nr;
+    nr.k = m.kv.get();
+    nr.k_dim = static_cast<int>(hd);
+    nr.k_norm = a.kv_norm;
+    nr.rec = m.lay.rec;
+    nr.records = records;
+    nr.positions = positions;
+    nr.inv_freq = m.rope_swa.get();
+    nr.rope_dim = static_cast<int>(c.qk_rope_head_dim);
+    nr.tokens = n;
+    nr.eps = static_cast<float>(c.rms_norm_eps);
+    m.dec.packed_x = nullptr;  // as norm_rows: kv is rewritten
+    cuda_model::norm_rope(nr, m.stream);
+    store(st, records);
+  }
+}
+
+void CudaModel::Impl::insert_step_context() {
+  // The rows' kernels are the commit path's for the same rows (decode_gemm and the tensor-core
+  // GEMMs give a row the same bits whatever the row count), so every accepted row's records equal
+  // what draft_insert_context_from_step would store.
+  const bool was_in_step = in_step;
+  in_step = false;  // the linears choose by the row count, as outside a step
+  const int64_t n = step.rows;
+  const int64_t rb = lay.rec.bytes, R = lay.draft_ring;
+  cuda_model::RingCommitArgs rings[cuda_model::kMaxRingCommits];
+  int nrings = 0;
+  section(OpClass::kOther);
+  draft_context_records(taps.get(), n, cudaMemcpyDeviceToDevice, meta.positions, n * rb,
+                        [&](int st, const uint8_t* records) {
+                          rings[nrings++] = {records, rb, meta, n, draft_ctx.get(), lay.draft_slot_bytes, st * R * rb,
+                                             static_cast<int>(R)};
+                          if (nrings == cuda_model::kMaxRingCommits) {
+                            cuda_model::ring_commit_batch(rings, nrings, stream);
+                            nrings = 0;
+                          }
+                        });
+  cuda_model::ring_commit_batch(rings, nrings, stream);
+  in_step = was_in_step;
 }
 
 void CudaModel::Impl::launch_draft(int64_t B, bool want_probs) {
@@ -142,11 +180,12 @@ void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
   da.block_kv = kv.get();
   da.ctx = draft_ctx.get();
   da.slot_stride = lay.draft_slot_bytes;
-  da.stage_off = static_cast<int64_t>(st) * W * lay.rec.bytes;
+  da.stage_off = static_cast<int64_t>(st) * lay.draft_ring * lay.rec.bytes;
   da.req_slot = d_req_slot.get();
   da.req_pos = d_req_pos.get();
   da.K = static_cast<int>(K);
   da.window = static_cast<int>(W);
+  da.ring = lay.draft_ring;
   da.sink = b.attn.attn_sink;
   da.heads = static_cast<int>(H);
   da.hd = static_cast<int>(hd);
@@ -291,7 +330,7 @@ Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool wa
       r.probs.clear();
     }
   }
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.wait_stream();
   // A failed collective leaves the group's state undefined: the caller drops the whole group.
   TANDEM_RETURN_IF_ERROR(std::exchange(m.comm_status, Status()));
   for (int64_t b = 0; b < B; ++b) {

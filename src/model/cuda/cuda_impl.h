@@ -100,7 +100,11 @@ struct DeviceLayout {
   std::vector<int64_t> comp_chans, icomp_chans;
   int64_t slot_bytes = 0;     // all layers' rings of one slot
   int64_t block_bytes = 0;    // one pool block, all layers
-  int64_t draft_slot_bytes = 0;  // DSpark context rings of one slot: [stages, W, rec.bytes]
+  // DSpark context rings of one slot: [stages, draft_ring, rec.bytes], position p at row
+  // p % draft_ring; draft_ring = W + max_rollback (a step's unaccepted rows never overwrite the
+  // W rows before its first one: CudaModelOptions::draft_insert_in_step).
+  int draft_ring = 0;
+  int64_t draft_slot_bytes = 0;
 };
 DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool has_draft);
 
@@ -264,6 +268,15 @@ struct CudaModel::Impl {
                      std::span<SampleRowResult> out);
   // Draft context from n taps rows (host or device memory, per kind) at positions start_pos.. .
   Status insert_draft_context(int slot, int64_t start_pos, const float* taps_rows, int64_t n, cudaMemcpyKind kind);
+  // The draft's context KV of n rows of taps (device rows at taps_rows, or host rows when kind says
+  // so): rounded to bf16, main_proj and its norm into main_x, then per stage its wkv, the kv norm,
+  // RoPE at positions[t] and its records, handed to `store(stage, records)`.
+  template <typename Store>
+  void draft_context_records(const float* taps_rows, int64_t n, cudaMemcpyKind kind, const int64_t* positions,
+                             int64_t stage_stride, Store store);  // stage st's records at kv_rec + st * stage_stride
+  // Inside launch(): every row of the step into the draft's context rings at its position
+  // (step.ctx_in_step; CudaModelOptions::draft_insert_in_step).
+  void insert_step_context();
 
   // The step being run (prepare -> launch -> finish).
   struct Step {
@@ -281,6 +294,9 @@ struct CudaModel::Impl {
     // every row of it runs the decode kernels (or the generic ops), so a row of a decode, a verify
     // or a short prompt gets the same bits whatever else shares its step (prepare_plan).
     bool tc = false;
+    // The step inserts its rows into the draft's context rings itself (insert_step_context), so
+    // draft_insert_context_from_step has nothing left to do for it.
+    bool ctx_in_step = false;
   } step;
   bool in_step = false;  // launch() is running step (a forward's layers), not a draft
   // Whether a call of m rows runs on the tensor cores: the step's choice inside a forward, the row
@@ -292,6 +308,11 @@ struct CudaModel::Impl {
   std::map<GraphKey, cudaGraphExec_t> graphs;
   std::map<std::pair<int64_t, bool>, cudaGraphExec_t> draft_graphs;  // (requests, probabilities wanted)
   CudaModel::GraphStats gstats;
+  int64_t graph_context_captured = 0;  // capture_graphs' decode and verify graphs cover contexts up to this
+  // Blocks until the stream's work is done; the time it blocked adds to wait_s (the engine's
+  // device-wait figure).
+  void wait_stream();
+  double wait_s = 0;
   int pad_slot = -1;            // the slot padding sequences run in (one past the engine's slots)
   int pad_block = -1;           // the pool block padding sequences write to
   StepBatch padded;             // the padded copy of a graph step

@@ -361,7 +361,7 @@ Status CudaModel::fill_synthetic_context(int slot, int64_t length, std::span<con
   }
   if (m.lay.draft_slot_bytes)
     records(m.draft_ctx.get() + static_cast<int64_t>(slot) * m.lay.draft_slot_bytes, nullptr, 1, 0, 0,
-            static_cast<int64_t>(m.cfg.num_draft_stages) * m.cfg.sliding_window, RecordKind::kKv, m.lay.rec.bytes, 7);
+            static_cast<int64_t>(m.cfg.num_draft_stages) * m.lay.draft_ring, RecordKind::kKv, m.lay.rec.bytes, 7);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   m.slot_len[slot] = length;
   return Status();

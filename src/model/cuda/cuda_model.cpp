@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -79,8 +80,8 @@ DeviceLayout plan_layout(const ModelConfig& cfg, const ModelOptions& opt, bool h
   }
   d.slot_bytes = std::max<int64_t>(off, 16);
   d.block_bytes = std::max<int64_t>(boff, 16);
-  d.draft_slot_bytes =
-      has_draft ? static_cast<int64_t>(cfg.num_draft_stages) * cfg.sliding_window * d.rec.bytes : 0;
+  d.draft_ring = has_draft ? cfg.sliding_window + opt.max_rollback : 0;
+  d.draft_slot_bytes = has_draft ? static_cast<int64_t>(cfg.num_draft_stages) * d.draft_ring * d.rec.bytes : 0;
   return d;
 }
 }  // namespace cuda_model
@@ -399,7 +400,7 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   const int64_t blocks = o.num_blocks + (m.pad_block >= 0 ? 1 : 0);
   take(m.slot_state, slots * m.lay.slot_bytes);
   take(m.pool, blocks * m.lay.block_bytes);
-  if (m.lay.draft_slot_bytes) take(m.draft_ctx, o.max_slots * m.lay.draft_slot_bytes);
+  if (m.lay.draft_slot_bytes) take(m.draft_ctx, slots * m.lay.draft_slot_bytes);  // + the padding's
   if (measure) return bytes;
 
   TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.plan_host), p.bytes));
@@ -573,6 +574,11 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
   step.lrows = lrows;
   step.trows = trows;
   step.batch = &batch;
+  // Every row collects taps, no sequence adds more than a verify's rows, and the stages' records fit
+  // the scratch: the step inserts its rows into the draft's context rings itself.
+  step.ctx_in_step = copt.draft_insert_in_step && w.has_draft && total > 0 && trows == total &&
+                     longest <= opt.max_rollback + 1 && total <= opt.max_tokens_per_step &&
+                     cfg.num_draft_stages * total <= max_rows;
   if (host_out) {
     host_out->logits_row = step.logits_row;
     host_out->taps_row = step.taps_row;
@@ -601,6 +607,7 @@ void CudaModel::Impl::launch() {
                               stream);
       }
   }
+  if (step.ctx_in_step) insert_step_context();
   if (step.lrows > 0) {
     section(OpClass::kLmHead);
     kernels::RowsCopyParams g;
@@ -634,7 +641,7 @@ void CudaModel::Impl::finish(StepOutput* host_out, bool synchronize) {
   }
   // The plan's pinned staging is reused by the next step: finish before returning (or leave it to
   // the caller's next synchronizing call, forward(..., synchronize = false)).
-  if (synchronize || host_out) TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (synchronize || host_out) wait_stream();
   for (const SeqStep& q : step.batch->seqs) slot_len[q.slot] += static_cast<int64_t>(q.tokens.size());
   if (pad_slot >= 0) slot_len[pad_slot] = 0;  // padding sequences always start at position 0
 }
@@ -735,26 +742,50 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // `dummy` is pageable and local
   }
   // Decode and verify steps: only padding sequences (the spare slot and block, position 0), so no
-  // engine slot changes; the first context bucket (later buckets capture on first use).
-  for (int b = 1; b <= m.copt.max_graph_batch; b *= 2) {
-    for (int n = 1; n <= m.opt.max_rollback + 1; ++n) {
-      const LogitsMode lm = n == 1 ? LogitsMode::kLast : LogitsMode::kAll;
-      m.padded.seqs.clear();
-      for (int i = 0; i < b; ++i)
-        m.padded.seqs.push_back({m.pad_slot, 0, std::span<const int32_t>(m.pad_tokens.data(), static_cast<size_t>(n)),
-                                 m.pad_table, lm, taps});
-      m.prepare_plan(m.padded, nullptr);
-      int64_t bound = 256;
-      while (bound < m.step.max_end) bound *= 2;
-      bound = std::min<int64_t>(bound, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));
-      m.step.end_bound = bound;
-      const int per = lm == LogitsMode::kAll ? n : 1;
-      const int srows = sampler && b * per <= m.sample_rows_cap ? b * per : 0;
-      const Impl::GraphKey key{b, n, static_cast<int>(lm), taps ? 1 : 0, bound, srows};
-      if (!m.graphs.count(key)) m.capture(key);
-      TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-      m.slot_len[m.pad_slot] = 0;
+  // engine slot changes; every context bucket up to graph_context (a step's grids are sized by its
+  // bucket, not by where its sequences are, so a bucket's graph captured at position 0 serves every
+  // position in it; longer contexts capture their bucket on first use).
+  // (no sequence outgrows the KV pool or the model's positions)
+  const int64_t longest = std::min<int64_t>(static_cast<int64_t>(m.opt.num_blocks) * m.opt.block_size,
+                                            m.cfg.max_position_embeddings);
+  const int64_t last_bucket = std::min<int64_t>(std::max<int64_t>(m.copt.graph_context, 256), longest);
+  // A bucket's graphs take about the device memory the first bucket's took (the same launches):
+  // further buckets only while the graphs stay within graph_memory_budget and half the free memory.
+  auto free_now = [] {
+    size_t f = 0, t = 0;
+    TANDEM_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+    return static_cast<int64_t>(f);
+  };
+  const int64_t free_start = free_now();
+  int64_t first_bucket_bytes = 0;
+  m.graph_context_captured = 0;
+  for (int64_t bucket = 256;; bucket *= 2) {
+    if (bucket > 256) {
+      const int64_t free = free_now();
+      if (free_start - free + first_bucket_bytes > m.copt.graph_memory_budget || first_bucket_bytes > free / 2) break;
     }
+    for (int b = 1; b <= m.copt.max_graph_batch; b *= 2) {
+      for (int n = 1; n <= m.opt.max_rollback + 1; ++n) {
+        const LogitsMode lm = n == 1 ? LogitsMode::kLast : LogitsMode::kAll;
+        m.padded.seqs.clear();
+        for (int i = 0; i < b; ++i)
+          m.padded.seqs.push_back({m.pad_slot, 0, std::span<const int32_t>(m.pad_tokens.data(), static_cast<size_t>(n)),
+                                   m.pad_table, lm, taps});
+        m.prepare_plan(m.padded, nullptr);
+        // forward()'s bucket of a step whose sequences end in (bucket / 2, bucket]
+        const int64_t bound = std::min<int64_t>(bucket, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));
+        m.step.end_bound = bound;
+        const int per = lm == LogitsMode::kAll ? n : 1;
+        const int srows = sampler && b * per <= m.sample_rows_cap ? b * per : 0;
+        const Impl::GraphKey key{b, n, static_cast<int>(lm), taps ? 1 : 0, bound, srows};
+        if (!m.graphs.count(key)) m.capture(key);
+        TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        m.slot_len[m.pad_slot] = 0;
+      }
+    }
+    if (bucket == 256) first_bucket_bytes = std::max<int64_t>(free_start - free_now(), 0);
+    m.graph_context_captured = std::min<int64_t>(bucket, longest);
+    if (bucket >= last_bucket) break;
   }
   // Drafts of 1..min(max_graph_batch, max_draft_requests) requests, with and without q: staged
   // requests in slots 0.. at position 1 (a draft reads context and writes only its outputs).
@@ -780,6 +811,16 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
 void CudaModel::synchronize() { TANDEM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
 CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
+
+double CudaModel::device_wait_seconds() const { return impl_->wait_s; }
+
+int64_t CudaModel::graph_context_captured() const { return impl_->graph_context_captured; }
+
+void CudaModel::Impl::wait_stream() {
+  const auto t0 = std::chrono::steady_clock::now();
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 int64_t CudaModel::slot_length(int slot) const { return model::slot_length(engine_slots(*impl_), slot); }
 

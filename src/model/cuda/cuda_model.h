@@ -64,6 +64,23 @@ struct CudaModelOptions {
   // the FFN half, joined before the next layer's attention (which rewrites the rows it copies);
   // false = on the one stream after the output projections. Same bits.
   bool ring_commit_side = true;
+  // The DSpark draft's context insertion (taps -> main_proj -> each stage's KV record -> its
+  // context ring) inside a step whose every sequence collects taps and adds at most
+  // max_rollback + 1 tokens (decode and verify steps, graph replays): every row of the step is
+  // inserted at its position, accepted or not, and the engine's commit then has nothing left to
+  // insert (draft_insert_context_from_step returns at once). The rings hold W + max_rollback rows,
+  // so a rejected row's record never overwrites one the next draft reads, and the next steps rewrite
+  // its position before any draft reads it. false = inserted at commit, the accepted rows only.
+  // Same records at every position a draft reads.
+  bool draft_insert_in_step = true;
+  // capture_graphs captures the decode and verify graphs of every context bucket (powers of two
+  // from 256) up to this many tokens, so no request crossing a bucket below it pays a capture (one
+  // eager step and an instantiation per step shape, about 2.5 ms each on the built-in model) on
+  // its path; longer contexts capture their bucket on first use. Buckets past the first are
+  // captured only while the graphs' device memory (each bucket taking about what the first took)
+  // stays within graph_memory_budget and half the free memory.
+  int64_t graph_context = 8192;
+  int64_t graph_memory_budget = int64_t{1} << 30;
 };
 
 class CudaModel {
@@ -99,12 +116,17 @@ class CudaModel {
     int64_t sampled_in_graph = 0;  // forward_sample steps whose rows the graph's sampler launch drew
   };
   GraphStats graph_stats() const;
+  // Seconds the host has spent blocked on the device in the steps' and drafts' synchronizations.
+  double device_wait_seconds() const;
   // Captures at start-up the graphs the engine's steps replay: decode and verify steps of
-  // 1, 2, 4 .. max_graph_batch sequences x 1 .. max_rollback + 1 tokens (first context bucket;
-  // taps when `taps`) and drafts of 1 .. max_graph_batch requests. Returns the graphs captured.
+  // 1, 2, 4 .. max_graph_batch sequences x 1 .. max_rollback + 1 tokens (the context buckets up to
+  // CudaModelOptions::graph_context; taps when `taps`) and drafts of 1 .. max_graph_batch requests.
+  // Returns the graphs captured.
   // With `sampler` the decode and verify graphs end with the sampling launch (forward_sample) for
   // one row per logits row, where those rows fit the sampling buffers.
   int capture_graphs(bool taps, bool sampler = false);
+  // The context the last capture_graphs covered with graphs (its last bucket; 0 before it ran).
+  int64_t graph_context_captured() const;
   // Bytes of device memory held: weights, KV pool, slot states, scratch.
   struct Memory {
     int64_t weights = 0, pool = 0, slot_state = 0, draft_state = 0, scratch = 0, snapshots = 0;

@@ -44,6 +44,7 @@ CudaStateLayout to_state_layout(const cuda_model::DeviceLayout& lay, const std::
   l.slot_bytes = lay.slot_bytes;
   l.block_bytes = lay.block_bytes;
   l.draft_slot_bytes = lay.draft_slot_bytes;
+  l.draft_ring = lay.draft_ring;
   for (size_t i = 0; i < lay.layers.size(); ++i) {
     const cuda_model::LayerState& L = lay.layers[i];
     CudaLayerState s;

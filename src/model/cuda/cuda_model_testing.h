@@ -34,6 +34,7 @@ struct CudaStateLayout {
   cuda_model::IndexKeyLayout key;
   int win_ring = 0;
   int64_t slot_bytes = 0, block_bytes = 0, draft_slot_bytes = 0;
+  int draft_ring = 0;  // rows of a DSpark context ring (W + max_rollback)
   std::vector<CudaLayerState> layers;
 };
 CudaStateLayout cuda_state_layout(const CudaModel& m);

@@ -219,7 +219,7 @@ Status CudaModel::forward_sample(const StepBatch& batch, std::span<const SampleR
   if (real > 0)
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_res, m.d_sres.get(), sizeof(SampleRowResult) * real, cudaMemcpyDeviceToHost,
                                       m.stream));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.wait_stream();
   std::copy(h_res, h_res + real, out.begin());
   ++m.gstats.sampled_in_graph;
   return Status();
