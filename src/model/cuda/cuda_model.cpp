@@ -748,7 +748,10 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
   // (no sequence outgrows the KV pool or the model's positions)
   const int64_t longest = std::min<int64_t>(static_cast<int64_t>(m.opt.num_blocks) * m.opt.block_size,
                                             m.cfg.max_position_embeddings);
-  const int64_t last_bucket = std::min<int64_t>(std::max<int64_t>(m.copt.graph_context, 256), longest);
+  // Under tensor parallelism only the first bucket: the budget below reads this rank's free memory,
+  // and ranks that chose different buckets would wait for each other in a capture's collectives.
+  const int64_t last_bucket =
+      m.opt.tp_size > 1 ? 256 : std::min<int64_t>(std::max<int64_t>(m.copt.graph_context, 256), longest);
   // A bucket's graphs take about the device memory the first bucket's took (the same launches):
   // further buckets only while the graphs stay within graph_memory_budget and half the free memory.
   auto free_now = [] {
@@ -762,7 +765,7 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
   for (int64_t bucket = 256;; bucket *= 2) {
     if (bucket > 256) {
       const int64_t free = free_now();
-      if (free_start - free + first_bucket_bytes > m.copt.graph_memory_budget || first_bucket_bytes > free / 2) break;
+      if (free_start - free + first_bucket_bytes >= m.copt.graph_memory_budget || first_bucket_bytes > free / 2) break;
     }
     for (int b = 1; b <= m.copt.max_graph_batch; b *= 2) {
       for (int n = 1; n <= m.opt.max_rollback + 1; ++n) {

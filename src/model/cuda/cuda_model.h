@@ -78,7 +78,9 @@ struct CudaModelOptions {
   // eager step and an instantiation per step shape, about 2.5 ms each on the built-in model) on
   // its path; longer contexts capture their bucket on first use. Buckets past the first are
   // captured only while the graphs' device memory (each bucket taking about what the first took)
-  // stays within graph_memory_budget and half the free memory.
+  // stays below graph_memory_budget and half the free memory, and only on a single rank (ranks
+  // deciding from their own free memory could capture different buckets, and a capture's eager
+  // step runs the group's collectives).
   int64_t graph_context = 8192;
   int64_t graph_memory_budget = int64_t{1} << 30;
 };
