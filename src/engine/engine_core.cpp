@@ -50,9 +50,10 @@ struct EngineCore::Seq {
 };
 
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
 }
+double seconds_since(std::chrono::steady_clock::time_point t) { return seconds_between(t, std::chrono::steady_clock::now()); }
 constexpr size_t kMaxLatencySamples = 100000;
 void push_sample(std::vector<double>& v, double x) {
   if (v.size() < kMaxLatencySamples) v.push_back(x);
@@ -604,7 +605,7 @@ void EngineCore::expire_deadlines() {
 Status EngineCore::step() {
   ++steps_;
   const auto t_step = Clock::now();
-  if (work_after_step_) m_.engine_between_steps_s += std::chrono::duration<double>(t_step - last_step_end_).count();
+  if (work_after_step_) m_.engine_between_steps_s += seconds_between(last_step_end_, t_step);
   struct StepEnd {  // every return: when it ended and whether work is left
     EngineCore& c;
     ~StepEnd() {
@@ -710,7 +711,7 @@ Status EngineCore::step() {
       off += static_cast<size_t>(s->scheduled);
     }
     auto t0 = Clock::now();
-    m_.engine_schedule_s += std::chrono::duration<double>(t0 - t_step).count();
+    m_.engine_schedule_s += seconds_between(t_step, t0);
     ++m_.engine_steps_total;
     Status st = runner_->forward(batch_, &samples_, out_);
     double dt = seconds_since(t0);
@@ -731,10 +732,10 @@ Status EngineCore::step() {
     const auto t_out = Clock::now();
     for (size_t i = 0; i < done_.size(); ++i) process_output(*done_[i], out_, i, draft_reqs_);
     const auto t_commit = Clock::now();
-    m_.engine_outputs_s += std::chrono::duration<double>(t_commit - t_out).count();
+    m_.engine_outputs_s += seconds_between(t_out, t_commit);
     Status cs = runner_->commit(commits_);
     const auto t_draft = Clock::now();
-    m_.engine_commit_s += std::chrono::duration<double>(t_draft - t_commit).count();
+    m_.engine_commit_s += seconds_between(t_commit, t_draft);
     if (!cs.ok()) {
       TLOG_ERROR("engine", "commit failed: {}", cs.to_string());
       std::vector<Seq*> failed = running_;

@@ -265,8 +265,9 @@ struct Pair {
   testing::TinyWeights tw;
   std::unique_ptr<DsV4Model> cpu;
   std::unique_ptr<CudaModel> gpu;
-  explicit Pair(KvDtype dtype = KvDtype::kFp8, bool dspark = true, int64_t tc_min_rows = 96)
-      : cfg(tiny_config(dspark)), tw(tiny_weights(cfg, 7)) {
+  KvDtype dtype;
+  explicit Pair(KvDtype kv_dtype = KvDtype::kFp8, bool dspark = true, int64_t tc_min_rows = 96)
+      : cfg(tiny_config(dspark)), tw(tiny_weights(cfg, 7)), dtype(kv_dtype) {
     auto c = DsV4Model::from_tensors(cfg, tw.ptrs(), model_options(dtype));
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     if (c.ok()) cpu = std::move(c).value();
@@ -285,6 +286,16 @@ struct Pair {
   }
   Limits spread(const std::vector<int32_t>& t) {
     return cpu_spread([&] { return cpu_run(0, t, {}); }, cfg.vocab_size, tiny_class());
+  }
+  // Another CUDA model of these weights: the tests' options, graphs of up to 4 sequences, then `tweak`.
+  std::unique_ptr<CudaModel> gpu_with(const std::function<void(CudaModelOptions&)>& tweak = {}) {
+    CudaModelOptions co;
+    co.model = model_options(dtype);
+    co.max_graph_batch = 4;
+    if (tweak) tweak(co);
+    auto g = CudaModel::from_tensors(cfg, tw.ptrs(), co);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    return g.ok() ? std::move(g).value() : nullptr;
   }
   std::vector<float> gpu_run(int slot, const std::vector<int32_t>& t, const std::vector<int>& chunks,
                              std::vector<float>* taps = nullptr) {
@@ -462,13 +473,9 @@ TEST(CudaModel, SlotStateExportImportResumes) {
 // kernels under graphs (padding, PDL) or the two models' prefill steps differ.
 void graph_replay_equals_eager(Pair& p, int64_t tc_min_rows) {
   ASSERT_TRUE(p.gpu);
-  CudaModelOptions co;
-  co.model = model_options();
-  co.max_graph_batch = 4;
-  co.tc_min_rows = tc_min_rows;
-  auto g = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
-  ASSERT_TRUE(g.ok()) << g.status().to_string();
-  CudaModel& gm = **g;
+  auto g = p.gpu_with([&](CudaModelOptions& co) { co.tc_min_rows = tc_min_rows; });
+  ASSERT_TRUE(g);
+  CudaModel& gm = *g;
   const int64_t V = p.cfg.vocab_size;
   std::vector<std::vector<int32_t>> seqs = {tokens(300, 41), tokens(300, 42), tokens(300, 43)};
   std::vector<std::vector<int32_t>> tables = {table_for(0), table_for(1), table_for(2)};
@@ -531,15 +538,11 @@ TEST(CudaModel, SideBranchesEqualOneStream) {
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu);
   auto make = [&](bool sides) {
-    CudaModelOptions co;
-    co.model = model_options();
-    co.max_graph_batch = 4;
-    co.hc_comb_side = sides;
-    co.compressor_side = sides;
-    co.ring_commit_side = sides;
-    auto m = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return m.ok() ? std::move(*m) : nullptr;
+    return p.gpu_with([&](CudaModelOptions& co) {
+      co.hc_comb_side = sides;
+      co.compressor_side = sides;
+      co.ring_commit_side = sides;
+    });
   };
   std::unique_ptr<CudaModel> sd = make(true), os = make(false);
   ASSERT_TRUE(sd && os);
@@ -635,12 +638,9 @@ TEST(CudaModel, DraftGraphReplayEqualsEager) {
   TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu && p.gpu->has_draft());
-  CudaModelOptions co;
-  co.model = model_options();
-  co.max_graph_batch = 4;
-  auto g = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
-  ASSERT_TRUE(g.ok()) << g.status().to_string();
-  CudaModel& gm = **g;
+  auto g = p.gpu_with();
+  ASSERT_TRUE(g);
+  CudaModel& gm = *g;
   const int64_t td = gm.tap_dim();
   auto toks = tokens(200, 55);
   for (int s = 0; s < 2; ++s) {
@@ -677,15 +677,7 @@ TEST(CudaModel, DraftContextInsertedByTheStepEqualsTheCommits) {
   TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu && p.gpu->has_draft());
-  auto make = [&](bool in_step) {
-    CudaModelOptions co;
-    co.model = model_options();
-    co.max_graph_batch = 4;
-    co.draft_insert_in_step = in_step;
-    auto m = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
-    EXPECT_TRUE(m.ok()) << m.status().to_string();
-    return m.ok() ? std::move(*m) : nullptr;
-  };
+  auto make = [&](bool in_step) { return p.gpu_with([&](CudaModelOptions& co) { co.draft_insert_in_step = in_step; }); };
   std::unique_ptr<CudaModel> is = make(true), co = make(false);
   ASSERT_TRUE(is && co);
   const int max_n = static_cast<int>(model_options().max_rollback) + 1;
@@ -1116,16 +1108,14 @@ TEST(CudaModel, GraphBucketsFollowTheContextAndMemoryBudget) {
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu);
   auto captured = [&](int64_t context, int64_t budget, int64_t* covered) {
-    CudaModelOptions co;
-    co.model = model_options();
-    co.max_graph_batch = 2;
-    co.graph_context = context;
-    co.graph_memory_budget = budget;
-    auto g = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
-    EXPECT_TRUE(g.ok()) << g.status().to_string();
-    if (!g.ok()) return 0;
-    const int n = (*g)->capture_graphs(/*taps=*/false);
-    *covered = (*g)->graph_context_captured();
+    auto g = p.gpu_with([&](CudaModelOptions& co) {
+      co.max_graph_batch = 2;
+      co.graph_context = context;
+      co.graph_memory_budget = budget;
+    });
+    if (!g) return 0;
+    const int n = g->capture_graphs(/*taps=*/false);
+    *covered = g->graph_context_captured();
     return n;
   };
   int64_t c0 = 0, c1 = 0, c2 = 0;
@@ -1145,12 +1135,9 @@ TEST(CudaModel, NothingAllocatesOrInstantiatesUnderLoadAfterGraphStartup) {
   TANDEM_REQUIRE_GPU();
   Pair& p = fp8_pair();
   ASSERT_TRUE(p.gpu && p.gpu->has_draft());
-  CudaModelOptions co;
-  co.model = model_options();
-  co.max_graph_batch = 4;
-  auto g = CudaModel::from_tensors(p.cfg, p.tw.ptrs(), co);
-  ASSERT_TRUE(g.ok()) << g.status().to_string();
-  CudaModel& gm = **g;
+  auto g = p.gpu_with();
+  ASSERT_TRUE(g);
+  CudaModel& gm = *g;
   const int captured = gm.capture_graphs(/*taps=*/true);
   EXPECT_GT(captured, 0);
   const int64_t V = p.cfg.vocab_size, W = (V + 31) / 32;

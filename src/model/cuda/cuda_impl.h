@@ -322,6 +322,9 @@ struct CudaModel::Impl {
   Status prepare(const StepBatch& batch, StepOutput* host_out);  // validate + plan (eager)
   void prepare_plan(const StepBatch& batch, StepOutput* host_out);
   bool graph_step(const StepBatch& batch);
+  // The context bound a graph step whose sequences end at `end` is captured for: its power-of-two
+  // bucket (from 256), no longer than the model's positions.
+  int64_t graph_bound(int64_t end) const;
   void launch();
   void finish(StepOutput* host_out, bool synchronize = true);
   void capture(const GraphKey& key);  // eager launch, then capture and keep the step's graph

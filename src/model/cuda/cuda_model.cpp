@@ -646,6 +646,12 @@ void CudaModel::Impl::finish(StepOutput* host_out, bool synchronize) {
   if (pad_slot >= 0) slot_len[pad_slot] = 0;  // padding sequences always start at position 0
 }
 
+int64_t CudaModel::Impl::graph_bound(int64_t end) const {
+  int64_t bound = 256;
+  while (bound < end) bound *= 2;
+  return std::min<int64_t>(bound, std::max<int64_t>(end, cfg.max_position_embeddings));
+}
+
 // A step replays a graph when every sequence adds the same small number of tokens (decode or
 // verify); it is padded to a power-of-two sequence count with sequences at position 0 of the
 // spare slot, whose outputs are dropped.
@@ -682,9 +688,7 @@ Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool syn
                              f.collect_taps});
   m.prepare_plan(m.padded, nullptr);
   m.step.seqs = ns;  // the caller's sequences: the padding's come after them and are not reported
-  int64_t bound = 256;
-  while (bound < m.step.max_end) bound *= 2;
-  bound = std::min<int64_t>(bound, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));
+  const int64_t bound = m.graph_bound(m.step.max_end);
   m.step.end_bound = bound;
   const Impl::GraphKey key{static_cast<int>(padded), static_cast<int>(n), static_cast<int>(f.logits),
                            f.collect_taps ? 1 : 0, bound, m.graph_srows};
@@ -775,8 +779,8 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
           m.padded.seqs.push_back({m.pad_slot, 0, std::span<const int32_t>(m.pad_tokens.data(), static_cast<size_t>(n)),
                                    m.pad_table, lm, taps});
         m.prepare_plan(m.padded, nullptr);
-        // forward()'s bucket of a step whose sequences end in (bucket / 2, bucket]
-        const int64_t bound = std::min<int64_t>(bucket, std::max<int64_t>(m.step.max_end, m.cfg.max_position_embeddings));
+        // forward()'s bound of a step whose sequences end in (bucket / 2, bucket]
+        const int64_t bound = m.graph_bound(std::min<int64_t>(bucket, m.cfg.max_position_embeddings));
         m.step.end_bound = bound;
         const int per = lm == LogitsMode::kAll ? n : 1;
         const int srows = sampler && b * per <= m.sample_rows_cap ? b * per : 0;

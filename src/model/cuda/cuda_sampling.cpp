@@ -145,7 +145,7 @@ Status CudaModel::Impl::sample_rows(std::span<const SampleRow> rows, std::span<c
   auto* h_res = reinterpret_cast<SampleRowResult*>(sample_host + sample_rows_cap * sizeof(SampleRow));
   const SampleInputs in = sample_inputs();
   // Rows are packed into the staging area (each row's arrays copied next to it), in chunks that fit.
-  if (rows.empty()) TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (rows.empty()) wait_stream();
   size_t i = 0;
   while (i < rows.size()) {
     int64_t nints = 0;
@@ -155,7 +155,7 @@ Status CudaModel::Impl::sample_rows(std::span<const SampleRow> rows, std::span<c
     upload_sample_rows(n, nints, nmask);
     kernels::cuda::sample_rows_device({in, d_srows.get(), n, d_sscratch.get(), d_sres.get()}, stream);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(h_res, d_sres.get(), sizeof(SampleRowResult) * n, cudaMemcpyDeviceToHost, stream));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    wait_stream();
     std::copy(h_res, h_res + n, out.begin() + static_cast<std::ptrdiff_t>(i));
     i += static_cast<size_t>(n);
   }
