@@ -143,21 +143,12 @@ void CudaModel::Impl::draft_inputs(int64_t B) {
   const ModelConfig& c = cfg;
   const int64_t K = draft_k;
   const int64_t N = B * K;
-  uint8_t* hs = draft_host;
-  auto* h_slot = reinterpret_cast<int32_t*>(hs);
-  auto* h_prev = reinterpret_cast<int32_t*>(hs + 4 * B);
-  auto* h_pos = reinterpret_cast<int64_t*>(hs + 8 * B);
-  auto* h_temp = reinterpret_cast<double*>(hs + 16 * B);
-  auto* h_seed = reinterpret_cast<uint64_t*>(hs + 24 * B);
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_req_slot.get(), h_slot, 4 * B, cudaMemcpyHostToDevice, stream));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_prev.get(), h_prev, 4 * B, cudaMemcpyHostToDevice, stream));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_req_pos.get(), h_pos, 8 * B, cudaMemcpyHostToDevice, stream));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_temp.get(), h_temp, 8 * B, cudaMemcpyHostToDevice, stream));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_seed.get(), h_seed, 8 * B, cudaMemcpyHostToDevice, stream));
-
+  // slots | anchors | positions | T | seeds: one copy (draft_host and d_draft_in share the layout)
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(d_draft_in.get(), draft_host, 32 * B, cudaMemcpyHostToDevice, stream));
+  const DraftIn in = draft_in(B);
   cuda_model::draft_block_ids(
-      {d_prev.get(), B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id), draft_ids.get()}, stream);
-  cuda_model::block_positions({d_req_pos.get(), N, static_cast<int>(K), draft_pos.get()}, stream);
+      {in.prev, B, static_cast<int>(K), static_cast<int32_t>(c.dspark_noise_token_id), draft_ids.get()}, stream);
+  cuda_model::block_positions({in.pos, N, static_cast<int>(K), draft_pos.get()}, stream);
   embed_tokens(draft_ids.get(), N);  // vocabulary-parallel under tensor parallelism
 }
 
@@ -181,8 +172,8 @@ void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
   da.ctx = draft_ctx.get();
   da.slot_stride = lay.draft_slot_bytes;
   da.stage_off = static_cast<int64_t>(st) * lay.draft_ring * lay.rec.bytes;
-  da.req_slot = d_req_slot.get();
-  da.req_pos = d_req_pos.get();
+  da.req_slot = draft_in(B).slot;
+  da.req_pos = draft_in(B).pos;
   da.K = static_cast<int>(K);
   da.window = static_cast<int>(W);
   da.ring = lay.draft_ring;
@@ -227,14 +218,15 @@ void CudaModel::Impl::draft_heads(int64_t B, bool want_probs) {
   ms.e = e_row.get();
   ms.y = head_y.get();
   ms.conf_w = dw.confidence;
-  ms.temperature = d_temp.get();
-  ms.seed = d_seed.get();
-  ms.pos = d_req_pos.get();
+  const DraftIn in = draft_in(B);
+  ms.temperature = in.temp;
+  ms.seed = in.seed;
+  ms.pos = in.pos;
   ms.V = V;
   ms.dim = D;
   ms.rank = Rk;
   ms.K = static_cast<int>(K);
-  ms.prev = d_prev.get();
+  ms.prev = in.prev;
   ms.tokens = d_tokens.get();
   ms.conf = d_conf.get();
   ms.logits = d_zlogits.get();
@@ -242,7 +234,7 @@ void CudaModel::Impl::draft_heads(int64_t B, bool want_probs) {
   ms.B = B;
   ms.scratch = markov_scratch.get();
   for (int64_t i = 0; i < K; ++i) {
-    cuda_model::markov_gather({dw.markov_w1.w, d_prev.get(), B, Rk, e_row.get()}, stream);
+    cuda_model::markov_gather({dw.markov_w1.w, in.prev, B, Rk, e_row.get()}, stream);
     linear(dw.markov_w2, e_row.get(), B, bias.get(), false);
     ms.i = static_cast<int>(i);
     cuda_model::markov_step(ms, stream);

@@ -170,14 +170,18 @@ struct CudaModel::Impl {
   std::vector<int64_t> snap_len;
 
   // ---- step plan: one pinned host staging area mirrored on the device, copied once per step ----
+  // `plan` is the staging's capacity (every array at its longest); each step packs its own layout
+  // (Step::plan) from the start of it and copies only that: its rows, sequences and logits rows,
+  // and block tables step.table_width wide (its context bucket's blocks) rather than max_blocks
+  // (the model's whole context: 16 KB a sequence at 1M positions) for every sequence the runner holds.
   struct PlanLayout {
     size_t tokens = 0, positions = 0, row_seq = 0, seq_start = 0, seq_row0 = 0, seq_len = 0, seq_slot = 0,
-           block_tables = 0, head_src = 0, taps_dst = 0, bytes = 0;
+           head_src = 0, taps_dst = 0, block_tables = 0, bytes = 0;
   } plan;
-  int max_blocks = 0;           // block-table width per sequence
+  int max_blocks = 0;           // block tables' largest width per sequence
   uint8_t* plan_host = nullptr; // pinned
   Buf<uint8_t> plan_dev;
-  cuda_model::StepMeta meta;    // pointers into plan_dev
+  cuda_model::StepMeta meta;    // pointers into plan_dev: the last prepared step's layout
 
   // ---- scratch (device, sized at start-up) ----
   Buf<float> h, x, a, post, comb, qr, q, kv, o, u, tmp_kv, tmp_gate, tmp_ikv, tmp_igate, comp_rows, icomp_rows, entry, iq,
@@ -226,10 +230,23 @@ struct CudaModel::Impl {
   int moe_timeline_layer = -1;
   Buf<int32_t> fill_table;           // block ids of a synthetic context fill [max_blocks]
   // draft request arrays (device) + pinned staging
-  Buf<int32_t> d_req_slot, d_prev, d_tokens;
-  Buf<int64_t> d_req_pos;
-  Buf<double> d_temp;
-  Buf<uint64_t> d_seed;
+  // The request arrays of a B-request draft as one region in draft_host's layout (slots | anchors,
+  // then the drafted tokens as prev | positions | T | seeds; 32 bytes a request), so one copy
+  // uploads them.
+  Buf<uint8_t> d_draft_in;
+  struct DraftIn {
+    int32_t* slot;
+    int32_t* prev;
+    int64_t* pos;
+    double* temp;
+    uint64_t* seed;
+  };
+  DraftIn draft_in(int64_t B) const {
+    uint8_t* p = d_draft_in.get();
+    return {reinterpret_cast<int32_t*>(p), reinterpret_cast<int32_t*>(p + 4 * B), reinterpret_cast<int64_t*>(p + 8 * B),
+            reinterpret_cast<double*>(p + 16 * B), reinterpret_cast<uint64_t*>(p + 24 * B)};
+  }
+  Buf<int32_t> d_tokens;
   Buf<float> d_conf, d_zlogits, d_probs;
   Buf<uint8_t> markov_scratch;     // markov_step's per-request chunk records and counters (draft.h)
   uint8_t* draft_host = nullptr;  // pinned staging for request arrays and results
@@ -288,6 +305,12 @@ struct CudaModel::Impl {
     // Context bound the launch grids are sized for: max_end (eager) or its power-of-two bucket
     // (graph replay), so one graph serves every position up to the bucket.
     int64_t end_bound = 0;
+    // The step's plan layout (prepare_plan; meta points into it) and the width of each sequence's
+    // block table there (meta.max_blocks: the tables' stride): the blocks of the step's context
+    // bucket (graph_bound), so the copy and the pointers a graph captured fit every step that
+    // replays it.
+    PlanLayout plan;
+    int table_width = 0;
     std::vector<int64_t> logits_row, taps_row;
     // The step's GEMMs take the tensor cores (cuda_prefill.cpp) only when one of its sequences
     // adds more than tc_min_rows tokens, or it has more rows than the decode path holds; otherwise
@@ -320,7 +343,9 @@ struct CudaModel::Impl {
 
   ~Impl();
   Status prepare(const StepBatch& batch, StepOutput* host_out);  // validate + plan (eager)
-  void prepare_plan(const StepBatch& batch, StepOutput* host_out);
+  // bound: the context bucket the step's block tables are laid out for (0: graph_bound of its
+  // longest sequence's end; capture_graphs passes the bucket it captures).
+  void prepare_plan(const StepBatch& batch, StepOutput* host_out, int64_t bound = 0);
   bool graph_step(const StepBatch& batch);
   // The context bound a graph step whose sequences end at `end` is captured for: its power-of-two
   // bucket (from 256), no longer than the model's positions.

@@ -329,12 +329,8 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
     take(m.base, B * KB * V);
     take(m.bias, B * V);
     take(m.e_row, B * Rk);
-    take(m.d_req_slot, B);
-    take(m.d_prev, B);
+    take(m.d_draft_in, 32 * B);
     take(m.d_tokens, B * KB);
-    take(m.d_req_pos, B);
-    take(m.d_temp, B);
-    take(m.d_seed, B);
     take(m.d_conf, B * KB);
     take(m.d_zlogits, B * KB * V);
     take(m.d_probs, B * KB * V);
@@ -389,9 +385,9 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   p.seq_row0 = at(4 * S);
   p.seq_len = at(4 * S);
   p.seq_slot = at(4 * S);
-  p.block_tables = at(4 * S * static_cast<size_t>(m.max_blocks));
   p.head_src = at(4 * std::max<int64_t>(m.max_logits_rows, 1));
   p.taps_dst = at(4 * N);
+  p.block_tables = at(4 * S * static_cast<size_t>(m.max_blocks));
   p.bytes = off;
   take(m.plan_dev, static_cast<int64_t>(p.bytes));
 
@@ -404,16 +400,6 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   if (measure) return bytes;
 
   TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.plan_host), p.bytes));
-  uint8_t* dv = m.plan_dev.get();
-  m.meta.tokens = reinterpret_cast<const int32_t*>(dv + p.tokens);
-  m.meta.positions = reinterpret_cast<const int64_t*>(dv + p.positions);
-  m.meta.row_seq = reinterpret_cast<const int32_t*>(dv + p.row_seq);
-  m.meta.seq_start = reinterpret_cast<const int64_t*>(dv + p.seq_start);
-  m.meta.seq_row0 = reinterpret_cast<const int32_t*>(dv + p.seq_row0);
-  m.meta.seq_len = reinterpret_cast<const int32_t*>(dv + p.seq_len);
-  m.meta.seq_slot = reinterpret_cast<const int32_t*>(dv + p.seq_slot);
-  m.meta.block_tables = reinterpret_cast<const int32_t*>(dv + p.block_tables);
-  m.meta.max_blocks = m.max_blocks;
   m.meta.block_size = o.block_size;
   // The indexer top-k's counters start at zero (every call leaves them zero again).
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.topk_counters.get(), 0, m.topk_counters.bytes(), m.stream));
@@ -521,19 +507,64 @@ void CudaModel::step_logits_rows(const StepBatch& batch, std::vector<int64_t>& o
   }
 }
 
-void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out) {
+void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out, int64_t bound) {
   const size_t ns = batch.seqs.size();
+  int64_t end = 0, rows_n = 0, lrows_n = 0;
+  for (const SeqStep& q : batch.seqs) {
+    const int64_t n = static_cast<int64_t>(q.tokens.size());
+    end = std::max<int64_t>(end, q.start_pos + n);
+    rows_n += n;
+    if (n > 0 && q.logits != LogitsMode::kNone) lrows_n += q.logits == LogitsMode::kAll ? n : 1;  // step_logits_rows
+  }
+  if (bound <= 0) bound = graph_bound(end);
+  TANDEM_CHECK(bound >= end);
+  step.table_width = static_cast<int>(std::clamp<int64_t>((bound + opt.block_size - 1) / opt.block_size, 1, max_blocks));
+  const int64_t width = step.table_width;
+  // This step's layout: each array as long as the step needs (the same for every step a graph
+  // replays: its rows, sequences, logits rows and bucket are the key's), packed from the start of
+  // the staging, so the copy is the step's bytes only.
+  PlanLayout& lay = step.plan;
+  {
+    size_t off = 0;
+    auto at = [&off](size_t n) {
+      const size_t here = off;
+      off = (off + n + 15) / 16 * 16;
+      return here;
+    };
+    lay.tokens = at(4 * static_cast<size_t>(rows_n));
+    lay.positions = at(8 * static_cast<size_t>(rows_n));
+    lay.row_seq = at(4 * static_cast<size_t>(rows_n));
+    lay.seq_start = at(8 * ns);
+    lay.seq_row0 = at(4 * ns);
+    lay.seq_len = at(4 * ns);
+    lay.seq_slot = at(4 * ns);
+    lay.head_src = at(4 * static_cast<size_t>(lrows_n));
+    lay.taps_dst = at(4 * static_cast<size_t>(rows_n));
+    lay.block_tables = at(4 * ns * static_cast<size_t>(width));
+    lay.bytes = off;
+  }
+  TANDEM_CHECK(lay.bytes <= plan.bytes);  // every array within its longest (validate_step)
+  const uint8_t* dv = plan_dev.get();
+  meta.tokens = reinterpret_cast<const int32_t*>(dv + lay.tokens);
+  meta.positions = reinterpret_cast<const int64_t*>(dv + lay.positions);
+  meta.row_seq = reinterpret_cast<const int32_t*>(dv + lay.row_seq);
+  meta.seq_start = reinterpret_cast<const int64_t*>(dv + lay.seq_start);
+  meta.seq_row0 = reinterpret_cast<const int32_t*>(dv + lay.seq_row0);
+  meta.seq_len = reinterpret_cast<const int32_t*>(dv + lay.seq_len);
+  meta.seq_slot = reinterpret_cast<const int32_t*>(dv + lay.seq_slot);
+  meta.block_tables = reinterpret_cast<const int32_t*>(dv + lay.block_tables);
+  meta.max_blocks = step.table_width;
   uint8_t* hp = plan_host;
-  auto* tokens = reinterpret_cast<int32_t*>(hp + plan.tokens);
-  auto* positions = reinterpret_cast<int64_t*>(hp + plan.positions);
-  auto* row_seq = reinterpret_cast<int32_t*>(hp + plan.row_seq);
-  auto* seq_start = reinterpret_cast<int64_t*>(hp + plan.seq_start);
-  auto* seq_row0 = reinterpret_cast<int32_t*>(hp + plan.seq_row0);
-  auto* seq_len = reinterpret_cast<int32_t*>(hp + plan.seq_len);
-  auto* seq_slot = reinterpret_cast<int32_t*>(hp + plan.seq_slot);
-  auto* tables = reinterpret_cast<int32_t*>(hp + plan.block_tables);
-  auto* head_src = reinterpret_cast<int32_t*>(hp + plan.head_src);
-  auto* taps_dst = reinterpret_cast<int32_t*>(hp + plan.taps_dst);
+  auto* tokens = reinterpret_cast<int32_t*>(hp + lay.tokens);
+  auto* positions = reinterpret_cast<int64_t*>(hp + lay.positions);
+  auto* row_seq = reinterpret_cast<int32_t*>(hp + lay.row_seq);
+  auto* seq_start = reinterpret_cast<int64_t*>(hp + lay.seq_start);
+  auto* seq_row0 = reinterpret_cast<int32_t*>(hp + lay.seq_row0);
+  auto* seq_len = reinterpret_cast<int32_t*>(hp + lay.seq_len);
+  auto* seq_slot = reinterpret_cast<int32_t*>(hp + lay.seq_slot);
+  auto* tables = reinterpret_cast<int32_t*>(hp + lay.block_tables);
+  auto* head_src = reinterpret_cast<int32_t*>(hp + lay.head_src);
+  auto* taps_dst = reinterpret_cast<int32_t*>(hp + lay.taps_dst);
   // The logits layout is step_logits_rows' (one function, so the rows a caller plans before the
   // step are the rows the step writes).
   step_logits_rows(batch, step.logits_row);
@@ -548,7 +579,7 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out)
     seq_len[i] = static_cast<int32_t>(n);
     seq_slot[i] = q.slot;
     const int64_t need = (q.start_pos + n + opt.block_size - 1) / opt.block_size;
-    std::memcpy(tables + i * max_blocks, q.block_table.data(), sizeof(int32_t) * need);
+    std::memcpy(tables + i * width, q.block_table.data(), sizeof(int32_t) * need);
     if (step.logits_row[i] >= 0) {
       const int64_t first = q.logits == LogitsMode::kAll ? 0 : n - 1;
       for (int64_t t = first; t < n; ++t) head_src[lrows++] = static_cast<int32_t>(total + t);
@@ -594,7 +625,7 @@ void CudaModel::Impl::launch() {
   const int64_t D = c.hidden_size, HD = c.hc_mult * D;
   const int64_t td = c.has_dspark() ? D * static_cast<int64_t>(c.dspark_target_layer_ids.size()) : 0;
   section(OpClass::kOther);
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(plan_dev.get(), plan_host, plan.bytes, cudaMemcpyHostToDevice, stream));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(plan_dev.get(), plan_host, step.plan.bytes, cudaMemcpyHostToDevice, stream));
   in_step = true;  // the GEMMs follow step.tc (tc_rows)
   embed_tokens(meta.tokens, total);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -602,7 +633,7 @@ void CudaModel::Impl::launch() {
     for (size_t ti = 0; ti < c.dspark_target_layer_ids.size(); ++ti)
       if (c.dspark_target_layer_ids[ti] == l && step.trows > 0) {
         section(OpClass::kOther);
-        cuda_model::taps_mean({h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + plan.taps_dst), total,
+        cuda_model::taps_mean({h.get(), reinterpret_cast<const int32_t*>(plan_dev.get() + step.plan.taps_dst), total,
                                c.hc_mult, D, taps.get(), td, static_cast<int64_t>(ti) * D},
                               stream);
       }
@@ -613,7 +644,7 @@ void CudaModel::Impl::launch() {
     kernels::RowsCopyParams g;
     g.src = h.get();
     g.dst = head_in.get();
-    g.rows = reinterpret_cast<const int32_t*>(plan_dev.get() + plan.head_src);
+    g.rows = reinterpret_cast<const int32_t*>(plan_dev.get() + step.plan.head_src);
     g.count = step.lrows;
     g.cols = HD;
     g.gather = true;
@@ -778,9 +809,9 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
         for (int i = 0; i < b; ++i)
           m.padded.seqs.push_back({m.pad_slot, 0, std::span<const int32_t>(m.pad_tokens.data(), static_cast<size_t>(n)),
                                    m.pad_table, lm, taps});
-        m.prepare_plan(m.padded, nullptr);
         // forward()'s bound of a step whose sequences end in (bucket / 2, bucket]
         const int64_t bound = m.graph_bound(std::min<int64_t>(bucket, m.cfg.max_position_embeddings));
+        m.prepare_plan(m.padded, nullptr, bound);  // the tables laid out as the bucket's steps lay them
         m.step.end_bound = bound;
         const int per = lm == LogitsMode::kAll ? n : 1;
         const int srows = sampler && b * per <= m.sample_rows_cap ? b * per : 0;

@@ -160,12 +160,14 @@ void cuda_encode_index_keys(CudaModel& m, const float* rows, int64_t n, std::vec
 Status cuda_begin_step(CudaModel& m, const StepBatch& batch) {
   Impl& im = im_of(m);
   TANDEM_RETURN_IF_ERROR(im.prepare(batch, nullptr));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(im.plan_dev.get(), im.plan_host, im.plan.bytes, cudaMemcpyHostToDevice, im.stream));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(im.plan_dev.get(), im.plan_host, im.step.plan.bytes, cudaMemcpyHostToDevice, im.stream));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(im.stream));
   return Status();
 }
 
 bool cuda_step_tensor_cores(CudaModel& m) { return im_of(m).step.tc; }
+size_t cuda_step_plan_bytes(CudaModel& m) { return im_of(m).step.plan.bytes; }
+int cuda_step_table_width(CudaModel& m) { return im_of(m).step.table_width; }
 
 void cuda_set_h(CudaModel& m, const float* h, int64_t rows) {
   Impl& im = im_of(m);

@@ -63,6 +63,9 @@ Status cuda_begin_step(CudaModel& m, const StepBatch& batch);
 // After cuda_begin_step: whether the step's GEMMs take the tensor cores (the forward's choice:
 // a sequence adds more than tc_min_rows tokens, or more rows than the decode path holds).
 bool cuda_step_tensor_cores(CudaModel& m);
+// The last prepared step's plan: the bytes its copy uploads and each sequence's block-table width.
+size_t cuda_step_plan_bytes(CudaModel& m);
+int cuda_step_table_width(CudaModel& m);
 void cuda_set_h(CudaModel& m, const float* h, int64_t rows);
 void cuda_get_h(CudaModel& m, float* h, int64_t rows);
 void cuda_attention_half(CudaModel& m, int layer, const StepBatch& batch);
