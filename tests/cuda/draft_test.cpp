@@ -174,8 +174,9 @@ TEST(CudaDraftPieces, TapsIdsAndPositionsMatchCpu) {
   TANDEM_REQUIRE_GPU();
 }
 
-// The Markov head: K sequential steps for B requests, each step's gather and z/conf/token checked
-// against the CPU draft's loop (dspark.cpp), the bias GEMM's output being an input of the step.
+// The Markov head: K sequential steps for B requests, each step's e (gathered by markov_gather, or
+// by the previous step's finishing CTAs) and z/conf/token checked against the CPU draft's loop
+// (dspark.cpp), the bias GEMM's output being an input of the step.
 // Vocabularies of one chunk, several (the last one partial) and the real one (32 chunks).
 TEST(CudaDraftPieces, MarkovHeadMatchesCpu) {
   for (const int64_t V : {int64_t{3000}, int64_t{5 * cuda_model::kMarkovChunk + 123}, int64_t{129280}}) {
@@ -234,7 +235,11 @@ TEST(CudaDraftPieces, MarkovHeadMatchesCpu) {
           q_ref[row * V + v] = temp[b] > 0 ? std::exp((z[v] - mx) / temp[b]) / sum : (v == rs.argmax() ? 1.0 : 0.0);
       }
   }
-  if (have_gpu()) {
+  // Unchained: markov_gather before every step. Chained: before the first only, each step's
+  // finishing CTAs gathering the next position's e (MarkovStepArgs::e_next).
+  for (const bool chained : {false, true}) {
+  if (!have_gpu()) break;
+  SCOPED_TRACE(chained ? "e gathered by the previous step" : "e gathered by markov_gather");
     DeviceBuffer<uint8_t> dw1 = upload_weight(w1);
     WeightRef w1ref = w1.lin.w;
     w1ref.data = dw1.get();
@@ -267,14 +272,22 @@ TEST(CudaDraftPieces, MarkovHeadMatchesCpu) {
     ms.B = B;
     DeviceBuffer<uint8_t> dscratch = to_dev(std::vector<uint8_t>(cuda_model::markov_scratch_bytes(B, V), 0));
     ms.scratch = dscratch.get();
+    if (chained) {
+      ms.w1 = w1ref;
+      ms.e_next = de.get();
+    }
     for (int i = 0; i < K; ++i) {
-      cuda_model::markov_gather(MarkovGatherArgs{w1ref, dprev.get(), B, R, de.get()}, kStream);
+      if (!chained || i == 0) cuda_model::markov_gather(MarkovGatherArgs{w1ref, dprev.get(), B, R, de.get()}, kStream);
+      const std::vector<float> got_e = to_host(de);
+      EXPECT_TRUE(same_bits(got_e, std::vector<float>(want_e.begin() + i * B * R, want_e.begin() + (i + 1) * B * R)))
+          << "e of step " << i;
       upload(dbias, bias[i]);
       ms.i = i;
       cuda_model::markov_step(ms, kStream);
+    }
+    if (chained) {  // the last step gathers nothing: e stays the last position's
       const std::vector<float> got_e = to_host(de);
-      EXPECT_TRUE(same_bits(got_e, std::vector<float>(want_e.begin() + i * B * R, want_e.begin() + (i + 1) * B * R)))
-          << "markov_gather, step " << i;
+      EXPECT_TRUE(same_bits(got_e, std::vector<float>(want_e.end() - B * R, want_e.end()))) << "e after the last step";
     }
     EXPECT_TRUE(same_bits(to_host(dz), want_z)) << "z = base + bias";
     EXPECT_TRUE(same_bits(to_host(dconf), want_conf)) << "confidence (model::dot order)";
@@ -295,7 +308,7 @@ TEST(CudaDraftPieces, MarkovHeadMatchesCpu) {
       std::memcpy(&cnt, sc.data() + b * stride + 24 * C + 24, sizeof(cnt));
       EXPECT_EQ(cnt, 0) << "request " << b << "'s arrival counter after the calls";
     }
-    if (V == 129280) {
+    if (V == 129280 && !chained) {
       // One request, the last step, greedy then sampled, with q (the draft step's shapes at batch 1).
       MarkovStepArgs one = ms;
       one.B = 1;

@@ -233,8 +233,11 @@ void CudaModel::Impl::draft_heads(int64_t B, bool want_probs) {
   ms.probs = want_probs ? d_probs.get() : nullptr;
   ms.B = B;
   ms.scratch = markov_scratch.get();
+  // Position 0's e from the anchors; each step's finishing CTAs gather the next position's.
+  cuda_model::markov_gather({dw.markov_w1.w, in.prev, B, Rk, e_row.get()}, stream);
+  ms.w1 = dw.markov_w1.w;
+  ms.e_next = e_row.get();
   for (int64_t i = 0; i < K; ++i) {
-    cuda_model::markov_gather({dw.markov_w1.w, in.prev, B, Rk, e_row.get()}, stream);
     linear(dw.markov_w2, e_row.get(), B, bias.get(), false);
     ms.i = static_cast<int>(i);
     cuda_model::markov_step(ms, stream);

@@ -244,6 +244,10 @@ __global__ void __launch_bounds__(kThreads) markov_step_kernel(MarkovStepArgs a)
     *r.amax = argmax;
     *r.cnt = 0;
   }
+  // The next position's e (markov_gather's row of the token just drawn): every CTA of this call has
+  // read e (the confidence's) before it arrived.
+  if (a.e_next && a.i + 1 < a.K)
+    for (int64_t k = threadIdx.x; k < a.rank; k += kThreads) a.e_next[b * a.rank + k] = w_at(a.w1, token, k);
 }
 
 // q = softmax(z / T) (mass(v) / total with the finishing CTA's mx and total), or one-hot at the

@@ -61,9 +61,9 @@ struct MarkovGatherArgs {
 };
 void markov_gather(const MarkovGatherArgs& a, cudaStream_t s);
 
-// One Markov step of every request's draft block (position i), after markov_gather and the
-// caller's bias = e @ markov_w2^T: z = base[b*K+i] + bias[b]; conf[b*K+i] = dot([y[b*K+i], e],
-// conf_w); token = argmax z (greedy) or an inverse-CDF draw from softmax(z/T) with
+// One Markov step of every request's draft block (position i), after markov_gather (or the
+// previous step's e_next) and the caller's bias = e @ markov_w2^T: z = base[b*K+i] + bias[b];
+// conf[b*K+i] = dot([y[b*K+i], e], conf_w); token = argmax z (greedy) or an inverse-CDF draw from softmax(z/T) with
 // rng_uniform(seed[b], P_b + 1 + i, RngStream::kDraft) (kernels/sampling.h: the drafted token's
 // position, the CPU draft's key); prev[b] = token; q[b*K+i] = probs.
 // The vocabulary is cut into kMarkovChunk-id chunks, a CTA each (a request's whole row in one CTA
@@ -90,6 +90,10 @@ struct MarkovStepArgs {
   // markov_scratch_bytes(B, V) bytes, zero before the first call (every call leaves its counters
   // zero, so a captured graph replays it as it is).
   uint8_t* scratch = nullptr;
+  // Optional: a request's finishing CTA also gathers the next position's e (markov_w1's row of the
+  // drawn token) into e_next (may be e), so only position 0 needs markov_gather; none after K - 1.
+  kernels::WeightRef w1{};
+  float* e_next = nullptr;       // [B, rank]
 };
 constexpr int64_t kMarkovChunk = 4096;
 size_t markov_scratch_bytes(int64_t B, int64_t V);
