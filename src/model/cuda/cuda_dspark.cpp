@@ -74,13 +74,20 @@ void CudaModel::Impl::draft_context_records(const float* taps_rows, int64_t n, c
   const ModelConfig& c = m.cfg;
   const int64_t td = c.hidden_size * static_cast<int64_t>(c.dspark_target_layer_ids.size());
   const int64_t D = c.hidden_size, hd = c.head_dim;
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.mh.get(), taps_rows, sizeof(float) * n * td, kind, m.stream));
-  kernels::RoundBf16Params rb;
-  rb.x = m.mh.get();
-  rb.rows = n;
-  rb.cols = td;
-  kernels::cuda::round_bf16(rb, m.stream);
-  m.linear(m.w.draft.main_proj, m.mh.get(), n, m.main_x.get());
+  // main_proj's input is bf16(taps): rows on the device are the step's taps (m.taps, which
+  // taps_mean stores rounded to bf16) and are read where they are; a caller's host rows are copied
+  // and rounded.
+  const float* in = taps_rows;
+  if (kind != cudaMemcpyDeviceToDevice) {
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.mh.get(), taps_rows, sizeof(float) * n * td, kind, m.stream));
+    kernels::RoundBf16Params rb;
+    rb.x = m.mh.get();
+    rb.rows = n;
+    rb.cols = td;
+    kernels::cuda::round_bf16(rb, m.stream);
+    in = m.mh.get();
+  }
+  m.linear(m.w.draft.main_proj, in, n, m.main_x.get());
   m.norm_rows(m.main_x.get(), n, D, m.w.draft.main_norm);
   for (int st = 0; st < c.num_draft_stages; ++st) {
     const cuda_model::DAttn& a = m.w.draft.stages[st].attn;
@@ -108,6 +115,9 @@ void CudaModel::Impl::insert_step_context() {
   // The rows' kernels are the commit path's for the same rows (decode_gemm and the tensor-core
   // GEMMs give a row the same bits whatever the row count), so every accepted row's records equal
   // what draft_insert_context_from_step would store.
+  // The last layer's ring commit (ring_stream, joined at the end of the step otherwise) still
+  // reads the step's KV records in kv_rec, which stage 0's records below overwrite.
+  join_ring();
   const bool was_in_step = in_step;
   in_step = false;  // the linears choose by the row count, as outside a step
   const int64_t n = step.rows;
