@@ -182,8 +182,9 @@ void CudaModel::Impl::draft_stage_attention(int st, int64_t B) {
   da.ctx = draft_ctx.get();
   da.slot_stride = lay.draft_slot_bytes;
   da.stage_off = static_cast<int64_t>(st) * lay.draft_ring * lay.rec.bytes;
-  da.req_slot = draft_in(B).slot;
-  da.req_pos = draft_in(B).pos;
+  const DraftIn in = draft_in(B);
+  da.req_slot = in.slot;
+  da.req_pos = in.pos;
   da.K = static_cast<int>(K);
   da.window = static_cast<int>(W);
   da.ring = lay.draft_ring;

@@ -170,14 +170,19 @@ struct CudaModel::Impl {
   std::vector<int64_t> snap_len;
 
   // ---- step plan: one pinned host staging area mirrored on the device, copied once per step ----
-  // `plan` is the staging's capacity (every array at its longest); each step packs its own layout
-  // (Step::plan) from the start of it and copies only that: its rows, sequences and logits rows,
-  // and block tables step.table_width wide (its context bucket's blocks) rather than max_blocks
-  // (the model's whole context: 16 KB a sequence at 1M positions) for every sequence the runner holds.
+  // Each step packs its own layout (Step::plan) from the start of the staging and copies only
+  // that: its rows, sequences and logits rows, and block tables step.table_width wide (its context
+  // bucket's blocks) rather than max_blocks (the model's whole context: 16 KB a sequence at 1M
+  // positions) for every sequence the runner holds. plan_capacity: the same packing at every
+  // array's longest.
   struct PlanLayout {
     size_t tokens = 0, positions = 0, row_seq = 0, seq_start = 0, seq_row0 = 0, seq_len = 0, seq_slot = 0,
            head_src = 0, taps_dst = 0, block_tables = 0, bytes = 0;
-  } plan;
+    // Byte offsets of the arrays of `rows` rows, `seqs` sequences, `lrows` logits rows and block
+    // tables `width` wide, each on 16 bytes.
+    static PlanLayout pack(int64_t rows, int64_t seqs, int64_t lrows, int64_t width);
+  };
+  size_t plan_capacity = 0;
   int max_blocks = 0;           // block tables' largest width per sequence
   uint8_t* plan_host = nullptr; // pinned
   Buf<uint8_t> plan_dev;
@@ -230,9 +235,9 @@ struct CudaModel::Impl {
   int moe_timeline_layer = -1;
   Buf<int32_t> fill_table;           // block ids of a synthetic context fill [max_blocks]
   // draft request arrays (device) + pinned staging
-  // The request arrays of a B-request draft as one region in draft_host's layout (slots | anchors,
-  // then the drafted tokens as prev | positions | T | seeds; 32 bytes a request), so one copy
-  // uploads them.
+  // The request arrays of a B-request draft as one region in draft_host's layout (slots | prev:
+  // the anchors, then each Markov step's token | positions | T | seeds; 32 bytes a request), so
+  // one copy uploads them.
   Buf<uint8_t> d_draft_in;
   struct DraftIn {
     int32_t* slot;

@@ -371,25 +371,8 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
 
   // The step plan: one pinned host region mirrored on the device.
   const int64_t S = std::max<int64_t>({o.max_slots, m.max_draft_requests, graph_seqs});
-  auto& p = m.plan;
-  size_t off = 0;
-  auto at = [&](size_t n) {
-    const size_t here = off;
-    off = (off + n + 15) / 16 * 16;
-    return here;
-  };
-  p.tokens = at(4 * N);
-  p.positions = at(8 * N);
-  p.row_seq = at(4 * N);
-  p.seq_start = at(8 * S);
-  p.seq_row0 = at(4 * S);
-  p.seq_len = at(4 * S);
-  p.seq_slot = at(4 * S);
-  p.head_src = at(4 * std::max<int64_t>(m.max_logits_rows, 1));
-  p.taps_dst = at(4 * N);
-  p.block_tables = at(4 * S * static_cast<size_t>(m.max_blocks));
-  p.bytes = off;
-  take(m.plan_dev, static_cast<int64_t>(p.bytes));
+  m.plan_capacity = CudaModel::Impl::PlanLayout::pack(N, S, std::max<int64_t>(m.max_logits_rows, 1), m.max_blocks).bytes;
+  take(m.plan_dev, static_cast<int64_t>(m.plan_capacity));
 
   // State.
   const int64_t slots = o.max_slots + (m.pad_slot >= 0 ? 1 : 0);
@@ -399,7 +382,7 @@ int64_t allocate_all(CudaModel::Impl& m, bool measure) {
   if (m.lay.draft_slot_bytes) take(m.draft_ctx, slots * m.lay.draft_slot_bytes);  // + the padding's
   if (measure) return bytes;
 
-  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.plan_host), p.bytes));
+  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.plan_host), m.plan_capacity));
   m.meta.block_size = o.block_size;
   // The indexer top-k's counters start at zero (every call leaves them zero again).
   TANDEM_CUDA_CHECK(cudaMemsetAsync(m.topk_counters.get(), 0, m.topk_counters.bytes(), m.stream));
@@ -495,7 +478,7 @@ Status CudaModel::Impl::prepare(const StepBatch& batch, StepOutput* host_out) {
   return Status();
 }
 
-void CudaModel::step_logits_rows(const StepBatch& batch, std::vector<int64_t>& out) {
+int64_t CudaModel::step_logits_rows(const StepBatch& batch, std::vector<int64_t>& out) {
   out.assign(batch.seqs.size(), -1);
   int64_t lrows = 0;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
@@ -505,45 +488,51 @@ void CudaModel::step_logits_rows(const StepBatch& batch, std::vector<int64_t>& o
     out[i] = lrows;
     lrows += q.logits == LogitsMode::kAll ? n : 1;
   }
+  return lrows;
+}
+
+CudaModel::Impl::PlanLayout CudaModel::Impl::PlanLayout::pack(int64_t rows, int64_t seqs, int64_t lrows, int64_t width) {
+  PlanLayout l;
+  size_t off = 0;
+  auto at = [&off](int64_t n) {
+    const size_t here = off;
+    off = (off + static_cast<size_t>(n) + 15) / 16 * 16;
+    return here;
+  };
+  l.tokens = at(4 * rows);
+  l.positions = at(8 * rows);
+  l.row_seq = at(4 * rows);
+  l.seq_start = at(8 * seqs);
+  l.seq_row0 = at(4 * seqs);
+  l.seq_len = at(4 * seqs);
+  l.seq_slot = at(4 * seqs);
+  l.head_src = at(4 * lrows);
+  l.taps_dst = at(4 * rows);
+  l.block_tables = at(4 * seqs * width);
+  l.bytes = off;
+  return l;
 }
 
 void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out, int64_t bound) {
   const size_t ns = batch.seqs.size();
-  int64_t end = 0, rows_n = 0, lrows_n = 0;
+  // The logits layout is step_logits_rows' (one function, so the rows a caller plans before the
+  // step are the rows the step writes).
+  const int64_t lrows_n = step_logits_rows(batch, step.logits_row);
+  int64_t rows_n = 0;
+  step.max_end = 0;
   for (const SeqStep& q : batch.seqs) {
-    const int64_t n = static_cast<int64_t>(q.tokens.size());
-    end = std::max<int64_t>(end, q.start_pos + n);
-    rows_n += n;
-    if (n > 0 && q.logits != LogitsMode::kNone) lrows_n += q.logits == LogitsMode::kAll ? n : 1;  // step_logits_rows
+    rows_n += static_cast<int64_t>(q.tokens.size());
+    step.max_end = std::max<int64_t>(step.max_end, q.start_pos + static_cast<int64_t>(q.tokens.size()));
   }
-  if (bound <= 0) bound = graph_bound(end);
-  TANDEM_CHECK(bound >= end);
+  if (bound <= 0) bound = graph_bound(step.max_end);
+  TANDEM_CHECK(bound >= step.max_end);
   step.table_width = static_cast<int>(std::clamp<int64_t>((bound + opt.block_size - 1) / opt.block_size, 1, max_blocks));
   const int64_t width = step.table_width;
   // This step's layout: each array as long as the step needs (the same for every step a graph
   // replays: its rows, sequences, logits rows and bucket are the key's), packed from the start of
   // the staging, so the copy is the step's bytes only.
-  PlanLayout& lay = step.plan;
-  {
-    size_t off = 0;
-    auto at = [&off](size_t n) {
-      const size_t here = off;
-      off = (off + n + 15) / 16 * 16;
-      return here;
-    };
-    lay.tokens = at(4 * static_cast<size_t>(rows_n));
-    lay.positions = at(8 * static_cast<size_t>(rows_n));
-    lay.row_seq = at(4 * static_cast<size_t>(rows_n));
-    lay.seq_start = at(8 * ns);
-    lay.seq_row0 = at(4 * ns);
-    lay.seq_len = at(4 * ns);
-    lay.seq_slot = at(4 * ns);
-    lay.head_src = at(4 * static_cast<size_t>(lrows_n));
-    lay.taps_dst = at(4 * static_cast<size_t>(rows_n));
-    lay.block_tables = at(4 * ns * static_cast<size_t>(width));
-    lay.bytes = off;
-  }
-  TANDEM_CHECK(lay.bytes <= plan.bytes);  // every array within its longest (validate_step)
+  const PlanLayout& lay = step.plan = PlanLayout::pack(rows_n, static_cast<int64_t>(ns), lrows_n, width);
+  TANDEM_CHECK(lay.bytes <= plan_capacity);  // every array within its longest (validate_step)
   const uint8_t* dv = plan_dev.get();
   meta.tokens = reinterpret_cast<const int32_t*>(dv + lay.tokens);
   meta.positions = reinterpret_cast<const int64_t*>(dv + lay.positions);
@@ -565,12 +554,8 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out,
   auto* tables = reinterpret_cast<int32_t*>(hp + lay.block_tables);
   auto* head_src = reinterpret_cast<int32_t*>(hp + lay.head_src);
   auto* taps_dst = reinterpret_cast<int32_t*>(hp + lay.taps_dst);
-  // The logits layout is step_logits_rows' (one function, so the rows a caller plans before the
-  // step are the rows the step writes).
-  step_logits_rows(batch, step.logits_row);
   step.taps_row.assign(ns, -1);
   int64_t total = 0, lrows = 0, trows = 0, longest = 0;
-  step.max_end = 0;
   for (size_t i = 0; i < ns; ++i) {
     const SeqStep& q = batch.seqs[i];
     const int64_t n = static_cast<int64_t>(q.tokens.size());
@@ -594,7 +579,6 @@ void CudaModel::Impl::prepare_plan(const StepBatch& batch, StepOutput* host_out,
     if (q.collect_taps) trows += n;
     total += n;
     longest = std::max(longest, n);
-    step.max_end = std::max<int64_t>(step.max_end, q.start_pos + n);
   }
   step.rows = total;
   step.seqs = ns;

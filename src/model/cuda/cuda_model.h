@@ -239,7 +239,8 @@ class CudaModel {
                         std::span<SampleRowResult> out);
   // Where each batch entry's logits rows start in the step's logits (-1: none), before the step runs:
   // entries in batch order, kAll one row per token, kLast one (what last_logits_rows() reports after).
-  static void step_logits_rows(const StepBatch& batch, std::vector<int64_t>& out);
+  // Returns the step's logits rows.
+  static int64_t step_logits_rows(const StepBatch& batch, std::vector<int64_t>& out);
   // Rows of logits the last forward left on the device, and where each batch entry's start.
   std::span<const int64_t> last_logits_rows() const;
   // profile_step for a greedy draft of `requests` (their context must be in place), `ablate` as there.
