@@ -55,6 +55,8 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
 }
 double seconds_since(std::chrono::steady_clock::time_point t) { return seconds_between(t, std::chrono::steady_clock::now()); }
 constexpr size_t kMaxLatencySamples = 100000;
+// How often metrics() reads the device's free memory while work is left (see there).
+constexpr double kDeviceMemoryPollS = 0.1;
 void push_sample(std::vector<double>& v, double x) {
   if (v.size() < kMaxLatencySamples) v.push_back(x);
 }
@@ -995,9 +997,18 @@ EngineMetrics EngineCore::metrics(bool drain_latencies) {
   for (const Seq* s : waiting_) m_.prefill_tokens_pending += s->prompt_len;
   m_.device_allocations_after_start = runner_->device_allocations_after_start();
   m_.device_wait_s = runner_->device_wait_seconds();
-  const int64_t graphs = runner_->device_graph_instantiations(), free_now = runner_->device_free_bytes();
+  const int64_t graphs = runner_->device_graph_instantiations();
+  // metrics() runs on the engine thread after every step, between two steps, where the device waits
+  // for the host: the free memory (cudaMemGetInfo, a driver call) is read at most every
+  // kDeviceMemoryPollS while work is left, and always once the engine has none, so an idle engine's
+  // metrics (and every test's, taken after its requests) are current.
+  const Clock::time_point now = Clock::now();
+  if (!has_work() || free_read_ == Clock::time_point{} || seconds_between(free_read_, now) >= kDeviceMemoryPollS) {
+    free_now_ = runner_->device_free_bytes();
+    free_read_ = now;
+  }
   m_.device_graphs_after_start = graphs >= 0 && graphs_at_start_ >= 0 ? graphs - graphs_at_start_ : -1;
-  m_.device_bytes_taken_after_start = free_now >= 0 && free_at_start_ >= 0 ? free_at_start_ - free_now : 0;
+  m_.device_bytes_taken_after_start = free_now_ >= 0 && free_at_start_ >= 0 ? free_at_start_ - free_now_ : 0;
   m_.num_requests_running = static_cast<int64_t>(running_.size());
   m_.num_requests_waiting = static_cast<int64_t>(waiting_.size());
   m_.kv_blocks_total = kv_->num_blocks();

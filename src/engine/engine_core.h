@@ -120,6 +120,9 @@ class EngineCore {
   // The runner's graph instantiations and free device memory when start-up was over (-1: not
   // counted); metrics report how far they moved since.
   int64_t graphs_at_start_ = -1, free_at_start_ = -1;
+  // The device's free memory as metrics() last read it, and when (kDeviceMemoryPollS).
+  int64_t free_now_ = -1;
+  Clock::time_point free_read_{};
   std::unique_ptr<KvBlockManager> kv_;
   SampleRowsBuilder rows_builder_;
   std::unique_ptr<SpecPlanner> planner_;

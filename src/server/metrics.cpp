@@ -94,7 +94,7 @@ std::string MetricsRegistry::render(const EngineMetrics& m, const std::string& m
     metric(out, "tandem:device_allocations_after_start", "gauge", "Device allocations since start-up (must stay 0).", l, m.device_allocations_after_start);
   if (m.device_graphs_after_start >= 0) {
     metric(out, "tandem:device_graphs_after_start", "gauge", "CUDA graphs instantiated since start-up (must stay 0).", l, m.device_graphs_after_start);
-    metric(out, "tandem:device_bytes_taken_after_start", "gauge", "Device memory taken since start-up, as cudaMemGetInfo reports it (must stay 0).", l, m.device_bytes_taken_after_start);
+    metric(out, "tandem:device_bytes_taken_after_start", "gauge", "Device memory taken since start-up, as cudaMemGetInfo reports it (must stay 0; read at most every 100 ms under load).", l, m.device_bytes_taken_after_start);
   }
   metric(out, "tandem:engine_steps_total", "counter", "Engine steps that ran a batch.", l, m.engine_steps_total);
   metric(out, "tandem:engine_schedule_seconds_total", "counter", "Engine thread: scheduling and building batches.", l, m.engine_schedule_s);

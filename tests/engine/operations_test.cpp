@@ -112,6 +112,76 @@ TEST(MemoryPlan, DeviceAllocationCounterReachesTheMetrics) {
   EXPECT_EQ((*core)->metrics(false).device_allocations_after_start, 3);
 }
 
+// The device's free memory (cudaMemGetInfo on the GPU: a driver call of 8-30 us measured, on the path
+// between two steps) is read at most every 100 ms while the engine has work, and on every call once it
+// has none: the counter moves under load only at the poll, and an idle engine's metrics are current.
+class FreeMemoryRunner : public FakeModelRunner {
+ public:
+  explicit FreeMemoryRunner(FakeModelConfig c) : FakeModelRunner(c) {}
+  int64_t device_free_bytes() const override {
+    ++reads;
+    return free;
+  }
+  mutable int reads = 0;
+  int64_t free = int64_t{1} << 30;
+};
+
+TEST(MemoryPlan, DeviceFreeMemoryIsPolledUnderLoadAndReadWhenIdle) {
+  FakeModelConfig fc;
+  fc.has_draft = false;
+  EngineConfig ec;
+  ec.block_size = 16;
+  ec.kv_cache_memory = 1 << 20;
+  CoreOptions co;
+  co.log_startup = false;
+  auto runner = std::make_unique<FreeMemoryRunner>(fc);
+  FreeMemoryRunner* r = runner.get();
+  auto created = EngineCore::create(std::move(runner), ec, co);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  EngineCore& core = **created;
+  const int64_t start = r->free;
+  int reads = r->reads;  // start-up's
+  // Idle: every call reads, so a change shows at once.
+  r->free = start - 4096;
+  EXPECT_EQ(core.metrics(false).device_bytes_taken_after_start, 4096);
+  EXPECT_EQ(core.metrics(false).device_bytes_taken_after_start, 4096);
+  EXPECT_EQ(r->reads, reads + 2);
+  reads = r->reads;
+  // Under load: the first call after the idle reads reads again only once 100 ms have passed.
+  Request q;
+  q.request_id = "a";
+  q.prompt_tokens = testing::make_prompt(20, 7, fc.vocab_size);
+  q.sampling = testing::greedy_params(400);
+  bool finished = false;
+  ASSERT_TRUE(core.add_request(std::move(q), [&](const RequestEvent& ev) {
+                    if (ev.finish != FinishReason::kNone) finished = true;
+                  }).ok());
+  ASSERT_TRUE(core.has_work());
+  r->free = start - 8192;
+  EXPECT_EQ(core.metrics(false).device_bytes_taken_after_start, 4096) << "read again within 100 ms under load";
+  EXPECT_EQ(r->reads, reads);
+  std::this_thread::sleep_for(120ms);
+  EXPECT_EQ(core.metrics(false).device_bytes_taken_after_start, 8192) << "not read again after 100 ms under load";
+  EXPECT_EQ(r->reads, reads + 1);
+  // Steps with metrics after each (the engine loop's order): at most one read per 100 ms of them.
+  const auto t0 = std::chrono::steady_clock::now();
+  int steps = 0;
+  while (core.has_work() && steps < 400) {
+    ASSERT_TRUE(core.step().ok());
+    ++steps;
+    core.metrics(true);
+  }
+  ASSERT_TRUE(finished);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[engine] %d steps in %.3f s: %d free-memory reads (the last with no work left)\n", steps, s,
+              r->reads - reads - 1);
+  EXPECT_LE(r->reads - reads - 1, static_cast<int>(s / 0.1) + 2);
+  EXPECT_GT(steps, 10);
+  // Done: the read of the call that found no work left is current.
+  r->free = start;
+  EXPECT_EQ(core.metrics(false).device_bytes_taken_after_start, 0);
+}
+
 // A fake runner whose forward blocks while `stall` is set, until released.
 class StallingRunner : public FakeModelRunner {
  public:
