@@ -147,6 +147,7 @@ TEST(MemoryPlan, DeviceFreeMemoryIsPolledUnderLoadAndReadWhenIdle) {
   EXPECT_EQ(core.metrics(false).device_bytes_taken_after_start, 4096);
   EXPECT_EQ(r->reads, reads + 2);
   reads = r->reads;
+  const auto t_read = std::chrono::steady_clock::now();
   // Under load: the first call after the idle reads reads again only once 100 ms have passed.
   Request q;
   q.request_id = "a";
@@ -158,8 +159,12 @@ TEST(MemoryPlan, DeviceFreeMemoryIsPolledUnderLoadAndReadWhenIdle) {
                   }).ok());
   ASSERT_TRUE(core.has_work());
   r->free = start - 8192;
-  EXPECT_EQ(core.metrics(false).device_bytes_taken_after_start, 4096) << "read again within 100 ms under load";
-  EXPECT_EQ(r->reads, reads);
+  const int64_t taken = core.metrics(false).device_bytes_taken_after_start;
+  if (std::chrono::steady_clock::now() - t_read < 90ms) {  // (a host that stalled this thread for 90 ms: no check)
+    EXPECT_EQ(taken, 4096) << "read again within 100 ms under load";
+    EXPECT_EQ(r->reads, reads);
+  }
+  reads = r->reads;
   std::this_thread::sleep_for(120ms);
   EXPECT_EQ(core.metrics(false).device_bytes_taken_after_start, 8192) << "not read again after 100 ms under load";
   EXPECT_EQ(r->reads, reads + 1);
