@@ -189,11 +189,12 @@ struct EngineMetrics {
   // (sampling results, events to the requests' callbacks), the runner's commit (the DSpark draft's
   // context insertion), the draft (choosing who drafts, the runner's proposal), and the loop's own
   // time between two steps while there is work (inbox, metrics). device_wait: how much of forward
-  // and draft the runner spent blocked on the device (-1 when it does not measure it).
+  // and draft the runner spent blocked on the device (-1 when it does not measure it); device_submit:
+  // how much it spent before those waits, packing, uploading and launching (-1 likewise).
   int64_t engine_steps_total = 0;
   double engine_schedule_s = 0, engine_forward_s = 0, engine_outputs_s = 0, engine_commit_s = 0, engine_draft_s = 0,
          engine_between_steps_s = 0;
-  double device_wait_s = -1;
+  double device_wait_s = -1, device_submit_s = -1;
   // Latency samples since the last call (drained by take_metrics()).
   std::vector<double> ttft_s, itl_s, e2e_s;
 };

@@ -997,6 +997,7 @@ EngineMetrics EngineCore::metrics(bool drain_latencies) {
   for (const Seq* s : waiting_) m_.prefill_tokens_pending += s->prompt_len;
   m_.device_allocations_after_start = runner_->device_allocations_after_start();
   m_.device_wait_s = runner_->device_wait_seconds();
+  m_.device_submit_s = runner_->device_submit_seconds();
   const int64_t graphs = runner_->device_graph_instantiations();
   // metrics() runs on the engine thread after every step, between two steps, where the device waits
   // for the host: the free memory (cudaMemGetInfo, a driver call) is read at most every

@@ -166,6 +166,9 @@ class ModelRunner {
   // Seconds the runner has spent blocked waiting for the device since start-up (forward and draft
   // synchronizations); -1 = not measured.
   virtual double device_wait_seconds() const { return -1; }
+  // Seconds the runner has spent in forward and draft calls before their wait for the device
+  // (packing, uploads, launches); -1 = not measured.
+  virtual double device_submit_seconds() const { return -1; }
 };
 
 // "model name" of /proc/cpuinfo (or "unknown CPU").

@@ -105,6 +105,8 @@ std::string MetricsRegistry::render(const EngineMetrics& m, const std::string& m
   metric(out, "tandem:engine_between_steps_seconds_total", "counter", "Engine thread: between two steps while work was left (inbox, metrics).", l, m.engine_between_steps_s);
   if (m.device_wait_s >= 0)
     metric(out, "tandem:engine_device_wait_seconds_total", "counter", "Engine thread: blocked on the device inside forward and draft.", l, m.device_wait_s);
+  if (m.device_submit_s >= 0)
+    metric(out, "tandem:engine_device_submit_seconds_total", "counter", "Engine thread: inside forward and draft before their wait for the device (packing, uploads, launches).", l, m.device_submit_s);
   metric(out, "tandem:http_requests_in_flight", "gauge", "Generation requests the HTTP server holds.", l, in_flight);
   metric(out, "tandem:request_errors_total", "counter", "Requests answered with an error status.", l, errors_);
   return out;

@@ -1662,6 +1662,12 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
                 static_cast<long long>(m.spec_decode_num_accepted_tokens_total), after_start(m).c_str());
     EXPECT_GT(m.spec_decode_num_draft_tokens_total, 0);
     expect_nothing_after_start(m, "speculative greedy, concurrency " + std::to_string(conc));
+    // The runner's host time before its waits, and the waits (both counted since the model's start,
+    // start-up's graph captures included).
+    std::printf("[cuda-engine] concurrency %d: forward + draft %.1f ms: submit %.1f ms, device wait %.1f ms\n", conc,
+                1e3 * (m.engine_forward_s + m.engine_draft_s), 1e3 * m.device_submit_s, 1e3 * m.device_wait_s);
+    EXPECT_GT(m.device_submit_s, 0);
+    EXPECT_GT(m.device_wait_s, 0);
   }
 }
 

@@ -127,6 +127,7 @@ TEST(EngineCoreSpec, PhaseSecondsCoverTheRunnersWork) {
                 m.engine_between_steps_s,
             wall);
   EXPECT_EQ(m.device_wait_s, -1);  // the fake runner does not measure it
+  EXPECT_EQ(m.device_submit_s, -1);
 }
 
 // A request's output does not depend on what runs around it (greedy and seeded sampling).

@@ -258,6 +258,7 @@ void CudaModel::Impl::draft_heads(int64_t B, bool want_probs) {
 Status CudaModel::draft_propose(std::span<const DraftQueryDev> requests, bool want_probs,
                                 std::vector<DraftResult>& results, bool want_logits) {
   Impl& m = *impl_;
+  const Impl::CallTimer timer(m);
   const ModelConfig& c = m.cfg;
   if (!m.w.has_draft) return invalid_argument("draft_propose: the model has no DSpark draft");
   const int64_t B = static_cast<int64_t>(requests.size());

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -341,6 +342,26 @@ struct CudaModel::Impl {
   // device-wait figure).
   void wait_stream();
   double wait_s = 0;
+  // The host's side of a step call (forward, forward_sample, sample, draft_propose): from the
+  // outermost call's entry to the start of its first wait_stream() (packing, uploads, launches),
+  // summed into submit_s (the engine's device-submit figure). A CallTimer marks the entry.
+  double submit_s = 0;
+  int call_depth = 0;
+  bool call_open = false;
+  std::chrono::steady_clock::time_point call_t0{};
+  struct CallTimer {
+    Impl& m;
+    explicit CallTimer(Impl& i) : m(i) {
+      if (m.call_depth++ > 0) return;
+      m.call_t0 = std::chrono::steady_clock::now();
+      m.call_open = true;
+    }
+    ~CallTimer() {
+      if (--m.call_depth == 0) m.call_open = false;
+    }
+    CallTimer(const CallTimer&) = delete;
+    CallTimer& operator=(const CallTimer&) = delete;
+  };
   int pad_slot = -1;            // the slot padding sequences run in (one past the engine's slots)
   int pad_block = -1;           // the pool block padding sequences write to
   StepBatch padded;             // the padded copy of a graph step

@@ -683,6 +683,7 @@ bool CudaModel::Impl::graph_step(const StepBatch& batch) {
 
 Status CudaModel::forward(const StepBatch& batch, StepOutput* host_out, bool synchronize) {
   Impl& m = *impl_;
+  const Impl::CallTimer timer(m);
   if (!m.graph_step(batch)) {
     TANDEM_RETURN_IF_ERROR(m.prepare(batch, host_out));
     m.launch();
@@ -836,10 +837,16 @@ CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
 
 double CudaModel::device_wait_seconds() const { return impl_->wait_s; }
 
+double CudaModel::device_submit_seconds() const { return impl_->submit_s; }
+
 int64_t CudaModel::graph_context_captured() const { return impl_->graph_context_captured; }
 
 void CudaModel::Impl::wait_stream() {
   const auto t0 = std::chrono::steady_clock::now();
+  if (call_open) {
+    submit_s += std::chrono::duration<double>(t0 - call_t0).count();
+    call_open = false;
+  }
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
   wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

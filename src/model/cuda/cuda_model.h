@@ -120,6 +120,9 @@ class CudaModel {
   GraphStats graph_stats() const;
   // Seconds the host has spent blocked on the device in the steps' and drafts' synchronizations.
   double device_wait_seconds() const;
+  // Seconds the host has spent inside those calls before their synchronization: packing, uploads
+  // and launches (forward, forward_sample, sample and draft_propose, from entry to the first wait).
+  double device_submit_seconds() const;
   // Captures at start-up the graphs the engine's steps replay: decode and verify steps of
   // 1, 2, 4 .. max_graph_batch sequences x 1 .. max_rollback + 1 tokens (the context buckets up to
   // CudaModelOptions::graph_context; taps when `taps`) and drafts of 1 .. max_graph_batch requests.

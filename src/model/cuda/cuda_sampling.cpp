@@ -43,6 +43,7 @@ std::span<const int64_t> CudaModel::last_logits_rows() const {
 Status CudaModel::sample(std::span<const SampleRow> rows, std::span<const int32_t> prompt_ids,
                          std::span<const int32_t> counts, std::span<const uint32_t> masks, int64_t mask_words,
                          std::span<SampleRowResult> out) {
+  const Impl::CallTimer timer(*impl_);
   Status st = impl_->check_sample_rows(rows, prompt_ids, counts, masks, mask_words, out.size());
   if (!st.ok()) {
     synchronize();  // the step this call was to finish (forward(..., synchronize = false))
@@ -166,6 +167,7 @@ Status CudaModel::forward_sample(const StepBatch& batch, std::span<const SampleR
                                  std::span<const int32_t> prompt_ids, std::span<const int32_t> counts,
                                  std::span<const uint32_t> masks, int64_t mask_words, std::span<SampleRowResult> out) {
   Impl& m = *impl_;
+  const Impl::CallTimer timer(m);
   // The graph this step replays and the rows its sampler launch draws: one per logits row of the
   // padded batch (graph_step's shape, forward's padding).
   int srows = 0, per = 0;
