@@ -831,7 +831,9 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
   return static_cast<int>(m.gstats.captures - before);
 }
 
-void CudaModel::synchronize() { TANDEM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+// Every blocking wait on the stream goes through wait_stream(), so the device-wait and device-submit
+// figures count it (forward_sample's fallback synchronizes here before sampling separately).
+void CudaModel::synchronize() { impl_->wait_stream(); }
 
 CudaModel::GraphStats CudaModel::graph_stats() const { return impl_->gstats; }
 
