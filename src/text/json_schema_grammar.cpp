@@ -108,6 +108,42 @@ class Compiler {
     return alts.size() == 1 ? alts[0] : add_anyof(alts);
   }
 
+  // A $ref that reaches itself through alternatives only ({"$ref": "#"}, {"anyOf": [{"$ref": "#"},
+  // ...]}) consumes no input on the way: the matcher would expand it forever. Recursion through an
+  // object or an array (a tree) is fine, since each level starts with '{' or '['.
+  Status check_ref_cycles() const {
+    std::vector<uint8_t> state(nodes.size(), 0);  // 0 unseen, 1 on the DFS path, 2 done
+    std::vector<std::pair<int, size_t>> path;
+    for (size_t start = 0; start < nodes.size(); ++start) {
+      if (state[start] != 0 || nodes[start].kind != Kind::kAnyOf) continue;
+      path.push_back({static_cast<int>(start), 0});
+      state[start] = 1;
+      while (!path.empty()) {
+        auto& [n, next] = path.back();
+        const Node& node = nodes[static_cast<size_t>(n)];
+        if (next == node.alts.size()) {
+          state[static_cast<size_t>(n)] = 2;
+          path.pop_back();
+          continue;
+        }
+        const int a = node.alts[next++];
+        if (nodes[static_cast<size_t>(a)].kind != Kind::kAnyOf || state[static_cast<size_t>(a)] == 2) continue;
+        if (state[static_cast<size_t>(a)] == 1) {
+          std::string name = "a $ref";
+          for (const auto& [r, slot] : refs_)
+            if (slot == a) name = "$ref '" + r + "'";
+          return invalid_argument(
+              "schema: {} refers back to itself through anyOf/oneOf only (no object or array in between), so the "
+              "grammar would expand it forever",
+              name);
+        }
+        state[static_cast<size_t>(a)] = 1;
+        path.push_back({a, 0});
+      }
+    }
+    return Status();
+  }
+
  private:
   const json& root_;
   std::map<std::string, int> refs_;
@@ -266,6 +302,7 @@ Result<std::shared_ptr<const Grammar>> compile(const json& schema, JsonWhitespac
     Compiler c(schema);
     auto root = c.compile(schema, "schema", 0);
     if (!root.ok()) return root.status();
+    TANDEM_RETURN_IF_ERROR(c.check_ref_cycles());
     auto g = std::make_shared<Grammar>();
     g->nodes_ = std::move(c.nodes);
     g->root_ = *root;

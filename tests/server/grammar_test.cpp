@@ -147,6 +147,26 @@ TEST(Grammar, RefsDefsRecursionAnyOf) {
   EXPECT_FALSE(accepts(any_object(), "[1]"));
 }
 
+// A $ref that reaches itself through alternatives only would make the matcher expand it forever
+// (it crashed the server with a stack overflow): a clear error. Recursion through an array or an
+// object, and a $ref reused in two places, stay fine.
+TEST(Grammar, RefCyclesWithoutObjectOrArrayAreErrors) {
+  for (const json& s :
+       {json{{"$ref", "#"}}, json{{"anyOf", {{{"$ref", "#"}}, {{"type", "integer"}}}}},
+        json{{"$defs", {{"a", {{"$ref", "#/$defs/b"}}}, {"b", {{"oneOf", {{{"type", "null"}}, {{"$ref", "#/$defs/a"}}}}}}}},
+             {"$ref", "#/$defs/a"}}}) {
+    auto g = compile(s);
+    ASSERT_FALSE(g.ok()) << s.dump();
+    EXPECT_NE(g.status().message().find("refers back to itself"), std::string::npos) << g.status().message();
+  }
+  auto list = must({{"anyOf", {{{"type", "integer"}}, {{"type", "array"}, {"items", {{"$ref", "#"}}}}}}});
+  EXPECT_TRUE(accepts(list, "[1,[2,[3]],[]]"));
+  auto twice = must({{"$defs", {{"n", {{"type", "integer"}}}}},
+                     {"type", "object"},
+                     {"properties", {{"a", {{"$ref", "#/$defs/n"}}}, {"b", {{"$ref", "#/$defs/n"}}}}}});
+  EXPECT_TRUE(accepts(twice, R"({"a":1,"b":2})"));
+}
+
 TEST(Grammar, UnsupportedKeywordsAreErrors) {
   for (const json& s : {json{{"type", "string"}, {"pattern", "a"}}, json{{"type", "integer"}, {"minimum", 1}},
                         json{{"allOf", json::array({json::object()})}}, json{{"$ref", "http://x"}}, json{{"$ref", "#/$defs/missing"}},
