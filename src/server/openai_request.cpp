@@ -250,6 +250,11 @@ void parse_sampling(const json& body, ParsedRequest& r) {
     if (s.repetition_penalty <= 0.0) fail("'repetition_penalty' must be > 0", "repetition_penalty");
   }
   if (present(body, "seed")) s.seed = static_cast<uint64_t>(get_int(body, "seed", INT64_MIN, INT64_MAX));
+  // Not implemented: refused rather than silently ignored (an empty map changes nothing).
+  if (present(body, "logit_bias")) {
+    if (!body["logit_bias"].is_object()) fail("'logit_bias' must be an object", "logit_bias");
+    if (!body["logit_bias"].empty()) fail("'logit_bias' is not supported", "logit_bias");
+  }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (present(body, key)) {
       s.max_tokens = static_cast<int>(get_int(body, key, 1, 1 << 30));
@@ -298,6 +303,10 @@ void parse_sampling(const json& body, ParsedRequest& r) {
 }
 
 void parse_chat(const json& body, ParsedRequest& r) {
+  // The legacy function-calling fields: ignoring them would answer without the calls asked for.
+  for (const char* key : {"functions", "function_call"})
+    if (present(body, key) && !(body[key].is_array() && body[key].empty()))
+      fail(fmt::format("'{}' is not supported: send 'tools' and 'tool_choice'", key), key);
   r.messages = parse_messages(body);
   parse_tools(body, r);
   parse_response_format(body, r);

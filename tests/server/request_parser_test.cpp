@@ -62,6 +62,29 @@ TEST(RequestParser, ToolsAndChoice) {
   EXPECT_EQ(r.error.param, "messages[0].tool_calls[0].function.arguments");
 }
 
+// Fields Tandem does not implement are refused with their param, not silently ignored; their empty
+// forms (which change nothing) pass.
+TEST(RequestParser, UnimplementedFieldsAreRefused) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  for (const auto& [field, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"("logit_bias":{"50256":-100})", "logit_bias"},
+           {R"("logit_bias":[1])", "logit_bias"},
+           {R"("functions":[{"name":"f","parameters":{}}])", "functions"},
+           {R"("function_call":"auto")", "function_call"}}) {
+    auto r = parse_openai_request(Endpoint::kChatCompletions, "{" + msgs + "," + field + "}");
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(r.error.http_status, 400) << field;
+    EXPECT_EQ(r.error.param, param) << field;
+  }
+  auto c = parse_openai_request(Endpoint::kCompletions, R"({"prompt":"a","logit_bias":{"1":5}})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error.param, "logit_bias");
+  for (const char* empty : {R"("logit_bias":{})", R"("logit_bias":null)", R"("functions":[])", R"("function_call":null)"}) {
+    auto r = parse_openai_request(Endpoint::kChatCompletions, "{" + msgs + "," + empty + "}");
+    EXPECT_TRUE(r.ok()) << empty << ": " << r.error.message;
+  }
+}
+
 TEST(RequestParser, NullsAreAbsent) {
   auto r = parse_openai_request(Endpoint::kChatCompletions,
                                 R"({"messages":[{"role":"user","content":"x"}],"temperature":null,"stop":null,"tools":null,"n":null})");
