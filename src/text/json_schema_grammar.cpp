@@ -4,6 +4,7 @@
 #include "text/json_schema_grammar.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 
@@ -16,11 +17,25 @@ using json = nlohmann::json;
 
 enum class Kind : uint8_t { kAnyOf, kObject, kArray, kString, kNumber, kInteger, kLiteral };
 
+// An object's properties, by their index in Node::props (at most kMaxProps a schema object).
+constexpr size_t kMaxProps = 256;
+struct PropSet {
+  std::array<uint64_t, kMaxProps / 64> w{};
+  bool has(size_t i) const { return w[i >> 6] >> (i & 63) & 1; }
+  void set(size_t i) { w[i >> 6] |= uint64_t{1} << (i & 63); }
+  bool covers(const PropSet& o) const {
+    for (size_t k = 0; k < w.size(); ++k)
+      if ((w[k] & o.w[k]) != o.w[k]) return false;
+    return true;
+  }
+  bool operator==(const PropSet& o) const = default;
+};
+
 struct Node {
   Kind kind = Kind::kAnyOf;
   std::vector<int> alts;                             // kAnyOf
   std::vector<std::pair<std::string, int>> props;    // kObject
-  uint64_t required_mask = 0;
+  PropSet required;
   int additional = -1;                               // -1 = no additional properties
   int items = -1;                                    // kArray (-1 never happens after compile)
   int64_t min_items = 0, max_items = -1;
@@ -252,7 +267,8 @@ class Compiler {
       n.kind = Kind::kObject;
       if (s.contains("properties")) {
         if (!s["properties"].is_object()) return invalid_argument("{}.properties must be an object", path);
-        if (s["properties"].size() > 64) return invalid_argument("{}: more than 64 properties", path);
+        if (s["properties"].size() > kMaxProps)
+          return invalid_argument("{}: more than {} properties", path, kMaxProps);
         for (auto it = s["properties"].begin(); it != s["properties"].end(); ++it) {
           for (char c : it.key())
             if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20)
@@ -267,7 +283,7 @@ class Compiler {
           if (!r.is_string()) return invalid_argument("{}.required entries must be strings", path);
           bool found = false;
           for (size_t i = 0; i < n.props.size(); ++i)
-            if (n.props[i].first == r.get<std::string>()) { n.required_mask |= uint64_t{1} << i; found = true; }
+            if (n.props[i].first == r.get<std::string>()) { n.required.set(i); found = true; }
           if (!found) return invalid_argument("{}: required property '{}' is not in properties", path, r.get<std::string>());
         }
       }
@@ -345,7 +361,7 @@ struct Frame {
   int node = -1;
   int value_node = -1;     // object: node of the property being read
   int64_t count = 0;       // string length / array items / literal position
-  uint64_t seen = 0;       // object: properties seen
+  PropSet seen;            // object: properties seen
   std::string key;         // object key so far / literal text so far
   bool operator==(const Frame& o) const {
     return type == o.type && state == o.state && ws == o.ws && esc == o.esc && cont == o.cont && node == o.node &&
@@ -590,14 +606,14 @@ class Stepper {
   bool more_keys(const Frame& f, const Node& n) const {
     if (n.additional >= 0) return true;
     for (size_t i = 0; i < n.props.size(); ++i)
-      if (!(f.seen >> i & 1)) return true;
+      if (!f.seen.has(i)) return true;
     return false;
   }
 
   void object(Stack s, unsigned char c, std::vector<Stack>& out, int depth) {
     Frame& f = s.back();
     const Node& n = g_.node(f.node);
-    bool required_done = (f.seen & n.required_mask) == n.required_mask;
+    bool required_done = f.seen.covers(n.required);
     switch (f.state) {
       case kObjOpen:
       case kObjAfterComma:
@@ -630,8 +646,8 @@ class Stepper {
           f.value_node = -1;
           for (size_t i = 0; i < n.props.size(); ++i) {
             if (n.props[i].first == f.key) {
-              if (f.seen >> i & 1) return;  // duplicate
-              f.seen |= uint64_t{1} << i;
+              if (f.seen.has(i)) return;  // duplicate
+              f.seen.set(i);
               f.value_node = n.props[i].second;
             }
           }
@@ -647,7 +663,7 @@ class Stepper {
         std::string next = f.key + static_cast<char>(c);
         bool ok = n.additional >= 0;
         for (size_t i = 0; i < n.props.size() && !ok; ++i)
-          ok = !(f.seen >> i & 1) && n.props[i].first.compare(0, next.size(), next) == 0;
+          ok = !f.seen.has(i) && n.props[i].first.compare(0, next.size(), next) == 0;
         if (!ok || next.size() > kMaxKeyBytes) return;
         f.key = std::move(next);
         break;

@@ -167,6 +167,35 @@ TEST(Grammar, RefCyclesWithoutObjectOrArrayAreErrors) {
   EXPECT_TRUE(accepts(twice, R"({"a":1,"b":2})"));
 }
 
+// Objects of up to 256 properties (required, duplicates, order), past the 64 of one machine word.
+TEST(Grammar, ObjectsOfManyProperties) {
+  json props = json::object();
+  json required = json::array();
+  for (int i = 0; i < 200; ++i) {
+    props["p" + std::to_string(i)] = {{"type", "integer"}};
+    required.push_back("p" + std::to_string(i));
+  }
+  auto g = must({{"type", "object"}, {"properties", props}, {"required", required}, {"additionalProperties", false}});
+  auto object_text = [](int skip, int dup) {
+    std::string t = "{";
+    for (int i = 199; i >= 0; --i) {  // another order than the schema's
+      if (i == skip) continue;
+      if (t.size() > 1) t += ",";
+      t += "\"p" + std::to_string(i) + "\":" + std::to_string(i);
+      if (i == dup) t += ",\"p" + std::to_string(i) + "\":0";
+    }
+    return t + "}";
+  };
+  EXPECT_TRUE(accepts(g, object_text(-1, -1)));
+  EXPECT_FALSE(accepts(g, object_text(150, -1)));  // a required property past the first 64 missing
+  EXPECT_FALSE(accepts(g, object_text(-1, 130)));  // a duplicate past the first 64
+  json too_many = json::object();
+  for (int i = 0; i < 257; ++i) too_many["q" + std::to_string(i)] = {{"type", "null"}};
+  auto e = compile(json{{"type", "object"}, {"properties", too_many}});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("more than 256 properties"), std::string::npos) << e.status().message();
+}
+
 TEST(Grammar, UnsupportedKeywordsAreErrors) {
   for (const json& s : {json{{"type", "string"}, {"pattern", "a"}}, json{{"type", "integer"}, {"minimum", 1}},
                         json{{"allOf", json::array({json::object()})}}, json{{"$ref", "http://x"}}, json{{"$ref", "#/$defs/missing"}},
