@@ -329,6 +329,53 @@ Result<std::shared_ptr<const Grammar>> compile(const json& schema, JsonWhitespac
   }
 }
 
+namespace {
+// `s` with every $ref rewritten into `scope`'s names (see embed_schema); values are not schemas.
+json scope_refs(const json& s, const std::string& scope) {
+  if (s.is_array()) {
+    json out = json::array();
+    for (const auto& x : s) out.push_back(scope_refs(x, scope));
+    return out;
+  }
+  if (!s.is_object()) return s;
+  json out = json::object();
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "const" || k == "enum" || k == "default" || k == "examples") {
+      out[k] = it.value();
+    } else if (k == "$ref" && it.value().is_string()) {
+      const std::string r = it.value().get<std::string>();
+      if (r == "#") out[k] = "#/$defs/" + scope;
+      else if (r.rfind("#/$defs/", 0) == 0) out[k] = "#/$defs/" + scope + "/$defs/" + r.substr(8);
+      else if (r.rfind("#/definitions/", 0) == 0) out[k] = "#/$defs/" + scope + "/definitions/" + r.substr(14);
+      else out[k] = r;  // unsupported: the compiler names it
+    } else if (k == "properties" && it.value().is_object()) {
+      json props = json::object();  // property names are names, not keywords
+      for (auto p = it.value().begin(); p != it.value().end(); ++p) props[p.key()] = scope_refs(p.value(), scope);
+      out[k] = props;
+    } else {
+      out[k] = scope_refs(it.value(), scope);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+json embed_schema(const json& schema, const std::string& scope, json& defs) {
+  if (!defs.is_object()) defs = json::object();
+  json root = schema;
+  if (schema.is_object()) {
+    for (const char* where : {"$defs", "definitions"}) {
+      if (!schema.contains(where) || !schema[where].is_object()) continue;
+      for (auto it = schema[where].begin(); it != schema[where].end(); ++it)
+        defs[scope + "/" + where + "/" + it.key()] = scope_refs(it.value(), scope);
+      root.erase(where);
+    }
+  }
+  defs[scope] = scope_refs(root, scope);
+  return json{{"$ref", "#/$defs/" + scope}};
+}
+
 std::shared_ptr<const Grammar> any_object(JsonWhitespace ws) {
   auto make = [](JsonWhitespace w) {
     auto r = compile(json{{"type", "object"}}, w);

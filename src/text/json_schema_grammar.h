@@ -64,6 +64,13 @@ Result<std::shared_ptr<const Grammar>> compile(const nlohmann::json& schema,
 // response_format json_object: any JSON object.
 std::shared_ptr<const Grammar> any_object(JsonWhitespace ws = JsonWhitespace::kFormatted);
 
+// A schema to embed inside a larger one (tool_choice "required" wraps every tool's parameters in one
+// schema) whose $refs still mean what they meant in `schema` alone: its "#", "#/$defs/NAME" and
+// "#/definitions/NAME" targets are moved into `defs` (the outer schema's "$defs") under names that
+// begin with `scope` and its refs rewritten to them. Returns {"$ref": "#/$defs/<scope>"}. Values
+// (const, enum, default, examples) are copied as they are.
+nlohmann::json embed_schema(const nlohmann::json& schema, const std::string& scope, nlohmann::json& defs);
+
 // Character-level matcher: the set of live parser stacks after the bytes fed so far.
 class Matcher {
  public:

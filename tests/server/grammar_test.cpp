@@ -196,6 +196,25 @@ TEST(Grammar, ObjectsOfManyProperties) {
   EXPECT_NE(e.status().message().find("more than 256 properties"), std::string::npos) << e.status().message();
 }
 
+// embed_schema: a schema's refs keep their targets when it is placed inside another one, and two
+// embedded schemas' definitions of the same name stay apart.
+TEST(Grammar, EmbeddedSchemasKeepTheirRefs) {
+  const json a = {{"$defs", {{"N", {{"type", "integer"}}}}}, {"type", "array"}, {"items", {{"$ref", "#/$defs/N"}}}};
+  const json b = {{"definitions", {{"N", {{"type", "string"}}}}},
+                  {"anyOf", {{{"$ref", "#/definitions/N"}}, {{"type", "array"}, {"items", {{"$ref", "#"}}}}}},
+                  {"description", "a $ref in an annotation: {\"$ref\": \"#\"}"}};
+  json defs = json::object();
+  const json ea = embed_schema(a, "t0", defs), eb = embed_schema(b, "t1", defs);
+  auto g = must({{"type", "object"},
+                 {"properties", {{"a", ea}, {"b", eb}, {"c", {{"const", {{"$ref", "#"}}}}}}},
+                 {"required", {"a", "b"}},
+                 {"$defs", defs}});
+  EXPECT_TRUE(accepts(g, R"({"a":[1,2],"b":["x",["y",[]]]})"));
+  EXPECT_FALSE(accepts(g, R"({"a":["x"],"b":"y"})"));  // a's N is an integer
+  EXPECT_FALSE(accepts(g, R"({"a":[1],"b":1})"));      // b's N is a string
+  EXPECT_TRUE(accepts(g, R"({"a":[],"b":"z","c":{"$ref":"#"}})"));  // a const value is not rewritten
+}
+
 TEST(Grammar, UnsupportedKeywordsAreErrors) {
   for (const json& s : {json{{"type", "string"}, {"pattern", "a"}}, json{{"type", "integer"}, {"minimum", 1}},
                         json{{"allOf", json::array({json::object()})}}, json{{"$ref", "http://x"}}, json{{"$ref", "#/$defs/missing"}},

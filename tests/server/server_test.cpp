@@ -345,6 +345,53 @@ TEST(Server, ForcedToolChoiceIsGrammarConstrained) {
   }
 }
 
+// tool_choice "required" wraps every tool's parameters in one schema; a tool's own $refs (pydantic
+// writes "$defs" and "#/$defs/NAME"; "#" is its parameters' root) still resolve inside it, the same
+// as with the tool named.
+TEST(Server, RequiredToolChoiceKeepsEachToolsRefs) {
+  ServerHarness h;
+  auto c = h.client();
+  const json item = {{"type", "object"},
+                     {"properties", {{"sku", {{"type", "string"}}}, {"qty", {{"type", "integer"}}}}},
+                     {"required", {"sku", "qty"}},
+                     {"additionalProperties", false}};
+  const json order = {{"$defs", {{"Item", item}}},
+                      {"type", "object"},
+                      {"properties", {{"items", {{"type", "array"}, {"items", {{"$ref", "#/$defs/Item"}}}, {"maxItems", 2}}}}},
+                      {"required", {"items"}},
+                      {"additionalProperties", false}};
+  // A second tool with its own "Item" (another shape) and a recursive "#".
+  const json tree = {{"definitions", {{"Item", {{"type", "integer"}}}}},
+                     {"type", "object"},
+                     {"properties", {{"v", {{"$ref", "#/definitions/Item"}}}, {"kids", {{"type", "array"}, {"items", {{"$ref", "#"}}}, {"maxItems", 1}}}}},
+                     {"required", {"v"}},
+                     {"additionalProperties", false}};
+  json tools = json::array({{{"type", "function"}, {"function", {{"name", "order"}, {"parameters", order}}}},
+                            {{"type", "function"}, {"function", {{"name", "tree"}, {"parameters", tree}}}}});
+  for (int seed = 0; seed < 4; ++seed) {
+    json body = chat("anything");
+    body["tools"] = tools;
+    body["tool_choice"] = "required";
+    body["seed"] = seed;
+    int status = 0;
+    auto j = post_json(c, "/v1/chat/completions", body, &status);
+    ASSERT_EQ(status, 200) << j.dump();
+    const auto& tcs = j["choices"][0]["message"]["tool_calls"];
+    ASSERT_GE(tcs.size(), 1u) << j.dump();
+    for (const auto& tc : tcs) {
+      auto args = json::parse(tc["function"]["arguments"].get<std::string>(), nullptr, false);
+      ASSERT_TRUE(args.is_object()) << tc.dump();
+      if (tc["function"]["name"] == "order") {
+        ASSERT_TRUE(args["items"].is_array()) << args.dump();
+        for (const auto& it : args["items"]) EXPECT_TRUE(it["sku"].is_string() && it["qty"].is_number_integer()) << args.dump();
+      } else {
+        EXPECT_EQ(tc["function"]["name"], "tree");
+        EXPECT_TRUE(args["v"].is_number_integer()) << args.dump();
+      }
+    }
+  }
+}
+
 TEST(Server, JsonSchemaResponseFormat) {
   ServerHarness h;
   auto c = h.client();
