@@ -123,39 +123,40 @@ class Compiler {
     return alts.size() == 1 ? alts[0] : add_anyof(alts);
   }
 
-  // A $ref that reaches itself through alternatives only ({"$ref": "#"}, {"anyOf": [{"$ref": "#"},
-  // ...]}) consumes no input on the way: the matcher would expand it forever. Recursion through an
-  // object or an array (a tree) is fine, since each level starts with '{' or '['.
-  Status check_ref_cycles() const {
-    std::vector<uint8_t> state(nodes.size(), 0);  // 0 unseen, 1 on the DFS path, 2 done
-    std::vector<std::pair<int, size_t>> path;
+  // Every alternative node lists the value nodes (object, array, string, number, literal) reachable
+  // from it through alternatives alone, in first-reached order, each once. The matcher then never
+  // expands an alternative into another, so refs that reach each other through anyOf/oneOf alone
+  // ({"$defs": {"A": {"anyOf": [int, {"$ref": B}]}, "B": {"anyOf": [string, {"$ref": A}]}}}) match
+  // what they mean instead of expanding forever (recursion through an object or an array consumes
+  // a '{' or '[' first). One that reaches no value node at all ({"$ref": "#"}) matches nothing.
+  Status flatten_alternatives() {
+    std::vector<std::vector<int>> flat(nodes.size());
+    std::vector<int> seen(nodes.size(), -1), todo;
     for (size_t start = 0; start < nodes.size(); ++start) {
-      if (state[start] != 0 || nodes[start].kind != Kind::kAnyOf) continue;
-      path.push_back({static_cast<int>(start), 0});
-      state[start] = 1;
-      while (!path.empty()) {
-        auto& [n, next] = path.back();
-        const Node& node = nodes[static_cast<size_t>(n)];
-        if (next == node.alts.size()) {
-          state[static_cast<size_t>(n)] = 2;
-          path.pop_back();
-          continue;
-        }
-        const int a = node.alts[next++];
-        if (nodes[static_cast<size_t>(a)].kind != Kind::kAnyOf || state[static_cast<size_t>(a)] == 2) continue;
-        if (state[static_cast<size_t>(a)] == 1) {
-          std::string name = "a $ref";
-          for (const auto& [r, slot] : refs_)
-            if (slot == a) name = "$ref '" + r + "'";
-          return invalid_argument(
-              "schema: {} refers back to itself through anyOf/oneOf only (no object or array in between), so the "
-              "grammar would expand it forever",
-              name);
-        }
-        state[static_cast<size_t>(a)] = 1;
-        path.push_back({a, 0});
+      if (nodes[start].kind != Kind::kAnyOf) continue;
+      todo.assign(nodes[start].alts.rbegin(), nodes[start].alts.rend());
+      seen[start] = static_cast<int>(start);
+      while (!todo.empty()) {
+        const int a = todo.back();
+        todo.pop_back();
+        if (seen[static_cast<size_t>(a)] == static_cast<int>(start)) continue;
+        seen[static_cast<size_t>(a)] = static_cast<int>(start);
+        const Node& n = nodes[static_cast<size_t>(a)];
+        if (n.kind != Kind::kAnyOf) flat[start].push_back(a);
+        else todo.insert(todo.end(), n.alts.rbegin(), n.alts.rend());
+      }
+      if (flat[start].empty()) {
+        std::string name = "an anyOf/oneOf";
+        for (const auto& [r, slot] : refs_)
+          if (slot == static_cast<int>(start)) name = "$ref '" + r + "'";
+        return invalid_argument(
+            "schema: {} refers only back to itself (through anyOf/oneOf, no object or array in between), so it "
+            "matches no value",
+            name);
       }
     }
+    for (size_t k = 0; k < nodes.size(); ++k)
+      if (nodes[k].kind == Kind::kAnyOf) nodes[k].alts = std::move(flat[k]);
     return Status();
   }
 
@@ -318,7 +319,7 @@ Result<std::shared_ptr<const Grammar>> compile(const json& schema, JsonWhitespac
     Compiler c(schema);
     auto root = c.compile(schema, "schema", 0);
     if (!root.ok()) return root.status();
-    TANDEM_RETURN_IF_ERROR(c.check_ref_cycles());
+    TANDEM_RETURN_IF_ERROR(c.flatten_alternatives());
     auto g = std::make_shared<Grammar>();
     g->nodes_ = std::move(c.nodes);
     g->root_ = *root;
