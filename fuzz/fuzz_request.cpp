@@ -31,8 +31,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TANDEM_CHECK(p.sampling.temperature >= 0.0 && p.sampling.temperature <= 2.0);
   TANDEM_CHECK(p.sampling.logprobs >= -1 && p.sampling.logprobs <= 20);
   if (ep == Endpoint::kChatCompletions) TANDEM_CHECK(!p.messages.empty());
-  if (p.response_format == ResponseFormat::kJsonSchema) {
-    auto g = tandem::json_grammar::compile(p.json_schema);
+  if (p.response_format == ResponseFormat::kJsonSchema || p.tool_choice == ToolChoice::kRequired) {
+    auto g = tandem::json_grammar::compile(p.response_format == ResponseFormat::kJsonSchema
+                                               ? p.json_schema
+                                               : required_tool_calls_schema(p));
     if (g.ok()) {
       tandem::json_grammar::Matcher m(*g);
       (void)m.advance(body.substr(0, 256));

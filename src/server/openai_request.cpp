@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cctype>
 
+#include "text/json_schema_grammar.h"
+
 namespace tandem::server {
 namespace {
 
@@ -378,6 +380,21 @@ void parse_completion(const json& body, ParsedRequest& r) {
 }
 
 }  // namespace
+
+json required_tool_calls_schema(const ParsedRequest& r) {
+  json alts = json::array(), defs = json::object();
+  for (size_t i = 0; i < r.tools.size(); ++i) {
+    const json& t = r.tools[i];
+    const json params = json_grammar::embed_schema(t["function"]["parameters"], "tool" + std::to_string(i), defs);
+    alts.push_back({{"type", "object"},
+                    {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"parameters", params}}},
+                    {"required", {"name", "parameters"}},
+                    {"additionalProperties", false}});
+  }
+  json schema = {{"type", "array"}, {"items", {{"anyOf", alts}}}, {"minItems", 1}, {"$defs", defs}};
+  if (!r.parallel_tool_calls) schema["maxItems"] = 1;
+  return schema;
+}
 
 ParseOutcome parse_openai_request(Endpoint endpoint, std::string_view body_text) {
   ParseOutcome out;

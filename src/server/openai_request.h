@@ -69,4 +69,9 @@ struct ParseOutcome {
 // Never throws, never aborts, for any byte string.
 ParseOutcome parse_openai_request(Endpoint endpoint, std::string_view body);
 
+// tool_choice "required": the schema the output is constrained to, a JSON array of {"name",
+// "parameters"} items, one of the tools each (at most one item without parallel_tool_calls); each
+// tool's parameters keep their own $refs (json_grammar::embed_schema).
+nlohmann::json required_tool_calls_schema(const ParsedRequest& r);
+
 }  // namespace tandem::server

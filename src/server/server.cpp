@@ -540,19 +540,7 @@ struct HttpServer::Impl {
       mode = OutputMode::kNamedTool;
       forced_name = r.tool_choice_name;
     } else if (mode == OutputMode::kChat && r.tool_choice == ToolChoice::kRequired) {
-      // Each tool's parameters keep their own $refs ("#", "#/$defs/..." as pydantic writes them):
-      // embedded under the wrapper's $defs, scoped by the tool's index.
-      json alts = json::array(), defs = json::object();
-      for (size_t i = 0; i < r.tools.size(); ++i) {
-        const json& t = r.tools[i];
-        const json params = json_grammar::embed_schema(t["function"]["parameters"], "tool" + std::to_string(i), defs);
-        alts.push_back({{"type", "object"},
-                        {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"parameters", params}}},
-                        {"required", {"name", "parameters"}},
-                        {"additionalProperties", false}});
-      }
-      json schema = {{"type", "array"}, {"items", {{"anyOf", alts}}}, {"minItems", 1}, {"$defs", defs}};
-      if (!r.parallel_tool_calls) schema["maxItems"] = 1;
+      const json schema = required_tool_calls_schema(r);
       auto g = json_grammar::compile(schema, s.config_.json_whitespace);
       if (!g.ok()) return bad_request("invalid tool parameters schema: " + g.status().message(), "tools");
       grammar = *g;
