@@ -129,9 +129,13 @@ class Compiler {
   // ({"$defs": {"A": {"anyOf": [int, {"$ref": B}]}, "B": {"anyOf": [string, {"$ref": A}]}}}) match
   // what they mean instead of expanding forever (recursion through an object or an array consumes
   // a '{' or '[' first). One that reaches no value node at all ({"$ref": "#"}) matches nothing.
+  // Every node a flattening visits counts against kMaxFlattenSteps: distinct unions that each reach
+  // one large shared union cost their product, which a 32 MB body can make billions.
+  static constexpr int64_t kMaxFlattenSteps = int64_t{1} << 22;
   Status flatten_alternatives() {
     std::vector<std::vector<int>> flat(nodes.size());
     std::vector<int> seen(nodes.size(), -1), todo;
+    int64_t steps = 0;
     for (size_t start = 0; start < nodes.size(); ++start) {
       if (nodes[start].kind != Kind::kAnyOf) continue;
       todo.assign(nodes[start].alts.rbegin(), nodes[start].alts.rend());
@@ -141,6 +145,9 @@ class Compiler {
         todo.pop_back();
         if (seen[static_cast<size_t>(a)] == static_cast<int>(start)) continue;
         seen[static_cast<size_t>(a)] = static_cast<int>(start);
+        if (++steps > kMaxFlattenSteps)
+          return invalid_argument("schema: its anyOf/oneOf alternatives expand to more than {} (too large)",
+                                  kMaxFlattenSteps);
         const Node& n = nodes[static_cast<size_t>(a)];
         if (n.kind != Kind::kAnyOf) flat[start].push_back(a);
         else todo.insert(todo.end(), n.alts.rbegin(), n.alts.rend());
