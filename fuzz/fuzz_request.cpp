@@ -27,7 +27,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const ParsedRequest& p = *r.request;
   TANDEM_CHECK(p.n >= 1 && p.n <= 16);
-  TANDEM_CHECK(p.sampling.max_tokens >= 1);
+  // max_tokens 0 only scores the prompt (echo / prompt_logprobs), which the engine then requires.
+  TANDEM_CHECK(p.sampling.max_tokens >= 1 || (p.sampling.max_tokens == 0 && p.sampling.prompt_logprobs >= 0));
+  TANDEM_CHECK(p.sampling.prompt_logprobs >= -1 && p.sampling.prompt_logprobs <= 20);
+  TANDEM_CHECK(p.prompt_logprobs < 0 || !p.stream);
   TANDEM_CHECK(p.sampling.temperature >= 0.0 && p.sampling.temperature <= 2.0);
   TANDEM_CHECK(p.sampling.logprobs >= -1 && p.sampling.logprobs <= 20);
   if (ep == Endpoint::kChatCompletions) TANDEM_CHECK(!p.messages.empty());

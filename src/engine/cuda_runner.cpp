@@ -183,6 +183,7 @@ class CudaRunner : public SlotRunner<CudaModel> {
   int64_t device_free_bytes() const override { return model_ ? free_device_memory() : -1; }
   double device_wait_seconds() const override { return model_ ? model_->device_wait_seconds() : -1; }
   double device_submit_seconds() const override { return model_ ? model_->device_submit_seconds() : -1; }
+  int64_t max_sample_rows() const override { return model_ ? model_->max_logits_rows() : INT64_MAX; }
 
   // The step runs on the device and its rows are sampled there: logits, taps and draft
   // distributions stay on the GPU; token ids and logprobs come back. A decode or verify step's

@@ -104,11 +104,15 @@ struct SamplingParams {
   double frequency_penalty = 0.0;
   double repetition_penalty = 1.0;
   std::optional<uint64_t> seed;
-  int max_tokens = 256;
+  int max_tokens = 256;               // >= 1; 0 only with prompt_logprobs (score the prompt only)
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;      // stop strings (not included in the output)
   int logprobs = -1;                  // -1 = off; otherwise number of top alternatives (0..20)
+  // -1 = off; n (0..20): the log-probability and rank of every prompt token after the first, with
+  // its top n alternatives (RequestEvent::prompt_logprobs). Such a request prefills its whole
+  // prompt (no prefix-cache hit: cached positions have no logits).
+  int prompt_logprobs = -1;
 };
 
 struct Request {
@@ -129,6 +133,7 @@ struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top;  // top-n alternatives
+  int32_t rank = 0;  // prompt log-probabilities: the token's rank (1 = the most likely); 0 = none
 };
 
 struct Usage {
@@ -145,6 +150,9 @@ struct RequestEvent {
   std::vector<int32_t> tokens;        // new tokens this step (already stop-trimmed)
   std::string text;                   // UTF-8-safe text delta for those tokens
   std::vector<TokenLogprob> logprobs; // one per token when requested
+  // SamplingParams::prompt_logprobs: prompt tokens 1 .. n-1 (the first has no context), on the
+  // request's first event (with its first token, or its final event when max_tokens is 0).
+  std::vector<TokenLogprob> prompt_logprobs;
   FinishReason finish = FinishReason::kNone;  // != kNone on the last event
   std::string error;                  // when finish == kError
   Usage usage;                        // filled on the last event

@@ -46,7 +46,14 @@ struct EngineCore::Seq {
   Clock::time_point deadline = Clock::time_point::max();  // Request::timeout_s after arrival
   bool got_first = false;
   Clock::time_point prefill_start, prefill_logged;  // long prefills only
+  // SamplingParams::prompt_logprobs: collected chunk by chunk while the prompt prefills (dropped
+  // by a preemption before it is complete), handed out with the request's first event.
+  std::vector<TokenLogprob> prompt_lp;
+  bool prompt_scored = false;   // every prompt token has its entry
+  int score_rows = 0;           // this step's score rows (the first of the sequence's sample rows)
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+  // The prompt's rows are still to be scored: each prefill token samples a row, no prefix hit.
+  bool scoring() const { return sp.prompt_logprobs >= 0 && !prompt_scored; }
 };
 
 namespace {
@@ -405,7 +412,11 @@ Status EngineCore::validate(const Request& r) const {
     return invalid_argument("frequency_penalty {} must be in [-2, 2]", sp.frequency_penalty);
   if (!(sp.repetition_penalty > 0 && std::isfinite(sp.repetition_penalty)))
     return invalid_argument("repetition_penalty {} must be > 0", sp.repetition_penalty);
-  if (sp.max_tokens < 1) return invalid_argument("max_tokens {} must be >= 1", sp.max_tokens);
+  if (sp.prompt_logprobs < -1 || sp.prompt_logprobs > kMaxTopLogprobs)
+    return invalid_argument("prompt_logprobs {} must be in [0, {}]", sp.prompt_logprobs, kMaxTopLogprobs);
+  if (sp.max_tokens < (sp.prompt_logprobs >= 0 ? 0 : 1))
+    return invalid_argument("max_tokens {} must be >= 1 (0 only when the prompt's log-probabilities are asked for)",
+                            sp.max_tokens);
   if (sp.logprobs < -1 || sp.logprobs > 20) return invalid_argument("logprobs {} must be in [0, 20]", sp.logprobs);
   for (int32_t t : sp.stop_token_ids)
     if (t < 0 || t >= info_.vocab_size)
@@ -506,6 +517,17 @@ int64_t EngineCore::prefill_chunk(const Seq& s, int64_t budget) const {
   return n;
 }
 
+int64_t EngineCore::fit_sample_rows(const Seq& s, int64_t n) const {
+  if (s.scoring()) return std::min(n, sample_budget_);
+  const bool last = s.num_computed + n == static_cast<int64_t>(s.tokens.size());
+  return last && sample_budget_ < 1 ? n - 1 : n;
+}
+
+int64_t EngineCore::chunk_sample_rows(const Seq& s, int64_t n) const {
+  if (s.scoring()) return n;
+  return s.num_computed + n == static_cast<int64_t>(s.tokens.size()) ? 1 : 0;
+}
+
 void EngineCore::release(Seq& s) {
   kv_->release(s.block_table);
   s.block_hashes.clear();
@@ -526,6 +548,7 @@ void EngineCore::preempt(Seq& s) {
   TLOG_DEBUG("engine", "preempting {} at {} computed tokens", s.id, s.num_computed);
   release(s);
   s.num_computed = 0;
+  if (s.scoring()) s.prompt_lp.clear();  // its prompt is scored again from the start
   s.running = false;
   s.scheduled = 0;
   running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
@@ -545,7 +568,8 @@ EngineCore::Admit EngineCore::try_admit(Seq& s, int64_t& budget, bool contended,
   std::vector<int32_t> hit_blocks;
   std::vector<uint64_t> hit_hashes;
   int max_blocks = static_cast<int>((static_cast<int64_t>(s.tokens.size()) - 1) / bs);
-  kv_->find_cached_prefix(s.tokens, max_blocks, hit_blocks, hit_hashes);
+  const bool lookup = !s.scoring();  // cached positions have no logits to score
+  if (lookup) kv_->find_cached_prefix(s.tokens, max_blocks, hit_blocks, hit_hashes);
   const int64_t hit = static_cast<int64_t>(hit_blocks.size()) * bs;
   // A long prompt waits while max_num_partial_prefills long ones prefill (short ones go ahead),
   // and under contention prefills at most the threshold per step.
@@ -553,7 +577,11 @@ EngineCore::Admit EngineCore::try_admit(Seq& s, int64_t& budget, bool contended,
   const bool is_long = static_cast<int64_t>(s.tokens.size()) - hit > threshold;
   if (is_long && long_prefills >= config_.max_num_partial_prefills) return Admit::kSkipped;
   s.num_computed = hit;
-  int64_t n = prefill_chunk(s, contended && is_long ? std::min(budget, threshold) : budget);
+  int64_t n = fit_sample_rows(s, prefill_chunk(s, contended && is_long ? std::min(budget, threshold) : budget));
+  if (n <= 0) {  // the step's sampled rows are spent: the next step
+    s.num_computed = 0;
+    return Admit::kSkipped;
+  }
   kv_->acquire(hit_blocks);
   s.block_table = hit_blocks;
   if (!ensure_blocks(s, hit + n)) {
@@ -579,7 +607,7 @@ EngineCore::Admit EngineCore::try_admit(Seq& s, int64_t& budget, bool contended,
   auto pos = std::lower_bound(running_.begin(), running_.end(), &s,
                               [](const Seq* a, const Seq* b) { return a->order < b->order; });
   running_.insert(pos, &s);
-  if (kv_->prefix_caching()) {
+  if (kv_->prefix_caching() && lookup) {
     m_.prefix_cache_queries_total += static_cast<int64_t>(s.tokens.size());
     m_.prefix_cache_hits_total += hit;
   }
@@ -591,6 +619,7 @@ EngineCore::Admit EngineCore::try_admit(Seq& s, int64_t& budget, bool contended,
   s.num_verify = 0;
   s.scheduled = n;
   budget -= n;
+  sample_budget_ -= chunk_sample_rows(s, n);
   scheduled_.push_back(&s);
   return Admit::kAdmitted;
 }
@@ -619,6 +648,7 @@ Status EngineCore::step() {
   if (!has_work()) return Status();
   if (spec_enabled()) plan_verify();
   int64_t budget = config_.max_num_batched_tokens;
+  sample_budget_ = runner_->max_sample_rows();
   scheduled_.clear();
   for (Seq* s : running_) s->scheduled = 0;
 
@@ -636,15 +666,18 @@ Status EngineCore::step() {
       if (!s->running || s->scheduled > 0) continue;
       bool decode = s->num_computed + 1 == static_cast<int64_t>(s->tokens.size());
       if ((pass == 0) != decode) continue;
-      int64_t n;
+      int64_t n, rows;
       if (decode) {
-        s->num_verify = static_cast<int>(std::min<int64_t>(s->num_verify, budget - 1));
-        n = 1 + s->num_verify;
+        if (sample_budget_ < 1) continue;
+        s->num_verify = static_cast<int>(std::min<int64_t>({s->num_verify, budget - 1, sample_budget_ - 1}));
+        n = rows = 1 + s->num_verify;
       } else {
         s->num_verify = 0;
         const bool is_long = static_cast<int64_t>(s->tokens.size()) - s->num_computed > threshold;
         if (is_long && long_prefills >= config_.max_num_partial_prefills) continue;
-        n = prefill_chunk(*s, contended && is_long ? std::min(budget, threshold) : budget);
+        n = fit_sample_rows(*s, prefill_chunk(*s, contended && is_long ? std::min(budget, threshold) : budget));
+        if (n <= 0) continue;
+        rows = chunk_sample_rows(*s, n);
         if (is_long) ++long_prefills;
       }
       bool fits = true;
@@ -667,6 +700,7 @@ Status EngineCore::step() {
       }
       s->scheduled = n;
       budget -= n;
+      sample_budget_ -= rows;
       scheduled_.push_back(s);
     }
   }
@@ -702,7 +736,24 @@ Status EngineCore::step() {
       s->fresh = false;
       s->restore = -1;
       s->sample_begin = -1;
-      if (s->num_computed + s->scheduled - s->num_verify == static_cast<int64_t>(s->tokens.size())) {  // not a chunk
+      s->score_rows = 0;
+      if (s->scoring()) {
+        // Every row samples: the row of prompt token p scores token p + 1; the prompt's last row
+        // draws the first output token (or, with max_tokens 0, is a placeholder score row).
+        r.sample_rows = static_cast<int>(s->scheduled);
+        r.sample_begin = s->sample_begin = static_cast<int>(samples_.rows.size());
+        for (int64_t p = s->num_computed; p < s->num_computed + s->scheduled; ++p) {
+          if (p + 1 < s->prompt_len) {
+            SampleRowsBuilder::append_score(s->tokens[p + 1], s->sp.prompt_logprobs, p + 1, samples_);
+            ++s->score_rows;
+          } else if (s->sp.max_tokens == 0) {
+            SampleRowsBuilder::append_score(s->tokens[p], 0, p, samples_);
+          } else {
+            rows_builder_.append(s->sp, s->pen, s->constraint.get(), s->seed, static_cast<int64_t>(s->tokens.size()),
+                                 {}, false, samples_);
+          }
+        }
+      } else if (s->num_computed + s->scheduled - s->num_verify == static_cast<int64_t>(s->tokens.size())) {  // not a chunk
         r.sample_rows = 1 + s->num_verify;
         r.sample_begin = s->sample_begin = static_cast<int>(samples_.rows.size());
         rows_builder_.append(s->sp, s->pen, s->constraint.get(), s->seed, static_cast<int64_t>(s->tokens.size()),
@@ -804,6 +855,29 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
   const bool taps = spec_enabled();
 
   if (s.prompt_len >= kLongPrefillTokens && old < s.prompt_len) log_long_prefill(s, old);
+  if (s.scoring() && s.sample_begin >= 0) {
+    const SampleRowResult* res = out.samples.data() + s.sample_begin;
+    for (int i = 0; i < s.score_rows; ++i) {
+      TokenLogprob& lp = s.prompt_lp.emplace_back();
+      lp.token = res[i].token;
+      lp.logprob = res[i].token_logprob;
+      lp.rank = res[i].token_rank;
+      for (int k = 0; k < res[i].num_top; ++k) lp.top.emplace_back(res[i].top_ids[k], res[i].top_logprobs[k]);
+    }
+    if (s.num_computed < s.prompt_len) {  // more of the prompt to come
+      commits_.push_back({s.slot, static_cast<int>(index), s.num_computed, taps ? n : 0, cache_blocks(s)});
+      return;
+    }
+    s.prompt_scored = true;
+    if (s.sp.max_tokens == 0) {  // the prompt scored, nothing to generate
+      RequestEvent ev;
+      ev.prompt_logprobs = std::move(s.prompt_lp);
+      commits_.push_back({s.slot, static_cast<int>(index), s.num_computed, 0, -1});
+      finish(s, FinishReason::kLength, "", &ev);
+      return;
+    }
+    s.sample_begin += s.score_rows;  // the first output token's row
+  }
   if (s.sample_begin < 0) {  // prefill chunk, nothing to sample
     commits_.push_back({s.slot, static_cast<int>(index), s.num_computed, taps ? n : 0, cache_blocks(s)});
     return;
@@ -814,6 +888,7 @@ void EngineCore::process_output(Seq& s, const RunnerOutput& out, size_t index, s
   const SampleRowResult* res = out.samples.data() + s.sample_begin;
   RequestEvent ev;
   ev.request_id = s.id;
+  if (s.prompt_scored && !s.got_first) ev.prompt_logprobs = std::move(s.prompt_lp);
   FinishReason fin = FinishReason::kNone;
   int accepted = 0;
   for (int j = 0; j <= ell && fin == FinishReason::kNone; ++j) {
@@ -903,7 +978,7 @@ void EngineCore::emit_and_maybe_finish(Seq& s, RequestEvent& ev, FinishReason fi
     push_sample(m_.itl_s, std::chrono::duration<double>(now - s.last_event).count());
   }
   s.last_event = now;
-  if (ev.tokens.empty() && ev.text.empty() && finish_reason == FinishReason::kNone) return;
+  if (ev.tokens.empty() && ev.text.empty() && ev.prompt_logprobs.empty() && finish_reason == FinishReason::kNone) return;
   if (s.cb) s.cb(ev);
 }
 

@@ -99,6 +99,11 @@ class EngineCore {
   int64_t long_prefill_threshold() const;  // --long-prefill-token-threshold (0 = budget / 4)
   void expire_deadlines();  // finishes requests past their Request::timeout_s with kTimeout
   int64_t prefill_chunk(const Seq& s, int64_t budget) const;
+  // A prefill chunk of n tokens shortened to the step's sampled rows left (sample_budget_): a
+  // scoring prompt samples a row per token, a chunk that completes the tokens one (<= 0: not this
+  // step); and the rows such a chunk samples.
+  int64_t fit_sample_rows(const Seq& s, int64_t n) const;
+  int64_t chunk_sample_rows(const Seq& s, int64_t n) const;
   int verify_limit(const Seq& s) const;       // drafts it may verify next step
   int64_t pending_prefill_tokens() const;     // prompt tokens the next forward may carry
   Status profile_costs();
@@ -139,6 +144,7 @@ class EngineCore {
   Clock::time_point last_step_end_{};
   bool work_after_step_ = false;
 
+  int64_t sample_budget_ = 0;  // rows the step being scheduled may still sample (ModelRunner::max_sample_rows)
   // Per-step scratch (sized at start-up).
   std::vector<Seq*> scheduled_;
   std::vector<int32_t> step_tokens_;

@@ -187,6 +187,8 @@ Status FakeModelRunner::forward(std::span<const RunnerSeq> batch, const StepSamp
     ntok += static_cast<int64_t>(s.tokens.size());
   }
   forward_tokens_ += ntok;
+  if (rows > max_sample_rows())
+    return make_error(StatusCode::kInternal, "fake model: {} sampled rows in a step > max {}", rows, max_sample_rows());
   if (ntok > alloc_.max_tokens_per_step)
     return make_error(StatusCode::kInternal, "fake model: {} tokens in a step > max {}", ntok,
                       alloc_.max_tokens_per_step);

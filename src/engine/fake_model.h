@@ -27,6 +27,7 @@ struct FakeModelConfig {
   std::vector<std::string> kv_dtypes = {"bf16", "fp8"};  // nvfp4 unsupported on purpose
   // Simulated cost (busy-wait): fixed per forward + per token, fixed per draft call + per request.
   double forward_fixed_us = 0, forward_per_token_us = 0, draft_fixed_us = 0, draft_per_seq_us = 0;
+  int64_t max_sample_rows = 0;  // ModelRunner::max_sample_rows (0 = no limit); forward refuses more
 };
 
 // Tiny tokenizer for the fake vocab (no merges; encode is longest-match over the token strings).
@@ -62,6 +63,9 @@ class FakeModelRunner : public ModelRunner {
   Status commit(std::span<const SlotCommit> commits) override;
   bool has_draft() const override { return config_.has_draft; }
   int num_draft_tokens() const override { return config_.num_draft_tokens; }
+  int64_t max_sample_rows() const override {
+    return config_.max_sample_rows > 0 ? config_.max_sample_rows : ModelRunner::max_sample_rows();
+  }
   Status draft_propose(std::span<const DraftQuery> reqs, std::vector<DraftProposal>& out) override;
 
   // ---- oracles for tests ----

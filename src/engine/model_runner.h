@@ -137,6 +137,11 @@ class ModelRunner {
   // before the next forward or draft_propose. Errors are internal.
   virtual Status commit(std::span<const SlotCommit> commits) = 0;
 
+  // The most rows one forward may sample, all its sequences together (each row needs its logits);
+  // the engine keeps every step within it (a prompt whose log-probabilities are asked for samples
+  // a row per token). Default: no limit.
+  virtual int64_t max_sample_rows() const { return INT64_MAX; }
+
   // ---- DSpark draft ----
   virtual bool has_draft() const = 0;
   virtual int num_draft_tokens() const = 0;  // the draft block size: the largest K it can draft

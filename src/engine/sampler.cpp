@@ -15,6 +15,14 @@ void PenaltyState::init(const SamplingParams& sp, std::span<const int32_t> promp
   }
 }
 
+void SampleRowsBuilder::append_score(int32_t token, int top_n, int64_t position, StepSamples& out) {
+  SampleRow& r = out.rows.emplace_back();
+  r.score = token;
+  r.top_logprobs = std::clamp(top_n, 0, kMaxTopLogprobs);
+  r.temperature = 0.0;
+  r.position = position;
+}
+
 void SampleRowsBuilder::append(const SamplingParams& sp, const PenaltyState& pen, TokenConstraint* constraint,
                                uint64_t seed, int64_t position, std::span<const int32_t> draft, bool draft_sampled,
                                StepSamples& out) {

@@ -32,6 +32,9 @@ struct SampleRowsBuilder {
   int32_t eos = -1;
   void append(const SamplingParams& sp, const PenaltyState& pen, TokenConstraint* constraint, uint64_t seed,
               int64_t position, std::span<const int32_t> draft, bool draft_sampled, StepSamples& out);
+  // A score row (SampleRow::score): the raw log-probability and rank of `token` at `position`, with
+  // the top `top_n` alternatives; greedy, unmasked, no penalties (nothing is drawn).
+  static void append_score(int32_t token, int top_n, int64_t position, StepSamples& out);
 
  private:
   std::vector<bool> allowed_;

@@ -15,7 +15,8 @@
 // u_accept * q(x) < p(x) (q(x) = the stored draft distribution, or 1 for a one-hot draft);
 // token = a draw from norm(max(0, p - q)) with u_residual (from p when that mass is 0) for draft
 // rows, a draw from p with u_sample for plain rows. Draws walk the vocabulary in id order
-// (inverse CDF).
+// (inverse CDF). A score row (SampleRow::score >= 0, a prompt token's log-probability) samples
+// nothing: its token is the scored one, with its raw log-probability, its rank and the top n.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,9 @@ struct SampleRow {
   int32_t counts_begin = 0;  // (token, count) pairs, unique tokens: the output so far, drafts
   int32_t counts_count = 0;  //   before this row included (only with penalties)
   int32_t top_logprobs = -1; // -1: no logprobs; n >= 0: the emitted token's logprob and the top n
+  // >= 0: a score row: token = score (nothing drawn, accepted 0) with its raw log-probability and
+  // rank; top_logprobs must be >= 0. -1: a sampled row.
+  int32_t score = -1;
   int32_t top_k = 0;         // 0 = off
   double temperature = 0.0;
   double top_p = 1.0;
@@ -73,6 +77,9 @@ struct SampleRowResult {
   int32_t accepted = 0;       // 1: the draft is accepted (rows with a draft)
   int32_t token = 0;          // the token this row emits: the draft when accepted, else the draw
   float token_logprob = 0.0f; // raw log-softmax of `token` (noise token left out; top_logprobs >= 0)
+  // Score rows only: 1 + the ids (noise and NaN left out) whose raw logit is greater than the
+  // scored token's (ties share a rank); 0 for the noise token and on other rows.
+  int32_t token_rank = 0;
   int32_t num_top = 0;        // min(top_logprobs, vocab - noise): the top ids, highest first,
   int32_t top_ids[kMaxTopLogprobs] = {};  // ties towards the lower id
   float top_logprobs[kMaxTopLogprobs] = {};

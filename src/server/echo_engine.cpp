@@ -263,6 +263,21 @@ bool EchoEngine::step_one(Seq& s, RequestEvent& ev, double now) {
     return false;
   }
   const auto& sp = s.req.sampling;
+  if (sp.prompt_logprobs >= 0 && !s.prompt_lp_sent) {
+    // Scripted prompt log-probabilities (as the engine lays them out): token i > 0 at -0.5 - i/8,
+    // rank 1 + i % 3, alternatives the next ids at falling values.
+    s.prompt_lp_sent = true;
+    const auto& p = s.req.prompt_tokens;
+    for (size_t i = 1; i < p.size(); ++i) {
+      TokenLogprob lp;
+      lp.token = p[i];
+      lp.logprob = -0.5f - static_cast<float>(i) / 8.0f;
+      lp.rank = 1 + static_cast<int32_t>(i % 3);
+      for (int a = 0; a < sp.prompt_logprobs; ++a)
+        lp.top.emplace_back(static_cast<int32_t>((p[i] + 1 + a) % info_.vocab_size), -0.25f * static_cast<float>(a + 1));
+      ev.prompt_logprobs.push_back(std::move(lp));
+    }
+  }
   for (int k = 0; k < opt_.tokens_per_step; ++k) {
     if (static_cast<int>(s.generated.size()) >= sp.max_tokens) return finish(FinishReason::kLength);
     if (static_cast<int64_t>(s.req.prompt_tokens.size() + s.generated.size()) >= info_.max_model_len)
@@ -363,7 +378,7 @@ void EchoEngine::loop() {
           out.emplace_back((*it)->cb, std::move(ev));
           it = running_.erase(it);
         } else {
-          if (!ev.tokens.empty() || !ev.text.empty()) out.emplace_back((*it)->cb, std::move(ev));
+          if (!ev.tokens.empty() || !ev.text.empty() || !ev.prompt_logprobs.empty()) out.emplace_back((*it)->cb, std::move(ev));
           ++it;
         }
       }

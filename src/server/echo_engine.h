@@ -84,6 +84,7 @@ class EchoEngine final : public Engine {
     std::mt19937_64 rng;
     double t_submit = 0, t_last = 0;
     bool first = true;
+    bool prompt_lp_sent = false;   // SamplingParams::prompt_logprobs: on the first event after prefill
   };
   void loop();
   bool step_one(Seq& s, RequestEvent& ev, double now);

@@ -3,6 +3,7 @@
 // wrapped so that no input can escape as an exception.
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cctype>
 
@@ -259,7 +260,7 @@ void parse_sampling(const json& body, ParsedRequest& r) {
   }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (present(body, key)) {
-      s.max_tokens = static_cast<int>(get_int(body, key, 1, 1 << 30));
+      s.max_tokens = static_cast<int>(get_int(body, key, 0, 1 << 30));  // 0: checked below
       r.max_tokens_set = true;
     }
   }
@@ -291,6 +292,7 @@ void parse_sampling(const json& body, ParsedRequest& r) {
       s.stop_token_ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
     }
   }
+  if (present(body, "prompt_logprobs")) r.prompt_logprobs = static_cast<int>(get_int(body, "prompt_logprobs", 0, 20));
   if (present(body, "n")) r.n = static_cast<int>(get_int(body, "n", 1, 16));
   if (present(body, "stream")) r.stream = get_bool(body, "stream");
   if (present(body, "stream_options")) {
@@ -420,6 +422,17 @@ ParseOutcome parse_openai_request(Endpoint endpoint, std::string_view body_text)
     else parse_completion(body, r);
     parse_sampling(body, r);
     r.sampling.logprobs = r.logprobs ? r.top_logprobs : -1;
+    // The prompt's log-probabilities: asked for (vLLM's prompt_logprobs), or echoed with the
+    // completion's (the legacy completions API), or the prompt alone when nothing is generated.
+    if (r.prompt_logprobs >= 0 && r.stream)
+      fail("'prompt_logprobs' is not available with 'stream': true", "prompt_logprobs");
+    r.sampling.prompt_logprobs = r.prompt_logprobs;
+    if (r.echo && r.logprobs) r.sampling.prompt_logprobs = std::max(r.sampling.prompt_logprobs, r.top_logprobs);
+    if (r.max_tokens_set && r.sampling.max_tokens == 0) {
+      if (!r.echo && r.prompt_logprobs < 0)
+        fail("'max_tokens' must be >= 1 (0 only with 'echo' or 'prompt_logprobs': the prompt alone)", "max_tokens");
+      r.sampling.prompt_logprobs = std::max(r.sampling.prompt_logprobs, 0);
+    }
     out.request = std::move(r);
   } catch (const Fail& f) {
     out.error = f.error;

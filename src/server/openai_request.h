@@ -57,6 +57,9 @@ struct ParsedRequest {
   bool include_usage = false;            // stream_options.include_usage
   bool logprobs = false;
   int top_logprobs = 0;                  // chat: top_logprobs; completions: logprobs=N
+  // vLLM's prompt_logprobs (0..20 alternatives; -1 absent): in the response as vLLM lays it out.
+  // The engine's SamplingParams::prompt_logprobs also covers echo with logprobs and max_tokens 0.
+  int prompt_logprobs = -1;
   std::string user;
 };
 

@@ -84,6 +84,8 @@ struct ChoiceOut {
   int64_t reasoning_tokens = 0;
   json logprobs = json::array();  // chat: content entries; completions: built at the end
   std::vector<TokenLogprob> raw_logprobs;
+  std::vector<TokenLogprob> prompt_lp;  // the engine's prompt entries (tokens 1..), when asked for
+  bool echoed = false;                  // streaming echo: the prompt's frame was sent
 
   // The engine may detokenize with skip_special, which drops the protocol tokens the output parser
   // needs (</think>, ｜DSML｜). Rebuild the text with them: walk the event's tokens, taking each
@@ -258,6 +260,7 @@ struct Generation {
   std::string model_name;
   int64_t created = 0;
   int64_t prompt_tokens = 0;
+  std::vector<int32_t> prompt_ids;
   std::vector<std::string> engine_ids;
   std::shared_ptr<Channel> ch = std::make_shared<Channel>();
   std::vector<ChoiceOut> choices;
@@ -313,9 +316,34 @@ struct Generation {
     }
   }
 
-  json completion_logprobs(const std::vector<TokenLogprob>& lps, size_t text_offset0) const {
+  // Bytes of the prompt's tokens: where an echoed completion's own text offsets start.
+  size_t echo_bytes() const {
+    size_t n = 0;
+    for (int32_t t : prompt_ids) n += tok->token_bytes(t).size();
+    return n;
+  }
+
+  // The legacy completions logprobs of `lps`, text offsets from text_offset0; with `echo`, the
+  // prompt's tokens come first (offsets from 0): the first one without a log-probability (it has no
+  // context), then the engine's entries with the request's top n.
+  json completion_logprobs(const std::vector<TokenLogprob>& lps, size_t text_offset0, const ChoiceOut* echo = nullptr) const {
     json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
-    size_t off = text_offset0;
+    size_t off = echo ? 0 : text_offset0;
+    if (echo) {
+      for (size_t i = 0; i < prompt_ids.size(); ++i) {
+        std::string b = tok->token_bytes(prompt_ids[i]);
+        const TokenLogprob* p = i > 0 && i - 1 < echo->prompt_lp.size() ? &echo->prompt_lp[i - 1] : nullptr;
+        tokens.push_back(b);
+        token_lps.push_back(p ? json(p->logprob) : json(nullptr));
+        json top = p ? json::object() : json(nullptr);
+        if (p)
+          for (size_t k = 0; k < p->top.size() && k < static_cast<size_t>(req.top_logprobs); ++k)
+            top[tok->token_bytes(p->top[k].first)] = p->top[k].second;
+        tops.push_back(top);
+        offsets.push_back(off);
+        off += b.size();
+      }
+    }
     for (const auto& lp : lps) {
       std::string b = tok->token_bytes(lp.token);
       tokens.push_back(b);
@@ -327,6 +355,32 @@ struct Generation {
       off += b.size();
     }
     return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  // vLLM's prompt_logprobs: null for the first prompt token, then per token a map from token id
+  // to {logprob, rank, decoded_token} holding the prompt token and its top n alternatives.
+  json vllm_prompt_logprobs(const ChoiceOut& c) const {
+    json out = json::array();
+    for (size_t i = 0; i < prompt_ids.size(); ++i) {
+      const TokenLogprob* p = i > 0 && i - 1 < c.prompt_lp.size() ? &c.prompt_lp[i - 1] : nullptr;
+      if (!p) {
+        out.push_back(nullptr);
+        continue;
+      }
+      json d = json::object();
+      auto put = [&](int32_t id, float lp, int32_t rank) {
+        d[std::to_string(id)] = json{{"logprob", lp}, {"rank", rank}, {"decoded_token", tok->token_bytes(id)}};
+      };
+      const size_t n = std::min(p->top.size(), static_cast<size_t>(std::max(req.prompt_logprobs, 0)));
+      for (size_t k = 0; k < n; ++k) {
+        int32_t rank = 1;  // every id above a listed one is listed before it
+        for (size_t j = 0; j < k; ++j) rank += p->top[j].second > p->top[k].second ? 1 : 0;
+        put(p->top[k].first, p->top[k].second, rank);
+      }
+      put(p->token, p->logprob, p->rank);
+      out.push_back(d);
+    }
+    return out;
   }
 
   json chunk_base() const {
@@ -412,6 +466,7 @@ struct Generation {
       if (c.finish != FinishReason::kNone) continue;
       size_t lp_before = c.raw_logprobs.size();
       size_t text_before = c.content.size();
+      if (!ev.prompt_logprobs.empty()) c.prompt_lp = ev.prompt_logprobs;
       record_logprobs(c, ev);
       auto deltas = c.feed(ev);
       if (ev.finish != FinishReason::kNone) {
@@ -432,10 +487,19 @@ struct Generation {
             lp_chunk = json{{"content", content}};
           } else {
             std::vector<TokenLogprob> part(c.raw_logprobs.begin() + lp_before, c.raw_logprobs.end());
-            lp_chunk = completion_logprobs(part, text_before);
+            lp_chunk = completion_logprobs(part, text_before + (req.echo ? echo_bytes() : 0));
           }
         }
         role_frames(*sse);
+        if (!chat() && req.echo && !c.echoed) {  // the prompt first, with its log-probabilities
+          c.echoed = true;
+          json chunk = chunk_base();
+          json lp = req.logprobs ? completion_logprobs({}, 0, &c) : json(nullptr);
+          chunk["choices"] = json::array({json{{"index", c.index}, {"text", req.prompt_text}, {"logprobs", lp},
+                                               {"finish_reason", nullptr}}});
+          if (req.include_usage) chunk["usage"] = nullptr;
+          *sse += "data: " + dump_json(chunk) + "\n\n";
+        }
         stream_frames(c, deltas, lp_chunk, *sse);
         if (c.finish != FinishReason::kNone) *sse += finish_frame(c);
       }
@@ -472,12 +536,16 @@ struct Generation {
         out_choices.push_back({{"index", c.index}, {"message", msg}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}});
       } else {
         std::string text = req.echo ? req.prompt_text + c.content : c.content;
-        json lp = req.logprobs ? completion_logprobs(c.raw_logprobs, req.echo ? req.prompt_text.size() : 0) : json(nullptr);
-        out_choices.push_back({{"index", c.index}, {"text", text}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}});
+        json lp = req.logprobs ? completion_logprobs(c.raw_logprobs, 0, req.echo ? &c : nullptr) : json(nullptr);
+        json choice = {{"index", c.index}, {"text", text}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}};
+        if (req.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c);
+        out_choices.push_back(choice);
       }
     }
-    return json{{"id", id}, {"object", chat() ? "chat.completion" : "text_completion"}, {"created", created},
-                {"model", model_name}, {"choices", out_choices}, {"usage", total_usage()}};
+    json body = {{"id", id}, {"object", chat() ? "chat.completion" : "text_completion"}, {"created", created},
+                 {"model", model_name}, {"choices", out_choices}, {"usage", total_usage()}};
+    if (chat() && req.prompt_logprobs >= 0 && !choices.empty()) body["prompt_logprobs"] = vllm_prompt_logprobs(choices[0]);
+    return body;
   }
 };
 
@@ -598,6 +666,7 @@ struct HttpServer::Impl {
     gen.id = (ep == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + random_suffix(16) + std::to_string(serial);
     gen.created = static_cast<int64_t>(std::time(nullptr));
     gen.prompt_tokens = plen;
+    gen.prompt_ids = prompt;
     gen.choices.resize(r.n);
     std::shared_ptr<const json_grammar::TokenTrie> tr;
     if (grammar) tr = trie(s, tok);

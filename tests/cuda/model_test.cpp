@@ -1556,6 +1556,7 @@ TEST(CudaGolden, BuiltinThroughLogitsCli) {
 struct Out {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 // The engine's "nothing allocates after start-up" counters of a run (metrics taken at its end).
@@ -1603,6 +1604,8 @@ std::map<std::string, Out> run_engine(const EngineConfig& ec, const std::vector<
                       Out& o = outs[ev.request_id];
                       o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
                       o.logprobs.insert(o.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+                      o.prompt_logprobs.insert(o.prompt_logprobs.end(), ev.prompt_logprobs.begin(),
+                                               ev.prompt_logprobs.end());
                     }).ok());
   }
   for (int i = 0; i < 200000 && core->has_work(); ++i) {
@@ -1724,6 +1727,53 @@ TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
   EXPECT_GT(m1.spec_decode_num_accepted_tokens_total, 0);
   expect_nothing_after_start(m1, "sampled speculative");
   expect_nothing_after_start(m2, "sampled speculative, second run");
+}
+
+// Prompt log-probabilities on the device (score rows of the step's sampler launch): scoring each
+// prompt followed by its own greedy continuation, 8 at once in steps of at most 64 tokens (the
+// decode kernels' path, whose rows do not depend on their step), gives every continuation token the
+// log-probability and alternatives its decode step reported, bit for bit, and rank 1.
+TEST(CudaEngine, PromptLogprobsEqualTheDecodeStepsLogprobs) {
+  TANDEM_REQUIRE_GPU();
+  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  const auto prompts =
+      builtin_chat_prompts(8, [](int i) { return "Write a Python class number " + std::to_string(i) + "."; });
+  if (prompts.empty()) FAIL() << "missing " << dir << "/config.json or tokenizer.json (the built-in model)";
+  EngineConfig ec;
+  ec.model_dir = dir;
+  ec.device = "cuda";
+  ec.max_num_seqs = 8;
+  ec.max_num_batched_tokens = 64;
+  ec.block_size = 256;
+  ec.max_model_len = 1024;
+  EngineMetrics m1, m2;
+  auto gen = run_engine(ec, prompts, 32, &m1, [](SamplingParams& sp, size_t) { sp.logprobs = 3; });
+  std::vector<std::vector<int32_t>> full;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    full.push_back(prompts[i]);
+    const auto& t = gen["p" + std::to_string(i)].tokens;
+    full.back().insert(full.back().end(), t.begin(), t.end());
+  }
+  auto scored = run_engine(ec, full, 0, &m2, [](SamplingParams& sp, size_t) { sp.prompt_logprobs = 3; });
+  int compared = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string id = "p" + std::to_string(i);
+    const Out& g = gen[id];
+    const Out& s = scored[id];
+    ASSERT_EQ(g.tokens.size(), 32u) << id;
+    EXPECT_TRUE(s.tokens.empty()) << id;
+    ASSERT_EQ(s.prompt_logprobs.size(), full[i].size() - 1) << id;
+    for (size_t k = 0; k < g.tokens.size(); ++k) {
+      const TokenLogprob& p = s.prompt_logprobs[prompts[i].size() - 1 + k];
+      EXPECT_EQ(p.token, g.tokens[k]) << id << " token " << k;
+      EXPECT_EQ(p.logprob, g.logprobs[k].logprob) << id << " token " << k;
+      EXPECT_EQ(p.top, g.logprobs[k].top) << id << " token " << k;
+      EXPECT_EQ(p.rank, 1) << id << " token " << k;
+      ++compared;
+    }
+  }
+  std::printf("[cuda-engine] prompt logprobs: %d continuation tokens compared; %s\n", compared, after_start(m2).c_str());
+  expect_nothing_after_start(m2, "prompt logprobs");
 }
 
 }  // namespace

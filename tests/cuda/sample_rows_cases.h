@@ -32,11 +32,13 @@ enum class Kind : int {
   kDraftFullQ,
   kDraftGreedy,
   kTiesTopP,
+  kScore,  // a score row (SampleRow::score): a prompt token's logprob, rank and top n, nothing drawn
   kCount
 };
 
 inline bool is_greedy(Kind k) {
-  return k == Kind::kGreedy || k == Kind::kPenaltiesGreedy || k == Kind::kMaskGreedy || k == Kind::kDraftGreedy;
+  return k == Kind::kGreedy || k == Kind::kPenaltiesGreedy || k == Kind::kMaskGreedy || k == Kind::kDraftGreedy ||
+         k == Kind::kScore;
 }
 
 // The arrays a batch of rows indexes (host copies).
@@ -105,7 +107,8 @@ class Builder {
     r.position = static_cast<int64_t>(index(1 << 20));
     r.top_logprobs = top_logprobs;
     r.temperature = uniform(0.5, 1.5);
-    std::vector<float> z = kind == Kind::kTiesTopP ? tie_logits() : random_logits(static_cast<float>(uniform(1.0, 4.0)));
+    const bool ties = kind == Kind::kTiesTopP || (kind == Kind::kScore && index(2));  // ranks shared by equal logits
+    std::vector<float> z = ties ? tie_logits() : random_logits(static_cast<float>(uniform(1.0, 4.0)));
     switch (kind) {
       case Kind::kGreedy:
       case Kind::kPenaltiesGreedy:
@@ -133,6 +136,16 @@ class Builder {
         r.top_p = uniform(0.05, 0.95);
         if (index(2)) r.top_k = static_cast<int32_t>(1 + index(std::min<int64_t>(V, 300)));
         break;
+      case Kind::kScore: {
+        // the row's argmax, a random id or the noise token (logprob -inf, rank 0)
+        r.temperature = 0.0;
+        r.top_logprobs = std::max(top_logprobs, 0);
+        const int64_t pick = index(4);
+        if (pick == 0) r.score = static_cast<int32_t>(std::max_element(z.begin(), z.end()) - z.begin());
+        else if (pick == 1 && b_.noise >= 0) r.score = b_.noise;
+        else r.score = static_cast<int32_t>(index(V));
+        break;
+      }
       default:
         break;
     }
@@ -244,6 +257,7 @@ struct Comparison {
   int greedy_mismatches = 0;   // greedy rows whose token or accept flag differs: must be 0
   int accept_mismatches = 0;   // must be 0
   int top_mismatches = 0;      // rows whose num_top or top ids differ: must be 0
+  int rank_mismatches = 0;     // score rows whose token_rank differs: must be 0
   double worst_logprob_err = 0; // |device - host| over token and top logprobs, relative to logprob_err's bound
   int first_bad_row = -1;
 };
@@ -324,6 +338,10 @@ inline Comparison compare(const Batch& b, const std::vector<SampleRowResult>& go
         bad(static_cast<int>(i));
       }
       continue;  // the logprobs are those of different tokens
+    }
+    if (g.token_rank != w.token_rank) {
+      ++c.rank_mismatches;
+      bad(static_cast<int>(i));
     }
     if (r.top_logprobs < 0) continue;
     c.worst_logprob_err = std::max(c.worst_logprob_err, logprob_err(g.token_logprob, w.token_logprob, b.vocab));

@@ -135,6 +135,7 @@ void check_batch(const Batch& b, Comparison& total) {
   total.greedy_mismatches += c.greedy_mismatches;
   total.accept_mismatches += c.accept_mismatches;
   total.top_mismatches += c.top_mismatches;
+  total.rank_mismatches += c.rank_mismatches;
   total.worst_logprob_err = std::max(total.worst_logprob_err, c.worst_logprob_err);
 }
 
@@ -145,6 +146,7 @@ void expect_matches(const Comparison& t, const char* what) {
   EXPECT_EQ(t.greedy_mismatches, 0);
   EXPECT_EQ(t.accept_mismatches, 0);
   EXPECT_EQ(t.top_mismatches, 0);
+  EXPECT_EQ(t.rank_mismatches, 0);
   EXPECT_EQ(t.unexplained_tokens, 0) << "sampled tokens that differ away from a CDF boundary";
   EXPECT_LE(t.worst_logprob_err, 1.0);
 }

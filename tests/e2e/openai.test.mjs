@@ -228,6 +228,27 @@ test('completions endpoint, plain and streamed', async () => {
   if (ECHO) assert.equal(text, 'Echo:');
 });
 
+test('completions echo with logprobs scores the prompt (the loglikelihood request of lm-evaluation-harness)', async () => {
+  const r = await ai.completions.create({ model: MODEL, prompt: 'The cat sat', max_tokens: 1, echo: true, logprobs: 1, temperature: 0 });
+  const lp = r.choices[0].logprobs;
+  assert.ok(r.choices[0].text.startsWith('The cat sat'), r.choices[0].text);
+  const n = r.usage.prompt_tokens + r.usage.completion_tokens;
+  assert.equal(lp.tokens.length, n);
+  assert.equal(lp.token_logprobs.length, n);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.equal(lp.top_logprobs[0], null);
+  assert.equal(lp.text_offset[0], 0);
+  for (let i = 1; i < n; ++i) {
+    assert.equal(typeof lp.token_logprobs[i], 'number', `entry ${i}`);
+    assert.ok(lp.token_logprobs[i] <= 0);
+  }
+  const only = await ai.completions.create({ model: MODEL, prompt: 'The cat sat', max_tokens: 0, echo: true, logprobs: 1 });
+  assert.equal(only.choices[0].text, 'The cat sat');
+  assert.equal(only.usage.completion_tokens, 0);
+  assert.deepEqual(only.choices[0].logprobs.token_logprobs.slice(0, r.usage.prompt_tokens),
+                   lp.token_logprobs.slice(0, r.usage.prompt_tokens));
+});
+
 test('n > 1 and logprobs', async () => {
   const r = await ai.chat.completions.create({
     model: MODEL, messages: [{ role: 'user', content: 'hi' }], n: 2, max_tokens: 4, logprobs: true, top_logprobs: 2,

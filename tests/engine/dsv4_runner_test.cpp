@@ -111,6 +111,68 @@ std::vector<std::vector<int32_t>> tiny_prompts(const std::string& dir, int n, in
   return out;
 }
 
+// Prompt log-probabilities come from the same logits as decoding: scoring a prompt followed by its
+// own greedy continuation (in prefill chunks of 16 and of 512 tokens) gives each continuation token
+// the log-probability, rank 1 (greedy) and alternatives the decode steps reported, bit for bit.
+TEST_F(TinyCheckpoint, PromptLogprobsEqualTheDecodeStepsLogprobs) {
+  ASSERT_TRUE(ok_);
+  const std::vector<int32_t> prompt = tiny_prompts(*dir_, 1, 50)[0];
+  auto run = [&](int budget, std::vector<int32_t> tokens, SamplingParams sp, std::vector<int32_t>& out,
+                 std::vector<TokenLogprob>& lps, std::vector<TokenLogprob>& plps) {
+    EngineConfig ec = tiny_config(*dir_, 2);
+    ec.max_num_batched_tokens = budget;
+    auto runner = create_dsv4_runner(ec);
+    ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+    CoreOptions o;
+    o.check_integrity_each_step = true;
+    o.log_startup = false;
+    auto core = EngineCore::create(std::move(runner).value(), ec, o);
+    ASSERT_TRUE(core.ok()) << core.status().to_string();
+    Request r;
+    r.request_id = "r";
+    r.prompt_tokens = std::move(tokens);
+    r.sampling = sp;
+    ASSERT_TRUE((*core)
+                    ->add_request(std::move(r),
+                                  [&](const RequestEvent& ev) {
+                                    out.insert(out.end(), ev.tokens.begin(), ev.tokens.end());
+                                    lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.end());
+                                    plps.insert(plps.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
+                                  })
+                    .ok());
+    for (int i = 0; i < 10000 && (*core)->has_work(); ++i) ASSERT_TRUE((*core)->step().ok());
+  };
+  SamplingParams gen;
+  gen.temperature = 0;
+  gen.max_tokens = 24;
+  gen.ignore_eos = true;
+  gen.logprobs = 3;
+  std::vector<int32_t> cont, none;
+  std::vector<TokenLogprob> want, unused;
+  run(512, prompt, gen, cont, want, unused);
+  ASSERT_EQ(cont.size(), 24u);
+  ASSERT_EQ(want.size(), 24u);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), cont.begin(), cont.end());
+  SamplingParams score;
+  score.temperature = 0;
+  score.max_tokens = 0;
+  score.prompt_logprobs = 3;
+  for (int budget : {16, 512}) {
+    std::vector<TokenLogprob> got;
+    run(budget, all, score, none, unused, got);
+    EXPECT_TRUE(none.empty());
+    ASSERT_EQ(got.size(), all.size() - 1) << "budget " << budget;
+    for (size_t k = 0; k < cont.size(); ++k) {
+      const TokenLogprob& g = got[prompt.size() - 1 + k];
+      EXPECT_EQ(g.token, cont[k]) << "budget " << budget << " token " << k;
+      EXPECT_EQ(g.logprob, want[k].logprob) << "budget " << budget << " token " << k;
+      EXPECT_EQ(g.top, want[k].top) << "budget " << budget << " token " << k;
+      EXPECT_EQ(g.rank, 1) << "a greedy token ranks first (ties aside)";
+    }
+  }
+}
+
 TEST_F(TinyCheckpoint, SpeculativeGreedyEqualsPlainGreedy) {
   ASSERT_TRUE(ok_) << "tandem make-tiny failed";
   // 20 and 120 tokens: the second crosses position 128 (window size, ratio-128 boundary) while

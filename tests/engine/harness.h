@@ -17,6 +17,8 @@ struct Collected {
   std::vector<int32_t> tokens;
   std::string text;
   std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;
+  int prompt_logprob_events = 0;  // events that carried prompt log-probabilities
   FinishReason finish = FinishReason::kNone;
   std::string error;
   Usage usage;
@@ -50,6 +52,10 @@ class Harness {
       c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
       c.text += ev.text;
       c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+      if (!ev.prompt_logprobs.empty()) {
+        ++c.prompt_logprob_events;
+        c.prompt_logprobs.insert(c.prompt_logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
+      }
       if (ev.finish != FinishReason::kNone) {
         EXPECT_EQ(c.finish, FinishReason::kNone) << "two final events for " << ev.request_id;
         c.finish = ev.finish;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "engine/engine.h"
@@ -333,6 +334,41 @@ TEST(Sampler, LogprobsAreRawAndSorted) {
   ASSERT_EQ(lp.top.size(), 2u);
   EXPECT_EQ(lp.top[0].first, 2);
   EXPECT_EQ(lp.top[1].first, 1);
+}
+
+// A score row (a prompt token's log-probability) draws nothing: its token is the scored one with the
+// raw log-softmax, the rank among equal and greater logits (the noise token left out) and the top n.
+TEST(Sampler, ScoreRowsReportTheScoredToken) {
+  const int V = 6;
+  const int32_t noise = 5;
+  std::vector<float> z = {1.f, 3.f, 2.f, 3.f, -1.f, 90.f};  // ids 1 and 3 tie; the noise token is the largest
+  SampleInputs in;
+  in.logits = z.data();
+  in.vocab = V;
+  in.noise = noise;
+  in.eos = 0;
+  StepSamples ss;
+  for (int32_t t : {0, 1, 2, 3, 4, 5}) SampleRowsBuilder::append_score(t, 2, 7, ss);
+  for (SampleRow& r : ss.rows) r.logits_row = 0;
+  std::vector<SampleRowResult> res(ss.rows.size());
+  RowSampler rs(V);
+  std::vector<int32_t> scratch;
+  sample_rows_host(in, ss.rows, res, rs, scratch);
+  const double lse = std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0) + std::exp(-1.0));
+  const int32_t want_rank[] = {4, 1, 3, 1, 5, 0};
+  for (int t = 0; t < V; ++t) {
+    EXPECT_EQ(res[t].token, t);
+    EXPECT_EQ(res[t].accepted, 0);
+    EXPECT_EQ(res[t].token_rank, want_rank[t]) << "token " << t;
+    if (t == noise) {
+      EXPECT_EQ(res[t].token_logprob, -std::numeric_limits<float>::infinity());
+    } else {
+      EXPECT_NEAR(res[t].token_logprob, z[t] - lse, 1e-6) << "token " << t;
+    }
+    ASSERT_EQ(res[t].num_top, 2);
+    EXPECT_EQ(res[t].top_ids[0], 1);  // the tie goes to the lower id
+    EXPECT_EQ(res[t].top_ids[1], 3);
+  }
 }
 
 // ---------------- SampleRowsBuilder (the rows a verify step hands the runner's sampler) ----------------

@@ -142,6 +142,148 @@ TEST(Server, Completions) {
   EXPECT_EQ(status, 400);
 }
 
+// The legacy completions API's echo + logprobs (what lm-evaluation-harness's loglikelihood tasks
+// send): the prompt's tokens lead the logprobs, the first without a value (no context), the rest
+// with the engine's prompt log-probabilities; max_tokens 0 scores the prompt alone.
+TEST(Server, EchoWithLogprobsScoresThePrompt) {
+  ServerHarness h;
+  auto c = h.client();
+  int status = 0;
+  auto j = post_json(c, "/v1/completions", {{"prompt", "abcd"}, {"max_tokens", 2}, {"echo", true}, {"logprobs", 1}}, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  const json& ch = j["choices"][0];
+  EXPECT_EQ(ch["text"], "abcdEc");
+  const json& lp = ch["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"a", "b", "c", "d", "E", "c"}));
+  EXPECT_EQ(lp["text_offset"], json({0, 1, 2, 3, 4, 5}));
+  ASSERT_EQ(lp["token_logprobs"].size(), 6u);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (int i = 1; i < 4; ++i) {  // the scripted engine: token i at -0.5 - i/8, one alternative
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][i].get<float>(), -0.5f - i / 8.0f) << i;
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 1u) << i;
+  }
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][4].get<float>(), -0.25f);
+  EXPECT_FALSE(ch.contains("prompt_logprobs"));  // vLLM's field only when asked for
+
+  // The prompt alone: max_tokens 0 with echo (with or without logprobs); without echo it is a 400.
+  j = post_json(c, "/v1/completions", {{"prompt", "abcd"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}}, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"], "abcd");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["tokens"].size(), 4u);
+  EXPECT_EQ(j["choices"][0]["logprobs"]["top_logprobs"][1], json::object());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 4);
+  j = post_json(c, "/v1/completions", {{"prompt", "abcd"}, {"max_tokens", 0}, {"echo", true}}, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"], "abcd");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  j = post_json(c, "/v1/completions", {{"prompt", "abcd"}, {"max_tokens", 0}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  json no_output = chat("x");
+  no_output["max_tokens"] = 0;
+  j = post_json(c, "/v1/chat/completions", no_output, &status);
+  EXPECT_EQ(status, 400);
+
+  // lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs 1, max_tokens 1; it
+  // sums token_logprobs[ctxlen:-1] and compares each with its top_logprobs' maximum.
+  const std::vector<int> ids = {16 + 'x', 16 + 'y', 16 + 'z', 16 + 'w', 16 + 'v'};
+  j = post_json(c, "/v1/completions",
+                {{"prompt", {ids}}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}, {"temperature", 0}, {"seed", 1234}},
+                &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  const json& l = j["choices"][0]["logprobs"];
+  ASSERT_EQ(l["token_logprobs"].size(), ids.size() + 1);
+  ASSERT_EQ(l["top_logprobs"].size(), ids.size() + 1);
+  for (size_t i = 2; i < ids.size(); ++i) {  // ctxlen 2: the continuation's tokens
+    EXPECT_TRUE(l["token_logprobs"][i].is_number()) << i;
+    EXPECT_TRUE(l["top_logprobs"][i].is_object()) << i;
+  }
+}
+
+// vLLM's prompt_logprobs: per prompt token (the first null) a map from token id to {logprob, rank,
+// decoded_token} with the token and its top n; chat puts it beside the choices. Not with streaming.
+TEST(Server, PromptLogprobsAsVllmLaysThemOut) {
+  ServerHarness h;
+  auto c = h.client();
+  int status = 0;
+  auto j = post_json(c, "/v1/completions", {{"prompt", "abc"}, {"max_tokens", 1}, {"prompt_logprobs", 2}}, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  const json& pl = j["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), 3u);
+  EXPECT_TRUE(pl[0].is_null());
+  for (int i = 1; i < 3; ++i) {
+    const int32_t tok = 16 + "abc"[i];
+    ASSERT_TRUE(pl[i].is_object()) << i;
+    EXPECT_EQ(pl[i].size(), 3u) << pl[i].dump();  // the token and two alternatives
+    const json& e = pl[i][std::to_string(tok)];
+    EXPECT_FLOAT_EQ(e["logprob"].get<float>(), -0.5f - i / 8.0f);
+    EXPECT_EQ(e["rank"], 1 + i % 3);
+    EXPECT_EQ(e["decoded_token"], std::string(1, "abc"[i]));
+    EXPECT_EQ(pl[i][std::to_string(tok + 1)]["rank"], 1);
+    EXPECT_EQ(pl[i][std::to_string(tok + 2)]["rank"], 2);
+  }
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  json body = chat("hi");
+  body["prompt_logprobs"] = 0;
+  body["max_tokens"] = 0;
+  j = post_json(c, "/v1/chat/completions", body, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  ASSERT_TRUE(j["prompt_logprobs"].is_array());
+  EXPECT_EQ(j["prompt_logprobs"].size(), j["usage"]["prompt_tokens"].get<size_t>());
+  EXPECT_EQ(j["prompt_logprobs"][1].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "");
+  body["stream"] = true;
+  j = post_json(c, "/v1/chat/completions", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["error"]["param"], "prompt_logprobs");
+  j = post_json(c, "/v1/completions", {{"prompt", "abc"}, {"prompt_logprobs", 21}}, &status);
+  EXPECT_EQ(status, 400);
+}
+
+// Streaming with echo: the prompt comes first in its own chunk (with its logprobs when asked for),
+// then the completion, whose text offsets continue after the prompt.
+TEST(Server, StreamingEchoSendsThePromptFirst) {
+  ServerHarness h;
+  auto c = h.client();
+  auto r = c.Post("/v1/completions",
+                  json{{"prompt", "xyz"}, {"stream", true}, {"max_tokens", 3}, {"echo", true}, {"logprobs", 1}}.dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  auto data = sse_data(r->body);
+  ASSERT_GE(data.size(), 3u);
+  auto first = json::parse(data[0]);
+  EXPECT_EQ(first["choices"][0]["text"], "xyz");
+  EXPECT_EQ(first["choices"][0]["logprobs"]["tokens"], json({"x", "y", "z"}));
+  EXPECT_TRUE(first["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
+  std::string text;
+  std::vector<int> offsets;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    auto j = json::parse(data[i]);
+    text += j["choices"][0]["text"].get<std::string>();
+    if (j["choices"][0]["logprobs"].is_object())
+      for (const auto& o : j["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o.get<int>());
+  }
+  EXPECT_EQ(text, "xyzEch");
+  EXPECT_EQ(offsets, std::vector<int>({0, 1, 2, 3, 4, 5}));
+  // max_tokens 0: the prompt, then the finish.
+  r = c.Post("/v1/completions", json{{"prompt", "xyz"}, {"stream", true}, {"max_tokens", 0}, {"echo", true}}.dump(),
+             "application/json");
+  ASSERT_TRUE(r);
+  data = sse_data(r->body);
+  text.clear();
+  std::string finish;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    auto j = json::parse(data[i]);
+    text += j["choices"][0]["text"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, "xyz");
+  EXPECT_EQ(finish, "length");
+}
+
 TEST(Server, StreamingChatFramingAndUsage) {
   ServerHarness h;
   auto c = h.client();

@@ -23,6 +23,7 @@ class ForwardingRunner : public ModelRunner {
     return inner_->kv_bytes_per_block(block_size, dtype);
   }
   int64_t slot_state_bytes() const override { return inner_->slot_state_bytes(); }
+  int64_t max_sample_rows() const override { return inner_->max_sample_rows(); }
 
  protected:
   explicit ForwardingRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {}

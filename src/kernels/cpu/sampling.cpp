@@ -3,6 +3,7 @@
 #include "kernels/cpu/sampling.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 
@@ -197,6 +198,15 @@ void row_logprobs(const float* logits, int64_t vocab, int32_t noise, int32_t tok
   }
 }
 
+int32_t score_rank(const float* logits, int64_t vocab, int32_t noise, int32_t token) {
+  if (token < 0 || token >= vocab || token == noise || std::isnan(logits[token])) return 0;
+  const float x = logits[token];
+  int64_t above = 0;
+  for (int64_t v = 0; v < vocab; ++v)
+    if (v != noise && logits[v] > x) ++above;  // NaN compares false
+  return static_cast<int32_t>(std::min<int64_t>(above + 1, INT32_MAX));
+}
+
 void sample_rows_host(const SampleInputs& in, std::span<const SampleRow> rows, std::span<SampleRowResult> out,
                       RowSampler& s, std::vector<int32_t>& scratch) {
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -204,6 +214,12 @@ void sample_rows_host(const SampleInputs& in, std::span<const SampleRow> rows, s
     SampleRowResult& r = out[i];
     r = SampleRowResult{};
     const float* z = in.logits + static_cast<int64_t>(row.logits_row) * in.vocab;
+    if (row.score >= 0) {  // a score row: nothing is drawn
+      r.token = row.score;
+      row_logprobs(z, in.vocab, in.noise, r.token, std::max(row.top_logprobs, 0), scratch, r);
+      r.token_rank = score_rank(z, in.vocab, in.noise, row.score);
+      continue;
+    }
     s.prepare(z, row, in);
     if (row.draft >= 0) {
       const float* q = row.q_row >= 0 && in.q ? in.q + static_cast<int64_t>(row.q_row) * in.vocab : nullptr;

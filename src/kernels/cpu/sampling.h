@@ -44,6 +44,10 @@ class RowSampler {
 void row_logprobs(const float* logits, int64_t vocab, int32_t noise, int32_t token, int n,
                   std::vector<int32_t>& scratch, SampleRowResult& r);
 
+// A score row's rank of `token` (SampleRowResult::token_rank): 1 + the ids, noise and NaN left
+// out, whose raw logit is greater; 0 for the noise token, a NaN logit or an id outside the vocabulary.
+int32_t score_rank(const float* logits, int64_t vocab, int32_t noise, int32_t token);
+
 // Runs every row (the op's host implementation).
 void sample_rows_host(const SampleInputs& in, std::span<const SampleRow> rows, std::span<SampleRowResult> out,
                       RowSampler& sampler, std::vector<int32_t>& scratch);

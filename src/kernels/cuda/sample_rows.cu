@@ -971,9 +971,17 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     }
   }
 
+  // A score row reports the scored token (it is greedy and unmasked as the engine builds it, so
+  // the draw above was the argmax's few instructions).
+  if (row.score >= 0) {
+    token = row.score;
+    accepted = 0;
+  }
+
   // ---- raw log-probabilities (unprocessed logits, the noise token left out) ----
   double lse = 0.0;
   int nt = 0;
+  long long rank = 0;  // a score row's rank (SampleRowResult::token_rank)
   if (row.top_logprobs >= 0) {
     // z is the raw slice unless a mask or a penalty changed it (the noise token is left out anyway)
     const bool raw_z = !mask && !penalties;
@@ -981,14 +989,24 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     const double mx = static_cast<double>(mxf);
     Slot& s = c.open();
     double sum = 0.0;
+    // A score row also counts the ids above the scored token's raw logit (NaN compares false).
+    const bool scored = row.score >= 0 && row.score < V && row.score != in.noise && !is_nan(lg[row.score]);
+    const float sx = scored ? lg[row.score] : 0.0f;
+    long long above = 0;
     for (int64_t i = tid; i < len; i += kThreads)
-      if (beg + i != in.noise) sum += exp(static_cast<double>(raw(i)) - mx);
+      if (beg + i != in.noise) {
+        const float x = raw(i);
+        sum += exp(static_cast<double>(x) - mx);
+        above += scored && x > sx ? 1 : 0;
+      }
     sum = block_sum_f64(sum, sh.red);
+    if (scored) above = block_sum_i64(above, sh.red);  // `scored` is the row's: every thread or none
     nt = row.top_logprobs < kMaxTopLogprobs ? row.top_logprobs : kMaxTopLogprobs;
     const int64_t m = V - (in.noise >= 0 && in.noise < V ? 1 : 0);
     if (nt > m) nt = static_cast<int>(m);
     if (tid == 0) {
       s.f[0] = sum;
+      s.i[0] = above;
       for (int i = 0; i < kMaxTopLogprobs; ++i) s.top[i] = 0;
     }
     // this slice's top nt by (value desc, id asc): repeated block argmax below the previous one
@@ -1011,6 +1029,10 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
       double total = 0.0;
       for (int q = 0; q < kCtas; ++q) total = total + c.peer(q)->f[0];
       lse = mx + log(total);
+      if (scored) {
+        for (int q = 0; q < kCtas; ++q) rank += c.peer(q)->i[0];
+        rank = rank + 1 < INT_MAX ? rank + 1 : INT_MAX;
+      }
     }
   }
 
@@ -1019,6 +1041,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __maxnreg__(kMaxRegisters)
     o->accepted = accepted;
     o->token = static_cast<int32_t>(token);
     o->token_logprob = 0.0f;
+    o->token_rank = static_cast<int32_t>(rank);
     o->num_top = 0;
     for (int i = 0; i < kMaxTopLogprobs; ++i) {
       o->top_ids[i] = 0;

@@ -120,6 +120,7 @@ const LoadReport& CudaModel::load_report() const { return impl_->report; }
 bool CudaModel::has_draft() const { return impl_->w.has_draft; }
 int CudaModel::draft_block_size() const { return impl_->w.has_draft ? impl_->cfg.dspark_block_size : 0; }
 int CudaModel::draft_tokens() const { return impl_->w.has_draft ? impl_->draft_k : 0; }
+int64_t CudaModel::max_logits_rows() const { return impl_->max_logits_rows; }
 int64_t CudaModel::vocab_size() const { return impl_->cfg.vocab_size; }
 int64_t CudaModel::tap_dim() const {
   return impl_->cfg.has_dspark()

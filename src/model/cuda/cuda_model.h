@@ -108,6 +108,7 @@ class CudaModel {
   bool has_draft() const;
   int draft_block_size() const;   // the checkpoint's block size (the largest K)
   int draft_tokens() const;       // K drafted per proposal
+  int64_t max_logits_rows() const;  // logits rows (and sampled rows) one step may have
   int64_t tap_dim() const;
   int64_t vocab_size() const;
   // Graph replays and captures so far (tests, metrics). instantiations counts every
