@@ -252,6 +252,10 @@ json usage_json(int64_t prompt, int64_t completion, int64_t cached, int64_t reas
 }  // namespace
 
 // One client request: n engine requests feeding one channel.
+// The most prompt log-probability entries (prompt tokens x (alternatives + 1), over the choices)
+// one response may carry.
+constexpr int64_t kMaxPromptLogprobEntries = int64_t{1} << 21;
+
 struct Generation {
   Engine* engine = nullptr;
   const Tokenizer* tok = nullptr;
@@ -637,6 +641,18 @@ struct HttpServer::Impl {
     }
     int64_t max_len = info.max_model_len;
     int64_t plen = static_cast<int64_t>(prompt.size());
+    // Prompt log-probabilities are held and sent whole: bounded so one request cannot ask for
+    // gigabytes of response (a 1M-token prompt with one alternative fits).
+    if (r.sampling.prompt_logprobs >= 0) {
+      const int64_t entries = static_cast<int64_t>(r.n) * plen * (r.sampling.prompt_logprobs + 1);
+      if (entries > kMaxPromptLogprobEntries)
+        return bad_request(fmt::format("prompt log-probabilities for {} prompt tokens with {} alternatives{} are {} "
+                                       "entries, more than the {} a response may hold: ask for fewer alternatives or "
+                                       "send a shorter prompt",
+                                       plen, r.sampling.prompt_logprobs, r.n > 1 ? fmt::format(" for {} choices", r.n) : "",
+                                       entries, kMaxPromptLogprobEntries),
+                           r.prompt_logprobs >= 0 ? "prompt_logprobs" : "logprobs");
+    }
     if (max_len > 0 && plen >= max_len)
       return bad_request(fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens. "
                                      "Please reduce the length of the input messages.", max_len, plen),

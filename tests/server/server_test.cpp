@@ -241,6 +241,21 @@ TEST(Server, PromptLogprobsAsVllmLaysThemOut) {
   EXPECT_EQ(j["error"]["param"], "prompt_logprobs");
   j = post_json(c, "/v1/completions", {{"prompt", "abc"}, {"prompt_logprobs", 21}}, &status);
   EXPECT_EQ(status, 400);
+  // Bounded: prompt tokens x (alternatives + 1) x choices <= 2^21 entries.
+  FakeEngineOptions eo;
+  eo.max_model_len = 1 << 20;
+  ServerHarness big(eo);
+  auto c2 = big.client();
+  const std::string long_prompt(100000, 'a');
+  j = post_json(c2, "/v1/completions", {{"prompt", long_prompt}, {"max_tokens", 1}, {"prompt_logprobs", 20}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["error"]["param"], "prompt_logprobs");
+  j = post_json(c2, "/v1/completions", {{"prompt", long_prompt}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}, {"n", 11}},
+                &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["error"]["param"], "logprobs");
+  j = post_json(c2, "/v1/completions", {{"prompt", long_prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}}, &status);
+  EXPECT_EQ(status, 200) << j.dump().substr(0, 300);
 }
 
 // Streaming with echo: the prompt comes first in its own chunk (with its logprobs when asked for),
