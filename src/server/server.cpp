@@ -553,6 +553,34 @@ struct Generation {
   }
 };
 
+// Whether a chat request's output is grammar-constrained (a JSON response format, a named or a
+// required tool call): prepare() compiles a grammar exactly then.
+bool constrained_output(const ParsedRequest& r) {
+  return r.response_format != ResponseFormat::kText || r.tool_choice == ToolChoice::kNamed ||
+         r.tool_choice == ToolChoice::kRequired;
+}
+
+// The token ids a chat request runs: its messages and tools through the DeepSeek-V4 encoder, with
+// no reasoning block when the output is constrained (it starts at the first generated token).
+Result<std::vector<int32_t>> chat_prompt_ids(const ParsedRequest& r, const Tokenizer& tok) {
+  PromptOptions po;
+  po.thinking = r.thinking && !constrained_output(r);
+  po.reasoning_effort = r.reasoning_effort;
+  po.include_tools = r.tool_choice != ToolChoice::kNone;
+  auto text = render_chat_prompt(r.ordered_messages, r.ordered_tools, po);
+  if (!text.ok()) return text.status();
+  return tok.encode(*text);
+}
+
+ApiError unauthorized_error() {
+  ApiError e;
+  e.http_status = 401;
+  e.type = "invalid_request_error";
+  e.code = "invalid_api_key";
+  e.message = "Incorrect or missing API key (send 'Authorization: Bearer <key>').";
+  return e;
+}
+
 struct HttpServer::Impl {
   static bool authorized(HttpServer& s, const httplib::Request& req) {
     if (s.config_.api_key.empty()) return true;
@@ -624,13 +652,9 @@ struct HttpServer::Impl {
     // Prompt.
     std::vector<int32_t> prompt;
     if (ep == Endpoint::kChatCompletions) {
-      PromptOptions po;
-      po.thinking = r.thinking;
-      po.reasoning_effort = r.reasoning_effort;
-      po.include_tools = r.tool_choice != ToolChoice::kNone;
-      auto text = render_chat_prompt(r.ordered_messages, r.ordered_tools, po);
-      if (!text.ok()) return error_from_status(text.status());
-      prompt = tok.encode(*text);
+      auto ids = chat_prompt_ids(r, tok);
+      if (!ids.ok()) return error_from_status(ids.status());
+      prompt = std::move(ids).value();
     } else if (r.prompt_is_ids) {
       for (int32_t t : r.prompt_ids)
         if (t >= info.vocab_size) return bad_request(fmt::format("prompt token id {} is out of range [0, {})", t, info.vocab_size), "prompt");
@@ -739,15 +763,74 @@ struct HttpServer::Impl {
     send_error(res, e);
   }
 
-  static void generate(HttpServer& s, Endpoint ep, const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(s, req)) {
-      ApiError e;
-      e.http_status = 401;
-      e.type = "invalid_request_error";
-      e.code = "invalid_api_key";
-      e.message = "Incorrect or missing API key (send 'Authorization: Bearer <key>').";
-      return reject(s, req, res, e);
+  // vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer uses them): the ids the
+  // completions endpoint runs for a prompt (the tokenizer adds no special tokens), or the ids the
+  // chat endpoint runs for messages (tools, thinking and reasoning effort as there); and back.
+  static void tokenize(HttpServer& s, const httplib::Request& req, httplib::Response& res, bool detokenize) {
+    if (!authorized(s, req)) return reject(s, req, res, unauthorized_error());
+    Engine* engine = s.engine_.load();
+    if (s.draining_ || !engine)
+      return reject(s, req, res,
+                    error_from_status(Status(StatusCode::kUnavailable, s.draining_ ? "server is shutting down" : "model is loading")));
+    const Tokenizer& tok = engine->tokenizer();
+    const ModelInfo& info = engine->model_info();
+    json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object())
+      return reject(s, req, res, bad_request("request body must be a JSON object", ""));
+    const auto& names = s.config_.served_model_names;
+    if (body.contains("model") && !body["model"].is_null()) {
+      if (!body["model"].is_string()) return reject(s, req, res, bad_request("'model' must be a string", "model"));
+      if (std::find(names.begin(), names.end(), body["model"].get<std::string>()) == names.end())
+        return reject(s, req, res,
+                      not_found_error(fmt::format("The model `{}` does not exist.", body["model"].get<std::string>()), "model"));
     }
+    if (detokenize) {
+      const json& t = body.contains("tokens") ? body["tokens"] : json();
+      if (!t.is_array()) return reject(s, req, res, bad_request("'tokens' (an array of token ids) is required", "tokens"));
+      std::vector<int32_t> ids;
+      for (const auto& x : t) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= info.vocab_size)
+          return reject(s, req, res,
+                        bad_request(fmt::format("'tokens' must hold token ids in [0, {})", info.vocab_size), "tokens"));
+        ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+      }
+      res.set_content(dump_json(json{{"prompt", tok.decode(ids)}}), "application/json");
+      return;
+    }
+    for (const char* key : {"add_special_tokens", "return_token_strs", "add_generation_prompt"})
+      if (body.contains(key) && !body[key].is_null() && !body[key].is_boolean())
+        return reject(s, req, res, bad_request(fmt::format("'{}' must be a boolean", key), key));
+    auto flag = [&body](const char* key, bool absent) {
+      return body.contains(key) && body[key].is_boolean() ? body[key].get<bool>() : absent;
+    };
+    if (!flag("add_generation_prompt", true))
+      return reject(s, req, res,
+                    bad_request("'add_generation_prompt': false is not supported (a chat prompt ends with the assistant "
+                                "prefix, as /v1/chat/completions runs it)",
+                                "add_generation_prompt"));
+    std::vector<int32_t> ids;
+    if (body.contains("messages")) {
+      auto parsed = parse_openai_request(Endpoint::kChatCompletions, req.body);
+      if (!parsed.ok()) return reject(s, req, res, parsed.error);
+      auto r = chat_prompt_ids(*parsed.request, tok);
+      if (!r.ok()) return reject(s, req, res, error_from_status(r.status()));
+      ids = std::move(r).value();
+    } else if (body.contains("prompt") && body["prompt"].is_string()) {
+      ids = tok.encode(body["prompt"].get<std::string>());
+    } else {
+      return reject(s, req, res, bad_request("'prompt' (a string) or 'messages' is required", "prompt"));
+    }
+    json out = {{"count", ids.size()}, {"max_model_len", info.max_model_len}, {"tokens", ids}, {"token_strs", nullptr}};
+    if (flag("return_token_strs", false)) {
+      json strs = json::array();
+      for (int32_t id : ids) strs.push_back(tok.token_bytes(id));
+      out["token_strs"] = strs;
+    }
+    res.set_content(dump_json(out), "application/json");
+  }
+
+  static void generate(HttpServer& s, Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(s, req)) return reject(s, req, res, unauthorized_error());
     if (req.body.empty()) {
       return reject(s, req, res,
                     bad_request("the request body is empty: send a JSON object (Content-Type: application/json)", ""));
@@ -855,8 +938,28 @@ struct HttpServer::Impl {
     h.Post("/v1/completions", [&s](const httplib::Request& req, httplib::Response& res) {
       generate(s, Endpoint::kCompletions, req, res);
     });
+    h.Post("/tokenize", [&s](const httplib::Request& req, httplib::Response& res) { tokenize(s, req, res, false); });
+    h.Post("/detokenize", [&s](const httplib::Request& req, httplib::Response& res) { tokenize(s, req, res, true); });
+    h.Get("/tokenizer_info", [&s](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(s, req)) return reject(s, req, res, unauthorized_error());
+      Engine* e = s.engine_.load();
+      if (!e) return reject(s, req, res, error_from_status(Status(StatusCode::kUnavailable, "model is loading")));
+      const Tokenizer& tok = e->tokenizer();
+      const ModelInfo& info = e->model_info();
+      const std::string eos = tok.token_bytes(info.eos_token_id);
+      const auto bos = tok.token_to_id(dsv4::kBos);
+      // No chat_template: the prompt format is the DeepSeek-V4 encoder's (src/text/encoding_dsv4.h),
+      // not a Jinja template; /tokenize with "messages" renders it.
+      res.set_content(dump_json(json{{"tokenizer_class", "tandem"},
+                                     {"eos_token", eos},
+                                     {"bos_token", bos ? json(tok.token_bytes(*bos)) : json(nullptr)},
+                                     {"pad_token", eos},
+                                     {"model_max_length", info.max_model_len},
+                                     {"vocab_size", info.vocab_size}}),
+                      "application/json");
+    });
     // The generation routes answer other methods with 405 (and Allow: POST), not 404.
-    for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+    for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"}) {
       auto not_allowed = [path](const httplib::Request& req, httplib::Response& res) {
         res.status = 405;
         res.set_header("Allow", "POST");

@@ -299,6 +299,75 @@ TEST(Server, StreamingEchoSendsThePromptFirst) {
   EXPECT_EQ(finish, "length");
 }
 
+// vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer): /tokenize gives the ids
+// the completions endpoint runs for a prompt and the chat endpoint for messages, /detokenize turns
+// ids back into text, /tokenizer_info names the special tokens; bad input is a 400.
+TEST(Server, TokenizeDetokenizeAndTokenizerInfo) {
+  ServerHarness h;
+  auto c = h.client();
+  int status = 0;
+  auto j = post_json(c, "/tokenize", {{"prompt", "hey"}, {"add_special_tokens", false}, {"return_token_strs", true}}, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["tokens"], json({16 + 'h', 16 + 'e', 16 + 'y'}));
+  EXPECT_EQ(j["count"], 3);
+  EXPECT_EQ(j["max_model_len"], 4096);
+  EXPECT_EQ(j["token_strs"], json({"h", "e", "y"}));
+  // The same ids a completion's usage counts.
+  auto comp = post_json(c, "/v1/completions", {{"prompt", "hey"}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(comp["usage"]["prompt_tokens"], j["count"]);
+  // Messages: the ids the chat endpoint runs (its usage counts them).
+  json body = chat("count to three");
+  auto t = post_json(c, "/tokenize", body, &status);
+  ASSERT_EQ(status, 200) << t.dump();
+  auto r = post_json(c, "/v1/chat/completions", body, &status);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], t["count"]);
+  EXPECT_TRUE(t["token_strs"].is_null());
+  auto d = post_json(c, "/detokenize", {{"tokens", j["tokens"]}}, &status);
+  ASSERT_EQ(status, 200) << d.dump();
+  EXPECT_EQ(d["prompt"], "hey");
+  auto info = c.Get("/tokenizer_info");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->status, 200);
+  auto ij = json::parse(info->body);
+  EXPECT_TRUE(ij.contains("eos_token"));
+  EXPECT_TRUE(ij["eos_token"].is_string());
+  // Bad input.
+  post_json(c, "/tokenize", json::object(), &status);
+  EXPECT_EQ(status, 400);
+  post_json(c, "/tokenize", {{"prompt", 5}}, &status);
+  EXPECT_EQ(status, 400);
+  post_json(c, "/tokenize", {{"prompt", "x"}, {"model", "nope"}}, &status);
+  EXPECT_EQ(status, 404);
+  post_json(c, "/tokenize", {{"prompt", "x"}, {"return_token_strs", "yes"}}, &status);
+  EXPECT_EQ(status, 400);
+  post_json(c, "/tokenize", {{"prompt", "x"}, {"add_special_tokens", nullptr}}, &status);
+  EXPECT_EQ(status, 200);
+  post_json(c, "/tokenize", {{"messages", "x"}}, &status);
+  EXPECT_EQ(status, 400);
+  body["add_generation_prompt"] = false;
+  post_json(c, "/tokenize", body, &status);
+  EXPECT_EQ(status, 400);
+  post_json(c, "/detokenize", {{"tokens", {1, 999999}}}, &status);
+  EXPECT_EQ(status, 400);
+  post_json(c, "/detokenize", {{"tokens", "abc"}}, &status);
+  EXPECT_EQ(status, 400);
+  auto raw = c.Post("/tokenize", "not json", "application/json");
+  ASSERT_TRUE(raw);
+  EXPECT_EQ(raw->status, 400);
+  auto get = c.Get("/tokenize");
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+  // With an API key they need it, as /v1/* does.
+  ServerConfig cfg;
+  cfg.api_key = "k";
+  ServerHarness keyed({}, cfg);
+  auto kc = keyed.client();
+  post_json(kc, "/tokenize", {{"prompt", "x"}}, &status);
+  EXPECT_EQ(status, 401);
+  post_json(kc, "/tokenize", {{"prompt", "x"}}, &status, {{"Authorization", "Bearer k"}});
+  EXPECT_EQ(status, 200);
+}
+
 TEST(Server, StreamingChatFramingAndUsage) {
   ServerHarness h;
   auto c = h.client();
