@@ -34,6 +34,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TANDEM_CHECK(p.sampling.temperature >= 0.0 && p.sampling.temperature <= 2.0);
   TANDEM_CHECK(p.sampling.logprobs >= -1 && p.sampling.logprobs <= 20);
   if (ep == Endpoint::kChatCompletions) TANDEM_CHECK(!p.messages.empty());
+  if (ep == Endpoint::kCompletions) {  // one prompt or a batch, none empty, within the choices' bound
+    TANDEM_CHECK(!p.prompts.empty());
+    TANDEM_CHECK(static_cast<int64_t>(p.prompts.size()) * p.n <= tandem::server::kMaxCompletionChoices);
+    for (const auto& q : p.prompts) TANDEM_CHECK(q.is_ids ? !q.ids.empty() : !q.text.empty());
+  }
   if (p.response_format == ResponseFormat::kJsonSchema || p.tool_choice == ToolChoice::kRequired) {
     auto g = tandem::json_grammar::compile(p.response_format == ResponseFormat::kJsonSchema
                                                ? p.json_schema

@@ -348,29 +348,42 @@ void parse_chat(const json& body, ParsedRequest& r) {
 void parse_completion(const json& body, ParsedRequest& r) {
   if (!body.contains("prompt")) fail("'prompt' is required", "prompt");
   const json& p = body["prompt"];
-  auto take_ids = [&](const json& arr) {
+  auto ids_of = [&](const json& arr) {
+    CompletionPrompt cp;
+    cp.is_ids = true;
     for (const auto& x : arr) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
         fail("'prompt' token ids must be non-negative integers", "prompt");
-      r.prompt_ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+      cp.ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
     }
-    r.prompt_is_ids = true;
+    if (cp.ids.empty()) fail("'prompt' must not be empty", "prompt");
+    return cp;
   };
+  auto text_of = [&](const json& x) {
+    CompletionPrompt cp;
+    cp.text = x.get<std::string>();
+    if (cp.text.empty()) fail("'prompt' must not be empty", "prompt");
+    return cp;
+  };
+  // A string, token ids, or a batch of either (all strings or all id arrays).
   if (p.is_string()) {
-    r.prompt_text = p.get<std::string>();
-  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    r.prompt_text = p[0].get<std::string>();
+    r.prompts.push_back(text_of(p));
   } else if (p.is_array() && !p.empty() && p[0].is_number()) {
-    take_ids(p);
-  } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
-    take_ids(p[0]);
-  } else if (p.is_array() && p.size() > 1) {
-    fail("batched prompts are not supported: send one prompt per request", "prompt");
+    r.prompts.push_back(ids_of(p));
+  } else if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+    const bool strings = p[0].is_string();
+    for (const auto& x : p) {
+      if (strings ? !x.is_string() : !x.is_array())
+        fail("a batch of prompts must be all strings or all arrays of token ids", "prompt");
+      r.prompts.push_back(strings ? text_of(x) : ids_of(x));
+    }
   } else {
-    fail("'prompt' must be a string or an array of token ids", "prompt");
+    fail("'prompt' must be a string, an array of token ids, or a batch of either", "prompt");
   }
-  if (!r.prompt_is_ids && r.prompt_text.empty()) fail("'prompt' must not be empty", "prompt");
-  if (r.prompt_is_ids && r.prompt_ids.empty()) fail("'prompt' must not be empty", "prompt");
+  const CompletionPrompt& first = r.prompts.front();
+  r.prompt_text = first.text;
+  r.prompt_ids = first.ids;
+  r.prompt_is_ids = first.is_ids;
   if (present(body, "echo")) r.echo = get_bool(body, "echo");
   if (present(body, "suffix")) fail("'suffix' is not supported", "suffix");
   if (present(body, "logprobs")) {
@@ -421,6 +434,10 @@ ParseOutcome parse_openai_request(Endpoint endpoint, std::string_view body_text)
     }
     else parse_completion(body, r);
     parse_sampling(body, r);
+    if (!r.prompts.empty() && static_cast<int64_t>(r.prompts.size()) * r.n > kMaxCompletionChoices)
+      fail(fmt::format("{} prompts x n = {} choices: at most {} a request", r.prompts.size(), r.n,
+                       kMaxCompletionChoices),
+           "prompt");
     r.sampling.logprobs = r.logprobs ? r.top_logprobs : -1;
     // The prompt's log-probabilities: asked for (vLLM's prompt_logprobs), or echoed with the
     // completion's (the legacy completions API), or the prompt alone when nothing is generated.

@@ -21,12 +21,22 @@ enum class Endpoint { kChatCompletions, kCompletions };
 enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
 enum class ResponseFormat { kText, kJsonObject, kJsonSchema };
 
+struct CompletionPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+  bool is_ids = false;
+};
+// A completions request's prompts x n: the most choices one request may ask for.
+inline constexpr int kMaxCompletionChoices = 256;
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kChatCompletions;
   std::string model;
   // chat: messages normalized to OpenAI form with string content (text parts joined).
   nlohmann::json messages = nlohmann::json::array();
-  // completions: one prompt (string or token ids). Batched prompts are rejected (use n instead).
+  // completions: the prompts (one, or a batch of up to kMaxBatchedPrompts), each a string or token
+  // ids; prompt_text / prompt_ids / prompt_is_ids repeat the first.
+  std::vector<CompletionPrompt> prompts;
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
   bool prompt_is_ids = false;

@@ -85,6 +85,8 @@ struct ChoiceOut {
   json logprobs = json::array();  // chat: content entries; completions: built at the end
   std::vector<TokenLogprob> raw_logprobs;
   std::vector<TokenLogprob> prompt_lp;  // the engine's prompt entries (tokens 1..), when asked for
+  std::string prompt_text;              // this choice's prompt (completions: one of the batch's)
+  std::vector<int32_t> prompt_ids;
   bool echoed = false;                  // streaming echo: the prompt's frame was sent
 
   // The engine may detokenize with skip_special, which drops the protocol tokens the output parser
@@ -263,8 +265,7 @@ struct Generation {
   std::string id;
   std::string model_name;
   int64_t created = 0;
-  int64_t prompt_tokens = 0;
-  std::vector<int32_t> prompt_ids;
+  int64_t prompt_tokens = 0;  // over the batch's prompts
   std::vector<std::string> engine_ids;
   std::shared_ptr<Channel> ch = std::make_shared<Channel>();
   std::vector<ChoiceOut> choices;
@@ -320,10 +321,10 @@ struct Generation {
     }
   }
 
-  // Bytes of the prompt's tokens: where an echoed completion's own text offsets start.
-  size_t echo_bytes() const {
+  // Bytes of the choice's prompt tokens: where an echoed completion's own text offsets start.
+  size_t echo_bytes(const ChoiceOut& c) const {
     size_t n = 0;
-    for (int32_t t : prompt_ids) n += tok->token_bytes(t).size();
+    for (int32_t t : c.prompt_ids) n += tok->token_bytes(t).size();
     return n;
   }
 
@@ -334,6 +335,7 @@ struct Generation {
     json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
     size_t off = echo ? 0 : text_offset0;
     if (echo) {
+      const std::vector<int32_t>& prompt_ids = echo->prompt_ids;
       for (size_t i = 0; i < prompt_ids.size(); ++i) {
         std::string b = tok->token_bytes(prompt_ids[i]);
         const TokenLogprob* p = i > 0 && i - 1 < echo->prompt_lp.size() ? &echo->prompt_lp[i - 1] : nullptr;
@@ -365,7 +367,7 @@ struct Generation {
   // to {logprob, rank, decoded_token} holding the prompt token and its top n alternatives.
   json vllm_prompt_logprobs(const ChoiceOut& c) const {
     json out = json::array();
-    for (size_t i = 0; i < prompt_ids.size(); ++i) {
+    for (size_t i = 0; i < c.prompt_ids.size(); ++i) {
       const TokenLogprob* p = i > 0 && i - 1 < c.prompt_lp.size() ? &c.prompt_lp[i - 1] : nullptr;
       if (!p) {
         out.push_back(nullptr);
@@ -491,7 +493,7 @@ struct Generation {
             lp_chunk = json{{"content", content}};
           } else {
             std::vector<TokenLogprob> part(c.raw_logprobs.begin() + lp_before, c.raw_logprobs.end());
-            lp_chunk = completion_logprobs(part, text_before + (req.echo ? echo_bytes() : 0));
+            lp_chunk = completion_logprobs(part, text_before + (req.echo ? echo_bytes(c) : 0));
           }
         }
         role_frames(*sse);
@@ -499,7 +501,7 @@ struct Generation {
           c.echoed = true;
           json chunk = chunk_base();
           json lp = req.logprobs ? completion_logprobs({}, 0, &c) : json(nullptr);
-          chunk["choices"] = json::array({json{{"index", c.index}, {"text", req.prompt_text}, {"logprobs", lp},
+          chunk["choices"] = json::array({json{{"index", c.index}, {"text", c.prompt_text}, {"logprobs", lp},
                                                {"finish_reason", nullptr}}});
           if (req.include_usage) chunk["usage"] = nullptr;
           *sse += "data: " + dump_json(chunk) + "\n\n";
@@ -539,7 +541,7 @@ struct Generation {
         json lp = req.logprobs ? json{{"content", c.logprobs}} : json(nullptr);
         out_choices.push_back({{"index", c.index}, {"message", msg}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}});
       } else {
-        std::string text = req.echo ? req.prompt_text + c.content : c.content;
+        std::string text = req.echo ? c.prompt_text + c.content : c.content;
         json lp = req.logprobs ? completion_logprobs(c.raw_logprobs, 0, req.echo ? &c : nullptr) : json(nullptr);
         json choice = {{"index", c.index}, {"text", text}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}};
         if (req.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c);
@@ -649,45 +651,61 @@ struct HttpServer::Impl {
     // Constrained output starts at the first generated token: no reasoning before it.
     if (grammar) r.thinking = false;
 
-    // Prompt.
-    std::vector<int32_t> prompt;
+    // Prompts: chat has one; completions one or a batch, each run n times.
+    struct PromptRun {
+      std::vector<int32_t> ids;
+      std::string text;
+      int max_tokens = 0;
+    };
+    std::vector<PromptRun> runs;
     if (ep == Endpoint::kChatCompletions) {
       auto ids = chat_prompt_ids(r, tok);
       if (!ids.ok()) return error_from_status(ids.status());
-      prompt = std::move(ids).value();
-    } else if (r.prompt_is_ids) {
-      for (int32_t t : r.prompt_ids)
-        if (t >= info.vocab_size) return bad_request(fmt::format("prompt token id {} is out of range [0, {})", t, info.vocab_size), "prompt");
-      prompt = r.prompt_ids;
-      r.prompt_text = tok.decode(prompt);
+      runs.push_back({std::move(ids).value(), "", 0});
     } else {
-      prompt = tok.encode(r.prompt_text);
+      for (const CompletionPrompt& p : r.prompts) {
+        PromptRun run;
+        if (p.is_ids) {
+          for (int32_t t : p.ids)
+            if (t >= info.vocab_size)
+              return bad_request(fmt::format("prompt token id {} is out of range [0, {})", t, info.vocab_size), "prompt");
+          run.ids = p.ids;
+          run.text = tok.decode(p.ids);
+        } else {
+          run.ids = tok.encode(p.text);
+          run.text = p.text;
+        }
+        runs.push_back(std::move(run));
+      }
     }
-    int64_t max_len = info.max_model_len;
-    int64_t plen = static_cast<int64_t>(prompt.size());
+    const int64_t max_len = info.max_model_len;
+    int64_t total_prompt = 0, lp_entries = 0;
+    for (PromptRun& run : runs) {
+      const int64_t plen = static_cast<int64_t>(run.ids.size());
+      total_prompt += plen;
+      if (r.sampling.prompt_logprobs >= 0) lp_entries += static_cast<int64_t>(r.n) * plen * (r.sampling.prompt_logprobs + 1);
+      if (max_len > 0 && plen >= max_len)
+        return bad_request(fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens. "
+                                       "Please reduce the length of the input messages.", max_len, plen),
+                           ep == Endpoint::kChatCompletions ? "messages" : "prompt");
+      run.max_tokens = r.sampling.max_tokens;
+      if (max_len > 0) {
+        if (r.max_tokens_set && plen + r.sampling.max_tokens > max_len)
+          return bad_request(fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                                         "({} in the input, {} in the completion). Please reduce the length of the input or completion.",
+                                         max_len, plen + r.sampling.max_tokens, plen, r.sampling.max_tokens), "max_tokens");
+        if (!r.max_tokens_set) run.max_tokens = static_cast<int>(std::min<int64_t>(max_len - plen, INT32_MAX));
+      }
+    }
     // Prompt log-probabilities are held and sent whole: bounded so one request cannot ask for
     // gigabytes of response (a 1M-token prompt with one alternative fits).
-    if (r.sampling.prompt_logprobs >= 0) {
-      const int64_t entries = static_cast<int64_t>(r.n) * plen * (r.sampling.prompt_logprobs + 1);
-      if (entries > kMaxPromptLogprobEntries)
-        return bad_request(fmt::format("prompt log-probabilities for {} prompt tokens with {} alternatives{} are {} "
-                                       "entries, more than the {} a response may hold: ask for fewer alternatives or "
-                                       "send a shorter prompt",
-                                       plen, r.sampling.prompt_logprobs, r.n > 1 ? fmt::format(" for {} choices", r.n) : "",
-                                       entries, kMaxPromptLogprobEntries),
-                           r.prompt_logprobs >= 0 ? "prompt_logprobs" : "logprobs");
-    }
-    if (max_len > 0 && plen >= max_len)
-      return bad_request(fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens. "
-                                     "Please reduce the length of the input messages.", max_len, plen),
-                         ep == Endpoint::kChatCompletions ? "messages" : "prompt");
-    if (max_len > 0) {
-      if (r.max_tokens_set && plen + r.sampling.max_tokens > max_len)
-        return bad_request(fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
-                                       "({} in the input, {} in the completion). Please reduce the length of the input or completion.",
-                                       max_len, plen + r.sampling.max_tokens, plen, r.sampling.max_tokens), "max_tokens");
-      if (!r.max_tokens_set) r.sampling.max_tokens = static_cast<int>(std::min<int64_t>(max_len - plen, INT32_MAX));
-    }
+    if (lp_entries > kMaxPromptLogprobEntries)
+      return bad_request(fmt::format("prompt log-probabilities for {} prompt tokens with {} alternatives{} are {} "
+                                     "entries, more than the {} a response may hold: ask for fewer alternatives or "
+                                     "send a shorter prompt",
+                                     total_prompt, r.sampling.prompt_logprobs,
+                                     r.n > 1 ? fmt::format(" for {} choices", r.n) : "", lp_entries, kMaxPromptLogprobEntries),
+                         r.prompt_logprobs >= 0 ? "prompt_logprobs" : "logprobs");
     if (!r.temperature_set && s.config_.default_temperature) r.sampling.temperature = *s.config_.default_temperature;
     if (!r.top_p_set && s.config_.default_top_p) r.sampling.top_p = *s.config_.default_top_p;
     if (!r.top_k_set && s.config_.default_top_k) r.sampling.top_k = *s.config_.default_top_k;
@@ -705,14 +723,16 @@ struct HttpServer::Impl {
     uint64_t serial = s.next_id_++;
     gen.id = (ep == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + random_suffix(16) + std::to_string(serial);
     gen.created = static_cast<int64_t>(std::time(nullptr));
-    gen.prompt_tokens = plen;
-    gen.prompt_ids = prompt;
-    gen.choices.resize(r.n);
+    gen.prompt_tokens = total_prompt;
+    const int nchoices = static_cast<int>(runs.size()) * r.n;  // choice k: prompt k / n, sample k % n
+    gen.choices.resize(static_cast<size_t>(nchoices));
     std::shared_ptr<const json_grammar::TokenTrie> tr;
     if (grammar) tr = trie(s, tok);
-    for (int i = 0; i < r.n; ++i) {
+    for (int i = 0; i < nchoices; ++i) {
       ChoiceOut& c = gen.choices[i];
       c.index = i;
+      c.prompt_ids = runs[i / r.n].ids;
+      c.prompt_text = runs[i / r.n].text;
       c.mode = mode;
       c.forced_name = forced_name;
       c.reasoning_open = r.thinking && mode == OutputMode::kChat;
@@ -725,15 +745,16 @@ struct HttpServer::Impl {
       }
     }
     gen.req = std::move(r);
-    for (int i = 0; i < gen.req.n; ++i) {
+    for (int i = 0; i < nchoices; ++i) {
       Request er;
       er.request_id = gen.id + "-" + std::to_string(i);
-      er.prompt_tokens = prompt;
+      er.prompt_tokens = runs[i / gen.req.n].ids;
       er.sampling = gen.req.sampling;
+      er.sampling.max_tokens = runs[i / gen.req.n].max_tokens;
       er.timeout_s = s.config_.request_timeout_s;
       if (gen.req.request_timeout_s > 0 && (er.timeout_s <= 0 || gen.req.request_timeout_s < er.timeout_s))
         er.timeout_s = gen.req.request_timeout_s;
-      if (er.sampling.seed && i > 0) er.sampling.seed = *er.sampling.seed + static_cast<uint64_t>(i);
+      if (er.sampling.seed && i % gen.req.n > 0) er.sampling.seed = *er.sampling.seed + static_cast<uint64_t>(i % gen.req.n);
       if (grammar) er.constraint = std::make_shared<json_grammar::JsonSchemaConstraint>(grammar, tr, info.eos_token_id);
       gen.engine_ids.push_back(er.request_id);
       std::weak_ptr<Channel> wch = gen.ch;

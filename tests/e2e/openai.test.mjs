@@ -249,6 +249,14 @@ test('completions echo with logprobs scores the prompt (the loglikelihood reques
                    lp.token_logprobs.slice(0, r.usage.prompt_tokens));
 });
 
+test('completions with a batch of prompts', async () => {
+  const r = await ai.completions.create({ model: MODEL, prompt: ['one', 'two three'], n: 2, max_tokens: 2, echo: true });
+  assert.equal(r.choices.length, 4);
+  const byIndex = [...r.choices].sort((a, b) => a.index - b.index);
+  assert.ok(byIndex[0].text.startsWith('one') && byIndex[1].text.startsWith('one'));
+  assert.ok(byIndex[2].text.startsWith('two three') && byIndex[3].text.startsWith('two three'));
+});
+
 test('n > 1 and logprobs', async () => {
   const r = await ai.chat.completions.create({
     model: MODEL, messages: [{ role: 'user', content: 'hi' }], n: 2, max_tokens: 4, logprobs: true, top_logprobs: 2,

@@ -101,7 +101,24 @@ TEST(RequestParser, CompletionPrompts) {
   r = parse_openai_request(Endpoint::kCompletions, R"({"prompt":[[5,6]]})");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r.request->prompt_ids, (std::vector<int32_t>{5, 6}));
-  for (const char* bad : {R"({"prompt":""})", R"({"prompt":[-1]})", R"({"prompt":{}})", R"({})", R"({"prompt":"a","logprobs":50})"}) {
+  // Batches: all strings or all id arrays, each non-empty, at most kMaxCompletionChoices with n.
+  r = parse_openai_request(Endpoint::kCompletions, R"({"prompt":["ab","c"],"n":2})");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  ASSERT_EQ(r.request->prompts.size(), 2u);
+  EXPECT_EQ(r.request->prompts[1].text, "c");
+  EXPECT_EQ(r.request->prompt_text, "ab");
+  r = parse_openai_request(Endpoint::kCompletions, R"({"prompt":[[1,2],[3]]})");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  ASSERT_EQ(r.request->prompts.size(), 2u);
+  EXPECT_EQ(r.request->prompts[1].ids, (std::vector<int32_t>{3}));
+  std::string many = R"({"n":2,"prompt":[)";
+  for (int i = 0; i < 129; ++i) many += std::string(i ? "," : "") + "\"p\"";
+  many += "]}";
+  for (const std::string& bad : {std::string(R"({"prompt":""})"), std::string(R"({"prompt":[-1]})"), std::string(R"({"prompt":{}})"),
+                                 std::string(R"({})"), std::string(R"({"prompt":"a","logprobs":50})"),
+                                 std::string(R"({"prompt":["a",[1]]})"), std::string(R"({"prompt":[[1],"a"]})"),
+                                 std::string(R"({"prompt":["a",""]})"), std::string(R"({"prompt":[[1],[]]})"),
+                                 std::string(R"({"prompt":[]})"), std::string(R"({"prompt":[[]]})"), many}) {
     auto e = parse_openai_request(Endpoint::kCompletions, bad);
     EXPECT_FALSE(e.ok()) << bad;
     EXPECT_EQ(e.error.http_status, 400);
