@@ -380,10 +380,6 @@ void parse_completion(const json& body, ParsedRequest& r) {
   } else {
     fail("'prompt' must be a string, an array of token ids, or a batch of either", "prompt");
   }
-  const CompletionPrompt& first = r.prompts.front();
-  r.prompt_text = first.text;
-  r.prompt_ids = first.ids;
-  r.prompt_is_ids = first.is_ids;
   if (present(body, "echo")) r.echo = get_bool(body, "echo");
   if (present(body, "suffix")) fail("'suffix' is not supported", "suffix");
   if (present(body, "logprobs")) {
@@ -434,6 +430,10 @@ ParseOutcome parse_openai_request(Endpoint endpoint, std::string_view body_text)
     }
     else parse_completion(body, r);
     parse_sampling(body, r);
+    // Constrained output starts at the first generated token: no reasoning block before it.
+    if (r.response_format != ResponseFormat::kText || r.tool_choice == ToolChoice::kNamed ||
+        r.tool_choice == ToolChoice::kRequired)
+      r.thinking = false;
     if (!r.prompts.empty() && static_cast<int64_t>(r.prompts.size()) * r.n > kMaxCompletionChoices)
       fail(fmt::format("{} prompts x n = {} choices: at most {} a request", r.prompts.size(), r.n,
                        kMaxCompletionChoices),

@@ -34,12 +34,9 @@ struct ParsedRequest {
   std::string model;
   // chat: messages normalized to OpenAI form with string content (text parts joined).
   nlohmann::json messages = nlohmann::json::array();
-  // completions: the prompts (one, or a batch of up to kMaxBatchedPrompts), each a string or token
-  // ids; prompt_text / prompt_ids / prompt_is_ids repeat the first.
+  // completions: the prompts (one, or a batch; with n at most kMaxCompletionChoices), each a string
+  // or token ids.
   std::vector<CompletionPrompt> prompts;
-  std::string prompt_text;
-  std::vector<int32_t> prompt_ids;
-  bool prompt_is_ids = false;
   bool echo = false;
   std::string suffix;
 
@@ -51,7 +48,9 @@ struct ParsedRequest {
   std::string tool_choice_name;                    // kNamed
   bool parallel_tool_calls = true;
 
-  bool thinking = false;                 // chat_template_kwargs.thinking / enable_thinking
+  // chat_template_kwargs.thinking / enable_thinking / reasoning_effort; false when the output is
+  // constrained (a JSON response format, a named or required tool call: it starts at the first token)
+  bool thinking = false;
   std::string reasoning_effort;          // "" | low | medium | high | max
 
   ResponseFormat response_format = ResponseFormat::kText;

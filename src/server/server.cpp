@@ -85,8 +85,7 @@ struct ChoiceOut {
   json logprobs = json::array();  // chat: content entries; completions: built at the end
   std::vector<TokenLogprob> raw_logprobs;
   std::vector<TokenLogprob> prompt_lp;  // the engine's prompt entries (tokens 1..), when asked for
-  std::string prompt_text;              // this choice's prompt (completions: one of the batch's)
-  std::vector<int32_t> prompt_ids;
+  int prompt = 0;                       // its prompt in Generation::prompts (completions: one of a batch)
   bool echoed = false;                  // streaming echo: the prompt's frame was sent
 
   // The engine may detokenize with skip_special, which drops the protocol tokens the output parser
@@ -266,6 +265,9 @@ struct Generation {
   std::string model_name;
   int64_t created = 0;
   int64_t prompt_tokens = 0;  // over the batch's prompts
+  // The prompts the choices answer (chat: one; completions: one or a batch): ids and, for echo, text.
+  std::vector<std::vector<int32_t>> prompt_ids;
+  std::vector<std::string> prompt_texts;
   std::vector<std::string> engine_ids;
   std::shared_ptr<Channel> ch = std::make_shared<Channel>();
   std::vector<ChoiceOut> choices;
@@ -324,7 +326,7 @@ struct Generation {
   // Bytes of the choice's prompt tokens: where an echoed completion's own text offsets start.
   size_t echo_bytes(const ChoiceOut& c) const {
     size_t n = 0;
-    for (int32_t t : c.prompt_ids) n += tok->token_bytes(t).size();
+    for (int32_t t : prompt_ids[c.prompt]) n += tok->token_bytes(t).size();
     return n;
   }
 
@@ -335,9 +337,9 @@ struct Generation {
     json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
     size_t off = echo ? 0 : text_offset0;
     if (echo) {
-      const std::vector<int32_t>& prompt_ids = echo->prompt_ids;
-      for (size_t i = 0; i < prompt_ids.size(); ++i) {
-        std::string b = tok->token_bytes(prompt_ids[i]);
+      const std::vector<int32_t>& ids = prompt_ids[echo->prompt];
+      for (size_t i = 0; i < ids.size(); ++i) {
+        std::string b = tok->token_bytes(ids[i]);
         const TokenLogprob* p = i > 0 && i - 1 < echo->prompt_lp.size() ? &echo->prompt_lp[i - 1] : nullptr;
         tokens.push_back(b);
         token_lps.push_back(p ? json(p->logprob) : json(nullptr));
@@ -367,7 +369,7 @@ struct Generation {
   // to {logprob, rank, decoded_token} holding the prompt token and its top n alternatives.
   json vllm_prompt_logprobs(const ChoiceOut& c) const {
     json out = json::array();
-    for (size_t i = 0; i < c.prompt_ids.size(); ++i) {
+    for (size_t i = 0; i < prompt_ids[c.prompt].size(); ++i) {
       const TokenLogprob* p = i > 0 && i - 1 < c.prompt_lp.size() ? &c.prompt_lp[i - 1] : nullptr;
       if (!p) {
         out.push_back(nullptr);
@@ -501,7 +503,7 @@ struct Generation {
           c.echoed = true;
           json chunk = chunk_base();
           json lp = req.logprobs ? completion_logprobs({}, 0, &c) : json(nullptr);
-          chunk["choices"] = json::array({json{{"index", c.index}, {"text", c.prompt_text}, {"logprobs", lp},
+          chunk["choices"] = json::array({json{{"index", c.index}, {"text", prompt_texts[c.prompt]}, {"logprobs", lp},
                                                {"finish_reason", nullptr}}});
           if (req.include_usage) chunk["usage"] = nullptr;
           *sse += "data: " + dump_json(chunk) + "\n\n";
@@ -541,7 +543,7 @@ struct Generation {
         json lp = req.logprobs ? json{{"content", c.logprobs}} : json(nullptr);
         out_choices.push_back({{"index", c.index}, {"message", msg}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}});
       } else {
-        std::string text = req.echo ? c.prompt_text + c.content : c.content;
+        std::string text = req.echo ? prompt_texts[c.prompt] + c.content : c.content;
         json lp = req.logprobs ? completion_logprobs(c.raw_logprobs, 0, req.echo ? &c : nullptr) : json(nullptr);
         json choice = {{"index", c.index}, {"text", text}, {"logprobs", lp}, {"finish_reason", c.finish_reason()}};
         if (req.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c);
@@ -555,18 +557,10 @@ struct Generation {
   }
 };
 
-// Whether a chat request's output is grammar-constrained (a JSON response format, a named or a
-// required tool call): prepare() compiles a grammar exactly then.
-bool constrained_output(const ParsedRequest& r) {
-  return r.response_format != ResponseFormat::kText || r.tool_choice == ToolChoice::kNamed ||
-         r.tool_choice == ToolChoice::kRequired;
-}
-
-// The token ids a chat request runs: its messages and tools through the DeepSeek-V4 encoder, with
-// no reasoning block when the output is constrained (it starts at the first generated token).
+// The token ids a chat request runs: its messages and tools through the DeepSeek-V4 encoder.
 Result<std::vector<int32_t>> chat_prompt_ids(const ParsedRequest& r, const Tokenizer& tok) {
   PromptOptions po;
-  po.thinking = r.thinking && !constrained_output(r);
+  po.thinking = r.thinking;
   po.reasoning_effort = r.reasoning_effort;
   po.include_tools = r.tool_choice != ToolChoice::kNone;
   auto text = render_chat_prompt(r.ordered_messages, r.ordered_tools, po);
@@ -601,18 +595,29 @@ struct HttpServer::Impl {
   }
 
   // Validates, renders and submits; on success fills `gen`. Errors are returned as ApiError.
-  static std::optional<ApiError> prepare(HttpServer& s, Endpoint ep, const std::string& body, Generation& gen) {
+  // The engine to serve a request with, or the 503 while loading or draining.
+  static Engine* serving_engine(HttpServer& s, ApiError& error) {
     Engine* engine = s.engine_.load();
-    if (s.draining_ || !engine) {
-      ApiError e = error_from_status(Status(StatusCode::kUnavailable, s.draining_ ? "server is shutting down" : "model is loading"));
-      return e;
-    }
+    if (!s.draining_ && engine) return engine;
+    error = error_from_status(Status(StatusCode::kUnavailable, s.draining_ ? "server is shutting down" : "model is loading"));
+    return nullptr;
+  }
+  // A request's "model" (empty: absent) is one of the served names, or a 404.
+  static std::optional<ApiError> unknown_model(const HttpServer& s, const std::string& model) {
+    const auto& names = s.config_.served_model_names;
+    if (model.empty() || std::find(names.begin(), names.end(), model) != names.end()) return std::nullopt;
+    return not_found_error(fmt::format("The model `{}` does not exist.", model), "model");
+  }
+
+  static std::optional<ApiError> prepare(HttpServer& s, Endpoint ep, const std::string& body, Generation& gen) {
+    ApiError unavailable;
+    Engine* engine = serving_engine(s, unavailable);
+    if (!engine) return unavailable;
     auto parsed = parse_openai_request(ep, body);
     if (!parsed.ok()) return parsed.error;
     ParsedRequest& r = *parsed.request;
+    if (auto e = unknown_model(s, r.model)) return e;
     const auto& names = s.config_.served_model_names;
-    if (!r.model.empty() && std::find(names.begin(), names.end(), r.model) == names.end())
-      return not_found_error(fmt::format("The model `{}` does not exist.", r.model), "model");
     gen.model_name = r.model.empty() ? names.front() : r.model;
     gen.engine = engine;
     const Tokenizer& tok = engine->tokenizer();
@@ -648,53 +653,46 @@ struct HttpServer::Impl {
       grammar = *g;
       mode = OutputMode::kRequiredTool;
     }
-    // Constrained output starts at the first generated token: no reasoning before it.
-    if (grammar) r.thinking = false;
 
     // Prompts: chat has one; completions one or a batch, each run n times.
-    struct PromptRun {
-      std::vector<int32_t> ids;
-      std::string text;
-      int max_tokens = 0;
-    };
-    std::vector<PromptRun> runs;
+    std::vector<std::vector<int32_t>>& prompts = gen.prompt_ids;
     if (ep == Endpoint::kChatCompletions) {
       auto ids = chat_prompt_ids(r, tok);
       if (!ids.ok()) return error_from_status(ids.status());
-      runs.push_back({std::move(ids).value(), "", 0});
+      prompts.push_back(std::move(ids).value());
+      gen.prompt_texts.emplace_back();
     } else {
-      for (const CompletionPrompt& p : r.prompts) {
-        PromptRun run;
+      for (CompletionPrompt& p : r.prompts) {
         if (p.is_ids) {
           for (int32_t t : p.ids)
             if (t >= info.vocab_size)
               return bad_request(fmt::format("prompt token id {} is out of range [0, {})", t, info.vocab_size), "prompt");
-          run.ids = p.ids;
-          run.text = tok.decode(p.ids);
+          gen.prompt_texts.push_back(tok.decode(p.ids));
+          prompts.push_back(std::move(p.ids));
         } else {
-          run.ids = tok.encode(p.text);
-          run.text = p.text;
+          prompts.push_back(tok.encode(p.text));
+          gen.prompt_texts.push_back(std::move(p.text));
         }
-        runs.push_back(std::move(run));
       }
     }
     const int64_t max_len = info.max_model_len;
     int64_t total_prompt = 0, lp_entries = 0;
-    for (PromptRun& run : runs) {
-      const int64_t plen = static_cast<int64_t>(run.ids.size());
+    std::vector<int> max_tokens;  // per prompt
+    for (const std::vector<int32_t>& ids : prompts) {
+      const int64_t plen = static_cast<int64_t>(ids.size());
       total_prompt += plen;
       if (r.sampling.prompt_logprobs >= 0) lp_entries += static_cast<int64_t>(r.n) * plen * (r.sampling.prompt_logprobs + 1);
       if (max_len > 0 && plen >= max_len)
         return bad_request(fmt::format("This model's maximum context length is {} tokens. However, your request has {} input tokens. "
                                        "Please reduce the length of the input messages.", max_len, plen),
                            ep == Endpoint::kChatCompletions ? "messages" : "prompt");
-      run.max_tokens = r.sampling.max_tokens;
+      max_tokens.push_back(r.sampling.max_tokens);
       if (max_len > 0) {
         if (r.max_tokens_set && plen + r.sampling.max_tokens > max_len)
           return bad_request(fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
                                          "({} in the input, {} in the completion). Please reduce the length of the input or completion.",
                                          max_len, plen + r.sampling.max_tokens, plen, r.sampling.max_tokens), "max_tokens");
-        if (!r.max_tokens_set) run.max_tokens = static_cast<int>(std::min<int64_t>(max_len - plen, INT32_MAX));
+        if (!r.max_tokens_set) max_tokens.back() = static_cast<int>(std::min<int64_t>(max_len - plen, INT32_MAX));
       }
     }
     // Prompt log-probabilities are held and sent whole: bounded so one request cannot ask for
@@ -724,15 +722,14 @@ struct HttpServer::Impl {
     gen.id = (ep == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + random_suffix(16) + std::to_string(serial);
     gen.created = static_cast<int64_t>(std::time(nullptr));
     gen.prompt_tokens = total_prompt;
-    const int nchoices = static_cast<int>(runs.size()) * r.n;  // choice k: prompt k / n, sample k % n
+    const int nchoices = static_cast<int>(prompts.size()) * r.n;  // choice k: prompt k / n, sample k % n
     gen.choices.resize(static_cast<size_t>(nchoices));
     std::shared_ptr<const json_grammar::TokenTrie> tr;
     if (grammar) tr = trie(s, tok);
     for (int i = 0; i < nchoices; ++i) {
       ChoiceOut& c = gen.choices[i];
       c.index = i;
-      c.prompt_ids = runs[i / r.n].ids;
-      c.prompt_text = runs[i / r.n].text;
+      c.prompt = i / r.n;
       c.mode = mode;
       c.forced_name = forced_name;
       c.reasoning_open = r.thinking && mode == OutputMode::kChat;
@@ -748,9 +745,9 @@ struct HttpServer::Impl {
     for (int i = 0; i < nchoices; ++i) {
       Request er;
       er.request_id = gen.id + "-" + std::to_string(i);
-      er.prompt_tokens = runs[i / gen.req.n].ids;
+      er.prompt_tokens = prompts[i / gen.req.n];
       er.sampling = gen.req.sampling;
-      er.sampling.max_tokens = runs[i / gen.req.n].max_tokens;
+      er.sampling.max_tokens = max_tokens[i / gen.req.n];
       er.timeout_s = s.config_.request_timeout_s;
       if (gen.req.request_timeout_s > 0 && (er.timeout_s <= 0 || gen.req.request_timeout_s < er.timeout_s))
         er.timeout_s = gen.req.request_timeout_s;
@@ -789,21 +786,17 @@ struct HttpServer::Impl {
   // chat endpoint runs for messages (tools, thinking and reasoning effort as there); and back.
   static void tokenize(HttpServer& s, const httplib::Request& req, httplib::Response& res, bool detokenize) {
     if (!authorized(s, req)) return reject(s, req, res, unauthorized_error());
-    Engine* engine = s.engine_.load();
-    if (s.draining_ || !engine)
-      return reject(s, req, res,
-                    error_from_status(Status(StatusCode::kUnavailable, s.draining_ ? "server is shutting down" : "model is loading")));
+    ApiError unavailable;
+    Engine* engine = serving_engine(s, unavailable);
+    if (!engine) return reject(s, req, res, unavailable);
     const Tokenizer& tok = engine->tokenizer();
     const ModelInfo& info = engine->model_info();
     json body = json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object())
       return reject(s, req, res, bad_request("request body must be a JSON object", ""));
-    const auto& names = s.config_.served_model_names;
     if (body.contains("model") && !body["model"].is_null()) {
       if (!body["model"].is_string()) return reject(s, req, res, bad_request("'model' must be a string", "model"));
-      if (std::find(names.begin(), names.end(), body["model"].get<std::string>()) == names.end())
-        return reject(s, req, res,
-                      not_found_error(fmt::format("The model `{}` does not exist.", body["model"].get<std::string>()), "model"));
+      if (auto e = unknown_model(s, body["model"].get<std::string>())) return reject(s, req, res, *e);
     }
     if (detokenize) {
       const json& t = body.contains("tokens") ? body["tokens"] : json();

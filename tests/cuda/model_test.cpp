@@ -1618,6 +1618,18 @@ std::map<std::string, Out> run_engine(const EngineConfig& ec, const std::vector<
   return outs;
 }
 
+// The CUDA engine over the built-in model: max_num_seqs sequences, steps of max_batched tokens.
+EngineConfig builtin_cuda_config(int max_num_seqs, int max_batched) {
+  EngineConfig ec;
+  ec.model_dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
+  ec.device = "cuda";
+  ec.max_num_seqs = max_num_seqs;
+  ec.max_num_batched_tokens = max_batched;
+  ec.block_size = 256;
+  ec.max_model_len = 1024;
+  return ec;
+}
+
 // n chat prompts for the built-in model (text(i) is the user turn); empty without data/builtin.
 std::vector<std::vector<int32_t>> builtin_chat_prompts(int n, const std::function<std::string(int)>& text) {
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/data/builtin";
@@ -1640,13 +1652,7 @@ TEST(CudaEngine, SpeculativeGreedyEqualsPlainGreedyAtConcurrency1And8) {
   });
   if (prompts.empty()) FAIL() << "missing " << dir << "/config.json or tokenizer.json (the built-in model)";
   for (int conc : {1, 8}) {
-    EngineConfig plain;
-    plain.model_dir = dir;
-    plain.device = "cuda";
-    plain.max_num_seqs = conc;
-    plain.max_num_batched_tokens = 512;
-    plain.block_size = 256;
-    plain.max_model_len = 1024;
+    const EngineConfig plain = builtin_cuda_config(conc, 512);
     auto want = run_engine(plain, prompts, 200);
     EngineConfig spec = plain;
     spec.speculative.method = "dspark";
@@ -1683,13 +1689,7 @@ TEST(CudaEngine, SampledSpeculativeRequestsAreRepeatableAndAllocationFree) {
   const auto prompts =
       builtin_chat_prompts(8, [](int i) { return "Tell me about lists, take " + std::to_string(i) + "."; });
   if (prompts.empty()) FAIL() << "missing " << dir << "/config.json or tokenizer.json (the built-in model)";
-  EngineConfig ec;
-  ec.model_dir = dir;
-  ec.device = "cuda";
-  ec.max_num_seqs = 8;
-  ec.max_num_batched_tokens = 512;
-  ec.block_size = 256;
-  ec.max_model_len = 1024;
+  EngineConfig ec = builtin_cuda_config(8, 512);
   ec.speculative.method = "dspark";
   ec.speculative.verify_mode = VerifyMode::kFixed;
   ec.speculative.draft_sample_method = DraftSampleMethod::kSample;
@@ -1739,13 +1739,7 @@ TEST(CudaEngine, PromptLogprobsEqualTheDecodeStepsLogprobs) {
   const auto prompts =
       builtin_chat_prompts(8, [](int i) { return "Write a Python class number " + std::to_string(i) + "."; });
   if (prompts.empty()) FAIL() << "missing " << dir << "/config.json or tokenizer.json (the built-in model)";
-  EngineConfig ec;
-  ec.model_dir = dir;
-  ec.device = "cuda";
-  ec.max_num_seqs = 8;
-  ec.max_num_batched_tokens = 64;
-  ec.block_size = 256;
-  ec.max_model_len = 1024;
+  const EngineConfig ec = builtin_cuda_config(8, 64);
   EngineMetrics m1, m2;
   auto gen = run_engine(ec, prompts, 32, &m1, [](SamplingParams& sp, size_t) { sp.logprobs = 3; });
   std::vector<std::vector<int32_t>> full;

@@ -92,21 +92,42 @@ TEST(RequestParser, NullsAreAbsent) {
   EXPECT_FALSE(r.request->temperature_set);
 }
 
+// Constrained output (a JSON response format, a named or required tool call) starts at the first
+// generated token: the request's thinking flag is cleared, so the prompt has no reasoning block.
+TEST(RequestParser, ConstrainedOutputHasNoReasoning) {
+  const std::string base = R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"thinking":true})";
+  const std::string tool = R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+  struct Case {
+    std::string extra;
+    bool thinking;
+  };
+  for (const Case& c : {Case{"", true}, Case{R"(,"response_format":{"type":"json_object"})", false},
+                        Case{"," + tool + R"(,"tool_choice":"required")", false},
+                        Case{"," + tool + R"(,"tool_choice":{"type":"function","function":{"name":"f"}})", false},
+                        Case{"," + tool + R"(,"tool_choice":"auto")", true}}) {
+    auto r = parse_openai_request(Endpoint::kChatCompletions, base + c.extra + "}");
+    ASSERT_TRUE(r.ok()) << c.extra << ": " << r.error.message;
+    EXPECT_EQ(r.request->thinking, c.thinking) << c.extra;
+  }
+}
+
 TEST(RequestParser, CompletionPrompts) {
   auto r = parse_openai_request(Endpoint::kCompletions, R"({"prompt":[1,2,3],"logprobs":2,"echo":true})");
   ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(r.request->prompt_is_ids);
-  EXPECT_EQ(r.request->prompt_ids.size(), 3u);
+  ASSERT_EQ(r.request->prompts.size(), 1u);
+  EXPECT_TRUE(r.request->prompts[0].is_ids);
+  EXPECT_EQ(r.request->prompts[0].ids.size(), 3u);
   EXPECT_EQ(r.request->sampling.logprobs, 2);
   r = parse_openai_request(Endpoint::kCompletions, R"({"prompt":[[5,6]]})");
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r.request->prompt_ids, (std::vector<int32_t>{5, 6}));
+  ASSERT_EQ(r.request->prompts.size(), 1u);
+  EXPECT_EQ(r.request->prompts[0].ids, (std::vector<int32_t>{5, 6}));
   // Batches: all strings or all id arrays, each non-empty, at most kMaxCompletionChoices with n.
   r = parse_openai_request(Endpoint::kCompletions, R"({"prompt":["ab","c"],"n":2})");
   ASSERT_TRUE(r.ok()) << r.error.message;
   ASSERT_EQ(r.request->prompts.size(), 2u);
   EXPECT_EQ(r.request->prompts[1].text, "c");
-  EXPECT_EQ(r.request->prompt_text, "ab");
+  EXPECT_EQ(r.request->prompts[0].text, "ab");
   r = parse_openai_request(Endpoint::kCompletions, R"({"prompt":[[1,2],[3]]})");
   ASSERT_TRUE(r.ok()) << r.error.message;
   ASSERT_EQ(r.request->prompts.size(), 2u);

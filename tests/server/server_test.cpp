@@ -43,6 +43,22 @@ std::vector<std::string> sse_data(const std::string& body) {
   return out;
 }
 
+// A streamed completion's text (every chunk's, in order) and finish reason.
+struct CompletionStream {
+  std::string text, finish;
+};
+CompletionStream completion_stream(const std::vector<std::string>& data) {
+  CompletionStream out;
+  for (const auto& d : data) {
+    if (d == "[DONE]") break;
+    auto j = json::parse(d);
+    EXPECT_EQ(j["object"], "text_completion");
+    out.text += j["choices"][0]["text"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) out.finish = j["choices"][0]["finish_reason"];
+  }
+  return out;
+}
+
 json chat(const std::string& text) { return json{{"model", "tandem"}, {"messages", {{{"role", "user"}, {"content", text}}}}}; }
 
 TEST(Server, HealthVersionModels) {
@@ -287,16 +303,9 @@ TEST(Server, StreamingEchoSendsThePromptFirst) {
   r = c.Post("/v1/completions", json{{"prompt", "xyz"}, {"stream", true}, {"max_tokens", 0}, {"echo", true}}.dump(),
              "application/json");
   ASSERT_TRUE(r);
-  data = sse_data(r->body);
-  text.clear();
-  std::string finish;
-  for (size_t i = 0; i + 1 < data.size(); ++i) {
-    auto j = json::parse(data[i]);
-    text += j["choices"][0]["text"].get<std::string>();
-    if (!j["choices"][0]["finish_reason"].is_null()) finish = j["choices"][0]["finish_reason"];
-  }
-  EXPECT_EQ(text, "xyz");
-  EXPECT_EQ(finish, "length");
+  const CompletionStream only = completion_stream(sse_data(r->body));
+  EXPECT_EQ(only.text, "xyz");
+  EXPECT_EQ(only.finish, "length");
 }
 
 // A batch of prompts (lm-evaluation-harness with --batch_size > 1 sends one): choice k answers
@@ -463,16 +472,9 @@ TEST(Server, StreamingCompletions) {
   auto data = sse_data(r->body);
   ASSERT_FALSE(data.empty());
   EXPECT_EQ(data.back(), "[DONE]");
-  std::string text;
-  std::string finish;
-  for (size_t i = 0; i + 1 < data.size(); ++i) {
-    auto j = json::parse(data[i]);
-    EXPECT_EQ(j["object"], "text_completion");
-    text += j["choices"][0]["text"].get<std::string>();
-    if (!j["choices"][0]["finish_reason"].is_null()) finish = j["choices"][0]["finish_reason"];
-  }
-  EXPECT_EQ(text, "Echo:");
-  EXPECT_EQ(finish, "length");
+  const CompletionStream got = completion_stream(data);
+  EXPECT_EQ(got.text, "Echo:");
+  EXPECT_EQ(got.finish, "length");
 }
 
 TEST(Server, ReasoningContent) {
