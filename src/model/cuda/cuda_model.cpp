@@ -811,6 +811,17 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
     m.graph_context_captured = std::min<int64_t>(bucket, longest);
     if (bucket >= last_bucket) break;
   }
+  if (!sampler && m.sample_rows_cap > 0) {
+    // A model that samples separately (sample()) runs its sampler once here, over one greedy row of
+    // the padding's logits: the kernel is then loaded (lazy module loading takes device memory on a
+    // kernel's first launch) before any step samples, as the captured sampler's is.
+    SampleRow row;
+    row.logits_row = 0;
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_srows.get(), &row, sizeof(SampleRow), cudaMemcpyHostToDevice, m.stream));
+    kernels::cuda::sample_rows_device({m.sample_inputs(), m.d_srows.get(), 1, m.d_sscratch.get(), m.d_sres.get()},
+                                      m.stream);
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // `row` is pageable and local
+  }
   // Drafts of 1..min(max_graph_batch, max_draft_requests) requests, with and without q: staged
   // requests in slots 0.. at position 1 (a draft reads context and writes only its outputs).
   if (m.w.has_draft) {
