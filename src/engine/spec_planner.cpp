@@ -11,7 +11,9 @@ constexpr double kDecay = 0.97;       // cost fits forget old samples (shapes dr
 constexpr double kLevelRate = 0.5;    // the common level takes half of each surprise (in log): drift goes
                                       // mostly to the level, so stale shapes follow
 constexpr double kAcceptDecay = 0.98;   // global estimate: the start of every new request's
-constexpr double kRequestDecay = 0.9;   // a request's own counts follow its text (code -> prose)
+constexpr double kRequestDecay = 0.8;       // a request's recent counts follow its text (code -> prose)
+constexpr double kRequestLongDecay = 0.98;  // its long-run counts (what a stretch not drafted reverts to),
+constexpr double kLongRunWeight = 4.0;      // which count as 4 recent verifies of evidence
 constexpr double kPriorWeight = 1.0;    // the global estimate counts as one verify of evidence
 constexpr double kMargin = 0.02;        // drafting must beat not drafting by 2%
 constexpr double kCalDecay = 0.998;     // confidence calibration remembers ~500 outcomes per decile
@@ -110,6 +112,8 @@ double SpecPlanner::predict_forward(int seqs, int64_t tokens) const {
 void SpecPlanner::start_request(SpecRequestState& st) const {
   st.hits.assign(k_, 0.0);
   st.trials.assign(k_, 0.0);
+  st.long_hits.assign(k_, 0.0);
+  st.long_trials.assign(k_, 0.0);
   st.steps_off = 0;
   st.probe_interval = kFirstProbe;
   st.probe = false;
@@ -118,7 +122,9 @@ void SpecPlanner::start_request(SpecRequestState& st) const {
 double SpecPlanner::acceptance(const SpecRequestState& st, int j) const {
   const double g = accept_ema_[j];
   if (j >= static_cast<int>(st.trials.size())) return g;
-  return std::clamp((kPriorWeight * g + st.hits[j]) / (kPriorWeight + st.trials[j]), 0.0, 1.0);
+  // The request's long-run record shrunk toward the global estimate, its recent record toward that.
+  const double lg = (kPriorWeight * g + st.long_hits[j]) / (kPriorWeight + st.long_trials[j]);
+  return std::clamp((kLongRunWeight * lg + st.hits[j]) / (kLongRunWeight + st.trials[j]), 0.0, 1.0);
 }
 
 double SpecPlanner::calibrated(double confidence) const {
@@ -140,6 +146,8 @@ void SpecPlanner::observe_verify(SpecRequestState* st, int verified, int accepte
     if (st && j < static_cast<int>(st->trials.size())) {
       st->hits[j] = st->hits[j] * kRequestDecay + hit;
       st->trials[j] = st->trials[j] * kRequestDecay + 1.0;
+      st->long_hits[j] = st->long_hits[j] * kRequestLongDecay + hit;
+      st->long_trials[j] = st->long_trials[j] * kRequestLongDecay + 1.0;
     }
   }
 }
@@ -204,6 +212,13 @@ void SpecPlanner::choose_drafts(std::span<SpecRequestState* const> states, std::
       continue;
     }
     if (limits[r] <= 0) continue;
+    // The request's text moves on while it does not draft: its recent record ages as its verifies'
+    // would, so its estimate drifts back to its own long-run one (a bad stretch is not held against
+    // the text that follows it; text that was always poor stays poor).
+    for (size_t j = 0; j < st->trials.size(); ++j) {
+      st->hits[j] *= kRequestDecay;
+      st->trials[j] *= kRequestDecay;
+    }
     if (++st->steps_off >= st->probe_interval) {
       // Probe: the estimate only moves when drafts are verified; each probe that does not turn
       // drafting back on doubles the wait before the next one.
@@ -261,12 +276,16 @@ void SpecPlanner::plan(std::span<const std::span<const float>> confidences, std:
   // along a request), so every prefix of the list is a valid plan. The best prefix wins; unlike the
   // paper's stop at the first non-improvement, this does not get stuck on a jagged cost table (a
   // measured shape that happens to be slow just after a fitted one).
-  double best = E / V(B);
+  // The round's time includes its draft: already spent, but what the verified tokens are weighed
+  // against is the round's rate (tokens per second of draft + verify), not the verify's alone,
+  // which would cut verifies short whenever the draft costs a good part of a step.
+  const double D = R > 0 ? draft_cost_.predict(static_cast<double>(R)) : 0.0;
+  double best = E / (D + V(B));
   size_t best_n = 0;
   for (size_t i = 0; i < cands_.size(); ++i) {
     E += cands_[i].a;
     B += 1;
-    double theta = E / V(B);
+    double theta = E / (D + V(B));
     if (theta > best) {
       best = theta;
       best_n = i + 1;

@@ -5,16 +5,18 @@
 //    below the threshold.
 //  * "auto": drafting costs time before anything is known about this step's drafts, so it is
 //    decided per request from what that request has shown so far: a per-request estimate of the
-//    acceptance at each draft position (decayed counts of its own verifies, shrunk toward the
-//    running global estimate) gives the expected accepted tokens, and the measured cost of the
-//    batch shapes (forward time per token count, draft time per request count) says whether
-//    drafting for a set of requests raises tokens per second; a request for which it does not
-//    stops drafting and is re-probed after 4, 8, ... 256 of its steps. Once drafts exist, the
-//    verify lengths follow the paper's Algorithm 1: (request, position) pairs are ordered by
-//    prefix survival (the product of the draft's confidences, calibrated online against observed
-//    outcomes per confidence decile and averaged with the request's own estimate; a probe's by its
-//    confidences alone, so a probe whose drafts look hopeless costs a draft and no verify) and the
-//    prefix of that order with the most expected tokens per second is verified.
+//    acceptance at each draft position (decayed counts of its recent verifies, shrunk toward its
+//    long-run counts, those toward the running global estimate) gives the expected accepted
+//    tokens, and the measured cost of the batch shapes (forward time per token count, draft time
+//    per request count) says whether drafting for a set of requests raises tokens per second; a
+//    request for which it does not stops drafting and is re-probed after 4, 8, ... 256 of its
+//    steps, while its recent counts age step by step (its text moves on), so that a bad stretch
+//    gives way to the request's long-run estimate. Once drafts exist, the verify lengths follow the
+//    paper's Algorithm 1: (request, position) pairs are ordered by prefix survival (the product of
+//    the draft's confidences, calibrated online against observed outcomes per confidence decile
+//    and averaged with the request's own estimate; a probe's by its confidences alone, so a probe
+//    whose drafts look hopeless costs a draft and no verify) and the prefix of that order with the
+//    most expected tokens per second of the round (its draft's time included) is verified.
 // Costs are measured: the engine profiles every batch shape at start-up (EngineCore) and keeps
 // feeding real step times, so the tables follow context growth and machine load.
 #pragma once
@@ -56,7 +58,8 @@ class CostModel {
 
 // What the planner knows about one request (kept with the request by the engine).
 struct SpecRequestState {
-  std::vector<double> hits, trials;  // decayed per-position counts of this request's verifies
+  std::vector<double> hits, trials;  // decayed per-position counts of this request's recent verifies
+  std::vector<double> long_hits, long_trials;  // the same over its longer run
   int64_t steps_off = 0;             // steps since it last drafted
   int64_t probe_interval = 0;        // steps without drafting before the next probe
   bool probe = false;                // this step's draft is a probe (judged by its confidences alone)
