@@ -204,6 +204,10 @@ void SpecPlanner::choose_drafts(std::span<SpecRequestState* const> states, std::
     }
   }
   for (size_t i = 0; i < best_n; ++i) draft[opts_[i].r] = 1;
+  // A draft launch serves every request in it for little more than one: probes share launches. The
+  // step launches one if someone drafts or a probe is due; then every request at least halfway to
+  // its probe is probed too (a batch's probes fall together instead of each paying a launch).
+  bool launch = best_n > 0;
   for (size_t r = 0; r < R; ++r) {
     SpecRequestState* st = states[r];
     if (draft[r]) {
@@ -219,14 +223,18 @@ void SpecPlanner::choose_drafts(std::span<SpecRequestState* const> states, std::
       st->hits[j] *= kRequestDecay;
       st->trials[j] *= kRequestDecay;
     }
-    if (++st->steps_off >= st->probe_interval) {
-      // Probe: the estimate only moves when drafts are verified; each probe that does not turn
-      // drafting back on doubles the wait before the next one.
-      draft[r] = 1;
-      st->probe = true;
-      st->steps_off = 0;
-      st->probe_interval = std::min<int64_t>(st->probe_interval * 2, kMaxProbe);
-    }
+    if (++st->steps_off >= st->probe_interval) launch = true;
+  }
+  if (!launch) return;
+  for (size_t r = 0; r < R; ++r) {
+    SpecRequestState* st = states[r];
+    if (draft[r] || limits[r] <= 0 || 2 * st->steps_off < st->probe_interval) continue;
+    // Probe: the estimate only moves when drafts are verified; each probe that does not turn
+    // drafting back on doubles the wait before the next one.
+    draft[r] = 1;
+    st->probe = true;
+    st->steps_off = 0;
+    st->probe_interval = std::min<int64_t>(st->probe_interval * 2, kMaxProbe);
   }
 }
 

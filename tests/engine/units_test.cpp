@@ -733,55 +733,77 @@ TEST(SpecPlanner, CalibratesConfidences) {
   EXPECT_NEAR(q.calibrated(0.55), 0.55, 1e-9);  // other deciles untouched
 }
 
-// One request decoding `steps` rounds through the planner: text whose drafts are accepted with
-// probability p_good or p_bad per position, switching between the two kinds of stretch with
-// probability `flip` a round; the draft's confidences say the stretch's p. Costs: a forward of t
-// tokens step + (t - 1) * token, a draft `draft`. Returns tokens per second.
+// `requests` requests decoding together for `steps` rounds through the planner, each on its own text
+// whose drafts are accepted with probability p_good or p_bad per position, switching between the two
+// kinds of stretch with probability `flip` a round; the draft's confidences say the stretch's p.
+// Costs: a forward of the batch with t tokens in all step + (t - requests) * token; a draft of n
+// requests draft + (n - 1) * draft_extra. Returns tokens per second.
 struct BurstyText {
   double p_good, p_bad, flip;
 };
 struct StepCosts {
   const char* name;
-  double step, token, draft;
+  int requests;
+  double step, token, draft, draft_extra;
 };
 double simulate_planner(VerifyMode mode, const BurstyText& text, const StepCosts& cost, int steps, uint64_t seed) {
   SpeculativeConfig sc;
   sc.method = "dspark";
   sc.verify_mode = mode;
   SpecPlanner p(sc, 5);
-  auto forward = [&](int tokens) { return cost.step + cost.token * (tokens - 1); };
+  const int R = cost.requests;
+  auto forward = [&](int tokens) { return cost.step + cost.token * (tokens - R); };
+  auto draft = [&](int n) { return cost.draft + cost.draft_extra * (n - 1); };
   for (int rep = 0; rep < 3; ++rep) {  // the engine's start-up profile
-    for (int t = 1; t <= 6; ++t) p.observe_forward(1, t, forward(t));
-    p.observe_draft(1, cost.draft);
+    for (int t = R; t <= 6 * R; ++t) p.observe_forward(R, t, forward(t));
+    for (int n = 1; n <= R; ++n) p.observe_draft(n, draft(n));
   }
-  SpecRequestState st;
-  p.start_request(st);
-  std::vector<SpecRequestState*> states = {&st};
-  std::vector<int> limits = {5}, lengths;
+  std::vector<SpecRequestState> st(R);
+  std::vector<SpecRequestState*> states;
+  for (auto& x : st) {
+    p.start_request(x);
+    states.push_back(&x);
+  }
+  const std::vector<int> limits(R, 5);
+  std::vector<int> lengths;
   std::vector<uint8_t> pick;
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0.0, 1.0);
-  bool good = true;
+  std::vector<uint8_t> good(R, 1);
+  std::vector<float> conf(5 * R);
   double seconds = 0, tokens = 0;
   for (int step = 0; step < steps; ++step) {
-    if (u(rng) < text.flip) good = !good;
-    const double pa = good ? text.p_good : text.p_bad;
+    for (int r = 0; r < R; ++r)
+      if (u(rng) < text.flip) good[r] = !good[r];
+    auto pa = [&](int r) { return good[r] ? text.p_good : text.p_bad; };
     p.choose_drafts(states, limits, 0, pick);
-    int verify = 0;
-    std::vector<float> conf(5, static_cast<float>(pa));
-    if (pick[0]) {
-      std::vector<std::span<const float>> c = {conf};
-      p.plan(c, limits, 0, lengths, states);
-      verify = lengths[0];
-      seconds += cost.draft;
-      p.observe_draft(1, cost.draft);
+    std::vector<int> drafted;
+    std::vector<std::span<const float>> c;
+    std::vector<SpecRequestState*> ds;
+    for (int r = 0; r < R; ++r) {
+      std::fill(conf.begin() + 5 * r, conf.begin() + 5 * r + 5, static_cast<float>(pa(r)));
+      if (!pick[r]) continue;
+      drafted.push_back(r);
+      c.emplace_back(conf.data() + 5 * r, 5);
+      ds.push_back(states[r]);
     }
-    int accepted = 0;
-    while (accepted < verify && u(rng) < pa) ++accepted;
-    if (pick[0]) p.observe_verify(&st, verify, accepted, std::span<const float>(conf.data(), verify));
-    seconds += forward(1 + verify);
-    p.observe_forward(1, 1 + verify, forward(1 + verify));
-    tokens += 1 + accepted;
+    int verified = 0;
+    if (!drafted.empty()) {
+      p.plan(c, std::vector<int>(drafted.size(), 5), 0, lengths, ds);
+      seconds += draft(static_cast<int>(drafted.size()));
+      p.observe_draft(static_cast<int>(drafted.size()), draft(static_cast<int>(drafted.size())));
+      for (size_t i = 0; i < drafted.size(); ++i) {
+        const int r = drafted[i];
+        int accepted = 0;
+        while (accepted < lengths[i] && u(rng) < pa(r)) ++accepted;
+        p.observe_verify(states[r], lengths[i], accepted, std::span<const float>(conf.data() + 5 * r, lengths[i]));
+        verified += lengths[i];
+        tokens += accepted;
+      }
+    }
+    seconds += forward(R + verified);
+    p.observe_forward(R, R + verified, forward(R + verified));
+    tokens += R;
   }
   return tokens / seconds;
 }
@@ -792,8 +814,9 @@ double simulate_planner(VerifyMode mode, const BurstyText& text, const StepCosts
 // 714 us, +26 us a verified token, a draft 350 us: docs/PERFORMANCE.md) and on one CPU thread
 // (16.4 ms, +6.3 ms, 16.8 ms: README).
 TEST(SpecPlanner, AutoAgainstFixedOnBurstyText) {
-  for (const StepCosts cost : {StepCosts{"gpu", 714e-6, 26e-6, 350e-6}, StepCosts{"cpu", 16.4e-3, 6.3e-3, 16.8e-3}}) {
-    const double plain = 1.0 / cost.step;
+  for (const StepCosts cost : {StepCosts{"gpu", 1, 714e-6, 26e-6, 350e-6, 0}, StepCosts{"cpu", 1, 16.4e-3, 6.3e-3, 16.8e-3, 0},
+                               StepCosts{"gpu x8", 8, 814e-6, 21.5e-6, 365e-6, 50.6e-6}}) {
+    const double plain = cost.requests / cost.step;
     for (const BurstyText text : {BurstyText{0.85, 0.85, 0.0}, BurstyText{0.1, 0.1, 0.0}, BurstyText{0.75, 0.2, 0.1},
                                   BurstyText{0.6, 0.3, 0.05}, BurstyText{0.9, 0.05, 0.02}, BurstyText{0.5, 0.5, 0.0}}) {
       double a = 0, f = 0;
@@ -807,14 +830,54 @@ TEST(SpecPlanner, AutoAgainstFixedOnBurstyText) {
       auto drafting = [&](double pa) {
         double g = 1, surv = 1;
         for (int j = 0; j < 5; ++j) g += (surv *= pa);
-        return g / (cost.draft + cost.step + 5 * cost.token);
+        return cost.requests * g / (cost.draft + (cost.requests - 1) * cost.draft_extra + cost.step +
+                                    5 * cost.requests * cost.token);
       };
-      if (text.flip > 0 && drafting(text.p_good) > plain && drafting(text.p_bad) < plain)
+      if (cost.requests == 1 && text.flip > 0 && drafting(text.p_good) > plain && drafting(text.p_bad) < plain)
         EXPECT_GE(a, std::max(f, plain)) << cost.name << ": stretches that favour each: auto drafts in the good ones";
       else  // one policy is best throughout: auto pays for its probes only
         EXPECT_GE(a, 0.97 * std::max(f, plain)) << cost.name << ": auto finds the better policy";
     }
   }
+}
+
+// Probes share draft launches: eight requests that joined at different steps, on a machine where
+// drafting never pays and every draft is rejected, probe now and then; a step that launches a draft
+// for one probe takes every request at least halfway to its own probe along, so the batch pays far
+// fewer launches than it makes probes.
+TEST(SpecPlanner, ProbesShareDraftLaunches) {
+  SpeculativeConfig sc;
+  sc.method = "dspark";
+  sc.verify_mode = VerifyMode::kAuto;
+  SpecPlanner p(sc, 5);
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int t = 1; t <= 48; ++t) p.observe_forward(8, t, 0.001 * t);
+    for (int n = 1; n <= 8; ++n) p.observe_draft(n, 0.004 + 0.0005 * n);
+  }
+  for (int i = 0; i < 200; ++i) p.observe_verify(nullptr, 5, 0);  // the global estimate: nothing accepted
+  std::vector<SpecRequestState> st(8);
+  std::vector<SpecRequestState*> states;
+  std::vector<uint8_t> pick;
+  int launches = 0, probes = 0;
+  for (int step = 0; step < 2000; ++step) {
+    if (step % 5 == 0 && step / 5 < 8) {  // a request joins every 5 steps
+      p.start_request(st[step / 5]);
+      states.push_back(&st[step / 5]);
+    }
+    p.choose_drafts(states, std::vector<int>(states.size(), 5), 0, pick);
+    int n = 0;
+    for (size_t r = 0; r < states.size(); ++r)
+      if (pick[r]) {
+        ++n;
+        EXPECT_TRUE(states[r]->probe) << "drafting never pays here: only probes draft";
+        p.observe_verify(states[r], 5, 0);
+      }
+    probes += n;
+    launches += n > 0;
+  }
+  std::printf("[planner] 8 requests, 2000 steps: %d probes in %d draft launches\n", probes, launches);
+  EXPECT_GE(probes, 8 * 10);  // each request still probes (4, 8, ... 256 steps apart)
+  EXPECT_LE(2 * launches, probes);
 }
 
 TEST(FinishReason, Names) {
