@@ -342,7 +342,9 @@ Status EngineCore::profile_costs() {
     TANDEM_RETURN_IF_ERROR(runner_->forward(batch, &samples, out));
     if (record) planner_->observe_forward(b, static_cast<int64_t>(b) * (1 + L), seconds_since(t0));
     commits.clear();
-    for (int i = 0; i < b; ++i) commits.push_back({slots[i], i, ctx, 0, {}});  // rolled back to the context
+    // Rolled back to the context; no snapshot (-1 spelled out: `{}` would value-initialize it to
+    // snapshot 0, which a start-up without the prefix cache does not have).
+    for (int i = 0; i < b; ++i) commits.push_back({slots[i], i, ctx, 0, -1});
     return runner_->commit(commits);
   };
   auto time_draft = [&](int b, bool record) -> Status {

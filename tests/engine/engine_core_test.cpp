@@ -661,4 +661,23 @@ TEST(EngineCore, PlannerProfileIsBounded) {
   EXPECT_GT(full, cut + 20);
 }
 
+// The planner's start-up profile commits its timed steps without snapshots: with the prefix cache
+// off (no snapshots at all) "auto" starts, and with it on the profile saves none (it once asked for
+// snapshot 0 on every timed shape: `tandem serve --no-enable-prefix-caching` with DSpark failed).
+TEST(EngineCore, PlannerProfileTakesNoSnapshots) {
+  for (bool prefix : {false, true}) {
+    auto runner = std::make_unique<FakeModelRunner>(fake_config());
+    FakeModelRunner* fake = runner.get();
+    CoreOptions o;
+    o.log_startup = false;
+    EngineConfig ec = with_spec(small_config(8, 16), "auto");
+    ec.enable_prefix_caching = prefix;
+    auto core = EngineCore::create(std::move(runner), ec, o);
+    ASSERT_TRUE(core.ok()) << "prefix caching " << prefix << ": " << core.status().to_string();
+    EXPECT_GT(fake->forward_calls(), 8) << "the profile ran";
+    EXPECT_EQ(fake->snapshots_saved(), 0) << "prefix caching " << prefix;
+    EXPECT_EQ(fake->num_snapshots() > 0, prefix);
+  }
+}
+
 }  // namespace tandem::testing
