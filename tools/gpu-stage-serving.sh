@@ -19,6 +19,7 @@ driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null
 rc=0
 arms=${SERVING_ARMS:-dspark plain}
 for arm in $arms; do
+  case $arm in dspark|dspark-fixed|plain) ;; *) echo "gpu-stage-serving: unknown arm '$arm' (dspark, dspark-fixed, plain)" >&2; exit 2 ;; esac
   args=()
   [[ $arm == dspark ]] && args=(--speculative-config '{"method":"dspark","num_speculative_tokens":5}')
   [[ $arm == dspark-fixed ]] && args=(--speculative-config '{"method":"dspark","num_speculative_tokens":5,"verify_mode":"fixed"}')

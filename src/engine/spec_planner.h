@@ -12,8 +12,8 @@
 //    request for which it does not stops drafting and is re-probed after 4, 8, ... 256 of its
 //    steps (a step that launches a draft anyway probes every request at least halfway to its probe:
 //    one launch serves them all), while its recent counts age step by step (its text moves on), so
-//    that a bad stretch gives way to the request's long-run estimate. Once drafts exist, the verify lengths follow the
-//    paper's Algorithm 1: (request, position) pairs are ordered by prefix survival (the product of
+//    that a bad stretch gives way to the request's long-run estimate. Once drafts exist, the verify
+//    lengths follow the paper's Algorithm 1: (request, position) pairs are ordered by prefix survival (the product of
 //    the draft's confidences, calibrated online against observed outcomes per confidence decile
 //    and averaged with the request's own estimate; a probe's by its confidences alone, so a probe
 //    whose drafts look hopeless costs a draft and no verify) and the prefix of that order with the

@@ -810,9 +810,10 @@ double simulate_planner(VerifyMode mode, const BurstyText& text, const StepCosts
 
 // Against always drafting and verifying every draft token ("fixed") and never drafting, "auto"
 // must come within 3% of the better of the two where one is best throughout (its probes cost a
-// draft now and then) and beat both where the text alternates between stretches that favour each. Costs: the built-in model's on an H200 (a 1-token step
-// 714 us, +26 us a verified token, a draft 350 us: docs/PERFORMANCE.md) and on one CPU thread
-// (16.4 ms, +6.3 ms, 16.8 ms: README).
+// draft now and then) and beat both where the text alternates between stretches that favour each.
+// Costs: the built-in model's on an H200 (a 1-token step 714 us, +26 us a verified token, a draft
+// 350 us; 8 requests: 814 us, +21.5 us, 365 us + 50.6 a request: docs/PERFORMANCE.md) and on one
+// CPU thread (16.4 ms, +6.3 ms, 16.8 ms: README).
 TEST(SpecPlanner, AutoAgainstFixedOnBurstyText) {
   for (const StepCosts cost : {StepCosts{"gpu", 1, 714e-6, 26e-6, 350e-6, 0}, StepCosts{"cpu", 1, 16.4e-3, 6.3e-3, 16.8e-3, 0},
                                StepCosts{"gpu x8", 8, 814e-6, 21.5e-6, 365e-6, 50.6e-6}}) {

@@ -755,7 +755,9 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
   const int64_t before = m.gstats.captures;
   taps = taps && m.w.has_draft;
   m.graph_sampler = sampler;
-  if (sampler) {  // the capture's sampler reads greedy placeholder rows (the padding's logits)
+  if (m.sample_rows_cap > 0) {
+    // Greedy placeholder rows over the padding's logits: what the capture's sampler reads, or, without
+    // it, what the sampler's one separate launch below reads.
     std::vector<SampleRow> dummy(static_cast<size_t>(m.sample_rows_cap));
     for (int r = 0; r < m.sample_rows_cap; ++r) dummy[r].logits_row = r;
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_srows.get(), dummy.data(), sizeof(SampleRow) * dummy.size(),
@@ -812,15 +814,13 @@ int CudaModel::capture_graphs(bool taps, bool sampler) {
     if (bucket >= last_bucket) break;
   }
   if (!sampler && m.sample_rows_cap > 0) {
-    // A model that samples separately (sample()) runs its sampler once here, over one greedy row of
-    // the padding's logits: the kernel is then loaded (lazy module loading takes device memory on a
-    // kernel's first launch) before any step samples, as the captured sampler's is.
-    SampleRow row;
-    row.logits_row = 0;
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(m.d_srows.get(), &row, sizeof(SampleRow), cudaMemcpyHostToDevice, m.stream));
+    // A model that samples separately (sample()) runs its sampler once here, over the first
+    // placeholder row (the graphs' eager runs wrote the logits it reads): the kernel is then loaded
+    // (lazy module loading takes device memory on a kernel's first launch) before any step samples,
+    // as the captured sampler's is.
     kernels::cuda::sample_rows_device({m.sample_inputs(), m.d_srows.get(), 1, m.d_sscratch.get(), m.d_sres.get()},
                                       m.stream);
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // `row` is pageable and local
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   }
   // Drafts of 1..min(max_graph_batch, max_draft_requests) requests, with and without q: staged
   // requests in slots 0.. at position 1 (a draft reads context and writes only its outputs).
